@@ -1,0 +1,37 @@
+# The README's commands. Each target creates (once) and reuses the virtual environment in .venv.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test test-slow lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+## main job: assemble and run the example GEMM program on the golden model
+demo: $(STAMP)
+	mkdir -p out
+	$(BIN)/npu asm examples/gemm_requant_relu.s -o out/gemm_requant_relu.bin
+	$(BIN)/npu run examples/gemm_requant_relu.s
+
+## whole test suite (what CI runs)
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q
+
+## long sweeps behind the `slow` marker
+test-slow: $(STAMP)
+	$(BIN)/pytest -q -m slow
+
+bench: $(STAMP)
+	$(BIN)/npu bench model --json
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) out build *.egg-info .pytest_cache .hypothesis

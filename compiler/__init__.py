@@ -1,0 +1,1 @@
+"""ONNX to NPU program compiler (not built yet: see the compiler issue)."""

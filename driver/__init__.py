@@ -1,0 +1,1 @@
+"""Host driver and runtime (not built yet: see the driver issue)."""

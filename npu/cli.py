@@ -1,0 +1,250 @@
+"""The `npu` command: assemble, disassemble, run and benchmark NPU programs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .asm import AsmError, Assembly, disassemble, read_asm
+from .config import PRESETS, ConfigError, get_config
+from .isa import INSTR_BYTES, ErrorCode, IsaError, decode_program, validate
+
+
+class CliError(Exception):
+    pass
+
+
+def _int(text: str) -> int:
+    from .asm import parse_int
+
+    try:
+        return parse_int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def _load_program(path: str) -> Assembly:
+    """An Assembly from a `.s` file or a raw binary (no directives)."""
+    p = Path(path)
+    if not p.exists():
+        raise CliError(f"{path}: no such file")
+    if p.suffix in (".s", ".asm"):
+        return read_asm(p)
+    blob = p.read_bytes()
+    try:
+        instrs = decode_program(blob)
+    except IsaError as e:
+        raise CliError(f"{path}: {e}") from None
+    return Assembly(instrs=instrs, lines=list(range(len(instrs))), source=str(p))
+
+
+def _validate_all(asm: Assembly, cfg) -> None:
+    for n, (ins, line) in enumerate(zip(asm.instrs, asm.lines, strict=False)):
+        try:
+            validate(ins, cfg)
+        except IsaError as e:
+            where = f"{asm.source}:{line}" if asm.source.endswith((".s", ".asm")) else f"{asm.source}: pc {n}"
+            raise CliError(f"{where}: {e} [{ErrorCode(e.code).name} on {cfg.name}]") from None
+
+
+def cmd_asm(args) -> int:
+    asm = read_asm(args.source)
+    cfg_name = args.config or asm.config
+    if cfg_name:
+        _validate_all(asm, get_config(cfg_name))
+    out = Path(args.output or Path(args.source).with_suffix(".bin"))
+    out.write_bytes(asm.binary())
+    print(f"{args.source}: {len(asm.instrs)} instructions, {len(asm.instrs) * INSTR_BYTES} bytes -> {out}")
+    return 0
+
+
+def cmd_disasm(args) -> int:
+    asm = _load_program(args.program)
+    sys.stdout.write(disassemble(asm.instrs, show_pc=args.pc))
+    return 0
+
+
+def _fmt_counters(c: dict[str, int]) -> str:
+    return "\n".join(f"  {k.lower():<15} {v:>12,}" for k, v in c.items())
+
+
+def cmd_run(args) -> int:
+    from npu.sim.runner import RunError, run_assembly
+
+    asm = _load_program(args.program)
+    cfg = get_config(args.config or asm.config or "default")
+    for spec in args.dram or []:
+        from .asm import DataInit
+
+        path, _, addr = spec.rpartition("@")
+        if not path:
+            raise CliError(f"--dram {spec!r}: write FILE.npy@ADDR")
+        asm.data.append(DataInit(_int(addr), "file", path=str(Path(path).resolve())))
+    for spec in args.output or []:
+        from .asm import Output, _parse_dtype, _parse_shape
+
+        try:
+            name, rest = spec.split("@", 1)
+            addr, dtype, shape = rest.split(":")
+            asm.outputs.append(Output(name, _int(addr), _parse_dtype(dtype), _parse_shape(shape)))
+        except ValueError as e:
+            raise CliError(f"--output {spec!r}: write NAME@ADDR:DTYPE:SHAPE ({e})") from None
+    _validate_all(asm, cfg)
+    try:
+        res = run_assembly(asm, cfg, base=args.base, pause_at=args.pause_at, max_cycles=args.max_cycles)
+    except RunError as e:
+        raise CliError(str(e)) from None
+    if args.save:
+        np.savez(args.save, **res.outputs)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "program": args.program,
+                    "config": cfg.name,
+                    "status": res.status.name,
+                    "error": ErrorCode(res.error_code).name,
+                    "error_pc": res.error_pc,
+                    "counters": res.counters,
+                    "wall_s": round(res.wall_s, 6),
+                    "pauses": [{"cp_id": a, "resume_pc": b} for a, b in res.pauses],
+                    "outputs": {k: v.tolist() for k, v in res.outputs.items()},
+                }
+            )
+        )
+    else:
+        print(f"{args.program} on {cfg.describe()}")
+        print(
+            f"status: {res.status.name}"
+            + (f" ({ErrorCode(res.error_code).name} at pc {res.error_pc})" if res.error_code else "")
+        )
+        for cp, pc in res.pauses:
+            print(f"paused at cancellation point {cp}, resumed at pc {pc}")
+        with np.printoptions(threshold=200, edgeitems=4, linewidth=100):
+            for name, arr in res.outputs.items():
+                print(f"{name}: {arr.dtype} {'x'.join(map(str, arr.shape))}")
+                print(arr)
+        print("counters:")
+        print(_fmt_counters(res.counters))
+        us = res.counters["CYCLES"] / cfg.clock_mhz
+        print(f"  = {us:,.1f} us at {cfg.clock_mhz:g} MHz; simulated in {res.wall_s:.3f} s")
+        if args.save:
+            print(f"outputs saved to {args.save}")
+    return 0 if res.status.name == "DONE" else 1
+
+
+def cmd_bench(args) -> int:
+    cfg = get_config(args.config)
+    if args.what == "model":
+        from npu.sim.bench import bench_model
+
+        result = bench_model(cfg, args.size)
+    else:
+        raise CliError(f"bench {args.what!r} is not built yet")
+    if args.json:
+        print(json.dumps(result))
+    else:
+        g = result["gemm"]
+        print(
+            f"GEMM {g['m']}x{g['n']}x{g['k']} on {cfg.name}: {g['cycles']:,} cycles "
+            f"(ideal {g['ideal_cycles']:,.0f}, utilization {g['utilization']:.3f}), "
+            f"simulated in {g['wall_s']:.3f} s = {result['sim_cycles_per_s']:,.0f} cycles/s, "
+            f"bit-exact: {g['bit_exact']}"
+        )
+    return 0
+
+
+def cmd_config(args) -> int:
+    names = [args.name] if args.name else list(PRESETS)
+    for n in names:
+        cfg = get_config(n)
+        if args.json:
+            print(json.dumps({"name": cfg.name, "config_id": cfg.config_id, **cfg.hardware_dict()}))
+        else:
+            print(cfg.describe())
+    return 0
+
+
+def cmd_not_built(args) -> int:
+    raise CliError(
+        f"'npu {args.cmd}' is not built yet: it arrives with the "
+        f"{'compiler' if args.cmd == 'compile' else 'driver'} (see README, Status)"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="npu", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    a = sub.add_parser("asm", help="assemble a .s file to a binary program")
+    a.add_argument("source")
+    a.add_argument("-o", "--output", help="output file (default: SOURCE with .bin)")
+    a.add_argument("--config", help="also check every rule of this configuration (default: .config)")
+    a.set_defaults(func=cmd_asm)
+
+    d = sub.add_parser("disasm", help="print a binary (or .s) program as canonical assembly")
+    d.add_argument("program")
+    d.add_argument("--pc", action="store_true", help="annotate each line with its pc")
+    d.set_defaults(func=cmd_disasm)
+
+    r = sub.add_parser("run", help="run a program on the golden model, print outputs and counters")
+    r.add_argument("program", help=".s file (with .data/.output directives) or binary")
+    r.add_argument("--config", help=f"one of {', '.join(PRESETS)} (default: the file's .config)")
+    r.add_argument("--backend", default="model", choices=["model"], help="execution backend")
+    r.add_argument("--base", type=_int, default=0, help="DRAM address of the program (default 0)")
+    r.add_argument("--dram", action="append", metavar="FILE.npy@ADDR", help="preload DRAM")
+    r.add_argument(
+        "--output",
+        action="append",
+        metavar="NAME@ADDR:DTYPE:SHAPE",
+        help="read a result back, e.g. C@0x40000:i8:64x64",
+    )
+    r.add_argument(
+        "--pause-at",
+        type=_int,
+        action="append",
+        metavar="CYCLE",
+        help="request a pause at this cycle, then resume (repeatable)",
+    )
+    r.add_argument("--max-cycles", type=_int, help="give up after this many cycles")
+    r.add_argument("--save", metavar="OUT.npz", help="save outputs")
+    r.add_argument("--json", action="store_true", help="machine-readable output")
+    r.set_defaults(func=cmd_run)
+
+    b = sub.add_parser("bench", help="benchmarks that print figures (use --json)")
+    b.add_argument("what", choices=["model"], help="model: GEMM on the golden model")
+    b.add_argument("--config", default="default")
+    b.add_argument("--size", type=int, default=256, help="GEMM m = n = k (default 256)")
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(func=cmd_bench)
+
+    c = sub.add_parser("config", help="show hardware configuration presets")
+    c.add_argument("name", nargs="?")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=cmd_config)
+
+    for name, what in (
+        ("compile", "compile an ONNX model (not built yet)"),
+        ("demo", "preemption demo (not built yet)"),
+    ):
+        x = sub.add_parser(name, help=what)
+        x.add_argument("rest", nargs=argparse.REMAINDER)
+        x.set_defaults(func=cmd_not_built)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (CliError, AsmError, ConfigError) as e:
+        print(f"npu: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""Hardware configuration: the one object that sizes the RTL, the compiler and the golden model.
+
+Every width, depth and latency is a field here; nothing else in the stack may hard-code one. The
+configuration id (a 32-bit hash of the hardware fields) is stored in every program container and in a
+read-only register, so a program built for one configuration is refused by another.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+
+#: The on-chip address space is fixed by the ISA: scratchpad bytes at [0, ACC_BASE), accumulator
+#: bytes at [ACC_BASE, 2 * ACC_BASE). Each memory may be smaller than its window.
+ACC_BASE = 0x8_0000
+ONCHIP_ADDR_BITS = 20
+
+
+class ConfigError(ValueError):
+    """A hardware configuration that cannot be built; the message names the field."""
+
+
+def _pow2(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
+
+
+@dataclass(frozen=True)
+class NpuConfig:
+    """Parameters of one NPU engine (and of the SoC around it)."""
+
+    name: str
+    #: rows of the MAC array: output rows (M) computed per cycle
+    clusters: int
+    #: PEs per cluster: output columns (N) computed per cycle
+    pes_per_cluster: int
+    #: int8 multiply-accumulate lanes per PE: reduction depth (K) per cycle
+    lanes: int
+    #: scratchpad (int8 data: inputs, weights, outputs) in bytes, and its bank count
+    spad_bytes: int
+    spad_banks: int
+    #: accumulator memory (int32) in bytes
+    acc_bytes: int
+    #: elements processed per cycle by the vector unit
+    vector_lanes: int
+    #: AXI data bus width in bytes (DMA moves one beat of this many bytes per cycle)
+    bus_bytes: int
+    #: DRAM visible to the engine, in bytes
+    dram_bytes: int
+    #: NPU engines in the SoC
+    engines: int = 1
+    #: nominal clock in MHz (used to turn cycles into time)
+    clock_mhz: float = 100.0
+    #: instructions each unit queue holds between dispatch and execution
+    queue_depth: int = 8
+    #: dependency tokens one channel can hold before TOKEN error
+    token_depth: int = 255
+    #: cycles from a DMA request to its first beat
+    dma_latency: int = 16
+    #: pipeline latency of one matrix instruction
+    matrix_latency: int = 4
+    #: pipeline latency of one vector instruction
+    vector_latency: int = 4
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # -- derived quantities -------------------------------------------------------------------
+    @property
+    def macs_per_cycle(self) -> int:
+        return self.clusters * self.pes_per_cluster * self.lanes
+
+    @property
+    def acc_row_bytes(self) -> int:
+        """Bytes of one accumulator word: one int32 per PE of a cluster."""
+        return 4 * self.pes_per_cluster
+
+    @property
+    def instr_beats(self) -> int:
+        """Bus beats needed to fetch one 32-byte instruction."""
+        return max(1, 32 // self.bus_bytes)
+
+    # -- validation and identity -----------------------------------------------------------------
+    def validate(self) -> None:
+        def need(cond: bool, field: str, why: str) -> None:
+            if not cond:
+                raise ConfigError(f"config {self.name!r}: {field}={getattr(self, field)!r} is invalid: {why}")
+
+        for f in ("clusters", "pes_per_cluster", "lanes", "vector_lanes", "engines"):
+            need(isinstance(getattr(self, f), int) and getattr(self, f) >= 1, f, "must be >= 1")
+        for f in ("lanes", "pes_per_cluster", "vector_lanes", "spad_banks"):
+            need(_pow2(getattr(self, f)), f, "must be a power of two")
+        need(self.bus_bytes in (4, 8, 16, 32, 64), "bus_bytes", "must be one of 4, 8, 16, 32, 64")
+        need(
+            _pow2(self.spad_bytes) and 1024 <= self.spad_bytes <= ACC_BASE,
+            "spad_bytes",
+            f"must be a power of two between 1 KiB and {ACC_BASE} bytes",
+        )
+        need(
+            self.spad_bytes % (self.spad_banks * self.lanes) == 0,
+            "spad_banks",
+            "scratchpad must divide into banks of whole lane words",
+        )
+        need(
+            _pow2(self.acc_bytes) and 256 <= self.acc_bytes <= ACC_BASE,
+            "acc_bytes",
+            f"must be a power of two between 256 and {ACC_BASE} bytes",
+        )
+        need(self.acc_bytes % self.acc_row_bytes == 0, "acc_bytes", "must hold whole rows")
+        need(
+            _pow2(self.dram_bytes) and 4096 <= self.dram_bytes <= 1 << 32,
+            "dram_bytes",
+            "must be a power of two between 4 KiB and 4 GiB",
+        )
+        need(self.clock_mhz > 0, "clock_mhz", "must be positive")
+        need(1 <= self.queue_depth <= 64, "queue_depth", "must be 1..64")
+        need(1 <= self.token_depth <= 255, "token_depth", "must be 1..255")
+        for f in ("dma_latency", "matrix_latency", "vector_latency"):
+            need(0 <= getattr(self, f) <= 1024, f, "must be 0..1024")
+
+    def hardware_dict(self) -> dict:
+        """All fields that change the hardware (everything but the name)."""
+        d = dataclasses.asdict(self)
+        d.pop("name")
+        return d
+
+    @property
+    def config_id(self) -> int:
+        """Stable 32-bit id of the hardware parameters (first 4 bytes of a SHA-256)."""
+        blob = json.dumps(self.hardware_dict(), sort_keys=True).encode()
+        return int.from_bytes(hashlib.sha256(blob).digest()[:4], "little")
+
+    def replace(self, **changes) -> NpuConfig:
+        return dataclasses.replace(self, **changes)
+
+    def describe(self) -> str:
+        return (
+            f"{self.name}: {self.clusters}x{self.pes_per_cluster}x{self.lanes} = "
+            f"{self.macs_per_cycle} MACs/cycle, scratchpad {self.spad_bytes // 1024} KiB "
+            f"in {self.spad_banks} banks, accumulators {self.acc_bytes // 1024} KiB, "
+            f"vector {self.vector_lanes} lanes, bus {self.bus_bytes * 8} bits, "
+            f"DRAM {_size(self.dram_bytes)}, id 0x{self.config_id:08x}"
+        )
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
+PRESETS: dict[str, NpuConfig] = {
+    # Small enough for an iCE40 UP5K: 8 MACs (its 8 DSP blocks), 32-bit bus, SPRAM-sized memories.
+    "tiny": NpuConfig(
+        name="tiny",
+        clusters=1,
+        pes_per_cluster=2,
+        lanes=4,
+        spad_bytes=16 * 1024,
+        spad_banks=2,
+        acc_bytes=4 * 1024,
+        vector_lanes=4,
+        bus_bytes=4,
+        dram_bytes=64 * 1024,
+        clock_mhz=24.0,
+        queue_depth=4,
+        dma_latency=8,
+        matrix_latency=3,
+        vector_latency=3,
+    ),
+    # ECP5-class: 128 MACs per cycle, 128-bit AXI.
+    "default": NpuConfig(
+        name="default",
+        clusters=4,
+        pes_per_cluster=4,
+        lanes=8,
+        spad_bytes=256 * 1024,
+        spad_banks=8,
+        acc_bytes=64 * 1024,
+        vector_lanes=16,
+        bus_bytes=16,
+        dram_bytes=64 * 1024 * 1024,
+        clock_mhz=100.0,
+        queue_depth=8,
+        dma_latency=16,
+        matrix_latency=4,
+        vector_latency=4,
+    ),
+}
+
+
+def get_config(name_or_config: str | NpuConfig) -> NpuConfig:
+    """A preset by name (or pass a configuration through); unknown names list the choices."""
+    if isinstance(name_or_config, NpuConfig):
+        return name_or_config
+    try:
+        return PRESETS[name_or_config]
+    except KeyError:
+        raise ConfigError(
+            f"unknown configuration {name_or_config!r}; choose one of {', '.join(PRESETS)}"
+        ) from None
+
+
+def config_by_id(config_id: int) -> NpuConfig | None:
+    for cfg in PRESETS.values():
+        if cfg.config_id == config_id:
+            return cfg
+    return None

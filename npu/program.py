@@ -1,0 +1,205 @@
+"""Program builder: emit unit instructions in program order and get dependency tokens for free.
+
+Every tool that writes NPU programs (the compiler, the driver's dump/restore programs, examples and
+benchmarks) goes through this builder so that the token rules of docs/isa.md hold by construction:
+
+* Conflicts are found from each instruction's memory footprint (`npu.isa.footprint`): a read after
+  a write, a write after a read or a write after a write of overlapping on-chip or DRAM bytes by
+  instructions of different units. Instructions of one unit are ordered by their queue already.
+* For each conflict the consumer waits for one token from the latest conflicting producer; vector
+  clocks drop every dependency that is already implied by an earlier token, so a program carries few
+  tokens. Every pop follows its push in program order, so the program cannot deadlock
+  (docs/isa.md, "Deadlock-free rules").
+* Cancellation points must have no token outstanding. A dependency that would cross a point is
+  instead satisfied just before it by a SYNC instruction in the consumer's unit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .config import NpuConfig
+from .isa import ErrorCode, Instr, IsaError, Opcode, Span, Unit, footprint, make, validate
+
+NUNITS = len(Unit)
+
+
+@dataclass
+class _Item:
+    kind: str  # "instr", "cp", "barrier"
+    instr: Instr | None = None
+    cp_id: int = 0
+    label: str = ""
+
+
+@dataclass
+class _Hist:
+    pos: int  # index in the output program
+    reads: list[Span]
+    writes: list[Span]
+    clock: tuple[int, ...]  # per unit: last instruction known complete when this one completes
+    cps_before: int
+    item: int  # index of the builder item (stable across passes); -1 for a SYNC
+    signal: int = 0
+
+
+@dataclass
+class BuiltProgram:
+    instrs: list[Instr]
+    labels: dict[int, str] = field(default_factory=dict)  # pc -> label given to add()
+    cancel_points: dict[int, int] = field(default_factory=dict)  # cp id -> pc
+
+
+class ProgramBuilder:
+    def __init__(self, cfg: NpuConfig, *, check: bool = True):
+        self.cfg = cfg
+        self.check = check
+        self._items: list[_Item] = []
+        self._cp_ids: set[int] = set()
+
+    def add(self, instr: Instr | str, label: str = "", **fields: int) -> None:
+        """Append a unit instruction (tokens are assigned by `build`; any given are discarded)."""
+        if isinstance(instr, str):
+            instr = make(instr, **fields)
+        if instr.unit is None:
+            raise ValueError(f"{instr.op.name} is a control instruction; use cancel_point/barrier")
+        if self.check:
+            validate(instr.with_tokens(0, 0), self.cfg)
+        self._items.append(_Item("instr", instr.with_tokens(0, 0), label=label))
+
+    def cancel_point(self, cp_id: int) -> None:
+        if cp_id in self._cp_ids:
+            raise ValueError(f"cancellation point id {cp_id} used twice")
+        self._cp_ids.add(cp_id)
+        self._items.append(_Item("cp", cp_id=cp_id))
+
+    def barrier(self) -> None:
+        self._items.append(_Item("barrier"))
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def build(self, end: bool = True) -> BuiltProgram:
+        # syncs[cp][(p, u)] = item index of the latest producer in unit p the SYNC must wait for
+        syncs: dict[int, dict[tuple[int, int], int]] = {}
+        for _ in range(4 * NUNITS * NUNITS + 2):
+            prog, crossings = self._assign(syncs)
+            if not crossings:
+                break
+            for (cp_index, p, u), item in crossings.items():
+                pairs = syncs.setdefault(cp_index, {})
+                pairs[(p, u)] = max(pairs.get((p, u), -1), item)
+        else:  # pragma: no cover - each round adds syncs, of which there are finitely many
+            raise RuntimeError("token assignment did not converge")
+        if end:
+            prog.instrs.append(make(Opcode.END))
+        return prog
+
+    # -- token assignment ---------------------------------------------------------------------------
+    def _assign(self, syncs: dict[int, dict[tuple[int, int], int]]):
+        out: list[Instr] = []
+        labels: dict[int, str] = {}
+        cps: dict[int, int] = {}
+        hist: list[list[_Hist]] = [[] for _ in range(NUNITS)]
+        known = [[-1] * NUNITS for _ in range(NUNITS)]  # known[u][p]
+        crossings: dict[tuple[int, int, int], int] = {}
+        seq_of_item: dict[int, tuple[int, int]] = {}  # item index -> (unit, seq)
+        n_cp = 0
+
+        def emit(ins: Instr, item: int, forced: dict[int, int] | None = None) -> None:
+            u = int(ins.unit)
+            reads, writes = footprint(ins) if ins.op != Opcode.SYNC else ([], [])
+            wait = 0
+            for p in range(NUNITS):
+                if p == u:
+                    continue
+                if forced is not None:
+                    if p not in forced:
+                        continue
+                    j = seq_of_item[forced[p]][1]
+                else:
+                    j = self._latest_conflict(hist[p], known[u][p], reads, writes)
+                if j <= known[u][p]:
+                    continue
+                h = hist[p][j]
+                if h.cps_before < n_cp:  # token would be outstanding at a cancellation point
+                    key = (h.cps_before, p, u)
+                    crossings[key] = max(crossings.get(key, -1), h.item)
+                h.signal |= 1 << u
+                wait |= 1 << p
+                known[u] = [max(a, b) for a, b in zip(known[u], h.clock, strict=False)]
+            seq = len(hist[u])
+            known[u][u] = seq
+            hist[u].append(_Hist(len(out), reads, writes, tuple(known[u]), n_cp, item))
+            if item >= 0:
+                seq_of_item[item] = (u, seq)
+            out.append(ins.with_tokens(wait, 0))
+
+        for index, item in enumerate(self._items):
+            if item.kind == "instr":
+                if item.label:
+                    labels[len(out)] = item.label
+                emit(item.instr, index)
+            elif item.kind == "barrier":
+                out.append(make(Opcode.BARRIER))
+                last = [len(h) - 1 for h in hist]
+                known = [list(last) for _ in range(NUNITS)]
+            else:
+                by_unit: dict[int, dict[int, int]] = {}
+                for (p, u), producer in sorted(syncs.get(n_cp, {}).items()):
+                    by_unit.setdefault(u, {})[p] = producer
+                for u, forced in sorted(by_unit.items()):
+                    emit(make(Opcode.SYNC, unit=u), -1, forced)
+                cps[item.cp_id] = len(out)
+                out.append(make(Opcode.CANCEL_POINT, id=item.cp_id))
+                n_cp += 1
+        # write the signal masks back
+        for u in range(NUNITS):
+            for h in hist[u]:
+                if h.signal:
+                    ins = out[h.pos]
+                    out[h.pos] = ins.with_tokens(ins.wait, h.signal)
+        prog = BuiltProgram(out, labels, cps)
+        if self.check and not crossings:
+            check_tokens(out, self.cfg)
+        return prog, crossings
+
+    @staticmethod
+    def _latest_conflict(hist: list[_Hist], floor: int, reads: list[Span], writes: list[Span]) -> int:
+        for j in range(len(hist) - 1, floor, -1):
+            h = hist[j]
+            for w in writes:
+                if any(w.overlaps(x) for x in h.reads) or any(w.overlaps(x) for x in h.writes):
+                    return j
+            for r in reads:
+                if any(r.overlaps(x) for x in h.writes):
+                    return j
+        return -1
+
+
+def check_tokens(instrs: list[Instr], cfg: NpuConfig) -> None:
+    """Check the static token rules: every pop follows a push in program order, no channel holds
+    more than `token_depth` tokens, and none is outstanding at a cancellation point or at the end."""
+    count = {(p, c): 0 for p in range(NUNITS) for c in range(NUNITS) if p != c}
+    for pc, ins in enumerate(instrs):
+        u = ins.unit
+        if u is not None:
+            for p in range(NUNITS):
+                if ins.wait >> p & 1:
+                    count[(p, u)] -= 1
+                    if count[(p, u)] < 0:
+                        raise IsaError(
+                            ErrorCode.DEADLOCK,
+                            f"pc {pc}: pops a {Unit(p).name.lower()} token "
+                            "that no earlier instruction pushed",
+                        )
+            for c in range(NUNITS):
+                if ins.signal >> c & 1:
+                    count[(u, c)] += 1
+                    if count[(u, c)] > cfg.token_depth:
+                        raise IsaError(
+                            ErrorCode.TOKEN,
+                            f"pc {pc}: more than {cfg.token_depth} tokens outstanding in one channel",
+                        )
+        elif ins.op in (Opcode.CANCEL_POINT, Opcode.END) and any(count.values()):
+            raise IsaError(ErrorCode.TOKEN, f"pc {pc}: {ins.op.name} with tokens outstanding")

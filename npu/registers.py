@@ -1,0 +1,75 @@
+"""Control/status register map, shared by the hardware, the golden model and the driver.
+
+All registers are 32 bits wide at 4-byte aligned offsets on an AXI4-Lite slave. 64-bit counters are a
+LO/HI pair; reading LO latches HI so a pair read is consistent. `docs/registers.md` is the prose.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+NPU_MAGIC = 0x3155504E  # "NPU1" little-endian
+ISA_VERSION = 1
+
+
+class Control(enum.IntFlag):
+    START = 1 << 0  # write 1: start fetching at PROGRAM_BASE + 32 * RESUME_PC (ignored unless stopped)
+    PAUSE = 1 << 1  # write 1: request a pause at the next cancellation point; reads back pending
+    SOFT_RESET = 1 << 2  # write 1: abort, clear queues/tokens/errors, go IDLE (memories keep data)
+    IRQ_ENABLE = 1 << 3  # interrupt line follows IRQ.PENDING when set
+
+
+class Status(enum.IntFlag):
+    IDLE = 1 << 0
+    RUNNING = 1 << 1
+    PAUSED = 1 << 2
+    DONE = 1 << 3
+    ERROR = 1 << 4
+
+
+@dataclass(frozen=True)
+class Register:
+    name: str
+    offset: int
+    access: str  # "ro", "rw", "w1c" (write one to clear) or "wo"
+    doc: str
+    wide: bool = False  # 64-bit counter: LO at offset, HI at offset + 4
+
+
+REGISTERS: tuple[Register, ...] = (
+    Register("ID", 0x00, "ro", f"magic 0x{NPU_MAGIC:08x} ('NPU1')"),
+    Register("VERSION", 0x04, "ro", "ISA version"),
+    Register("CONFIG_ID", 0x08, "ro", "hardware configuration id (NpuConfig.config_id)"),
+    Register("CONTROL", 0x0C, "rw", "bits START, PAUSE, SOFT_RESET, IRQ_ENABLE (see below)"),
+    Register("STATUS", 0x10, "ro", "one of IDLE, RUNNING, PAUSED, DONE, ERROR (see below)"),
+    Register("IRQ", 0x14, "w1c", "bit 0: pending; set when the core leaves RUNNING"),
+    Register("PROGRAM_BASE", 0x18, "rw", "DRAM byte address of instruction 0 (32-byte aligned)"),
+    Register("RESUME_PC", 0x1C, "rw", "instruction index START begins at; set to the resume PC on PAUSED"),
+    Register("CP_ID", 0x20, "ro", "id of the cancellation point the core paused at"),
+    Register("ERROR_CODE", 0x24, "ro", "ErrorCode of the last error (0 if none)"),
+    Register("ERROR_PC", 0x28, "ro", "instruction index that raised the error"),
+    Register("TIMEOUT", 0x2C, "rw", "cycle limit of a run (0: none); exceeding it raises TIMEOUT"),
+    Register("CYCLES", 0x40, "ro", "cycles since START", wide=True),
+    Register("BUSY_LOAD", 0x48, "ro", "cycles the load unit was executing", wide=True),
+    Register("BUSY_MATRIX", 0x50, "ro", "cycles the matrix unit was executing", wide=True),
+    Register("BUSY_VECTOR", 0x58, "ro", "cycles the vector unit was executing", wide=True),
+    Register("BUSY_STORE", 0x60, "ro", "cycles the store unit was executing", wide=True),
+    Register("STALL_DISPATCH", 0x68, "ro", "cycles dispatch waited for a queue slot or a drain", wide=True),
+    Register("DMA_RD_BYTES", 0x70, "ro", "data bytes read from DRAM by LOAD", wide=True),
+    Register("DMA_WR_BYTES", 0x78, "ro", "data bytes written to DRAM by STORE", wide=True),
+    Register("INSTRET", 0x80, "ro", "instructions dispatched since START", wide=True),
+)
+
+REG = {r.name: r for r in REGISTERS}
+BY_OFFSET = {r.offset: r for r in REGISTERS}
+COUNTERS = tuple(r.name for r in REGISTERS if r.wide)
+#: Bytes of the register window (next power of two above the last register).
+WINDOW_BYTES = 0x100
+
+
+def offset(name: str) -> int:
+    try:
+        return REG[name].offset
+    except KeyError:
+        raise KeyError(f"no register {name!r}; registers: {', '.join(REG)}") from None

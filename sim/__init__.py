@@ -1,0 +1,1 @@
+"""Golden model of the NPU (bit-exact executor and cycle-approximate timing) and program helpers."""

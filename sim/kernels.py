@@ -1,0 +1,165 @@
+"""Bit-exact numpy semantics of each unit instruction (docs/isa.md gives the same rules in prose).
+
+The on-chip state is two byte arrays, the scratchpad and the accumulators; `OnChip.view` maps an
+ISA address range to the right one. Every kernel reads all its sources before it writes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from npu.config import ACC_BASE, NpuConfig
+from npu.isa import Instr, Opcode
+
+
+class OnChip:
+    def __init__(self, cfg: NpuConfig):
+        self.spad = np.zeros(cfg.spad_bytes, np.uint8)
+        self.acc = np.zeros(cfg.acc_bytes, np.uint8)
+
+    def mem(self, addr: int) -> tuple[np.ndarray, int]:
+        """(backing array, offset) of an on-chip address (ranges were validated at dispatch)."""
+        if addr >= ACC_BASE:
+            return self.acc, addr - ACC_BASE
+        return self.spad, addr
+
+    def read(self, addr: int, n: int) -> np.ndarray:
+        m, o = self.mem(addr)
+        return m[o : o + n].copy()
+
+    def write(self, addr: int, data: np.ndarray) -> None:
+        m, o = self.mem(addr)
+        m[o : o + len(data)] = np.frombuffer(np.ascontiguousarray(data).tobytes(), np.uint8)
+
+
+def rows_view(buf: np.ndarray, off: int, rows: int, width: int, stride: int, dtype=np.uint8) -> np.ndarray:
+    """A rows x width view of `buf` (bytes) at byte offset `off` with a byte row stride."""
+    base = buf[off:] if dtype == np.uint8 else buf[off:].view(dtype)
+    es = np.dtype(dtype).itemsize
+    return as_strided(base, shape=(rows, width), strides=(stride, es), writeable=True)
+
+
+def _put_rows(buf: np.ndarray, off: int, stride: int, data: np.ndarray) -> None:
+    """Write a 2-D byte array row by row in order (defined even when rows overlap)."""
+    rows, width = data.shape
+    if rows == 0 or width == 0:
+        return
+    if stride >= width:
+        rows_view(buf, off, rows, width, stride)[...] = data
+    else:
+        for r in range(rows):
+            buf[off + r * stride : off + r * stride + width] = data[r]
+
+
+def rshift_round(x: np.ndarray, shift: int) -> np.ndarray:
+    """Rounding arithmetic right shift on int64: (x + 2**(shift-1)) >> shift; ties go up."""
+    if shift == 0:
+        return x
+    return (x + np.int64(1 << (shift - 1))) >> np.int64(shift)
+
+
+def requant(x: np.ndarray, mult: int, shift: int, zp_out: int, lo: int, hi: int) -> np.ndarray:
+    y = rshift_round(x.astype(np.int64) * np.int64(mult), shift) + np.int64(zp_out)
+    return np.clip(y, lo, hi).astype(np.int8)
+
+
+def exec_load(chip: OnChip, dram: np.ndarray, f: dict) -> None:
+    rows, cols = f["rows"], f["cols"]
+    pt, pb, pl, pr = f["pad_top"], f["pad_bottom"], f["pad_left"], f["pad_right"]
+    tr, tw = pt + rows + pb, pl + cols + pr
+    if tr == 0 or tw == 0:
+        return
+    img = np.full((tr, tw), np.uint8(f["pad_value"] & 0xFF), np.uint8)
+    if rows and cols:
+        img[pt : pt + rows, pl : pl + cols] = rows_view(dram, f["dram"], rows, cols, f["dram_stride"])
+    buf, off = chip.mem(f["spad"])
+    _put_rows(buf, off, f["spad_stride"], img)
+
+
+def exec_store(chip: OnChip, dram: np.ndarray, f: dict) -> None:
+    rows, cols = f["rows"], f["cols"]
+    if rows == 0 or cols == 0:
+        return
+    buf, off = chip.mem(f["spad"])
+    data = rows_view(buf, off, rows, cols, f["spad_stride"]).copy()
+    _put_rows(dram, f["dram"], f["dram_stride"], data)
+
+
+def exec_matmul(chip: OnChip, f: dict) -> None:
+    m, n, k = f["m"], f["n"], f["k"]
+    if m == 0 or n == 0:
+        return
+    acc, coff = chip.mem(f["c"])
+    c = rows_view(acc, coff, m, n, f["c_stride"], np.int32)
+    if k:
+        a = rows_view(chip.spad, f["a"], m, k, f["a_stride"]).view(np.int8)
+        b = rows_view(chip.spad, f["b"], n, k, f["b_stride"]).view(np.int8)
+        # float64 BLAS is exact here: |sum| <= 65535 * 2**14 < 2**53
+        p = (a.astype(np.float64) @ b.T.astype(np.float64)).astype(np.int64)
+    else:
+        p = np.zeros((m, n), np.int64)
+    if f["accumulate"]:
+        p = p + c.astype(np.int64)
+    c[...] = p.astype(np.int32)  # wraps modulo 2**32, as the int32 accumulators do
+
+
+def exec_vmap(chip: OnChip, f: dict) -> None:
+    rows, cols = f["rows"], f["cols"]
+    if rows == 0 or cols == 0:
+        return
+    buf, off = chip.mem(f["src"])
+    if f["src_type"]:
+        x = rows_view(buf, off, rows, cols, f["src_stride"], np.int32).astype(np.int64)
+    else:
+        x = rows_view(buf, off, rows, cols, f["src_stride"]).view(np.int8).astype(np.int64)
+        x = x - f["zp_in"]
+    y = requant(x, f["mult"], f["shift"], f["zp_out"], f["lo"], f["hi"])
+    _put_rows(chip.spad, f["dst"], f["dst_stride"], y.view(np.uint8))
+
+
+def exec_vadd(chip: OnChip, f: dict) -> None:
+    n = f["len"]
+    if n == 0:
+        return
+    a = chip.spad[f["a"] : f["a"] + n].view(np.int8).astype(np.int64) - f["zp_a"]
+    b = chip.spad[f["b"] : f["b"] + n].view(np.int8).astype(np.int64) - f["zp_b"]
+    s = a * f["mult_a"] + b * f["mult_b"]
+    y = np.clip(rshift_round(s, f["shift"]) + f["zp_out"], f["lo"], f["hi"]).astype(np.int8)
+    chip.spad[f["dst"] : f["dst"] + n] = y.view(np.uint8)
+
+
+def exec_pool(chip: OnChip, f: dict) -> None:
+    C, W, oh, ow = f["channels"], f["in_w"], f["out_h"], f["out_w"]
+    if C == 0 or oh == 0 or ow == 0:
+        return
+    kh, kw, sh, sw = f["kh"], f["kw"], f["sh"], f["sw"]
+    in_rows = (oh - 1) * sh + kh
+    x = chip.spad[f["src"] : f["src"] + in_rows * W * C].view(np.int8).reshape(in_rows, W, C)
+    # windows: (oh, ow, kh, kw, C) strided view, no copy
+    s0, s1, s2 = x.strides
+    win = as_strided(x, shape=(oh, ow, kh, kw, C), strides=(s0 * sh, s1 * sw, s0, s1, s2))
+    if f["mode"] == 0:
+        y = np.clip(win.max(axis=(2, 3)).astype(np.int64), f["lo"], f["hi"]).astype(np.int8)
+    else:
+        s = win.astype(np.int64).sum(axis=(2, 3)) - kh * kw * f["zp_in"]
+        y = requant(s, f["mult"], f["shift"], f["zp_out"], f["lo"], f["hi"])
+    chip.spad[f["dst"] : f["dst"] + oh * ow * C] = y.reshape(-1).view(np.uint8)
+
+
+def execute(chip: OnChip, dram: np.ndarray, i: Instr) -> None:
+    """Apply one unit instruction's effect (control instructions have none)."""
+    f = i.fields
+    op = i.op
+    if op == Opcode.LOAD:
+        exec_load(chip, dram, f)
+    elif op == Opcode.STORE:
+        exec_store(chip, dram, f)
+    elif op == Opcode.MATMUL:
+        exec_matmul(chip, f)
+    elif op == Opcode.VMAP:
+        exec_vmap(chip, f)
+    elif op == Opcode.VADD:
+        exec_vadd(chip, f)
+    elif op == Opcode.POOL:
+        exec_pool(chip, f)

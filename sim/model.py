@@ -1,0 +1,385 @@
+"""The golden model: a bit-exact, cycle-approximate NPU behind the shared register map.
+
+The model runs the decoupled pipeline of docs/isa.md as a discrete-event simulation at instruction
+granularity: a dispatcher fetches instructions in order and puts each into its unit's queue (load,
+matrix, vector, store); each unit starts its queue head once the tokens it waits for have arrived,
+is busy for `sim.timing.duration` cycles and then pushes the tokens it signals. An instruction's data
+effect is applied when it starts (a valid program orders every conflicting pair with tokens, so this
+is indistinguishable from the hardware). Events are processed in time order, so the host can
+interleave register accesses with simulated time (`advance`), e.g. to raise a pause at a given cycle.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from npu.config import NpuConfig, get_config
+from npu.isa import INSTR_BYTES, ErrorCode, Instr, IsaError, Opcode, Unit, decode, validate
+from npu.registers import BY_OFFSET, COUNTERS, ISA_VERSION, NPU_MAGIC, REG, Control, Status
+
+from .kernels import OnChip, execute
+from .timing import dma_bytes, duration
+
+UNITS = tuple(Unit)
+_BUSY = {
+    Unit.LOAD: "BUSY_LOAD",
+    Unit.MATRIX: "BUSY_MATRIX",
+    Unit.VECTOR: "BUSY_VECTOR",
+    Unit.STORE: "BUSY_STORE",
+}
+
+
+@dataclass
+class TraceEvent:
+    """One executed instruction (units) or one dispatcher stop, in absolute cycles."""
+
+    unit: str
+    pc: int
+    op: str
+    start: int
+    end: int
+
+
+class _Run:
+    """State of one START..stop interval."""
+
+    def __init__(self, cfg: NpuConfig, t0: int, base: int, pc: int, timeout: int):
+        self.cfg = cfg
+        self.t0 = t0
+        self.base = base
+        self.pc = pc
+        self.timeout = timeout
+        self.next_dispatch = t0 + cfg.dma_latency  # first fetch pays the DRAM latency
+        self.queues: list[deque] = [deque() for _ in UNITS]
+        self.starts: list[list[int]] = [[] for _ in UNITS]
+        self.dispatched = [0] * len(UNITS)
+        self.busy_until = [t0] * len(UNITS)
+        self.last_end = t0
+        self.tokens = {(p, c): deque() for p in UNITS for c in UNITS if p != c}
+        self.fetched: tuple[int, Instr | IsaError] | None = None
+
+
+class NpuModel:
+    """One NPU engine: DRAM, scratchpad, accumulators and registers, driven like the hardware."""
+
+    def __init__(self, config: str | NpuConfig = "default", *, trace: bool = False):
+        self.cfg = get_config(config)
+        self.dram = np.zeros(self.cfg.dram_bytes, np.uint8)
+        self.chip = OnChip(self.cfg)
+        self.now = 0
+        self.trace: list[TraceEvent] | None = [] if trace else None
+        self._decode_cache: dict[bytes, Instr] = {}
+        self._hi_latch = 0
+        self.soft_reset()
+
+    # -- memories --------------------------------------------------------------------------------
+    def write_dram(self, addr: int, data: bytes | np.ndarray) -> None:
+        buf = np.frombuffer(
+            bytes(data) if not isinstance(data, np.ndarray) else np.ascontiguousarray(data).tobytes(),
+            np.uint8,
+        )
+        if addr < 0 or addr + len(buf) > len(self.dram):
+            raise ValueError(f"DRAM write 0x{addr:x}+{len(buf)} is outside DRAM (0x{len(self.dram):x} bytes)")
+        self.dram[addr : addr + len(buf)] = buf
+
+    def read_dram(self, addr: int, n: int) -> bytes:
+        if addr < 0 or addr + n > len(self.dram):
+            raise ValueError(f"DRAM read 0x{addr:x}+{n} is outside DRAM (0x{len(self.dram):x} bytes)")
+        return self.dram[addr : addr + n].tobytes()
+
+    # -- registers -------------------------------------------------------------------------------
+    def soft_reset(self) -> None:
+        self.status = Status.IDLE
+        self.control = Control(0)
+        self.irq_pending = False
+        self.program_base = 0
+        self.resume_pc = 0
+        self.cp_id = 0
+        self.error_code = ErrorCode.NONE
+        self.error_pc = 0
+        self.timeout = 0
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self._pause_cycle: int | None = None
+        self._run: _Run | None = None
+
+    def read_reg(self, off: int) -> int:
+        r = BY_OFFSET.get(off)
+        if r is None:
+            lo = BY_OFFSET.get(off - 4)
+            # HI half of a 64-bit counter: the value latched by the last LO read
+            return self._hi_latch if lo is not None and lo.wide else 0
+        name = r.name
+        if r.wide:
+            v = self._counter(name)
+            self._hi_latch = (v >> 32) & 0xFFFFFFFF
+            return v & 0xFFFFFFFF
+        return {
+            "ID": NPU_MAGIC,
+            "VERSION": ISA_VERSION,
+            "CONFIG_ID": self.cfg.config_id,
+            "CONTROL": int(self.control & ~Control.START & ~Control.SOFT_RESET)
+            | (int(Control.PAUSE) if self._pause_cycle is not None else 0),
+            "STATUS": int(self.status),
+            "IRQ": int(self.irq_pending),
+            "PROGRAM_BASE": self.program_base,
+            "RESUME_PC": self.resume_pc,
+            "CP_ID": self.cp_id,
+            "ERROR_CODE": int(self.error_code),
+            "ERROR_PC": self.error_pc,
+            "TIMEOUT": self.timeout,
+        }[name]
+
+    def read_counter(self, name: str) -> int:
+        lo = self.read_reg(REG[name].offset)
+        return lo | (self.read_reg(REG[name].offset + 4) << 32)
+
+    def _counter(self, name: str) -> int:
+        if name == "CYCLES" and self._run is not None:
+            return self.now - self._run.t0
+        return self.counters[name]
+
+    def write_reg(self, off: int, value: int) -> None:
+        r = BY_OFFSET.get(off)
+        if r is None or r.access == "ro":
+            return  # writes to read-only or unmapped registers are ignored, like the hardware
+        value &= 0xFFFFFFFF
+        if r.name == "CONTROL":
+            ctl = Control(value & 0xF)
+            if ctl & Control.SOFT_RESET:
+                self.soft_reset()
+                return
+            self.control = ctl & Control.IRQ_ENABLE
+            if ctl & Control.PAUSE:
+                if self._pause_cycle is None:
+                    self._pause_cycle = self.now
+            else:
+                self._pause_cycle = None
+            if ctl & Control.START and self.status != Status.RUNNING:
+                self._start()
+        elif r.name == "IRQ":
+            if value & 1:
+                self.irq_pending = False
+        elif r.name == "PROGRAM_BASE":
+            self.program_base = value
+        elif r.name == "RESUME_PC":
+            self.resume_pc = value
+        elif r.name == "TIMEOUT":
+            self.timeout = value
+
+    @property
+    def irq(self) -> bool:
+        """The interrupt line."""
+        return self.irq_pending and bool(self.control & Control.IRQ_ENABLE)
+
+    # -- running ---------------------------------------------------------------------------------
+    def _start(self) -> None:
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.error_code = ErrorCode.NONE
+        self.error_pc = 0
+        self.status = Status.RUNNING
+        if self._pause_cycle is not None:
+            self._pause_cycle = self.now
+        self._run = _Run(self.cfg, self.now, self.program_base, self.resume_pc, self.timeout)
+
+    def advance(self, cycles: int) -> Status:
+        """Let `cycles` cycles pass (the host's clock moves with the device's)."""
+        self._simulate(self.now + cycles)
+        return self.status
+
+    def run(self, max_cycles: int | None = None) -> Status:
+        """Simulate until the core stops (DONE, PAUSED or ERROR) or `max_cycles` pass."""
+        until = None if max_cycles is None else self.now + max_cycles
+        self._simulate(until)
+        return self.status
+
+    def _stop(self, status: Status, t: int, *, code: ErrorCode = ErrorCode.NONE, pc: int = 0) -> None:
+        run = self._run
+        assert run is not None
+        self.counters["CYCLES"] = t - run.t0
+        self.status = status
+        if status == Status.ERROR:
+            self.error_code = code
+            self.error_pc = pc
+        self.irq_pending = True
+        self._pause_cycle = None
+        self._run = None
+        self.now = max(self.now, t)
+        if self.trace is not None:
+            self.trace.append(TraceEvent("control", pc, status.name.lower(), t, t))
+
+    def _fetch(self, run: _Run) -> Instr | IsaError:
+        if run.fetched is not None and run.fetched[0] == run.pc:
+            return run.fetched[1]
+        addr = run.base + run.pc * INSTR_BYTES
+        res: Instr | IsaError
+        if run.base % INSTR_BYTES or addr + INSTR_BYTES > self.cfg.dram_bytes:
+            res = IsaError(
+                ErrorCode.DRAM_RANGE,
+                f"instruction fetch at 0x{addr:x} is outside DRAM or PROGRAM_BASE is not 32-byte aligned",
+            )
+        else:
+            raw = self.dram[addr : addr + INSTR_BYTES].tobytes()
+            res = self._decode_cache.get(raw)  # type: ignore[assignment]
+            if res is None:
+                try:
+                    res = decode(raw)
+                    validate(res, self.cfg)
+                    self._decode_cache[raw] = res
+                except IsaError as e:
+                    res = e
+        run.fetched = (run.pc, res)
+        return res
+
+    def _unit_ready(self, run: _Run, u: int) -> int | None:
+        q = run.queues[u]
+        if not q:
+            return None
+        _, ins, td = q[0]
+        t = max(td + 1, run.busy_until[u])
+        w = ins.wait
+        for p in UNITS:
+            if w >> p & 1:
+                ch = run.tokens[(p, u)]
+                if not ch:
+                    return None
+                t = max(t, ch[0])
+        return t
+
+    def _dispatch_ready(self, run: _Run) -> int | None:
+        base = run.next_dispatch
+        ins = self._fetch(run)
+        if isinstance(ins, IsaError):
+            return base
+        u = ins.unit
+        if u is not None:
+            if len(run.queues[u]) >= self.cfg.queue_depth:
+                return None
+            n = run.dispatched[u] - self.cfg.queue_depth
+            return max(base, run.starts[u][n]) if n >= 0 else base
+        if ins.op == Opcode.CANCEL_POINT and not self._pause_taken(base):
+            return base
+        if any(run.queues):  # END, BARRIER and a taken point wait for every queue to drain
+            return None
+        return max(base, run.last_end)
+
+    def _pause_taken(self, t: int) -> bool:
+        return self._pause_cycle is not None and self._pause_cycle <= t
+
+    def _simulate(self, until: int | None) -> None:
+        run = self._run
+        while run is not None:
+            best_t, best_u = None, None
+            for u in UNITS:
+                t = self._unit_ready(run, u)
+                if t is not None and (best_t is None or t < best_t):
+                    best_t, best_u = t, u
+            td = self._dispatch_ready(run)
+            if td is not None and (best_t is None or td < best_t):
+                best_t, best_u = td, None
+            limit = run.t0 + run.timeout if run.timeout else None
+            if best_t is None:
+                t_dead = max(run.last_end, run.next_dispatch)
+                if limit is not None and t_dead > limit:
+                    t_dead = limit
+                    code = ErrorCode.TIMEOUT
+                else:
+                    code = ErrorCode.DEADLOCK
+                if until is not None and t_dead > until:
+                    break
+                self._stop(Status.ERROR, t_dead, code=code, pc=run.pc)
+                break
+            if limit is not None and best_t > limit:
+                if until is not None and limit > until:
+                    break
+                self._stop(Status.ERROR, limit, code=ErrorCode.TIMEOUT, pc=run.pc)
+                break
+            if until is not None and best_t > until:
+                break
+            if best_u is None:
+                self._dispatch(run, best_t)
+            else:
+                self._execute(run, best_u, best_t)
+            run = self._run
+        if until is not None:
+            self.now = max(self.now, until)
+
+    def _error_after_drain(self, run: _Run, t: int, code: ErrorCode, pc: int) -> None:
+        """Discard queued instructions, let in-flight ones finish, then report the error."""
+        for q in run.queues:
+            q.clear()
+        self._stop(Status.ERROR, max(t, max(run.busy_until)), code=code, pc=pc)
+
+    def _dispatch(self, run: _Run, t: int) -> None:
+        ins = self._fetch(run)
+        self.counters["STALL_DISPATCH"] += t - run.next_dispatch
+        if isinstance(ins, IsaError):
+            self._error_after_drain(run, t, ins.code, run.pc)
+            return
+        self.counters["INSTRET"] += 1
+        pc = run.pc
+        u = ins.unit
+        if u is not None:
+            run.queues[u].append((pc, ins, t))
+            run.dispatched[u] += 1
+        elif ins.op in (Opcode.END, Opcode.CANCEL_POINT) and (
+            ins.op == Opcode.END or self._pause_taken(run.next_dispatch)
+        ):
+            if any(run.tokens.values()):
+                self._error_after_drain(run, t, ErrorCode.TOKEN, pc)
+                return
+            if ins.op == Opcode.END:
+                self.resume_pc = pc
+                self._stop(Status.DONE, t, pc=pc)
+            else:
+                self.resume_pc = pc + 1
+                self.cp_id = ins.id
+                self._stop(Status.PAUSED, t, pc=pc)
+            return
+        run.pc += 1
+        run.next_dispatch = t + self.cfg.instr_beats
+
+    def _execute(self, run: _Run, u: Unit, t: int) -> None:
+        pc, ins, _ = run.queues[u].popleft()
+        for p in UNITS:
+            if ins.wait >> p & 1:
+                run.tokens[(p, u)].popleft()
+        if ins.op != Opcode.SYNC:
+            execute(self.chip, self.dram, ins)
+        d = duration(ins, self.cfg)
+        end = t + d
+        run.starts[u].append(t)
+        run.busy_until[u] = end
+        run.last_end = max(run.last_end, end)
+        self.counters[_BUSY[u]] += d
+        rd, wr = dma_bytes(ins)
+        self.counters["DMA_RD_BYTES"] += rd
+        self.counters["DMA_WR_BYTES"] += wr
+        if self.trace is not None:
+            self.trace.append(TraceEvent(u.name.lower(), pc, ins.op.name.lower(), t, end))
+        for c in UNITS:
+            if ins.signal >> c & 1:
+                ch = run.tokens[(u, c)]
+                if len(ch) >= self.cfg.token_depth:
+                    self._error_after_drain(run, end, ErrorCode.TOKEN, pc)
+                    return
+                ch.append(end)
+
+    # -- convenience for tests, tools and the driver ------------------------------------------------
+    def load_program(self, program: bytes, base: int) -> None:
+        self.write_dram(base, program)
+        self.program_base = base
+        self.resume_pc = 0
+
+    def start(self, pc: int | None = None, pause: bool = False) -> None:
+        if pc is not None:
+            self.resume_pc = pc
+        self.write_reg(REG["CONTROL"].offset, int(Control.START | (Control.PAUSE if pause else 0)))
+
+    def request_pause(self) -> None:
+        self.write_reg(REG["CONTROL"].offset, int(Control.PAUSE))
+
+    def counter_values(self) -> dict[str, int]:
+        return {name: self._counter(name) for name in COUNTERS}

@@ -1,0 +1,204 @@
+"""Program generators used by examples, tests and benchmarks (the compiler has its own back end).
+
+`gemm_program` writes a tiled, double-buffered int8 GEMM with requantisation and optional ReLU:
+C[m, n] = clamp(zp_out + round((A[m, k] . B[k, n]) * mult >> shift), lo, hi), with A row-major and
+B given transposed (B^T is n x k, row-major, as ONNX Gemm weights with transB=1 or Conv weights).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from npu.config import ACC_BASE, NpuConfig
+from npu.program import BuiltProgram, ProgramBuilder
+
+from .kernels import requant
+
+
+def _round_up(x: int, a: int) -> int:
+    return -(-x // a) * a
+
+
+@dataclass(frozen=True)
+class GemmTiling:
+    tm: int
+    tn: int
+    tk: int
+
+
+def choose_tiling(cfg: NpuConfig, m: int, n: int, k: int) -> GemmTiling:
+    """Largest tiles that fit double-buffered: prefer whole N (B^T loaded once per N tile), then M."""
+    cm, cn = cfg.clusters, cfg.pes_per_cluster
+    best = None
+    for tk in sorted(
+        {
+            min(_round_up(k, cfg.lanes), t)
+            for t in (4096, 2048, 1024, 512, 256, 128, 64, 32, 16, 8, cfg.lanes)
+        },
+        reverse=True,
+    ):
+        if tk < cfg.lanes:
+            continue
+        for tn in range(_round_up(min(n, 1024), cn), 0, -cn):
+            acc_rows = cfg.acc_bytes // (2 * 4 * tn)
+            tm = min(_round_up(m, cm), (acc_rows // cm) * cm)
+            if tm < cm:
+                continue
+            while tm >= cm:
+                spad = 2 * tm * tk + 2 * tn * tk + 2 * tm * tn
+                if spad <= cfg.spad_bytes:
+                    break
+                tm -= cm
+            if tm < cm:
+                continue
+            score = (tk >= k, tn >= n, tm * tn * tk)
+            if best is None or score > best[0]:
+                best = (score, GemmTiling(tm, tn, tk))
+        if best is not None and best[0][0]:
+            break
+    if best is None:
+        raise ValueError(f"no GEMM tiling of {m}x{n}x{k} fits configuration {cfg.name}")
+    return best[1]
+
+
+def gemm_program(
+    cfg: NpuConfig,
+    m: int,
+    n: int,
+    k: int,
+    a_addr: int,
+    bt_addr: int,
+    c_addr: int,
+    *,
+    mult: int = 1,
+    shift: int = 0,
+    zp_out: int = 0,
+    relu: bool = False,
+    tiling: GemmTiling | None = None,
+    cancel_every: int = 0,
+) -> BuiltProgram:
+    """Tiled GEMM + requantise (+ ReLU) program; a cancellation point after every
+    `cancel_every` output tiles (0: none)."""
+    t = tiling or choose_tiling(cfg, m, n, k)
+    b = ProgramBuilder(cfg)
+    a_stride_sp = _round_up(t.tk, cfg.lanes)
+    a_buf = [0, t.tm * a_stride_sp]
+    b_base = 2 * t.tm * a_stride_sp
+    b_buf = [b_base, b_base + t.tn * a_stride_sp]
+    o_base = _round_up(b_base + 2 * t.tn * a_stride_sp, cfg.lanes)
+    o_buf = [o_base, o_base + t.tm * t.tn]
+    c_stride = _round_up(4 * t.tn, cfg.acc_row_bytes)
+    c_buf = [ACC_BASE, ACC_BASE + _round_up(t.tm, cfg.clusters) * c_stride]
+    lo = zp_out if relu else -128
+    ksplit = k > t.tk
+    tiles = cp = it = n_bload = n_aload = 0
+    for ni, n0 in enumerate(range(0, n, t.tn)):
+        tn = min(t.tn, n - n0)
+        if not ksplit:  # B^T tile stays on chip for the whole N tile
+            bb = b_buf[ni % 2]
+            b.add(
+                "load",
+                spad=bb,
+                dram=bt_addr + n0 * k,
+                rows=tn,
+                cols=k,
+                spad_stride=a_stride_sp,
+                dram_stride=k,
+                label=f"load B n{n0}",
+            )
+        for m0 in range(0, m, t.tm):
+            tm = min(t.tm, m - m0)
+            cbuf = c_buf[it % 2]
+            for k0 in range(0, k, t.tk):
+                tk = min(t.tk, k - k0)
+                if ksplit:
+                    bb = b_buf[n_bload % 2]
+                    n_bload += 1
+                    b.add(
+                        "load",
+                        spad=bb,
+                        dram=bt_addr + n0 * k + k0,
+                        rows=tn,
+                        cols=tk,
+                        spad_stride=a_stride_sp,
+                        dram_stride=k,
+                        label=f"load B n{n0} k{k0}",
+                    )
+                ab = a_buf[n_aload % 2]
+                n_aload += 1
+                b.add(
+                    "load",
+                    spad=ab,
+                    dram=a_addr + m0 * k + k0,
+                    rows=tm,
+                    cols=tk,
+                    spad_stride=a_stride_sp,
+                    dram_stride=k,
+                    label=f"load A m{m0} k{k0}",
+                )
+                b.add(
+                    "matmul",
+                    a=ab,
+                    b=bb,
+                    c=cbuf,
+                    m=tm,
+                    n=tn,
+                    k=tk,
+                    a_stride=a_stride_sp,
+                    b_stride=a_stride_sp,
+                    c_stride=c_stride,
+                    accumulate=int(k0 > 0),
+                    label=f"matmul m{m0} n{n0} k{k0}",
+                )
+            obuf = o_buf[it % 2]
+            b.add(
+                "vmap",
+                src=cbuf,
+                dst=obuf,
+                rows=tm,
+                cols=tn,
+                src_stride=c_stride,
+                dst_stride=tn,
+                src_type=1,
+                mult=mult,
+                shift=shift,
+                zp_out=zp_out,
+                lo=lo,
+                hi=127,
+                label=f"requant m{m0} n{n0}",
+            )
+            b.add(
+                "store",
+                spad=obuf,
+                dram=c_addr + m0 * n + n0,
+                rows=tm,
+                cols=tn,
+                spad_stride=tn,
+                dram_stride=n,
+                label=f"store m{m0} n{n0}",
+            )
+            it += 1
+            tiles += 1
+            last = n0 + t.tn >= n and m0 + t.tm >= m
+            if cancel_every and tiles % cancel_every == 0 and not last:
+                b.cancel_point(cp)
+                cp += 1
+    return b.build()
+
+
+def gemm_reference(
+    a: np.ndarray, bt: np.ndarray, *, mult: int = 1, shift: int = 0, zp_out: int = 0, relu: bool = False
+) -> np.ndarray:
+    """numpy reference of `gemm_program` (int8 in, int8 out)."""
+    acc = a.astype(np.int64) @ bt.astype(np.int64).T
+    acc = acc.astype(np.int32).astype(np.int64)
+    return requant(acc, mult, shift, zp_out, zp_out if relu else -128, 127)
+
+
+def requant_params(k: int) -> tuple[int, int]:
+    """A multiplier/shift that maps a typical k-long int8 dot product back into int8 range."""
+    scale = 1.0 / (128.0 * np.sqrt(k) / 3)
+    shift = 24
+    return max(1, int(round(scale * (1 << shift)))), shift

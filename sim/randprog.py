@@ -1,0 +1,225 @@
+"""Constrained-random NPU programs from a seed: every instruction type, conflicts on shared buffers,
+DRAM round trips and cancellation points. Valid by construction (tokens from the program builder),
+so the model and the RTL must agree on them bit for bit; a failing seed replays with one command.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+
+from npu.config import ACC_BASE, NpuConfig
+from npu.isa import make
+from npu.program import BuiltProgram, ProgramBuilder
+
+from .kernels import OnChip, execute
+
+
+@dataclass
+class RandomProgram:
+    seed: int
+    program: BuiltProgram
+    dram: dict[int, np.ndarray]  # initial DRAM contents
+    prog_base: int
+    out_base: int
+    out_bytes: int
+
+
+def random_program(cfg: NpuConfig, seed: int, n_instrs: int = 24, cp_prob: float = 0.15) -> RandomProgram:
+    rng = random.Random(seed)
+    L = cfg.lanes
+    R = cfg.acc_row_bytes
+    nbuf = 4
+    buf = max(64, min(1024, cfg.spad_bytes // (2 * nbuf)))  # bytes per scratchpad buffer
+    buf -= buf % 64
+    sp = [i * buf for i in range(nbuf)]
+    abuf = max(R * 4, min(2048, cfg.acc_bytes // 4))
+    abuf -= abuf % R
+    ac = [ACC_BASE + i * abuf for i in range(2)]
+    in_base, in_bytes = 0x1000, 4096
+    out_base, out_bytes = in_base + in_bytes, 4096
+    dram = {in_base: np.random.default_rng(seed).integers(0, 256, in_bytes, dtype=np.uint8)}
+    b = ProgramBuilder(cfg)
+    cp = 0
+
+    def dram_src(n: int) -> int:
+        region = rng.choice([(in_base, in_bytes), (out_base, out_bytes)])
+        return region[0] + rng.randrange(0, region[1] - n + 1)
+
+    for _ in range(n_instrs):
+        kind = rng.choice(
+            [
+                "load",
+                "load",
+                "load_acc",
+                "matmul",
+                "matmul",
+                "vmap",
+                "vmap8",
+                "vadd",
+                "pool",
+                "store",
+                "store_acc",
+            ]
+        )
+        if kind == "load":
+            rows, cols = rng.randint(0, 6), rng.randint(0, 40)
+            pt, pb, pl, pr = rng.randint(0, 2), rng.randint(0, 2), rng.randint(0, 4), rng.randint(0, 4)
+            stride = pl + cols + pr + rng.randint(0, 8)
+            while (pt + rows + pb) * stride > buf:
+                stride = max(pl + cols + pr, stride - 1)
+                rows = max(0, rows - 1)
+            dstride = cols + rng.randint(0, 16)
+            b.add(
+                make(
+                    "load",
+                    spad=rng.choice(sp),
+                    dram=dram_src(max(1, rows * max(dstride, 1))),
+                    rows=rows,
+                    cols=cols,
+                    spad_stride=stride,
+                    dram_stride=dstride,
+                    pad_top=pt,
+                    pad_bottom=pb,
+                    pad_left=pl,
+                    pad_right=pr,
+                    pad_value=rng.randint(-128, 127),
+                )
+            )
+        elif kind == "load_acc":
+            n = rng.randrange(4, abuf + 1, 4)
+            b.add(
+                make(
+                    "load",
+                    spad=rng.choice(ac),
+                    dram=dram_src(n),
+                    rows=1,
+                    cols=n,
+                    spad_stride=n,
+                    dram_stride=n,
+                )
+            )
+        elif kind == "matmul":
+            k = rng.randint(0, 40)
+            ks = -(-max(k, 1) // L) * L
+            m = rng.randint(0, min(12, buf // ks))
+            n = rng.randint(0, min(12, buf // ks))
+            cs = -(-max(4 * n, 1) // R) * R
+            m = min(m, abuf // cs)
+            b.add(
+                make(
+                    "matmul",
+                    a=rng.choice(sp),
+                    b=rng.choice(sp),
+                    c=rng.choice(ac),
+                    m=m,
+                    n=n,
+                    k=k,
+                    a_stride=ks,
+                    b_stride=ks,
+                    c_stride=cs,
+                    accumulate=rng.randint(0, 1),
+                )
+            )
+        elif kind in ("vmap", "vmap8"):
+            cols = rng.randint(1, 24)
+            i32 = kind == "vmap"
+            ss = 4 * cols + 4 * rng.randint(0, 2) if i32 else cols + rng.randint(0, 4)
+            rows = rng.randint(1, 6)
+            rows = min(rows, (abuf if i32 else buf) // ss)
+            src, dst = (rng.choice(ac), rng.choice(sp)) if i32 else rng.sample(sp, 2)
+            b.add(
+                make(
+                    "vmap",
+                    src=src,
+                    dst=dst,
+                    rows=rows,
+                    cols=cols,
+                    src_stride=ss,
+                    dst_stride=cols,
+                    src_type=int(i32),
+                    mult=rng.randint(-(2**31), 2**31 - 1),
+                    shift=rng.randint(0, 40),
+                    zp_in=0 if i32 else rng.randint(-128, 127),
+                    zp_out=rng.randint(-128, 127),
+                    lo=rng.randint(-128, 0),
+                    hi=rng.randint(0, 127),
+                )
+            )
+        elif kind == "vadd":
+            # buffers are disjoint and len <= buf: dst is either an operand or apart from both
+            a, bb, dst = rng.choice(sp), rng.choice(sp), rng.choice(sp)
+            b.add(
+                make(
+                    "vadd",
+                    a=a,
+                    b=bb,
+                    dst=dst,
+                    len=rng.randint(0, buf),
+                    mult_a=rng.randint(-(2**20), 2**20),
+                    mult_b=rng.randint(-(2**20), 2**20),
+                    shift=rng.randint(0, 24),
+                    zp_a=rng.randint(-128, 127),
+                    zp_b=rng.randint(-128, 127),
+                    zp_out=rng.randint(-128, 127),
+                )
+            )
+        elif kind == "pool":
+            c = rng.randint(1, 8)
+            kh, kw, sh, sw = rng.randint(1, 3), rng.randint(1, 3), rng.randint(1, 2), rng.randint(1, 2)
+            oh, ow = rng.randint(1, 3), rng.randint(1, 3)
+            in_w = (ow - 1) * sw + kw + rng.randint(0, 1)
+            src, dst = rng.sample(sp, 2)
+            if ((oh - 1) * sh + kh) * in_w * c > buf or oh * ow * c > buf:
+                continue
+            b.add(
+                make(
+                    "pool",
+                    src=src,
+                    dst=dst,
+                    channels=c,
+                    in_w=in_w,
+                    out_h=oh,
+                    out_w=ow,
+                    kh=kh,
+                    kw=kw,
+                    sh=sh,
+                    sw=sw,
+                    mode=rng.randint(0, 1),
+                    mult=rng.randint(1, 1 << 16),
+                    shift=rng.randint(0, 20),
+                    zp_in=rng.randint(-128, 127),
+                )
+            )
+        elif kind in ("store", "store_acc"):
+            src = rng.choice(ac if kind == "store_acc" else sp)
+            size = abuf if kind == "store_acc" else buf
+            rows, cols = rng.randint(1, 4), rng.randint(1, 48)
+            ss = cols + rng.randint(0, 8)
+            while rows * ss > size:
+                rows -= 1
+            ds = cols + rng.randint(0, 8)
+            if rows == 0:
+                continue
+            dst = out_base + rng.randrange(0, out_bytes - rows * ds + 1)
+            b.add(make("store", spad=src, dram=dst, rows=rows, cols=cols, spad_stride=ss, dram_stride=ds))
+        if rng.random() < cp_prob:
+            b.cancel_point(cp)
+            cp += 1
+    prog = b.build()
+    prog_base = out_base + out_bytes
+    return RandomProgram(seed, prog, dram, prog_base, out_base, out_bytes)
+
+
+def sequential_reference(cfg: NpuConfig, rp: RandomProgram) -> tuple[np.ndarray, OnChip]:
+    """DRAM and on-chip state after executing the program one instruction at a time, in order."""
+    dram = np.zeros(cfg.dram_bytes, np.uint8)
+    for addr, arr in rp.dram.items():
+        dram[addr : addr + arr.nbytes] = arr.view(np.uint8).reshape(-1)
+    chip = OnChip(cfg)
+    for ins in rp.program.instrs:
+        if ins.unit is not None:
+            execute(chip, dram, ins)
+    return dram, chip

@@ -1,0 +1,116 @@
+"""Run an assembled program (with its `.data`/`.output` directives) on the golden model."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from npu.asm import DTYPES, Assembly, DataInit
+from npu.config import NpuConfig
+from npu.registers import Status
+
+from .model import NpuModel
+
+
+class RunError(RuntimeError):
+    pass
+
+
+@dataclass
+class RunResult:
+    status: Status
+    error_code: int
+    error_pc: int
+    counters: dict[str, int]
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)
+    wall_s: float = 0.0
+    pauses: list[tuple[int, int]] = field(default_factory=list)  # (cp id, resume pc) per pause
+
+
+def data_array(d: DataInit, source_dir: Path) -> np.ndarray:
+    if d.kind == "file":
+        p = (source_dir / d.path) if not Path(d.path).is_absolute() else Path(d.path)
+        try:
+            return np.load(p)
+        except (OSError, ValueError) as e:
+            raise RunError(f"line {d.line}: cannot load {p}: {e}") from None
+    dt = np.dtype(DTYPES[d.dtype])
+    info = np.iinfo(dt)
+    rng = np.random.default_rng(d.seed)
+    return rng.integers(info.min, info.max, size=d.shape, dtype=dt, endpoint=True)
+
+
+def prepare(model: NpuModel, asm: Assembly, base: int) -> None:
+    """Write the program at `base` and every `.data` block into the model's DRAM."""
+    prog = asm.binary()
+    regions = [(base, base + len(prog), "program")]
+    src_dir = Path(asm.source).parent if asm.source and not asm.source.startswith("<") else Path(".")
+    for d in asm.data:
+        arr = np.ascontiguousarray(data_array(d, src_dir))
+        regions.append((d.addr, d.addr + arr.nbytes, f".data at line {d.line}"))
+        if d.addr + arr.nbytes > model.cfg.dram_bytes:
+            raise RunError(
+                f"{asm.source}:{d.line}: .data 0x{d.addr:x}+{arr.nbytes} exceeds DRAM "
+                f"(0x{model.cfg.dram_bytes:x} bytes on {model.cfg.name})"
+            )
+        model.write_dram(d.addr, arr)
+    regions.sort()
+    for (a0, a1, n0), (b0, b1, n1) in zip(regions, regions[1:], strict=False):
+        if b0 < a1:
+            raise RunError(f"{asm.source}: {n0} (0x{a0:x}..0x{a1:x}) overlaps {n1} (0x{b0:x}..0x{b1:x})")
+    model.load_program(prog, base)
+
+
+def read_outputs(model: NpuModel, asm: Assembly) -> dict[str, np.ndarray]:
+    out = {}
+    for o in asm.outputs:
+        dt = np.dtype(DTYPES[o.dtype])
+        n = int(np.prod(o.shape)) * dt.itemsize
+        out[o.name] = np.frombuffer(model.read_dram(o.addr, n), dt).reshape(o.shape).copy()
+    return out
+
+
+def run_assembly(
+    asm: Assembly,
+    cfg: NpuConfig,
+    *,
+    base: int = 0,
+    pause_at: list[int] | None = None,
+    max_cycles: int | None = None,
+    model: NpuModel | None = None,
+) -> RunResult:
+    """Run to completion; `pause_at` raises a pause at each listed cycle offset and resumes."""
+    model = model or NpuModel(cfg)
+    prepare(model, asm, base)
+    t0 = time.perf_counter()
+    pauses = []
+    cycles = 0
+    counters_total: dict[str, int] = {}
+    model.start(pc=0)
+    start_cycle = model.now
+    for at in sorted(pause_at or []):
+        st = model.advance(max(0, start_cycle + at - model.now))
+        if st != Status.RUNNING:
+            break
+        model.request_pause()
+        st = model.run(max_cycles)
+        if st == Status.PAUSED:
+            pauses.append((model.cp_id, model.resume_pc))
+            for k, v in model.counter_values().items():
+                counters_total[k] = counters_total.get(k, 0) + v
+            model.start(pc=model.resume_pc)
+        elif st != Status.DONE:
+            break
+    st = model.run(max_cycles)
+    for k, v in model.counter_values().items():
+        counters_total[k] = counters_total.get(k, 0) + v
+    cycles = counters_total.get("CYCLES", 0)
+    wall = time.perf_counter() - t0
+    res = RunResult(st, int(model.error_code), model.error_pc, counters_total, wall_s=wall, pauses=pauses)
+    res.counters["CYCLES"] = cycles
+    if st == Status.DONE:
+        res.outputs = read_outputs(model, asm)
+    return res

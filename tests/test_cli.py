@@ -1,0 +1,113 @@
+import json
+
+import numpy as np
+import pytest
+
+from npu.cli import main
+
+EX = "examples/gemm_requant_relu.s"
+
+
+def test_asm_disasm_roundtrip(tmp_path, capsys):
+    out = tmp_path / "g.bin"
+    assert main(["asm", EX, "-o", str(out)]) == 0
+    assert out.stat().st_size % 32 == 0
+    capsys.readouterr()
+    assert main(["disasm", str(out)]) == 0
+    text = capsys.readouterr().out
+    src = tmp_path / "again.s"
+    src.write_text(text)
+    again = tmp_path / "again.bin"
+    assert main(["asm", str(src), "-o", str(again)]) == 0
+    assert again.read_bytes() == out.read_bytes()
+
+
+def test_run_prints_result_and_cycles(capsys):
+    assert main(["run", EX]) == 0
+    out = capsys.readouterr().out
+    assert "status: DONE" in out and "C: int8 192x128" in out and "cycles" in out
+
+
+def test_run_json_with_pauses_and_saved_outputs(tmp_path, capsys):
+    assert main(["run", EX, "--json", "--save", str(tmp_path / "o.npz")]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(["run", EX, "--json", "--pause-at", "0", "--pause-at", "1"]) == 0
+    paused = json.loads(capsys.readouterr().out)
+    assert len(paused["pauses"]) == 2
+    assert paused["outputs"] == plain["outputs"]
+    assert np.array_equal(np.load(tmp_path / "o.npz")["C"], np.array(plain["outputs"]["C"], np.int8))
+
+
+def test_run_binary_with_dram_and_output_flags(tmp_path, capsys):
+    src = tmp_path / "copy.s"
+    src.write_text(
+        "load spad=0 dram=0x1000 rows=1 cols=8 spad_stride=8 dram_stride=8 signal=store\n"
+        "store spad=0 dram=0x2000 rows=1 cols=8 spad_stride=8 dram_stride=8 wait=load\nend\n"
+    )
+    np.save(tmp_path / "x.npy", np.arange(8, dtype=np.int8))
+    assert main(["asm", str(src), "-o", str(tmp_path / "copy.bin")]) == 0
+    assert (
+        main(
+            [
+                "run",
+                str(tmp_path / "copy.bin"),
+                "--config",
+                "tiny",
+                "--json",
+                "--dram",
+                f"{tmp_path / 'x.npy'}@0x1000",
+                "--output",
+                "y@0x2000:i8:8",
+            ]
+        )
+        == 0
+    )
+    res = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert res["outputs"]["y"] == list(range(8))
+
+
+def test_bench_model_json(capsys):
+    assert main(["bench", "model", "--json", "--size", "128"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    g = r["gemm"]
+    for key in ("m", "n", "k", "wall_s", "cycles", "ideal_cycles", "utilization"):
+        assert key in g
+    assert g["cycles"] >= g["ideal_cycles"] == 128**3 / 128
+    assert g["bit_exact"] and 0 < g["utilization"] <= 1
+    assert r["sim_cycles_per_s"] > 0
+
+
+@pytest.mark.parametrize(
+    "argv,msg",
+    [
+        (["run", "nope.s"], "no such file"),
+        (["run", EX, "--config", "huge"], "unknown configuration 'huge'"),
+        (["compile", "m.onnx"], "not built yet"),
+        (["demo"], "not built yet"),
+    ],
+)
+def test_clear_errors(argv, msg, capsys):
+    assert main(argv) == 2
+    assert msg in capsys.readouterr().err
+
+
+def test_asm_error_has_line_number(tmp_path, capsys):
+    bad = tmp_path / "bad.s"
+    bad.write_text("end\nload rows=1 colz=2\n")
+    assert main(["asm", str(bad)]) == 2
+    assert f"{bad}:2:" in capsys.readouterr().err
+
+
+def test_asm_checks_config_rules(tmp_path, capsys):
+    bad = tmp_path / "bad.s"
+    bad.write_text(".config tiny\nload spad=0x7ffff rows=1 cols=2\nend\n")
+    assert main(["asm", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:2:" in err and "SPAD_RANGE" in err
+
+
+def test_run_reports_device_error(tmp_path, capsys):
+    src = tmp_path / "dead.s"
+    src.write_text("matmul c=0x80000 m=1 n=1 k=4 wait=load\nend\n")
+    assert main(["run", str(src), "--config", "tiny"]) == 1
+    assert "DEADLOCK" in capsys.readouterr().out
