@@ -42,7 +42,7 @@ class NpuConfig:
     spad_banks: int
     #: accumulator memory (int32) in bytes
     acc_bytes: int
-    #: elements processed per cycle by the vector unit
+    #: elements (int8 or int32) processed per cycle by the vector unit
     vector_lanes: int
     #: AXI data bus width in bytes (DMA moves one beat of this many bytes per cycle)
     bus_bytes: int
@@ -108,6 +108,19 @@ class NpuConfig:
             f"must be a power of two between 256 and {ACC_BASE} bytes",
         )
         need(self.acc_bytes % self.acc_row_bytes == 0, "acc_bytes", "must hold whole rows")
+        # one memory word width everywhere: a DMA beat, an accumulator row (pes int32) and the
+        # widest vector access are all bus_bytes
+        need(
+            self.acc_row_bytes == self.bus_bytes,
+            "pes_per_cluster",
+            f"4 * pes_per_cluster must equal bus_bytes ({self.bus_bytes})",
+        )
+        need(self.lanes <= self.bus_bytes, "lanes", f"must not exceed bus_bytes ({self.bus_bytes})")
+        need(
+            4 * self.vector_lanes <= self.bus_bytes,
+            "vector_lanes",
+            f"4 * vector_lanes must not exceed bus_bytes ({self.bus_bytes})",
+        )
         need(
             _pow2(self.dram_bytes) and 4096 <= self.dram_bytes <= 1 << 32,
             "dram_bytes",
@@ -149,7 +162,7 @@ def _size(n: int) -> str:
 
 
 PRESETS: dict[str, NpuConfig] = {
-    # Small enough for an iCE40 UP5K: 8 MACs (its 8 DSP blocks), 32-bit bus, SPRAM-sized memories.
+    # Small enough for an iCE40 UP5K: 8 MACs (its 8 DSP blocks), 64-bit bus, SPRAM-sized memories.
     "tiny": NpuConfig(
         name="tiny",
         clusters=1,
@@ -158,8 +171,8 @@ PRESETS: dict[str, NpuConfig] = {
         spad_bytes=16 * 1024,
         spad_banks=2,
         acc_bytes=4 * 1024,
-        vector_lanes=4,
-        bus_bytes=4,
+        vector_lanes=2,
+        bus_bytes=8,
         dram_bytes=64 * 1024,
         clock_mhz=24.0,
         queue_depth=4,
@@ -176,7 +189,7 @@ PRESETS: dict[str, NpuConfig] = {
         spad_bytes=256 * 1024,
         spad_banks=8,
         acc_bytes=64 * 1024,
-        vector_lanes=16,
+        vector_lanes=4,
         bus_bytes=16,
         dram_bytes=64 * 1024 * 1024,
         clock_mhz=100.0,

