@@ -102,6 +102,8 @@ def build_and_test(
     )
     env = dict(extra_env or {})
     env.setdefault("PYTHONPATH", os.pathsep.join([str(ROOT), *sys.path]))
+    env.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
+    env.setdefault("COCOTB_LOG_LEVEL", os.environ.get("COCOTB_LOG_LEVEL", "WARNING"))
     results = runner.test(
         hdl_toplevel=toplevel,
         test_module=test_module,

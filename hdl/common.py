@@ -1,0 +1,93 @@
+"""Small building blocks shared by the units: instruction views, memory address maps, byte FIFO."""
+
+from __future__ import annotations
+
+from amaranth import Const, Module, Mux, Signal, unsigned
+from amaranth.lib import data, wiring
+from amaranth.lib.wiring import In, Out
+
+from npu.config import ACC_BASE, NpuConfig
+from npu.isa import INSTR_BITS, Opcode, struct_layout
+
+
+def view(op: Opcode, word) -> data.View:
+    """The instruction word seen through `op`'s field layout (the single ISA definition)."""
+    return data.View(struct_layout(op), word)
+
+
+def log2(x: int) -> int:
+    assert x > 0 and x & (x - 1) == 0, x
+    return x.bit_length() - 1
+
+
+def is_acc(addr) -> object:
+    """True when an on-chip byte address is in the accumulator window."""
+    return addr >= ACC_BASE
+
+
+def word_index(addr, cfg: NpuConfig, mem: str):
+    """Word index of an on-chip byte address inside `mem` ("spad" or "acc")."""
+    off = addr - ACC_BASE if mem == "acc" else addr
+    return off[log2(cfg.bus_bytes) :]
+
+
+def depth(cfg: NpuConfig, mem: str) -> int:
+    return (cfg.spad_bytes if mem == "spad" else cfg.acc_bytes) // cfg.bus_bytes
+
+
+def min_(a, b):
+    return Mux(a < b, a, b)
+
+
+def low_bytes_mask(n, width_bytes: int):
+    """Byte-enable mask with the low `n` bits set (n in 0..width_bytes)."""
+    return ((Const(1, width_bytes + 1) << n) - 1)[:width_bytes]
+
+
+class ByteFifo(wiring.Component):
+    """A byte queue: push up to W bytes per cycle, look at / pop up to W bytes per cycle.
+
+    Used to realign DMA data between DRAM beats and on-chip words. `data` holds the oldest bytes
+    (byte 0 first); `count` how many are valid. Push is accepted when `push_ready` (room for W).
+    """
+
+    def __init__(self, width_bytes: int):
+        self.W = width_bytes
+        cap = 2 * width_bytes
+        self.cap = cap
+        super().__init__(
+            {
+                "push_valid": In(1),
+                "push_data": In(8 * width_bytes),
+                "push_n": In(range(width_bytes + 1)),
+                "push_ready": Out(1),
+                "pop_n": In(range(width_bytes + 1)),
+                "data": Out(8 * width_bytes),
+                "count": Out(range(cap + 1)),
+                "clear": In(1),
+            }
+        )
+
+    def elaborate(self, platform):
+        m = Module()
+        W, cap = self.W, self.cap
+        buf = Signal(8 * cap)
+        m.d.comb += [self.data.eq(buf[: 8 * W]), self.push_ready.eq(self.count + W <= cap)]
+        push = self.push_valid & self.push_ready
+        n_in = Mux(push, self.push_n, 0)
+        after_pop = Signal(8 * cap)
+        m.d.comb += after_pop.eq(buf >> (self.pop_n * 8))
+        keep = Signal(range(cap + 1))
+        m.d.comb += keep.eq(self.count - self.pop_n)
+        incoming = Signal(8 * cap)
+        m.d.comb += incoming.eq(
+            (self.push_data & ((Const(1, 8 * W + 1) << (n_in * 8)) - 1)[: 8 * W]) << (keep * 8)
+        )
+        m.d.sync += [buf.eq(after_pop | incoming), self.count.eq(keep + n_in)]
+        with m.If(self.clear):
+            m.d.sync += [buf.eq(0), self.count.eq(0)]
+        return m
+
+
+def instr_shape():
+    return unsigned(INSTR_BITS)

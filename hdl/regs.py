@@ -1,0 +1,154 @@
+"""AXI4-Lite slave exposing the shared register map (npu/registers.py).
+
+In: AXI4-Lite transactions from the host and the core's status. Out: control pulses and levels.
+Writes and reads complete in one beat each; unmapped reads return 0, writes to read-only or unmapped
+registers are ignored. Reading a 64-bit counter's LO half latches its HI half.
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Const, Module, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from npu.config import NpuConfig
+from npu.registers import ISA_VERSION, NPU_MAGIC, REG, REGISTERS
+
+ADDR_BITS = 8
+
+
+def axil_signature() -> dict:
+    """Flat AXI4-Lite slave ports (names as cocotbext-axi's `from_prefix(dut, "s_axil")` expects)."""
+    return {
+        "s_axil_awaddr": In(ADDR_BITS),
+        "s_axil_awvalid": In(1),
+        "s_axil_awready": Out(1),
+        "s_axil_wdata": In(32),
+        "s_axil_wstrb": In(4),
+        "s_axil_wvalid": In(1),
+        "s_axil_wready": Out(1),
+        "s_axil_bresp": Out(2),
+        "s_axil_bvalid": Out(1),
+        "s_axil_bready": In(1),
+        "s_axil_araddr": In(ADDR_BITS),
+        "s_axil_arvalid": In(1),
+        "s_axil_arready": Out(1),
+        "s_axil_rdata": Out(32),
+        "s_axil_rresp": Out(2),
+        "s_axil_rvalid": Out(1),
+        "s_axil_rready": In(1),
+    }
+
+
+class RegisterFile(wiring.Component):
+    def __init__(self, cfg: NpuConfig):
+        self.cfg = cfg
+        sig = axil_signature()
+        sig.update(
+            {
+                # to the core
+                "start": Out(1),  # one-cycle pulse
+                "soft_reset": Out(1),  # one-cycle pulse
+                "pause_req": Out(1),  # level
+                "irq_enable": Out(1),
+                "program_base": Out(32),
+                "resume_pc": Out(32),
+                "timeout": Out(32),
+                # from the core
+                "status": In(5),
+                "set_resume_pc": In(1),
+                "new_resume_pc": In(32),
+                "consume_pause": In(1),
+                "stop_event": In(1),  # the core left RUNNING this cycle: raise IRQ
+                "cp_id": In(32),
+                "error_code": In(8),
+                "error_pc": In(32),
+                "irq_pending": Out(1),
+                **{f"cnt_{r.name.lower()}": In(64) for r in REGISTERS if r.wide},
+            }
+        )
+        super().__init__(sig)
+
+    def elaborate(self, platform):
+        m = Module()
+        # ---- write channel: accept address and data together ------------------------------------
+        aw_ok = self.s_axil_awvalid & self.s_axil_wvalid & ~self.s_axil_bvalid
+        m.d.comb += [self.s_axil_awready.eq(aw_ok), self.s_axil_wready.eq(aw_ok)]
+        with m.If(self.s_axil_bvalid & self.s_axil_bready):
+            m.d.sync += self.s_axil_bvalid.eq(0)
+        wr = Signal()
+        m.d.comb += wr.eq(aw_ok)
+        with m.If(aw_ok):
+            m.d.sync += self.s_axil_bvalid.eq(1)
+        waddr = self.s_axil_awaddr
+        wdata = self.s_axil_wdata
+
+        m.d.sync += [self.start.eq(0), self.soft_reset.eq(0)]
+        with m.If(self.consume_pause):
+            m.d.sync += self.pause_req.eq(0)
+        with m.If(self.set_resume_pc):
+            m.d.sync += self.resume_pc.eq(self.new_resume_pc)
+        with m.If(self.stop_event):
+            m.d.sync += self.irq_pending.eq(1)
+        with m.If(wr):
+            with m.Switch(waddr):
+                with m.Case(REG["CONTROL"].offset):
+                    with m.If(wdata[2]):
+                        m.d.sync += [
+                            self.soft_reset.eq(1),
+                            self.pause_req.eq(0),
+                            self.irq_enable.eq(0),
+                            self.irq_pending.eq(0),
+                            self.program_base.eq(0),
+                            self.resume_pc.eq(0),
+                            self.timeout.eq(0),
+                        ]
+                    with m.Else():
+                        m.d.sync += [
+                            self.start.eq(wdata[0] & (self.status != 0b00010)),
+                            self.pause_req.eq(wdata[1]),
+                            self.irq_enable.eq(wdata[3]),
+                        ]
+                with m.Case(REG["IRQ"].offset):
+                    with m.If(wdata[0]):
+                        m.d.sync += self.irq_pending.eq(0)
+                with m.Case(REG["PROGRAM_BASE"].offset):
+                    m.d.sync += self.program_base.eq(wdata)
+                with m.Case(REG["RESUME_PC"].offset):
+                    m.d.sync += self.resume_pc.eq(wdata)
+                with m.Case(REG["TIMEOUT"].offset):
+                    m.d.sync += self.timeout.eq(wdata)
+
+        # ---- read channel ---------------------------------------------------------------------------
+        hi_latch = Signal(32)
+        m.d.comb += self.s_axil_arready.eq(~self.s_axil_rvalid)
+        with m.If(self.s_axil_rvalid & self.s_axil_rready):
+            m.d.sync += self.s_axil_rvalid.eq(0)
+        with m.If(self.s_axil_arvalid & ~self.s_axil_rvalid):
+            m.d.sync += [self.s_axil_rvalid.eq(1), self.s_axil_rdata.eq(0)]
+            with m.Switch(self.s_axil_araddr):
+                simple = {
+                    "ID": Const(NPU_MAGIC, 32),
+                    "VERSION": Const(ISA_VERSION, 32),
+                    "CONFIG_ID": Const(self.cfg.config_id, 32),
+                    "CONTROL": Cat(Const(0, 1), self.pause_req, Const(0, 1), self.irq_enable),
+                    "STATUS": self.status,
+                    "IRQ": self.irq_pending,
+                    "PROGRAM_BASE": self.program_base,
+                    "RESUME_PC": self.resume_pc,
+                    "CP_ID": self.cp_id,
+                    "ERROR_CODE": self.error_code,
+                    "ERROR_PC": self.error_pc,
+                    "TIMEOUT": self.timeout,
+                }
+                for name, value in simple.items():
+                    with m.Case(REG[name].offset):
+                        m.d.sync += self.s_axil_rdata.eq(value)
+                for r in REGISTERS:
+                    if r.wide:
+                        cnt = getattr(self, f"cnt_{r.name.lower()}")
+                        with m.Case(r.offset):
+                            m.d.sync += [self.s_axil_rdata.eq(cnt[:32]), hi_latch.eq(cnt[32:])]
+                        with m.Case(r.offset + 4):
+                            m.d.sync += self.s_axil_rdata.eq(hi_latch)
+        return m

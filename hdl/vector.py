@@ -1,0 +1,215 @@
+"""Vector unit: VMAP (requantise/rescale/clamp), VADD and POOL on `vector_lanes` elements a cycle.
+
+Operands are read as two consecutive memory words so that any element-aligned group of lanes can be
+fetched in one cycle; results are written through two word ports for the same reason. The
+arithmetic is exactly `sim/kernels.py`: 64-bit products, rounding right shift (ties up), zero
+points and an int8 clamp.
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Const, Module, Mux, Signal, signed
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from npu.config import NpuConfig
+from npu.isa import INSTR_BITS, Opcode
+
+from .common import is_acc, log2, low_bytes_mask, min_, view, word_index
+
+
+def rsr(m: Module, v, shift, name: str):
+    """Rounding arithmetic right shift: (v + 2**(shift-1)) >> shift, v for shift == 0."""
+    r = Signal(signed(72), name=name)
+    rnd = (Const(1, 64) << shift) >> 1  # 2**(shift-1), or 0 when shift == 0
+    m.d.comb += r.eq((v + rnd) >> shift)
+    return r
+
+
+def clamp8(m: Module, v, lo, hi, name: str):
+    y = Signal(signed(8), name=name)
+    m.d.comb += y.eq(Mux(v < lo, lo, Mux(v > hi, hi, v)))
+    return y
+
+
+class VectorUnit(wiring.Component):
+    def __init__(self, cfg: NpuConfig, a_rps, b_rps, acc_rps, wps):
+        """a_rps, b_rps: two scratchpad read ports each; acc_rps: two accumulator read ports;
+        wps: two scratchpad write ports."""
+        self.cfg = cfg
+        self.a_rps, self.b_rps, self.acc_rps, self.wps = a_rps, b_rps, acc_rps, wps
+        super().__init__({"go": In(1), "instr": In(INSTR_BITS), "busy": Out(1), "done": Out(1)})
+
+    def _read(self, m, ports, addr, mem, name):
+        """2W bytes starting at the word holding `addr`, shifted so byte 0 is at `addr`."""
+        cfg = self.cfg
+        W = cfg.bus_bytes
+        lw = log2(W)
+        wi = Signal(24, name=f"{name}_wi")
+        m.d.comb += wi.eq(word_index(addr, cfg, mem))
+        m.d.comb += [ports[0].addr.eq(wi), ports[1].addr.eq(wi + 1)]
+        both = Cat(ports[0].data, ports[1].data)
+        out = Signal(16 * W, name=f"{name}_bytes")
+        m.d.comb += out.eq(both >> (addr[:lw] * 8))
+        return out
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.cfg
+        W, VL = cfg.bus_bytes, cfg.vector_lanes
+        lw = log2(W)
+        ins = Signal(INSTR_BITS)
+        with m.If(self.go):
+            m.d.sync += ins.eq(self.instr)
+        op = ins[:4]
+        fm = view(Opcode.VMAP, ins)
+        fa = view(Opcode.VADD, ins)
+        fp = view(Opcode.POOL, ins)
+        active = Signal()
+        m.d.comb += self.busy.eq(active)
+        is_map = op == int(Opcode.VMAP)
+        is_add = op == int(Opcode.VADD)
+        is_pool = op == int(Opcode.POOL)
+
+        # loop state: VMAP (row, col group); VADD (group); POOL (oy, ox, group, ty, tx)
+        i0 = Signal(17)  # VMAP row / POOL oy
+        i1 = Signal(17)  # VMAP/VADD element offset (multiple of VL) / POOL ox
+        i2 = Signal(17)  # POOL channel offset (multiple of VL)
+        ty = Signal(8)
+        tx = Signal(8)
+        pool_acc = [Signal(signed(32), name=f"pacc{l}") for l in range(VL)]
+
+        # addresses of this step
+        src = Signal(40)
+        src_b = Signal(40)
+        dst = Signal(40)
+        n = Signal(range(VL + 1))  # valid elements
+        last = Signal()  # last step of the instruction
+        write = Signal()  # this step writes results
+        first_tap = Signal()
+        es32 = Signal()
+        m.d.comb += es32.eq(is_map & fm.src_type)
+        with m.If(is_map):
+            m.d.comb += [
+                src.eq(fm.src + i0 * fm.src_stride + Mux(es32, i1 << 2, i1)),
+                dst.eq(fm.dst + i0 * fm.dst_stride + i1),
+                n.eq(min_(VL, fm.cols - i1)),
+                last.eq((i0 + 1 >= fm.rows) & (i1 + VL >= fm.cols)),
+                write.eq(1),
+            ]
+        with m.Elif(is_add):
+            m.d.comb += [
+                src.eq(fa.a + i1),
+                src_b.eq(fa.b + i1),
+                dst.eq(fa.dst + i1),
+                n.eq(min_(VL, fa.len - i1)),
+                last.eq(i1 + VL >= fa.len),
+                write.eq(1),
+            ]
+        with m.Else():
+            C = fp.channels
+            tap_last = (ty + 1 >= fp.kh) & (tx + 1 >= fp.kw)
+            m.d.comb += [
+                src.eq(fp.src + ((i0 * fp.sh + ty) * fp.in_w + i1 * fp.sw + tx) * C + i2),
+                dst.eq(fp.dst + (i0 * fp.out_w + i1) * C + i2),
+                n.eq(min_(VL, C - i2)),
+                write.eq(tap_last),
+                first_tap.eq((ty == 0) & (tx == 0)),
+                last.eq(tap_last & (i2 + VL >= C) & (i1 + 1 >= fp.out_w) & (i0 + 1 >= fp.out_h)),
+            ]
+
+        a_bytes = self._read(m, self.a_rps, src, "spad", "a")
+        b_bytes = self._read(m, self.b_rps, src_b, "spad", "b")
+        c_bytes = self._read(m, self.acc_rps, src, "acc", "c")
+
+        # per-lane arithmetic
+        results = []
+        for l in range(VL):
+            xa8 = a_bytes[8 * l : 8 * l + 8].as_signed()
+            xb8 = b_bytes[8 * l : 8 * l + 8].as_signed()
+            x32 = c_bytes[32 * l : 32 * l + 32].as_signed()
+            prod = Signal(signed(72), name=f"prod{l}")
+            with m.If(is_map):
+                x = Mux(fm.src_type, x32, xa8 - fm.zp_in)
+                m.d.comb += prod.eq(x * fm.mult)
+            with m.Elif(is_add):
+                m.d.comb += prod.eq((xa8 - fa.zp_a) * fa.mult_a + (xb8 - fa.zp_b) * fa.mult_b)
+            with m.Else():
+                total = Signal(signed(32), name=f"ptotal{l}")
+                m.d.comb += total.eq(Mux(first_tap, 0, pool_acc[l]) + xa8)
+                mx = Signal(signed(32), name=f"pmax{l}")
+                m.d.comb += mx.eq(Mux(first_tap | (xa8 > pool_acc[l]), xa8, pool_acc[l]))
+                with m.If(self.busy):
+                    m.d.sync += pool_acc[l].eq(Mux(fp.mode, total, mx))
+                m.d.comb += prod.eq((total - fp.kh * fp.kw * fp.zp_in) * fp.mult)
+            shift = Mux(is_map, fm.shift, Mux(is_add, fa.shift, fp.shift))
+            zp_out = Mux(is_map, fm.zp_out, Mux(is_add, fa.zp_out, fp.zp_out))
+            lo = Mux(is_map, fm.lo, Mux(is_add, fa.lo, fp.lo))
+            hi = Mux(is_map, fm.hi, Mux(is_add, fa.hi, fp.hi))
+            shifted = rsr(m, prod, shift, f"rsr{l}")
+            val = Signal(signed(73), name=f"val{l}")
+            m.d.comb += val.eq(shifted + zp_out)
+            with m.If(is_pool & ~fp.mode):
+                maxv = Mux(first_tap | (xa8 > pool_acc[l]), xa8, pool_acc[l])
+                m.d.comb += val.eq(maxv)
+            results.append(clamp8(m, val, lo, hi, f"y{l}"))
+
+        # two-word write of n bytes at dst
+        do_write = Signal()
+        m.d.comb += do_write.eq(active & write & (n != 0))
+        dw = Signal(24)
+        m.d.comb += dw.eq(word_index(dst, cfg, "spad"))
+        shifted = Signal(16 * W)
+        m.d.comb += shifted.eq(Cat(*results) << (dst[:lw] * 8))
+        be = Signal(2 * W)
+        m.d.comb += be.eq(low_bytes_mask(n, VL) << dst[:lw])
+        m.d.comb += [
+            self.wps[0].addr.eq(dw),
+            self.wps[1].addr.eq(dw + 1),
+            self.wps[0].data.eq(shifted[: 8 * W]),
+            self.wps[1].data.eq(shifted[8 * W :]),
+            self.wps[0].en.eq(Mux(do_write, be[:W], 0)),
+            self.wps[1].en.eq(Mux(do_write, be[W:], 0)),
+        ]
+
+        # loop advance
+        empty = Signal()
+        m.d.comb += empty.eq(
+            Mux(
+                is_map,
+                (fm.rows == 0) | (fm.cols == 0),
+                Mux(is_add, fa.len == 0, (fp.channels == 0) | (fp.out_h == 0) | (fp.out_w == 0)),
+            )
+        )
+        finished = Signal()
+        m.d.comb += finished.eq(active & (empty | last))
+        m.d.comb += self.done.eq(finished)
+        with m.If(active & ~empty & ~last):
+            with m.If(is_map):
+                with m.If(i1 + VL >= fm.cols):
+                    m.d.sync += [i1.eq(0), i0.eq(i0 + 1)]
+                with m.Else():
+                    m.d.sync += i1.eq(i1 + VL)
+            with m.Elif(is_add):
+                m.d.sync += i1.eq(i1 + VL)
+            with m.Else():
+                with m.If(tx + 1 < fp.kw):
+                    m.d.sync += tx.eq(tx + 1)
+                with m.Elif(ty + 1 < fp.kh):
+                    m.d.sync += [tx.eq(0), ty.eq(ty + 1)]
+                with m.Else():
+                    m.d.sync += [tx.eq(0), ty.eq(0)]
+                    with m.If(i2 + VL < fp.channels):
+                        m.d.sync += i2.eq(i2 + VL)
+                    with m.Else():
+                        m.d.sync += i2.eq(0)
+                        with m.If(i1 + 1 < fp.out_w):
+                            m.d.sync += i1.eq(i1 + 1)
+                        with m.Else():
+                            m.d.sync += [i1.eq(0), i0.eq(i0 + 1)]
+        with m.If(finished):
+            m.d.sync += active.eq(0)
+        with m.If(self.go):
+            m.d.sync += [active.eq(1), i0.eq(0), i1.eq(0), i2.eq(0), ty.eq(0), tx.eq(0)]
+        _ = is_acc
+        return m

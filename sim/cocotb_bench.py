@@ -1,0 +1,154 @@
+"""cocotb test bench for `NpuCore`: DRAM is cocotbext-axi's `AxiRam`, registers go through its
+`AxiLiteMaster`. The bench runs a list of jobs (written by `npu.sim.rtl`) and records what the
+hardware did, so pytest can compare it with the golden model.
+
+Each job: clear the on-chip memories, write DRAM, run the program (optionally pausing at every
+cancellation point, or at given cycles, and resuming), then record status, error code, pc, pause
+points, performance counters and the DRAM window. A cycle watchdog fails a hung run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import cocotb
+from cocotb.clock import Clock
+from cocotb.triggers import ClockCycles, RisingEdge
+from cocotbext.axi import AxiBus, AxiLiteBus, AxiLiteMaster, AxiRam
+
+from npu.config import get_config
+from npu.isa import encode_program, make
+from npu.registers import COUNTERS, REG, Control, Status
+
+
+class NpuBench:
+    """Small driver for the core in simulation: registers, DRAM and run control."""
+
+    def __init__(self, dut, config):
+        self.dut = dut
+        self.cfg = get_config(config)
+        self.ram = AxiRam(AxiBus.from_prefix(dut, "m_axi"), dut.clk, dut.rst, size=self.cfg.dram_bytes)
+        self.regs = AxiLiteMaster(AxiLiteBus.from_prefix(dut, "s_axil"), dut.clk, dut.rst)
+        self.cycle = 0
+
+    async def reset(self) -> None:
+        cocotb.start_soon(Clock(self.dut.clk, 10, unit="ns").start())
+        self.dut.rst.value = 1
+        await ClockCycles(self.dut.clk, 4)
+        self.dut.rst.value = 0
+        await ClockCycles(self.dut.clk, 2)
+
+    async def read_reg(self, name: str) -> int:
+        return await self.regs.read_dword(REG[name].offset)
+
+    async def write_reg(self, name: str, value: int) -> None:
+        await self.regs.write_dword(REG[name].offset, value)
+
+    async def counters(self) -> dict[str, int]:
+        out = {}
+        for name in COUNTERS:
+            lo = await self.regs.read_dword(REG[name].offset)
+            hi = await self.regs.read_dword(REG[name].offset + 4)
+            out[name] = lo | hi << 32
+        return out
+
+    async def wait_stop(self, max_cycles: int) -> int:
+        """Clock until STATUS leaves RUNNING (watching the port, not polling the bus)."""
+        for n in range(max_cycles):
+            await RisingEdge(self.dut.clk)
+            if self.dut.irq.value == 1:
+                return n
+        raise AssertionError(f"watchdog: core still running after {max_cycles} cycles")
+
+    async def run_program(self, base: int, pc: int = 0, pause: bool = False) -> None:
+        await self.write_reg("PROGRAM_BASE", base)
+        await self.write_reg("RESUME_PC", pc)
+        await self.write_reg("IRQ", 1)
+        await self.write_reg(
+            "CONTROL", int(Control.START | Control.IRQ_ENABLE | (Control.PAUSE if pause else 0))
+        )
+
+
+def clear_program(cfg) -> bytes:
+    """Zero the scratchpad and accumulators with padding-only loads (no DRAM traffic)."""
+    out = []
+    for base, size in ((0, cfg.spad_bytes), (0x80000, cfg.acc_bytes)):
+        width = min(size, 32768)
+        out.append(
+            make(
+                "load",
+                spad=base,
+                rows=0,
+                cols=0,
+                pad_top=size // width,
+                pad_left=width,
+                spad_stride=width,
+                pad_value=0,
+            )
+        )
+    out.append(make("end"))
+    return encode_program(out)
+
+
+@cocotb.test()
+async def run_jobs(dut):
+    jobs_path = Path(os.environ["NPU_JOBS"])
+    spec = json.loads((jobs_path / "jobs.json").read_text())
+    bench = NpuBench(dut, spec["config"])
+    await bench.reset()
+    cfg = bench.cfg
+    clear = clear_program(cfg)
+    clear_base = cfg.dram_bytes - 4096
+    results = []
+    for job in spec["jobs"]:
+        window = job["window"]
+        bench.ram.write(0, bytes(window))
+        bench.ram.write(clear_base, clear)
+        await bench.run_program(clear_base)
+        await bench.wait_stop(1_000_000)
+        assert await bench.read_reg("STATUS") == Status.DONE
+        bench.ram.write(clear_base, bytes(len(clear)))
+        for addr, name in job["dram"]:
+            bench.ram.write(addr, (jobs_path / name).read_bytes())
+        await bench.write_reg("TIMEOUT", job.get("timeout", 0))
+        res = {"name": job["name"], "pauses": [], "runs": 0}
+        pause_mode = job.get("pause", "none")
+        pc = 0
+        total = dict.fromkeys(COUNTERS, 0)
+        start_cycle = 0
+        pause_at = sorted(job.get("pause_at", []))
+        while True:
+            await bench.run_program(job["base"], pc, pause=pause_mode == "every")
+            res["runs"] += 1
+            if pause_at:
+                # raise a pause request at a given cycle of the first run
+                at = pause_at.pop(0)
+                waited = 0
+                while waited < max(0, at - start_cycle) and dut.irq.value == 0:
+                    await RisingEdge(dut.clk)
+                    waited += 1
+                if dut.irq.value == 0:
+                    await bench.write_reg("CONTROL", int(Control.PAUSE | Control.IRQ_ENABLE))
+            await bench.wait_stop(job.get("max_cycles", 5_000_000))
+            st = await bench.read_reg("STATUS")
+            c = await bench.counters()
+            for k, v in c.items():
+                total[k] += v
+            start_cycle += c["CYCLES"]
+            if st == Status.PAUSED:
+                cp = await bench.read_reg("CP_ID")
+                pc = await bench.read_reg("RESUME_PC")
+                res["pauses"].append([cp, pc])
+                continue
+            break
+        res["status"] = Status(st).name
+        res["error_code"] = await bench.read_reg("ERROR_CODE")
+        res["error_pc"] = await bench.read_reg("ERROR_PC")
+        res["counters"] = total
+        (jobs_path / f"{job['name']}.dram").write_bytes(bench.ram.read(0, window))
+        results.append(res)
+        await bench.write_reg("CONTROL", int(Control.SOFT_RESET))
+        await ClockCycles(dut.clk, 2)
+    (jobs_path / "results.json").write_text(json.dumps(results))

@@ -1,0 +1,153 @@
+"""Run programs on the RTL (cocotb + Verilator/Icarus) and on the golden model, and compare.
+
+`RtlJob` describes one program run; `run_rtl` executes a batch of jobs in one simulation (the
+Verilog is built once per configuration and cached); `run_model` executes the same job on the golden
+model, producing the same record so the two can be compared field by field.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from npu.config import NpuConfig
+from npu.registers import COUNTERS, Status
+
+from .model import NpuModel
+
+
+@dataclass
+class RtlJob:
+    name: str
+    program: bytes
+    base: int
+    dram: dict[int, bytes] = field(default_factory=dict)
+    window: int = 0x10000  # DRAM bytes [0, window) compared after the run
+    pause: str = "none"  # "none" | "every" (pause at every cancellation point)
+    pause_at: list[int] = field(default_factory=list)
+    timeout: int = 0
+    max_cycles: int = 5_000_000
+
+    def __post_init__(self) -> None:
+        end = self.base + len(self.program)
+        for addr, data in self.dram.items():
+            end = max(end, addr + len(data))
+        if end > self.window:
+            raise ValueError(f"job {self.name}: data up to 0x{end:x} lies outside the compared window")
+
+
+@dataclass
+class RunRecord:
+    status: str
+    error_code: int
+    error_pc: int
+    pauses: list[tuple[int, int]]
+    counters: dict[str, int]
+    dram: bytes
+
+
+def run_model(cfg: NpuConfig, job: RtlJob) -> RunRecord:
+    m = NpuModel(cfg)
+    for addr, data in job.dram.items():
+        m.write_dram(addr, data)
+    m.write_dram(job.base, job.program)
+    m.timeout = job.timeout
+    pauses = []
+    total = dict.fromkeys(COUNTERS, 0)
+    pc = 0
+    m.program_base = job.base
+    pause_at = sorted(job.pause_at)
+    first = True
+    while True:
+        m.start(pc=pc, pause=job.pause == "every")
+        if first and pause_at:
+            m.advance(pause_at[0])
+            if m.status == Status.RUNNING:
+                m.request_pause()
+        first = False
+        st = m.run(job.max_cycles)
+        for k, v in m.counter_values().items():
+            total[k] += v
+        if st == Status.PAUSED:
+            pauses.append((m.cp_id, m.resume_pc))
+            pc = m.resume_pc
+            continue
+        break
+    return RunRecord(st.name, int(m.error_code), m.error_pc, pauses, total, m.read_dram(0, job.window))
+
+
+def run_rtl(cfg: NpuConfig, jobs: list[RtlJob], *, waves: bool = False) -> list[RunRecord]:
+    from npu.hdl.verilog import TOPLEVEL, core_verilog
+
+    from .hdlsim import BUILD, build_and_test
+
+    BUILD.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=BUILD, prefix="jobs-") as tmp:
+        d = Path(tmp)
+        spec = {"config": cfg.name, "jobs": []}
+        for j, job in enumerate(jobs):
+            entries = []
+            for n, (addr, data) in enumerate({**job.dram, job.base: job.program}.items()):
+                name = f"j{j}_{n}.bin"
+                (d / name).write_bytes(data)
+                entries.append([addr, name])
+            spec["jobs"].append(
+                {
+                    "name": f"job{j}",
+                    "base": job.base,
+                    "window": job.window,
+                    "dram": entries,
+                    "pause": job.pause,
+                    "pause_at": job.pause_at,
+                    "timeout": job.timeout,
+                    "max_cycles": job.max_cycles,
+                }
+            )
+        (d / "jobs.json").write_text(json.dumps(spec))
+        build_and_test(
+            core_verilog(cfg),
+            TOPLEVEL,
+            "npu.sim.cocotb_bench",
+            name=f"core-{cfg.name}",
+            extra_env={"NPU_JOBS": str(d)},
+            waves=waves,
+        )
+        results = json.loads((d / "results.json").read_text())
+        out = []
+        for j, r in enumerate(results):
+            out.append(
+                RunRecord(
+                    r["status"],
+                    r["error_code"],
+                    r["error_pc"],
+                    [tuple(p) for p in r["pauses"]],
+                    r["counters"],
+                    (d / f"job{j}.dram").read_bytes(),
+                )
+            )
+        return out
+
+
+def compare(model: RunRecord, rtl: RunRecord) -> list[str]:
+    """Differences between a model run and an RTL run (empty when they agree)."""
+    diffs = []
+    for f in ("status", "error_code", "pauses"):
+        if getattr(model, f) != getattr(rtl, f):
+            diffs.append(f"{f}: model {getattr(model, f)!r}, rtl {getattr(rtl, f)!r}")
+    if model.error_code and model.error_pc != rtl.error_pc:
+        diffs.append(f"error_pc: model {model.error_pc}, rtl {rtl.error_pc}")
+    if model.dram != rtl.dram:
+        a = np.frombuffer(model.dram, np.uint8)
+        b = np.frombuffer(rtl.dram, np.uint8)
+        bad = np.nonzero(a != b)[0]
+        diffs.append(
+            f"DRAM differs at {len(bad)} bytes, first at 0x{bad[0]:x} (model {a[bad[0]]}, rtl {b[bad[0]]})"
+        )
+    for k in ("DMA_RD_BYTES", "DMA_WR_BYTES"):
+        if model.status == "DONE" and model.counters[k] != rtl.counters[k]:
+            diffs.append(f"{k}: model {model.counters[k]}, rtl {rtl.counters[k]}")
+    return diffs
