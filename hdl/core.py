@@ -173,7 +173,7 @@ class NpuCore(wiring.Component):
         qw = INSTR_BITS + 32
         queues = {}
         for u in UNITS:
-            q = fifo.SyncFIFOBuffered(width=qw, depth=cfg.queue_depth)
+            q = fifo.SyncFIFO(width=qw, depth=cfg.queue_depth)
             queues[u] = q
             m.submodules[f"q_{u.name.lower()}"] = ResetInserter(flush)(q)
         tok = {
@@ -231,7 +231,7 @@ class NpuCore(wiring.Component):
         all_idle = Signal()
         m.d.comb += all_idle.eq(~Cat(*[unit_busy[u] for u in UNITS]).any())
         queues_empty = Signal()
-        m.d.comb += queues_empty.eq(~Cat(*[queues[u].r_rdy for u in UNITS]).any())
+        m.d.comb += queues_empty.eq(~Cat(*[queues[u].level != 0 for u in UNITS]).any())
         drained = Signal()
         m.d.comb += drained.eq(all_idle & queues_empty)
         tokens_zero = Signal()

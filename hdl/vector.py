@@ -154,9 +154,18 @@ class VectorUnit(wiring.Component):
                 m.d.comb += val.eq(maxv)
             results.append(clamp8(m, val, lo, hi, f"y{l}"))
 
+        # an instruction with nothing to do
+        empty = Signal()
+        m.d.comb += empty.eq(
+            Mux(
+                is_map,
+                (fm.rows == 0) | (fm.cols == 0),
+                Mux(is_add, fa.len == 0, (fp.channels == 0) | (fp.out_h == 0) | (fp.out_w == 0)),
+            )
+        )
         # two-word write of n bytes at dst
         do_write = Signal()
-        m.d.comb += do_write.eq(active & write & (n != 0))
+        m.d.comb += do_write.eq(active & ~empty & write & (n != 0))
         dw = Signal(24)
         m.d.comb += dw.eq(word_index(dst, cfg, "spad"))
         shifted = Signal(16 * W)
@@ -172,15 +181,6 @@ class VectorUnit(wiring.Component):
             self.wps[1].en.eq(Mux(do_write, be[W:], 0)),
         ]
 
-        # loop advance
-        empty = Signal()
-        m.d.comb += empty.eq(
-            Mux(
-                is_map,
-                (fm.rows == 0) | (fm.cols == 0),
-                Mux(is_add, fa.len == 0, (fp.channels == 0) | (fp.out_h == 0) | (fp.out_w == 0)),
-            )
-        )
         finished = Signal()
         m.d.comb += finished.eq(active & (empty | last))
         m.d.comb += self.done.eq(finished)

@@ -289,12 +289,12 @@ class NpuModel:
                     code = ErrorCode.DEADLOCK
                 if until is not None and t_dead > until:
                     break
-                self._stop(Status.ERROR, t_dead, code=code, pc=run.pc)
+                self._error_after_drain(run, t_dead, code, run.pc)
                 break
             if limit is not None and best_t > limit:
                 if until is not None and limit > until:
                     break
-                self._stop(Status.ERROR, limit, code=ErrorCode.TIMEOUT, pc=run.pc)
+                self._error_after_drain(run, limit, ErrorCode.TIMEOUT, run.pc)
                 break
             if until is not None and best_t > until:
                 break

@@ -1,0 +1,420 @@
+"""The differential RTL-vs-model job suite: directed edge cases, error programs, random programs and
+pause scenarios. Used by tests/hdl/test_core_rtl.py and by `npu hdl replay`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from npu.config import ACC_BASE, NpuConfig
+from npu.isa import Instr, Unit, encode, encode_program, make
+from npu.program import ProgramBuilder
+
+from .randprog import random_program
+from .rtl import RtlJob
+
+DATA = 0x1000
+OUT = 0x3000
+PROG = 0x6000
+WINDOW = 0x8000
+
+
+def _data(seed: int, n: int = 0x2000) -> dict[int, bytes]:
+    return {DATA: np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()}
+
+
+def _built(cfg: NpuConfig, name: str, instrs: list[Instr], seed: int = 0, **kw) -> RtlJob:
+    b = ProgramBuilder(cfg)
+    for i in instrs:
+        b.add(i)
+    return RtlJob(name, encode_program(b.build().instrs), PROG, _data(seed), window=WINDOW, **kw)
+
+
+def _raw(name: str, instrs: list[Instr | bytes], **kw) -> RtlJob:
+    blob = b"".join(i if isinstance(i, bytes) else encode(i) for i in instrs)
+    return RtlJob(name, blob, PROG, _data(1), window=WINDOW, **kw)
+
+
+def directed_jobs(cfg: NpuConfig) -> list[RtlJob]:
+    """Every instruction type with its edge cases."""
+    W, L, R = cfg.bus_bytes, cfg.lanes, cfg.acc_row_bytes
+    A = ACC_BASE
+    jobs = []
+
+    def store_all(spad: int, n: int, dram: int = OUT) -> Instr:
+        return make("store", spad=spad, dram=dram, rows=1, cols=n, spad_stride=n, dram_stride=n)
+
+    # LOAD: zero sizes, padding only, misaligned ends, stride 0, accumulator destination
+    jobs.append(
+        _built(
+            cfg,
+            "load_zero",
+            [
+                make("load", spad=0, dram=DATA, rows=0, cols=5, spad_stride=5),
+                make("load", spad=0, dram=DATA, rows=3, cols=0, spad_stride=5),
+                store_all(0, 64),
+            ],
+        )
+    )
+    jobs.append(
+        _built(
+            cfg,
+            "load_pad_only",
+            [
+                make(
+                    "load",
+                    spad=3,
+                    rows=0,
+                    cols=0,
+                    pad_top=3,
+                    pad_left=5,
+                    pad_right=2,
+                    spad_stride=9,
+                    pad_value=-7,
+                ),
+                store_all(0, 64),
+            ],
+        )
+    )
+    jobs.append(
+        _built(
+            cfg,
+            "load_padded_misaligned",
+            [
+                make(
+                    "load",
+                    spad=5,
+                    dram=DATA + 3,
+                    rows=7,
+                    cols=19,
+                    spad_stride=29,
+                    dram_stride=23,
+                    pad_top=2,
+                    pad_bottom=1,
+                    pad_left=3,
+                    pad_right=4,
+                    pad_value=-128,
+                ),
+                store_all(0, 400),
+            ],
+        )
+    )
+    jobs.append(
+        _built(
+            cfg,
+            "load_stride0_acc",
+            [
+                make(
+                    "load",
+                    spad=A + 4,
+                    dram=DATA + 1,
+                    rows=5,
+                    cols=2 * W + 3,
+                    spad_stride=2 * W + 3,
+                    dram_stride=0,
+                ),
+                store_all(A, 5 * (2 * W + 3) + 8),
+            ],
+        )
+    )
+    # long rows: bursts split at 256 beats and at 4 KiB boundaries
+    n = min(cfg.spad_bytes // 2, 256 * W + 3 * W + 5)
+    jobs.append(
+        _built(
+            cfg,
+            "load_long_rows",
+            [
+                make(
+                    "load",
+                    spad=0,
+                    dram=DATA + 0xFF0,
+                    rows=1,
+                    cols=min(n, 0x1010),
+                    spad_stride=n,
+                    dram_stride=0,
+                ),
+                store_all(0, min(n, 0x1010), dram=OUT),
+            ],
+        )
+    )
+    # STORE: from accumulators, misaligned, overlapping DRAM rows
+    jobs.append(
+        _built(
+            cfg,
+            "store_acc_misaligned",
+            [
+                make("load", spad=A, dram=DATA, rows=1, cols=256, spad_stride=256, dram_stride=256),
+                make(
+                    "store",
+                    spad=A + 3,
+                    dram=OUT + 5,
+                    rows=6,
+                    cols=W + 7,
+                    spad_stride=W + 9,
+                    dram_stride=W + 1,
+                ),
+            ],
+        )
+    )
+    # MATMUL: k = 0, ragged m/n/k, accumulate, extreme values
+    for name, (m, n, k, acc, lo) in {
+        "mm_k0_acc": (3, 2 * cfg.pes_per_cluster + 1, 0, 1, -128),
+        "mm_k0_init": (3, 5, 0, 0, -128),
+        "mm_ragged": (2 * cfg.clusters + 1, cfg.pes_per_cluster + 3, 3 * L + 5, 1, -128),
+        "mm_extreme": (cfg.clusters, cfg.pes_per_cluster, 4 * L, 0, -128),
+    }.items():
+        ks = -(-max(k, 1) // L) * L
+        cs = -(-4 * n // R) * R
+        val = np.full(m * ks, lo, np.int8).tobytes() if name == "mm_extreme" else None
+        instrs = [
+            make("load", spad=0, dram=DATA, rows=m, cols=k, spad_stride=ks, dram_stride=k) if k else None,
+            make("load", spad=2048, dram=DATA + 512, rows=n, cols=k, spad_stride=ks, dram_stride=k)
+            if k
+            else None,
+            make("load", spad=A, dram=DATA + 1024, rows=m, cols=4 * n, spad_stride=cs, dram_stride=4 * n),
+            make(
+                "matmul",
+                a=0,
+                b=2048,
+                c=A,
+                m=m,
+                n=n,
+                k=k,
+                a_stride=ks,
+                b_stride=ks,
+                c_stride=cs,
+                accumulate=acc,
+            ),
+            make("store", spad=A, dram=OUT, rows=m, cols=4 * n, spad_stride=cs, dram_stride=4 * n),
+        ]
+        job = _built(cfg, name, [i for i in instrs if i is not None], seed=len(name))
+        if val is not None:
+            job.dram[DATA] = bytes([0x80]) * 2048  # all -128: the largest products
+        jobs.append(job)
+    # VMAP: int32 saturation at both ends, shift 62, in-place int8, zero rows
+    jobs.append(
+        _built(
+            cfg,
+            "vmap_i32_saturate",
+            [
+                make("load", spad=A, dram=DATA, rows=1, cols=256, spad_stride=256, dram_stride=256),
+                make(
+                    "vmap",
+                    src=A,
+                    dst=0,
+                    rows=4,
+                    cols=13,
+                    src_stride=64,
+                    dst_stride=16,
+                    src_type=1,
+                    mult=-(2**31),
+                    shift=0,
+                    zp_out=5,
+                ),
+                make(
+                    "vmap",
+                    src=A + 4,
+                    dst=100,
+                    rows=3,
+                    cols=11,
+                    src_stride=68,
+                    dst_stride=11,
+                    src_type=1,
+                    mult=2**31 - 1,
+                    shift=62,
+                    zp_out=-3,
+                    lo=-100,
+                    hi=90,
+                ),
+                make("vmap", src=A, dst=200, rows=0, cols=11, src_stride=68, dst_stride=11, src_type=1),
+                store_all(0, 256),
+            ],
+        )
+    )
+    jobs.append(
+        _built(
+            cfg,
+            "vmap_i8_inplace",
+            [
+                make("load", spad=8, dram=DATA, rows=1, cols=200, spad_stride=200, dram_stride=200),
+                make(
+                    "vmap",
+                    src=8,
+                    dst=8,
+                    rows=5,
+                    cols=37,
+                    src_stride=40,
+                    dst_stride=40,
+                    mult=-3,
+                    shift=1,
+                    zp_in=-128,
+                    zp_out=127,
+                    lo=-128,
+                    hi=127,
+                ),
+                store_all(0, 256),
+            ],
+        )
+    )
+    jobs.append(
+        _built(
+            cfg,
+            "vadd_edges",
+            [
+                make("load", spad=0, dram=DATA, rows=1, cols=512, spad_stride=512, dram_stride=512),
+                make(
+                    "vadd",
+                    a=0,
+                    b=256,
+                    dst=0,
+                    len=77,
+                    mult_a=2**31 - 1,
+                    mult_b=-(2**31),
+                    shift=31,
+                    zp_a=-128,
+                    zp_b=127,
+                    zp_out=1,
+                ),
+                make("vadd", a=1, b=300, dst=300, len=0),
+                make("vadd", a=2, b=303, dst=600, len=101, mult_a=3, mult_b=5, shift=3, lo=-20, hi=20),
+                store_all(0, 800),
+            ],
+        )
+    )
+    jobs.append(
+        _built(
+            cfg,
+            "pool_max_avg",
+            [
+                make(
+                    "load", spad=0, dram=DATA, rows=1, cols=7 * 9 * 5, spad_stride=7 * 9 * 5, dram_stride=315
+                ),
+                make(
+                    "pool",
+                    src=0,
+                    dst=1024,
+                    channels=5,
+                    in_w=9,
+                    out_h=3,
+                    out_w=4,
+                    kh=3,
+                    kw=3,
+                    sh=2,
+                    sw=2,
+                    mode=0,
+                    lo=-50,
+                ),
+                make(
+                    "pool",
+                    src=0,
+                    dst=1200,
+                    channels=5,
+                    in_w=9,
+                    out_h=2,
+                    out_w=3,
+                    kh=3,
+                    kw=2,
+                    sh=3,
+                    sw=3,
+                    mode=1,
+                    mult=1 << 14,
+                    shift=17,
+                    zp_in=-3,
+                    zp_out=4,
+                ),
+                store_all(1024, 400),
+            ],
+        )
+    )
+    # SYNC, BARRIER and a cancellation point in a row
+    jobs.append(
+        _raw(
+            "control_mix",
+            [
+                make(
+                    "load",
+                    spad=0,
+                    dram=DATA,
+                    rows=1,
+                    cols=64,
+                    spad_stride=64,
+                    dram_stride=64,
+                    signal=[Unit.STORE],
+                ),
+                make("barrier"),
+                make("sync", unit=2, wait=[]),
+                make("cancel_point", id=9),
+                make(
+                    "store",
+                    spad=0,
+                    dram=OUT,
+                    rows=1,
+                    cols=64,
+                    spad_stride=64,
+                    dram_stride=64,
+                    wait=[Unit.LOAD],
+                ),
+                make("end"),
+            ],
+        )
+    )
+    return jobs
+
+
+def error_jobs(cfg: NpuConfig) -> list[RtlJob]:
+    """One program per error code (and per place an error can come from)."""
+    ok = make("load", spad=0, dram=DATA, rows=1, cols=32, spad_stride=32, dram_stride=32)
+    end = make("end")
+    jobs = [
+        _raw("err_opcode", [ok, bytes([0xE] + [0] * 31), end]),
+        _raw(
+            "err_reserved",
+            [ok, (int.from_bytes(encode(make("barrier")), "little") | 1 << 200).to_bytes(32, "little")],
+        ),
+        _raw("err_self_token", [ok, make("load", rows=1, cols=4, wait=[Unit.LOAD]), end]),
+        _raw("err_lo_hi", [make("vmap", rows=1, cols=1, lo=3, hi=2), end]),
+        _raw("err_misaligned", [ok, make("matmul", a=2, m=1, n=1, k=1, c=ACC_BASE), end]),
+        _raw("err_spad_range", [ok, make("load", spad=cfg.spad_bytes - 2, rows=1, cols=4), end]),
+        _raw("err_acc_wrong_mem", [make("matmul", m=1, n=1, k=8, c=0), end]),
+        _raw("err_dram_range", [make("store", dram=cfg.dram_bytes - 4, rows=1, cols=8), end]),
+        _raw("err_deadlock", [make("matmul", m=1, n=1, k=8, c=ACC_BASE, wait=[Unit.VECTOR]), end]),
+        _raw("err_token_end", [make("load", rows=1, cols=4, signal=[Unit.MATRIX]), end]),
+        _raw(
+            "err_token_cp",
+            [
+                make("load", rows=1, cols=4, signal=[Unit.MATRIX]),
+                make("cancel_point", id=1),
+                make("matmul", m=1, n=1, k=4, c=ACC_BASE, wait=[Unit.LOAD]),
+                end,
+            ],
+            pause="every",
+        ),
+        _raw(
+            "err_token_overflow", [make("sync", unit=0, signal=[Unit.MATRIX])] * (cfg.token_depth + 1) + [end]
+        ),
+        _raw(
+            "err_timeout",
+            [make("load", spad=0, dram=DATA, rows=64, cols=64, spad_stride=64, dram_stride=0)] * 6 + [end],
+            timeout=150,
+        ),
+    ]
+    # running off the end of DRAM: a program in the last bytes with no END
+    jobs.append(RtlJob("err_fetch_range", encode(ok), cfg.dram_bytes - 32, window=WINDOW, dram={}))
+    return jobs
+
+
+def random_jobs(cfg: NpuConfig, seeds, pause: str = "none", cp_prob: float = 0.15) -> list[RtlJob]:
+    jobs = []
+    for s in seeds:
+        rp = random_program(cfg, s, cp_prob=cp_prob)
+        jobs.append(
+            RtlJob(
+                f"seed{s}-{pause}",
+                encode_program(rp.program.instrs),
+                rp.prog_base,
+                {a: v.tobytes() for a, v in rp.dram.items()},
+                window=rp.prog_base + 4096,
+                pause=pause,
+            )
+        )
+    return jobs
