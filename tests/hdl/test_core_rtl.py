@@ -8,10 +8,10 @@ seed replays alone with: npu hdl replay --config NAME --seed N [--pause every] [
 import os
 
 import pytest
-
-from npu.config import get_config
 from npu.sim.rtl import compare, run_model, run_rtl
 from npu.sim.rtl_suite import directed_jobs, error_jobs, random_jobs
+
+from npu.config import get_config
 
 N_RANDOM = int(os.environ.get("NPU_RTL_SEEDS", "100"))
 CONFIGS = ["tiny", "default"]
