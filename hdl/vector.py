@@ -21,8 +21,11 @@ from .common import is_acc, log2, low_bytes_mask, min_, view, word_index
 def rsr(m: Module, v, shift, name: str):
     """Rounding arithmetic right shift: (v + 2**(shift-1)) >> shift, v for shift == 0."""
     r = Signal(signed(72), name=name)
-    rnd = (Const(1, 64) << shift) >> 1  # 2**(shift-1), or 0 when shift == 0
-    m.d.comb += r.eq((v + rnd) >> shift)
+    rnd = Signal(64, name=f"{name}_rnd")
+    m.d.comb += rnd.eq((Const(1, 64) << shift)[:64] >> 1)  # 2**(shift-1), or 0 when shift == 0
+    acc = Signal(signed(74), name=f"{name}_sum")
+    m.d.comb += acc.eq(v + rnd)
+    m.d.comb += r.eq(acc >> shift)
     return r
 
 

@@ -15,3 +15,10 @@ def core_verilog(config: NpuConfig | str) -> str:
     cfg = get_config(config)
     core = NpuCore(cfg)
     return verilog.convert(core, name=TOPLEVEL, emit_src=False)
+
+
+def sim_top_verilog(config: NpuConfig | str, dram_size: int) -> str:
+    """The core with the simulation-only in-simulator DRAM (hdl/simdram.py)."""
+    from .simdram import NpuSimTop
+
+    return verilog.convert(NpuSimTop(get_config(config), dram_size), name="npu_sim_top", emit_src=False)

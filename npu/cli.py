@@ -139,7 +139,28 @@ def cmd_run(args) -> int:
 
 def cmd_bench(args) -> int:
     cfg = get_config(args.config)
-    if args.what == "model":
+    if args.what == "gemm" and args.backend == "rtl":
+        from npu.sim.bench import bench_rtl
+
+        result = bench_rtl(
+            cfg, args.sizes or [64, 128, 256], fast_dram=not args.axi_ram, pause_interval_tiles=args.cp_every
+        )
+        if args.json:
+            print(json.dumps(result))
+        else:
+            for g in result["gemm"]:
+                print(
+                    f"GEMM {g['m']}^3: {g['cycles']:,} cycles (ideal {g['ideal_cycles']:,.0f}, "
+                    f"utilization {g['utilization']:.3f}), model {g['model_cycles']:,} "
+                    f"(error {g['model_error']:.3%}), bit-exact: {g['bit_exact']}"
+                )
+            print(
+                f"simulation: {result['sim_cycles_per_s']:,.0f} cycles/s; pause latency max "
+                f"{result['pause_latency_max']} cycles with points every N = {result['pause_interval_n']} "
+                f"cycles and drain bound {result['drain_bound']}"
+            )
+        return 0
+    if args.what == "model" or (args.what == "gemm" and args.backend == "model"):
         from npu.sim.bench import bench_model
 
         result = bench_model(cfg, args.size)
@@ -156,6 +177,36 @@ def cmd_bench(args) -> int:
             f"bit-exact: {g['bit_exact']}"
         )
     return 0
+
+
+def cmd_hdl_verilog(args) -> int:
+    from npu.hdl.verilog import core_verilog
+
+    cfg = get_config(args.config)
+    text = core_verilog(cfg)
+    Path(args.output).write_text(text)
+    print(f"{args.output}: NpuCore for {cfg.describe()} ({len(text.splitlines()):,} lines)")
+    return 0
+
+
+def cmd_hdl_replay(args) -> int:
+    from npu.sim.rtl import compare, run_model, run_rtl
+    from npu.sim.rtl_suite import random_jobs
+
+    cfg = get_config(args.config)
+    cp_prob = 0.3 if args.pause == "every" else 0.15
+    job = random_jobs(cfg, [args.seed], pause=args.pause, cp_prob=cp_prob)[0]
+    rtl = run_rtl(cfg, [job], waves=args.waves)[0]
+    model = run_model(cfg, job)
+    diffs = compare(model, rtl)
+    print(
+        f"seed {args.seed} on {cfg.name}: model {model.status} in {model.counters['CYCLES']} cycles, "
+        f"RTL {rtl.status} in {rtl.counters['CYCLES']} cycles"
+    )
+    for d in diffs:
+        print(f"  differs: {d}")
+    print("agree" if not diffs else "DISAGREE")
+    return 0 if not diffs else 1
 
 
 def cmd_config(args) -> int:
@@ -216,11 +267,41 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
 
     b = sub.add_parser("bench", help="benchmarks that print figures (use --json)")
-    b.add_argument("what", choices=["model"], help="model: GEMM on the golden model")
+    b.add_argument(
+        "what",
+        choices=["model", "gemm"],
+        help="model: GEMM on the golden model; gemm: GEMM sweep on --backend",
+    )
+    b.add_argument("--backend", choices=["model", "rtl"], default="model")
     b.add_argument("--config", default="default")
-    b.add_argument("--size", type=int, default=256, help="GEMM m = n = k (default 256)")
+    b.add_argument("--size", type=int, default=256, help="model GEMM m = n = k (default 256)")
+    b.add_argument("--sizes", type=int, nargs="+", help="RTL GEMM sizes (default 64 128 256)")
+    b.add_argument(
+        "--cp-every",
+        type=int,
+        default=1,
+        help="RTL pause-latency program: a cancellation point every this many output tiles",
+    )
+    b.add_argument(
+        "--axi-ram",
+        action="store_true",
+        help="RTL: serve DRAM with cocotbext-axi's AxiRam (slower) instead of the in-simulator RAM",
+    )
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_bench)
+
+    h = sub.add_parser("hdl", help="RTL: generate Verilog, replay a random differential test")
+    hsub = h.add_subparsers(dest="hdl_cmd", required=True, metavar="ACTION")
+    hv = hsub.add_parser("verilog", help="write the NpuCore Verilog for a configuration")
+    hv.add_argument("--config", default="default")
+    hv.add_argument("-o", "--output", default="npu.v")
+    hv.set_defaults(func=cmd_hdl_verilog)
+    hr = hsub.add_parser("replay", help="run one random program (by seed) on the RTL and the model")
+    hr.add_argument("--config", default="tiny")
+    hr.add_argument("--seed", type=int, required=True)
+    hr.add_argument("--pause", choices=["none", "every"], default="none")
+    hr.add_argument("--waves", action="store_true", help="record build/sim/<name>-waves/dump.vcd")
+    hr.set_defaults(func=cmd_hdl_replay)
 
     c = sub.add_parser("config", help="show hardware configuration presets")
     c.add_argument("name", nargs="?")

@@ -69,3 +69,136 @@ def bench_model(cfg: NpuConfig, size: int = 256) -> dict:
         "gemm": g,
         "sim_cycles_per_s": round(g["cycles"] / g["wall_s"], 1) if g["wall_s"] else None,
     }
+
+
+def _gemm_job(cfg: NpuConfig, size: int, seed: int = 0, cancel_every: int = 0):
+    from .rtl import RtlJob
+
+    m = n = k = size
+    rng = np.random.default_rng(seed)
+    a = rng.integers(-128, 128, (m, k), dtype=np.int8)
+    bt = rng.integers(-128, 128, (n, k), dtype=np.int8)
+    mult, shift = requant_params(k)
+    a_addr = 0x1000
+    b_addr = a_addr + m * k
+    c_addr = b_addr + n * k
+    p_addr = -(-(c_addr + m * n) // 4096) * 4096
+    prog = gemm_program(
+        cfg, m, n, k, a_addr, b_addr, c_addr, mult=mult, shift=shift, relu=True, cancel_every=cancel_every
+    )
+    blob = encode_program(prog.instrs)
+    job = RtlJob(
+        f"gemm{size}", blob, p_addr, {a_addr: a.tobytes(), b_addr: bt.tobytes()}, window=p_addr + len(blob)
+    )
+    ref = gemm_reference(a, bt, mult=mult, shift=shift, relu=True)
+    return job, ref, c_addr, prog
+
+
+def bench_gemm_rtl(cfg: NpuConfig, sizes=(64, 128, 256), fast_dram: bool = True) -> dict:
+    """GEMMs on the RTL (cocotb + Verilator): hardware cycle counter vs ideal and vs the model."""
+    from .rtl import run_model, run_rtl
+
+    jobs = [_gemm_job(cfg, s) for s in sizes]
+    t0 = time.perf_counter()
+    records = run_rtl(cfg, [j for j, *_ in jobs], fast_dram=fast_dram)
+    wall = time.perf_counter() - t0
+    sim_wall = sum(r.wall_s for r in records)
+    run_wall = sum(r.run_wall_s for r in records)
+    out = []
+    total_cycles = 0
+    for (job, ref, c_addr, _), rec, size in zip(jobs, records, sizes, strict=True):
+        model = run_model(cfg, job)
+        got = np.frombuffer(rec.dram[c_addr : c_addr + size * size], np.int8).reshape(size, size)
+        cycles = rec.counters["CYCLES"]
+        total_cycles += cycles
+        ideal = ideal_matmul_cycles(size, size, size, cfg)
+        mc = model.counters["CYCLES"]
+        out.append(
+            {
+                "m": size,
+                "n": size,
+                "k": size,
+                "status": rec.status,
+                "bit_exact": bool(np.array_equal(got, ref)),
+                "cycles": cycles,
+                "ideal_cycles": ideal,
+                "utilization": round(ideal / cycles, 6) if cycles else 0.0,
+                "model_cycles": mc,
+                "model_error": round(abs(mc - cycles) / cycles, 6) if cycles else None,
+                "busy": {u: rec.counters[f"BUSY_{u.upper()}"] for u in ("load", "matrix", "vector", "store")},
+            }
+        )
+    return {
+        "backend": "rtl",
+        "config": cfg.name,
+        "dram": "in-simulator RAM" if fast_dram else "cocotbext-axi AxiRam",
+        "gemm": out,
+        "wall_s": round(wall, 3),  # including Verilog generation and simulator start
+        "sim_wall_s": round(sim_wall, 3),  # the jobs in the running simulator, DRAM set-up included
+        "run_wall_s": round(run_wall, 3),  # START to stop only
+        "sim_cycles_per_s": round(total_cycles / run_wall, 1) if run_wall else None,
+        "sim_cycles_per_s_with_dram_io": round(total_cycles / sim_wall, 1) if sim_wall else None,
+    }
+
+
+def pause_figures(cfg: NpuConfig, job) -> tuple[int, int, list[int]]:
+    """From an uninterrupted model run with a trace: N (largest gap between consecutive
+    cancellation-point dispatches, start and end included), the drain bound (largest time from a
+    point's dispatch until everything dispatched before it has finished) and the point times."""
+    m = NpuModel(cfg, trace=True)
+    for addr, data in job.dram.items():
+        m.write_dram(addr, data)
+    m.load_program(job.program, job.base)
+    m.start()
+    m.run()
+    assert m.trace is not None
+    cps = [(e.start, e.pc) for e in m.trace if e.unit == "dispatch"]
+    end = m.counter_values()["CYCLES"]
+    times = [0] + [t for t, _ in cps] + [end]
+    n_gap = max(b - a for a, b in zip(times, times[1:], strict=False))
+    drain = 0
+    for t, pc in cps:
+        ends = [e.end for e in m.trace if e.unit in ("load", "matrix", "vector", "store") and e.pc < pc]
+        drain = max(drain, max(ends, default=t) - t)
+    return n_gap, drain, [t for t, _ in cps]
+
+
+def bench_rtl(
+    cfg: NpuConfig,
+    sizes=(64, 128, 256),
+    *,
+    fast_dram: bool = True,
+    pause_interval_tiles: int = 1,
+    pause_samples: int = 8,
+) -> dict:
+    """`npu bench gemm --backend rtl`: the GEMM sweep plus the pause latency of a GEMM with a
+    cancellation point every `pause_interval_tiles` output tiles."""
+    from .rtl import run_rtl
+
+    result = bench_gemm_rtl(cfg, sizes, fast_dram=fast_dram)
+    size = max(sizes)
+    job, *_ = _gemm_job(cfg, size, cancel_every=pause_interval_tiles)
+    n_gap, drain, cp_times = pause_figures(cfg, job)
+    total = cp_times[-1] if cp_times else 0
+    jobs = []
+    requests = [int(total * (i + 0.5) / pause_samples) for i in range(pause_samples)]
+    for t in requests:
+        j, *_ = _gemm_job(cfg, size, cancel_every=pause_interval_tiles)
+        j.pause_at = [t]
+        jobs.append(j)
+    recs = run_rtl(cfg, jobs, fast_dram=fast_dram)
+    lat = []
+    for t, r in zip(requests, recs, strict=True):
+        if r.pauses and r.run_cycles:
+            lat.append(r.run_cycles[0] - t)
+    result.update(
+        {
+            "pause_interval_n": n_gap,
+            "drain_bound": drain,
+            "pause_requests": requests,
+            "pause_latencies": lat,
+            "pause_latency_max": max(lat) if lat else None,
+            "pause_bound_ok": bool(lat) and max(lat) <= n_gap + drain,
+        }
+    )
+    return result

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import cocotb
 from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, RisingEdge
+from cocotb.triggers import ClockCycles, First, RisingEdge, Timer
 from cocotbext.axi import AxiBus, AxiLiteBus, AxiLiteMaster, AxiRam
 
 from npu.config import get_config
@@ -23,13 +24,39 @@ from npu.isa import encode_program, make
 from npu.registers import COUNTERS, REG, Control, Status
 
 
+class FastDram:
+    """DRAM held in the simulator (hdl/simdram.py), read and written through its array handle."""
+
+    def __init__(self, mem, width: int, size: int):
+        self.mem, self.W, self.size = mem, width, size
+
+    def write(self, addr: int, data: bytes) -> None:
+        W = self.W
+        a0, a1 = addr - addr % W, -(-(addr + len(data)) // W) * W
+        buf = (
+            bytearray(self.read(a0, a1 - a0)) if (a0, a1) != (addr, addr + len(data)) else bytearray(a1 - a0)
+        )
+        buf[addr - a0 : addr - a0 + len(data)] = data
+        for i in range(0, len(buf), W):
+            self.mem[(a0 + i) // W].value = int.from_bytes(buf[i : i + W], "little")
+
+    def read(self, addr: int, n: int) -> bytes:
+        W = self.W
+        a0, a1 = addr - addr % W, -(-(addr + n) // W) * W
+        out = b"".join(int(self.mem[i].value).to_bytes(W, "little") for i in range(a0 // W, a1 // W))
+        return out[addr - a0 : addr - a0 + n]
+
+
 class NpuBench:
     """Small driver for the core in simulation: registers, DRAM and run control."""
 
-    def __init__(self, dut, config):
+    def __init__(self, dut, config, fast_dram_size: int = 0):
         self.dut = dut
         self.cfg = get_config(config)
-        self.ram = AxiRam(AxiBus.from_prefix(dut, "m_axi"), dut.clk, dut.rst, size=self.cfg.dram_bytes)
+        if fast_dram_size:
+            self.ram = FastDram(dut.dram.mem, self.cfg.bus_bytes, fast_dram_size)
+        else:
+            self.ram = AxiRam(AxiBus.from_prefix(dut, "m_axi"), dut.clk, dut.rst, size=self.cfg.dram_bytes)
         self.regs = AxiLiteMaster(AxiLiteBus.from_prefix(dut, "s_axil"), dut.clk, dut.rst)
         self.cycle = 0
 
@@ -54,13 +81,15 @@ class NpuBench:
             out[name] = lo | hi << 32
         return out
 
-    async def wait_stop(self, max_cycles: int) -> int:
-        """Clock until STATUS leaves RUNNING (watching the port, not polling the bus)."""
-        for n in range(max_cycles):
-            await RisingEdge(self.dut.clk)
-            if self.dut.irq.value == 1:
-                return n
-        raise AssertionError(f"watchdog: core still running after {max_cycles} cycles")
+    async def wait_stop(self, max_cycles: int) -> None:
+        """Wait for the interrupt (STATUS left RUNNING); fail a hung run after `max_cycles`."""
+        if self.dut.irq.value == 1:
+            return
+        edge = RisingEdge(self.dut.irq)
+        res = await First(edge, Timer(10 * max_cycles, unit="ns"))
+        if res is not edge:
+            raise AssertionError(f"watchdog: core still running after {max_cycles} cycles")
+        await RisingEdge(self.dut.clk)
 
     async def run_program(self, base: int, pc: int = 0, pause: bool = False) -> None:
         await self.write_reg("PROGRAM_BASE", base)
@@ -96,11 +125,12 @@ def clear_program(cfg) -> bytes:
 async def run_jobs(dut):
     jobs_path = Path(os.environ["NPU_JOBS"])
     spec = json.loads((jobs_path / "jobs.json").read_text())
-    bench = NpuBench(dut, spec["config"])
+    fast = spec.get("fast_dram", 0)
+    bench = NpuBench(dut, spec["config"], fast)
     await bench.reset()
     cfg = bench.cfg
     clear = clear_program(cfg)
-    clear_base = cfg.dram_bytes - 4096
+    clear_base = (fast or cfg.dram_bytes) - 4096
     results = []
     for job in spec["jobs"]:
         window = job["window"]
@@ -113,13 +143,16 @@ async def run_jobs(dut):
         for addr, name in job["dram"]:
             bench.ram.write(addr, (jobs_path / name).read_bytes())
         await bench.write_reg("TIMEOUT", job.get("timeout", 0))
-        res = {"name": job["name"], "pauses": [], "runs": 0}
+        res = {"name": job["name"], "pauses": [], "runs": 0, "run_cycles": []}
+        t_job = time.perf_counter()
         pause_mode = job.get("pause", "none")
         pc = 0
         total = dict.fromkeys(COUNTERS, 0)
         start_cycle = 0
         pause_at = sorted(job.get("pause_at", []))
+        run_wall = 0.0
         while True:
+            t_run = time.perf_counter()
             await bench.run_program(job["base"], pc, pause=pause_mode == "every")
             res["runs"] += 1
             if pause_at:
@@ -132,8 +165,10 @@ async def run_jobs(dut):
                 if dut.irq.value == 0:
                     await bench.write_reg("CONTROL", int(Control.PAUSE | Control.IRQ_ENABLE))
             await bench.wait_stop(job.get("max_cycles", 5_000_000))
+            run_wall += time.perf_counter() - t_run
             st = await bench.read_reg("STATUS")
             c = await bench.counters()
+            res["run_cycles"].append(c["CYCLES"])
             for k, v in c.items():
                 total[k] += v
             start_cycle += c["CYCLES"]
@@ -147,6 +182,8 @@ async def run_jobs(dut):
         res["error_code"] = await bench.read_reg("ERROR_CODE")
         res["error_pc"] = await bench.read_reg("ERROR_PC")
         res["counters"] = total
+        res["wall_s"] = time.perf_counter() - t_job
+        res["run_wall_s"] = run_wall
         (jobs_path / f"{job['name']}.dram").write_bytes(bench.ram.read(0, window))
         results.append(res)
         await bench.write_reg("CONTROL", int(Control.SOFT_RESET))

@@ -57,12 +57,29 @@ def setup_verilator() -> None:
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         raise SimulatorMissing("Verilator needs a C++ compiler (g++) on PATH")
-    os.environ["MAKEFLAGS"] = f"CXX={cxx} CFG_CXXFLAGS_PCH_I=-include CFG_CXXFLAGS_STD=-std=c++20"
+    os.environ["MAKEFLAGS"] = (
+        f"CXX={cxx} CFG_CXXFLAGS_PCH_I=-include CFG_CXXFLAGS_STD=-std=c++20 OPT_FAST=-O2"
+    )
 
 
 def setup_icarus() -> None:
     if shutil.which("iverilog") is None:
         raise SimulatorMissing("Icarus Verilog is not installed (Debian: apt-get install iverilog)")
+
+
+def _narrow_public(runner) -> None:
+    """Make signals public only down to the harness's DRAM array (depth 3), not every signal:
+    cocotb's default `--public-flat-rw` keeps Verilator from optimising internal logic away and
+    costs about a fifth of the simulation speed. NPU_VERILATOR_PUBLIC=all restores it."""
+    orig = runner._build_command
+
+    def build_command():
+        cmds = orig()
+        cmds[0] = [c for c in cmds[0] if c != "--public-flat-rw"]
+        cmds[0][1:1] = ["--public-depth", "3"]
+        return cmds
+
+    runner._build_command = build_command
 
 
 def build_and_test(
@@ -90,16 +107,26 @@ def build_and_test(
     if not src.exists() or src.read_text() != verilog:
         src.write_text(verilog)
     runner = get_runner(sim)
-    build_args = ["-Wno-fatal", "-Wno-WIDTH", "-O3"] if sim == "verilator" else []
-    runner.build(
-        sources=[src],
-        hdl_toplevel=toplevel,
-        build_dir=build_dir,
-        build_args=build_args,
-        timescale=("1ns", "1ps"),
-        waves=waves,
-        always=False,
+    if sim == "verilator" and os.environ.get("NPU_VERILATOR_PUBLIC", "") != "all":
+        _narrow_public(runner)
+    build_args = (
+        ["-Wno-fatal", "-Wno-WIDTH", "-O3", "--x-assign", "fast", "--x-initial", "fast", "--noassert"]
+        if sim == "verilator"
+        else []
     )
+    try:
+        runner.build(
+            sources=[src],
+            hdl_toplevel=toplevel,
+            build_dir=build_dir,
+            build_args=build_args,
+            timescale=("1ns", "1ps"),
+            waves=waves,
+            always=False,
+        )
+    except (Exception, SystemExit):
+        shutil.rmtree(build_dir, ignore_errors=True)  # never reuse a half-built folder
+        raise
     env = dict(extra_env or {})
     env.setdefault("PYTHONPATH", os.pathsep.join([str(ROOT), *sys.path]))
     env.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")

@@ -338,6 +338,8 @@ class NpuModel:
                 self.cp_id = ins.id
                 self._stop(Status.PAUSED, t, pc=pc)
             return
+        if self.trace is not None and ins.op == Opcode.CANCEL_POINT:
+            self.trace.append(TraceEvent("dispatch", pc, "cancel_point", t, t))
         run.pc += 1
         run.next_dispatch = t + self.cfg.instr_beats
 

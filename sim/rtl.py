@@ -41,6 +41,9 @@ class RunRecord:
     pauses: list[tuple[int, int]]
     counters: dict[str, int]
     dram: bytes
+    run_cycles: list[int] = field(default_factory=list)  # CYCLES of each START..stop
+    wall_s: float = 0.0  # wall time of the job in the simulator (with DRAM set-up and read-back)
+    run_wall_s: float = 0.0  # wall time from START to stop, summed over the job's runs
 
 
 def run_model(cfg: NpuConfig, job: RtlJob) -> RunRecord:
@@ -73,15 +76,23 @@ def run_model(cfg: NpuConfig, job: RtlJob) -> RunRecord:
     return RunRecord(st.name, int(m.error_code), m.error_pc, pauses, total, m.read_dram(0, job.window))
 
 
-def run_rtl(cfg: NpuConfig, jobs: list[RtlJob], *, waves: bool = False) -> list[RunRecord]:
-    from npu.hdl.verilog import TOPLEVEL, core_verilog
+def run_rtl(
+    cfg: NpuConfig, jobs: list[RtlJob], *, waves: bool = False, fast_dram: bool = False
+) -> list[RunRecord]:
+    """Run jobs on the RTL. `fast_dram` swaps cocotbext-axi's AxiRam (protocol-checking, slower)
+    for the in-simulator RAM of hdl/simdram.py (for long runs)."""
+    from npu.hdl.verilog import TOPLEVEL, core_verilog, sim_top_verilog
 
     from .hdlsim import BUILD, build_and_test
 
     BUILD.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=BUILD, prefix="jobs-") as tmp:
         d = Path(tmp)
-        spec = {"config": cfg.name, "jobs": []}
+        fast_size = 0
+        if fast_dram:
+            need = max(max(j.window, j.base + len(j.program)) for j in jobs) + 4096
+            fast_size = 1 << (need - 1).bit_length()
+        spec = {"config": cfg.name, "jobs": [], "fast_dram": fast_size}
         for j, job in enumerate(jobs):
             entries = []
             for n, (addr, data) in enumerate({**job.dram, job.base: job.program}.items()):
@@ -101,13 +112,12 @@ def run_rtl(cfg: NpuConfig, jobs: list[RtlJob], *, waves: bool = False) -> list[
                 }
             )
         (d / "jobs.json").write_text(json.dumps(spec))
+        if fast_size:
+            verilog, top, name = sim_top_verilog(cfg, fast_size), "npu_sim_top", f"simtop-{cfg.name}"
+        else:
+            verilog, top, name = core_verilog(cfg), TOPLEVEL, f"core-{cfg.name}"
         build_and_test(
-            core_verilog(cfg),
-            TOPLEVEL,
-            "npu.sim.cocotb_bench",
-            name=f"core-{cfg.name}",
-            extra_env={"NPU_JOBS": str(d)},
-            waves=waves,
+            verilog, top, "npu.sim.cocotb_bench", name=name, extra_env={"NPU_JOBS": str(d)}, waves=waves
         )
         results = json.loads((d / "results.json").read_text())
         out = []
@@ -120,6 +130,9 @@ def run_rtl(cfg: NpuConfig, jobs: list[RtlJob], *, waves: bool = False) -> list[
                     [tuple(p) for p in r["pauses"]],
                     r["counters"],
                     (d / f"job{j}.dram").read_bytes(),
+                    r["run_cycles"],
+                    r["wall_s"],
+                    r["run_wall_s"],
                 )
             )
         return out

@@ -109,7 +109,7 @@ BAD_LINES = [
 
 
 @pytest.mark.parametrize("bad,msg", BAD_LINES)
-@settings(max_examples=20)
+@settings(max_examples=90)  # 12 kinds x 90 = 1080 examples
 @given(st.lists(instructions(), min_size=0, max_size=5), st.integers(0, 5))
 def test_malformed_assembly_names_line(bad, msg, good, where):
     lines = [format_instr(i) for i in good]

@@ -1,0 +1,50 @@
+"""Verilog generation, the in-simulator DRAM path and the Icarus simulator."""
+
+import shutil
+
+import numpy as np
+import pytest
+from npu.sim.bench import _gemm_job
+from npu.sim.rtl import compare, run_model, run_rtl
+from npu.sim.rtl_suite import directed_jobs, random_jobs
+
+from npu.cli import main
+from npu.config import get_config
+
+
+@pytest.mark.parametrize("name", ["tiny", "default"])
+def test_npu_hdl_verilog(name, tmp_path, capsys):
+    out = tmp_path / "npu.v"
+    assert main(["hdl", "verilog", "--config", name, "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "module npu_core(" in text
+    for port in ("m_axi_araddr", "m_axi_wstrb", "s_axil_awaddr", "irq"):
+        assert port in text
+    assert name in capsys.readouterr().out
+
+
+def test_fast_dram_path_matches_model():
+    """The in-simulator RAM used for long runs gives the same results as the AxiRam path."""
+    cfg = get_config("tiny")
+    gemm, ref, c_addr, _ = _gemm_job(cfg, 24)
+    jobs = [
+        gemm,
+        *random_jobs(cfg, range(300, 320)),
+        *random_jobs(cfg, range(320, 325), pause="every", cp_prob=0.3),
+    ]
+    recs = run_rtl(cfg, jobs, fast_dram=True)
+    for job, rec in zip(jobs, recs, strict=True):
+        assert not compare(run_model(cfg, job), rec), job.name
+    got = np.frombuffer(recs[0].dram[c_addr : c_addr + ref.size], np.int8).reshape(ref.shape)
+    assert np.array_equal(got, ref)
+
+
+@pytest.mark.skipif(
+    shutil.which("iverilog") is None, reason="Icarus Verilog is not installed (CI installs it)"
+)
+def test_icarus(monkeypatch):
+    monkeypatch.setenv("SIM", "icarus")
+    cfg = get_config("tiny")
+    jobs = [j for j in directed_jobs(cfg) if j.name in ("load_padded_misaligned", "mm_ragged", "vadd_edges")]
+    for job, rec in zip(jobs, run_rtl(cfg, jobs), strict=True):
+        assert not compare(run_model(cfg, job), rec), job.name
