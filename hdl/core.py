@@ -170,7 +170,7 @@ class NpuCore(wiring.Component):
         m.d.comb += [regs.cp_id.eq(cp_id), regs.error_code.eq(error_code), regs.error_pc.eq(error_pc)]
 
         # ---- queues and tokens ------------------------------------------------------------------------
-        qw = INSTR_BITS + 32
+        qw = INSTR_BITS + 32 + 16  # instruction, pc, cancellation-point ordinal
         queues = {}
         for u in UNITS:
             q = fifo.SyncFIFO(width=qw, depth=cfg.queue_depth)
@@ -187,6 +187,13 @@ class NpuCore(wiring.Component):
         overflow = Signal()
         overflow_pc = Signal(32)
 
+        # cancellation points: a marker goes into every queue; a unit passes a marker in one cycle
+        # unless a pending pause targets it, then it parks there until every unit has arrived
+        passed = {u: Signal(16, name=f"passed_{u.name.lower()}") for u in UNITS}
+        pause_target = Signal(16)
+        target_valid = Signal()
+        parked = {}
+
         unit_busy = {}
         starting = {}
         head_blocked = {}
@@ -194,27 +201,40 @@ class NpuCore(wiring.Component):
             q = queues[u]
             unit = units[u]
             head = q.r_data[:INSTR_BITS]
-            head_pc = q.r_data[INSTR_BITS:]
+            head_pc = q.r_data[INSTR_BITS : INSTR_BITS + 32]
+            head_ord = q.r_data[INSTR_BITS + 32 :]
             wait = head[4:8]
             sig = head[8:12]
             is_sync = head[:4] == int(Opcode.SYNC)
+            is_cp = head[:4] == int(Opcode.CANCEL_POINT)
+            parked[u] = Signal(name=f"parked_{u.name.lower()}")
+            m.d.comb += parked[u].eq(q.r_rdy & is_cp & target_valid & (head_ord == pause_target) & ~unit.busy)
             toks_ok = Const(1, 1)
             for p in UNITS:
                 if p != u:
-                    toks_ok = toks_ok & (~wait[int(p)] | (tok[(p, u)] != 0))
+                    toks_ok = toks_ok & (~wait[int(p)] | (tok[(p, u)] != 0) | is_cp)
             start = Signal(name=f"start_{u.name.lower()}")
-            m.d.comb += start.eq(q.r_rdy & toks_ok & ~unit.busy & running & ~halting)
+            m.d.comb += start.eq(
+                q.r_rdy
+                & toks_ok
+                & ~unit.busy
+                & running
+                & ~halting
+                & ~(is_cp & target_valid & (head_ord == pause_target))
+            )
             starting[u] = start
             head_blocked[u] = Signal(name=f"blocked_{u.name.lower()}")
             m.d.comb += head_blocked[u].eq(q.r_rdy & ~toks_ok)
-            m.d.comb += [q.r_en.eq(start), unit.instr.eq(head), unit.go.eq(start & ~is_sync)]
+            m.d.comb += [q.r_en.eq(start), unit.instr.eq(head), unit.go.eq(start & ~is_sync & ~is_cp)]
+            with m.If(start & is_cp):
+                m.d.sync += passed[u].eq(passed[u] + 1)
             run_sig = Signal(4, name=f"sig_{u.name.lower()}")
             run_pc = Signal(32, name=f"pc_{u.name.lower()}")
             with m.If(start):
                 m.d.sync += [run_sig.eq(sig), run_pc.eq(head_pc)]
             for p in UNITS:
                 if p != u:
-                    m.d.comb += pop[(p, u)].eq(start & wait[int(p)])
+                    m.d.comb += pop[(p, u)].eq(start & ~is_cp & wait[int(p)])
             for c in UNITS:
                 if c != u:
                     sync_push = start & is_sync & sig[int(c)]
@@ -224,7 +244,14 @@ class NpuCore(wiring.Component):
                         m.d.comb += overflow.eq(1)
                         m.d.comb += overflow_pc.eq(Mux(sync_push, head_pc, run_pc))
             unit_busy[u] = Signal(name=f"busy_{u.name.lower()}")
-            m.d.comb += unit_busy[u].eq(unit.busy | start)
+            m.d.comb += unit_busy[u].eq(unit.busy | (start & ~is_cp))
+        all_parked = Signal()
+        m.d.comb += all_parked.eq(Cat(*[parked[u] for u in UNITS]).all())
+        max_passed = passed[UNITS[0]]
+        for u in UNITS[1:]:
+            max_passed = Mux(passed[u] > max_passed, passed[u], max_passed)
+        park_head = queues[Unit.LOAD].r_data
+        park_pc = park_head[INSTR_BITS : INSTR_BITS + 32]
         for k, t in tok.items():
             m.d.sync += t.eq(t + push[k] - pop[k])
 
@@ -237,6 +264,7 @@ class NpuCore(wiring.Component):
         tokens_zero = Signal()
         m.d.comb += tokens_zero.eq(~Cat(*[t != 0 for t in tok.values()]).any())
 
+        points = Signal(16)  # cancellation points dispatched in this run
         # ---- dispatcher -------------------------------------------------------------------------------
         instr = fetch.out_instr
         pc = fetch.out_pc
@@ -260,10 +288,11 @@ class NpuCore(wiring.Component):
         room = Signal()
         m.d.comb += room.eq(Cat(*[queues[u].w_rdy for u in UNITS]).bit_select(target, 1))
         for u in UNITS:
-            m.d.comb += queues[u].w_data.eq(Cat(instr, pc))
+            m.d.comb += queues[u].w_data.eq(Cat(instr, pc, points + 1))
 
         pause_req = regs.pause_req
-        cp_taking = Signal()  # a taken cancellation point is waiting for the drain
+        all_room = Signal()
+        m.d.comb += all_room.eq(Cat(*[queues[u].w_rdy for u in UNITS]).all())
         dispatching = Signal()
         stalled = Signal()
         cycles = Signal(64)
@@ -297,11 +326,15 @@ class NpuCore(wiring.Component):
                                     m.d.comb += queues[u].w_en.eq(1)
                     with m.Else():
                         m.d.comb += stalled.eq(1)
-                with m.Elif((opv == int(Opcode.CANCEL_POINT)) & ~pause_req & ~cp_taking):
-                    m.d.comb += dispatching.eq(1)
-                with m.Else():  # END, BARRIER or a taken cancellation point: wait for the drain
-                    with m.If(opv == int(Opcode.CANCEL_POINT)):
-                        m.d.sync += cp_taking.eq(1)
+                with m.Elif(opv == int(Opcode.CANCEL_POINT)):
+                    with m.If(all_room):
+                        m.d.comb += dispatching.eq(1)
+                        m.d.sync += points.eq(points + 1)
+                        for u in UNITS:
+                            m.d.comb += queues[u].w_en.eq(1)
+                    with m.Else():
+                        m.d.comb += stalled.eq(1)
+                with m.Else():  # END and BARRIER wait for the drain
                     with m.If(drained):
                         m.d.comb += dispatching.eq(1)
                         with m.If(opv == int(Opcode.END)):
@@ -315,27 +348,28 @@ class NpuCore(wiring.Component):
                                     error_code.eq(int(ErrorCode.TOKEN)),
                                     error_pc.eq(pc),
                                 ]
-                        with m.Elif(opv == int(Opcode.CANCEL_POINT)):
-                            m.d.comb += stop_now.eq(1)
-                            m.d.sync += cp_taking.eq(0)
-                            with m.If(tokens_zero):
-                                m.d.sync += [
-                                    status.eq(int(Status.PAUSED)),
-                                    cp_id.eq(view(Opcode.CANCEL_POINT, instr).id),
-                                ]
-                                m.d.comb += [
-                                    regs.set_resume_pc.eq(1),
-                                    regs.new_resume_pc.eq(pc + 1),
-                                    regs.consume_pause.eq(1),
-                                ]
-                            with m.Else():
-                                m.d.sync += [
-                                    status.eq(int(Status.ERROR)),
-                                    error_code.eq(int(ErrorCode.TOKEN)),
-                                    error_pc.eq(pc),
-                                ]
                     with m.Else():
                         m.d.comb += stalled.eq(1)
+            # every unit parked at the target point: pause there
+            with m.If(all_parked):
+                m.d.comb += [stop_now.eq(1), dispatching.eq(0), queues[Unit.LOAD].w_en.eq(0)]
+                with m.If(tokens_zero):
+                    m.d.sync += [
+                        status.eq(int(Status.PAUSED)),
+                        cp_id.eq(view(Opcode.CANCEL_POINT, park_head[:INSTR_BITS]).id),
+                    ]
+                    m.d.comb += [regs.set_resume_pc.eq(1), regs.new_resume_pc.eq(park_pc + 1)]
+                with m.Else():
+                    m.d.sync += [
+                        status.eq(int(Status.ERROR)),
+                        error_code.eq(int(ErrorCode.TOKEN)),
+                        error_pc.eq(park_pc),
+                    ]
+        # the pause target: the first point no unit has passed yet
+        with m.If(~pause_req):
+            m.d.sync += target_valid.eq(0)
+        with m.Elif(running & ~target_valid):
+            m.d.sync += [target_valid.eq(1), pause_target.eq(max_passed + 1)]
         m.d.comb += fetch.out_ready.eq(dispatching)
 
         # deadlock: nothing executes, nothing can start, dispatch cannot proceed
@@ -369,7 +403,15 @@ class NpuCore(wiring.Component):
             fetch.start_pc.eq(regs.resume_pc),
         ]
         with m.If(regs.start & ~running):
-            m.d.sync += [status.eq(int(Status.RUNNING)), error_code.eq(0), error_pc.eq(0), cp_taking.eq(0)]
+            m.d.sync += [
+                status.eq(int(Status.RUNNING)),
+                error_code.eq(0),
+                error_pc.eq(0),
+                points.eq(0),
+                target_valid.eq(0),
+            ]
+            for u in UNITS:
+                m.d.sync += passed[u].eq(0)
             for t in tok.values():
                 m.d.sync += t.eq(0)
         with m.If(regs.soft_reset):

@@ -60,6 +60,9 @@ class _Run:
         self.last_end = t0
         self.tokens = {(p, c): deque() for p in UNITS for c in UNITS if p != c}
         self.fetched: tuple[int, Instr | IsaError] | None = None
+        self.points = 0  # cancellation points dispatched in this run
+        self.passed = [0] * len(UNITS)  # cancellation-point markers each unit has passed
+        self.target: int | None = None  # ordinal of the point a pending pause stops at
 
 
 class NpuModel:
@@ -155,8 +158,12 @@ class NpuModel:
             if ctl & Control.PAUSE:
                 if self._pause_cycle is None:
                     self._pause_cycle = self.now
+                    if self._run is not None:
+                        self._run.target = max(self._run.passed) + 1
             else:
                 self._pause_cycle = None
+                if self._run is not None:
+                    self._run.target = None
             if ctl & Control.START and self.status != Status.RUNNING:
                 self._start()
         elif r.name == "IRQ":
@@ -183,6 +190,8 @@ class NpuModel:
         if self._pause_cycle is not None:
             self._pause_cycle = self.now
         self._run = _Run(self.cfg, self.now, self.program_base, self.resume_pc, self.timeout)
+        if self._pause_cycle is not None:
+            self._run.target = 1
 
     def advance(self, cycles: int) -> Status:
         """Let `cycles` cycles pass (the host's clock moves with the device's)."""
@@ -237,8 +246,11 @@ class NpuModel:
         q = run.queues[u]
         if not q:
             return None
-        _, ins, td = q[0]
+        _, ins, td = q[0][:3]
         t = max(td + 1, run.busy_until[u])
+        if ins.op == Opcode.CANCEL_POINT:
+            # a marker: passed at once, unless a pending pause stops at it (the unit parks)
+            return None if run.target == q[0][3] else t
         w = ins.wait
         for p in UNITS:
             if w >> p & 1:
@@ -246,6 +258,18 @@ class NpuModel:
                 if not ch:
                     return None
                 t = max(t, ch[0])
+        return t
+
+    def _parked_ready(self, run: _Run) -> int | None:
+        """Time at which every unit has parked at the target point (the pause completes)."""
+        if run.target is None:
+            return None
+        t = 0
+        for u in UNITS:
+            q = run.queues[u]
+            if not q or q[0][1].op != Opcode.CANCEL_POINT or q[0][3] != run.target:
+                return None
+            t = max(t, q[0][2] + 1, run.busy_until[u])
         return t
 
     def _dispatch_ready(self, run: _Run) -> int | None:
@@ -259,14 +283,18 @@ class NpuModel:
                 return None
             n = run.dispatched[u] - self.cfg.queue_depth
             return max(base, run.starts[u][n]) if n >= 0 else base
-        if ins.op == Opcode.CANCEL_POINT and not self._pause_taken(base):
-            return base
-        if any(run.queues):  # END, BARRIER and a taken point wait for every queue to drain
+        if ins.op == Opcode.CANCEL_POINT:  # a marker into every queue: needs a slot in each
+            t = base
+            for q in UNITS:
+                if len(run.queues[q]) >= self.cfg.queue_depth:
+                    return None
+                n = run.dispatched[q] - self.cfg.queue_depth
+                if n >= 0:
+                    t = max(t, run.starts[q][n])
+            return t
+        if any(run.queues):  # END and BARRIER wait for every queue to drain
             return None
         return max(base, run.last_end)
-
-    def _pause_taken(self, t: int) -> bool:
-        return self._pause_cycle is not None and self._pause_cycle <= t
 
     def _simulate(self, until: int | None) -> None:
         run = self._run
@@ -279,6 +307,9 @@ class NpuModel:
             td = self._dispatch_ready(run)
             if td is not None and (best_t is None or td < best_t):
                 best_t, best_u = td, None
+            tp = self._parked_ready(run)
+            if tp is not None and (best_t is None or tp < best_t):
+                best_t, best_u = tp, "park"
             limit = run.t0 + run.timeout if run.timeout else None
             if best_t is None:
                 t_dead = max(run.last_end, run.next_dispatch)
@@ -300,6 +331,8 @@ class NpuModel:
                 break
             if best_u is None:
                 self._dispatch(run, best_t)
+            elif best_u == "park":
+                self._pause(run, best_t)
             else:
                 self._execute(run, best_u, best_t)
             run = self._run
@@ -324,27 +357,45 @@ class NpuModel:
         if u is not None:
             run.queues[u].append((pc, ins, t))
             run.dispatched[u] += 1
-        elif ins.op in (Opcode.END, Opcode.CANCEL_POINT) and (
-            ins.op == Opcode.END or self._pause_taken(run.next_dispatch)
-        ):
+        elif ins.op == Opcode.CANCEL_POINT:
+            run.points += 1
+            for q in UNITS:
+                run.queues[q].append((pc, ins, t, run.points))
+                run.dispatched[q] += 1
+            if self.trace is not None:
+                self.trace.append(TraceEvent("dispatch", pc, "cancel_point", t, t))
+        elif ins.op == Opcode.END:
             if any(run.tokens.values()):
                 self._error_after_drain(run, t, ErrorCode.TOKEN, pc)
                 return
-            if ins.op == Opcode.END:
-                self.resume_pc = pc
-                self._stop(Status.DONE, t, pc=pc)
-            else:
-                self.resume_pc = pc + 1
-                self.cp_id = ins.id
-                self._stop(Status.PAUSED, t, pc=pc)
+            self.resume_pc = pc
+            self._stop(Status.DONE, t, pc=pc)
             return
-        if self.trace is not None and ins.op == Opcode.CANCEL_POINT:
-            self.trace.append(TraceEvent("dispatch", pc, "cancel_point", t, t))
         run.pc += 1
         run.next_dispatch = t + self.cfg.instr_beats
 
+    def _pause(self, run: _Run, t: int) -> None:
+        """Every unit is parked at the target point: stop there (the queues behind it are dropped)."""
+        pc, ins = run.queues[Unit.LOAD][0][:2]
+        if any(run.tokens.values()):
+            self._error_after_drain(run, t, ErrorCode.TOKEN, pc)
+            return
+        for q in run.queues:
+            q.clear()
+        self.resume_pc = pc + 1
+        self.cp_id = ins.id
+        self._stop(Status.PAUSED, t, pc=pc)
+
     def _execute(self, run: _Run, u: Unit, t: int) -> None:
-        pc, ins, _ = run.queues[u].popleft()
+        entry = run.queues[u].popleft()
+        pc, ins = entry[0], entry[1]
+        if ins.op == Opcode.CANCEL_POINT:  # passing a marker takes the unit one cycle
+            run.passed[u] += 1
+            run.starts[u].append(t)
+            run.busy_until[u] = t + 1
+            if self.trace is not None:
+                self.trace.append(TraceEvent(u.name.lower(), pc, "pass_point", t, t + 1))
+            return
         for p in UNITS:
             if ins.wait >> p & 1:
                 run.tokens[(p, u)].popleft()
