@@ -1,1 +1,6 @@
-"""ONNX to NPU program compiler (not built yet: see the compiler issue)."""
+"""ONNX to NPU program compiler (in progress: QDQ int8 Gemm/MatMul/Relu models on the golden model)."""
+
+from .compile import CompiledModel, compile_onnx
+from .frontend import CompileError
+
+__all__ = ["CompiledModel", "CompileError", "compile_onnx"]

@@ -78,11 +78,16 @@ def gemm_program(
     relu: bool = False,
     tiling: GemmTiling | None = None,
     cancel_every: int = 0,
-) -> BuiltProgram:
+    bias_addr: int | None = None,
+    builder: ProgramBuilder | None = None,
+    cp_base: int = 0,
+) -> BuiltProgram | None:
     """Tiled GEMM + requantise (+ ReLU) program; a cancellation point after every
-    `cancel_every` output tiles (0: none)."""
+    `cancel_every` output tiles (0: none). `bias_addr`: n int32 values in DRAM added to every row
+    (preloaded into the accumulators). With `builder`, the instructions are appended to it and
+    nothing is returned (the caller builds)."""
     t = tiling or choose_tiling(cfg, m, n, k)
-    b = ProgramBuilder(cfg)
+    b = builder if builder is not None else ProgramBuilder(cfg)
     a_stride_sp = _round_up(t.tk, cfg.lanes)
     a_buf = [0, t.tm * a_stride_sp]
     b_base = 2 * t.tm * a_stride_sp
@@ -111,6 +116,17 @@ def gemm_program(
         for m0 in range(0, m, t.tm):
             tm = min(t.tm, m - m0)
             cbuf = c_buf[it % 2]
+            if bias_addr is not None:  # every row of the C tile starts as the bias
+                b.add(
+                    "load",
+                    spad=cbuf,
+                    dram=bias_addr + 4 * n0,
+                    rows=tm,
+                    cols=4 * tn,
+                    spad_stride=c_stride,
+                    dram_stride=0,
+                    label=f"bias m{m0} n{n0}",
+                )
             for k0 in range(0, k, t.tk):
                 tk = min(t.tk, k - k0)
                 if ksplit:
@@ -149,7 +165,7 @@ def gemm_program(
                     a_stride=a_stride_sp,
                     b_stride=a_stride_sp,
                     c_stride=c_stride,
-                    accumulate=int(k0 > 0),
+                    accumulate=int(k0 > 0 or bias_addr is not None),
                     label=f"matmul m{m0} n{n0} k{k0}",
                 )
             obuf = o_buf[it % 2]
@@ -183,9 +199,9 @@ def gemm_program(
             tiles += 1
             last = n0 + t.tn >= n and m0 + t.tm >= m
             if cancel_every and tiles % cancel_every == 0 and not last:
-                b.cancel_point(cp)
+                b.cancel_point(cp_base + cp)
                 cp += 1
-    return b.build()
+    return None if builder is not None else b.build()
 
 
 def gemm_reference(

@@ -1,0 +1,119 @@
+"""The compiler on Gemm/MatMul/Relu models against onnxruntime running the same QDQ model."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from npu.compiler import CompileError, compile_onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def mlp_onnx(path, weights, biases, batch, relu_between=True, use_matmul=False):
+    nodes, inits = [], []
+    x = "x"
+    for i, (w, b) in enumerate(zip(weights, biases, strict=True)):
+        inits += [
+            numpy_helper.from_array(w.astype(np.float32), f"w{i}"),
+            numpy_helper.from_array(b.astype(np.float32), f"b{i}"),
+        ]
+        y = f"h{i}"
+        if use_matmul:
+            nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [f"mm{i}"]))
+            nodes.append(helper.make_node("Add", [f"mm{i}", f"b{i}"], [y]))
+        else:
+            nodes.append(helper.make_node("Gemm", [x, f"w{i}", f"b{i}"], [y], name=f"gemm{i}"))
+        x = y
+        if relu_between and i < len(weights) - 1:
+            nodes.append(helper.make_node("Relu", [x], [f"r{i}"], name=f"relu{i}"))
+            x = f"r{i}"
+    k = weights[0].shape[0]
+    n = weights[-1].shape[1]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, k])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [batch, n])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 10  # readable by onnxruntime
+    onnx.save(model, str(path))
+    return path
+
+
+def ort_int8(compiled, x):
+    sess = ort.InferenceSession(compiled.qdq.SerializeToString(), providers=["CPUExecutionProvider"])
+    y = sess.run(None, {sess.get_inputs()[0].name: x.astype(np.float32)})[0]
+    t = compiled.lowered.outputs[0].q
+    return np.clip(np.rint(y / t.scale) + t.zero_point, -128, 127).astype(np.int8)
+
+
+@pytest.mark.parametrize("config", ["tiny", "default"])
+@pytest.mark.parametrize("shape", [(8, 16, 8), (4, 40, 24), (33, 70, 10)])
+def test_gemm_relu_layers_match_onnxruntime(tmp_path, config, shape):
+    batch, k, n = shape
+    rng = np.random.default_rng(sum(shape))
+    ws = [rng.normal(0, 1 / np.sqrt(k), (k, n)), rng.normal(0, 1 / np.sqrt(n), (n, n))]
+    bs = [rng.normal(0, 0.1, n), rng.normal(0, 0.1, n)]
+    path = mlp_onnx(tmp_path / "m.onnx", ws, bs, batch)
+    calib = rng.normal(0, 1, (batch * 8, k)).astype(np.float32)
+    cm = compile_onnx(path, config, calib=calib)
+    x = rng.normal(0, 1, (batch, k)).astype(np.float32)
+    got = cm.run_int8(x)[0]
+    want = ort_int8(cm, x)
+    diff = np.abs(got.astype(int) - want.astype(int))
+    assert diff.max() <= 1 and (diff == 0).mean() >= 0.99 or (diff <= 1).mean() >= 0.99, diff.max()
+    assert (diff <= 1).mean() >= 0.99
+
+
+def test_digits_mlp_accuracy(tmp_path, capsys):
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    from sklearn.neural_network import MLPClassifier
+
+    xs, ys = load_digits(return_X_y=True)
+    xs = (xs / 16.0).astype(np.float32)
+    xtr, xte, ytr, yte = train_test_split(xs, ys, test_size=0.25, random_state=0)
+    clf = MLPClassifier(hidden_layer_sizes=(64,), max_iter=600, random_state=0).fit(xtr, ytr)
+    batch = len(xte)
+    path = mlp_onnx(tmp_path / "digits.onnx", clf.coefs_, clf.intercepts_, batch)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    float_acc = (sess.run(None, {"x": xte})[0].argmax(1) == yte).mean()
+    cm = compile_onnx(path, "default", calib=np.concatenate([xtr[:batch], xtr[:batch]]))
+    npu_acc = (cm.run(xte)[0].argmax(1) == yte).mean()
+    print(f"digits MLP: onnxruntime float accuracy {float_acc:.4f}, NPU (model backend) {npu_acc:.4f}")
+    assert abs(float_acc - npu_acc) <= 0.01
+
+
+def test_clear_errors(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not an onnx file")
+    with pytest.raises(CompileError, match="not a readable ONNX model"):
+        compile_onnx(bad)
+    with pytest.raises(CompileError, match="no such file"):
+        compile_onnx(tmp_path / "missing.onnx")
+    rng = np.random.default_rng(0)
+    path = mlp_onnx(tmp_path / "m.onnx", [rng.normal(size=(8, 4))], [np.zeros(4)], 2)
+    with pytest.raises(CompileError, match="calibration data"):
+        compile_onnx(path)
+    # an operator the compiler does not handle yet is named with its node
+    node = helper.make_node("Softmax", ["x"], ["y"], name="sm")
+    g = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+    )
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(tmp_path / "s.onnx"))
+    with pytest.raises(CompileError, match="sm"):
+        compile_onnx(tmp_path / "s.onnx", calib=rng.normal(size=(4, 4)).astype(np.float32))
+    # dynamic batch
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+    )
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(tmp_path / "d.onnx"))
+    with pytest.raises(CompileError, match="dynamic dimension"):
+        compile_onnx(tmp_path / "d.onnx", calib=rng.normal(size=(4, 4)).astype(np.float32))
