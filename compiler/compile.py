@@ -27,6 +27,43 @@ class CompiledModel:
     def program(self) -> bytes:
         return encode_program(self.lowered.program)
 
+    def to_container(self):
+        from npu.container import Container
+
+        low = self.lowered
+
+        def tensors(ts, names):
+            return [
+                {
+                    "name": nm,
+                    "shape": list(t.q.shape),
+                    "scale": t.q.scale,
+                    "zero_point": t.q.zero_point,
+                    "addr": t.addr,
+                }
+                for t, nm in zip(ts, names, strict=True)
+            ]
+
+        blobs = {"program": self.program}
+        dram = []
+        for i, (addr, data) in enumerate(low.dram):
+            blobs[f"dram{i}"] = data
+            dram.append({"addr": addr, "blob": f"dram{i}"})
+        manifest = {
+            "config": self.cfg.name,
+            "program": {"base": self.program_base, "instructions": len(low.program)},
+            "dram": dram,
+            "inputs": tensors(low.inputs, low.input_float_names),
+            "outputs": tensors(low.outputs, low.output_float_names),
+            "layers": [{k: v for k, v in la.items() if k != "items"} for la in low.layers],
+            # every point sits between operators, whose tensors all live in DRAM: nothing on chip
+            "cancel_points": [
+                {"id": i, "pc": pc, "live_ranges": [], "live_bytes": 0}
+                for i, pc in sorted(low.cancel_points.items())
+            ],
+        }
+        return Container(self.cfg.config_id, manifest, blobs)
+
     def quantize_input(self, t: Tensor, x: np.ndarray) -> np.ndarray:
         x = np.asarray(x, np.float32)
         if x.shape != t.q.shape:

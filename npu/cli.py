@@ -27,6 +27,68 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
 
 
+def cmd_compile(args) -> int:
+    from npu.compiler import CompileError, compile_onnx
+
+    calib = None
+    if args.calib:
+        try:
+            calib = np.load(args.calib)
+        except (OSError, ValueError) as e:
+            raise CliError(f"--calib {args.calib}: cannot read: {e}") from None
+    try:
+        cm = compile_onnx(args.model, args.config, calib=calib)
+    except CompileError as e:
+        raise CliError(str(e)) from None
+    out = args.output or str(Path(args.model).with_suffix(".npub"))
+    cm.to_container().save(out)
+    low = cm.lowered
+    print(
+        f"{args.model} -> {out}: {len(low.program)} instructions, {len(low.layers)} NPU operators, "
+        f"{len(low.cancel_points)} cancellation points, config {cm.cfg.name}"
+    )
+    if args.report:
+        for la in low.layers:
+            print(f"  npu  {la['op']:<8} {la['node'] or '?':<16} shape {la['shape']}")
+    return 0
+
+
+def _run_npub(args) -> int:
+    from npu.container import Container, ContainerError
+    from npu.sim.runner import RunError, run_container
+
+    try:
+        c = Container.load(args.program)
+    except ContainerError as e:
+        raise CliError(str(e)) from None
+    cfg = get_config(args.config or c.manifest.get("config", "default"))
+    if not args.input:
+        raise CliError(f"{args.program}: give the model's input with --input x.npy")
+    xs = []
+    for path in args.input:
+        try:
+            xs.append(np.load(path))
+        except (OSError, ValueError) as e:
+            raise CliError(f"--input {path}: cannot read: {e}") from None
+    try:
+        outs, counters = run_container(c, xs, cfg)
+    except RunError as e:
+        raise CliError(f"{args.program}: {e}") from None
+    if args.save:
+        np.save(args.save, outs[0])
+    print(
+        f"{args.program} on {cfg.name}: {counters['CYCLES']:,} cycles "
+        f"({counters['CYCLES'] / cfg.clock_mhz:,.1f} us at {cfg.clock_mhz:g} MHz)"
+    )
+    with np.printoptions(threshold=60, edgeitems=3, linewidth=100, precision=4):
+        for t, y in zip(c.manifest["outputs"], outs, strict=True):
+            print(f"{t['name']}: float32 {'x'.join(map(str, y.shape))}")
+            print(y)
+    if args.save:
+        print(f"output saved to {args.save}")
+    return 0
+
+
 def _load_program(path: str) -> Assembly:
     """An Assembly from a `.s` file or a raw binary (no directives)."""
     p = Path(path)
@@ -75,6 +137,8 @@ def _fmt_counters(c: dict[str, int]) -> str:
 def cmd_run(args) -> int:
     from npu.sim.runner import RunError, run_assembly
 
+    if args.program.endswith(".npub"):
+        return _run_npub(args)
     asm = _load_program(args.program)
     cfg = get_config(args.config or asm.config or "default")
     for spec in args.dram or []:
@@ -262,7 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="request a pause at this cycle, then resume (repeatable)",
     )
     r.add_argument("--max-cycles", type=_int, help="give up after this many cycles")
-    r.add_argument("--save", metavar="OUT.npz", help="save outputs")
+    r.add_argument("--save", metavar="OUT.npz", help="save outputs (.npy for an .npub's output)")
+    r.add_argument("--input", action="append", metavar="X.npy", help="an .npub model's float input")
     r.add_argument("--json", action="store_true", help="machine-readable output")
     r.set_defaults(func=cmd_run)
 
@@ -308,13 +373,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_config)
 
-    for name, what in (
-        ("compile", "compile an ONNX model (not built yet)"),
-        ("demo", "preemption demo (not built yet)"),
-    ):
-        x = sub.add_parser(name, help=what)
-        x.add_argument("rest", nargs=argparse.REMAINDER)
-        x.set_defaults(func=cmd_not_built)
+    cp = sub.add_parser("compile", help="compile an ONNX model to an .npub container")
+    cp.add_argument("model")
+    cp.add_argument("-o", "--output", help="output .npub (default: MODEL with .npub)")
+    cp.add_argument("--config", default="default")
+    cp.add_argument("--calib", metavar="CALIB.npy", help="calibration inputs for a float model")
+    cp.add_argument("--report", action="store_true", help="print the operator placement")
+    cp.set_defaults(func=cmd_compile)
+
+    x = sub.add_parser("demo", help="preemption demo (not built yet)")
+    x.add_argument("rest", nargs=argparse.REMAINDER)
+    x.set_defaults(func=cmd_not_built)
     return p
 
 

@@ -114,3 +114,41 @@ def run_assembly(
     if st == Status.DONE:
         res.outputs = read_outputs(model, asm)
     return res
+
+
+def run_container(
+    container,
+    inputs: list[np.ndarray],
+    cfg: NpuConfig,
+    model: NpuModel | None = None,
+    max_cycles: int | None = None,
+) -> tuple[list[np.ndarray], dict[str, int]]:
+    """Run a compiled `.npub` on the golden model: quantise the float inputs, run, dequantise."""
+    if container.config_id != cfg.config_id:
+        raise RunError(
+            f"the program was compiled for configuration id 0x{container.config_id:08x} "
+            f"({container.manifest.get('config')}), not for {cfg.name} (0x{cfg.config_id:08x})"
+        )
+    man = container.manifest
+    if len(inputs) != len(man["inputs"]):
+        raise RunError(f"the model has {len(man['inputs'])} inputs, got {len(inputs)}")
+    m = model or NpuModel(cfg)
+    for seg in man["dram"]:
+        m.write_dram(seg["addr"], container.blobs[seg["blob"]])
+    for t, x in zip(man["inputs"], inputs, strict=True):
+        x = np.asarray(x, np.float32)
+        if list(x.shape) != t["shape"]:
+            raise RunError(f"input {t['name']}: shape {list(x.shape)}, the model needs {t['shape']}")
+        q = np.clip(np.rint(x / t["scale"]) + t["zero_point"], -128, 127).astype(np.int8)
+        m.write_dram(t["addr"], q)
+    m.load_program(container.blobs["program"], man["program"]["base"])
+    m.start()
+    st = m.run(max_cycles)
+    if st != Status.DONE:
+        raise RunError(f"the NPU stopped with {st.name}: {m.error_code.name} at pc {m.error_pc}")
+    outs = []
+    for t in man["outputs"]:
+        n = int(np.prod(t["shape"]))
+        q = np.frombuffer(m.read_dram(t["addr"], n), np.int8).reshape(t["shape"])
+        outs.append((q.astype(np.float32) - t["zero_point"]) * t["scale"])
+    return outs, m.counter_values()

@@ -82,7 +82,7 @@ def test_bench_model_json(capsys):
     [
         (["run", "nope.s"], "no such file"),
         (["run", EX, "--config", "huge"], "unknown configuration 'huge'"),
-        (["compile", "m.onnx"], "not built yet"),
+        (["compile", "m.onnx"], "m.onnx: no such file"),
         (["demo"], "not built yet"),
     ],
 )

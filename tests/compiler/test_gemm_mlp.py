@@ -117,3 +117,41 @@ def test_clear_errors(tmp_path):
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(tmp_path / "d.onnx"))
     with pytest.raises(CompileError, match="dynamic dimension"):
         compile_onnx(tmp_path / "d.onnx", calib=rng.normal(size=(4, 4)).astype(np.float32))
+
+
+def test_qdq_relu_with_rescale_runs_as_vmap(tmp_path):
+    """A QDQ model taken as given: Q -> DQ -> Relu -> Q (other scale) -> DQ; Relu is a VMAP."""
+    rng = np.random.default_rng(3)
+
+    def c(name, v, dt):
+        return numpy_helper.from_array(np.array(v, dt), name)
+
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"]),
+        helper.make_node("Relu", ["xd"], ["r"], name="relu"),
+        helper.make_node("QuantizeLinear", ["r", "sy", "zy"], ["yq"]),
+        helper.make_node("DequantizeLinear", ["yq", "sy", "zy"], ["y"]),
+    ]
+    inits = [
+        c("sx", 0.05, np.float32),
+        c("zx", 7, np.int8),
+        c("sy", 0.03, np.float32),
+        c("zy", -100, np.int8),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6, 50])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6, 50])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 10
+    onnx.save(model, str(tmp_path / "r.onnx"))
+    cm = compile_onnx(tmp_path / "r.onnx", "tiny")
+    assert [la["op"] for la in cm.lowered.layers] == ["Relu"]
+    x = rng.normal(0, 3, size=(6, 50)).astype(np.float32)
+    got, want = cm.run_int8(x)[0], ort_int8(cm, x)
+    diff = np.abs(got.astype(int) - want.astype(int))
+    assert diff.max() <= 1 and (diff == 0).mean() >= 0.9

@@ -1,0 +1,61 @@
+"""`npu compile` -> .npub -> `npu run`, and the container's error checks."""
+
+import numpy as np
+import pytest
+
+from npu.cli import main
+from npu.config import get_config
+from npu.container import Container, ContainerError
+from npu.sim.runner import RunError, run_container
+from tests.compiler.test_gemm_mlp import mlp_onnx
+
+
+@pytest.fixture
+def compiled(tmp_path):
+    rng = np.random.default_rng(5)
+    path = mlp_onnx(
+        tmp_path / "m.onnx",
+        [rng.normal(0, 0.3, (12, 10)), rng.normal(0, 0.3, (10, 6))],
+        [rng.normal(0, 0.1, 10), rng.normal(0, 0.1, 6)],
+        4,
+    )
+    np.save(tmp_path / "calib.npy", rng.normal(0, 1, (32, 12)).astype(np.float32))
+    np.save(tmp_path / "x.npy", rng.normal(0, 1, (4, 12)).astype(np.float32))
+    return tmp_path, path
+
+
+def test_compile_and_run_from_the_command_line(compiled, capsys):
+    d, path = compiled
+    assert (
+        main(["compile", str(path), "-o", str(d / "m.npub"), "--calib", str(d / "calib.npy"), "--report"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "m.npub" in out and "Gemm" in out
+    assert main(["run", str(d / "m.npub"), "--input", str(d / "x.npy"), "--save", str(d / "y.npy")]) == 0
+    y = np.load(d / "y.npy")
+    # the same as running the compiled model directly
+    from npu.compiler import compile_onnx
+
+    cm = compile_onnx(path, calib=np.load(d / "calib.npy"))
+    assert np.allclose(y, cm.run(np.load(d / "x.npy"))[0])
+
+
+def test_container_errors(compiled):
+    d, path = compiled
+    from npu.compiler import compile_onnx
+
+    cm = compile_onnx(path, "tiny", calib=np.random.default_rng(0).normal(size=(16, 12)).astype(np.float32))
+    blob = cm.to_container().to_bytes()
+    c = Container.from_bytes(blob)
+    assert c.config_id == get_config("tiny").config_id
+    with pytest.raises(ContainerError, match="checksum mismatch"):
+        Container.from_bytes(blob[:-1] + bytes([blob[-1] ^ 1]))
+    with pytest.raises(ContainerError, match="truncated"):
+        Container.from_bytes(blob[:-5])
+    with pytest.raises(ContainerError, match="not an .npub"):
+        Container.from_bytes(b"XXXX" + blob[4:])
+    with pytest.raises(RunError, match="compiled for configuration id"):
+        run_container(c, [np.zeros((4, 12), np.float32)], get_config("default"))
+    with pytest.raises(RunError, match="shape"):
+        run_container(c, [np.zeros((3, 12), np.float32)], get_config("tiny"))
