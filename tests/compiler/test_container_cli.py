@@ -2,11 +2,11 @@
 
 import numpy as np
 import pytest
+from npu.sim.runner import RunError, run_container
 
 from npu.cli import main
 from npu.config import get_config
 from npu.container import Container, ContainerError
-from npu.sim.runner import RunError, run_container
 from tests.compiler.test_gemm_mlp import mlp_onnx
 
 
