@@ -9,7 +9,7 @@ handle to its memory array. Both paths are tested against the golden model.
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Mux, Signal, unsigned
+from amaranth import Cat, ClockDomain, ClockSignal, DomainRenamer, Module, Mux, ResetSignal, Signal, unsigned
 from amaranth.lib import fifo, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -102,8 +102,15 @@ class NpuSimTop(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.core = core = NpuCore(self.cfg)
-        m.submodules.dram = dram = SimDram(self.cfg, self.dram_size)
+        # The design runs in a domain whose reset comes from a register, not straight from the
+        # `rst` port: Verilator re-evaluates all logic that depends on a primary input whenever
+        # any input (the clock included) changes, and every register's next state depends on reset.
+        m.domains.npu = npu = ClockDomain("npu", local=True)
+        rst_q = Signal(init=1)
+        m.d.sync += rst_q.eq(ResetSignal("sync"))
+        m.d.comb += [npu.clk.eq(ClockSignal("sync")), npu.rst.eq(rst_q)]
+        m.submodules.core = core = DomainRenamer("npu")(NpuCore(self.cfg))
+        m.submodules.dram = dram = DomainRenamer("npu")(SimDram(self.cfg, self.dram_size))
         for name in axi_master_signature(self.cfg):
             if core.signature.members[name].flow == Out:
                 m.d.comb += getattr(dram, name).eq(getattr(core, name))

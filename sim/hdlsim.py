@@ -68,18 +68,28 @@ def setup_icarus() -> None:
 
 
 def _narrow_public(runner) -> None:
-    """Make signals public only down to the harness's DRAM array (depth 3), not every signal:
-    cocotb's default `--public-flat-rw` keeps Verilator from optimising internal logic away and
-    costs about a fifth of the simulation speed. NPU_VERILATOR_PUBLIC=all restores it."""
+    """Drop cocotb's `--public-flat-rw`: every signal public and writable makes Verilator re-evaluate
+    most of the design on every input change (it treats them like inputs), several times slower.
+    Only the harness DRAM array stays visible (PUBLIC_VLT). NPU_VERILATOR_PUBLIC=all restores it."""
     orig = runner._build_command
 
     def build_command():
         cmds = orig()
         cmds[0] = [c for c in cmds[0] if c != "--public-flat-rw"]
-        cmds[0][1:1] = ["--public-depth", "3"]
         return cmds
 
     runner._build_command = build_command
+
+
+PUBLIC_VLT = (
+    "`verilator_config\n"
+    + "".join(
+        f'public_flat_rw -module "{top}" -var "{var}"\n'
+        for top in ("npu_core", "npu_sim_top")
+        for var in ("clk", "rst", "irq", "m_axi_*", "s_axil_*")
+    )
+    + 'public_flat_rw -module "*" -var "mem"\n'
+)
 
 
 def build_and_test(
@@ -107,8 +117,13 @@ def build_and_test(
     if not src.exists() or src.read_text() != verilog:
         src.write_text(verilog)
     runner = get_runner(sim)
+    sources: list = [src]
+    extra_args: list[str] = []
     if sim == "verilator" and os.environ.get("NPU_VERILATOR_PUBLIC", "") != "all":
         _narrow_public(runner)
+        vlt = build_dir / "public.vlt"
+        vlt.write_text(PUBLIC_VLT)
+        extra_args.append(str(vlt))
     build_args = (
         ["-Wno-fatal", "-Wno-WIDTH", "-O3", "--x-assign", "fast", "--x-initial", "fast", "--noassert"]
         if sim == "verilator"
@@ -116,10 +131,10 @@ def build_and_test(
     )
     try:
         runner.build(
-            sources=[src],
+            sources=sources,
             hdl_toplevel=toplevel,
             build_dir=build_dir,
-            build_args=build_args,
+            build_args=build_args + extra_args,
             timescale=("1ns", "1ps"),
             waves=waves,
             always=False,
