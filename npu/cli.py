@@ -125,6 +125,25 @@ def cmd_asm(args) -> int:
 
 
 def cmd_disasm(args) -> int:
+    if args.program.endswith(".npub"):
+        from npu.container import Container, ContainerError
+
+        try:
+            c = Container.load(args.program)
+        except ContainerError as e:
+            raise CliError(str(e)) from None
+        instrs = decode_program(c.blobs["program"])
+        notes: dict[int, str] = {}
+        start = 0
+        cps = c.manifest.get("cancel_points", [])
+        for i, layer in enumerate(c.manifest.get("layers", [])):
+            notes[start] = f"layer {i}: {layer['op']} {layer.get('node') or ''} {layer.get('shape')}"
+            if i < len(cps):
+                cp = cps[i]
+                notes[cp["pc"]] = f"cancellation point {cp['id']}, live bytes {cp['live_bytes']}"
+                start = cp["pc"] + 1
+        sys.stdout.write(disassemble(instrs, annotate=notes, show_pc=args.pc))
+        return 0
     asm = _load_program(args.program)
     sys.stdout.write(disassemble(asm.instrs, show_pc=args.pc))
     return 0

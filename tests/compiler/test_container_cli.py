@@ -39,6 +39,11 @@ def test_compile_and_run_from_the_command_line(compiled, capsys):
 
     cm = compile_onnx(path, calib=np.load(d / "calib.npy"))
     assert np.allclose(y, cm.run(np.load(d / "x.npy"))[0])
+    capsys.readouterr()
+    assert main(["disasm", str(d / "m.npub")]) == 0
+    text = capsys.readouterr().out
+    assert "# layer 0: Gemm gemm0" in text and "# layer 1: Gemm gemm1" in text
+    assert "cancellation point 0" in text and text.count("matmul") >= 2
 
 
 def test_container_errors(compiled):

@@ -84,3 +84,5 @@ def test_pause_requested_at_arbitrary_cycles(suite):
     for job, model, rtl in results["random_pause_at"]:
         assert rtl.status == model.status == "DONE"
         assert rtl.dram == model.dram, job.name
+    same = sum(m.pauses == r.pauses for _, m, r in results["random_pause_at"])
+    print(f"{cfg.name}: {same} of {len(results['random_pause_at'])} pauses at the same point as the model")
