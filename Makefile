@@ -23,9 +23,9 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
 
-## long sweeps behind the `slow` marker
+## long sweep: 1000 random programs per preset on the RTL against the model
 test-slow: $(STAMP)
-	$(BIN)/pytest -q -m slow
+	NPU_RTL_SEEDS=1000 $(BIN)/pytest -q tests/hdl/test_core_rtl.py
 
 bench: $(STAMP)
 	$(BIN)/npu bench model --json
