@@ -37,6 +37,21 @@ def quant_multiplier(real: float, where: str) -> tuple[int, int]:
     return max(mult, 1), shift
 
 
+def add_multipliers(ra: float, rb: float, where: str) -> tuple[int, int, int]:
+    """(mult_a, mult_b, shift) with mult_x / 2**shift ~ rx, both below 2**31, one shared shift."""
+    for r in (ra, rb):
+        if not r > 0 or not math.isfinite(r):
+            raise CompileError(f"{where}: rescale factor {r} is not a positive number")
+    _, e = math.frexp(max(ra, rb))
+    shift = min(62, 31 - e)
+    if shift < 0:
+        raise CompileError(f"{where}: rescale factor {max(ra, rb)} is too large for the vector unit")
+    ma, mb = round(ra * (1 << shift)), round(rb * (1 << shift))
+    if max(ma, mb) >= 1 << 31:
+        ma, mb, shift = (ma + 1) >> 1, (mb + 1) >> 1, shift - 1
+    return ma, mb, shift
+
+
 @dataclass
 class Tensor:
     q: QTensor
@@ -229,6 +244,35 @@ def lower(
                 ),
             )
             layers.append({"node": n.name, "op": "Relu", "shape": list(x.shape), "items": [first, len(b)]})
+        elif n.op_type == "Add":
+            srcs = [dq_source(i, n) for i in n.input]
+            if any(sr[0] != "act" for sr in srcs):
+                raise CompileError(f"{where(n)}: Add of a constant is not supported yet")
+            xa, xb = srcs[0][1], srcs[1][1]
+            if xa.shape != xb.shape:
+                raise CompileError(f"{where(n)}: broadcasting Add ({xa.shape} + {xb.shape}) is not supported")
+            out = q_consumer(n.output[0], n)
+            ma, mb, shift = add_multipliers(xa.scale / out.scale, xb.scale / out.scale, where(n))
+            count = int(np.prod(xa.shape))
+            addr_of[out.name] = alloc.take(count, f"{where(n)} output")
+            first = len(b)
+            _add(
+                b,
+                cfg,
+                addr_of[xa.name],
+                addr_of[xb.name],
+                addr_of[out.name],
+                count,
+                dict(
+                    mult_a=ma,
+                    mult_b=mb,
+                    shift=shift,
+                    zp_a=xa.zero_point,
+                    zp_b=xb.zero_point,
+                    zp_out=out.zero_point,
+                ),
+            )
+            layers.append({"node": n.name, "op": "Add", "shape": list(xa.shape), "items": [first, len(b)]})
         else:
             raise CompileError(f"{where(n)}: operator {n.op_type} is not supported by this compiler yet")
         if cancel_points:
@@ -268,3 +312,15 @@ def _eltwise(b: ProgramBuilder, cfg: NpuConfig, src: int, dst: int, n: int, para
         b.add("load", spad=buf, dram=src + off, rows=1, cols=c, spad_stride=c, dram_stride=c)
         b.add("vmap", src=buf, dst=buf, rows=1, cols=c, src_stride=c, dst_stride=c, **params)
         b.add("store", spad=buf, dram=dst + off, rows=1, cols=c, spad_stride=c, dram_stride=c)
+
+
+def _add(b: ProgramBuilder, cfg: NpuConfig, a: int, bb: int, dst: int, n: int, params: dict) -> None:
+    """VADD over n contiguous int8 elements of two tensors, in chunks that fit the scratchpad."""
+    chunk = max(cfg.bus_bytes, (cfg.spad_bytes // 6) // cfg.bus_bytes * cfg.bus_bytes)
+    for i, off in enumerate(range(0, n, chunk)):
+        c = min(chunk, n - off)
+        base = (i % 2) * 2 * chunk
+        b.add("load", spad=base, dram=a + off, rows=1, cols=c, spad_stride=c, dram_stride=c)
+        b.add("load", spad=base + chunk, dram=bb + off, rows=1, cols=c, spad_stride=c, dram_stride=c)
+        b.add("vadd", a=base, b=base + chunk, dst=base, len=c, **params)
+        b.add("store", spad=base, dram=dst + off, rows=1, cols=c, spad_stride=c, dram_stride=c)

@@ -155,3 +155,54 @@ def test_qdq_relu_with_rescale_runs_as_vmap(tmp_path):
     got, want = cm.run_int8(x)[0], ort_int8(cm, x)
     diff = np.abs(got.astype(int) - want.astype(int))
     assert diff.max() <= 1 and (diff == 0).mean() >= 0.9
+
+
+@pytest.mark.parametrize("config", ["tiny", "default"])
+def test_qdq_add_of_two_tensors_runs_as_vadd(tmp_path, config):
+    """Add of two differently quantised tensors (a residual join) as one VADD, vs onnxruntime."""
+    rng = np.random.default_rng(11)
+
+    def c(name, v, dt):
+        return numpy_helper.from_array(np.array(v, dt), name)
+
+    nodes = [
+        helper.make_node("QuantizeLinear", ["a", "sa", "za"], ["aq"]),
+        helper.make_node("DequantizeLinear", ["aq", "sa", "za"], ["ad"]),
+        helper.make_node("QuantizeLinear", ["b", "sb", "zb"], ["bq"]),
+        helper.make_node("DequantizeLinear", ["bq", "sb", "zb"], ["bd"]),
+        helper.make_node("Add", ["ad", "bd"], ["s"], name="residual"),
+        helper.make_node("QuantizeLinear", ["s", "sy", "zy"], ["yq"]),
+        helper.make_node("DequantizeLinear", ["yq", "sy", "zy"], ["y"]),
+    ]
+    inits = [
+        c("sa", 0.02, np.float32),
+        c("za", -3, np.int8),
+        c("sb", 0.05, np.float32),
+        c("zb", 10, np.int8),
+        c("sy", 0.06, np.float32),
+        c("zy", 2, np.int8),
+    ]
+    shape = [7, 300]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, shape),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, shape),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 10
+    onnx.save(model, str(tmp_path / "add.onnx"))
+    cm = compile_onnx(tmp_path / "add.onnx", config)
+    assert [la["op"] for la in cm.lowered.layers] == ["Add"]
+    a = rng.normal(0, 2, shape).astype(np.float32)
+    bv = rng.normal(0, 4, shape).astype(np.float32)
+    got = cm.run_int8(a, bv)[0]
+    sess = ort.InferenceSession(cm.qdq.SerializeToString(), providers=["CPUExecutionProvider"])
+    y = sess.run(None, {"a": a, "b": bv})[0]
+    want = np.clip(np.rint(y / 0.06) + 2, -128, 127).astype(np.int8)
+    diff = np.abs(got.astype(int) - want.astype(int))
+    assert diff.max() <= 1 and (diff == 0).mean() >= 0.9
