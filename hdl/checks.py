@@ -8,7 +8,7 @@ from __future__ import annotations
 from amaranth import Const, Module, Mux, Signal
 
 from npu.config import ACC_BASE, NpuConfig
-from npu.isa import FORMATS, HEADER_BITS, INSTR_BITS, MAX_SHIFT, OFFSETS, ErrorCode, Opcode
+from npu.isa import FORMATS, HEADER_BITS, INSTR_BITS, MAX_SHIFT, ErrorCode, Opcode
 
 from .common import view
 
@@ -100,7 +100,6 @@ def check_instruction(m: Module, word, cfg: NpuConfig) -> Signal:
         known = known | (opv == int(op))
     with m.If(~known):
         m.d.comb += code.eq(int(E.ILLEGAL_OPCODE))
-    _ = OFFSETS
     return code
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from amaranth import Const, Module, Mux, Signal, unsigned
+from amaranth import Const, Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from npu.config import ACC_BASE, NpuConfig
-from npu.isa import INSTR_BITS, Opcode, struct_layout
+from npu.isa import Opcode, struct_layout
 
 
 def view(op: Opcode, word) -> data.View:
@@ -64,7 +64,6 @@ class ByteFifo(wiring.Component):
                 "pop_n": In(range(width_bytes + 1)),
                 "data": Out(8 * width_bytes),
                 "count": Out(range(cap + 1)),
-                "clear": In(1),
             }
         )
 
@@ -84,10 +83,4 @@ class ByteFifo(wiring.Component):
             (self.push_data & ((Const(1, 8 * W + 1) << (n_in * 8)) - 1)[: 8 * W]) << (keep * 8)
         )
         m.d.sync += [buf.eq(after_pop | incoming), self.count.eq(keep + n_in)]
-        with m.If(self.clear):
-            m.d.sync += [buf.eq(0), self.count.eq(0)]
         return m
-
-
-def instr_shape():
-    return unsigned(INSTR_BITS)

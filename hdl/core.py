@@ -196,7 +196,6 @@ class NpuCore(wiring.Component):
 
         unit_busy = {}
         starting = {}
-        head_blocked = {}
         for u in UNITS:
             q = queues[u]
             unit = units[u]
@@ -223,8 +222,6 @@ class NpuCore(wiring.Component):
                 & ~(is_cp & target_valid & (head_ord == pause_target))
             )
             starting[u] = start
-            head_blocked[u] = Signal(name=f"blocked_{u.name.lower()}")
-            m.d.comb += head_blocked[u].eq(q.r_rdy & ~toks_ok)
             m.d.comb += [q.r_en.eq(start), unit.instr.eq(head), unit.go.eq(start & ~is_sync & ~is_cp)]
             with m.If(start & is_cp):
                 m.d.sync += passed[u].eq(passed[u] + 1)

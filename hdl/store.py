@@ -195,6 +195,5 @@ class StoreUnit(wiring.Component):
                 w_burst_left.eq(0),
                 w_bursts.eq(0),
                 b_count.eq(0),
-                fifo.clear.eq(0),
             ]
         return m

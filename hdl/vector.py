@@ -15,7 +15,7 @@ from amaranth.lib.wiring import In, Out
 from npu.config import NpuConfig
 from npu.isa import INSTR_BITS, Opcode
 
-from .common import is_acc, log2, low_bytes_mask, min_, view, word_index
+from .common import log2, low_bytes_mask, min_, view, word_index
 
 
 def rsr(m: Module, v, shift, name: str):
@@ -214,5 +214,4 @@ class VectorUnit(wiring.Component):
             m.d.sync += active.eq(0)
         with m.If(self.go):
             m.d.sync += [active.eq(1), i0.eq(0), i1.eq(0), i2.eq(0), ty.eq(0), tx.eq(0)]
-        _ = is_acc
         return m

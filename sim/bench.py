@@ -141,15 +141,15 @@ def bench_gemm_rtl(cfg: NpuConfig, sizes=(64, 128, 256), fast_dram: bool = True)
     }
 
 
-def pause_figures(cfg: NpuConfig, job) -> tuple[int, int, list[int]]:
-    """From an uninterrupted model run: N, the largest gap between the times the last unit passes
-    consecutive cancellation points (start and end included), and the drain bound, the largest time
-    between the first and the last unit passing the same point. A pause requested at any cycle
-    completes within N + drain (docs/isa.md, "Pause latency")."""
-    m = NpuModel(cfg, trace=True)
-    for addr, data in job.dram.items():
-        m.write_dram(addr, data)
-    m.load_program(job.program, job.base)
+def pause_figures(cfg: NpuConfig, job) -> tuple[int, int, int, list[int]]:
+    """From one uninterrupted, traced model run: N, the largest gap between the times the last unit
+    passes consecutive cancellation points (start and end included); the drain bound D, the largest
+    time between the first and the last unit passing the same point; the tight bound
+    max_k (last unit passes k) - (first unit passes k - 1) <= N + D; and the points' times
+    (docs/isa.md, "Pause latency")."""
+    from .rtl import prepared_model
+
+    m = prepared_model(cfg, job, trace=True)
     m.start()
     m.run()
     assert m.trace is not None
@@ -163,25 +163,8 @@ def pause_figures(cfg: NpuConfig, job) -> tuple[int, int, list[int]]:
     times = [0, *last, end]
     n_gap = max(b - a for a, b in zip(times, times[1:], strict=False))
     drain = max((b - a for a, b in zip(first, last, strict=True)), default=0)
-    return n_gap, drain, last
-
-
-def pause_bound(cfg: NpuConfig, job) -> int:
-    """The tight form of the bound: max over points k of (last unit passes k) - (first unit passes
-    k - 1), start counting as point 0."""
-    m = NpuModel(cfg, trace=True)
-    for addr, data in job.dram.items():
-        m.write_dram(addr, data)
-    m.load_program(job.program, job.base)
-    m.start()
-    m.run()
-    passes: dict[int, list[int]] = {}
-    for e in m.trace or []:
-        if e.op == "pass_point":
-            passes.setdefault(e.pc, []).append(e.start)
-    first = [0] + [min(v) for _, v in sorted(passes.items())]
-    last = [max(v) for _, v in sorted(passes.items())] + [m.counter_values()["CYCLES"]]
-    return max(b - a for a, b in zip(first, last, strict=True))
+    tight = max(b - a for a, b in zip([0, *first], [*last, end], strict=True))
+    return n_gap, drain, tight, last
 
 
 def bench_rtl(
@@ -199,8 +182,7 @@ def bench_rtl(
     result = bench_gemm_rtl(cfg, sizes, fast_dram=fast_dram)
     size = max(sizes)
     job, *_ = _gemm_job(cfg, size, cancel_every=pause_interval_tiles)
-    n_gap, drain, cp_times = pause_figures(cfg, job)
-    tight = pause_bound(cfg, job)
+    n_gap, drain, tight, cp_times = pause_figures(cfg, job)
     total = cp_times[-1] if cp_times else 0
     jobs = []
     requests = [int(total * (i + 0.5) / pause_samples) for i in range(pause_samples)]

@@ -46,16 +46,21 @@ class RunRecord:
     run_wall_s: float = 0.0  # wall time from START to stop, summed over the job's runs
 
 
-def run_model(cfg: NpuConfig, job: RtlJob) -> RunRecord:
-    m = NpuModel(cfg)
+def prepared_model(cfg: NpuConfig, job: RtlJob, trace: bool = False) -> NpuModel:
+    """A golden model holding the job's DRAM contents and program, ready to START."""
+    m = NpuModel(cfg, trace=trace)
     for addr, data in job.dram.items():
         m.write_dram(addr, data)
-    m.write_dram(job.base, job.program)
+    m.load_program(job.program, job.base)
     m.timeout = job.timeout
+    return m
+
+
+def run_model(cfg: NpuConfig, job: RtlJob) -> RunRecord:
+    m = prepared_model(cfg, job)
     pauses = []
     total = dict.fromkeys(COUNTERS, 0)
     pc = 0
-    m.program_base = job.base
     pause_at = sorted(job.pause_at)
     first = True
     while True:
