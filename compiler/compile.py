@@ -1,7 +1,8 @@
-"""`compile_onnx`: ONNX file -> a program for the NPU plus everything needed to run it."""
+"""`compile_onnx`: ONNX file -> NPU programs, host steps and everything needed to run them."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,10 +11,10 @@ import onnx
 
 from npu.config import NpuConfig, get_config
 from npu.isa import encode_program
-from npu.registers import Status
 
+from .cleanup import cleanup
 from .frontend import CompileError, is_qdq, load, quantize_float_model
-from .lower import Lowered, Tensor, lower
+from .lower import Lowered, lower
 
 
 @dataclass
@@ -22,81 +23,80 @@ class CompiledModel:
     lowered: Lowered
     program_base: int
     qdq: onnx.ModelProto  # the quantised model (onnxruntime's reference for the int8 results)
+    source: str = ""
+    compile_s: float = 0.0
 
     @property
     def program(self) -> bytes:
         return encode_program(self.lowered.program)
 
-    def to_container(self):
-        from npu.container import Container
-
+    @property
+    def manifest(self) -> dict:
         low = self.lowered
-
-        def tensors(ts, names):
-            return [
-                {
-                    "name": nm,
-                    "shape": list(t.q.shape),
-                    "scale": t.q.scale,
-                    "zero_point": t.q.zero_point,
-                    "addr": t.addr,
-                }
-                for t, nm in zip(ts, names, strict=True)
-            ]
-
-        blobs = {"program": self.program}
-        dram = []
-        for i, (addr, data) in enumerate(low.dram):
-            blobs[f"dram{i}"] = data
-            dram.append({"addr": addr, "blob": f"dram{i}"})
-        manifest = {
+        return {
             "config": self.cfg.name,
             "program": {"base": self.program_base, "instructions": len(low.program)},
-            "dram": dram,
-            "inputs": tensors(low.inputs, low.input_float_names),
-            "outputs": tensors(low.outputs, low.output_float_names),
-            "layers": [{k: v for k, v in la.items() if k != "items"} for la in low.layers],
+            "dram": [{"addr": addr, "blob": f"dram{i}"} for i, (addr, _) in enumerate(low.dram)],
+            "inputs": low.inputs,
+            "outputs": low.outputs,
+            "segments": low.segments,
+            "layers": low.layers,
             # every point sits between operators, whose tensors all live in DRAM: nothing on chip
             "cancel_points": [
                 {"id": i, "pc": pc, "live_ranges": [], "live_bytes": 0}
                 for i, pc in sorted(low.cancel_points.items())
             ],
         }
-        return Container(self.cfg.config_id, manifest, blobs)
 
-    def quantize_input(self, t: Tensor, x: np.ndarray) -> np.ndarray:
-        x = np.asarray(x, np.float32)
-        if x.shape != t.q.shape:
-            raise ValueError(f"input {t.q.name}: shape {x.shape}, the model needs {t.q.shape}")
-        return np.clip(np.rint(x / t.q.scale) + t.q.zero_point, -128, 127).astype(np.int8)
+    def to_container(self):
+        from npu.container import Container
+
+        blobs = {"program": self.program, **self.lowered.host_models}
+        for i, (_, data) in enumerate(self.lowered.dram):
+            blobs[f"dram{i}"] = data
+        return Container(self.cfg.config_id, self.manifest, blobs)
 
     def run(self, *inputs: np.ndarray, model=None) -> list[np.ndarray]:
         """Run on the golden model; float (dequantised) outputs."""
-        return [
-            (q.astype(np.float32) - t.q.zero_point) * t.q.scale
-            for q, t in zip(self.run_int8(*inputs, model=model), self.lowered.outputs, strict=True)
-        ]
+        from npu.sim.runner import run_container
+
+        return run_container(self.to_container(), list(inputs), self.cfg, model=model)[0]
 
     def run_int8(self, *inputs: np.ndarray, model=None) -> list[np.ndarray]:
-        from npu.sim.model import NpuModel
+        """Run on the golden model; int8 outputs (host-computed float outputs stay float)."""
+        from npu.sim.runner import run_container
 
+        return run_container(self.to_container(), list(inputs), self.cfg, model=model, int8=True)[0]
+
+    def report(self) -> str:
+        """Placement, splits, cancellation points, predicted cycles and scratchpad peak."""
         low = self.lowered
-        if len(inputs) != len(low.inputs):
-            raise ValueError(f"the model has {len(low.inputs)} inputs, got {len(inputs)}")
-        m = model or NpuModel(self.cfg)
-        for addr, data in low.dram:
-            m.write_dram(addr, data)
-        for t, x in zip(low.inputs, inputs, strict=True):
-            m.write_dram(t.addr, self.quantize_input(t, x))
-        m.load_program(self.program, self.program_base)
-        m.start()
-        st = m.run()
-        if st != Status.DONE:
-            raise RuntimeError(f"NPU stopped with {st.name}: {m.error_code.name} at pc {m.error_pc}")
-        return [
-            np.frombuffer(m.read_dram(t.addr, int(np.prod(t.q.shape))), np.int8).reshape(t.q.shape).copy()
-            for t in low.outputs
+        lines = [f"{'#':>3}  {'node':<28} {'op':<18} {'where':<5} {'est cycles':>10}  split / reason"]
+        total = 0
+        peak = 0
+        for i, la in enumerate(low.layers):
+            est = la.get("est_cycles", 0) if la["placement"] == "npu" else 0
+            total += est
+            peak = max(peak, la.get("spad_bytes", 0))
+            note = la.get("split", "") if la["placement"] != "host" else la.get("reason", "")
+            lines.append(
+                f"{i:>3}  {str(la['node'])[:28]:<28} {la['op']:<18} {la['placement']:<5} {est:>10}  {note}"
+            )
+        n_npu = sum(la["placement"] == "npu" for la in low.layers)
+        n_host = sum(la["placement"] == "host" for la in low.layers)
+        lines += [
+            "",
+            f"operators: {n_npu} on the NPU, {n_host} on the host, "
+            f"{sum(la['placement'] == 'view' for la in low.layers)} views (no data moved)",
+            f"segments: {len(low.segments)} (" + ", ".join(s["kind"] for s in low.segments) + ")",
+            f"cancellation points: {len(low.cancel_points)} "
+            "(one after every NPU operator; no live on-chip data)",
+            f"predicted cycles: {total} (cost model, NPU operators)",
+            f"scratchpad peak: {peak} of {self.cfg.spad_bytes} bytes",
+            f"instructions: {len(low.program)}, DRAM used: {low.dram_end} bytes",
+            f"compile time: {self.compile_s:.2f} s",
         ]
+        return "\n".join(lines)
 
 
 def compile_onnx(
@@ -105,12 +105,13 @@ def compile_onnx(
     calib: np.ndarray | None = None,
     cancel_points: bool = True,
 ) -> CompiledModel:
+    t0 = time.perf_counter()
     cfg = get_config(config)
     model = load(path)
     if not is_qdq(model):
         if calib is None:
             raise CompileError(f"{path}: a float model needs calibration data (--calib calib.npy)")
-        model = quantize_float_model(model, calib, str(path))
+        model = quantize_float_model(cleanup(model), calib, str(path))
     low = lower(model, cfg, str(path), cancel_points=cancel_points)
     base = -(-low.dram_end // 4096) * 4096
     if base + len(low.program) * 32 > cfg.dram_bytes:
@@ -118,4 +119,4 @@ def compile_onnx(
             f"{path}: weights, activations and program do not fit the "
             f"{cfg.dram_bytes} bytes of DRAM on {cfg.name}"
         )
-    return CompiledModel(cfg, low, base, model)
+    return CompiledModel(cfg, low, base, model, str(path), time.perf_counter() - t0)

@@ -14,6 +14,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper, shape_inference
 
+from npu.tensors import Layout
+
 
 class CompileError(ValueError):
     """A model the compiler cannot take; the message names the file, node, operator and reason."""
@@ -31,6 +33,19 @@ class QTensor:
     shape: tuple[int, ...]
     scale: float
     zero_point: int
+
+
+@dataclass
+class Act:
+    """A quantised activation placed in DRAM: `layout` says where each element lives."""
+
+    q: QTensor
+    addr: int
+    layout: Layout
+
+    @property
+    def nbytes(self) -> int:
+        return self.layout.nbytes
 
 
 def load(path: str | Path) -> onnx.ModelProto:

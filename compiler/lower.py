@@ -1,8 +1,11 @@
-"""Lowering of a QDQ int8 ONNX graph to one NPU program (this slice: Gemm, MatMul, Relu).
+"""Lowering of a QDQ int8 ONNX graph to NPU programs and host steps.
 
-Every quantised activation lives in DRAM as row-major int8. Each operator becomes a tiled program
-fragment (from the shared generators), the fragments are joined by the program builder (which adds
-the dependency tokens between them) and a cancellation point follows every operator.
+Every quantised activation lives in DRAM (`npu.tensors.Layout`: HWC with a padded channel pitch for
+4-D tensors, row-major otherwise). Each NPU operator becomes a tiled program fragment; fragments are
+joined by the program builder (which adds the dependency tokens) and a cancellation point follows
+every operator. Operators the NPU does not run become host steps (evaluated with `onnx.reference` on
+dequantised data); a host step ends the current NPU segment, so a model is a sequence of segments:
+NPU program ranges (each ending in END) and host steps.
 """
 
 from __future__ import annotations
@@ -13,13 +16,21 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 from npu.sim.programs import gemm_program
+from npu.sim.timing import duration
+from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 from npu.config import NpuConfig
+from npu.isa import Instr
 from npu.program import ProgramBuilder
+from npu.tensors import Layout
 
-from .frontend import CompileError, QTensor, initializers, static_shape
+from .elementwise import add_program, concat_program, eltwise_program
+from .frontend import Act, CompileError, QTensor, initializers, static_shape
+from .spatial import channel_align, conv_program, geometry, pool_program
 
 ALIGN = 64
+VIEW_OPS = {"Flatten", "Reshape"}
 
 
 def quant_multiplier(real: float, where: str) -> tuple[int, int]:
@@ -52,22 +63,27 @@ def add_multipliers(ra: float, rb: float, where: str) -> tuple[int, int, int]:
     return ma, mb, shift
 
 
-@dataclass
-class Tensor:
-    q: QTensor
-    addr: int
+def tensor_desc(name: str, a: Act) -> dict:
+    return {
+        "name": name,
+        "shape": list(a.q.shape),
+        "scale": a.q.scale,
+        "zero_point": a.q.zero_point,
+        "addr": a.addr,
+        "layout": a.layout.to_json(),
+    }
 
 
 @dataclass
 class Lowered:
-    program: list
+    program: list[Instr]
     dram: list[tuple[int, bytes]]  # constant images (weights, biases)
-    inputs: list[Tensor]
-    outputs: list[Tensor]
-    input_float_names: list[str]
-    output_float_names: list[str]
+    inputs: list[dict]  # tensor descriptions (see tensor_desc)
+    outputs: list[dict]  # tensor descriptions, or {"name", "shape", "host": True} for host floats
+    segments: list[dict]
     layers: list[dict] = field(default_factory=list)
     cancel_points: dict[int, int] = field(default_factory=dict)
+    host_models: dict[str, bytes] = field(default_factory=dict)
     dram_end: int = 0
 
 
@@ -84,243 +100,599 @@ class _Alloc:
         return addr
 
 
-def lower(
-    model: onnx.ModelProto, cfg: NpuConfig, source: str = "model", cancel_points: bool = True
-) -> Lowered:
-    g = model.graph
-    consts = initializers(model)
-    producers = {o: n for n in g.node for o in n.output}
-    consumers: dict[str, list] = {}
-    for n in g.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
+def _attrs(n: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in n.attribute}
 
-    def where(n) -> str:
-        return f"{source}: node {n.name or '?'} ({n.op_type})"
 
-    def scalar(name: str, n) -> float | int:
-        if name not in consts:
-            raise CompileError(f"{where(n)}: quantisation parameter {name!r} must be a constant")
-        return consts[name].reshape(-1)[0].item()
-
-    # quantised tensors: Q outputs (activations) and DQ of constants
-    qt: dict[str, QTensor] = {}  # quantised tensor name -> parameters
-    for n in g.node:
-        if n.op_type == "QuantizeLinear":
-            zp = scalar(n.input[2], n) if len(n.input) > 2 and n.input[2] else 0
-            if len(n.input) > 2 and n.input[2] and consts[n.input[2]].dtype != np.int8:
-                raise CompileError(
-                    f"{where(n)}: only int8 activations are supported "
-                    f"(zero point type {consts[n.input[2]].dtype})"
+class _Lowering:
+    def __init__(self, model: onnx.ModelProto, cfg: NpuConfig, source: str, cancel_points: bool):
+        self.model, self.cfg, self.source, self.with_cps = model, cfg, source, cancel_points
+        g = model.graph
+        self.consts = initializers(model)
+        self.producers = {o: n for n in g.node for o in n.output}
+        self.consumers: dict[str, list] = {}
+        for n in g.node:
+            for i in n.input:
+                self.consumers.setdefault(i, []).append(n)
+        self.ca = channel_align(cfg)
+        self.alloc = _Alloc(0x1000, cfg.dram_bytes)
+        self.dram: list[tuple[int, bytes]] = []
+        self.acts: dict[str, Act] = {}  # Q output name -> placed tensor
+        self.qt: dict[str, QTensor] = {}
+        self.host_float: set[str] = set()  # float tensors computed by host steps
+        self.instrs: list[Instr] = []
+        self.segments: list[dict] = []
+        self.layers: list[dict] = []
+        self.cps: dict[int, int] = {}
+        self.host_models: dict[str, bytes] = {}
+        self.b: ProgramBuilder | None = None
+        self.host: dict | None = None
+        self.n_cp = 0
+        for n in g.node:
+            if n.op_type == "QuantizeLinear":
+                zp_name = n.input[2] if len(n.input) > 2 else ""
+                if zp_name and self.consts[zp_name].dtype != np.int8:
+                    raise CompileError(
+                        f"{self.where(n)}: only int8 activations are supported "
+                        f"(zero point type {self.consts[zp_name].dtype})"
+                    )
+                zp = self.scalar(zp_name, n) if zp_name else 0
+                self.qt[n.output[0]] = QTensor(
+                    n.output[0], self.shape(n.input[0], n), float(self.scalar(n.input[1], n)), int(zp)
                 )
-            qt[n.output[0]] = QTensor(
-                n.output[0], static_shape(model, n.input[0], where(n)), float(scalar(n.input[1], n)), int(zp)
-            )
 
-    def dq_source(name: str, n):
-        """Source of a DequantizeLinear output: ('act', QTensor) or ('const', array, scale, zp)."""
-        p = producers.get(name)
+    # -- helpers ------------------------------------------------------------------------------
+    def where(self, n) -> str:
+        return f"{self.source}: node {n.name or '?'} ({n.op_type})"
+
+    def shape(self, name: str, n) -> tuple[int, ...]:
+        if name in self.consts:
+            return tuple(self.consts[name].shape)
+        return static_shape(self.model, name, self.where(n))
+
+    def scalar(self, name: str, n) -> float | int:
+        if name not in self.consts:
+            raise CompileError(f"{self.where(n)}: quantisation parameter {name!r} must be a constant")
+        v = self.consts[name]
+        if v.size != 1:
+            raise CompileError(
+                f"{self.where(n)}: per-channel quantisation ({name!r} has {v.size} values) is not supported; "
+                "quantise per tensor"
+            )
+        return v.reshape(-1)[0].item()
+
+    def dq_source(self, name: str, n):
+        """('act', Act) or ('const', int array, scale, zp) for a DequantizeLinear output."""
+        p = self.producers.get(name)
         if p is None or p.op_type != "DequantizeLinear":
             raise CompileError(
-                f"{where(n)}: input {name!r} is not quantised (no DequantizeLinear before it); "
+                f"{self.where(n)}: input {name!r} is not quantised (no DequantizeLinear before it); "
                 "run the model through the quantiser or give a QDQ model"
             )
         src = p.input[0]
-        scale = float(scalar(p.input[1], p))
-        zp = int(scalar(p.input[2], p)) if len(p.input) > 2 and p.input[2] else 0
-        if src in consts:
-            return ("const", consts[src], scale, zp)
-        if src not in qt:
-            raise CompileError(f"{where(n)}: input {name!r} comes from an unsupported producer")
-        return ("act", qt[src])
+        scale = float(self.scalar(p.input[1], p))
+        zp = int(self.scalar(p.input[2], p)) if len(p.input) > 2 and p.input[2] else 0
+        if src in self.consts:
+            return ("const", self.consts[src], scale, zp)
+        if src not in self.acts:
+            raise CompileError(f"{self.where(n)}: input {name!r} comes from an unsupported producer")
+        return ("act", self.acts[src])
 
-    def q_consumer(name: str, n) -> QTensor:
-        cs = consumers.get(name, [])
+    def act_in(self, name: str, n) -> Act:
+        s = self.dq_source(name, n)
+        if s[0] != "act":
+            raise CompileError(f"{self.where(n)}: input {name!r} is a constant; an activation is needed")
+        return s[1]
+
+    def q_out(self, name: str, n) -> QTensor:
+        cs = self.consumers.get(name, [])
         if len(cs) != 1 or cs[0].op_type != "QuantizeLinear":
-            raise CompileError(f"{where(n)}: output {name!r} must feed exactly one QuantizeLinear")
-        return qt[cs[0].output[0]]
+            raise CompileError(f"{self.where(n)}: output {name!r} must feed exactly one QuantizeLinear")
+        return self.qt[cs[0].output[0]]
 
-    b = ProgramBuilder(cfg)
-    alloc = _Alloc(0x1000, cfg.dram_bytes)
-    addr_of: dict[str, int] = {}
-    dram: list[tuple[int, bytes]] = []
-    layers = []
-    cps = 0
+    def place(self, q: QTensor, what: str, layout: Layout | None = None) -> Act:
+        if layout is None:
+            layout = Layout.hwc(q.shape, self.ca) if len(q.shape) == 4 else Layout.dense(q.shape)
+        a = Act(q, self.alloc.take(layout.nbytes, what), layout)
+        self.acts[q.name] = a
+        return a
 
-    # graph inputs: float -> QuantizeLinear on the host
-    inputs, input_names = [], []
-    for gi in g.input:
-        if gi.name in consts:
-            continue
-        cs = consumers.get(gi.name, [])
-        if len(cs) != 1 or cs[0].op_type != "QuantizeLinear":
-            raise CompileError(f"{source}: graph input {gi.name!r} must feed exactly one QuantizeLinear")
-        q = qt[cs[0].output[0]]
-        addr_of[q.name] = alloc.take(int(np.prod(q.shape)), f"{source}: input {gi.name}")
-        inputs.append(Tensor(q, addr_of[q.name]))
-        input_names.append(gi.name)
+    def const(self, data: bytes, what: str) -> int:
+        addr = self.alloc.take(len(data), what)
+        self.dram.append((addr, data))
+        return addr
 
-    handled = {"QuantizeLinear", "DequantizeLinear"}
-    for n in g.node:
-        if n.op_type in handled:
-            continue
-        if n.op_type in ("Gemm", "MatMul"):
-            a_src = dq_source(n.input[0], n)
-            w_src = dq_source(n.input[1], n)
-            if a_src[0] != "act" or w_src[0] != "const":
-                raise CompileError(f"{where(n)}: needs an activation times constant weights")
-            a = a_src[1]
-            attrs = {x.name: onnx.helper.get_attribute_value(x) for x in n.attribute}
-            if attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0:
-                raise CompileError(f"{where(n)}: only transA=0, alpha=1, beta=1 are supported")
-            w, s_w, zp_w = w_src[1], w_src[2], w_src[3]
-            if zp_w != 0 or w.dtype != np.int8:
-                raise CompileError(f"{where(n)}: weights must be symmetric int8 (zero point {zp_w})")
-            wt = w if attrs.get("transB", 0) else w.T  # B^T: n x k
-            if len(a.shape) != 2:
-                raise CompileError(f"{where(n)}: activation must be 2-D, has shape {a.shape}")
-            m_, k_ = a.shape
-            n_ = wt.shape[0]
-            if wt.shape[1] != k_:
-                raise CompileError(f"{where(n)}: inner dimensions {k_} and {wt.shape[1]} differ")
-            bias = np.zeros(n_, np.int64)
-            if n.op_type == "Gemm" and len(n.input) > 2 and n.input[2]:
-                c_src = dq_source(n.input[2], n)
-                if c_src[0] != "const" or c_src[1].dtype != np.int32:
-                    raise CompileError(f"{where(n)}: bias must be a quantised int32 constant")
-                rel = abs(c_src[2] - a.scale * s_w) / (a.scale * s_w)
-                if rel > 1e-3:
-                    raise CompileError(f"{where(n)}: bias scale {c_src[2]} is not input scale x weight scale")
-                bias = c_src[1].astype(np.int64).reshape(-1)
-            # fold the activation zero point: sum (a - za) w = sum a w - za sum w
-            bias = bias - a.zero_point * wt.astype(np.int64).sum(axis=1)
-            if np.abs(bias).max(initial=0) >= 2**31:
-                raise CompileError(f"{where(n)}: folded bias overflows int32")
-            out = q_consumer(n.output[0], n)
-            mult, shift = quant_multiplier(a.scale * s_w / out.scale, where(n))
-            w_addr = alloc.take(wt.size, f"{where(n)} weights")
-            bias_addr = alloc.take(4 * n_, f"{where(n)} bias")
-            dram.append((w_addr, np.ascontiguousarray(wt, np.int8).tobytes()))
-            dram.append((bias_addr, bias.astype("<i4").tobytes()))
-            addr_of[out.name] = alloc.take(m_ * n_, f"{where(n)} output")
-            first = len(b)
-            gemm_program(
-                cfg,
-                m_,
-                n_,
-                k_,
-                addr_of[a.name],
-                w_addr,
-                addr_of[out.name],
-                mult=mult,
-                shift=shift,
-                zp_out=out.zero_point,
-                bias_addr=bias_addr,
-                builder=b,
+    # -- segments -----------------------------------------------------------------------------
+    def npu(self) -> ProgramBuilder:
+        if self.host is not None:
+            self._close_host()
+        if self.b is None:
+            self.b = ProgramBuilder(self.cfg)
+        return self.b
+
+    def _close_npu(self) -> None:
+        if self.b is None:
+            return
+        built = self.b.build()
+        start = len(self.instrs)
+        self.instrs.extend(built.instrs)
+        for cp, pc in built.cancel_points.items():
+            self.cps[cp] = start + pc
+        for la in self.layers:
+            if la.get("_open"):
+                first, last = la.pop("_items")
+                la.pop("_open")
+                pcs = built.item_pcs + [len(built.instrs) - 1]
+                la["pc"] = [start + pcs[first], start + pcs[last]]
+                la.update(_estimate(built.instrs[pcs[first] : pcs[last]], self.cfg))
+        self.segments.append({"kind": "npu", "pc": start, "end": len(self.instrs) - 1})
+        self.b = None
+
+    def _close_host(self) -> None:
+        h = self.host
+        self.host = None
+        name = f"host{len(self.host_models)}"
+        g = helper.make_graph(h["nodes"], name, h["graph_inputs"], h["graph_outputs"], h["inits"])
+        m = helper.make_model(g, opset_imports=list(self.model.opset_import))
+        m.ir_version = self.model.ir_version
+        try:
+            ReferenceEvaluator(m)
+        except Exception as e:
+            node = h["nodes"][-1]
+            raise CompileError(
+                f"{self.where(node)}: the NPU does not run {node.op_type} and the host cannot either ({e})"
+            ) from None
+        self.host_models[name] = m.SerializeToString()
+        self.segments.append(
+            {
+                "kind": "host",
+                "model": name,
+                "inputs": h["inputs"],
+                "quantize": h["quantize"],
+                "nodes": [f"{x.name} ({x.op_type})" for x in h["nodes"]],
+            }
+        )
+
+    def op_done(self, n, first: int, shape, info: dict | None = None) -> None:
+        la = {
+            "node": n.name,
+            "op": n.op_type,
+            "placement": "npu",
+            "shape": list(shape),
+            "_items": [first, len(self.b)],
+            "_open": True,
+        }
+        la.update(info or {})
+        self.layers.append(la)
+        if self.with_cps:
+            self.b.cancel_point(self.n_cp)
+            self.n_cp += 1
+
+    # -- the graph ----------------------------------------------------------------------------
+    def run(self) -> Lowered:
+        g = self.model.graph
+        inputs = []
+        for gi in g.input:
+            if gi.name in self.consts:
+                continue
+            qs = [c for c in self.consumers.get(gi.name, []) if c.op_type == "QuantizeLinear"]
+            if len(qs) != 1:
+                raise CompileError(
+                    f"{self.source}: graph input {gi.name!r} must feed exactly one QuantizeLinear"
+                )
+            a = self.place(self.qt[qs[0].output[0]], f"{self.source}: input {gi.name}")
+            inputs.append(tensor_desc(gi.name, a))
+        for n in g.node:
+            if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+                if n.op_type == "QuantizeLinear" and n.input[0] in self.host_float and self.host is not None:
+                    q = self.qt[n.output[0]]
+                    a = self.place(q, f"{self.where(n)} output")
+                    self.host["quantize"].append({"float": n.input[0], "tensor": tensor_desc(q.name, a)})
+                continue
+            reason = self.npu_reason(n)
+            if reason is None:
+                self.lower_npu(n)
+            else:
+                self.lower_host(n, reason)
+        if self.host is not None:
+            self._close_host()
+        self._close_npu()
+        outputs = []
+        for go in g.output:
+            p = self.producers.get(go.name)
+            if p is not None and p.op_type == "DequantizeLinear" and p.input[0] in self.acts:
+                outputs.append(tensor_desc(go.name, self.acts[p.input[0]]))
+            elif go.name in self.host_float:
+                outputs.append({"name": go.name, "shape": list(self.shape(go.name, p)), "host": True})
+            else:
+                raise CompileError(
+                    f"{self.source}: graph output {go.name!r} must come from a DequantizeLinear "
+                    "or a host step"
+                )
+        return Lowered(
+            self.instrs,
+            self.dram,
+            inputs,
+            outputs,
+            self.segments,
+            self.layers,
+            self.cps,
+            self.host_models,
+            self.alloc.next,
+        )
+
+    # -- placement ----------------------------------------------------------------------------
+    def npu_reason(self, n) -> str | None:
+        """None when the NPU runs this node, else why it goes to the host."""
+        op, a = n.op_type, _attrs(n)
+        if n.domain not in ("", "ai.onnx"):
+            return f"custom domain {n.domain}"
+        if any(i in self.host_float for i in n.input if i):
+            return "its input is computed on the host"
+        if op in (
+            "Conv",
+            "Gemm",
+            "MatMul",
+            "Relu",
+            "Clip",
+            "Add",
+            "Sum",
+            "Concat",
+            "MaxPool",
+            "AveragePool",
+            "GlobalAveragePool",
+            "Flatten",
+            "Reshape",
+        ):
+            if op in ("MaxPool", "AveragePool"):
+                if a.get("ceil_mode", 0) or any(d != 1 for d in a.get("dilations", [1, 1])):
+                    return "ceil_mode or dilation"
+                if op == "AveragePool" and any(a.get("pads", [0])) and not a.get("count_include_pad", 0):
+                    return "average pooling that excludes padding"
+            if op in ("Add", "Sum"):
+                ins = [i for i in n.input if i]
+                if len(ins) != 2 or any(self.src_kind(i) != "act" for i in ins):
+                    return "only the sum of two activations runs on the NPU"
+                if self.act_in(ins[0], n).layout != self.act_in(ins[1], n).layout:
+                    return "operands of different shapes or layouts (broadcasting)"
+            if op == "Concat":
+                ins = [self.act_in(i, n) for i in n.input]
+                rank = len(ins[0].q.shape)
+                if a.get("axis") not in (1, 1 - rank) or rank not in (2, 4):
+                    return "concatenation on an axis other than channels"
+            if op in VIEW_OPS:
+                return self.view_reason(n)
+            return None
+        return "no NPU lowering for this operator"
+
+    def src_kind(self, name: str) -> str:
+        p = self.producers.get(name)
+        if p is not None and p.op_type == "DequantizeLinear":
+            return "const" if p.input[0] in self.consts else "act"
+        return "float"
+
+    def view_reason(self, n) -> str | None:
+        x = self.act_in(n.input[0], n)
+        out = self.q_out(n.output[0], n)
+        if (out.scale, out.zero_point) != (x.q.scale, x.q.zero_point):
+            return "a reshape that changes quantisation"
+        lay = x.layout
+        if lay.kind == "dense" or tuple(out.shape) == tuple(lay.shape):
+            return None
+        if lay.kind == "hwc" and tuple(out.shape) == lay.flatten().shape:
+            return None
+        return "a reshape that moves data"
+
+    # -- NPU operators --------------------------------------------------------------------------
+    def lower_npu(self, n) -> None:
+        op = n.op_type
+        if op in VIEW_OPS:  # no data moves: the output is a new view of the input's bytes
+            x = self.act_in(n.input[0], n)
+            out = self.q_out(n.output[0], n)
+            lay = x.layout
+            if lay.kind == "dense":
+                lay = Layout.dense(out.shape)
+            elif tuple(out.shape) != tuple(lay.shape):
+                lay = lay.flatten()
+            self.acts[out.name] = Act(out, x.addr, lay)
+            self.layers.append({"node": n.name, "op": op, "placement": "view", "shape": list(out.shape)})
+            return
+        b = self.npu()
+        first = len(b)
+        getattr(self, "_" + op.lower())(n, b, first)
+
+    def _requant_params(self, x: QTensor, y: QTensor, n, lo: float | None = None, hi: float | None = None):
+        mult, shift = quant_multiplier(x.scale / y.scale, self.where(n))
+        lo_q = -128 if lo is None else int(np.clip(np.rint(lo / y.scale) + y.zero_point, -128, 127))
+        hi_q = 127 if hi is None else int(np.clip(np.rint(hi / y.scale) + y.zero_point, -128, 127))
+        return dict(mult=mult, shift=shift, zp_in=x.zero_point, zp_out=y.zero_point, lo=lo_q, hi=hi_q)
+
+    def _weights(self, name: str, n) -> tuple[np.ndarray, float]:
+        s = self.dq_source(name, n)
+        if s[0] != "const":
+            raise CompileError(f"{self.where(n)}: weights {name!r} must be constant")
+        w, scale, zp = s[1], s[2], s[3]
+        if zp != 0 or w.dtype != np.int8:
+            raise CompileError(
+                f"{self.where(n)}: weights must be symmetric int8 (zero point {zp}, {w.dtype})"
             )
-            layers.append({"node": n.name, "op": n.op_type, "shape": [m_, n_, k_], "items": [first, len(b)]})
-        elif n.op_type == "Relu":
-            src = dq_source(n.input[0], n)
-            if src[0] != "act":
-                raise CompileError(f"{where(n)}: Relu of a constant")
-            x = src[1]
-            out = q_consumer(n.output[0], n)
-            mult, shift = quant_multiplier(x.scale / out.scale, where(n))
-            addr_of[out.name] = alloc.take(int(np.prod(x.shape)), f"{where(n)} output")
-            first = len(b)
-            _eltwise(
-                b,
-                cfg,
-                addr_of[x.name],
-                addr_of[out.name],
-                int(np.prod(x.shape)),
-                dict(
-                    mult=mult,
-                    shift=shift,
-                    zp_in=x.zero_point,
-                    zp_out=out.zero_point,
-                    lo=max(-128, out.zero_point),
-                    hi=127,
-                ),
+        return w, scale
+
+    def _bias(self, n, index: int, count: int, x: Act, s_w: float) -> np.ndarray:
+        if len(n.input) <= index or not n.input[index]:
+            return np.zeros(count, np.int64)
+        s = self.dq_source(n.input[index], n)
+        if s[0] != "const" or s[1].dtype != np.int32:
+            raise CompileError(f"{self.where(n)}: bias must be a quantised int32 constant")
+        if abs(s[2] - x.q.scale * s_w) > 1e-3 * x.q.scale * s_w:
+            raise CompileError(f"{self.where(n)}: bias scale {s[2]} is not input scale x weight scale")
+        return s[1].astype(np.int64).reshape(-1)
+
+    def _conv(self, n, b: ProgramBuilder, first: int) -> None:
+        a = _attrs(n)
+        x = self.act_in(n.input[0], n)
+        w, s_w = self._weights(n.input[1], n)
+        if w.ndim != 4 or x.layout.kind != "hwc":
+            raise CompileError(f"{self.where(n)}: only 2-D convolutions (NCHW) are supported")
+        if any(d != 1 for d in a.get("dilations", [1, 1])):
+            raise CompileError(f"{self.where(n)}: dilated convolution is not supported")
+        if a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+            raise CompileError(f"{self.where(n)}: auto_pad is not supported; give explicit pads")
+        groups = a.get("group", 1)
+        cout, cin_g, kh, kw = w.shape
+        if cin_g * groups != x.q.shape[1] or cout % groups:
+            raise CompileError(
+                f"{self.where(n)}: weights {w.shape} do not match {x.q.shape[1]} channels, {groups} groups"
             )
-            layers.append({"node": n.name, "op": "Relu", "shape": list(x.shape), "items": [first, len(b)]})
-        elif n.op_type == "Add":
-            srcs = [dq_source(i, n) for i in n.input]
-            if any(sr[0] != "act" for sr in srcs):
-                raise CompileError(f"{where(n)}: Add of a constant is not supported yet")
-            xa, xb = srcs[0][1], srcs[1][1]
-            if xa.shape != xb.shape:
-                raise CompileError(f"{where(n)}: broadcasting Add ({xa.shape} + {xb.shape}) is not supported")
-            out = q_consumer(n.output[0], n)
-            ma, mb, shift = add_multipliers(xa.scale / out.scale, xb.scale / out.scale, where(n))
-            count = int(np.prod(xa.shape))
-            addr_of[out.name] = alloc.take(count, f"{where(n)} output")
-            first = len(b)
-            _add(
-                b,
-                cfg,
-                addr_of[xa.name],
-                addr_of[xb.name],
-                addr_of[out.name],
-                count,
-                dict(
-                    mult_a=ma,
-                    mult_b=mb,
-                    shift=shift,
-                    zp_a=xa.zero_point,
-                    zp_b=xb.zero_point,
-                    zp_out=out.zero_point,
-                ),
-            )
-            layers.append({"node": n.name, "op": "Add", "shape": list(xa.shape), "items": [first, len(b)]})
+        bias = self._bias(n, 2, cout, x, s_w) - x.q.zero_point * w.astype(np.int64).sum(axis=(1, 2, 3))
+        if np.abs(bias).max(initial=0) >= 2**31:
+            raise CompileError(f"{self.where(n)}: folded bias overflows int32")
+        yq = self.q_out(n.output[0], n)
+        y = self.place(yq, f"{self.where(n)} output")
+        geo = geometry(x, y, (kh, kw), a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0]), self.where(n))
+        mult, shift = quant_multiplier(x.q.scale * s_w / yq.scale, self.where(n))
+        rq = dict(mult=mult, shift=shift, zp_out=yq.zero_point, lo=-128, hi=127)
+        info = conv_program(b, self.cfg, x, y, w, bias, groups, geo, rq, self.const, self.where(n))
+        self.op_done(n, first, yq.shape, info)
+
+    def _gemm(self, n, b: ProgramBuilder, first: int) -> None:
+        x = self.act_in(n.input[0], n)
+        w, s_w = self._weights(n.input[1], n)
+        a = _attrs(n)
+        if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
+            raise CompileError(f"{self.where(n)}: only transA=0, alpha=1, beta=1 are supported")
+        if len(x.q.shape) != 2 or w.ndim != 2:
+            raise CompileError(f"{self.where(n)}: activation must be 2-D, has shape {x.q.shape}")
+        wt = w if a.get("transB", 0) else w.T  # B^T: n x k
+        m_, k_ = x.q.shape
+        n_ = wt.shape[0]
+        if wt.shape[1] != k_:
+            raise CompileError(f"{self.where(n)}: inner dimensions {k_} and {wt.shape[1]} differ")
+        bias = self._bias(n, 2, n_, x, s_w) if n.op_type == "Gemm" else np.zeros(n_, np.int64)
+        # fold the activation zero point: sum (a - za) w = sum a w - za sum w
+        bias = bias - x.q.zero_point * wt.astype(np.int64).sum(axis=1)
+        if np.abs(bias).max(initial=0) >= 2**31:
+            raise CompileError(f"{self.where(n)}: folded bias overflows int32")
+        # the activation's physical row: a flat view of an HWC tensor permutes (and pads) columns
+        if x.layout.kind == "flat":
+            k_phys = x.layout.nbytes // m_
+            perm = x.layout.offsets()[0]
+            wp = np.zeros((n_, k_phys), np.int8)
+            wp[:, perm] = wt
+            wt = wp
+        yq = self.q_out(n.output[0], n)
+        mult, shift = quant_multiplier(x.q.scale * s_w / yq.scale, self.where(n))
+        w_addr = self.const(np.ascontiguousarray(wt, np.int8).tobytes(), f"{self.where(n)} weights")
+        bias_addr = self.const(bias.astype("<i4").tobytes(), f"{self.where(n)} bias")
+        y = self.place(yq, f"{self.where(n)} output")
+        gemm_program(
+            self.cfg,
+            m_,
+            n_,
+            wt.shape[1],
+            x.addr,
+            w_addr,
+            y.addr,
+            mult=mult,
+            shift=shift,
+            zp_out=yq.zero_point,
+            bias_addr=bias_addr,
+            builder=b,
+        )
+        self.op_done(n, first, [m_, n_, k_])
+
+    _matmul = _gemm
+
+    def _unit(self, lay: Layout) -> int:
+        return (
+            lay.cp if lay.kind != "dense" else (lay.shape[-1] if lay.shape and lay.shape[-1] <= 4096 else 1)
+        )
+
+    def _relu(self, n, b: ProgramBuilder, first: int) -> None:
+        self._clamp(n, b, first, 0.0, None)
+
+    def _clip(self, n, b: ProgramBuilder, first: int) -> None:
+        a = _attrs(n)
+        lo, hi = a.get("min"), a.get("max")
+        for idx in (1, 2):
+            if len(n.input) > idx and n.input[idx]:
+                name = n.input[idx]
+                if name in self.consts:
+                    v = float(self.consts[name].reshape(-1)[0])
+                elif self.src_kind(name) == "const":
+                    s = self.dq_source(name, n)
+                    v = (float(s[1].reshape(-1)[0]) - s[3]) * s[2]
+                else:
+                    raise CompileError(f"{self.where(n)}: Clip bounds must be constants")
+                lo, hi = (v, hi) if idx == 1 else (lo, v)
+        self._clamp(n, b, first, lo, hi)
+
+    def _clamp(self, n, b, first, lo, hi) -> None:
+        x = self.act_in(n.input[0], n)
+        yq = self.q_out(n.output[0], n)
+        y = self.place(yq, f"{self.where(n)} output", x.layout)
+        eltwise_program(
+            b,
+            self.cfg,
+            x.addr,
+            y.addr,
+            x.nbytes,
+            self._requant_params(x.q, yq, n, lo, hi),
+            self._unit(x.layout),
+        )
+        self.op_done(n, first, yq.shape)
+
+    def _add(self, n, b: ProgramBuilder, first: int) -> None:
+        xa, xb = (self.act_in(i, n) for i in n.input if i)
+        yq = self.q_out(n.output[0], n)
+        y = self.place(yq, f"{self.where(n)} output", xa.layout)
+        ma, mb, shift = add_multipliers(xa.q.scale / yq.scale, xb.q.scale / yq.scale, self.where(n))
+        params = dict(
+            mult_a=ma,
+            mult_b=mb,
+            shift=shift,
+            zp_a=xa.q.zero_point,
+            zp_b=xb.q.zero_point,
+            zp_out=yq.zero_point,
+        )
+        add_program(b, self.cfg, xa.addr, xb.addr, y.addr, xa.nbytes, params, self._unit(xa.layout))
+        self.op_done(n, first, yq.shape)
+
+    _sum = _add
+
+    def _concat(self, n, b: ProgramBuilder, first: int) -> None:
+        xs = [self.act_in(i, n) for i in n.input]
+        yq = self.q_out(n.output[0], n)
+        parts, off, chan = [], 0, []
+        for x in xs:
+            rescale = None
+            if (x.q.scale, x.q.zero_point) != (yq.scale, yq.zero_point):
+                rescale = self._requant_params(x.q, yq, n)
+            width = x.layout.cp if x.layout.kind == "hwc" else x.q.shape[1]
+            if x.layout.kind == "hwc":
+                chan.extend(off + c for c in x.layout.chan)
+            parts.append((x, width, off, rescale))
+            off += width
+        if len(yq.shape) == 4:
+            layout = Layout.hwc(yq.shape, self.ca, tuple(chan), off)
+            pixels = layout.pixels
         else:
-            raise CompileError(f"{where(n)}: operator {n.op_type} is not supported by this compiler yet")
-        if cancel_points:
-            b.cancel_point(cps)
-            cps += 1
+            layout, pixels = Layout.dense(yq.shape), yq.shape[0]
+        y = self.place(yq, f"{self.where(n)} output", layout)
+        concat_program(b, self.cfg, parts, y, pixels)
+        self.op_done(n, first, yq.shape)
 
-    # graph outputs: DequantizeLinear on the host
-    outputs, output_names = [], []
-    for go in g.output:
-        p = producers.get(go.name)
-        if p is None or p.op_type != "DequantizeLinear" or p.input[0] not in qt:
-            raise CompileError(f"{source}: graph output {go.name!r} must come from a DequantizeLinear")
-        q = qt[p.input[0]]
-        outputs.append(Tensor(q, addr_of[q.name]))
-        output_names.append(go.name)
-    built = b.build()
-    return Lowered(
-        built.instrs,
-        dram,
-        inputs,
-        outputs,
-        input_names,
-        output_names,
-        layers,
-        built.cancel_points,
-        alloc.next,
-    )
+    def _pool(self, n, b: ProgramBuilder, first: int, kernel, strides, pads, mode: int) -> None:
+        x = self.act_in(n.input[0], n)
+        if x.layout.kind != "hwc":
+            raise CompileError(f"{self.where(n)}: pooling needs a 4-D NCHW input")
+        yq = self.q_out(n.output[0], n)
+        y = self.place(
+            yq, f"{self.where(n)} output", Layout.hwc(yq.shape, self.ca, x.layout.chan, x.layout.cp)
+        )
+        geo = geometry(x, y, kernel, strides, pads, self.where(n))
+        rescale = None
+        if mode == 0:
+            rq = dict(mult=1, shift=0, zp_in=0, zp_out=0, lo=-128, hi=127)
+            if (x.q.scale, x.q.zero_point) != (yq.scale, yq.zero_point):
+                rescale = self._requant_params(x.q, yq, n)
+        else:
+            mult, shift = quant_multiplier(x.q.scale / (yq.scale * kernel[0] * kernel[1]), self.where(n))
+            rq = dict(mult=mult, shift=shift, zp_in=x.q.zero_point, zp_out=yq.zero_point, lo=-128, hi=127)
+        info = pool_program(b, self.cfg, x, y, geo, mode, rq, rescale, self.where(n))
+        self.op_done(n, first, yq.shape, info)
+
+    def _maxpool(self, n, b, first) -> None:
+        a = _attrs(n)
+        k = a["kernel_shape"]
+        self._pool(n, b, first, k, a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0]), 0)
+
+    def _averagepool(self, n, b, first) -> None:
+        a = _attrs(n)
+        k = a["kernel_shape"]
+        self._pool(n, b, first, k, a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0]), 1)
+
+    def _globalaveragepool(self, n, b, first) -> None:
+        _, _, h, w = self.act_in(n.input[0], n).q.shape
+        self._pool(n, b, first, [h, w], [1, 1], [0, 0, 0, 0], 1)
+
+    # -- host steps ---------------------------------------------------------------------------
+    def lower_host(self, n, reason: str) -> None:
+        if n.domain not in ("", "ai.onnx"):
+            raise CompileError(
+                f"{self.where(n)}: operator {n.domain}.{n.op_type} cannot run on the NPU or the host"
+            )
+        self._close_npu()
+        if self.host is None:
+            self.host = {
+                "nodes": [],
+                "graph_inputs": [],
+                "graph_outputs": [],
+                "inits": [],
+                "inputs": [],
+                "quantize": [],
+                "names": set(),
+            }
+        h = self.host
+        for name in n.input:
+            if not name or name in h["names"]:
+                continue
+            h["names"].add(name)
+            kind = self.src_kind(name)
+            if name in self.consts:
+                h["inits"].append(numpy_helper.from_array(self.consts[name], name))
+            elif kind == "const":
+                _, v, scale, zp = self.dq_source(name, n)
+                h["inits"].append(numpy_helper.from_array(((v.astype(np.float32) - zp) * scale), name))
+            elif kind == "act":
+                a = self.act_in(name, n)
+                h["graph_inputs"].append(
+                    helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, list(a.q.shape))
+                )
+                h["inputs"].append({"float": name, "tensor": tensor_desc(a.q.name, a)})
+            elif name in self.host_float or name in {i.name for i in self.model.graph.input}:
+                shape = self.shape(name, n)
+                h["graph_inputs"].append(
+                    helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, list(shape))
+                )
+                h["inputs"].append({"float": name, "tensor": None})
+            else:
+                raise CompileError(f"{self.where(n)}: input {name!r} has no producer the compiler knows")
+        h["nodes"].append(n)
+        for o in n.output:
+            if o:
+                self.host_float.add(o)
+                h["names"].add(o)
+                h["graph_outputs"].append(
+                    helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, list(self.shape(o, n)))
+                )
+        self.layers.append(
+            {
+                "node": n.name,
+                "op": n.op_type,
+                "placement": "host",
+                "reason": reason,
+                "shape": list(self.shape(n.output[0], n)),
+            }
+        )
 
 
-def _eltwise(b: ProgramBuilder, cfg: NpuConfig, src: int, dst: int, n: int, params: dict) -> None:
-    """An int8 element-wise VMAP over n contiguous bytes, in chunks that fit the scratchpad."""
-    chunk = max(cfg.bus_bytes, (cfg.spad_bytes // 4) // cfg.bus_bytes * cfg.bus_bytes)
-    bufs = [0, chunk]
-    for i, off in enumerate(range(0, n, chunk)):
-        c = min(chunk, n - off)
-        buf = bufs[i % 2]
-        b.add("load", spad=buf, dram=src + off, rows=1, cols=c, spad_stride=c, dram_stride=c)
-        b.add("vmap", src=buf, dst=buf, rows=1, cols=c, src_stride=c, dst_stride=c, **params)
-        b.add("store", spad=buf, dram=dst + off, rows=1, cols=c, spad_stride=c, dram_stride=c)
+def _estimate(instrs: list[Instr], cfg: NpuConfig) -> dict:
+    """Cost-model figures of an instruction range: busy cycles per unit class and a runtime estimate."""
+    busy = {"load": 0, "matrix": 0, "vector": 0, "store": 0}
+    for i in instrs:
+        if i.unit is not None:
+            busy[i.unit.name.lower()] += duration(i, cfg)
+    compute = max(busy["matrix"], busy["vector"])
+    dma = busy["load"] + busy["store"]
+    return {
+        "compute_cycles": compute,
+        "dma_cycles": dma,
+        "est_cycles": max(compute, busy["load"], busy["store"]),
+    }
 
 
-def _add(b: ProgramBuilder, cfg: NpuConfig, a: int, bb: int, dst: int, n: int, params: dict) -> None:
-    """VADD over n contiguous int8 elements of two tensors, in chunks that fit the scratchpad."""
-    chunk = max(cfg.bus_bytes, (cfg.spad_bytes // 6) // cfg.bus_bytes * cfg.bus_bytes)
-    for i, off in enumerate(range(0, n, chunk)):
-        c = min(chunk, n - off)
-        base = (i % 2) * 2 * chunk
-        b.add("load", spad=base, dram=a + off, rows=1, cols=c, spad_stride=c, dram_stride=c)
-        b.add("load", spad=base + chunk, dram=bb + off, rows=1, cols=c, spad_stride=c, dram_stride=c)
-        b.add("vadd", a=base, b=base + chunk, dst=base, len=c, **params)
-        b.add("store", spad=base, dram=dst + off, rows=1, cols=c, spad_stride=c, dram_stride=c)
+def lower(
+    model: onnx.ModelProto, cfg: NpuConfig, source: str = "model", cancel_points: bool = True
+) -> Lowered:
+    return _Lowering(model, cfg, source, cancel_points).run()

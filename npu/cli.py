@@ -43,13 +43,14 @@ def cmd_compile(args) -> int:
     out = args.output or str(Path(args.model).with_suffix(".npub"))
     cm.to_container().save(out)
     low = cm.lowered
+    n_npu = sum(la["placement"] == "npu" for la in low.layers)
+    n_host = sum(la["placement"] == "host" for la in low.layers)
     print(
-        f"{args.model} -> {out}: {len(low.program)} instructions, {len(low.layers)} NPU operators, "
-        f"{len(low.cancel_points)} cancellation points, config {cm.cfg.name}"
+        f"{args.model} -> {out}: {len(low.program)} instructions, {n_npu} NPU operators, "
+        f"{n_host} host operators, {len(low.cancel_points)} cancellation points, config {cm.cfg.name}"
     )
     if args.report:
-        for la in low.layers:
-            print(f"  npu  {la['op']:<8} {la['node'] or '?':<16} shape {la['shape']}")
+        print(cm.report())
     return 0
 
 
@@ -133,15 +134,26 @@ def cmd_disasm(args) -> int:
         except ContainerError as e:
             raise CliError(str(e)) from None
         instrs = decode_program(c.blobs["program"])
-        notes: dict[int, str] = {}
-        start = 0
-        cps = c.manifest.get("cancel_points", [])
-        for i, layer in enumerate(c.manifest.get("layers", [])):
-            notes[start] = f"layer {i}: {layer['op']} {layer.get('node') or ''} {layer.get('shape')}"
-            if i < len(cps):
-                cp = cps[i]
-                notes[cp["pc"]] = f"cancellation point {cp['id']}, live bytes {cp['live_bytes']}"
-                start = cp["pc"] + 1
+        notes: dict[int, list[str]] = {}
+        man = c.manifest
+        for i, seg in enumerate(man.get("segments", [])):
+            if seg["kind"] == "npu":
+                notes.setdefault(seg["pc"], []).append(f"segment {i}: NPU program from pc {seg['pc']}")
+        for i, layer in enumerate(man.get("layers", [])):
+            if "pc" in layer:
+                notes.setdefault(layer["pc"][0], []).append(
+                    f"layer {i}: {layer['op']} {layer.get('node') or ''} {layer.get('shape')}"
+                )
+        for cp in man.get("cancel_points", []):
+            notes.setdefault(cp["pc"], []).append(
+                f"cancellation point {cp['id']}, live bytes {cp['live_bytes']}"
+            )
+        for i, seg in enumerate(man.get("segments", [])):
+            if seg["kind"] == "host" and i > 0 and man["segments"][i - 1]["kind"] == "npu":
+                notes.setdefault(man["segments"][i - 1]["end"], []).append(
+                    f"then host step: {', '.join(seg['nodes'])}"
+                )
+        notes = {pc: "; ".join(v) for pc, v in notes.items()}
         sys.stdout.write(disassemble(instrs, annotate=notes, show_pc=args.pc))
         return 0
     asm = _load_program(args.program)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MAGIC = b"NPUB"
-VERSION = 1
+VERSION = 2
 HEADER = struct.Struct("<4sHHIIQ32s")
 
 

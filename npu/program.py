@@ -48,6 +48,7 @@ class BuiltProgram:
     instrs: list[Instr]
     labels: dict[int, str] = field(default_factory=dict)  # pc -> label given to add()
     cancel_points: dict[int, int] = field(default_factory=dict)  # cp id -> pc
+    item_pcs: list[int] = field(default_factory=list)  # builder item index -> pc of its instruction
 
 
 class ProgramBuilder:
@@ -135,7 +136,9 @@ class ProgramBuilder:
                 seq_of_item[item] = (u, seq)
             out.append(ins.with_tokens(wait, 0))
 
+        item_pcs: list[int] = []
         for index, item in enumerate(self._items):
+            item_pcs.append(len(out))
             if item.kind == "instr":
                 if item.label:
                     labels[len(out)] = item.label
@@ -159,7 +162,7 @@ class ProgramBuilder:
                 if h.signal:
                     ins = out[h.pos]
                     out[h.pos] = ins.with_tokens(ins.wait, h.signal)
-        prog = BuiltProgram(out, labels, cps)
+        prog = BuiltProgram(out, labels, cps, item_pcs)
         if self.check and not crossings:
             check_tokens(out, self.cfg)
         return prog, crossings

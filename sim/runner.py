@@ -116,39 +116,55 @@ def run_assembly(
     return res
 
 
+class ModelDevice:
+    """The golden model as an executor device (npu.executor.Device)."""
+
+    def __init__(self, model: NpuModel, max_cycles: int | None = None):
+        self.model = model
+        self.max_cycles = max_cycles
+        self.counters: dict[str, int] = {}
+
+    def write_dram(self, addr: int, data: bytes) -> None:
+        self.model.write_dram(addr, data)
+
+    def read_dram(self, addr: int, n: int) -> bytes:
+        return self.model.read_dram(addr, n)
+
+    def run_segment(self, pc: int) -> None:
+        m = self.model
+        m.start(pc=pc)
+        st = m.run(self.max_cycles)
+        for k, v in m.counter_values().items():
+            self.counters[k] = self.counters.get(k, 0) + v
+        if st != Status.DONE:
+            raise RunError(f"the NPU stopped with {st.name}: {m.error_code.name} at pc {m.error_pc}")
+
+
 def run_container(
     container,
     inputs: list[np.ndarray],
     cfg: NpuConfig,
     model: NpuModel | None = None,
     max_cycles: int | None = None,
+    int8: bool = False,
 ) -> tuple[list[np.ndarray], dict[str, int]]:
-    """Run a compiled `.npub` on the golden model: quantise the float inputs, run, dequantise."""
+    """Run a compiled `.npub` on the golden model: quantise the float inputs, run the NPU and host
+    segments, dequantise (or, with `int8`, return the raw int8 outputs)."""
+    from npu.executor import HostSteps, run_segments
+
     if container.config_id != cfg.config_id:
         raise RunError(
             f"the program was compiled for configuration id 0x{container.config_id:08x} "
             f"({container.manifest.get('config')}), not for {cfg.name} (0x{cfg.config_id:08x})"
         )
     man = container.manifest
-    if len(inputs) != len(man["inputs"]):
-        raise RunError(f"the model has {len(man['inputs'])} inputs, got {len(inputs)}")
     m = model or NpuModel(cfg)
     for seg in man["dram"]:
         m.write_dram(seg["addr"], container.blobs[seg["blob"]])
-    for t, x in zip(man["inputs"], inputs, strict=True):
-        x = np.asarray(x, np.float32)
-        if list(x.shape) != t["shape"]:
-            raise RunError(f"input {t['name']}: shape {list(x.shape)}, the model needs {t['shape']}")
-        q = np.clip(np.rint(x / t["scale"]) + t["zero_point"], -128, 127).astype(np.int8)
-        m.write_dram(t["addr"], q)
     m.load_program(container.blobs["program"], man["program"]["base"])
-    m.start()
-    st = m.run(max_cycles)
-    if st != Status.DONE:
-        raise RunError(f"the NPU stopped with {st.name}: {m.error_code.name} at pc {m.error_pc}")
-    outs = []
-    for t in man["outputs"]:
-        n = int(np.prod(t["shape"]))
-        q = np.frombuffer(m.read_dram(t["addr"], n), np.int8).reshape(t["shape"])
-        outs.append((q.astype(np.float32) - t["zero_point"]) * t["scale"])
-    return outs, m.counter_values()
+    dev = ModelDevice(m, max_cycles)
+    try:
+        outs = run_segments(man, HostSteps(container.blobs, man["segments"]), dev, inputs, int8=int8)
+    except ValueError as e:
+        raise RunError(str(e)) from None
+    return outs, dev.counters

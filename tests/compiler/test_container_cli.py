@@ -42,7 +42,7 @@ def test_compile_and_run_from_the_command_line(compiled, capsys):
     capsys.readouterr()
     assert main(["disasm", str(d / "m.npub")]) == 0
     text = capsys.readouterr().out
-    assert "# layer 0: Gemm gemm0" in text and "# layer 1: Gemm gemm1" in text
+    assert "layer 0: Gemm gemm0" in text and "# layer 1: Gemm gemm1" in text
     assert "cancellation point 0" in text and text.count("matmul") >= 2
 
 

@@ -44,8 +44,8 @@ def mlp_onnx(path, weights, biases, batch, relu_between=True, use_matmul=False):
 def ort_int8(compiled, x):
     sess = ort.InferenceSession(compiled.qdq.SerializeToString(), providers=["CPUExecutionProvider"])
     y = sess.run(None, {sess.get_inputs()[0].name: x.astype(np.float32)})[0]
-    t = compiled.lowered.outputs[0].q
-    return np.clip(np.rint(y / t.scale) + t.zero_point, -128, 127).astype(np.int8)
+    t = compiled.lowered.outputs[0]
+    return np.clip(np.rint(y / t["scale"]) + t["zero_point"], -128, 127).astype(np.int8)
 
 
 @pytest.mark.parametrize("config", ["tiny", "default"])
@@ -96,17 +96,29 @@ def test_clear_errors(tmp_path):
     path = mlp_onnx(tmp_path / "m.onnx", [rng.normal(size=(8, 4))], [np.zeros(4)], 2)
     with pytest.raises(CompileError, match="calibration data"):
         compile_onnx(path)
-    # an operator the compiler does not handle yet is named with its node
-    node = helper.make_node("Softmax", ["x"], ["y"], name="sm")
+    # an operator that runs nowhere (a custom domain) is named with its node
+    q = [
+        numpy_helper.from_array(np.array(0.1, np.float32), "s"),
+        numpy_helper.from_array(np.array(0, np.int8), "z"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+        helper.make_node("FancyOp", ["xd"], ["y"], name="sm", domain="com.example"),
+    ]
     g = helper.make_graph(
-        [node],
+        nodes,
         "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        q,
     )
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(tmp_path / "s.onnx"))
-    with pytest.raises(CompileError, match="sm"):
-        compile_onnx(tmp_path / "s.onnx", calib=rng.normal(size=(4, 4)).astype(np.float32))
+    m = helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("com.example", 1)]
+    )
+    onnx.save(m, str(tmp_path / "s.onnx"))
+    with pytest.raises(CompileError, match=r"sm \(FancyOp\).*cannot run"):
+        compile_onnx(tmp_path / "s.onnx")
     # dynamic batch
     g = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["y"])],

@@ -1,0 +1,176 @@
+"""Graph clean-up before quantisation: what a real exported model needs before it can be lowered.
+
+* Identity and inference-mode Dropout are removed;
+* constant folding: Constant, ConstantOfShape, Shape of a static tensor and any node whose inputs are
+  all constants are evaluated (with `onnx.reference`) and become initializers;
+* BatchNormalization after a Conv is folded into the Conv's weights and bias;
+* MatMul of a 2-D activation by a constant, followed by an Add of a constant vector, becomes Gemm.
+
+Activation fusion (Relu/Clip into the preceding Conv/Gemm) is left to the quantiser: onnxruntime
+drops a Relu/Clip whose clamp the output quantisation range already gives, and the lowering folds
+any remaining clamp into the producer's requantisation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper, shape_inference
+from onnx.reference import ReferenceEvaluator
+
+
+def _attrs(n: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in n.attribute}
+
+
+def _static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    out = {}
+    for vi in list(model.graph.input) + list(model.graph.value_info) + list(model.graph.output):
+        dims = vi.type.tensor_type.shape.dim
+        if all(d.HasField("dim_value") for d in dims) and vi.type.tensor_type.HasField("shape"):
+            out[vi.name] = tuple(d.dim_value for d in dims)
+    return out
+
+
+def cleanup(model: onnx.ModelProto) -> onnx.ModelProto:
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    g = model.graph
+    consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    outputs = {o.name for o in g.output}
+    rename: dict[str, str] = {}
+    nodes: list[onnx.NodeProto] = []
+    shapes = _static_shapes(shape_inference.infer_shapes(model))
+
+    def src(name: str) -> str:
+        while name in rename:
+            name = rename[name]
+        return name
+
+    for n in g.node:
+        for i, x in enumerate(n.input):
+            n.input[i] = src(x) if x else x
+        a = _attrs(n)
+        ins = [x for x in n.input if x]
+        if n.op_type in ("Identity", "Dropout") and n.output[0] not in outputs:
+            if n.op_type == "Dropout" and len(n.input) > 2 and n.input[2]:
+                training = consts.get(n.input[2])
+                if training is None or bool(training):
+                    nodes.append(n)
+                    continue
+            rename[n.output[0]] = n.input[0]
+            continue
+        if n.op_type == "Constant":
+            consts[n.output[0]] = numpy_helper.to_array(a["value"]) if "value" in a else _constant_attr(a)
+            continue
+        if n.op_type == "Shape" and n.input[0] in shapes:
+            s = np.array(shapes[n.input[0]], np.int64)
+            consts[n.output[0]] = s[a.get("start", 0) : a.get("end", len(s))]
+            continue
+        if ins and all(x in consts for x in ins) and n.domain in ("", "ai.onnx"):
+            ev = ReferenceEvaluator(_single_node_model(n, consts, model))
+            for name, v in zip(n.output, ev.run(None, {}), strict=True):
+                consts[name] = np.asarray(v)
+            continue
+        nodes.append(n)
+    for o in g.output:
+        o.name = src(o.name) if o.name in rename else o.name
+
+    nodes = _fold_batchnorm(nodes, consts, outputs)
+    nodes = _matmul_add_to_gemm(nodes, consts, shapes, outputs)
+
+    used = {x for n in nodes for x in n.input} | outputs
+    del g.node[:]
+    g.node.extend(nodes)
+    del g.initializer[:]
+    g.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items() if k in used)
+    del g.value_info[:]
+    return shape_inference.infer_shapes(model)
+
+
+def _constant_attr(a: dict) -> np.ndarray:
+    for k, dt in (("value_float", np.float32), ("value_int", np.int64)):
+        if k in a:
+            return np.array(a[k], dt)
+    for k, dt in (("value_floats", np.float32), ("value_ints", np.int64)):
+        if k in a:
+            return np.array(a[k], dt)
+    raise ValueError(f"Constant with unsupported attributes {sorted(a)}")
+
+
+def _single_node_model(n: onnx.NodeProto, consts: dict, model: onnx.ModelProto) -> onnx.ModelProto:
+    inits = [numpy_helper.from_array(consts[x], x) for x in n.input if x]
+    outs = [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in n.output]
+    g = helper.make_graph([n], "fold", [], outs, inits)
+    return helper.make_model(g, opset_imports=list(model.opset_import))
+
+
+def _consumers(nodes: list[onnx.NodeProto]) -> dict[str, list[onnx.NodeProto]]:
+    cons: dict[str, list] = {}
+    for n in nodes:
+        for x in n.input:
+            cons.setdefault(x, []).append(n)
+    return cons
+
+
+def _fold_batchnorm(nodes: list, consts: dict, outputs: set[str]) -> list:
+    cons = _consumers(nodes)
+    producers = {o: n for n in nodes for o in n.output}
+    drop = set()
+    for bn in nodes:
+        if bn.op_type != "BatchNormalization" or len(bn.output) != 1:
+            continue
+        conv = producers.get(bn.input[0])
+        if (
+            conv is None
+            or conv.op_type != "Conv"
+            or len(cons.get(conv.output[0], [])) != 1
+            or conv.output[0] in outputs
+            or not all(x in consts for x in list(bn.input[1:5]) + [conv.input[1]])
+        ):
+            continue
+        eps = _attrs(bn).get("epsilon", 1e-5)
+        gamma, beta, mean, var = (consts[x].astype(np.float64) for x in bn.input[1:5])
+        w = consts[conv.input[1]].astype(np.float64)
+        b = consts[conv.input[2]].astype(np.float64) if len(conv.input) > 2 and conv.input[2] else 0.0
+        f = gamma / np.sqrt(var + eps)
+        wname, bname = conv.input[1] + "_bnfold", conv.output[0] + "_bnfold_bias"
+        consts[wname] = (w * f.reshape(-1, 1, 1, 1)).astype(np.float32)
+        consts[bname] = ((b - mean) * f + beta).astype(np.float32)
+        data = conv.input[0]
+        del conv.input[:]
+        conv.input.extend([data, wname, bname])
+        conv.output[0] = bn.output[0]
+        drop.add(id(bn))
+    return [n for n in nodes if id(n) not in drop]
+
+
+def _matmul_add_to_gemm(nodes: list, consts: dict, shapes: dict, outputs: set[str]) -> list:
+    cons = _consumers(nodes)
+    out = []
+    drop = set()
+    for n in nodes:
+        if id(n) in drop:
+            continue
+        if n.op_type == "MatMul" and n.input[1] in consts and consts[n.input[1]].ndim == 2:
+            a_shape = shapes.get(n.input[0])
+            users = cons.get(n.output[0], [])
+            if a_shape is not None and len(a_shape) == 2 and len(users) == 1 and n.output[0] not in outputs:
+                add = users[0]
+                other = add.input[1] if add.input[0] == n.output[0] else add.input[0]
+                if (
+                    add.op_type == "Add"
+                    and other in consts
+                    and consts[other].size == consts[n.input[1]].shape[1]
+                ):
+                    consts[other + "_gemm_bias"] = consts[other].reshape(-1).astype(np.float32)
+                    gemm = helper.make_node(
+                        "Gemm",
+                        [n.input[0], n.input[1], other + "_gemm_bias"],
+                        [add.output[0]],
+                        name=n.name or add.name,
+                    )
+                    drop.add(id(add))
+                    out.append(gemm)
+                    continue
+        out.append(n)
+    return [n for n in out if id(n) not in drop]

@@ -1,0 +1,96 @@
+"""Element-wise operators and channel concatenation on DRAM tensors, chunked to the scratchpad.
+
+Both operands of an element-wise operator share one layout, so the operator runs over the raw
+buffer bytes (channel padding included: padding holds the zero point, which maps to the output's
+zero point and stays harmless).
+"""
+
+from __future__ import annotations
+
+from npu.config import NpuConfig
+from npu.program import ProgramBuilder
+
+from .frontend import Act
+
+
+def _chunks(n: int, chunk: int):
+    for off in range(0, n, chunk):
+        yield off, min(chunk, n - off)
+
+
+def _rows(c: int, width: int) -> tuple[int, int]:
+    """Shape a contiguous run of c bytes as rows x cols with cols <= 65535 (c is a multiple of width)."""
+    return (c // width, width) if c > 0xFFFF else (1, c)
+
+
+def eltwise_program(
+    b: ProgramBuilder, cfg: NpuConfig, src: int, dst: int, n: int, params: dict, unit: int
+) -> None:
+    """An int8 VMAP over n contiguous bytes (`unit` divides n and every chunk)."""
+    chunk = max(unit, min(cfg.spad_bytes // 2, 0xFFFF * unit) // unit * unit)
+    bufs = [0, chunk]
+    for i, (off, c) in enumerate(_chunks(n, chunk)):
+        buf = bufs[i % 2]
+        rows, cols = _rows(c, unit)
+        b.add("load", spad=buf, dram=src + off, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols)
+        b.add("vmap", src=buf, dst=buf, rows=rows, cols=cols, src_stride=cols, dst_stride=cols, **params)
+        b.add("store", spad=buf, dram=dst + off, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols)
+
+
+def add_program(
+    b: ProgramBuilder, cfg: NpuConfig, a: int, bb: int, dst: int, n: int, params: dict, unit: int
+) -> None:
+    """VADD over n contiguous int8 elements of two tensors."""
+    chunk = max(unit, min(cfg.spad_bytes // 4, 0xFFFF * unit) // unit * unit)
+    for i, (off, c) in enumerate(_chunks(n, chunk)):
+        base = (i % 2) * 2 * chunk
+        rows, cols = _rows(c, unit)
+        b.add("load", spad=base, dram=a + off, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols)
+        b.add(
+            "load", spad=base + chunk, dram=bb + off, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols
+        )
+        b.add("vadd", a=base, b=base + chunk, dst=base, len=c, **params)
+        b.add("store", spad=base, dram=dst + off, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols)
+
+
+def concat_program(
+    b: ProgramBuilder, cfg: NpuConfig, parts: list[tuple[Act, int, int, dict | None]], y: Act, pixels: int
+) -> None:
+    """Copy each input (act, width in bytes per pixel, byte offset in an output pixel, rescale) into
+    its slice of the output's pixels; `rescale` is a VMAP when the input is quantised differently."""
+    out_w = y.layout.cp if y.layout.kind == "hwc" else y.q.shape[1]
+    k = 0
+    for act, width, off, rescale in parts:
+        per = max(1, min(0xFFFF, (cfg.spad_bytes // 2) // width))
+        for p0, pc in _chunks(pixels, per):
+            buf = (k % 2) * (cfg.spad_bytes // 2)
+            k += 1
+            b.add(
+                "load",
+                spad=buf,
+                dram=act.addr + p0 * width,
+                rows=pc,
+                cols=width,
+                spad_stride=width,
+                dram_stride=width,
+            )
+            if rescale is not None:
+                b.add(
+                    "vmap",
+                    src=buf,
+                    dst=buf,
+                    rows=pc,
+                    cols=width,
+                    src_stride=width,
+                    dst_stride=width,
+                    **rescale,
+                )
+            b.add(
+                "store",
+                spad=buf,
+                dram=y.addr + p0 * out_w + off,
+                rows=pc,
+                cols=width,
+                spad_stride=width,
+                dram_stride=out_w,
+            )

@@ -1,0 +1,510 @@
+"""Convolution and pooling on HWC activations: tiling (operator splitting) and code generation.
+
+Splitting follows the seed's rule per operator type. A convolution is split by frame first, then by
+output channel (and input channel, accumulating, when one output channel's weights are too big),
+then by height into row bands with halos (`kh - stride` rows shared by neighbouring bands). Pooling
+reduces over height and width, so it is split by frame, channel and then row bands.
+
+A convolution is a sum over kernel taps of matrix products: for tap (ky, kx) the A operand is the
+input band shifted by (ky, kx), one row per output pixel, `a_stride = stride * channel pitch`; B^T is
+that tap's weights (output channel x input channel). With stride 1 one MATMUL per tap covers a whole
+band: output pixel (r, x) uses A row `r * Wp + x` (Wp the padded width), so the `kw - 1` columns past
+the right edge are computed and dropped by the store. Otherwise there is one MATMUL per output row
+and tap. Borders are the padding of the LOAD (the input zero point), so they add nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from npu.sim.timing import cdiv
+
+from npu.config import ACC_BASE, NpuConfig
+from npu.program import ProgramBuilder
+
+from .frontend import Act, CompileError
+
+
+def channel_align(cfg: NpuConfig) -> int:
+    """Channel pitch unit of HWC tensors: MATMUL needs `lanes`-aligned A rows, `pes`-aligned C rows."""
+    return math.lcm(cfg.lanes, cfg.pes_per_cluster)
+
+
+def _round_up(x: int, a: int) -> int:
+    return -(-x // a) * a
+
+
+@dataclass
+class Geometry:
+    n: int
+    h: int
+    w: int
+    oh: int
+    ow: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    pt: int
+    pl: int
+    pb: int
+    pr: int
+
+    @property
+    def wp(self) -> int:
+        return self.w + self.pl + self.pr
+
+    def in_rows(self, rows_out: int) -> int:
+        return (rows_out - 1) * self.sh + self.kh
+
+
+def geometry(x: Act, y: Act, kernel, strides, pads, where: str) -> Geometry:
+    n, _, h, w = x.layout.nchw
+    _, _, oh, ow = y.q.shape
+    kh, kw = kernel
+    sh, sw = strides
+    pt, pl, pb, pr = pads[0], pads[1], pads[2], pads[3]
+    g = Geometry(n, h, w, oh, ow, kh, kw, sh, sw, pt, pl, pb, pr)
+    if (h + pt + pb - kh) // sh + 1 != oh or (w + pl + pr - kw) // sw + 1 != ow:
+        raise CompileError(f"{where}: output shape {y.q.shape} does not follow from the attributes")
+    if max(pt, pb) > 255:
+        raise CompileError(f"{where}: vertical padding {max(pt, pb)} exceeds the DMA's 255 rows")
+    return g
+
+
+def _load_band(
+    b: ProgramBuilder, x: Act, g: Geometry, n: int, y0: int, rows_out: int, buf: int, fill: int, label: str
+) -> None:
+    """Padded input rows for output rows [y0, y0 + rows_out) of frame n, all channels, at `buf`."""
+    cp = x.layout.cp
+    top = y0 * g.sh - g.pt  # first input row (may be negative: padding)
+    bottom = top + g.in_rows(rows_out)
+    r0, r1 = max(top, 0), min(bottom, g.h)
+    pad_top, pad_bottom = r0 - top, bottom - r1
+    if r1 <= r0:  # only padding
+        pad_top, pad_bottom, r0, r1 = bottom - top, 0, 0, 0
+    b.add(
+        "load",
+        spad=buf,
+        dram=x.addr + ((n * g.h + r0) * g.w) * cp,
+        rows=r1 - r0,
+        cols=g.w * cp if r1 > r0 else 0,
+        spad_stride=g.wp * cp,
+        dram_stride=g.w * cp,
+        pad_top=pad_top,
+        pad_bottom=pad_bottom,
+        pad_left=g.pl * cp,
+        pad_right=(g.wp - g.w - g.pl) * cp if r1 > r0 else g.wp * cp - g.pl * cp,
+        pad_value=fill,
+        label=label,
+    )
+
+
+@dataclass
+class ConvTile:
+    co0: int
+    co_t: int
+    win0: int  # first physical input channel of the tile's window
+    chunks: list[tuple[int, int]]  # (offset in window, length) of each input-channel chunk
+    w_addr: list[int]  # DRAM address of each chunk's weight block
+
+
+@dataclass
+class ConvPlan:
+    co_t: int
+    ci_t: int
+    rows: int
+    band_mode: bool
+    est_cycles: int
+    spad_bytes: int
+
+    def describe(self, g: Geometry, cout_p: int, cin_win: int) -> str:
+        parts = []
+        if g.n > 1:
+            parts.append(f"frame x{g.n}")
+        if self.co_t < cout_p:
+            parts.append(f"out-channel x{cdiv(cout_p, self.co_t)}")
+        if self.ci_t < cin_win:
+            parts.append(f"in-channel x{cdiv(cin_win, self.ci_t)}")
+        if self.rows < g.oh:
+            parts.append(f"height x{cdiv(g.oh, self.rows)} (halo {max(g.kh - g.sh, 0)})")
+        return ", ".join(parts) or "none"
+
+
+def _conv_m(g: Geometry, rows: int, band_mode: bool) -> int:
+    return (rows - 1) * g.wp + g.ow if band_mode else rows * g.ow
+
+
+def plan_conv(
+    cfg: NpuConfig, g: Geometry, cpx: int, cout_p: int, win: int, co_step: int, where: str
+) -> ConvPlan:
+    """Pick output/input channel tile sizes and the row band height with the cost model."""
+    ca = channel_align(cfg)
+    if g.wp * cpx > 0xFFFF:
+        raise CompileError(
+            f"{where}: an input row of {g.wp} x {cpx} bytes exceeds one DMA row (65535); "
+            "width splitting is not supported"
+        )
+    band_mode = g.sh == 1 and g.sw == 1
+    best = None
+    co_opts = sorted({min(cout_p, co_step * (1 << j)) for j in range(16)} | {cout_p})
+    ci_opts = sorted({max(ca, _round_up(cdiv(win, d), ca)) for d in (1, 2, 3, 4, 6, 8, 16, 32, 64, 128)})
+    taps = g.kh * g.kw
+    for co_t in co_opts:
+        n_co = cdiv(cout_p, co_t)
+        for ci_t in ci_opts:
+            n_ci = cdiv(win, ci_t)
+            wbytes = co_t * taps * ci_t
+            wbufs = 1 if n_ci == 1 and n_co == 1 else 2
+            room = cfg.spad_bytes - wbufs * wbytes
+            rows = 0
+            lo, hi = 1, g.oh
+            while lo <= hi:  # largest band that fits (sizes grow with rows)
+                r = (lo + hi) // 2
+                m = _conv_m(g, r, band_mode)
+                fits = (
+                    2 * (g.in_rows(r) * g.wp * cpx + m * co_t) <= room
+                    and 2 * _round_up(m * co_t * 4, cfg.acc_row_bytes) <= cfg.acc_bytes
+                    and m <= 0xFFFF
+                )
+                if fits:
+                    rows, lo = r, r + 1
+                else:
+                    hi = r - 1
+            if rows == 0:
+                continue
+            bands = cdiv(g.oh, rows) * g.n
+            m = _conv_m(g, rows, band_mode)
+            mm_per_band = n_ci * taps * (1 if band_mode else rows)
+            steps = cdiv(m, cfg.clusters) * cdiv(co_t, cfg.pes_per_cluster) * cdiv(ci_t, cfg.lanes)
+            matrix = n_co * bands * (mm_per_band * cfg.matrix_latency + n_ci * taps * steps)
+            in_bytes = n_co * bands * g.in_rows(rows) * g.wp * cpx
+            w_bytes = (n_co * taps * win * co_t) * (bands if n_ci > 1 else 1)
+            load = (in_bytes + w_bytes) // cfg.bus_bytes + n_co * bands * (2 + n_ci) * cfg.dma_latency
+            vector = n_co * bands * m * cdiv(co_t, cfg.vector_lanes)
+            est = max(matrix, load, vector)
+            key = (est, n_co * n_ci)
+            if best is None or key < best[0]:
+                spad = wbufs * wbytes + 2 * (g.in_rows(rows) * g.wp * cpx + m * co_t)
+                best = (key, ConvPlan(co_t, ci_t, rows, band_mode, est, spad))
+    if best is None:
+        raise CompileError(
+            f"{where}: no tiling fits the {cfg.spad_bytes}-byte scratchpad: one input row band "
+            f"({g.kh} rows x {g.wp} x {cpx} bytes) is too large; width splitting is not supported"
+        )
+    return best[1]
+
+
+def conv_program(
+    b: ProgramBuilder,
+    cfg: NpuConfig,
+    x: Act,
+    y: Act,
+    weights: np.ndarray,
+    bias: np.ndarray,
+    groups: int,
+    g: Geometry,
+    rq: dict,
+    const: Callable[[bytes, str], int],
+    where: str,
+) -> dict:
+    """Emit a convolution. `weights` int8 (Cout, Cin/groups, kh, kw); `bias` int64 (Cout), the input
+    zero point already folded in; `rq` the requantisation fields of the VMAP (mult, shift, zp_out,
+    lo, hi). Returns the plan for the compile report."""
+    ca = channel_align(cfg)
+    cout, cin_g = weights.shape[:2]
+    cpx, cpy = x.layout.cp, y.layout.cp
+    chanx = np.asarray(x.layout.chan)
+    cout_g = cout // groups
+    co_step = ca if groups == 1 else (_round_up(cout_g, ca) if cout_g % ca == 0 else ca)
+
+    def window(co0: int, co_t: int) -> tuple[int, int]:
+        real = range(co0, min(co0 + co_t, cout))
+        groups_used = {co // cout_g for co in real}
+        phys = np.concatenate([chanx[gi * cin_g : (gi + 1) * cin_g] for gi in sorted(groups_used)])
+        lo, hi = int(phys.min()) // ca * ca, _round_up(int(phys.max()) + 1, ca)
+        return lo, hi - lo
+
+    win_max = max(window(c0, co_step)[1] for c0 in range(0, cout, co_step)) if groups > 1 else cpx
+    plan = plan_conv(cfg, g, cpx, cpy, win_max if groups > 1 else cpx, co_step, where)
+    taps = g.kh * g.kw
+
+    # weight blocks per (output tile, input chunk): [co_t][kh][kw][chunk], zero where no connection
+    tiles: list[ConvTile] = []
+    bias_p = np.zeros(cpy, np.int64)
+    bias_p[:cout] = bias
+    for co0 in range(0, cpy, plan.co_t):
+        co_t = min(plan.co_t, cpy - co0)
+        win0, wlen = window(co0, co_t) if groups > 1 else (0, cpx)
+        dense = np.zeros((co_t, g.kh, g.kw, wlen), np.int8)
+        for co in range(co0, min(co0 + co_t, cout)):
+            gi = co // cout_g
+            phys = chanx[gi * cin_g : (gi + 1) * cin_g] - win0
+            dense[co - co0][:, :, phys] = weights[co].transpose(1, 2, 0)
+        chunks, addrs = [], []
+        for c0 in range(0, wlen, plan.ci_t):
+            cl = min(plan.ci_t, wlen - c0)
+            chunks.append((c0, cl))
+            addrs.append(const(np.ascontiguousarray(dense[..., c0 : c0 + cl]).tobytes(), f"{where} weights"))
+        tiles.append(ConvTile(co0, co_t, win0, chunks, addrs))
+    bias_addr = const(bias_p.astype("<i4").tobytes(), f"{where} bias")
+
+    # on-chip buffers
+    band_mode = plan.band_mode
+    m_max = _conv_m(g, plan.rows, band_mode)
+    in_bytes = g.in_rows(plan.rows) * g.wp * cpx
+    wbytes = plan.co_t * taps * plan.ci_t
+    single_w = len(tiles) == 1 and len(tiles[0].chunks) == 1
+    w_bufs = [0] if single_w else [0, _round_up(wbytes, cfg.lanes)]
+    base = w_bufs[-1] + _round_up(wbytes, cfg.lanes)
+    in_bufs = [base, base + _round_up(in_bytes, cfg.lanes)]
+    base = in_bufs[1] + _round_up(in_bytes, cfg.lanes)
+    out_bufs = [base, base + _round_up(m_max * plan.co_t, cfg.lanes)]
+    acc_tile = _round_up(m_max * plan.co_t * 4, cfg.acc_row_bytes)
+    acc_bufs = [ACC_BASE, ACC_BASE + acc_tile]
+    assert out_bufs[1] + m_max * plan.co_t <= cfg.spad_bytes and 2 * acc_tile <= cfg.acc_bytes
+
+    zpx = x.q.zero_point
+    k = nw = 0
+    for t in tiles:
+        c_stride = 4 * t.co_t
+        multi = len(t.chunks) > 1
+        if not multi:
+            wb = w_bufs[nw % len(w_bufs)]
+            nw += 1
+            row = taps * t.chunks[0][1]
+            b.add(
+                "load",
+                spad=wb,
+                dram=t.w_addr[0],
+                rows=t.co_t,
+                cols=row,
+                spad_stride=row,
+                dram_stride=row,
+                label=f"weights co{t.co0}",
+            )
+        for n in range(g.n):
+            for y0 in range(0, g.oh, plan.rows):
+                rows = min(plan.rows, g.oh - y0)
+                m = _conv_m(g, rows, band_mode)
+                ib, ob, ab = in_bufs[k % 2], out_bufs[k % 2], acc_bufs[k % 2]
+                k += 1
+                _load_band(b, x, g, n, y0, rows, ib, zpx, f"input n{n} y{y0}")
+                b.add(
+                    "load",
+                    spad=ab,
+                    dram=bias_addr + 4 * t.co0,
+                    rows=m,
+                    cols=4 * t.co_t,
+                    spad_stride=c_stride,
+                    dram_stride=0,
+                    label="bias",
+                )
+                for (c0, cl), wa in zip(t.chunks, t.w_addr, strict=True):
+                    if multi:
+                        wb = w_bufs[nw % 2]
+                        nw += 1
+                        b.add(
+                            "load",
+                            spad=wb,
+                            dram=wa,
+                            rows=t.co_t,
+                            cols=taps * cl,
+                            spad_stride=taps * cl,
+                            dram_stride=taps * cl,
+                            label=f"weights co{t.co0} ci{c0}",
+                        )
+                    for ky in range(g.kh):
+                        for kx in range(g.kw):
+                            bw = wb + (ky * g.kw + kx) * cl
+                            chan = t.win0 + c0 + kx * cpx
+                            if band_mode:
+                                b.add(
+                                    "matmul",
+                                    a=ib + ky * g.wp * cpx + chan,
+                                    b=bw,
+                                    c=ab,
+                                    m=m,
+                                    n=t.co_t,
+                                    k=cl,
+                                    a_stride=cpx,
+                                    b_stride=taps * cl,
+                                    c_stride=c_stride,
+                                    accumulate=1,
+                                )
+                            else:
+                                for r in range(rows):
+                                    b.add(
+                                        "matmul",
+                                        a=ib + (r * g.sh + ky) * g.wp * cpx + chan,
+                                        b=bw,
+                                        c=ab + r * g.ow * c_stride,
+                                        m=g.ow,
+                                        n=t.co_t,
+                                        k=cl,
+                                        a_stride=g.sw * cpx,
+                                        b_stride=taps * cl,
+                                        c_stride=c_stride,
+                                        accumulate=1,
+                                    )
+                b.add(
+                    "vmap",
+                    src=ab,
+                    dst=ob,
+                    rows=m,
+                    cols=t.co_t,
+                    src_stride=c_stride,
+                    dst_stride=t.co_t,
+                    src_type=1,
+                    **rq,
+                )
+                wv = g.wp if band_mode else g.ow
+                out = y.addr + ((n * g.oh + y0) * g.ow) * cpy + t.co0
+                if t.co_t == cpy:
+                    b.add(
+                        "store",
+                        spad=ob,
+                        dram=out,
+                        rows=rows,
+                        cols=g.ow * cpy,
+                        spad_stride=wv * cpy,
+                        dram_stride=g.ow * cpy,
+                        label="output",
+                    )
+                else:
+                    for r in range(rows):
+                        b.add(
+                            "store",
+                            spad=ob + r * wv * t.co_t,
+                            dram=out + r * g.ow * cpy,
+                            rows=g.ow,
+                            cols=t.co_t,
+                            spad_stride=t.co_t,
+                            dram_stride=cpy,
+                            label="output",
+                        )
+    return {
+        "split": plan.describe(g, cpy, win_max),
+        "tile": {"co": plan.co_t, "ci": plan.ci_t, "rows": plan.rows},
+        "spad_bytes": plan.spad_bytes,
+        "est_cycles": plan.est_cycles,
+    }
+
+
+def pool_program(
+    b: ProgramBuilder,
+    cfg: NpuConfig,
+    x: Act,
+    y: Act,
+    g: Geometry,
+    mode: int,
+    rq: dict,
+    rescale: dict | None,
+    where: str,
+) -> dict:
+    """Emit max (mode 0) or average (mode 1) pooling; `rq` holds the POOL's requantisation fields,
+    `rescale` an optional in-place VMAP after a max pool whose output is quantised differently."""
+    ca = channel_align(cfg)
+    cp = x.layout.cp
+    fill = -128 if mode == 0 else x.q.zero_point
+    if g.kh > 255 or g.kw > 255 or g.sh > 255 or g.sw > 255:
+        raise CompileError(f"{where}: pooling window or stride above 255")
+    best = None
+    for ct in sorted(
+        {cp} | {max(ca, _round_up(cdiv(cp, d), ca)) for d in (2, 4, 8, 16, 32, 64)}, reverse=True
+    ):
+        lo, hi, rows = 1, g.oh, 0
+        while lo <= hi:
+            r = (lo + hi) // 2
+            need = 2 * (g.in_rows(r) * g.wp * ct + r * g.ow * ct)
+            if need <= cfg.spad_bytes and g.wp * ct <= 0xFFFF:
+                rows, lo = r, r + 1
+            else:
+                hi = r - 1
+        if rows:
+            best = (ct, rows)
+            break
+    if best is None:
+        raise CompileError(f"{where}: one pooling row band does not fit the scratchpad (width {g.wp})")
+    ct, rows_max = best
+    in_bytes = g.in_rows(rows_max) * g.wp * ct
+    out_bytes = rows_max * g.ow * ct
+    in_bufs = [0, _round_up(in_bytes, cfg.lanes)]
+    o0 = 2 * in_bufs[1]
+    out_bufs = [o0, o0 + _round_up(out_bytes, cfg.lanes)]
+    k = 0
+    for c0 in range(0, cp, ct):
+        for n in range(g.n):
+            for y0 in range(0, g.oh, rows_max):
+                rows = min(rows_max, g.oh - y0)
+                ib, ob = in_bufs[k % 2], out_bufs[k % 2]
+                k += 1
+                if ct == cp:
+                    _load_band(b, x, g, n, y0, rows, ib, fill, f"input n{n} y{y0}")
+                else:  # a channel slice: one DMA row per pixel, padding pixels as pad rows
+                    top = y0 * g.sh - g.pt
+                    for i in range(g.in_rows(rows)):
+                        h = top + i
+                        dst = ib + i * g.wp * ct
+                        if 0 <= h < g.h:
+                            b.add(
+                                "load",
+                                spad=dst,
+                                dram=x.addr + ((n * g.h + h) * g.w) * cp + c0,
+                                rows=g.w,
+                                cols=ct,
+                                spad_stride=ct,
+                                dram_stride=cp,
+                                pad_top=g.pl,
+                                pad_bottom=g.wp - g.w - g.pl,
+                                pad_value=fill,
+                            )
+                        else:
+                            b.add(
+                                "load",
+                                spad=dst,
+                                rows=0,
+                                cols=0,
+                                pad_top=1,
+                                pad_left=g.wp * ct,
+                                spad_stride=0,
+                                pad_value=fill,
+                            )
+                b.add(
+                    "pool",
+                    src=ib,
+                    dst=ob,
+                    channels=ct,
+                    in_w=g.wp,
+                    out_h=rows,
+                    out_w=g.ow,
+                    kh=g.kh,
+                    kw=g.kw,
+                    sh=g.sh,
+                    sw=g.sw,
+                    mode=mode,
+                    **rq,
+                )
+                row = g.ow * ct
+                if rescale is not None:
+                    b.add(
+                        "vmap", src=ob, dst=ob, rows=rows, cols=row, src_stride=row, dst_stride=row, **rescale
+                    )
+                out = y.addr + ((n * g.oh + y0) * g.ow) * cp + c0
+                if ct == cp:
+                    b.add("store", spad=ob, dram=out, rows=rows, cols=row, spad_stride=row, dram_stride=row)
+                else:
+                    b.add(
+                        "store", spad=ob, dram=out, rows=rows * g.ow, cols=ct, spad_stride=ct, dram_stride=cp
+                    )
+    parts = ([f"frame x{g.n}"] if g.n > 1 else []) + ([f"channel x{cdiv(cp, ct)}"] if ct < cp else [])
+    if rows_max < g.oh:
+        parts.append(f"height x{cdiv(g.oh, rows_max)} (halo {max(g.kh - g.sh, 0)})")
+    return {
+        "split": ", ".join(parts) or "none",
+        "tile": {"c": ct, "rows": rows_max},
+        "spad_bytes": 2 * (in_bytes + out_bytes),
+    }

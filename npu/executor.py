@@ -1,0 +1,108 @@
+"""Running a compiled model's segments on any device: NPU program ranges and host steps.
+
+A compiled model (`.npub`) is a list of segments. An `npu` segment is a program range that the device
+runs from its first pc to its END; a `host` step reads int8 tensors from DRAM, dequantises them,
+evaluates a small ONNX graph with `onnx.reference` (numpy) and quantises the results back into DRAM.
+The same code serves the golden model and the driver's backends: a device only needs DRAM access and
+"run from pc to END".
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+import onnx
+from onnx.reference import ReferenceEvaluator
+
+from .tensors import Layout
+
+
+class Device(Protocol):
+    def write_dram(self, addr: int, data: bytes) -> None: ...
+
+    def read_dram(self, addr: int, n: int) -> bytes: ...
+
+    def run_segment(self, pc: int) -> None:
+        """Start at instruction `pc` and return when the program reaches END (raise on errors)."""
+
+
+def quantize(x: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
+    return np.clip(np.rint(np.asarray(x, np.float32) / scale) + zero_point, -128, 127).astype(np.int8)
+
+
+def dequantize(q: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
+    return (q.astype(np.float32) - zero_point) * np.float32(scale)
+
+
+def write_tensor(dev: Device, desc: dict, x: np.ndarray) -> None:
+    lay = Layout.from_json(desc["layout"])
+    q = quantize(np.asarray(x, np.float32).reshape(lay.shape), desc["scale"], desc["zero_point"])
+    dev.write_dram(desc["addr"], lay.pack(q, desc["zero_point"]))
+
+
+def read_tensor_int8(dev: Device, desc: dict) -> np.ndarray:
+    lay = Layout.from_json(desc["layout"])
+    return lay.unpack(dev.read_dram(desc["addr"], lay.nbytes)).reshape(desc["shape"])
+
+
+def read_tensor(dev: Device, desc: dict) -> np.ndarray:
+    return dequantize(read_tensor_int8(dev, desc), desc["scale"], desc["zero_point"])
+
+
+class HostSteps:
+    """The host graphs of a container, parsed once."""
+
+    def __init__(self, blobs: dict[str, bytes], segments: list[dict]):
+        self.evaluators = {
+            s["model"]: ReferenceEvaluator(onnx.ModelProto.FromString(blobs[s["model"]]))
+            for s in segments
+            if s["kind"] == "host"
+        }
+
+    def run(self, dev: Device, seg: dict, env: dict[str, np.ndarray]) -> None:
+        ev = self.evaluators[seg["model"]]
+        feeds = {}
+        for i in seg["inputs"]:
+            feeds[i["float"]] = read_tensor(dev, i["tensor"]) if i["tensor"] else env[i["float"]]
+        outs = ev.run(None, feeds)
+        for name, v in zip(ev.output_names, outs, strict=True):
+            env[name] = np.asarray(v)
+        for q in seg["quantize"]:
+            write_tensor(dev, q["tensor"], env[q["float"]])
+
+
+def check_inputs(manifest: dict, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    if len(inputs) != len(manifest["inputs"]):
+        raise ValueError(f"the model has {len(manifest['inputs'])} inputs, got {len(inputs)}")
+    xs = []
+    for t, x in zip(manifest["inputs"], inputs, strict=True):
+        x = np.asarray(x, np.float32)
+        if list(x.shape) != list(t["shape"]):
+            raise ValueError(f"input {t['name']}: shape {list(x.shape)}, the model needs {t['shape']}")
+        xs.append(x)
+    return xs
+
+
+def run_segments(
+    manifest: dict, host: HostSteps, dev: Device, inputs: list[np.ndarray], *, int8: bool = False
+) -> list[np.ndarray]:
+    """Write the inputs, run every segment in order, return the outputs (float, or int8 with `int8`
+    for outputs that live in DRAM)."""
+    xs = check_inputs(manifest, inputs)
+    env: dict[str, np.ndarray] = {}
+    for t, x in zip(manifest["inputs"], xs, strict=True):
+        write_tensor(dev, t, x)
+        env[t["name"]] = x
+    for seg in manifest["segments"]:
+        if seg["kind"] == "npu":
+            dev.run_segment(seg["pc"])
+        else:
+            host.run(dev, seg, env)
+    outs = []
+    for t in manifest["outputs"]:
+        if t.get("host"):
+            outs.append(np.asarray(env[t["name"]]))
+        else:
+            outs.append(read_tensor_int8(dev, t) if int8 else read_tensor(dev, t))
+    return outs

@@ -1,0 +1,89 @@
+"""Where each element of a quantised tensor lives in DRAM: the layouts the compiler writes and the
+runtime reads (and the `.npub` manifest records).
+
+* `dense`: row-major, contiguous, any rank (matrices, vectors).
+* `hwc`: a 4-D NCHW tensor stored as N x H x W x `cp` bytes, `cp` (the channel pitch) a multiple of
+  the MAC array's lane count; logical channel c sits at physical channel `chan[c]`. Unused channels
+  hold the zero point (the compiler gives them zero weights, so they never change a result).
+* `flat`: the 2-D view (N, C*H*W) of an `hwc` tensor (ONNX Flatten/Reshape), no data moved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Layout:
+    kind: str  # "dense" | "hwc" | "flat"
+    shape: tuple[int, ...]  # logical shape (for flat: (N, C*H*W))
+    nchw: tuple[int, int, int, int] | None = None  # hwc and flat: the 4-D tensor
+    cp: int = 0
+    chan: tuple[int, ...] = ()
+
+    @staticmethod
+    def dense(shape: tuple[int, ...]) -> Layout:
+        return Layout("dense", tuple(int(s) for s in shape))
+
+    @staticmethod
+    def hwc(nchw: tuple[int, ...], align: int, chan: tuple[int, ...] | None = None, cp: int = 0) -> Layout:
+        n, c, h, w = (int(s) for s in nchw)
+        chan = tuple(range(c)) if chan is None else tuple(int(x) for x in chan)
+        cp = max(cp, -(-(max(chan, default=-1) + 1) // align) * align)
+        return Layout("hwc", (n, c, h, w), (n, c, h, w), cp, chan)
+
+    def flatten(self) -> Layout:
+        if self.kind != "hwc":
+            raise ValueError("only an hwc tensor has a flat view")
+        n, c, h, w = self.nchw
+        return Layout("flat", (n, c * h * w), self.nchw, self.cp, self.chan)
+
+    @property
+    def nbytes(self) -> int:
+        if self.kind == "dense":
+            return int(np.prod(self.shape))
+        n, _, h, w = self.nchw
+        return n * h * w * self.cp
+
+    @property
+    def pixels(self) -> int:
+        n, _, h, w = self.nchw
+        return n * h * w
+
+    def offsets(self) -> np.ndarray:
+        """Byte offset of every logical element, an int64 array of the logical shape."""
+        if self.kind == "dense":
+            return np.arange(int(np.prod(self.shape)), dtype=np.int64).reshape(self.shape)
+        n, c, h, w = self.nchw
+        pix = np.arange(n * h * w, dtype=np.int64).reshape(n, 1, h, w) * self.cp
+        off = pix + np.asarray(self.chan, np.int64).reshape(1, c, 1, 1)
+        return off.reshape(self.shape)
+
+    def pack(self, q: np.ndarray, fill: int) -> bytes:
+        q = np.asarray(q, np.int8)
+        if q.shape != self.shape:
+            raise ValueError(f"tensor shape {q.shape}, the layout holds {self.shape}")
+        buf = np.full(self.nbytes, fill, np.int8)
+        buf[self.offsets().reshape(-1)] = q.reshape(-1)
+        return buf.tobytes()
+
+    def unpack(self, data: bytes) -> np.ndarray:
+        buf = np.frombuffer(data, np.int8, count=self.nbytes)
+        return buf[self.offsets()].copy()
+
+    def to_json(self) -> dict:
+        d = {"kind": self.kind, "shape": list(self.shape)}
+        if self.kind != "dense":
+            d.update(nchw=list(self.nchw), cp=self.cp, chan=list(self.chan))
+        return d
+
+    @staticmethod
+    def from_json(d: dict) -> Layout:
+        if d["kind"] == "dense":
+            return Layout.dense(tuple(d["shape"]))
+        if d["kind"] not in ("hwc", "flat"):
+            raise ValueError(f"unknown tensor layout kind {d['kind']!r}")
+        lay = Layout("hwc", tuple(d["nchw"]), tuple(d["nchw"]), int(d["cp"]), tuple(d["chan"]))
+        return lay.flatten() if d["kind"] == "flat" else lay

@@ -1,0 +1,134 @@
+"""Every NPU operator and its main attribute variants against onnxruntime running the same QDQ model:
+int8 outputs within 1 LSB on at least 99 % of the elements."""
+
+import numpy as np
+import pytest
+from npu.models.builder import Net
+
+from tests.compiler.helpers import compare_int8, compile_model
+
+
+def calib_for(shape, n=16, seed=0):
+    return np.random.default_rng(seed).normal(0, 1, (n * shape[0], *shape[1:])).astype(np.float32)
+
+
+def check(tmp_path, net: Net, outs, config="default", seed=1):
+    model = net.model(outs)
+    shape = net.shapes[net.input]
+    cm = compile_model(tmp_path, model, config, calib_for(shape))
+    x = np.random.default_rng(seed).normal(0, 1, shape).astype(np.float32)
+    compare_int8(cm, x)
+    return cm
+
+
+CONVS = [
+    # cin, cout, k, stride, pad, groups, h, w
+    (3, 10, 3, 1, 1, 1, 12, 11),
+    (8, 16, 1, 1, 0, 1, 9, 9),
+    (5, 12, 5, 2, 2, 1, 15, 13),
+    (16, 16, 3, 2, 1, 16, 10, 10),  # depthwise
+    (12, 24, 3, 1, 0, 3, 8, 9),  # grouped
+    (16, 32, 3, 1, 1, 2, 7, 7),
+    (8, 8, (1, 7), 1, None, 1, 6, 14),  # asymmetric kernel
+]
+
+
+@pytest.mark.parametrize("config", ["tiny", "default"])
+@pytest.mark.parametrize("spec", CONVS, ids=lambda s: "c{}-{}-k{}-s{}-p{}-g{}".format(*s[:6]))
+def test_conv(tmp_path, config, spec):
+    cin, cout, k, s, p, g, h, w = spec
+    net = Net("conv", (1, cin, h, w), seed=sum(map(hash, map(str, spec))) % 1000)
+    kk = k if isinstance(k, tuple) else (k, k)
+    pad = p if p is not None else None
+    if isinstance(k, tuple):
+        y = net.conv(net.input, cout, kk, stride=s, pad=0, groups=g, relu=False)
+    else:
+        y = net.conv(net.input, cout, k, stride=s, pad=pad, groups=g, relu=False)
+    cm = check(tmp_path, net, [y], config)
+    assert [la["op"] for la in cm.lowered.layers] == ["Conv"]
+
+
+@pytest.mark.parametrize("config", ["tiny", "default"])
+def test_conv_batchnorm_relu_batch2(tmp_path, config):
+    net = Net("bn", (2, 6, 10, 10), seed=4)
+    y = net.conv(net.input, 12, 3, bn=True, relu=True)
+    cm = check(tmp_path, net, [y], config)
+    assert [la["op"] for la in cm.lowered.layers] == ["Conv"]  # BN folded, Relu fused by the quantiser
+    assert "frame x2" in cm.lowered.layers[0]["split"]
+
+
+@pytest.mark.parametrize("config", ["tiny", "default"])
+@pytest.mark.parametrize("kind", ["max2", "max3p1", "avg2", "avg3p1_incl", "gap"])
+def test_pooling(tmp_path, config, kind):
+    net = Net("pool", (1, 12, 11, 10), seed=7)
+    x = net.conv(net.input, 12, 3)
+    y = {
+        "max2": lambda: net.maxpool(x, 2, 2),
+        "max3p1": lambda: net.maxpool(x, 3, 2, 1),
+        "avg2": lambda: net.avgpool(x, 2, 2),
+        "avg3p1_incl": lambda: net.avgpool(x, 3, 1, 1, count_include_pad=1),
+        "gap": lambda: net.gap(x),
+    }[kind]()
+    cm = check(tmp_path, net, [y], config)
+    assert [la["placement"] for la in cm.lowered.layers] == ["npu", "npu"]
+
+
+def test_average_pool_excluding_padding_runs_on_the_host(tmp_path):
+    net = Net("pool", (1, 8, 8, 8), seed=2)
+    y = net.conv(net.avgpool(net.conv(net.input, 8, 3), 3, 1, 1), 8, 1)
+    cm = check(tmp_path, net, [y])
+    assert [la["placement"] for la in cm.lowered.layers] == ["npu", "host", "npu"]
+    assert [s["kind"] for s in cm.lowered.segments] == ["npu", "host", "npu"]
+
+
+@pytest.mark.parametrize("config", ["tiny", "default"])
+def test_concat_with_channel_gaps_then_conv_and_gemm(tmp_path, config):
+    """Channel counts that are not multiples of the lane count leave gaps in the concatenated pitch;
+    the next convolution and the flattened Gemm see the real channels only."""
+    net = Net("cat", (1, 4, 6, 6), seed=9)
+    parts = [net.conv(net.input, c, 3) for c in (5, 8, 3)]
+    cat = net.concat(parts)
+    y = net.conv(cat, 7, 3, relu=False)
+    z = net.gemm(net.flatten(cat), 6)
+    cm = check(tmp_path, net, [y, z, cat], config)
+    ops = [la["op"] for la in cm.lowered.layers]
+    assert ops.count("Concat") == 1 and ops.count("Flatten") == 1
+
+
+@pytest.mark.parametrize("config", ["tiny", "default"])
+def test_residual_add_and_clip(tmp_path, config):
+    net = Net("res", (1, 8, 9, 9), seed=5)
+    a = net.conv(net.input, 16, 3)
+    b = net.conv(a, 16, 3, relu=False)
+    y = net.clip(net.add(a, b), -1.0, 2.0)
+    check(tmp_path, net, [y], config)
+
+
+def test_flatten_then_gemm_and_host_softmax(tmp_path):
+    net = Net("head", (2, 6, 5, 5), seed=12)
+    f = net.flatten(net.conv(net.input, 10, 3))
+    logits = net.gemm(f, 7)
+    probs = net.softmax(logits)
+    cm = check(tmp_path, net, [probs, logits])
+    assert cm.lowered.layers[-1]["placement"] == "host" and cm.lowered.outputs[0]["layout"]
+
+
+def test_host_step_in_the_middle(tmp_path):
+    """LRN between two convolutions: NPU, host, NPU segments, transparent to the caller."""
+    net = Net("lrn", (1, 8, 8, 8), seed=3)
+    y = net.conv(net.lrn(net.conv(net.input, 8, 3)), 8, 3)
+    cm = check(tmp_path, net, [y])
+    assert [s["kind"] for s in cm.lowered.segments] == ["npu", "host", "npu"]
+
+
+def test_convolution_four_times_the_scratchpad_is_split(tmp_path):
+    """A convolution whose input, weights and output take more than 4x the scratchpad (`default`)."""
+    net = Net("big", (1, 32, 112, 112), seed=21)
+    y = net.conv(net.input, 64, 3, relu=False)
+    model = net.model([y])
+    cm = compile_model(tmp_path, model, "default", calib_for((1, 32, 112, 112), n=4))
+    compare_int8(cm, np.random.default_rng(1).normal(0, 1, (1, 32, 112, 112)).astype(np.float32))
+    la = cm.lowered.layers[0]
+    data = 32 * 112 * 112 + 64 * 112 * 112 + 64 * 32 * 9
+    assert data >= 4 * cm.cfg.spad_bytes
+    assert "height" in la["split"] and la["spad_bytes"] <= cm.cfg.spad_bytes
