@@ -1,0 +1,312 @@
+"""Zoo definitions: every model is a function of its parameters and a seed, so `python -m npu.models`
+rebuilds the same files offline.
+
+* `digits_mlp`, `digits_cnn`: trained on scikit-learn's digits (8x8 images, 10 classes); the CNN is
+  trained here with a small numpy implementation of backpropagation (no framework needed).
+* `resnet_small`, `inception_small`: a residual and a branchy (inception-style) network on 32x32.
+* `perception`, `planning`: the preemption scenario's long perception CNN and short planning MLP.
+* `resnet50_like`, `inception_v1_like`, `squeezenet_like`: ImageNet-class topologies at 224x224
+  (BatchNorm, Concat, residual Add, Softmax at the end), full widths by default.
+
+Weights other than the digits models are seeded He initialisations: the zoo tests compilation and
+numerics, not accuracy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from .builder import Net
+
+
+@dataclass
+class ZooModel:
+    name: str
+    model: onnx.ModelProto
+    calib: np.ndarray  # calibration inputs (float)
+    test: np.ndarray  # held-out inputs
+    labels: np.ndarray | None = None  # held-out labels (trained models)
+
+
+def _digits():
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    xs, ys = load_digits(return_X_y=True)
+    xs = (xs / 16.0).astype(np.float32)
+    return train_test_split(xs, ys, test_size=0.25, random_state=0)
+
+
+def digits_mlp(batch: int = 1) -> ZooModel:
+    from sklearn.neural_network import MLPClassifier
+
+    xtr, xte, ytr, yte = _digits()
+    clf = MLPClassifier(hidden_layer_sizes=(64,), max_iter=600, random_state=0).fit(xtr, ytr)
+    net = Net("digits_mlp", (batch, 64))
+    h = net.relu(net.gemm(net.input, 64, clf.coefs_[0].T, clf.intercepts_[0]))
+    y = net.gemm(h, 10, clf.coefs_[1].T, clf.intercepts_[1])
+    return ZooModel("digits_mlp", net.model([y]), xtr[:256], xte, yte)
+
+
+def _im2col(x: np.ndarray, k: int, s: int, p: int) -> tuple[np.ndarray, int, int]:
+    n, c, h, w = x.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)))
+    oh, ow = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+    cols = np.empty((n, c, k, k, oh, ow), x.dtype)
+    for i in range(k):
+        for j in range(k):
+            cols[:, :, i, j] = xp[:, :, i : i + s * oh : s, j : j + s * ow : s]
+    return cols.transpose(0, 4, 5, 1, 2, 3).reshape(n * oh * ow, c * k * k), oh, ow
+
+
+def _col2im(cols: np.ndarray, shape, k: int, s: int, p: int, oh: int, ow: int) -> np.ndarray:
+    n, c, h, w = shape
+    cols = cols.reshape(n, oh, ow, c, k, k).transpose(0, 3, 4, 5, 1, 2)
+    xp = np.zeros((n, c, h + 2 * p, w + 2 * p), cols.dtype)
+    for i in range(k):
+        for j in range(k):
+            xp[:, :, i : i + s * oh : s, j : j + s * ow : s] += cols[:, :, i, j]
+    return xp[:, :, p : p + h, p : p + w]
+
+
+def train_digits_cnn(epochs: int = 40, seed: int = 0):
+    """conv3x3(1->8) relu, conv3x3/2(8->16) relu, flatten, fc(256->10): Adam, cross-entropy."""
+    xtr, xte, ytr, yte = _digits()
+    rng = np.random.default_rng(seed)
+    shapes = {"w1": (8, 1, 3, 3), "b1": (8,), "w2": (16, 8, 3, 3), "b2": (16,), "w3": (10, 256), "b3": (10,)}
+    fan = {"w1": 9, "w2": 72, "w3": 256}
+    P = {k: (rng.normal(0, np.sqrt(2 / fan[k]), s) if k in fan else np.zeros(s)) for k, s in shapes.items()}
+    m = {k: np.zeros_like(v) for k, v in P.items()}
+    v = {k: np.zeros_like(v) for k, v in P.items()}
+    x_all = xtr.reshape(-1, 1, 8, 8).astype(np.float64)
+    step = 0
+    for _ in range(epochs):
+        order = rng.permutation(len(x_all))
+        for i in range(0, len(order), 32):
+            idx = order[i : i + 32]
+            x, y = x_all[idx], ytr[idx]
+            n = len(idx)
+            c1, oh1, ow1 = _im2col(x, 3, 1, 1)
+            z1 = c1 @ P["w1"].reshape(8, -1).T + P["b1"]
+            a1 = np.maximum(z1, 0).reshape(n, oh1, ow1, 8).transpose(0, 3, 1, 2)
+            c2, oh2, ow2 = _im2col(a1, 3, 2, 1)
+            z2 = c2 @ P["w2"].reshape(16, -1).T + P["b2"]
+            a2 = np.maximum(z2, 0).reshape(n, oh2, ow2, 16).transpose(0, 3, 1, 2)
+            f = a2.reshape(n, -1)
+            logits = f @ P["w3"].T + P["b3"]
+            pr = np.exp(logits - logits.max(1, keepdims=True))
+            pr /= pr.sum(1, keepdims=True)
+            g = pr.copy()
+            g[np.arange(n), y] -= 1
+            g /= n
+            G = {"w3": g.T @ f, "b3": g.sum(0)}
+            ga2 = (g @ P["w3"]).reshape(a2.shape).transpose(0, 2, 3, 1).reshape(-1, 16) * (z2 > 0)
+            G["w2"], G["b2"] = (ga2.T @ c2).reshape(shapes["w2"]), ga2.sum(0)
+            ga1 = _col2im(ga2 @ P["w2"].reshape(16, -1), a1.shape, 3, 2, 1, oh2, ow2)
+            ga1 = ga1.transpose(0, 2, 3, 1).reshape(-1, 8) * (z1 > 0)
+            G["w1"], G["b1"] = (ga1.T @ c1).reshape(shapes["w1"]), ga1.sum(0)
+            step += 1
+            for k in P:  # Adam
+                m[k] = 0.9 * m[k] + 0.1 * G[k]
+                v[k] = 0.999 * v[k] + 0.001 * G[k] ** 2
+                P[k] -= 3e-3 * (m[k] / (1 - 0.9**step)) / (np.sqrt(v[k] / (1 - 0.999**step)) + 1e-8)
+    return P, (xtr, xte, ytr, yte)
+
+
+def digits_cnn(batch: int = 1) -> ZooModel:
+    P, (xtr, xte, _, yte) = train_digits_cnn()
+    net = Net("digits_cnn", (batch, 1, 8, 8))
+    h = net.conv(net.input, 8, 3, weight=P["w1"], bias=P["b1"])
+    h = net.conv(h, 16, 3, stride=2, weight=P["w2"], bias=P["b2"])
+    y = net.gemm(net.flatten(h), 10, P["w3"], P["b3"])
+    return ZooModel(
+        "digits_cnn", net.model([y]), xtr[:256].reshape(-1, 1, 8, 8), xte.reshape(-1, 1, 8, 8), yte
+    )
+
+
+def _random_inputs(shape, n_calib: int, n_test: int, seed: int):
+    rng = np.random.default_rng(seed)
+    calib = rng.normal(0, 1, (n_calib * shape[0], *shape[1:])).astype(np.float32)
+    test = rng.normal(0, 1, (n_test * shape[0], *shape[1:])).astype(np.float32)
+    return calib, test
+
+
+def _bottleneck(net: Net, x: str, mid: int, out: int, stride: int) -> str:
+    h = net.conv(x, mid, 1, bn=True)
+    h = net.conv(h, mid, 3, stride=stride, bn=True)
+    h = net.conv(h, out, 1, bn=True, relu=False)
+    cin = net.shapes[x][1]
+    short = (
+        x if stride == 1 and cin == out else net.conv(x, out, 1, stride=stride, pad=0, bn=True, relu=False)
+    )
+    return net.relu(net.add(h, short))
+
+
+def _basic_block(net: Net, x: str, out: int, stride: int) -> str:
+    h = net.conv(x, out, 3, stride=stride, bn=True)
+    h = net.conv(h, out, 3, bn=True, relu=False)
+    cin = net.shapes[x][1]
+    short = (
+        x if stride == 1 and cin == out else net.conv(x, out, 1, stride=stride, pad=0, bn=True, relu=False)
+    )
+    return net.relu(net.add(h, short))
+
+
+def _inception(net: Net, x: str, c1: int, c3r: int, c3: int, c5r: int, c5: int, pp: int) -> str:
+    b1 = net.conv(x, c1, 1)
+    b2 = net.conv(net.conv(x, c3r, 1), c3, 3)
+    b3 = net.conv(net.conv(x, c5r, 1), c5, 5)
+    b4 = net.conv(net.maxpool(x, 3, 1, 1), pp, 1)
+    return net.concat([b1, b2, b3, b4])
+
+
+def _head(net: Net, x: str, classes: int) -> list[str]:
+    logits = net.gemm(net.flatten(net.gap(x)), classes)
+    return [net.softmax(logits), logits]
+
+
+def normalise_logits(model: onnx.ModelProto, calib: np.ndarray, target_std: float = 2.0) -> onnx.ModelProto:
+    """Scale the last Gemm/Conv so the logits of random weights have a trained-like spread (and the
+    softmax is not saturated): run the float model on the calibration data, rescale once."""
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    logits_name = model.graph.output[-1].name
+    batch = model.graph.input[0].type.tensor_type.shape.dim[0].dim_value
+    feeds = [
+        {model.graph.input[0].name: calib[i : i + batch]} for i in range(0, len(calib) - batch + 1, batch)
+    ]
+    std = float(np.std([sess.run([logits_name], f)[0] for f in feeds]))
+    last = [n for n in model.graph.node if n.op_type in ("Gemm", "Conv")][-1]
+    f = target_std / max(std, 1e-12)
+    for init in model.graph.initializer:
+        if init.name in list(last.input[1:]):
+            init.CopyFrom(
+                numpy_helper.from_array((numpy_helper.to_array(init) * f).astype(np.float32), init.name)
+            )
+    return model
+
+
+def resnet_small(batch: int = 1) -> ZooModel:
+    net = Net("resnet_small", (batch, 3, 32, 32), seed=11)
+    x = net.conv(net.input, 16, 3, bn=True)
+    for out, stride in ((16, 1), (32, 2), (64, 2)):
+        x = _basic_block(net, x, out, stride)
+    calib, test = _random_inputs((batch, 3, 32, 32), 8, 4, 11)
+    return ZooModel("resnet_small", normalise_logits(net.model(_head(net, x, 10)), calib), calib, test)
+
+
+def inception_small(batch: int = 1) -> ZooModel:
+    net = Net("inception_small", (batch, 3, 32, 32), seed=12)
+    x = net.conv(net.input, 32, 3, bn=True)
+    x = _inception(net, x, 16, 16, 24, 4, 8, 8)
+    x = net.maxpool(x, 3, 2, 1)
+    x = _inception(net, x, 24, 16, 32, 8, 12, 12)
+    calib, test = _random_inputs((batch, 3, 32, 32), 8, 4, 12)
+    return ZooModel("inception_small", normalise_logits(net.model(_head(net, x, 10)), calib), calib, test)
+
+
+def perception(batch: int = 1) -> ZooModel:
+    """The long model of the preemption scenario: a detection-style CNN on 64x64 frames."""
+    net = Net("perception", (batch, 3, 64, 64), seed=13)
+    x = net.conv(net.input, 32, 3, stride=2, bn=True)
+    for out, stride in ((32, 1), (64, 2), (64, 1), (128, 2), (128, 1)):
+        x = _basic_block(net, x, out, stride)
+    x = net.conv(x, 64, 1, bn=True)
+    y = net.gemm(net.flatten(net.gap(x)), 16)
+    calib, test = _random_inputs((batch, 3, 64, 64), 8, 4, 13)
+    return ZooModel("perception", net.model([y]), calib, test)
+
+
+def planning(batch: int = 1) -> ZooModel:
+    """The short, urgent model: an MLP from 64 features to 8 control outputs."""
+    net = Net("planning", (batch, 64), seed=14)
+    h = net.relu(net.gemm(net.input, 128))
+    h = net.relu(net.gemm(h, 64))
+    y = net.gemm(h, 8)
+    calib, test = _random_inputs((batch, 64), 32, 4, 14)
+    return ZooModel("planning", net.model([y]), calib, test)
+
+
+def resnet50_like(width: int = 64, batch: int = 1) -> ZooModel:
+    """ResNet-50's topology (7x7/2 stem, max pool, 3-4-6-3 bottlenecks, GAP, FC, Softmax), widths
+    scaled by width/64 (64: the real network's 25.5 M weights)."""
+    net = Net("resnet50_like", (batch, 3, 224, 224), seed=50)
+    x = net.maxpool(net.conv(net.input, width, 7, stride=2, pad=3, bn=True), 3, 2, 1)
+    for i, (blocks, mid) in enumerate(((3, width), (4, 2 * width), (6, 4 * width), (3, 8 * width))):
+        for j in range(blocks):
+            x = _bottleneck(net, x, mid, 4 * mid, 2 if j == 0 and i > 0 else 1)
+    calib, test = _random_inputs((batch, 3, 224, 224), 4, 1, 50)
+    return ZooModel("resnet50_like", normalise_logits(net.model(_head(net, x, 100)), calib), calib, test)
+
+
+def inception_v1_like(div: int = 1, batch: int = 1) -> ZooModel:
+    """GoogLeNet's topology (stem with LRN, nine inception blocks, 7x7 average pool, FC, Softmax),
+    channel counts divided by `div`."""
+    net = Net("inception_v1_like", (batch, 3, 224, 224), seed=51)
+
+    def c(v: int) -> int:
+        return max(4, v // div)
+
+    x = net.maxpool(net.conv(net.input, c(64), 7, stride=2, pad=3), 3, 2, 1)
+    x = net.lrn(x)
+    x = net.conv(net.conv(x, c(64), 1), c(192), 3)
+    x = net.maxpool(net.lrn(x), 3, 2, 1)
+    blocks = {
+        "3a": (64, 96, 128, 16, 32, 32), "3b": (128, 128, 192, 32, 96, 64),
+        "4a": (192, 96, 208, 16, 48, 64), "4b": (160, 112, 224, 24, 64, 64),
+        "4c": (128, 128, 256, 24, 64, 64),
+        "4d": (112, 144, 288, 32, 64, 64), "4e": (256, 160, 320, 32, 128, 128),
+        "5a": (256, 160, 320, 32, 128, 128), "5b": (384, 192, 384, 48, 128, 128),
+    }  # fmt: skip
+    for name, spec in blocks.items():
+        x = _inception(net, x, *(c(v) for v in spec))
+        if name in ("3b", "4e"):
+            x = net.maxpool(x, 3, 2, 1)
+    x = net.avgpool(x, 7, 1)
+    logits = net.gemm(net.flatten(x), 100)
+    calib, test = _random_inputs((batch, 3, 224, 224), 4, 1, 51)
+    model = normalise_logits(net.model([net.softmax(logits), logits]), calib)
+    return ZooModel("inception_v1_like", model, calib, test)
+
+
+def squeezenet_like(batch: int = 1) -> ZooModel:
+    """SqueezeNet 1.1's topology (fire modules: squeeze 1x1, expand 1x1 + 3x3 concatenated), full
+    widths, BatchNorm after every convolution, a 1x1 classifier conv, GAP and Softmax."""
+    net = Net("squeezenet_like", (batch, 3, 224, 224), seed=52)
+
+    def fire(x: str, s: int, e: int) -> str:
+        sq = net.conv(x, s, 1, bn=True)
+        return net.concat([net.conv(sq, e, 1, bn=True), net.conv(sq, e, 3, bn=True)])
+
+    x = net.maxpool(net.conv(net.input, 64, 3, stride=2, pad=0, bn=True), 3, 2)
+    x = fire(fire(x, 16, 64), 16, 64)
+    x = net.maxpool(x, 3, 2)
+    x = fire(fire(x, 32, 128), 32, 128)
+    x = net.maxpool(x, 3, 2)
+    for s, e in ((48, 192), (48, 192), (64, 256), (64, 256)):
+        x = fire(x, s, e)
+    x = net.conv(x, 100, 1, pad=0)
+    logits = net.flatten(net.gap(x))
+    calib, test = _random_inputs((batch, 3, 224, 224), 4, 1, 52)
+    model = normalise_logits(net.model([net.softmax(logits), logits]), calib)
+    return ZooModel("squeezenet_like", model, calib, test)
+
+
+ZOO = {
+    "digits_mlp": digits_mlp,
+    "digits_cnn": digits_cnn,
+    "resnet_small": resnet_small,
+    "inception_small": inception_small,
+    "perception": perception,
+    "planning": planning,
+}
+IMAGENET = {
+    "resnet50_like": resnet50_like,
+    "inception_v1_like": inception_v1_like,
+    "squeezenet_like": squeezenet_like,
+}
