@@ -15,6 +15,7 @@ from npu.isa import encode_program
 from .cleanup import cleanup
 from .frontend import CompileError, is_qdq, load, quantize_float_model
 from .lower import Lowered, lower
+from .order import SearchResult, search_order
 
 
 @dataclass
@@ -25,6 +26,7 @@ class CompiledModel:
     qdq: onnx.ModelProto  # the quantised model (onnxruntime's reference for the int8 results)
     source: str = ""
     compile_s: float = 0.0
+    search: SearchResult | None = None
 
     @property
     def program(self) -> bytes:
@@ -68,6 +70,27 @@ class CompiledModel:
 
         return run_container(self.to_container(), list(inputs), self.cfg, model=model, int8=True)[0]
 
+    def _order_report(self) -> list[str]:
+        if self.search is None:
+            return ["operator order: ONNX order (--order default)"]
+        r = self.search
+        lines = [
+            f"operator order: searched in {r.search_s:.2f} s over {len(r.subgraphs)} subgraphs "
+            f"(cut at key nodes), predicted gain {r.predicted_gain} cycles"
+            + (" (time budget reached: later subgraphs keep the ONNX order)" if r.timed_out else "")
+        ]
+        for i, s in enumerate(r.subgraphs):
+            names = [self.lowered.layers[self.lowered.order.index(v)]["node"] for v in s.order]
+            lines.append(
+                f"  subgraph {i}: {len(s.order)} operators, {s.orders}"
+                f"{'+' if s.method.startswith('sampled') else ''} orders, {s.method}, "
+                f"{s.evaluated} evaluated, "
+                f"{s.default_cycles} -> {s.best_cycles} cycles: "
+                + " ".join(str(n) for n in names[:12])
+                + (" ..." if len(names) > 12 else "")
+            )
+        return lines
+
     def report(self) -> str:
         """Placement, splits, cancellation points, predicted cycles and scratchpad peak."""
         low = self.lowered
@@ -89,6 +112,7 @@ class CompiledModel:
             f"operators: {n_npu} on the NPU, {n_host} on the host, "
             f"{sum(la['placement'] == 'view' for la in low.layers)} views (no data moved)",
             f"segments: {len(low.segments)} (" + ", ".join(s["kind"] for s in low.segments) + ")",
+            *self._order_report(),
             f"cancellation points: {len(low.cancel_points)} "
             "(one after every NPU operator; no live on-chip data)",
             f"predicted cycles: {total} (cost model, NPU operators)",
@@ -104,7 +128,14 @@ def compile_onnx(
     config: str | NpuConfig = "default",
     calib: np.ndarray | None = None,
     cancel_points: bool = True,
+    order: str = "search",
+    order_budget_s: float | None = 20.0,
+    exhaustive_limit: int = 120,
 ) -> CompiledModel:
+    """Compile an ONNX model. `order`: "search" (key-node partitioned order search with the golden
+    model's timing, at most `order_budget_s` seconds) or "default" (the ONNX order)."""
+    if order not in ("search", "default"):
+        raise CompileError(f"order must be 'search' or 'default', not {order!r}")
     t0 = time.perf_counter()
     cfg = get_config(config)
     model = load(path)
@@ -112,11 +143,17 @@ def compile_onnx(
         if calib is None:
             raise CompileError(f"{path}: a float model needs calibration data (--calib calib.npy)")
         model = quantize_float_model(cleanup(model), calib, str(path))
-    low = lower(model, cfg, str(path), cancel_points=cancel_points)
+    lowering = lower(model, cfg, str(path))
+    search = None
+    if order == "search":
+        search = search_order(
+            lowering, budget_s=order_budget_s, exhaustive_limit=exhaustive_limit, cancel_points=cancel_points
+        )
+    low = lowering.assemble(search.order if search else None, cancel_points=cancel_points)
     base = -(-low.dram_end // 4096) * 4096
     if base + len(low.program) * 32 > cfg.dram_bytes:
         raise CompileError(
             f"{path}: weights, activations and program do not fit the "
             f"{cfg.dram_bytes} bytes of DRAM on {cfg.name}"
         )
-    return CompiledModel(cfg, low, base, model, str(path), time.perf_counter() - t0)
+    return CompiledModel(cfg, low, base, model, str(path), time.perf_counter() - t0, search)

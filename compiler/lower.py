@@ -11,7 +11,7 @@ NPU program ranges (each ending in END) and host steps.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import onnx
@@ -20,8 +20,8 @@ from npu.sim.timing import duration
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from npu.config import NpuConfig
-from npu.isa import Instr
+from npu.config import ACC_BASE, NpuConfig
+from npu.isa import Instr, Opcode, footprint
 from npu.program import ProgramBuilder
 from npu.tensors import Layout
 
@@ -85,6 +85,35 @@ class Lowered:
     cancel_points: dict[int, int] = field(default_factory=dict)
     host_models: dict[str, bytes] = field(default_factory=dict)
     dram_end: int = 0
+    order: list[int] = field(default_factory=list)  # fragment indices in program order
+
+
+@dataclass
+class Frag:
+    """One operator, lowered once: its program items (NPU) or its host step, and what it depends on."""
+
+    index: int
+    kind: str  # "npu" | "host" | "view"
+    layer: dict
+    deps: set[int]
+    items: list = field(default_factory=list)  # ProgramBuilder items
+    host: dict | None = None
+    host_model: bytes = b""
+
+
+@dataclass
+class Lowering:
+    """Every operator lowered, not yet ordered; `assemble` turns an order into programs."""
+
+    cfg: NpuConfig
+    frags: list[Frag]
+    dram: list[tuple[int, bytes]]
+    inputs: list[dict]
+    outputs: list[dict]
+    dram_end: int
+
+    def assemble(self, order: list[int] | None = None, cancel_points: bool = True) -> Lowered:
+        return assemble(self, list(range(len(self.frags))) if order is None else order, cancel_points)
 
 
 class _Alloc:
@@ -105,8 +134,8 @@ def _attrs(n: onnx.NodeProto) -> dict:
 
 
 class _Lowering:
-    def __init__(self, model: onnx.ModelProto, cfg: NpuConfig, source: str, cancel_points: bool):
-        self.model, self.cfg, self.source, self.with_cps = model, cfg, source, cancel_points
+    def __init__(self, model: onnx.ModelProto, cfg: NpuConfig, source: str):
+        self.model, self.cfg, self.source = model, cfg, source
         g = model.graph
         self.consts = initializers(model)
         self.producers = {o: n for n in g.node for o in n.output}
@@ -120,14 +149,8 @@ class _Lowering:
         self.acts: dict[str, Act] = {}  # Q output name -> placed tensor
         self.qt: dict[str, QTensor] = {}
         self.host_float: set[str] = set()  # float tensors computed by host steps
-        self.instrs: list[Instr] = []
-        self.segments: list[dict] = []
-        self.layers: list[dict] = []
-        self.cps: dict[int, int] = {}
-        self.host_models: dict[str, bytes] = {}
-        self.b: ProgramBuilder | None = None
-        self.host: dict | None = None
-        self.n_cp = 0
+        self.frags: list[Frag] = []
+        self.frag_of: dict[str, int] = {}  # float tensor name -> producing fragment
         for n in g.node:
             if n.op_type == "QuantizeLinear":
                 zp_name = n.input[2] if len(n.input) > 2 else ""
@@ -202,74 +225,31 @@ class _Lowering:
         self.dram.append((addr, data))
         return addr
 
-    # -- segments -----------------------------------------------------------------------------
-    def npu(self) -> ProgramBuilder:
-        if self.host is not None:
-            self._close_host()
-        if self.b is None:
-            self.b = ProgramBuilder(self.cfg)
-        return self.b
+    # -- fragments ----------------------------------------------------------------------------
+    def _trace(self, name: str) -> str:
+        """The tensor a (possibly quantised) value comes from, through DequantizeLinear/QuantizeLinear."""
+        for _ in range(4):
+            p = self.producers.get(name)
+            if p is None or p.op_type not in ("QuantizeLinear", "DequantizeLinear"):
+                return name
+            name = p.input[0]
+        return name
 
-    def _close_npu(self) -> None:
-        if self.b is None:
-            return
-        built = self.b.build()
-        start = len(self.instrs)
-        self.instrs.extend(built.instrs)
-        for cp, pc in built.cancel_points.items():
-            self.cps[cp] = start + pc
-        for la in self.layers:
-            if la.get("_open"):
-                first, last = la.pop("_items")
-                la.pop("_open")
-                pcs = built.item_pcs + [len(built.instrs) - 1]
-                la["pc"] = [start + pcs[first], start + pcs[last]]
-                la.update(_estimate(built.instrs[pcs[first] : pcs[last]], self.cfg))
-        self.segments.append({"kind": "npu", "pc": start, "end": len(self.instrs) - 1})
-        self.b = None
+    def new_frag(self, n, kind: str, shape, info: dict | None = None) -> Frag:
+        deps = {self.frag_of[self._trace(x)] for x in n.input if x and self._trace(x) in self.frag_of}
+        layer = {"node": n.name, "op": n.op_type, "placement": kind, "shape": list(shape)}
+        layer.update(info or {})
+        f = Frag(len(self.frags), kind, layer, deps)
+        self.frags.append(f)
+        for o in n.output:
+            self.frag_of[o] = f.index
+        return f
 
-    def _close_host(self) -> None:
-        h = self.host
-        self.host = None
-        name = f"host{len(self.host_models)}"
-        g = helper.make_graph(h["nodes"], name, h["graph_inputs"], h["graph_outputs"], h["inits"])
-        m = helper.make_model(g, opset_imports=list(self.model.opset_import))
-        m.ir_version = self.model.ir_version
-        try:
-            ReferenceEvaluator(m)
-        except Exception as e:
-            node = h["nodes"][-1]
-            raise CompileError(
-                f"{self.where(node)}: the NPU does not run {node.op_type} and the host cannot either ({e})"
-            ) from None
-        self.host_models[name] = m.SerializeToString()
-        self.segments.append(
-            {
-                "kind": "host",
-                "model": name,
-                "inputs": h["inputs"],
-                "quantize": h["quantize"],
-                "nodes": [f"{x.name} ({x.op_type})" for x in h["nodes"]],
-            }
-        )
-
-    def op_done(self, n, first: int, shape, info: dict | None = None) -> None:
-        la = {
-            "node": n.name,
-            "op": n.op_type,
-            "placement": "npu",
-            "shape": list(shape),
-            "_items": [first, len(self.b)],
-            "_open": True,
-        }
-        la.update(info or {})
-        self.layers.append(la)
-        if self.with_cps:
-            self.b.cancel_point(self.n_cp)
-            self.n_cp += 1
+    def op_done(self, n, b: ProgramBuilder, shape, info: dict | None = None) -> None:
+        self.new_frag(n, "npu", shape, info).items = list(b._items)
 
     # -- the graph ----------------------------------------------------------------------------
-    def run(self) -> Lowered:
+    def run(self) -> Lowering:
         g = self.model.graph
         inputs = []
         for gi in g.input:
@@ -284,19 +264,12 @@ class _Lowering:
             inputs.append(tensor_desc(gi.name, a))
         for n in g.node:
             if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
-                if n.op_type == "QuantizeLinear" and n.input[0] in self.host_float and self.host is not None:
-                    q = self.qt[n.output[0]]
-                    a = self.place(q, f"{self.where(n)} output")
-                    self.host["quantize"].append({"float": n.input[0], "tensor": tensor_desc(q.name, a)})
                 continue
             reason = self.npu_reason(n)
             if reason is None:
                 self.lower_npu(n)
             else:
                 self.lower_host(n, reason)
-        if self.host is not None:
-            self._close_host()
-        self._close_npu()
         outputs = []
         for go in g.output:
             p = self.producers.get(go.name)
@@ -309,17 +282,7 @@ class _Lowering:
                     f"{self.source}: graph output {go.name!r} must come from a DequantizeLinear "
                     "or a host step"
                 )
-        return Lowered(
-            self.instrs,
-            self.dram,
-            inputs,
-            outputs,
-            self.segments,
-            self.layers,
-            self.cps,
-            self.host_models,
-            self.alloc.next,
-        )
+        return Lowering(self.cfg, self.frags, self.dram, inputs, outputs, self.alloc.next)
 
     # -- placement ----------------------------------------------------------------------------
     def npu_reason(self, n) -> str | None:
@@ -395,11 +358,9 @@ class _Lowering:
             elif tuple(out.shape) != tuple(lay.shape):
                 lay = lay.flatten()
             self.acts[out.name] = Act(out, x.addr, lay)
-            self.layers.append({"node": n.name, "op": op, "placement": "view", "shape": list(out.shape)})
+            self.new_frag(n, "view", out.shape)
             return
-        b = self.npu()
-        first = len(b)
-        getattr(self, "_" + op.lower())(n, b, first)
+        getattr(self, "_" + op.lower())(n, ProgramBuilder(self.cfg), 0)
 
     def _requant_params(self, x: QTensor, y: QTensor, n, lo: float | None = None, hi: float | None = None):
         mult, shift = quant_multiplier(x.scale / y.scale, self.where(n))
@@ -453,7 +414,7 @@ class _Lowering:
         mult, shift = quant_multiplier(x.q.scale * s_w / yq.scale, self.where(n))
         rq = dict(mult=mult, shift=shift, zp_out=yq.zero_point, lo=-128, hi=127)
         info = conv_program(b, self.cfg, x, y, w, bias, groups, geo, rq, self.const, self.where(n))
-        self.op_done(n, first, yq.shape, info)
+        self.op_done(n, b, yq.shape, info)
 
     def _gemm(self, n, b: ProgramBuilder, first: int) -> None:
         x = self.act_in(n.input[0], n)
@@ -499,7 +460,7 @@ class _Lowering:
             bias_addr=bias_addr,
             builder=b,
         )
-        self.op_done(n, first, [m_, n_, k_])
+        self.op_done(n, b, [m_, n_, k_])
 
     _matmul = _gemm
 
@@ -540,7 +501,7 @@ class _Lowering:
             self._requant_params(x.q, yq, n, lo, hi),
             self._unit(x.layout),
         )
-        self.op_done(n, first, yq.shape)
+        self.op_done(n, b, yq.shape)
 
     def _add(self, n, b: ProgramBuilder, first: int) -> None:
         xa, xb = (self.act_in(i, n) for i in n.input if i)
@@ -556,7 +517,7 @@ class _Lowering:
             zp_out=yq.zero_point,
         )
         add_program(b, self.cfg, xa.addr, xb.addr, y.addr, xa.nbytes, params, self._unit(xa.layout))
-        self.op_done(n, first, yq.shape)
+        self.op_done(n, b, yq.shape)
 
     _sum = _add
 
@@ -580,7 +541,7 @@ class _Lowering:
             layout, pixels = Layout.dense(yq.shape), yq.shape[0]
         y = self.place(yq, f"{self.where(n)} output", layout)
         concat_program(b, self.cfg, parts, y, pixels)
-        self.op_done(n, first, yq.shape)
+        self.op_done(n, b, yq.shape)
 
     def _pool(self, n, b: ProgramBuilder, first: int, kernel, strides, pads, mode: int) -> None:
         x = self.act_in(n.input[0], n)
@@ -600,7 +561,7 @@ class _Lowering:
             mult, shift = quant_multiplier(x.q.scale / (yq.scale * kernel[0] * kernel[1]), self.where(n))
             rq = dict(mult=mult, shift=shift, zp_in=x.q.zero_point, zp_out=yq.zero_point, lo=-128, hi=127)
         info = pool_program(b, self.cfg, x, y, geo, mode, rq, rescale, self.where(n))
-        self.op_done(n, first, yq.shape, info)
+        self.op_done(n, b, yq.shape, info)
 
     def _maxpool(self, n, b, first) -> None:
         a = _attrs(n)
@@ -618,63 +579,66 @@ class _Lowering:
 
     # -- host steps ---------------------------------------------------------------------------
     def lower_host(self, n, reason: str) -> None:
+        """One host step: the node as a small float ONNX graph, fed from DRAM (dequantised), from
+        constants or from earlier host results; results feeding a QuantizeLinear go back to DRAM."""
         if n.domain not in ("", "ai.onnx"):
             raise CompileError(
                 f"{self.where(n)}: operator {n.domain}.{n.op_type} cannot run on the NPU or the host"
             )
-        self._close_npu()
-        if self.host is None:
-            self.host = {
-                "nodes": [],
-                "graph_inputs": [],
-                "graph_outputs": [],
-                "inits": [],
-                "inputs": [],
-                "quantize": [],
-                "names": set(),
-            }
-        h = self.host
+        g_inputs, inits, inputs, quantize, seen = [], [], [], [], set()
+        graph_inputs = {i.name for i in self.model.graph.input}
         for name in n.input:
-            if not name or name in h["names"]:
+            if not name or name in seen:
                 continue
-            h["names"].add(name)
+            seen.add(name)
             kind = self.src_kind(name)
             if name in self.consts:
-                h["inits"].append(numpy_helper.from_array(self.consts[name], name))
+                inits.append(numpy_helper.from_array(self.consts[name], name))
             elif kind == "const":
                 _, v, scale, zp = self.dq_source(name, n)
-                h["inits"].append(numpy_helper.from_array(((v.astype(np.float32) - zp) * scale), name))
+                inits.append(numpy_helper.from_array(((v.astype(np.float32) - zp) * scale), name))
             elif kind == "act":
                 a = self.act_in(name, n)
-                h["graph_inputs"].append(
-                    helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, list(a.q.shape))
-                )
-                h["inputs"].append({"float": name, "tensor": tensor_desc(a.q.name, a)})
-            elif name in self.host_float or name in {i.name for i in self.model.graph.input}:
+                g_inputs.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, list(a.q.shape)))
+                inputs.append({"float": name, "tensor": tensor_desc(a.q.name, a)})
+            elif name in self.host_float or name in graph_inputs:
                 shape = self.shape(name, n)
-                h["graph_inputs"].append(
-                    helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, list(shape))
-                )
-                h["inputs"].append({"float": name, "tensor": None})
+                g_inputs.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, list(shape)))
+                inputs.append({"float": name, "tensor": None})
             else:
                 raise CompileError(f"{self.where(n)}: input {name!r} has no producer the compiler knows")
-        h["nodes"].append(n)
+        g_outputs = []
         for o in n.output:
-            if o:
-                self.host_float.add(o)
-                h["names"].add(o)
-                h["graph_outputs"].append(
-                    helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, list(self.shape(o, n)))
-                )
-        self.layers.append(
-            {
-                "node": n.name,
-                "op": n.op_type,
-                "placement": "host",
-                "reason": reason,
-                "shape": list(self.shape(n.output[0], n)),
-            }
+            if not o:
+                continue
+            self.host_float.add(o)
+            g_outputs.append(helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, list(self.shape(o, n))))
+            for c in self.consumers.get(o, []):
+                if c.op_type == "QuantizeLinear":
+                    q = self.qt[c.output[0]]
+                    a = self.place(q, f"{self.where(c)} output")
+                    quantize.append({"float": o, "tensor": tensor_desc(q.name, a)})
+        name = f"host{len(self.frags)}"
+        m = helper.make_model(
+            helper.make_graph([n], name, g_inputs, g_outputs, inits),
+            opset_imports=list(self.model.opset_import),
         )
+        m.ir_version = self.model.ir_version
+        try:
+            ReferenceEvaluator(m)
+        except Exception as e:
+            raise CompileError(
+                f"{self.where(n)}: the NPU does not run {n.op_type} and the host cannot either ({e})"
+            ) from None
+        f = self.new_frag(n, "host", self.shape(n.output[0], n), {"reason": reason})
+        f.host = {
+            "kind": "host",
+            "model": name,
+            "inputs": inputs,
+            "quantize": quantize,
+            "nodes": [f"{n.name} ({n.op_type})"],
+        }
+        f.host_model = m.SerializeToString()
 
 
 def _estimate(instrs: list[Instr], cfg: NpuConfig) -> dict:
@@ -692,7 +656,115 @@ def _estimate(instrs: list[Instr], cfg: NpuConfig) -> dict:
     }
 
 
-def lower(
-    model: onnx.ModelProto, cfg: NpuConfig, source: str = "model", cancel_points: bool = True
-) -> Lowered:
-    return _Lowering(model, cfg, source, cancel_points).run()
+_ADDR_FIELDS = {
+    Opcode.LOAD: ("spad",),
+    Opcode.STORE: ("spad",),
+    Opcode.MATMUL: ("a", "b", "c"),
+    Opcode.VMAP: ("src", "dst"),
+    Opcode.VADD: ("a", "b", "dst"),
+    Opcode.POOL: ("src", "dst"),
+}
+
+
+def _relocate_top(items: list, cfg: NpuConfig) -> list:
+    """The same fragment with its on-chip buffers moved to the top of the scratchpad and of the
+    accumulators, so that consecutive operators use disjoint buffers where they fit and may overlap."""
+    spad_end = acc_end = 0
+    for it in items:
+        if it.kind != "instr":
+            continue
+        reads, writes = footprint(it.instr)
+        for sp in reads + writes:
+            if sp.space == "onchip":
+                if sp.start >= ACC_BASE:
+                    acc_end = max(acc_end, sp.end - ACC_BASE)
+                else:
+                    spad_end = max(spad_end, sp.end)
+    ds = (cfg.spad_bytes - spad_end) // ALIGN * ALIGN
+    da = (cfg.acc_bytes - acc_end) // cfg.acc_row_bytes * cfg.acc_row_bytes
+    if ds == 0 and da == 0:
+        return items
+    out = []
+    for it in items:
+        if it.kind == "instr" and it.instr.op in _ADDR_FIELDS:
+            f = dict(it.instr.fields)
+            for name in _ADDR_FIELDS[it.instr.op]:
+                f[name] += da if f[name] >= ACC_BASE else ds
+            it = replace(it, instr=Instr(it.instr.op, f))
+        out.append(it)
+    return out
+
+
+def assemble(low: Lowering, order: list[int], cancel_points: bool = True) -> Lowered:
+    """Programs and host steps for one operator order (a topological order of the fragments)."""
+    cfg = low.cfg
+    pos = {f: i for i, f in enumerate(order)}
+    if sorted(order) != list(range(len(low.frags))):
+        raise ValueError("the order must name every operator once")
+    for f in low.frags:
+        for d in f.deps:
+            if pos[d] > pos[f.index]:
+                raise ValueError(
+                    f"operator {f.layer['node']} is ordered before its input {low.frags[d].layer['node']}"
+                )
+    instrs: list[Instr] = []
+    segments: list[dict] = []
+    layers: list[dict] = []
+    cps: dict[int, int] = {}
+    host_models: dict[str, bytes] = {}
+    b: ProgramBuilder | None = None
+    pending: list[tuple[dict, int, int]] = []
+    n_cp = k_npu = 0
+
+    def close() -> None:
+        built = b.build()
+        start = len(instrs)
+        instrs.extend(built.instrs)
+        for cp, pc in built.cancel_points.items():
+            cps[cp] = start + pc
+        pcs = built.item_pcs + [len(built.instrs) - 1]
+        for la, i0, i1 in pending:
+            la["pc"] = [start + pcs[i0], start + pcs[i1]]
+            la.update(_estimate(built.instrs[pcs[i0] : pcs[i1]], cfg))
+        segments.append({"kind": "npu", "pc": start, "end": len(instrs) - 1})
+
+    for idx in order:
+        f = low.frags[idx]
+        la = dict(f.layer)
+        if f.kind == "npu":
+            if b is None:
+                b, pending = ProgramBuilder(cfg), []
+            items = f.items if k_npu % 2 == 0 else _relocate_top(f.items, cfg)
+            k_npu += 1
+            i0 = len(b)
+            b._items.extend(items)
+            pending.append((la, i0, len(b)))
+            if cancel_points:
+                b.cancel_point(n_cp)
+                n_cp += 1
+        elif f.kind == "host":
+            if b is not None:
+                close()
+                b = None
+            segments.append(f.host)
+            host_models[f.host["model"]] = f.host_model
+        layers.append(la)
+    if b is not None:
+        close()
+    return Lowered(
+        instrs,
+        low.dram,
+        low.inputs,
+        low.outputs,
+        segments,
+        layers,
+        cps,
+        host_models,
+        low.dram_end,
+        list(order),
+    )
+
+
+def lower(model: onnx.ModelProto, cfg: NpuConfig, source: str = "model") -> Lowering:
+    """Lower every operator of a QDQ model (in ONNX order; `Lowering.assemble` orders them)."""
+    return _Lowering(model, cfg, source).run()

@@ -37,7 +37,9 @@ def cmd_compile(args) -> int:
         except (OSError, ValueError) as e:
             raise CliError(f"--calib {args.calib}: cannot read: {e}") from None
     try:
-        cm = compile_onnx(args.model, args.config, calib=calib)
+        cm = compile_onnx(
+            args.model, args.config, calib=calib, order=args.order, order_budget_s=args.order_budget
+        )
     except CompileError as e:
         raise CliError(str(e)) from None
     out = args.output or str(Path(args.model).with_suffix(".npub"))
@@ -255,6 +257,20 @@ def cmd_bench(args) -> int:
                 f"cycles and drain bound {result['drain_bound']}"
             )
         return 0
+    if args.what == "order":
+        from npu.compiler.bench import bench_order
+
+        result = bench_order(cfg, args.models, args.timeout)
+        if args.json:
+            print(json.dumps(result))
+        else:
+            for r in result["models"]:
+                print(
+                    f"{r['model']}: {r['default_cycles']:,} cycles in ONNX order, {r['searched_cycles']:,} "
+                    f"searched ({r['gain']:.1%} fewer); search {r['search_s']} s over {r['subgraphs']} "
+                    f"subgraphs, unpartitioned {r['search_s_unpartitioned']}"
+                )
+        return 0
     if args.what == "model" or (args.what == "gemm" and args.backend == "model"):
         from npu.sim.bench import bench_model
 
@@ -365,8 +381,15 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmarks that print figures (use --json)")
     b.add_argument(
         "what",
-        choices=["model", "gemm"],
-        help="model: GEMM on the golden model; gemm: GEMM sweep on --backend",
+        choices=["model", "gemm", "order"],
+        help="model: GEMM on the golden model; gemm: GEMM sweep on --backend; "
+        "order: operator order search on the zoo's branchy models",
+    )
+    b.add_argument(
+        "--models", nargs="+", help="order: zoo models (default resnet_small inception_small perception)"
+    )
+    b.add_argument(
+        "--timeout", type=float, default=60.0, help="order: time limit of the unpartitioned search (s)"
     )
     b.add_argument("--backend", choices=["model", "rtl"], default="model")
     b.add_argument("--config", default="default")
@@ -409,7 +432,21 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("-o", "--output", help="output .npub (default: MODEL with .npub)")
     cp.add_argument("--config", default="default")
     cp.add_argument("--calib", metavar="CALIB.npy", help="calibration inputs for a float model")
-    cp.add_argument("--report", action="store_true", help="print the operator placement")
+    cp.add_argument(
+        "--report",
+        action="store_true",
+        help="print placement, splits, subgraphs and chosen orders, cancellation points, cycles, "
+        "scratchpad peak",
+    )
+    cp.add_argument(
+        "--order",
+        choices=["search", "default"],
+        default="search",
+        help="operator order: search (key-node partitioned, golden-model timing) or default (ONNX order)",
+    )
+    cp.add_argument(
+        "--order-budget", type=float, default=20.0, metavar="S", help="time limit of the order search (s)"
+    )
     cp.set_defaults(func=cmd_compile)
 
     x = sub.add_parser("demo", help="preemption demo (not built yet)")

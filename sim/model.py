@@ -68,8 +68,13 @@ class _Run:
 class NpuModel:
     """One NPU engine: DRAM, scratchpad, accumulators and registers, driven like the hardware."""
 
-    def __init__(self, config: str | NpuConfig = "default", *, trace: bool = False):
+    def __init__(
+        self, config: str | NpuConfig = "default", *, trace: bool = False, timing_only: bool = False
+    ):
+        """`timing_only`: skip the data computation (cycle counts do not depend on data), for cost
+        models that only need the timing."""
         self.cfg = get_config(config)
+        self.timing_only = timing_only
         self.dram = np.zeros(self.cfg.dram_bytes, np.uint8)
         self.chip = OnChip(self.cfg)
         self.now = 0
@@ -399,7 +404,7 @@ class NpuModel:
         for p in UNITS:
             if ins.wait >> p & 1:
                 run.tokens[(p, u)].popleft()
-        if ins.op != Opcode.SYNC:
+        if ins.op != Opcode.SYNC and not self.timing_only:
             execute(self.chip, self.dram, ins)
         d = duration(ins, self.cfg)
         end = t + d

@@ -1,0 +1,64 @@
+"""`npu bench order`: what the order search buys on the zoo's branchy models, measured on the golden
+model, and how long the search takes with and without the key-node partition."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from npu.config import NpuConfig
+
+from .cleanup import cleanup
+from .compile import CompiledModel
+from .frontend import quantize_float_model
+from .lower import lower
+from .order import search_order
+
+BRANCHY = ("resnet_small", "inception_small", "perception")
+
+
+def _measured_cycles(cm: CompiledModel, x: np.ndarray) -> int:
+    from npu.sim.runner import run_container
+
+    _, counters = run_container(cm.to_container(), [x], cm.cfg)
+    return counters["CYCLES"]
+
+
+def bench_order(cfg: NpuConfig, names: list[str] | None = None, timeout_s: float = 60.0) -> dict:
+    from npu.models import zoo
+
+    rows = []
+    for name in names or BRANCHY:
+        print(f"bench order: {name}", file=sys.stderr, flush=True)
+        z = zoo.ZOO[name]()
+        qdq = quantize_float_model(cleanup(z.model), z.calib, name)
+        low = lower(qdq, cfg, name)
+        part = search_order(low, budget_s=None)
+        full = search_order(low, partition=False, exhaustive_limit=10**9, budget_s=timeout_s)
+        batch = z.model.graph.input[0].type.tensor_type.shape.dim[0].dim_value
+        x = z.test[:batch]
+        with tempfile.TemporaryDirectory() as d:
+            onnx.save(z.model, str(Path(d) / "m.onnx"))
+        measured = {}
+        for label, order in (("default", None), ("searched", part.order)):
+            cm = CompiledModel(cfg, low.assemble(order), -(-low.dram_end // 4096) * 4096, qdq, name)
+            measured[label] = _measured_cycles(cm, x)
+        rows.append(
+            {
+                "model": name,
+                "operators": len(low.frags),
+                "subgraphs": len(part.subgraphs),
+                "default_cycles": measured["default"],
+                "searched_cycles": measured["searched"],
+                "gain": 1 - measured["searched"] / measured["default"],
+                "search_s": round(part.search_s, 3),
+                "search_s_unpartitioned": "timeout" if full.timed_out else round(full.search_s, 3),
+                "unpartitioned_timeout_s": timeout_s,
+                "evaluations": sum(s.evaluated for s in part.subgraphs),
+            }
+        )
+    return {"config": cfg.name, "models": rows}

@@ -1,0 +1,259 @@
+"""Operator order search (seed 004).
+
+Independent operators may run in any order, and the order changes how much of one operator's DMA
+hides under another's compute (consecutive operators use opposite ends of the scratchpad, so the
+program builder lets them overlap where their data do not conflict). The search:
+
+1. finds the key nodes: operators that every input-to-output path passes (with any topological
+   order, v is a key node exactly when no edge jumps over it);
+2. cuts the graph after each key node into subgraphs and merges subgraphs smaller than
+   `merge_below` operators into the one before (fewer, larger subgraphs: less linking work);
+3. searches each subgraph's topological orders, exhaustively up to `exhaustive_limit` orders and by
+   random sampling above it, with the golden model's timing as the cost model (the subgraph's
+   program run alone, timing only);
+4. links the best orders in subgraph sequence (subgraphs run one after another, so each can be
+   optimised alone).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from npu.sim.model import NpuModel
+
+from npu.program import ProgramBuilder
+from npu.registers import Status
+
+from .lower import Lowering, _relocate_top
+
+
+def key_nodes(deps: list[set[int]]) -> list[int]:
+    """Operators every path passes; `deps[i]` are the inputs of operator i, indices in a topological
+    order (the ONNX order)."""
+    n = len(deps)
+    cover = [0] * (n + 1)
+    for b, ds in enumerate(deps):
+        for a in ds:
+            if b - a > 1:  # the edge a -> b jumps over a+1 .. b-1
+                cover[a + 1] += 1
+                cover[b] -= 1
+    keys, run = [], 0
+    for v in range(n):
+        run += cover[v]
+        if run == 0:
+            keys.append(v)
+    return keys
+
+
+def subgraphs(deps: list[set[int]], merge_below: int = 3) -> list[list[int]]:
+    """Consecutive runs of operators cut after each key node; runs with fewer than `merge_below`
+    operators are merged into the previous one."""
+    keys = set(key_nodes(deps))
+    groups: list[list[int]] = [[]]
+    for v in range(len(deps)):
+        groups[-1].append(v)
+        if v in keys:
+            groups.append([])
+    groups = [g for g in groups if g]
+    merged: list[list[int]] = []
+    for g in groups:
+        if merged and len(g) < merge_below:
+            merged[-1].extend(g)
+        else:
+            merged.append(g)
+    if len(merged) > 1 and len(merged[0]) < merge_below:
+        merged[1] = merged[0] + merged[1]
+        merged.pop(0)
+    return merged
+
+
+def topo_orders(nodes: list[int], deps: list[set[int]]) -> Iterator[list[int]]:
+    """Every topological order of `nodes` (dependencies outside the set are satisfied)."""
+    inside = set(nodes)
+    indeg = {v: len(deps[v] & inside) for v in nodes}
+    users: dict[int, list[int]] = {v: [] for v in nodes}
+    for v in nodes:
+        for d in deps[v] & inside:
+            users[d].append(v)
+    order: list[int] = []
+
+    def rec() -> Iterator[list[int]]:
+        if len(order) == len(nodes):
+            yield list(order)
+            return
+        for v in nodes:
+            if indeg[v] == 0 and v not in placed:
+                placed.add(v)
+                order.append(v)
+                for u in users[v]:
+                    indeg[u] -= 1
+                yield from rec()
+                for u in users[v]:
+                    indeg[u] += 1
+                order.pop()
+                placed.discard(v)
+
+    placed: set[int] = set()
+    yield from rec()
+
+
+def count_orders(nodes: list[int], deps: list[set[int]], cap: int) -> int:
+    """Number of topological orders, counted up to `cap` (returns cap when there are more)."""
+    n = 0
+    for _ in topo_orders(nodes, deps):
+        n += 1
+        if n >= cap:
+            break
+    return n
+
+
+def random_order(nodes: list[int], deps: list[set[int]], rng: random.Random) -> list[int]:
+    inside = set(nodes)
+    done: set[int] = set()
+    order = []
+    while len(order) < len(nodes):
+        ready = [v for v in nodes if v not in done and deps[v] & inside <= done]
+        v = rng.choice(ready)
+        done.add(v)
+        order.append(v)
+    return order
+
+
+class CostModel:
+    """Cycles of a sequence of operators on the golden model (timing only), NPU operators alternating
+    between the bottom and the top of the on-chip memories as in the final program."""
+
+    def __init__(self, low: Lowering, cancel_points: bool = True):
+        self.low = low
+        self.cancel_points = cancel_points
+        self.model = NpuModel(low.cfg, timing_only=True)
+        self.base = -(-low.dram_end // 4096) * 4096
+        self.evaluations = 0
+
+    def cycles(self, order: list[int], parity: int = 0) -> int:
+        total = 0
+        b = None
+        k = parity
+        for idx in order + [-1]:
+            f = self.low.frags[idx] if idx >= 0 else None
+            if f is not None and f.kind == "npu":
+                b = b or ProgramBuilder(self.low.cfg)
+                b._items.extend(f.items if k % 2 == 0 else _relocate_top(f.items, self.low.cfg))
+                if self.cancel_points:  # as in the final program: they constrain the tokens
+                    b.cancel_point(k)
+                k += 1
+            elif (f is None or f.kind == "host") and b is not None:
+                total += self._run(b)
+                b = None
+        self.evaluations += 1
+        return total
+
+    def _run(self, b: ProgramBuilder) -> int:
+        from npu.isa import encode_program
+
+        m = self.model
+        m.soft_reset()
+        m.load_program(encode_program(b.build().instrs), self.base)
+        m.start(pc=0)
+        st = m.run()
+        if st != Status.DONE:
+            raise RuntimeError(f"cost model run ended in {st.name} ({m.error_code.name} at pc {m.error_pc})")
+        return m.counter_values()["CYCLES"]
+
+
+@dataclass
+class SubgraphResult:
+    nodes: list[str]
+    orders: int  # topological orders (counted up to the exhaustive limit + 1)
+    evaluated: int
+    method: str  # "exhaustive" | "sampled" | "single" | "budget"
+    default_cycles: int
+    best_cycles: int
+    order: list[int]
+
+
+@dataclass
+class SearchResult:
+    order: list[int]
+    subgraphs: list[SubgraphResult] = field(default_factory=list)
+    search_s: float = 0.0
+    timed_out: bool = False
+
+    @property
+    def predicted_gain(self) -> int:
+        return sum(s.default_cycles - s.best_cycles for s in self.subgraphs)
+
+
+def search_order(
+    low: Lowering,
+    *,
+    partition: bool = True,
+    exhaustive_limit: int = 120,
+    samples: int = 40,
+    merge_below: int = 3,
+    budget_s: float | None = 30.0,
+    seed: int = 0,
+    cancel_points: bool = True,
+) -> SearchResult:
+    """The best operator order found (see the module docstring); `partition=False` searches the
+    whole graph as one subgraph. With `budget_s`, subgraphs left when time runs out keep their ONNX
+    order (and the result says `timed_out`)."""
+    t0 = time.perf_counter()
+    deps = [f.deps for f in low.frags]
+    groups = subgraphs(deps, merge_below) if partition else [list(range(len(deps)))]
+    cost = CostModel(low, cancel_points)
+    rng = random.Random(seed)
+    res = SearchResult([])
+    parity = 0
+    for g in groups:
+        n_npu = sum(low.frags[v].kind == "npu" for v in g)
+        out_of_time = budget_s is not None and time.perf_counter() - t0 > budget_s
+        n = count_orders(g, deps, exhaustive_limit + 1)
+        if n == 1 or out_of_time:
+            c = cost.cycles(g, parity) if not out_of_time else 0
+            method = "single" if n == 1 else "budget"
+            res.subgraphs.append(SubgraphResult(_names(low, g), n, 1, method, c, c, g))
+            res.timed_out |= out_of_time
+            res.order += g
+            parity += n_npu
+            continue
+        if n <= exhaustive_limit:
+            cands, method = topo_orders(g, deps), "exhaustive"
+        else:
+            cands, method = _sampled(g, deps, samples, rng), "sampled"
+        default = cost.cycles(g, parity)
+        best, best_c, evaluated = g, default, 1
+        for cand in cands:
+            if cand == g:
+                continue
+            c = cost.cycles(cand, parity)
+            evaluated += 1
+            if c < best_c:
+                best, best_c = cand, c
+            if budget_s is not None and time.perf_counter() - t0 > budget_s:
+                res.timed_out = True
+                method += " (budget)"
+                break
+        res.subgraphs.append(SubgraphResult(_names(low, g), n, evaluated, method, default, best_c, best))
+        res.order += best
+        parity += n_npu
+    res.search_s = time.perf_counter() - t0
+    return res
+
+
+def _sampled(nodes, deps, count, rng) -> Iterator[list[int]]:
+    seen = set()
+    for _ in range(count * 4):
+        o = random_order(nodes, deps, rng)
+        if tuple(o) not in seen:
+            seen.add(tuple(o))
+            yield o
+        if len(seen) >= count:
+            return
+
+
+def _names(low: Lowering, g: list[int]) -> list[str]:
+    return [low.frags[v].layer["node"] for v in g]

@@ -1,0 +1,87 @@
+"""Order search (seed 004): key nodes, subgraphs, exhaustive vs partitioned search, and programs in
+a searched order computing the same results."""
+
+import json
+
+import numpy as np
+import onnx
+from npu.compiler.cleanup import cleanup
+from npu.compiler.frontend import quantize_float_model
+from npu.compiler.lower import lower
+from npu.compiler.order import CostModel, count_orders, key_nodes, search_order, subgraphs, topo_orders
+from npu.models.builder import Net
+
+from npu.cli import main
+from npu.config import get_config
+
+
+def test_key_nodes_of_a_diamond_chain():
+    # 0 -> {1, 2} -> 3 -> 4 -> {5 -> 6, 7} -> 8
+    deps = [set(), {0}, {0}, {1, 2}, {3}, {4}, {5}, {4}, {6, 7}]
+    assert key_nodes(deps) == [0, 3, 4, 8]
+    assert subgraphs(deps, merge_below=1) == [[0], [1, 2, 3], [4], [5, 6, 7, 8]]
+    assert subgraphs(deps, merge_below=3) == [[0, 1, 2, 3, 4], [5, 6, 7, 8]]
+    assert count_orders([5, 6, 7, 8], deps, 100) == 3
+    orders = list(topo_orders([5, 6, 7, 8], deps))
+    assert len(orders) == len({tuple(o) for o in orders}) == 3
+    assert all(o.index(5) < o.index(6) and o[-1] == 8 for o in orders)
+
+
+def _branchy():
+    n = Net("branchy", (1, 8, 12, 12), seed=0)
+    x = n.conv(n.input, 16, 3)
+    for _ in range(2):
+        a = n.conv(x, 16, 1)
+        b = n.conv(n.conv(x, 8, 1), 16, 3)
+        c = n.conv(n.maxpool(x, 3, 1, 1), 8, 1)
+        x = n.conv(n.concat([a, b, c]), 16, 1)
+    return n.model([x])
+
+
+def test_exhaustive_and_partitioned_search_find_the_same_best_cost():
+    model = _branchy()
+    calib = np.random.default_rng(0).normal(size=(8, 8, 12, 12)).astype(np.float32)
+    low = lower(quantize_float_model(cleanup(model), calib), get_config("default"))
+    full = search_order(low, partition=False, exhaustive_limit=10**6, budget_s=None)
+    part = search_order(low, partition=True, exhaustive_limit=10**6, budget_s=None)
+    assert full.subgraphs[0].method == "exhaustive" and full.subgraphs[0].orders == 900
+    assert len(part.subgraphs) >= 2 and all(s.method in ("exhaustive", "single") for s in part.subgraphs)
+    cost = CostModel(low)
+    assert cost.cycles(full.order) == cost.cycles(part.order)
+    assert cost.cycles(part.order) <= cost.cycles(list(range(len(low.frags))))
+    assert part.search_s < full.search_s
+
+
+def test_searched_order_gives_the_same_outputs(tmp_path):
+    model = _branchy()
+    calib = np.random.default_rng(0).normal(size=(8, 8, 12, 12)).astype(np.float32)
+    x = np.random.default_rng(1).normal(size=(1, 8, 12, 12)).astype(np.float32)
+    path = tmp_path / "b.onnx"
+    onnx.save(model, str(path))
+    from npu.compiler import compile_onnx
+
+    searched = compile_onnx(path, calib=calib)
+    default = compile_onnx(path, calib=calib, order="default")
+    assert default.lowered.order == sorted(default.lowered.order)
+    assert searched.lowered.order != default.lowered.order
+    assert np.array_equal(searched.run_int8(x)[0], default.run_int8(x)[0])
+    assert "subgraph 1" in searched.report() and "ONNX order" in default.report()
+
+
+def test_bench_order_json(capsys):
+    assert main(["bench", "order", "--models", "resnet_small", "--timeout", "5", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)["models"][0]
+    assert r["model"] == "resnet_small"
+    assert r["searched_cycles"] <= r["default_cycles"]
+    for k in ("default_cycles", "searched_cycles", "search_s", "search_s_unpartitioned"):
+        assert k in r
+
+
+def test_compile_report_lists_subgraphs(tmp_path, capsys):
+    model = _branchy()
+    path = tmp_path / "b.onnx"
+    onnx.save(model, str(path))
+    np.save(tmp_path / "c.npy", np.random.default_rng(0).normal(size=(4, 8, 12, 12)).astype(np.float32))
+    assert main(["compile", str(path), "--calib", str(tmp_path / "c.npy"), "--report"]) == 0
+    out = capsys.readouterr().out
+    assert "predicted gain" in out and "subgraph 0" in out and "scratchpad peak" in out
