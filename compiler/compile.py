@@ -16,6 +16,7 @@ from .cleanup import cleanup
 from .frontend import CompileError, is_qdq, load, quantize_float_model
 from .lower import Lowered, lower
 from .order import SearchResult, search_order
+from .points import PointPolicy
 
 
 @dataclass
@@ -43,11 +44,7 @@ class CompiledModel:
             "outputs": low.outputs,
             "segments": low.segments,
             "layers": low.layers,
-            # every point sits between operators, whose tensors all live in DRAM: nothing on chip
-            "cancel_points": [
-                {"id": i, "pc": pc, "live_ranges": [], "live_bytes": 0}
-                for i, pc in sorted(low.cancel_points.items())
-            ],
+            "cancel_points": low.points,
         }
 
     def to_container(self):
@@ -91,6 +88,28 @@ class CompiledModel:
             )
         return lines
 
+    def _points_report(self) -> list[str]:
+        pts = self.lowered.points
+        if not pts:
+            return ["cancellation points: none"]
+        spill = sum(p["kind"] == "spill" for p in pts)
+        ts = [p["est_cycles"] for p in pts]
+        gaps = [b - a for a, b in zip([0] + ts, ts, strict=False) if b >= a]
+        lines = [
+            f"cancellation points: {len(pts)} ({spill} spill points at operator boundaries, "
+            f"{len(pts) - spill} interval points), largest estimated gap {max(gaps, default=0)} cycles, "
+            f"largest live data {max(p['live_bytes'] for p in pts)} bytes",
+            f"  {'id':>4} {'pc':>6} {'kind':<8} {'est cycle':>10} {'live bytes':>10} {'dump':>6} "
+            f"{'restore':>7}  ranges",
+        ]
+        for p in pts:
+            rng = " ".join(f"[0x{s:x},0x{e:x})" for s, e in p["live_ranges"][:3])
+            lines.append(
+                f"  {p['id']:>4} {p['pc']:>6} {p['kind']:<8} {p['est_cycles']:>10} {p['live_bytes']:>10} "
+                f"{p['dump_cycles']:>6} {p['restore_cycles']:>7}  {rng}"
+            )
+        return lines
+
     def report(self) -> str:
         """Placement, splits, cancellation points, predicted cycles and scratchpad peak."""
         low = self.lowered
@@ -113,8 +132,7 @@ class CompiledModel:
             f"{sum(la['placement'] == 'view' for la in low.layers)} views (no data moved)",
             f"segments: {len(low.segments)} (" + ", ".join(s["kind"] for s in low.segments) + ")",
             *self._order_report(),
-            f"cancellation points: {len(low.cancel_points)} "
-            "(one after every NPU operator; no live on-chip data)",
+            *self._points_report(),
             f"predicted cycles: {total} (cost model, NPU operators)",
             f"scratchpad peak: {peak} of {self.cfg.spad_bytes} bytes",
             f"instructions: {len(low.program)}, DRAM used: {low.dram_end} bytes",
@@ -129,7 +147,9 @@ def compile_onnx(
     calib: np.ndarray | None = None,
     cancel_points: bool = True,
     order: str = "search",
-    order_budget_s: float | None = 20.0,
+    cp_interval: int = 0,
+    cp_max_live: int | None = None,
+    order_budget_s: float | None = 10.0,
     exhaustive_limit: int = 120,
 ) -> CompiledModel:
     """Compile an ONNX model. `order`: "search" (key-node partitioned order search with the golden
@@ -149,7 +169,8 @@ def compile_onnx(
         search = search_order(
             lowering, budget_s=order_budget_s, exhaustive_limit=exhaustive_limit, cancel_points=cancel_points
         )
-    low = lowering.assemble(search.order if search else None, cancel_points=cancel_points)
+    policy = PointPolicy(cp_interval, cp_max_live) if cancel_points else None
+    low = lowering.assemble(search.order if search else None, policy)
     base = -(-low.dram_end // 4096) * 4096
     if base + len(low.program) * 32 > cfg.dram_bytes:
         raise CompileError(

@@ -35,6 +35,7 @@ def eltwise_program(
         b.add("load", spad=buf, dram=src + off, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols)
         b.add("vmap", src=buf, dst=buf, rows=rows, cols=cols, src_stride=cols, dst_stride=cols, **params)
         b.add("store", spad=buf, dram=dst + off, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols)
+        b.candidate()
 
 
 def add_program(
@@ -51,6 +52,7 @@ def add_program(
         )
         b.add("vadd", a=base, b=base + chunk, dst=base, len=c, **params)
         b.add("store", spad=base, dram=dst + off, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols)
+        b.candidate()
 
 
 def concat_program(
@@ -94,3 +96,4 @@ def concat_program(
                 spad_stride=width,
                 dram_stride=out_w,
             )
+            b.candidate()

@@ -27,6 +27,7 @@ from npu.tensors import Layout
 
 from .elementwise import add_program, concat_program, eltwise_program
 from .frontend import Act, CompileError, QTensor, initializers, static_shape
+from .points import SPILL_POINTS, Candidate, PointPolicy, choose, dma_cycles, fragment_liveness
 from .spatial import channel_align, conv_program, geometry, pool_program
 
 ALIGN = 64
@@ -86,6 +87,8 @@ class Lowered:
     host_models: dict[str, bytes] = field(default_factory=dict)
     dram_end: int = 0
     order: list[int] = field(default_factory=list)  # fragment indices in program order
+    points: list[dict] = field(default_factory=list)  # the cancellation point table
+    candidates: list[dict] = field(default_factory=list)  # every place a point could have gone
 
 
 @dataclass
@@ -112,8 +115,8 @@ class Lowering:
     outputs: list[dict]
     dram_end: int
 
-    def assemble(self, order: list[int] | None = None, cancel_points: bool = True) -> Lowered:
-        return assemble(self, list(range(len(self.frags))) if order is None else order, cancel_points)
+    def assemble(self, order: list[int] | None = None, policy: PointPolicy | None = SPILL_POINTS) -> Lowered:
+        return assemble(self, list(range(len(self.frags))) if order is None else order, policy)
 
 
 class _Alloc:
@@ -695,8 +698,9 @@ def _relocate_top(items: list, cfg: NpuConfig) -> list:
     return out
 
 
-def assemble(low: Lowering, order: list[int], cancel_points: bool = True) -> Lowered:
-    """Programs and host steps for one operator order (a topological order of the fragments)."""
+def assemble(low: Lowering, order: list[int], policy: PointPolicy | None = SPILL_POINTS) -> Lowered:
+    """Programs and host steps for one operator order (a topological order of the fragments), with
+    cancellation points placed by `policy` (None: no points)."""
     cfg = low.cfg
     pos = {f: i for i, f in enumerate(order)}
     if sorted(order) != list(range(len(low.frags))):
@@ -707,62 +711,99 @@ def assemble(low: Lowering, order: list[int], cancel_points: bool = True) -> Low
                 raise ValueError(
                     f"operator {f.layer['node']} is ordered before its input {low.frags[d].layer['node']}"
                 )
-    instrs: list[Instr] = []
-    segments: list[dict] = []
-    layers: list[dict] = []
-    cps: dict[int, int] = {}
-    host_models: dict[str, bytes] = {}
-    b: ProgramBuilder | None = None
-    pending: list[tuple[dict, int, int]] = []
-    n_cp = k_npu = 0
+    out = Lowered([], low.dram, low.inputs, low.outputs, [], [], {}, {}, low.dram_end, list(order))
+    seg: list = []  # items of the NPU segment being collected
+    cands: list[Candidate] = []
+    spans: list[tuple[dict, int, int]] = []  # layer, first item, end item
+    k_npu = 0
 
     def close() -> None:
-        built = b.build()
-        start = len(instrs)
-        instrs.extend(built.instrs)
-        for cp, pc in built.cancel_points.items():
-            cps[cp] = start + pc
-        pcs = built.item_pcs + [len(built.instrs) - 1]
-        for la, i0, i1 in pending:
-            la["pc"] = [start + pcs[i0], start + pcs[i1]]
-            la.update(_estimate(built.instrs[pcs[i0] : pcs[i1]], cfg))
-        segments.append({"kind": "npu", "pc": start, "end": len(instrs) - 1})
+        nonlocal seg, cands, spans
+        if not seg:
+            return
+        _emit_segment(cfg, out, seg, cands, spans, policy)
+        seg, cands, spans = [], [], []
 
     for idx in order:
         f = low.frags[idx]
         la = dict(f.layer)
+        out.layers.append(la)
         if f.kind == "npu":
-            if b is None:
-                b, pending = ProgramBuilder(cfg), []
             items = f.items if k_npu % 2 == 0 else _relocate_top(f.items, cfg)
             k_npu += 1
-            i0 = len(b)
-            b._items.extend(items)
-            pending.append((la, i0, len(b)))
-            if cancel_points:
-                b.cancel_point(n_cp)
-                n_cp += 1
+            while items and items[-1].kind == "cand":  # the boundary point follows anyway
+                items = items[:-1]
+            live = fragment_liveness(items, cfg)
+            base = len(seg)
+            for i, it in enumerate(items):
+                if it.kind == "cand":
+                    cands.append(Candidate(base + i, 0, False, live[i]))
+            seg.extend(items)
+            spans.append((la, base, len(seg)))
+            cands.append(Candidate(len(seg), 0, True, []))
         elif f.kind == "host":
-            if b is not None:
-                close()
-                b = None
-            segments.append(f.host)
-            host_models[f.host["model"]] = f.host_model
-        layers.append(la)
-    if b is not None:
-        close()
-    return Lowered(
-        instrs,
-        low.dram,
-        low.inputs,
-        low.outputs,
-        segments,
-        layers,
-        cps,
-        host_models,
-        low.dram_end,
-        list(order),
-    )
+            close()
+            out.segments.append(f.host)
+            out.host_models[f.host["model"]] = f.host_model
+    close()
+    return out
+
+
+def _emit_segment(cfg, out: Lowered, seg: list, cands: list[Candidate], spans, policy) -> None:
+    # estimated time at each item position: the busiest unit's cumulative duration
+    busy = [0, 0, 0, 0]
+    t_at = []
+    for it in seg:
+        t_at.append(max(busy))
+        if it.kind == "instr":
+            busy[int(it.instr.unit)] += duration(it.instr, cfg)
+    t_at.append(max(busy))
+    for c in cands:
+        c.t = t_at[c.pos]
+    chosen = choose(cands, policy, cfg) if policy is not None else []
+    seg_no = len(out.segments)
+    out.candidates += [
+        {"segment": seg_no, "est_cycles": c.t, "live_bytes": c.live_bytes, "boundary": c.boundary}
+        for c in cands
+    ]
+    at = {c.pos: c for c in chosen}
+    b = ProgramBuilder(cfg)
+    new_index: dict[int, int] = {}
+    point_ids: list[tuple[int, Candidate]] = []
+    for i in range(len(seg) + 1):
+        new_index[i] = len(b)
+        if i in at:
+            cp = len(out.cancel_points) + len(point_ids)
+            b.cancel_point(cp)
+            point_ids.append((cp, at[i]))
+        if i < len(seg) and seg[i].kind != "cand":
+            b._items.append(seg[i])
+    built = b.build()
+    start = len(out.program)
+    out.program.extend(built.instrs)
+    pcs = built.item_pcs + [len(built.instrs) - 1]
+    for cp, c in point_ids:
+        pc = start + built.cancel_points[cp]
+        out.cancel_points[cp] = pc
+        dump, restore = dma_cycles(c.live, cfg)
+        out.points.append(
+            {
+                "id": cp,
+                "pc": pc,
+                "kind": "spill" if c.boundary else "interval",
+                "segment": seg_no,
+                "est_cycles": c.t,
+                "live_ranges": [list(r) for r in c.live],
+                "live_bytes": c.live_bytes,
+                "dump_cycles": dump,
+                "restore_cycles": restore,
+            }
+        )
+    for la, i0, i1 in spans:
+        p0, p1 = pcs[new_index[i0]], pcs[new_index[i1]]
+        la["pc"] = [start + p0, start + p1]
+        la.update(_estimate(built.instrs[p0:p1], cfg))
+    out.segments.append({"kind": "npu", "pc": start, "end": len(out.program) - 1})
 
 
 def lower(model: onnx.ModelProto, cfg: NpuConfig, source: str = "model") -> Lowering:

@@ -386,6 +386,7 @@ def conv_program(
                             dram_stride=cpy,
                             label="output",
                         )
+                b.candidate()  # between bands: only the resident weights are live
     return {
         "split": plan.describe(g, cpy, win_max),
         "tile": {"co": plan.co_t, "ci": plan.ci_t, "rows": plan.rows},
@@ -500,6 +501,7 @@ def pool_program(
                     b.add(
                         "store", spad=ob, dram=out, rows=rows * g.ow, cols=ct, spad_stride=ct, dram_stride=cp
                     )
+                b.candidate()
     parts = ([f"frame x{g.n}"] if g.n > 1 else []) + ([f"channel x{cdiv(cp, ct)}"] if ct < cp else [])
     if rows_max < g.oh:
         parts.append(f"height x{cdiv(g.oh, rows_max)} (halo {max(g.kh - g.sh, 0)})")

@@ -38,7 +38,13 @@ def cmd_compile(args) -> int:
             raise CliError(f"--calib {args.calib}: cannot read: {e}") from None
     try:
         cm = compile_onnx(
-            args.model, args.config, calib=calib, order=args.order, order_budget_s=args.order_budget
+            args.model,
+            args.config,
+            calib=calib,
+            order=args.order,
+            order_budget_s=args.order_budget,
+            cp_interval=args.cp_interval,
+            cp_max_live=args.cp_max_live,
         )
     except CompileError as e:
         raise CliError(str(e)) from None
@@ -445,7 +451,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="operator order: search (key-node partitioned, golden-model timing) or default (ONNX order)",
     )
     cp.add_argument(
-        "--order-budget", type=float, default=20.0, metavar="S", help="time limit of the order search (s)"
+        "--order-budget", type=float, default=10.0, metavar="S", help="time limit of the order search (s)"
+    )
+    cp.add_argument(
+        "--cp-interval",
+        type=_int,
+        default=0,
+        metavar="N",
+        help="also place cancellation points inside operators, at most N estimated cycles apart where "
+        "possible (default 0: only at operator boundaries)",
+    )
+    cp.add_argument(
+        "--cp-max-live",
+        type=_int,
+        metavar="BYTES",
+        help="skip interior points whose live on-chip data exceed BYTES (default: a quarter of the "
+        "scratchpad)",
     )
     cp.set_defaults(func=cmd_compile)
 

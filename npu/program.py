@@ -26,7 +26,7 @@ NUNITS = len(Unit)
 
 @dataclass
 class _Item:
-    kind: str  # "instr", "cp", "barrier"
+    kind: str  # "instr", "cp", "barrier", "cand" (a place a point may go; emits nothing)
     instr: Instr | None = None
     cp_id: int = 0
     label: str = ""
@@ -73,6 +73,11 @@ class ProgramBuilder:
             raise ValueError(f"cancellation point id {cp_id} used twice")
         self._cp_ids.add(cp_id)
         self._items.append(_Item("cp", cp_id=cp_id))
+
+    def candidate(self) -> None:
+        """Mark a place between instructions where a compiler may put a cancellation point (a
+        later pass turns chosen candidates into points; `build` ignores the rest)."""
+        self._items.append(_Item("cand"))
 
     def barrier(self) -> None:
         self._items.append(_Item("barrier"))
@@ -143,6 +148,8 @@ class ProgramBuilder:
                 if item.label:
                     labels[len(out)] = item.label
                 emit(item.instr, index)
+            elif item.kind == "cand":
+                continue
             elif item.kind == "barrier":
                 out.append(make(Opcode.BARRIER))
                 last = [len(h) - 1 for h in hist]

@@ -206,7 +206,7 @@ class NpuModel:
     def run(self, max_cycles: int | None = None) -> Status:
         """Simulate until the core stops (DONE, PAUSED or ERROR) or `max_cycles` pass."""
         until = None if max_cycles is None else self.now + max_cycles
-        self._simulate(until)
+        self._simulate(until, stop_early=True)
         return self.status
 
     def _stop(self, status: Status, t: int, *, code: ErrorCode = ErrorCode.NONE, pc: int = 0) -> None:
@@ -301,7 +301,9 @@ class NpuModel:
             return None
         return max(base, run.last_end)
 
-    def _simulate(self, until: int | None) -> None:
+    def _simulate(self, until: int | None, stop_early: bool = False) -> None:
+        """Simulate up to cycle `until`; the clock ends at `until` unless `stop_early` and the core
+        stopped before it (then it ends at the stop)."""
         run = self._run
         while run is not None:
             best_t, best_u = None, None
@@ -341,7 +343,7 @@ class NpuModel:
             else:
                 self._execute(run, best_u, best_t)
             run = self._run
-        if until is not None:
+        if until is not None and not (stop_early and self._run is None):
             self.now = max(self.now, until)
 
     def _error_after_drain(self, run: _Run, t: int, code: ErrorCode, pc: int) -> None:

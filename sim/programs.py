@@ -201,6 +201,8 @@ def gemm_program(
             if cancel_every and tiles % cancel_every == 0 and not last:
                 b.cancel_point(cp_base + cp)
                 cp += 1
+            elif not last:
+                b.candidate()
     return None if builder is not None else b.build()
 
 

@@ -1,0 +1,146 @@
+"""Cancellation point placement (seed 000).
+
+Candidates are the places an emitter marked (between row bands, output tiles, chunks) and every
+operator boundary. A paused program stops at a point with every instruction before it finished and
+none after it started, so the on-chip data live there is exact: bytes written before the point and
+read after it before being overwritten (a backward liveness pass over the operator's instructions).
+
+* Spill points: every operator boundary (all tensors are in DRAM: nothing live).
+* Interval points: with `interval`, inside operators so that the estimated cycles between consecutive
+  points stay within `interval` wherever a candidate allows it, skipping candidates whose live data
+  exceed `max_live` bytes.
+
+Estimated cycles are the cost model's: the largest per-unit sum of instruction durations since the
+segment started (units overlap, so this is a lower bound of the elapsed time). Each point's table row
+gives its live ranges and the cycles to dump them to DRAM and restore them (one DMA per range).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from npu.sim.timing import duration
+
+from npu.config import ACC_BASE, NpuConfig
+from npu.isa import footprint, make
+
+
+@dataclass(frozen=True)
+class PointPolicy:
+    interval: int = 0  # estimated cycles between points; 0: operator boundaries only
+    max_live: int | None = None  # bytes; default a quarter of the scratchpad
+
+
+SPILL_POINTS = PointPolicy()
+
+
+@dataclass
+class Candidate:
+    pos: int  # index in the segment's item list (the point goes before this item)
+    t: int  # estimated cycles since the segment started
+    boundary: bool
+    live: list[tuple[int, int]]  # on-chip [start, end) ranges
+
+    @property
+    def live_bytes(self) -> int:
+        return sum(e - s for s, e in self.live)
+
+
+def _index(cfg: NpuConfig, addr: int) -> int:
+    return addr - ACC_BASE + cfg.spad_bytes if addr >= ACC_BASE else addr
+
+
+def _ranges(cfg: NpuConfig, bits: np.ndarray) -> list[tuple[int, int]]:
+    if not bits.any():
+        return []
+    d = np.diff(np.concatenate([[0], bits.astype(np.int8), [0]]))
+    starts, ends = np.flatnonzero(d == 1), np.flatnonzero(d == -1)
+    out = []
+    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+        # a range never crosses from the scratchpad into the accumulators
+        if s < cfg.spad_bytes < e:
+            out += [(s, cfg.spad_bytes), (ACC_BASE, ACC_BASE + e - cfg.spad_bytes)]
+        elif s >= cfg.spad_bytes:
+            out.append((ACC_BASE + s - cfg.spad_bytes, ACC_BASE + e - cfg.spad_bytes))
+        else:
+            out.append((s, e))
+    return out
+
+
+def fragment_liveness(items: list, cfg: NpuConfig) -> dict[int, list[tuple[int, int]]]:
+    """Live on-chip ranges at every candidate ("cand" item index) of one operator's items."""
+    cands = [i for i, it in enumerate(items) if it.kind == "cand"]
+    if not cands:
+        return {}
+    size = cfg.spad_bytes + cfg.acc_bytes
+    spans = []
+    for it in items:
+        if it.kind != "instr":
+            spans.append(([], []))
+            continue
+        r, w = footprint(it.instr)
+        conv = [(_index(cfg, s.start), _index(cfg, s.end - 1) + 1) for s in r if s.space == "onchip"]
+        conw = [(_index(cfg, s.start), _index(cfg, s.end - 1) + 1) for s in w if s.space == "onchip"]
+        spans.append((conv, conw))
+    needed = np.zeros(size, bool)
+    needed_at: dict[int, np.ndarray] = {}
+    cset = set(cands)
+    for i in range(len(items) - 1, -1, -1):
+        if i in cset:
+            needed_at[i] = needed.copy()
+        reads, writes = spans[i]
+        for s, e in writes:
+            needed[s:e] = False
+        for s, e in reads:
+            needed[s:e] = True
+    written = np.zeros(size, bool)
+    out = {}
+    for i in range(len(items)):
+        if i in cset:
+            out[i] = _ranges(cfg, written & needed_at[i])
+        for s, e in spans[i][1]:
+            written[s:e] = True
+    return out
+
+
+def dma_cycles(ranges: list[tuple[int, int]], cfg: NpuConfig) -> tuple[int, int]:
+    """(dump, restore) cycles: one STORE / LOAD per range (rows of at most 65535 bytes)."""
+    dump = restore = 0
+    for s, e in ranges:
+        n = e - s
+        cols = min(n, 0xFFFF)
+        rows = -(-n // cols)
+        dump += duration(
+            make("store", spad=s, dram=0, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols), cfg
+        )
+        restore += duration(
+            make("load", spad=s, dram=0, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols), cfg
+        )
+    return dump, restore
+
+
+def choose(cands: list[Candidate], policy: PointPolicy, cfg: NpuConfig) -> list[Candidate]:
+    """Every boundary, plus interior candidates so that gaps stay within the interval where possible."""
+    max_live = cfg.spad_bytes // 4 if policy.max_live is None else policy.max_live
+    chosen: list[Candidate] = []
+    last_t = 0
+    prev: Candidate | None = None
+    for c in cands:
+        if c.boundary:
+            chosen.append(c)
+            last_t, prev = c.t, None
+            continue
+        if not policy.interval or c.live_bytes > max_live:
+            continue
+        if c.t - last_t > policy.interval:
+            if prev is not None:
+                chosen.append(prev)
+                last_t = prev.t
+                prev = None
+            if c.t - last_t > policy.interval:
+                chosen.append(c)
+                last_t = c.t
+                continue
+        prev = c
+    return chosen

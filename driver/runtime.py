@@ -1,0 +1,514 @@
+"""The runtime API: `Npu(backend=...)`, `load(program) -> LoadedModel`, `model.run(inputs)`,
+`submit(...) -> Job`, priorities and preemption at cancellation points.
+
+Scheduling is event driven in device time (cycles): jobs arrive (now, or at a given cycle), the
+highest priority ready job runs, and a job that becomes ready with a higher priority than the running
+one preempts it:
+
+1. the driver sets PAUSE; the core stops at its next cancellation point (a job that reaches END
+   first is simply waited for);
+2. the driver reads CP_ID and RESUME_PC and dumps that point's live on-chip ranges into the job's save
+   area with a driver-generated program of STOREs run by the NPU itself;
+3. the urgent job runs; later the preempted job's ranges are restored by a program of LOADs and it
+   resumes at the saved PC. Preemption nests (every job has its own save area).
+
+Between two program segments of a job (host steps) nothing is on chip, so a job yields there for free.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import heapq
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from npu.config import NpuConfig, get_config
+from npu.container import Container
+from npu.executor import HostSteps, check_inputs, read_tensor, read_tensor_int8, write_tensor
+from npu.isa import ErrorCode, Opcode, decode_program, encode_program
+from npu.program import ProgramBuilder
+from npu.registers import NPU_MAGIC, Control, Status
+
+from .trace import Trace
+from .transport import ModelTransport, Transport
+
+AUX_BYTES = 0x10000  # DRAM reserved at address 0 for the driver's dump and restore programs
+RUN = Control.START | Control.IRQ_ENABLE
+
+
+class Priority(enum.IntEnum):
+    LOW = 0
+    NORMAL = 1
+    HIGH = 2
+    URGENT = 3
+
+
+class DriverError(RuntimeError):
+    """Misuse of the driver or a device that cannot do what was asked."""
+
+
+class JobError(DriverError):
+    """A job ended in an NPU error (the device was reset and other jobs go on)."""
+
+    def __init__(self, msg: str, code: ErrorCode = ErrorCode.NONE, pc: int = 0):
+        super().__init__(msg)
+        self.code, self.pc = code, pc
+
+
+def make_transport(backend: str, cfg: NpuConfig, **kw) -> Transport:
+    if backend == "model":
+        return ModelTransport(cfg)
+    if backend == "rtl":
+        from .rtl import RtlTransport
+
+        return RtlTransport(cfg, **kw)
+    if backend == "serial":
+        from .serial import SerialTransport
+
+        return SerialTransport(cfg, **kw)
+    raise DriverError(f"unknown backend {backend!r}; choose model, rtl or serial")
+
+
+def relocate(manifest: dict, program: bytes, off: int) -> tuple[dict, bytes]:
+    """The same model placed `off` bytes higher in DRAM: every DRAM address moves."""
+    instrs = decode_program(program)
+    moved = []
+    for ins in instrs:
+        if ins.op in (Opcode.LOAD, Opcode.STORE):
+            f = dict(ins.fields)
+            f["dram"] += off
+            ins = type(ins)(ins.op, f, ins.wait, ins.signal)
+        moved.append(ins)
+    man = copy.deepcopy(manifest)
+    man["program"]["base"] += off
+    for d in man["dram"]:
+        d["addr"] += off
+
+    def move(desc):
+        if desc and "addr" in desc:
+            desc["addr"] += off
+
+    for t in man["inputs"] + man["outputs"]:
+        move(t)
+    for seg in man["segments"]:
+        if seg["kind"] == "host":
+            for io in seg["inputs"] + seg["quantize"]:
+                move(io["tensor"])
+    return man, encode_program(moved)
+
+
+@dataclass
+class LoadedModel:
+    npu: Npu
+    name: str
+    manifest: dict
+    host: HostSteps
+    region: tuple[int, int]
+    save_addr: int
+    points: dict[int, dict]
+
+    @property
+    def program_base(self) -> int:
+        return self.manifest["program"]["base"]
+
+    def submit(self, *inputs: np.ndarray, **kw) -> Job:
+        return self.npu.submit(self, list(inputs), **kw)
+
+    def run(self, *inputs: np.ndarray, **kw) -> list[np.ndarray]:
+        """Run to completion (at NORMAL priority unless given) and return the float outputs."""
+        return self.submit(*inputs, **kw).result()
+
+
+@dataclass
+class Preemption:
+    cp: int
+    requested: int  # cycle the pause was requested
+    paused: int  # cycle the core reached PAUSED
+    live_bytes: int
+    dump_cycles: int
+    restore_cycles: int = 0
+    by: int = -1  # id of the job that preempted
+
+    @property
+    def pause_latency(self) -> int:
+        return self.paused - self.requested
+
+
+@dataclass(eq=False)
+class Job:
+    npu: Npu
+    id: int
+    model: LoadedModel
+    inputs: list[np.ndarray]
+    priority: int
+    arrival: int
+    timeout_cycles: int | None = None
+    int8: bool = False
+    on_done: Callable[[Job], None] | None = None
+    state: str = "pending"  # pending, ready, running, paused, done, failed
+    seg: int = 0
+    resume_pc: int | None = None
+    saved: list[tuple[int, int, int]] = field(default_factory=list)  # (on-chip start, length, save addr)
+    env: dict = field(default_factory=dict)
+    outputs: list[np.ndarray] | None = None
+    error: Exception | None = None
+    started: int | None = None
+    finished: int | None = None
+    used_cycles: int = 0
+    preemptions: list[Preemption] = field(default_factory=list)
+
+    def done(self) -> bool:
+        return self.state in ("done", "failed")
+
+    @property
+    def latency(self) -> int | None:
+        return None if self.finished is None else self.finished - self.arrival
+
+    def result(self, timeout_s: float | None = None) -> list[np.ndarray]:
+        """Drive the device until this job ends; its outputs, or the error it ended with."""
+        self.npu._pump(self, timeout_s)
+        if self.error is not None:
+            raise self.error
+        return self.outputs
+
+
+class Npu:
+    def __init__(
+        self,
+        backend: str = "model",
+        config: str | NpuConfig = "default",
+        *,
+        transport: Transport | None = None,
+        preempt: bool = True,
+        trace: Trace | None = None,
+        **transport_args,
+    ):
+        self.cfg = get_config(config)
+        self.tr = transport or make_transport(backend, self.cfg, **transport_args)
+        self.backend = backend
+        self.preempt = preempt
+        self.trace = trace if trace is not None else Trace(self.cfg.clock_mhz)
+        if self.tr.reg("ID") != NPU_MAGIC:
+            raise DriverError(
+                f"no NPU answers on the {backend} backend (ID register 0x{self.tr.reg('ID'):08x})"
+            )
+        dev_id = self.tr.reg("CONFIG_ID")
+        if dev_id != self.cfg.config_id:
+            raise DriverError(
+                f"the device is configuration 0x{dev_id:08x}, the driver was opened for "
+                f"{self.cfg.name} (0x{self.cfg.config_id:08x})"
+            )
+        self.models: list[LoadedModel] = []
+        self.jobs: list[Job] = []
+        self._next_free = AUX_BYTES
+        self._ready: list[tuple[int, int, Job]] = []  # (-priority, id, job)
+        self._arrivals: list[tuple[int, int, Job]] = []
+        self._timers: list[tuple[int, int, Callable[[], None]]] = []
+        self._seq = 0
+        self.current: Job | None = None
+        self._pause_req: tuple[int, Job] | None = None  # (cycle, preempting job)
+        self._recover_if_needed("open")
+
+    # -- loading ----------------------------------------------------------------------------------
+    def load(self, program: Container | str | Path, name: str | None = None) -> LoadedModel:
+        c = program if isinstance(program, Container) else Container.load(program)
+        if c.config_id != self.cfg.config_id:
+            raise DriverError(
+                f"{name or c.manifest.get('config')}: compiled for configuration 0x{c.config_id:08x} "
+                f"({c.manifest.get('config')}), the device is {self.cfg.name} (0x{self.cfg.config_id:08x})"
+            )
+        man = c.manifest
+        prog = c.blobs["program"]
+        end = man["program"]["base"] + len(prog)
+        off = self._next_free
+        save_bytes = max([p["live_bytes"] for p in man.get("cancel_points", [])] + [0])
+        save_addr = -(-(off + end) // 64) * 64
+        top = -(-(save_addr + save_bytes) // 4096) * 4096
+        if top > self.cfg.dram_bytes:
+            raise DriverError(
+                f"{name or 'model'}: needs {top - off} bytes of DRAM, {self.cfg.dram_bytes - off} are free"
+            )
+        man, prog = relocate(man, prog, off)
+        for d in man["dram"]:
+            self.tr.write_dram(d["addr"], c.blobs[d["blob"]])
+        self.tr.write_dram(man["program"]["base"], prog)
+        self._next_free = top
+        name = name or Path(str(man.get("name", f"model{len(self.models)}"))).stem
+        lm = LoadedModel(
+            self, name, man, HostSteps(c.blobs, man["segments"]), (off, top), save_addr,
+            {p["id"]: p for p in man.get("cancel_points", [])},
+        )  # fmt: skip
+        self.models.append(lm)
+        return lm
+
+    # -- jobs -------------------------------------------------------------------------------------
+    def submit(
+        self,
+        model: LoadedModel,
+        inputs: list[np.ndarray],
+        priority: int = Priority.NORMAL,
+        *,
+        at: int | None = None,
+        timeout_cycles: int | None = None,
+        int8: bool = False,
+        on_done: Callable[[Job], None] | None = None,
+    ) -> Job:
+        """Queue a job; it becomes ready at device cycle `at` (default: now). Returns its future."""
+        if model.npu is not self:
+            raise DriverError(f"model {model.name} was loaded on another device")
+        try:
+            xs = check_inputs(model.manifest, inputs)
+        except ValueError as e:
+            raise DriverError(f"{model.name}: {e}") from None
+        self._recover_if_needed("submit")
+        now = self.tr.now()
+        job = Job(self, len(self.jobs), model, xs, int(priority), max(now, at if at is not None else now),
+                  timeout_cycles, int8, on_done)  # fmt: skip
+        self.jobs.append(job)
+        heapq.heappush(self._arrivals, (job.arrival, job.id, job))
+        self.trace.instant("submit", job, now)
+        return job
+
+    def at(self, cycle: int, fn: Callable[[], None]) -> None:
+        """Call `fn` when the device clock reaches `cycle` (host work in the device timeline)."""
+        self._seq += 1
+        heapq.heappush(self._timers, (cycle, self._seq, fn))
+
+    def run_all(self, timeout_s: float | None = None) -> None:
+        """Drive the device until no job or timer is left."""
+        self._pump(None, timeout_s)
+
+    def pause(self, job: Job) -> None:
+        """Stop a running job at its next cancellation point (it stays queued to resume)."""
+        if job is not self.current:
+            raise DriverError(f"job {job.id} is not running (it is {job.state})")
+        self._request_pause(None)
+
+    def resume(self, job: Job) -> None:
+        """Make a paused job ready again (jobs paused by preemption resume on their own)."""
+        if job.state != "paused":
+            raise DriverError(f"job {job.id} ({job.model.name}) was never paused: it is {job.state}")
+        job.state = "ready"
+        heapq.heappush(self._ready, (-job.priority, job.id, job))
+
+    def soft_reset(self) -> None:
+        self.tr.set_reg("CONTROL", int(Control.SOFT_RESET))
+
+    def run_raw(self, program: bytes, max_cycles: int = 1_000_000) -> Status:
+        """Run a bare program from the driver's area (diagnostics); returns the final status."""
+        if self.current is not None:
+            raise DriverError("a job is running")
+        if len(program) > AUX_BYTES:
+            raise DriverError(f"program of {len(program)} bytes exceeds the {AUX_BYTES}-byte driver area")
+        self.tr.write_dram(0, program)
+        self.tr.set_reg("PROGRAM_BASE", 0)
+        self.tr.set_reg("RESUME_PC", 0)
+        self.tr.set_reg("TIMEOUT", 0)
+        self.tr.set_reg("CONTROL", int(RUN))
+        self.tr.wait(max_cycles)
+        return self.tr.status()
+
+    # -- the scheduler ----------------------------------------------------------------------------
+    def _pump(self, until: Job | None, timeout_s: float | None) -> None:
+        t_end = None if timeout_s is None else time.monotonic() + timeout_s
+        while not (until is not None and until.done()):
+            if t_end is not None and time.monotonic() > t_end:
+                raise TimeoutError(
+                    f"job {until.id if until else '-'} not finished after {timeout_s} s of wall time "
+                    f"(device cycle {self.tr.now()})"
+                )
+            now = self.tr.now()
+            self._release(now)
+            if self.current is None:
+                job = self._pick()
+                if job is not None:
+                    self._launch(job)
+                    continue
+                nxt = self._next_event()
+                if nxt is None:
+                    if until is not None:
+                        raise DriverError(f"job {until.id} cannot finish: nothing is left to run")
+                    return
+                self.tr.wait(max(1, nxt - now))
+                continue
+            if self.preempt and self._pause_req is None:
+                top = self._peek()
+                if top is not None and top.priority > self.current.priority:
+                    self._request_pause(top)
+            nxt = self._next_event()
+            self.tr.wait(None if nxt is None else max(1, nxt - now))
+            st = self.tr.status()
+            if st != Status.RUNNING:
+                self._stopped(st)
+
+    def _release(self, now: int) -> None:
+        while self._timers and self._timers[0][0] <= now:
+            _, _, fn = heapq.heappop(self._timers)
+            fn()
+        while self._arrivals and self._arrivals[0][0] <= now:
+            _, _, job = heapq.heappop(self._arrivals)
+            job.state = "ready"
+            heapq.heappush(self._ready, (-job.priority, job.id, job))
+
+    def _next_event(self) -> int | None:
+        ts = [q[0][0] for q in (self._timers, self._arrivals) if q]
+        return min(ts) if ts else None
+
+    def _busy_models(self) -> set[int]:
+        return {
+            id(j.model) for j in self.jobs if j.state in ("running", "paused") or (j.started and not j.done())
+        }
+
+    def _peek(self) -> Job | None:
+        busy = self._busy_models()
+        for _, _, j in sorted(self._ready):
+            if j.state == "ready" and (id(j.model) not in busy or j.started is not None):
+                return j
+        return None
+
+    def _pick(self) -> Job | None:
+        j = self._peek()
+        if j is not None:
+            self._ready = [e for e in self._ready if e[2] is not j]
+            heapq.heapify(self._ready)
+        return j
+
+    def _launch(self, job: Job) -> None:
+        """Start or continue a job: inputs, host steps, restore, then its next NPU segment."""
+        now = self.tr.now()
+        segs = job.model.manifest["segments"]
+        if job.started is None:
+            job.started = now
+            for t, x in zip(job.model.manifest["inputs"], job.inputs, strict=True):
+                write_tensor(self.tr, t, x)
+                job.env[t["name"]] = x
+        while job.seg < len(segs) and segs[job.seg]["kind"] == "host":
+            t0 = time.perf_counter()
+            job.model.host.run(self.tr, segs[job.seg], job.env)
+            self.trace.span("host", job, now, now, wall=time.perf_counter() - t0)
+            job.seg += 1
+        if job.seg == len(segs):
+            self._finish(job)
+            return
+        if job.saved:
+            p = job.preemptions[-1]
+            t0 = self.tr.now()
+            p.restore_cycles = self._run_aux([("load", s, n, a) for s, n, a in job.saved])
+            self.trace.span("restore", job, t0, self.tr.now())
+            job.saved = []
+        self.current = job
+        job.state = "running"
+        pc = job.resume_pc if job.resume_pc is not None else segs[job.seg]["pc"]
+        self.tr.set_reg("PROGRAM_BASE", job.model.program_base)
+        self.tr.set_reg("RESUME_PC", pc)
+        budget = 0 if job.timeout_cycles is None else max(1, job.timeout_cycles - job.used_cycles)
+        self.tr.set_reg("TIMEOUT", budget)
+        self._run_start = self.tr.now()
+        self.tr.set_reg("CONTROL", int(RUN))
+        self.trace.mark("start" if job.resume_pc is None and job.seg == 0 else "resume", job, self._run_start)
+
+    def _request_pause(self, by: Job | None) -> None:
+        self._pause_req = (self.tr.now(), by)
+        self.tr.set_reg("CONTROL", int(Control.PAUSE | Control.IRQ_ENABLE))
+        self.trace.instant("pause request", self.current, self._pause_req[0])
+
+    def _stopped(self, st: Status) -> None:
+        job = self.current
+        now = self.tr.now()
+        job.used_cycles += self.tr.counter("CYCLES")
+        self.trace.span("run", job, self._run_start, now)
+        self.current = None
+        req, self._pause_req = self._pause_req, None
+        self.tr.set_reg("IRQ", 1)
+        if st == Status.DONE:
+            job.seg += 1
+            job.resume_pc = None
+            if job.seg < len(job.model.manifest["segments"]):
+                job.state = "ready"  # between segments nothing is on chip: yield to anyone ready
+                heapq.heappush(self._ready, (-job.priority, job.id, job))
+            else:
+                self._finish(job)
+        elif st == Status.PAUSED:
+            cp = self.tr.reg("CP_ID")
+            job.resume_pc = self.tr.reg("RESUME_PC")
+            point = job.model.points.get(cp)
+            if point is None:
+                self._fail(job, JobError(f"job {job.id} ({job.model.name}) paused at unknown point {cp}"))
+                return
+            ranges = [(s, e - s) for s, e in point["live_ranges"]]
+            saved, a = [], job.model.save_addr
+            for s, n in ranges:
+                saved.append((s, n, a))
+                a += n
+            t0 = self.tr.now()
+            dump = self._run_aux([("store", s, n, sa) for s, n, sa in saved]) if saved else 0
+            self.trace.span("dump", job, t0, self.tr.now())
+            job.saved = saved
+            job.preemptions.append(
+                Preemption(cp, req[0] if req else now, now, point["live_bytes"], dump,
+                           by=req[1].id if req and req[1] else -1)
+            )  # fmt: skip
+            job.state = "paused"
+            if req is not None and req[1] is not None:  # preempted: it resumes on its own later
+                job.state = "ready"
+                heapq.heappush(self._ready, (-job.priority, job.id, job))
+        else:
+            code = ErrorCode(self.tr.reg("ERROR_CODE"))
+            pc = self.tr.reg("ERROR_PC")
+            if code == ErrorCode.TIMEOUT and job.timeout_cycles is not None:
+                msg = f"job {job.id} ({job.model.name}) exceeded its timeout of {job.timeout_cycles} cycles"
+            else:
+                msg = f"job {job.id} ({job.model.name}) ended in NPU error {code.name} at pc {pc}"
+            self.soft_reset()
+            self._fail(job, JobError(msg, code, pc))
+
+    def _finish(self, job: Job) -> None:
+        outs = []
+        for t in job.model.manifest["outputs"]:
+            if t.get("host"):
+                outs.append(np.asarray(job.env[t["name"]]))
+            else:
+                outs.append(read_tensor_int8(self.tr, t) if job.int8 else read_tensor(self.tr, t))
+        job.outputs = outs
+        job.state = "done"
+        job.finished = self.tr.now()
+        self.trace.instant("done", job, job.finished)
+        if job.on_done:
+            job.on_done(job)
+
+    def _fail(self, job: Job, err: Exception) -> None:
+        job.error = err
+        job.state = "failed"
+        job.finished = self.tr.now()
+        self.trace.instant("failed", job, job.finished)
+        if job.on_done:
+            job.on_done(job)
+
+    def _run_aux(self, moves: list[tuple[str, int, int, int]]) -> int:
+        """Run a driver program of LOADs or STOREs (op, on-chip addr, bytes, DRAM addr); its cycles."""
+        b = ProgramBuilder(self.cfg)
+        for op, s, n, a in moves:
+            for off in range(0, n, 0x8000):  # one DMA row of at most 32 KiB per instruction
+                cols = min(n - off, 0x8000)
+                b.add(op, spad=s + off, dram=a + off, rows=1, cols=cols, spad_stride=cols, dram_stride=cols)
+        prog = encode_program(b.build().instrs)
+        st = self.run_raw(prog, max_cycles=10_000_000)
+        if st != Status.DONE:
+            code = ErrorCode(self.tr.reg("ERROR_CODE"))
+            self.soft_reset()
+            raise DriverError(f"the driver's {moves[0][0]} program failed: {st.name} {code.name}")
+        cycles = self.tr.counter("CYCLES")
+        self.tr.set_reg("IRQ", 1)
+        return cycles
+
+    def _recover_if_needed(self, when: str) -> None:
+        st = self.tr.status()
+        if st == Status.ERROR and self.current is None:
+            code = ErrorCode(self.tr.reg("ERROR_CODE"))
+            self.soft_reset()
+            self.trace.instant(f"recovered from {code.name} ({when})", None, self.tr.now())

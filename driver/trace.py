@@ -1,0 +1,96 @@
+"""A timeline of what the driver did: jobs running, pause requests, stops, dumps, restores, resumes.
+
+Times are device cycles (converted to microseconds at the configuration's nominal clock for the
+Chrome trace, which Perfetto and chrome://tracing open) plus the host's wall time of each record.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Event:
+    kind: str  # run, dump, restore, host (spans); submit, pause request, start, resume, done, ... (instants)
+    job: int  # job id (-1: the device)
+    model: str
+    start: int  # cycles
+    end: int
+    wall: float  # host wall-clock seconds when recorded
+    priority: int = 0
+
+
+@dataclass
+class Trace:
+    clock_mhz: float = 100.0
+    events: list[Event] = field(default_factory=list)
+    t0: float = field(default_factory=time.perf_counter)
+
+    def _add(self, kind: str, job, start: int, end: int) -> None:
+        jid = -1 if job is None else job.id
+        name = "device" if job is None else job.model.name
+        prio = 0 if job is None else job.priority
+        self.events.append(Event(kind, jid, name, start, end, time.perf_counter() - self.t0, prio))
+
+    def span(self, kind: str, job, start: int, end: int, wall: float | None = None) -> None:
+        self._add(kind, job, start, end)
+
+    def instant(self, kind: str, job, at: int) -> None:
+        self._add(kind, job, at, at)
+
+    mark = instant
+
+    def spans(self, kind: str | None = None) -> list[Event]:
+        return [e for e in self.events if e.end > e.start and (kind is None or e.kind == kind)]
+
+    def to_chrome(self) -> dict:
+        us = 1.0 / self.clock_mhz
+        out = []
+        for e in self.events:
+            base = {
+                "name": e.kind if e.job < 0 else f"{e.kind} {e.model}#{e.job}",
+                "cat": e.kind,
+                "pid": 1,
+                "tid": f"{e.model} (priority {e.priority})" if e.job >= 0 else "device",
+                "ts": e.start * us,
+                "args": {"job": e.job, "cycles": [e.start, e.end], "wall_s": round(e.wall, 6)},
+            }
+            if e.end > e.start:
+                out.append({**base, "ph": "X", "dur": (e.end - e.start) * us})
+            else:
+                out.append({**base, "ph": "i", "s": "t"})
+        return {"traceEvents": out, "displayTimeUnit": "ms"}
+
+    def save_chrome(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_chrome()))
+
+    def save_png(self, path: str | Path, title: str = "NPU timeline") -> None:
+        """A Gantt chart: one row per model, bars for runs, dumps and restores, marks for pauses."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        rows = sorted({(e.priority, e.model) for e in self.events if e.job >= 0})
+        y = {m: i for i, (_, m) in enumerate(rows)}
+        colours = {"run": "tab:blue", "dump": "tab:red", "restore": "tab:green", "host": "tab:gray"}
+        fig, ax = plt.subplots(figsize=(12, 1.2 + 0.6 * len(rows)))
+        ms = 1e-3 / self.clock_mhz
+        for e in self.spans():
+            if e.job >= 0 and e.kind in colours:
+                ax.broken_barh([(e.start * ms, (e.end - e.start) * ms)], (y[e.model] - 0.35, 0.7),
+                               color=colours[e.kind])  # fmt: skip
+        for e in self.events:
+            if e.kind == "pause request":
+                ax.plot(e.start * ms, y[e.model], "kv", ms=5)
+        ax.set_yticks(range(len(rows)), [f"{m} (prio {p})" for p, m in rows])
+        ax.set_xlabel(f"time (ms at {self.clock_mhz:g} MHz)")
+        ax.set_title(title)
+        handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
+        ax.legend(handles, list(colours), loc="upper right", ncol=4, fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)

@@ -1,0 +1,93 @@
+"""The transport interface every backend implements, and the in-process golden-model backend.
+
+A transport moves register values and DRAM bytes and lets device time pass. Driver code only uses
+this interface, so it runs unchanged on the golden model, the RTL simulation and a board behind a
+serial bridge. Time is counted in device clock cycles.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from npu.config import NpuConfig
+from npu.registers import REG, Status
+
+
+class TransportError(RuntimeError):
+    """The link to the device failed (not an NPU error status)."""
+
+
+class Transport(ABC):
+    cfg: NpuConfig
+
+    @abstractmethod
+    def read_reg(self, offset: int) -> int: ...
+
+    @abstractmethod
+    def write_reg(self, offset: int, value: int) -> None: ...
+
+    @abstractmethod
+    def read_dram(self, addr: int, n: int) -> bytes: ...
+
+    @abstractmethod
+    def write_dram(self, addr: int, data: bytes) -> None: ...
+
+    @abstractmethod
+    def wait(self, max_cycles: int | None) -> int:
+        """Let time pass until the core leaves RUNNING (its interrupt) or `max_cycles` cycles have
+        passed; returns the cycles that passed."""
+
+    @abstractmethod
+    def now(self) -> int:
+        """Device cycles since the transport was opened."""
+
+    def close(self) -> None:  # noqa: B027 - optional
+        pass
+
+    # helpers over the interface
+    def reg(self, name: str) -> int:
+        return self.read_reg(REG[name].offset)
+
+    def set_reg(self, name: str, value: int) -> None:
+        self.write_reg(REG[name].offset, value)
+
+    def status(self) -> Status:
+        return Status(self.reg("STATUS"))
+
+    def counter(self, name: str) -> int:
+        lo = self.read_reg(REG[name].offset)
+        hi = self.read_reg(REG[name].offset + 4)
+        return hi << 32 | lo
+
+
+class ModelTransport(Transport):
+    """The golden model, in process (bit-exact; cycle-approximate timing)."""
+
+    def __init__(self, cfg: NpuConfig, *, trace: bool = False):
+        from npu.sim.model import NpuModel
+
+        self.cfg = cfg
+        self.model = NpuModel(cfg, trace=trace)
+
+    def read_reg(self, offset: int) -> int:
+        return self.model.read_reg(offset)
+
+    def write_reg(self, offset: int, value: int) -> None:
+        self.model.write_reg(offset, value)
+
+    def read_dram(self, addr: int, n: int) -> bytes:
+        return self.model.read_dram(addr, n)
+
+    def write_dram(self, addr: int, data: bytes) -> None:
+        self.model.write_dram(addr, data)
+
+    def wait(self, max_cycles: int | None) -> int:
+        t0 = self.model.now
+        if self.model.status == Status.RUNNING:
+            self.model.run(max_cycles)
+        elif max_cycles:
+            self.model.advance(max_cycles)
+        return self.model.now - t0
+
+    def now(self) -> int:
+        return self.model.now
