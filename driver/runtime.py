@@ -37,7 +37,7 @@ from npu.registers import NPU_MAGIC, Control, Status
 from .trace import Trace
 from .transport import ModelTransport, Transport
 
-AUX_BYTES = 0x10000  # DRAM reserved at address 0 for the driver's dump and restore programs
+AUX_BYTES = 0x10000  # DRAM reserved at address 0 for the driver's dump and restore programs (at most)
 RUN = Control.START | Control.IRQ_ENABLE
 
 
@@ -205,7 +205,8 @@ class Npu:
             )
         self.models: list[LoadedModel] = []
         self.jobs: list[Job] = []
-        self._next_free = AUX_BYTES
+        self.aux_bytes = min(AUX_BYTES, self.cfg.dram_bytes // 16)
+        self._next_free = self.aux_bytes
         self._ready: list[tuple[int, int, Job]] = []  # (-priority, id, job)
         self._arrivals: list[tuple[int, int, Job]] = []
         self._timers: list[tuple[int, int, Callable[[], None]]] = []
@@ -283,6 +284,10 @@ class Npu:
         """Drive the device until no job or timer is left."""
         self._pump(None, timeout_s)
 
+    def run_until(self, cond: Callable[[], bool], timeout_s: float | None = None) -> None:
+        """Drive the device until `cond()` holds (checked between scheduling steps)."""
+        self._pump(None, timeout_s, cond)
+
     def pause(self, job: Job) -> None:
         """Stop a running job at its next cancellation point (it stays queued to resume)."""
         if job is not self.current:
@@ -303,8 +308,8 @@ class Npu:
         """Run a bare program from the driver's area (diagnostics); returns the final status."""
         if self.current is not None:
             raise DriverError("a job is running")
-        if len(program) > AUX_BYTES:
-            raise DriverError(f"program of {len(program)} bytes exceeds the {AUX_BYTES}-byte driver area")
+        if len(program) > self.aux_bytes:
+            raise DriverError(f"program of {len(program)} bytes exceeds the {self.aux_bytes}-byte driver area")
         self.tr.write_dram(0, program)
         self.tr.set_reg("PROGRAM_BASE", 0)
         self.tr.set_reg("RESUME_PC", 0)
@@ -314,9 +319,11 @@ class Npu:
         return self.tr.status()
 
     # -- the scheduler ----------------------------------------------------------------------------
-    def _pump(self, until: Job | None, timeout_s: float | None) -> None:
+    def _pump(
+        self, until: Job | None, timeout_s: float | None, cond: Callable[[], bool] | None = None
+    ) -> None:
         t_end = None if timeout_s is None else time.monotonic() + timeout_s
-        while not (until is not None and until.done()):
+        while not (until is not None and until.done()) and not (cond is not None and cond()):
             if t_end is not None and time.monotonic() > t_end:
                 raise TimeoutError(
                     f"job {until.id if until else '-'} not finished after {timeout_s} s of wall time "
@@ -333,6 +340,8 @@ class Npu:
                 if nxt is None:
                     if until is not None:
                         raise DriverError(f"job {until.id} cannot finish: nothing is left to run")
+                    if cond is not None:
+                        raise DriverError("the condition cannot become true: nothing is left to run")
                     return
                 self.tr.wait(max(1, nxt - now))
                 continue

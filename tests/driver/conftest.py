@@ -1,0 +1,42 @@
+import numpy as np
+import onnx
+import pytest
+from npu.compiler import compile_onnx
+from npu.models import zoo
+
+
+@pytest.fixture(scope="session")
+def demo_models(tmp_path_factory):
+    """Perception (with interval points) and planning, compiled for `default`."""
+    from npu.driver.demo import build_models
+
+    return build_models("default", cp_interval=20_000, cache=tmp_path_factory.mktemp("demo"))
+
+
+@pytest.fixture(scope="session")
+def small_models(tmp_path_factory):
+    """A small CNN with interior points carrying live data, and the planning MLP, for `tiny`."""
+    from npu.models.builder import Net
+
+    d = tmp_path_factory.mktemp("small")
+    net = Net("small", (1, 8, 16, 16), seed=3)
+    h = net.conv(net.input, 16, 3)
+    h = net.conv(net.maxpool(h, 2, 2), 16, 3)
+    y = net.gemm(net.flatten(net.gap(h)), 10)
+    onnx.save(net.model([y]), str(d / "small.onnx"))
+    calib = np.random.default_rng(0).normal(size=(8, 8, 16, 16)).astype(np.float32)
+    small = compile_onnx(d / "small.onnx", "tiny", calib=calib, cp_interval=800, cp_max_live=1 << 20)
+    net = Net("mlp", (1, 32), seed=4)
+    y = net.gemm(net.relu(net.gemm(net.input, 32)), 8)
+    onnx.save(net.model([y]), str(d / "mlp.onnx"))
+    mlp = compile_onnx(
+        d / "mlp.onnx", "tiny", calib=np.random.default_rng(1).normal(size=(16, 32)).astype(np.float32)
+    )
+    xs = np.random.default_rng(2).normal(size=(1, 8, 16, 16)).astype(np.float32)
+    xm = np.random.default_rng(3).normal(size=(1, 32)).astype(np.float32)
+    return small.to_container(), mlp.to_container(), xs, xm
+
+
+@pytest.fixture(scope="session")
+def zoo_planning():
+    return zoo.planning()
