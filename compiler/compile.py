@@ -149,6 +149,7 @@ def compile_onnx(
     order: str = "search",
     cp_interval: int = 0,
     cp_max_live: int | None = None,
+    cp_every_instruction: bool = False,
     order_budget_s: float | None = 10.0,
     exhaustive_limit: int = 120,
 ) -> CompiledModel:
@@ -163,13 +164,13 @@ def compile_onnx(
         if calib is None:
             raise CompileError(f"{path}: a float model needs calibration data (--calib calib.npy)")
         model = quantize_float_model(cleanup(model), calib, str(path))
-    lowering = lower(model, cfg, str(path))
+    lowering = lower(model, cfg, str(path), step=cp_interval, max_live=cp_max_live)
     search = None
     if order == "search":
         search = search_order(
             lowering, budget_s=order_budget_s, exhaustive_limit=exhaustive_limit, cancel_points=cancel_points
         )
-    policy = PointPolicy(cp_interval, cp_max_live) if cancel_points else None
+    policy = PointPolicy(cp_interval, cp_max_live, cp_every_instruction) if cancel_points else None
     low = lowering.assemble(search.order if search else None, policy)
     base = -(-low.dram_end // 4096) * 4096
     if base + len(low.program) * 32 > cfg.dram_bytes:

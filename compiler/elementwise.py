@@ -13,6 +13,11 @@ from npu.program import ProgramBuilder
 from .frontend import Act
 
 
+def _step_bytes(cfg: NpuConfig, max_step: int) -> int:
+    """Bytes one chunk may hold so that moving it takes about `max_step` cycles (0: no limit)."""
+    return max_step * min(cfg.bus_bytes, cfg.vector_lanes) // 2 if max_step else 1 << 30
+
+
 def _chunks(n: int, chunk: int):
     for off in range(0, n, chunk):
         yield off, min(chunk, n - off)
@@ -24,10 +29,10 @@ def _rows(c: int, width: int) -> tuple[int, int]:
 
 
 def eltwise_program(
-    b: ProgramBuilder, cfg: NpuConfig, src: int, dst: int, n: int, params: dict, unit: int
+    b: ProgramBuilder, cfg: NpuConfig, src: int, dst: int, n: int, params: dict, unit: int, max_step: int = 0
 ) -> None:
     """An int8 VMAP over n contiguous bytes (`unit` divides n and every chunk)."""
-    chunk = max(unit, min(cfg.spad_bytes // 2, 0xFFFF * unit) // unit * unit)
+    chunk = max(unit, min(cfg.spad_bytes // 2, 0xFFFF * unit, _step_bytes(cfg, max_step)) // unit * unit)
     bufs = [0, chunk]
     for i, (off, c) in enumerate(_chunks(n, chunk)):
         buf = bufs[i % 2]
@@ -39,10 +44,18 @@ def eltwise_program(
 
 
 def add_program(
-    b: ProgramBuilder, cfg: NpuConfig, a: int, bb: int, dst: int, n: int, params: dict, unit: int
+    b: ProgramBuilder,
+    cfg: NpuConfig,
+    a: int,
+    bb: int,
+    dst: int,
+    n: int,
+    params: dict,
+    unit: int,
+    max_step: int = 0,
 ) -> None:
     """VADD over n contiguous int8 elements of two tensors."""
-    chunk = max(unit, min(cfg.spad_bytes // 4, 0xFFFF * unit) // unit * unit)
+    chunk = max(unit, min(cfg.spad_bytes // 4, 0xFFFF * unit, _step_bytes(cfg, max_step)) // unit * unit)
     for i, (off, c) in enumerate(_chunks(n, chunk)):
         base = (i % 2) * 2 * chunk
         rows, cols = _rows(c, unit)
@@ -56,14 +69,19 @@ def add_program(
 
 
 def concat_program(
-    b: ProgramBuilder, cfg: NpuConfig, parts: list[tuple[Act, int, int, dict | None]], y: Act, pixels: int
+    b: ProgramBuilder,
+    cfg: NpuConfig,
+    parts: list[tuple[Act, int, int, dict | None]],
+    y: Act,
+    pixels: int,
+    max_step: int = 0,
 ) -> None:
     """Copy each input (act, width in bytes per pixel, byte offset in an output pixel, rescale) into
     its slice of the output's pixels; `rescale` is a VMAP when the input is quantised differently."""
     out_w = y.layout.cp if y.layout.kind == "hwc" else y.q.shape[1]
     k = 0
     for act, width, off, rescale in parts:
-        per = max(1, min(0xFFFF, (cfg.spad_bytes // 2) // width))
+        per = max(1, min(0xFFFF, (cfg.spad_bytes // 2) // width, _step_bytes(cfg, max_step) // width))
         for p0, pc in _chunks(pixels, per):
             buf = (k % 2) * (cfg.spad_bytes // 2)
             k += 1

@@ -23,6 +23,7 @@ from onnx.reference import ReferenceEvaluator
 from npu.config import ACC_BASE, NpuConfig
 from npu.isa import Instr, Opcode, footprint
 from npu.program import ProgramBuilder
+from npu.registers import Status
 from npu.tensors import Layout
 
 from .elementwise import add_program, concat_program, eltwise_program
@@ -137,8 +138,12 @@ def _attrs(n: onnx.NodeProto) -> dict:
 
 
 class _Lowering:
-    def __init__(self, model: onnx.ModelProto, cfg: NpuConfig, source: str):
+    def __init__(self, model: onnx.ModelProto, cfg: NpuConfig, source: str, step: int = 0, max_live: int = 0):
         self.model, self.cfg, self.source = model, cfg, source
+        self.max_live = max_live or cfg.spad_bytes // 4
+        # operator steps (bands, tiles, chunks) are kept to half the cancellation interval, which
+        # leaves room for the loads that start a step and for cost-model error
+        self.step = step // 2
         g = model.graph
         self.consts = initializers(model)
         self.producers = {o: n for n in g.node for o in n.output}
@@ -416,7 +421,9 @@ class _Lowering:
         geo = geometry(x, y, (kh, kw), a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0]), self.where(n))
         mult, shift = quant_multiplier(x.q.scale * s_w / yq.scale, self.where(n))
         rq = dict(mult=mult, shift=shift, zp_out=yq.zero_point, lo=-128, hi=127)
-        info = conv_program(b, self.cfg, x, y, w, bias, groups, geo, rq, self.const, self.where(n))
+        info = conv_program(
+            b, self.cfg, x, y, w, bias, groups, geo, rq, self.const, self.where(n), self.step, self.max_live
+        )
         self.op_done(n, b, yq.shape, info)
 
     def _gemm(self, n, b: ProgramBuilder, first: int) -> None:
@@ -503,6 +510,7 @@ class _Lowering:
             x.nbytes,
             self._requant_params(x.q, yq, n, lo, hi),
             self._unit(x.layout),
+            self.step,
         )
         self.op_done(n, b, yq.shape)
 
@@ -519,7 +527,9 @@ class _Lowering:
             zp_b=xb.q.zero_point,
             zp_out=yq.zero_point,
         )
-        add_program(b, self.cfg, xa.addr, xb.addr, y.addr, xa.nbytes, params, self._unit(xa.layout))
+        add_program(
+            b, self.cfg, xa.addr, xb.addr, y.addr, xa.nbytes, params, self._unit(xa.layout), self.step
+        )
         self.op_done(n, b, yq.shape)
 
     _sum = _add
@@ -543,7 +553,7 @@ class _Lowering:
         else:
             layout, pixels = Layout.dense(yq.shape), yq.shape[0]
         y = self.place(yq, f"{self.where(n)} output", layout)
-        concat_program(b, self.cfg, parts, y, pixels)
+        concat_program(b, self.cfg, parts, y, pixels, self.step)
         self.op_done(n, b, yq.shape)
 
     def _pool(self, n, b: ProgramBuilder, first: int, kernel, strides, pads, mode: int) -> None:
@@ -563,7 +573,7 @@ class _Lowering:
         else:
             mult, shift = quant_multiplier(x.q.scale / (yq.scale * kernel[0] * kernel[1]), self.where(n))
             rq = dict(mult=mult, shift=shift, zp_in=x.q.zero_point, zp_out=yq.zero_point, lo=-128, hi=127)
-        info = pool_program(b, self.cfg, x, y, geo, mode, rq, rescale, self.where(n))
+        info = pool_program(b, self.cfg, x, y, geo, mode, rq, rescale, self.where(n), self.step)
         self.op_done(n, b, yq.shape, info)
 
     def _maxpool(self, n, b, first) -> None:
@@ -749,6 +759,37 @@ def assemble(low: Lowering, order: list[int], policy: PointPolicy | None = SPILL
     return out
 
 
+def _simulated_times(cfg: NpuConfig, seg: list) -> list[int] | None:
+    """Cycle at which each item position is reached, from the golden model's timing: the latest end
+    of the instructions before it (what a point there waits for)."""
+    from npu.sim.model import NpuModel
+
+    from npu.isa import encode_program
+
+    b = ProgramBuilder(cfg)
+    b._items.extend(it for it in seg if it.kind == "instr")
+    built = b.build()
+    m = NpuModel(cfg, trace=True, timing_only=True)
+    m.load_program(encode_program(built.instrs), 0)
+    m.start(pc=0)
+    if m.run() != Status.DONE:
+        return None
+    end_of = {}
+    for e in m.trace:
+        if e.unit in ("load", "matrix", "vector", "store"):
+            end_of[e.pc] = max(end_of.get(e.pc, 0), e.end)
+    # pc of each instr item in order (the builder may add SYNCs between them)
+    instr_pcs = [pc for pc, ins in enumerate(built.instrs) if ins.op != Opcode.SYNC and ins.op != Opcode.END]
+    t_at, latest, k = [], 0, 0
+    for it in seg:
+        t_at.append(latest)
+        if it.kind == "instr":
+            latest = max(latest, end_of.get(instr_pcs[k], latest))
+            k += 1
+    t_at.append(latest)
+    return t_at
+
+
 def _emit_segment(cfg, out: Lowered, seg: list, cands: list[Candidate], spans, policy) -> None:
     # estimated time at each item position: the busiest unit's cumulative duration
     busy = [0, 0, 0, 0]
@@ -758,9 +799,18 @@ def _emit_segment(cfg, out: Lowered, seg: list, cands: list[Candidate], spans, p
         if it.kind == "instr":
             busy[int(it.instr.unit)] += duration(it.instr, cfg)
     t_at.append(max(busy))
+    if policy is not None and policy.every_instruction:
+        whole = [(0, cfg.spad_bytes), (ACC_BASE, ACC_BASE + cfg.acc_bytes)]
+        cands = [Candidate(i, 0, False, whole) for i, it in enumerate(seg) if it.kind == "instr" and i > 0]
+        cands.append(Candidate(len(seg), 0, True, []))
+    if policy is not None and policy.interval:
+        t_at = _simulated_times(cfg, seg) or t_at
     for c in cands:
         c.t = t_at[c.pos]
-    chosen = choose(cands, policy, cfg) if policy is not None else []
+    if policy is not None and policy.every_instruction:
+        chosen = cands
+    else:
+        chosen = choose(cands, policy, cfg) if policy is not None else []
     seg_no = len(out.segments)
     out.candidates += [
         {"segment": seg_no, "est_cycles": c.t, "live_bytes": c.live_bytes, "boundary": c.boundary}
@@ -806,6 +856,9 @@ def _emit_segment(cfg, out: Lowered, seg: list, cands: list[Candidate], spans, p
     out.segments.append({"kind": "npu", "pc": start, "end": len(out.program) - 1})
 
 
-def lower(model: onnx.ModelProto, cfg: NpuConfig, source: str = "model") -> Lowering:
-    """Lower every operator of a QDQ model (in ONNX order; `Lowering.assemble` orders them)."""
-    return _Lowering(model, cfg, source).run()
+def lower(
+    model: onnx.ModelProto, cfg: NpuConfig, source: str = "model", step: int = 0, max_live: int | None = None
+) -> Lowering:
+    """Lower every operator of a QDQ model (in ONNX order; `Lowering.assemble` orders them). `step`:
+    split operators so that no step between cancellation point candidates exceeds it (0: no limit)."""
+    return _Lowering(model, cfg, source, step, max_live or 0).run()

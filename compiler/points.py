@@ -30,6 +30,8 @@ from npu.isa import footprint, make
 class PointPolicy:
     interval: int = 0  # estimated cycles between points; 0: operator boundaries only
     max_live: int | None = None  # bytes; default a quarter of the scratchpad
+    #: the naive baseline: a point before every instruction, dumping the whole on-chip memory
+    every_instruction: bool = False
 
 
 SPILL_POINTS = PointPolicy()
@@ -128,6 +130,8 @@ def choose(cands: list[Candidate], policy: PointPolicy, cfg: NpuConfig) -> list[
     prev: Candidate | None = None
     for c in cands:
         if c.boundary:
+            if policy.interval and c.t - last_t > policy.interval and prev is not None:
+                chosen.append(prev)
             chosen.append(c)
             last_t, prev = c.t, None
             continue

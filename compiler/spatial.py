@@ -139,7 +139,15 @@ def _conv_m(g: Geometry, rows: int, band_mode: bool) -> int:
 
 
 def plan_conv(
-    cfg: NpuConfig, g: Geometry, cpx: int, cout_p: int, win: int, co_step: int, where: str
+    cfg: NpuConfig,
+    g: Geometry,
+    cpx: int,
+    cout_p: int,
+    win: int,
+    co_step: int,
+    where: str,
+    max_step: int = 0,
+    max_live: int = 0,
 ) -> ConvPlan:
     """Pick output/input channel tile sizes and the row band height with the cost model."""
     ca = channel_align(cfg)
@@ -165,10 +173,13 @@ def plan_conv(
             while lo <= hi:  # largest band that fits (sizes grow with rows)
                 r = (lo + hi) // 2
                 m = _conv_m(g, r, band_mode)
+                steps = cdiv(m, cfg.clusters) * cdiv(co_t, cfg.pes_per_cluster) * cdiv(ci_t, cfg.lanes)
                 fits = (
                     2 * (g.in_rows(r) * g.wp * cpx + m * co_t) <= room
                     and 2 * _round_up(m * co_t * 4, cfg.acc_row_bytes) <= cfg.acc_bytes
                     and m <= 0xFFFF
+                    # with a cancellation interval, one band must not take longer than it
+                    and (not max_step or r == 1 or n_ci * taps * (cfg.matrix_latency + steps) <= max_step)
                 )
                 if fits:
                     rows, lo = r, r + 1
@@ -186,7 +197,10 @@ def plan_conv(
             load = (in_bytes + w_bytes) // cfg.bus_bytes + n_co * bands * (2 + n_ci) * cfg.dma_latency
             vector = n_co * bands * m * cdiv(co_t, cfg.vector_lanes)
             est = max(matrix, load, vector)
-            key = (est, n_co * n_ci)
+            band = n_ci * taps * (cfg.matrix_latency + steps)
+            # between bands the weights stay on chip: too many of them and no point can go there
+            live_blocked = bool(max_step) and bands > g.n and n_ci == 1 and wbytes > max_live
+            key = (bool(max_step) and band > max_step, live_blocked, est, n_co * n_ci)
             if best is None or key < best[0]:
                 spad = wbufs * wbytes + 2 * (g.in_rows(rows) * g.wp * cpx + m * co_t)
                 best = (key, ConvPlan(co_t, ci_t, rows, band_mode, est, spad))
@@ -210,6 +224,8 @@ def conv_program(
     rq: dict,
     const: Callable[[bytes, str], int],
     where: str,
+    max_step: int = 0,
+    max_live: int = 0,
 ) -> dict:
     """Emit a convolution. `weights` int8 (Cout, Cin/groups, kh, kw); `bias` int64 (Cout), the input
     zero point already folded in; `rq` the requantisation fields of the VMAP (mult, shift, zp_out,
@@ -229,7 +245,7 @@ def conv_program(
         return lo, hi - lo
 
     win_max = max(window(c0, co_step)[1] for c0 in range(0, cout, co_step)) if groups > 1 else cpx
-    plan = plan_conv(cfg, g, cpx, cpy, win_max if groups > 1 else cpx, co_step, where)
+    plan = plan_conv(cfg, g, cpx, cpy, win_max if groups > 1 else cpx, co_step, where, max_step, max_live)
     taps = g.kh * g.kw
 
     # weight blocks per (output tile, input chunk): [co_t][kh][kw][chunk], zero where no connection
@@ -405,6 +421,7 @@ def pool_program(
     rq: dict,
     rescale: dict | None,
     where: str,
+    max_step: int = 0,
 ) -> dict:
     """Emit max (mode 0) or average (mode 1) pooling; `rq` holds the POOL's requantisation fields,
     `rescale` an optional in-place VMAP after a max pool whose output is quantised differently."""
@@ -421,7 +438,12 @@ def pool_program(
         while lo <= hi:
             r = (lo + hi) // 2
             need = 2 * (g.in_rows(r) * g.wp * ct + r * g.ow * ct)
-            if need <= cfg.spad_bytes and g.wp * ct <= 0xFFFF:
+            step = r * g.ow * g.kh * g.kw * cdiv(ct, cfg.vector_lanes)
+            if (
+                need <= cfg.spad_bytes
+                and g.wp * ct <= 0xFFFF
+                and (not max_step or r == 1 or step <= max_step)
+            ):
                 rows, lo = r, r + 1
             else:
                 hi = r - 1

@@ -27,26 +27,38 @@ class DemoModels:
     x_planning: np.ndarray
 
 
-def build_models(config: str = "default", cp_interval: int = 20_000, cache: Path | None = None) -> DemoModels:
-    """Compile the zoo's perception CNN (with interval points) and planning MLP (cached on disk)."""
+def compile_zoo(name: str, config: str, cache: Path | None = None, **opts) -> tuple[Container, np.ndarray]:
+    """A zoo model compiled with `opts` (cached in `cache` by its options) and one test input."""
     import onnx
     from npu.compiler import compile_onnx
     from npu.models import zoo
 
     cache = cache or Path("build") / "demo"
     cache.mkdir(parents=True, exist_ok=True)
-    out = {}
-    for name, extra in (("perception", {"cp_interval": cp_interval}), ("planning", {})):
-        z = zoo.ZOO[name]()
-        path = cache / f"{name}-{config}-{cp_interval if extra else 0}.npub"
-        if not path.exists():
-            onnx.save(z.model, str(cache / f"{name}.onnx"))
-            compile_onnx(cache / f"{name}.onnx", config, calib=z.calib, **extra).to_container().save(path)
-        out[name] = (
-            Container.load(path),
-            z.test[: z.model.graph.input[0].type.tensor_type.shape.dim[0].dim_value],
-        )
-    return DemoModels(out["perception"][0], out["planning"][0], out["perception"][1], out["planning"][1])
+    z = zoo.ZOO[name]()
+    key = "-".join(f"{k}{v}" for k, v in sorted(opts.items())) or "plain"
+    path = cache / f"{name}-{config}-{key}.npub"
+    if not path.exists():
+        onnx.save(z.model, str(cache / f"{name}.onnx"))
+        compile_onnx(cache / f"{name}.onnx", config, calib=z.calib, **opts).to_container().save(path)
+    batch = z.model.graph.input[0].type.tensor_type.shape.dim[0].dim_value
+    return Container.load(path), z.test[:batch]
+
+
+def build_models(config: str = "default", cp_interval: int = 20_000, cache: Path | None = None) -> DemoModels:
+    """The zoo's perception CNN (with interval points) and planning MLP, compiled (and cached)."""
+    p, xp = compile_zoo("perception", config, cache, cp_interval=cp_interval)
+    q, xq = compile_zoo("planning", config, cache)
+    return DemoModels(p, q, xp, xq)
+
+
+def strategy_models(config: str = "default", cp_interval: int = 20_000, cache: Path | None = None) -> dict:
+    """The perception CNN compiled for each preemption strategy."""
+    return {
+        "spill points": compile_zoo("perception", config, cache)[0],
+        "interval points": compile_zoo("perception", config, cache, cp_interval=cp_interval)[0],
+        "naive checkpoint": compile_zoo("perception", config, cache, cp_every_instruction=True)[0],
+    }
 
 
 def run_scenario(

@@ -203,9 +203,10 @@ class Npu:
                 f"the device is configuration 0x{dev_id:08x}, the driver was opened for "
                 f"{self.cfg.name} (0x{self.cfg.config_id:08x})"
             )
+        self.dram_bytes = min(self.cfg.dram_bytes, getattr(self.tr, "dram_bytes", self.cfg.dram_bytes))
         self.models: list[LoadedModel] = []
         self.jobs: list[Job] = []
-        self.aux_bytes = min(AUX_BYTES, self.cfg.dram_bytes // 16)
+        self.aux_bytes = min(AUX_BYTES, self.dram_bytes // 16)
         self._next_free = self.aux_bytes
         self._ready: list[tuple[int, int, Job]] = []  # (-priority, id, job)
         self._arrivals: list[tuple[int, int, Job]] = []
@@ -230,9 +231,9 @@ class Npu:
         save_bytes = max([p["live_bytes"] for p in man.get("cancel_points", [])] + [0])
         save_addr = -(-(off + end) // 64) * 64
         top = -(-(save_addr + save_bytes) // 4096) * 4096
-        if top > self.cfg.dram_bytes:
+        if top > self.dram_bytes:
             raise DriverError(
-                f"{name or 'model'}: needs {top - off} bytes of DRAM, {self.cfg.dram_bytes - off} are free"
+                f"{name or 'model'}: needs {top - off} bytes of DRAM, {self.dram_bytes - off} are free"
             )
         man, prog = relocate(man, prog, off)
         for d in man["dram"]:
@@ -309,14 +310,19 @@ class Npu:
         if self.current is not None:
             raise DriverError("a job is running")
         if len(program) > self.aux_bytes:
-            raise DriverError(f"program of {len(program)} bytes exceeds the {self.aux_bytes}-byte driver area")
+            raise DriverError(
+                f"program of {len(program)} bytes exceeds the {self.aux_bytes}-byte driver area"
+            )
         self.tr.write_dram(0, program)
         self.tr.set_reg("PROGRAM_BASE", 0)
         self.tr.set_reg("RESUME_PC", 0)
         self.tr.set_reg("TIMEOUT", 0)
+        self.tr.set_reg("IRQ", 1)
         self.tr.set_reg("CONTROL", int(RUN))
         self.tr.wait(max_cycles)
-        return self.tr.status()
+        st = self.tr.status()
+        self.tr.set_reg("IRQ", 1)
+        return st
 
     # -- the scheduler ----------------------------------------------------------------------------
     def _pump(
@@ -417,6 +423,7 @@ class Npu:
         self.tr.set_reg("RESUME_PC", pc)
         budget = 0 if job.timeout_cycles is None else max(1, job.timeout_cycles - job.used_cycles)
         self.tr.set_reg("TIMEOUT", budget)
+        self.tr.set_reg("IRQ", 1)
         self._run_start = self.tr.now()
         self.tr.set_reg("CONTROL", int(RUN))
         self.trace.mark("start" if job.resume_pc is None and job.seg == 0 else "resume", job, self._run_start)

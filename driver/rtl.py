@@ -1,0 +1,146 @@
+"""The RTL backend: the Amaranth core in a cocotb simulation (Verilator by default, `SIM=icarus`).
+
+cocotb owns the simulator process, so driver code runs inside it: `run_on_rtl(fn, *args)` builds the
+simulation top (core + in-simulator DRAM), starts the simulator and calls `fn(transport, *args)` in
+a thread bridged into the simulation with cocotb's `bridge`; every transport call hops back into the
+simulation with `resume`. The driver code is the same synchronous code the model backend runs.
+Results come back pickled.
+
+    from npu.driver.rtl import run_on_rtl
+    def job(transport):
+        npu = Npu(transport=transport, config="tiny")
+        ...
+        return figures
+    figures = run_on_rtl(job, config="tiny")
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pickle
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from npu.config import NpuConfig, get_config
+from npu.registers import Status
+
+from .transport import Transport, TransportError
+
+DEFAULT_DRAM = 4 << 20
+
+
+class RtlTransport(Transport):
+    """Register, DRAM and time access to the simulated core, usable from a bridged thread."""
+
+    def __init__(self, bench, dram_bytes: int):
+        from cocotb.task import resume
+
+        self.bench, self.cfg, self.dram_bytes = bench, bench.cfg, dram_bytes
+        self.dut = bench.dut
+        self._rd = resume(bench.regs.read_dword)
+        self._wr = resume(bench.regs.write_dword)
+        self._mem_rd = resume(self._mem_read)
+        self._mem_wr = resume(self._mem_write)
+        self._wait = resume(self._wait_async)
+
+    async def _mem_read(self, addr: int, n: int) -> bytes:
+        return self.bench.ram.read(addr, n)
+
+    async def _mem_write(self, addr: int, data: bytes) -> None:
+        self.bench.ram.write(addr, data)
+
+    def _check(self, addr: int, n: int) -> None:
+        if addr < 0 or addr + n > self.dram_bytes:
+            raise TransportError(f"DRAM access 0x{addr:x}+{n} outside the simulated {self.dram_bytes} bytes")
+
+    def read_reg(self, offset: int) -> int:
+        return int(self._rd(offset))
+
+    def write_reg(self, offset: int, value: int) -> None:
+        self._wr(offset, value)
+
+    def read_dram(self, addr: int, n: int) -> bytes:
+        self._check(addr, n)
+        return self._mem_rd(addr, n)
+
+    def write_dram(self, addr: int, data: bytes) -> None:
+        self._check(addr, len(data))
+        self._mem_wr(addr, bytes(data))
+
+    async def _wait_async(self, max_cycles: int | None) -> int:
+        from cocotb.triggers import ClockCycles, First, RisingEdge
+
+        t0 = self.now()
+        clk = self.dut.clk
+        running = Status(await self.bench.regs.read_dword(0x10)) == Status.RUNNING
+        if not running:
+            if max_cycles:
+                await ClockCycles(clk, max_cycles)
+            return self.now() - t0
+        if self.dut.irq.value != 1:
+            if max_cycles is None:
+                await RisingEdge(self.dut.irq)
+            else:
+                await First(RisingEdge(self.dut.irq), ClockCycles(clk, max_cycles))
+        return self.now() - t0
+
+    def wait(self, max_cycles: int | None) -> int:
+        return self._wait(max_cycles)
+
+    def now(self) -> int:
+        from cocotb.utils import get_sim_time
+
+        return int(get_sim_time(unit="ns")) // 10
+
+
+def _entry_spec() -> dict:
+    return pickle.loads((Path(os.environ["NPU_DRIVER_JOB"]) / "job.pkl").read_bytes())
+
+
+def run_on_rtl(
+    fn: Callable | str,
+    *args,
+    config: str | NpuConfig = "default",
+    dram_bytes: int = DEFAULT_DRAM,
+    waves: bool = False,
+):
+    """Run `fn(transport, *args)` against the RTL core and return its result. `fn` must be importable
+    (a module-level function, or "module:function")."""
+    from npu.hdl.verilog import sim_top_verilog
+    from npu.sim.hdlsim import BUILD, build_and_test
+
+    cfg = get_config(config)
+    target = fn if isinstance(fn, str) else f"{fn.__module__}:{fn.__qualname__}"
+    BUILD.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=BUILD, prefix="driver-") as tmp:
+        d = Path(tmp)
+        (d / "job.pkl").write_bytes(pickle.dumps({"config": cfg.name, "fn": target, "args": args,
+                                                   "dram_bytes": dram_bytes}))  # fmt: skip
+        try:
+            build_and_test(
+                sim_top_verilog(cfg, dram_bytes),
+                "npu_sim_top",
+                "npu.driver.rtl_entry",
+                name=f"simtop-{cfg.name}",
+                extra_env={"NPU_DRIVER_JOB": str(d)},
+                waves=waves,
+            )
+        except AssertionError:
+            pass  # the job's own exception, if any, is in result.pkl
+        res_path = d / "result.pkl"
+        if not res_path.exists():
+            raise TransportError("the RTL simulation ended without a result (see the simulator output above)")
+        ok, value = pickle.loads(res_path.read_bytes())
+        if not ok:
+            raise value
+        return value
+
+
+def resolve(target: str) -> Callable:
+    mod, _, name = target.partition(":")
+    obj = importlib.import_module(mod)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj

@@ -1,0 +1,34 @@
+"""cocotb test module behind `npu.driver.rtl.run_on_rtl`: reset the simulated core, then run the
+requested driver function in a bridged thread and pickle its result (or its exception)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import traceback
+from pathlib import Path
+
+import cocotb
+from cocotb.task import bridge
+from npu.sim.cocotb_bench import NpuBench
+
+from .rtl import RtlTransport, _entry_spec, resolve
+
+
+@cocotb.test()
+async def run_driver_job(dut):
+    spec = _entry_spec()
+    out = Path(os.environ["NPU_DRIVER_JOB"]) / "result.pkl"
+    bench = NpuBench(dut, spec["config"], spec["dram_bytes"])
+    await bench.reset()
+    transport = RtlTransport(bench, spec["dram_bytes"])
+    fn = resolve(spec["fn"])
+    try:
+        value = await bridge(fn)(transport, *spec["args"])
+        out.write_bytes(pickle.dumps((True, value)))
+    except Exception as e:  # handed back to the caller of run_on_rtl
+        try:
+            out.write_bytes(pickle.dumps((False, e)))
+        except Exception:
+            out.write_bytes(pickle.dumps((False, RuntimeError(traceback.format_exc()))))
+        raise
