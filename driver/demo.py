@@ -169,3 +169,19 @@ def format_table(non: dict, pre: dict, clock_mhz: float) -> str:
         f"{pre['perception_outputs_identical']}",
     ]
     return "\n".join(lines)
+
+
+def both_modes(
+    transport_factory, cfg_name: str, models: DemoModels, frames: int
+) -> tuple[dict, dict, list, list]:
+    """The scenario without and with preemption; results and trace events of each."""
+    out = []
+    for preempt in (False, True):
+        npu = Npu(transport=transport_factory(), config=cfg_name, preempt=preempt)
+        out.append((run_scenario(npu, models, frames=frames), npu.trace))
+    return out[0][0], out[1][0], out[0][1], out[1][1]
+
+
+def rtl_both_modes(transport, cfg_name: str, models: DemoModels, frames: int):
+    """Entry point for `run_on_rtl`: both modes on one simulated device."""
+    return both_modes(lambda: transport, cfg_name, models, frames)

@@ -28,7 +28,7 @@ from npu.registers import Status
 
 from .transport import Transport, TransportError
 
-DEFAULT_DRAM = 4 << 20
+DEFAULT_DRAM = 2 << 20
 
 
 class RtlTransport(Transport):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -263,6 +264,40 @@ def cmd_bench(args) -> int:
                 f"cycles and drain bound {result['drain_bound']}"
             )
         return 0
+    if args.what == "preempt":
+        from npu.driver.bench import bench_preempt, rtl_bench_preempt
+        from npu.driver.demo import build_models, strategy_models
+
+        models = build_models(cfg.name, args.cp_interval, cache=Path("build") / "demo")
+        strategies = strategy_models(cfg.name, args.cp_interval, cache=Path("build") / "demo")
+        if args.backend == "rtl":
+            from npu.driver.rtl import run_on_rtl
+
+            result = run_on_rtl(rtl_bench_preempt, cfg.name, models, strategies, args.frames, config=cfg)
+        else:
+            from npu.driver import ModelTransport
+
+            result = bench_preempt(lambda: ModelTransport(cfg), cfg, models, strategies, args.frames)
+        result["backend"] = args.backend
+        result["cp_interval"] = args.cp_interval
+        if args.json:
+            print(json.dumps(result))
+        else:
+            sc = result["scenario"]
+            print(
+                f"scenario ({sc['frames']} frames): mean latency {sc['nonpreemptive_latency']:,.0f} cycles "
+                f"without preemption, {sc['preemptive_latency']:,.0f} with (reduction {sc['reduction']:.1%})"
+            )
+            print(
+                f"{len(result['points'])} points: max pause latency {result['max_pause_latency']:,} cycles "
+                f"(interval {args.cp_interval:,}, drain bound {result['drain_bound']:,})"
+            )
+            for name, st in result["strategies"].items():
+                print(
+                    f"  {name:<17} urgent latency {st['urgent_latency']:>10,.0f} cycles, "
+                    f"preempted slowdown {st['preempted_slowdown']:+.1%}"
+                )
+        return 0
     if args.what == "order":
         from npu.compiler.bench import bench_order
 
@@ -337,11 +372,45 @@ def cmd_config(args) -> int:
     return 0
 
 
-def cmd_not_built(args) -> int:
-    raise CliError(
-        f"'npu {args.cmd}' is not built yet: it arrives with the "
-        f"{'compiler' if args.cmd == 'compile' else 'driver'} (see README, Status)"
+def cmd_demo(args) -> int:
+    from npu.driver.demo import both_modes, build_models, format_table, rtl_both_modes
+
+    cfg = get_config(args.config)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"compiling the zoo's perception CNN (points every {args.cp_interval} cycles) and planning MLP ...")
+    models = build_models(cfg.name, args.cp_interval, cache=Path("build") / "demo")
+    print(
+        f"running {args.frames} frames without and with preemption on the {args.backend} backend ...",
+        flush=True,
     )
+    t0 = time.perf_counter()
+    if args.backend == "rtl":
+        from npu.driver.rtl import run_on_rtl
+
+        non, pre, tr_non, tr_pre = run_on_rtl(rtl_both_modes, cfg.name, models, args.frames, config=cfg)
+    else:
+        from npu.driver import ModelTransport
+
+        non, pre, tr_non, tr_pre = both_modes(lambda: ModelTransport(cfg), cfg.name, models, args.frames)
+    print(f"({time.perf_counter() - t0:.1f} s)\n")
+    print(format_table(non, pre, cfg.clock_mhz))
+    for name, tr, title in (
+        ("nonpreemptive", tr_non, "without preemption"),
+        ("preemptive", tr_pre, "with preemption at cancellation points"),
+    ):
+        tr.save_chrome(out / f"trace-{name}.json")
+        tr.save_png(
+            out / f"timeline-{name}.png", f"perception/planning on the {args.backend} backend, {title}"
+        )
+    print(
+        f"\ntraces (open in https://ui.perfetto.dev): {out}/trace-preemptive.json, "
+        f"{out}/trace-nonpreemptive.json"
+        f"\ntimelines: {out}/timeline-preemptive.png, {out}/timeline-nonpreemptive.png"
+    )
+    if args.json:
+        (out / "demo.json").write_text(json.dumps({"nonpreemptive": non, "preemptive": pre}))
+    return 0 if pre["perception_outputs_identical"] else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -387,7 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmarks that print figures (use --json)")
     b.add_argument(
         "what",
-        choices=["model", "gemm", "order"],
+        choices=["model", "gemm", "order", "preempt"],
         help="model: GEMM on the golden model; gemm: GEMM sweep on --backend; "
         "order: operator order search on the zoo's branchy models",
     )
@@ -412,6 +481,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="RTL: serve DRAM with cocotbext-axi's AxiRam (slower) instead of the in-simulator RAM",
     )
+    b.add_argument("--frames", type=int, default=4, help="preempt: frames of the scenario")
+    b.add_argument("--cp-interval", type=int, default=20_000, help="preempt: the compiler's point interval")
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_bench)
 
@@ -470,9 +541,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cp.set_defaults(func=cmd_compile)
 
-    x = sub.add_parser("demo", help="preemption demo (not built yet)")
-    x.add_argument("rest", nargs=argparse.REMAINDER)
-    x.set_defaults(func=cmd_not_built)
+    x = sub.add_parser("demo", help="the perception/planning preemption scenario, with a table and timelines")
+    x.add_argument("--backend", choices=["rtl", "model"], default="rtl", help="default rtl (Verilator)")
+    x.add_argument("--config", default="default")
+    x.add_argument("--frames", type=int, default=4)
+    x.add_argument("--cp-interval", type=int, default=20_000, help="compiler's point interval (cycles)")
+    x.add_argument("--out", default="out/demo", help="folder for the traces and pictures")
+    x.add_argument("--json", action="store_true", help="also write demo.json with every figure")
+    x.set_defaults(func=cmd_demo)
     return p
 
 
