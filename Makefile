@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint bench clean
+.PHONY: demo example zoo test test-slow lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -12,11 +12,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
-## main job: assemble and run the example GEMM program on the golden model
+## main job: the perception/planning preemption demo on the RTL core (Verilator)
 demo: $(STAMP)
+	$(BIN)/npu demo
+
+## the example GEMM program, assembled and run on the golden model
+example: $(STAMP)
 	mkdir -p out
 	$(BIN)/npu asm examples/gemm_requant_relu.s -o out/gemm_requant_relu.bin
 	$(BIN)/npu run examples/gemm_requant_relu.s
+
+## the model zoo's ONNX files, calibration and test inputs, in models/out/
+zoo: $(STAMP)
+	$(BIN)/python -m npu.models -o models/out
 
 ## whole test suite (what CI runs)
 test: $(STAMP)

@@ -102,7 +102,10 @@ class CompiledModel:
             f"  {'id':>4} {'pc':>6} {'kind':<8} {'est cycle':>10} {'live bytes':>10} {'dump':>6} "
             f"{'restore':>7}  ranges",
         ]
-        for p in pts:
+        shown = pts if len(pts) <= 60 else pts[:30] + pts[-30:]
+        for k, p in enumerate(shown):
+            if len(pts) > 60 and k == 30:
+                lines.append(f"  ... {len(pts) - 60} more ...")
             rng = " ".join(f"[0x{s:x},0x{e:x})" for s, e in p["live_ranges"][:3])
             lines.append(
                 f"  {p['id']:>4} {p['pc']:>6} {p['kind']:<8} {p['est_cycles']:>10} {p['live_bytes']:>10} "
