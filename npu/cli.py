@@ -84,8 +84,14 @@ def _run_npub(args) -> int:
         outs, counters = run_container(c, xs, cfg)
     except RunError as e:
         raise CliError(f"{args.program}: {e}") from None
+    if args.output:  # for a compiled model: --output y.npy (several outputs: y.npy, y.1.npy, ...)
+        if len(args.output) != 1 or "@" in args.output[0]:
+            raise CliError("for an .npub model, give one --output FILE.npy")
+        args.save = args.output[0]
     if args.save:
-        np.save(args.save, outs[0])
+        base = Path(args.save)
+        for i, y in enumerate(outs):
+            np.save(base if i == 0 else base.with_suffix(f".{i}.npy"), y)
     print(
         f"{args.program} on {cfg.name}: {counters['CYCLES']:,} cycles "
         f"({counters['CYCLES'] / cfg.clock_mhz:,.1f} us at {cfg.clock_mhz:g} MHz)"
@@ -438,7 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--output",
         action="append",
         metavar="NAME@ADDR:DTYPE:SHAPE",
-        help="read a result back, e.g. C@0x40000:i8:64x64",
+        help="read a result back, e.g. C@0x40000:i8:64x64 (for an .npub model: the output file, y.npy)",
     )
     r.add_argument(
         "--pause-at",

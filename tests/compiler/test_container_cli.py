@@ -64,3 +64,32 @@ def test_container_errors(compiled):
         run_container(c, [np.zeros((4, 12), np.float32)], get_config("default"))
     with pytest.raises(RunError, match="shape"):
         run_container(c, [np.zeros((3, 12), np.float32)], get_config("tiny"))
+
+
+def test_run_npub_with_output_file(compiled, capsys):
+    d, path = compiled
+    assert main(["compile", str(path), "-o", str(d / "m.npub"), "--calib", str(d / "calib.npy")]) == 0
+    args = [
+        "run",
+        str(d / "m.npub"),
+        "--input",
+        str(d / "x.npy"),
+        "--output",
+        str(d / "y.npy"),
+        "--backend",
+        "model",
+    ]
+    assert main(args) == 0
+    assert np.load(d / "y.npy").shape == (4, 6)
+
+
+def test_model_too_large_for_dram(tmp_path):
+    """On `tiny` (64 KiB of DRAM) a model whose weights do not fit is refused with the sizes."""
+    from npu.compiler import CompileError, compile_onnx
+
+    from tests.compiler.test_gemm_mlp import mlp_onnx
+
+    rng = np.random.default_rng(0)
+    path = mlp_onnx(tmp_path / "big.onnx", [rng.normal(size=(256, 300))], [np.zeros(300)], 2)
+    with pytest.raises(CompileError, match="more than the 65536 bytes of DRAM"):
+        compile_onnx(path, "tiny", calib=rng.normal(size=(8, 256)).astype(np.float32))
