@@ -5,27 +5,10 @@ import json
 import numpy as np
 import pytest
 from npu.driver import DriverError, JobError, Npu, Priority
+from npu.driver.bench import preempt_at_every_point
 
 from npu.container import Container
 from npu.isa import encode_program, make
-
-
-def preempt_at_every_point(npu, low_model, x, urgent_model, xu):
-    """Pause the low job at each of its points in turn, run an urgent job there, resume."""
-    job = low_model.submit(x, priority=Priority.LOW, int8=True)
-    stops = []
-    while True:
-        npu.run_until(lambda: job.state == "running" or job.done())
-        if job.done():
-            break
-        npu.pause(job)
-        npu.run_until(lambda: job.state == "paused" or job.done())
-        if job.done():
-            break
-        stops.append(job.preemptions[-1].cp)
-        urgent_model.submit(xu, priority=Priority.HIGH).result()
-        npu.resume(job)
-    return job.result(), stops
 
 
 @pytest.mark.parametrize("which", ["small", "demo"])
@@ -44,7 +27,8 @@ def test_preemption_at_every_point_is_bit_exact(which, small_models, demo_models
     npu = Npu("model", cfg)
     low, hi = npu.load(c_low, "low"), npu.load(c_hi, "urgent")
     ref = low.run(x, int8=True)
-    got, stops = preempt_at_every_point(npu, low, x, hi, xu)
+    got, records = preempt_at_every_point(npu, low, x, hi, xu)
+    stops = [r.cp for r in records]
     points = c_low.manifest["cancel_points"]
     assert stops == [p["id"] for p in points]
     assert any(p["live_bytes"] > 0 for p in points)
