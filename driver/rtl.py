@@ -126,12 +126,13 @@ def run_on_rtl(
                 name=f"simtop-{cfg.name}",
                 extra_env={"NPU_DRIVER_JOB": str(d)},
                 waves=waves,
+                quiet=True,
             )
         except AssertionError:
             pass  # the job's own exception, if any, is in result.pkl
         res_path = d / "result.pkl"
         if not res_path.exists():
-            raise TransportError("the RTL simulation ended without a result (see the simulator output above)")
+            raise TransportError("the RTL simulation ended without a result (see sim.log in build/sim/)")
         ok, value = pickle.loads(res_path.read_bytes())
         if not ok:
             raise value

@@ -101,10 +101,12 @@ def build_and_test(
     testcase: str | None = None,
     extra_env: dict[str, str] | None = None,
     waves: bool = False,
+    quiet: bool = False,
 ) -> Path:
     """Compile `verilog` (cached by content) and run the cocotb tests in `test_module`.
 
-    Returns the results XML path; raises AssertionError if any cocotb test failed.
+    Returns the results XML path; raises AssertionError if any cocotb test failed. With `quiet`, the
+    build and simulator output go to build.log and sim.log in the build folder (named on stderr).
     """
     from cocotb_tools.runner import get_runner
 
@@ -129,6 +131,10 @@ def build_and_test(
         if sim == "verilator"
         else []
     )
+    build_log = build_dir / "build.log" if quiet else None
+    sim_log = build_dir / "sim.log" if quiet else None
+    if quiet and not (build_dir / ("npu_sim_top" if toplevel == "npu_sim_top" else toplevel)).exists():
+        print(f"building the {sim} model of {toplevel} (first time only; log: {build_log})", file=sys.stderr)
     try:
         runner.build(
             sources=sources,
@@ -138,8 +144,11 @@ def build_and_test(
             timescale=("1ns", "1ps"),
             waves=waves,
             always=False,
+            log_file=build_log,
         )
     except (Exception, SystemExit):
+        if build_log is not None and build_log.exists():
+            sys.stderr.write(build_log.read_text()[-4000:])
         shutil.rmtree(build_dir, ignore_errors=True)  # never reuse a half-built folder
         raise
     env = dict(extra_env or {})
@@ -155,6 +164,7 @@ def build_and_test(
         extra_env=env,
         waves=waves,
         timescale=("1ns", "1ps"),
+        log_file=sim_log,
     )
     from cocotb_tools.runner import get_results
 
