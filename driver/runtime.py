@@ -32,7 +32,7 @@ from npu.container import Container
 from npu.executor import HostSteps, check_inputs, read_tensor, read_tensor_int8, write_tensor
 from npu.isa import ErrorCode, Opcode, decode_program, encode_program
 from npu.program import ProgramBuilder
-from npu.registers import NPU_MAGIC, Control, Status
+from npu.registers import COUNTERS, NPU_MAGIC, Control, Status
 
 from .trace import Trace
 from .transport import ModelTransport, Transport
@@ -160,6 +160,7 @@ class Job:
     started: int | None = None
     finished: int | None = None
     used_cycles: int = 0
+    counters: dict[str, int] = field(default_factory=dict)  # performance counters summed over its runs
     preemptions: list[Preemption] = field(default_factory=list)
 
     def done(self) -> bool:
@@ -302,6 +303,10 @@ class Npu:
         job.state = "ready"
         heapq.heappush(self._ready, (-job.priority, job.id, job))
 
+    def counters(self) -> dict[str, int]:
+        """The performance counters of the last run (docs/registers.md)."""
+        return {name: self.tr.counter(name) for name in COUNTERS}
+
     def soft_reset(self) -> None:
         self.tr.set_reg("CONTROL", int(Control.SOFT_RESET))
 
@@ -436,7 +441,9 @@ class Npu:
     def _stopped(self, st: Status) -> None:
         job = self.current
         now = self.tr.now()
-        job.used_cycles += self.tr.counter("CYCLES")
+        for name, v in self.counters().items():
+            job.counters[name] = job.counters.get(name, 0) + v
+        job.used_cycles = job.counters["CYCLES"]
         self.trace.span("run", job, self._run_start, now)
         self.current = None
         req, self._pause_req = self._pause_req, None

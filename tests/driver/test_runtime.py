@@ -52,6 +52,11 @@ def test_priorities_nested_preemption_and_trace(demo_models, tmp_path):
     assert j_low.preemptions and j_low.preemptions[0].by == j_mid.id
     assert j_mid.preemptions and j_mid.preemptions[0].by == j_hi.id  # nested
     assert j_hi.finished < j_mid.finished < j_low.finished
+    # counters add up over a preempted job's runs: the same work as one uninterrupted run
+    alone = low.submit(x)
+    alone.result()
+    for k in ("DMA_RD_BYTES", "DMA_WR_BYTES", "BUSY_MATRIX"):
+        assert j_low.counters[k] == alone.counters[k], k
     assert np.array_equal(j_low.outputs[0], ref_low[0]) and np.array_equal(j_mid.outputs[0], ref_low[0])
     assert np.array_equal(j_hi.outputs[0], ref_hi[0])
     npu.trace.save_chrome(tmp_path / "t.json")
