@@ -6,9 +6,9 @@
 * BatchNormalization after a Conv is folded into the Conv's weights and bias;
 * MatMul of a 2-D activation by a constant, followed by an Add of a constant vector, becomes Gemm.
 
-Activation fusion (Relu/Clip into the preceding Conv/Gemm) is left to the quantiser: onnxruntime
-drops a Relu/Clip whose clamp the output quantisation range already gives, and the lowering folds
-any remaining clamp into the producer's requantisation.
+Activation fusion (Relu/Clip into the preceding Conv/Gemm) is done by the quantiser: onnxruntime
+drops a Relu/Clip whose clamp the output quantisation range already gives. A Relu/Clip it keeps runs
+as its own VMAP.
 """
 
 from __future__ import annotations
@@ -76,15 +76,24 @@ def cleanup(model: onnx.ModelProto) -> onnx.ModelProto:
         o.name = src(o.name) if o.name in rename else o.name
 
     nodes = _fold_batchnorm(nodes, consts, outputs)
-    nodes = _matmul_add_to_gemm(nodes, consts, shapes, outputs)
+    _rebuild(model, nodes, consts, outputs)
+    # shapes again: folding made Reshape targets constant, so MatMul operands may now be known 2-D
+    shapes = _static_shapes(model)
+    nodes = _matmul_add_to_gemm(list(model.graph.node), consts, shapes, outputs)
+    _rebuild(model, nodes, consts, outputs)
+    return model
 
+
+def _rebuild(model: onnx.ModelProto, nodes: list, consts: dict, outputs: set[str]) -> None:
+    g = model.graph
     used = {x for n in nodes for x in n.input} | outputs
     del g.node[:]
     g.node.extend(nodes)
     del g.initializer[:]
     g.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items() if k in used)
     del g.value_info[:]
-    return shape_inference.infer_shapes(model)
+    inferred = shape_inference.infer_shapes(model)
+    g.value_info.extend(inferred.graph.value_info)
 
 
 def _constant_attr(a: dict) -> np.ndarray:

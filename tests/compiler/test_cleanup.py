@@ -1,0 +1,72 @@
+"""Graph clean-up of exported-model idioms, checked against onnxruntime on the same float model."""
+
+import numpy as np
+import onnx
+from npu.compiler import compile_onnx
+from npu.compiler.cleanup import cleanup
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.compiler.helpers import compare_int8, ort_outputs
+
+
+def exported_style_model():
+    """Conv -> BN -> Identity -> Dropout -> Reshape to (N, -1) via Shape/Gather/Concat arithmetic ->
+    MatMul + Add (a PyTorch-style Linear), with a Constant node and ConstantOfShape."""
+    rng = np.random.default_rng(0)
+    n, c, h, w = 2, 4, 6, 6
+    init = [
+        numpy_helper.from_array(rng.normal(0, 0.3, (8, c, 3, 3)).astype(np.float32), "cw"),
+        numpy_helper.from_array(rng.normal(0, 0.1, 8).astype(np.float32), "cb"),
+        numpy_helper.from_array(rng.uniform(0.5, 1.5, 8).astype(np.float32), "g"),
+        numpy_helper.from_array(rng.normal(0, 0.1, 8).astype(np.float32), "b"),
+        numpy_helper.from_array(rng.normal(0, 0.1, 8).astype(np.float32), "mu"),
+        numpy_helper.from_array(rng.uniform(0.5, 1.5, 8).astype(np.float32), "var"),
+        numpy_helper.from_array(rng.normal(0, 0.1, (8 * h * w, 5)).astype(np.float32), "fw"),
+        numpy_helper.from_array(np.array([0], np.int64), "zero"),
+        numpy_helper.from_array(np.array([1], np.int64), "one_shape"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "cw", "cb"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "g", "b", "mu", "var"], ["bn"]),
+        helper.make_node("Relu", ["bn"], ["r"]),
+        helper.make_node("Identity", ["r"], ["i"]),
+        helper.make_node("Dropout", ["i"], ["d"]),
+        helper.make_node("Shape", ["d"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["batch"], axis=0),
+        helper.make_node(
+            "ConstantOfShape",
+            ["one_shape"],
+            ["minus"],
+            value=numpy_helper.from_array(np.array([-1], np.int64)),
+        ),  # fmt: skip
+        helper.make_node("Concat", ["batch", "minus"], ["shape2"], axis=0),
+        helper.make_node("Reshape", ["d", "shape2"], ["flat"]),
+        helper.make_node(
+            "Constant", [], ["fb"], value=numpy_helper.from_array(rng.normal(0, 0.1, 5).astype(np.float32))
+        ),
+        helper.make_node("MatMul", ["flat", "fw"], ["mm"]),
+        helper.make_node("Add", ["mm", "fb"], ["y"]),
+    ]
+    g = helper.make_graph(
+        nodes, "exported", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, c, h, w])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, 5])], init,
+    )  # fmt: skip
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def test_cleanup_folds_exported_idioms(tmp_path):
+    m = exported_style_model()
+    c = cleanup(m)
+    ops = [n.op_type for n in c.graph.node]
+    assert ops == ["Conv", "Relu", "Reshape", "Gemm"], ops
+    x = np.random.default_rng(1).normal(size=(2, 4, 6, 6)).astype(np.float32)
+    assert np.allclose(ort_outputs(m, x)[0], ort_outputs(c, x)[0], atol=1e-4)
+    onnx.save(m, str(tmp_path / "e.onnx"))
+    cm = compile_onnx(
+        tmp_path / "e.onnx", calib=np.random.default_rng(2).normal(size=(16, 4, 6, 6)).astype(np.float32)
+    )
+    assert [la["op"] for la in cm.lowered.layers] == ["Conv", "Reshape", "Gemm"]
+    assert cm.lowered.layers[1]["placement"] == "view"
+    compare_int8(cm, x)
