@@ -83,7 +83,7 @@ def test_bench_model_json(capsys):
         (["run", "nope.s"], "no such file"),
         (["run", EX, "--config", "huge"], "unknown configuration 'huge'"),
         (["compile", "m.onnx"], "m.onnx: no such file"),
-        (["demo"], "not built yet"),
+        (["demo", "--config", "huge"], "unknown configuration 'huge'"),
     ],
 )
 def test_clear_errors(argv, msg, capsys):
