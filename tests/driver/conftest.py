@@ -38,5 +38,17 @@ def small_models(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def mlp_without_points(tmp_path_factory):
+    from npu.models.builder import Net
+
+    d = tmp_path_factory.mktemp("nocp")
+    net = Net("mlp", (1, 32), seed=4)
+    y = net.gemm(net.relu(net.gemm(net.input, 32)), 8)
+    onnx.save(net.model([y]), str(d / "mlp.onnx"))
+    calib = np.random.default_rng(1).normal(size=(16, 32)).astype(np.float32)
+    return compile_onnx(d / "mlp.onnx", "tiny", calib=calib, cancel_points=False).to_container()
+
+
+@pytest.fixture(scope="session")
 def zoo_planning():
     return zoo.planning()

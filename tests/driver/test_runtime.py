@@ -67,16 +67,18 @@ def test_priorities_nested_preemption_and_trace(demo_models, tmp_path):
     assert (tmp_path / "t.png").stat().st_size > 1000
 
 
-def test_job_reaching_end_before_any_point_is_waited_for(small_models):
+def test_job_reaching_end_before_any_point_is_waited_for(small_models, mlp_without_points):
     c_low, c_hi, x, xu = small_models
     npu = Npu("model", "tiny")
-    low, hi = npu.load(c_low, "low"), npu.load(c_hi, "high")
+    plain, urgent = npu.load(mlp_without_points, "no points"), npu.load(c_low, "urgent")
+    assert not mlp_without_points.manifest["cancel_points"]
     t = npu.tr.now()
-    j = hi.submit(xu, priority=Priority.LOW)
-    u = hi.submit(xu, priority=Priority.HIGH, at=t + 1)
+    j = plain.submit(xu, priority=Priority.LOW)
+    u = urgent.submit(x, priority=Priority.HIGH, at=t + 50)
     npu.run_all()
-    assert j.state == u.state == "done" and not j.preemptions  # same model: no preemption
-    del low
+    assert j.state == u.state == "done" and not j.preemptions
+    assert any(e.kind == "pause request" and e.job == j.id for e in npu.trace.events)
+    assert j.finished <= u.started  # the pause request found no point: the job ran to END first
 
 
 def test_misuse_gives_clear_errors_and_the_device_recovers(small_models, tmp_path):
