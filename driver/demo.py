@@ -172,16 +172,17 @@ def format_table(non: dict, pre: dict, clock_mhz: float) -> str:
 
 
 def both_modes(
-    transport_factory, cfg_name: str, models: DemoModels, frames: int
+    transport_factory, cfg_name: str, models: DemoModels, frames: int, timing: dict | None = None
 ) -> tuple[dict, dict, list, list]:
-    """The scenario without and with preemption; results and trace events of each."""
+    """The scenario without and with preemption; results and trace events of each. `timing` may
+    set `period` and `post_cycles` (default: 1.05x and 0.25x the perception time)."""
     out = []
     for preempt in (False, True):
         npu = Npu(transport=transport_factory(), config=cfg_name, preempt=preempt)
-        out.append((run_scenario(npu, models, frames=frames), npu.trace))
+        out.append((run_scenario(npu, models, frames=frames, **(timing or {})), npu.trace))
     return out[0][0], out[1][0], out[0][1], out[1][1]
 
 
-def rtl_both_modes(transport, cfg_name: str, models: DemoModels, frames: int):
+def rtl_both_modes(transport, cfg_name: str, models: DemoModels, frames: int, timing: dict | None = None):
     """Entry point for `run_on_rtl`: both modes on one simulated device."""
-    return both_modes(lambda: transport, cfg_name, models, frames)
+    return both_modes(lambda: transport, cfg_name, models, frames, timing)

@@ -391,14 +391,24 @@ def cmd_demo(args) -> int:
         flush=True,
     )
     t0 = time.perf_counter()
+    cyc = cfg.clock_mhz * 1000  # cycles per millisecond
+    timing = {}
+    if args.period_ms:
+        timing["period"] = int(args.period_ms * cyc)
+    if args.post_ms is not None:
+        timing["post_cycles"] = int(args.post_ms * cyc)
     if args.backend == "rtl":
         from npu.driver.rtl import run_on_rtl
 
-        non, pre, tr_non, tr_pre = run_on_rtl(rtl_both_modes, cfg.name, models, args.frames, config=cfg)
+        non, pre, tr_non, tr_pre = run_on_rtl(
+            rtl_both_modes, cfg.name, models, args.frames, timing, config=cfg
+        )
     else:
         from npu.driver import ModelTransport
 
-        non, pre, tr_non, tr_pre = both_modes(lambda: ModelTransport(cfg), cfg.name, models, args.frames)
+        non, pre, tr_non, tr_pre = both_modes(
+            lambda: ModelTransport(cfg), cfg.name, models, args.frames, timing
+        )
     print(f"({time.perf_counter() - t0:.1f} s)\n")
     print(format_table(non, pre, cfg.clock_mhz))
     for name, tr, title in (
@@ -552,6 +562,10 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--config", default="default")
     x.add_argument("--frames", type=int, default=4)
     x.add_argument("--cp-interval", type=int, default=20_000, help="compiler's point interval (cycles)")
+    x.add_argument("--period-ms", type=float, help="frame period (default 1.05 x the perception time)")
+    x.add_argument(
+        "--post-ms", type=float, help="host post-processing time per frame (default 0.25 x perception)"
+    )
     x.add_argument("--out", default="out/demo", help="folder for the traces and pictures")
     x.add_argument("--json", action="store_true", help="also write demo.json with every figure")
     x.set_defaults(func=cmd_demo)
