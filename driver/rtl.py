@@ -108,11 +108,19 @@ def run_on_rtl(
 ):
     """Run `fn(transport, *args)` against the RTL core and return its result. `fn` must be importable
     (a module-level function, or "module:function")."""
+    import sys
+
     from npu.hdl.verilog import sim_top_verilog
     from npu.sim.hdlsim import BUILD, build_and_test
 
     cfg = get_config(config)
     target = fn if isinstance(fn, str) else f"{fn.__module__}:{fn.__qualname__}"
+    print(
+        f"RTL simulation of the {cfg.name} core (the first run generates Verilog and builds the simulator, "
+        "a few minutes; later runs reuse it)",
+        file=sys.stderr,
+        flush=True,
+    )
     BUILD.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=BUILD, prefix="driver-") as tmp:
         d = Path(tmp)
