@@ -81,7 +81,14 @@ def _run_npub(args) -> int:
         except (OSError, ValueError) as e:
             raise CliError(f"--input {path}: cannot read: {e}") from None
     try:
-        outs, counters = run_container(c, xs, cfg)
+        if args.backend == "rtl":
+            from npu.driver.jobs import run_model
+            from npu.driver.rtl import DEFAULT_DRAM, run_on_rtl
+
+            dram = min(cfg.dram_bytes, DEFAULT_DRAM)
+            outs, counters = run_on_rtl(run_model, c, xs, config=cfg, dram_bytes=dram)
+        else:
+            outs, counters = run_container(c, xs, cfg)
     except RunError as e:
         raise CliError(f"{args.program}: {e}") from None
     if args.output:  # for a compiled model: --output y.npy (several outputs: y.npy, y.1.npy, ...)
@@ -185,6 +192,8 @@ def cmd_run(args) -> int:
 
     if args.program.endswith(".npub"):
         return _run_npub(args)
+    if args.backend != "model":
+        raise CliError(f"--backend {args.backend} runs compiled .npub models; assembly runs on the model")
     asm = _load_program(args.program)
     cfg = get_config(args.config or asm.config or "default")
     for spec in args.dram or []:
@@ -447,7 +456,12 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run a program on the golden model, print outputs and counters")
     r.add_argument("program", help=".s file (with .data/.output directives) or binary")
     r.add_argument("--config", help=f"one of {', '.join(PRESETS)} (default: the file's .config)")
-    r.add_argument("--backend", default="model", choices=["model"], help="execution backend")
+    r.add_argument(
+        "--backend",
+        default="model",
+        choices=["model", "rtl"],
+        help="execution backend (rtl: an .npub model on the simulated core through the driver)",
+    )
     r.add_argument("--base", type=_int, default=0, help="DRAM address of the program (default 0)")
     r.add_argument("--dram", action="append", metavar="FILE.npy@ADDR", help="preload DRAM")
     r.add_argument(

@@ -31,3 +31,24 @@ def test_preemption_on_the_rtl_is_bit_exact(small_models):
     low, hi = npu.load(c_low), npu.load(c_hi)
     assert all(np.array_equal(a, b) for a, b in zip(ref, low.run(x, int8=True), strict=True))
     assert all(np.array_equal(a, b) for a, b in zip(ref_hi, hi.run(xu, int8=True), strict=True))
+
+
+def test_npu_run_on_the_rtl(small_models, tmp_path, capsys):
+    from npu.cli import main
+
+    c_low, _, x, _ = small_models
+    c_low.save(tmp_path / "m.npub")
+    np.save(tmp_path / "x.npy", x)
+    args = [
+        "run",
+        str(tmp_path / "m.npub"),
+        "--input",
+        str(tmp_path / "x.npy"),
+        "--output",
+        str(tmp_path / "y.npy"),
+    ]
+    assert main([*args, "--backend", "rtl"]) == 0
+    y_rtl = np.load(tmp_path / "y.npy")
+    assert main([*args, "--backend", "model"]) == 0
+    assert np.array_equal(y_rtl, np.load(tmp_path / "y.npy"))
+    assert "cycles" in capsys.readouterr().out
