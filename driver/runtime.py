@@ -410,7 +410,7 @@ class Npu:
         while job.seg < len(segs) and segs[job.seg]["kind"] == "host":
             t0 = time.perf_counter()
             job.model.host.run(self.tr, segs[job.seg], job.env)
-            self.trace.span("host", job, now, now, wall=time.perf_counter() - t0)
+            self.trace.span("host", job, now, now, info=f"{time.perf_counter() - t0:.6f} s on the host")
             job.seg += 1
         if job.seg == len(segs):
             self._finish(job)
@@ -459,6 +459,7 @@ class Npu:
         elif st == Status.PAUSED:
             cp = self.tr.reg("CP_ID")
             job.resume_pc = self.tr.reg("RESUME_PC")
+            self.trace.instant("paused", job, now, f"point {cp}, resume pc {job.resume_pc}")
             point = job.model.points.get(cp)
             if point is None:
                 self._fail(job, JobError(f"job {job.id} ({job.model.name}) paused at unknown point {cp}"))
@@ -470,7 +471,7 @@ class Npu:
                 a += n
             t0 = self.tr.now()
             dump = self._run_aux([("store", s, n, sa) for s, n, sa in saved]) if saved else 0
-            self.trace.span("dump", job, t0, self.tr.now())
+            self.trace.span("dump", job, t0, self.tr.now(), f"{point['live_bytes']} bytes")
             job.saved = saved
             job.preemptions.append(
                 Preemption(cp, req[0] if req else now, now, point["live_bytes"], dump,

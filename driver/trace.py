@@ -21,6 +21,7 @@ class Event:
     end: int
     wall: float  # host wall-clock seconds when recorded
     priority: int = 0
+    info: str = ""
 
 
 @dataclass
@@ -29,17 +30,17 @@ class Trace:
     events: list[Event] = field(default_factory=list)
     t0: float = field(default_factory=time.perf_counter)
 
-    def _add(self, kind: str, job, start: int, end: int) -> None:
+    def _add(self, kind: str, job, start: int, end: int, info: str = "") -> None:
         jid = -1 if job is None else job.id
         name = "device" if job is None else job.model.name
         prio = 0 if job is None else job.priority
-        self.events.append(Event(kind, jid, name, start, end, time.perf_counter() - self.t0, prio))
+        self.events.append(Event(kind, jid, name, start, end, time.perf_counter() - self.t0, prio, info))
 
-    def span(self, kind: str, job, start: int, end: int, wall: float | None = None) -> None:
-        self._add(kind, job, start, end)
+    def span(self, kind: str, job, start: int, end: int, info: str = "") -> None:
+        self._add(kind, job, start, end, info)
 
-    def instant(self, kind: str, job, at: int) -> None:
-        self._add(kind, job, at, at)
+    def instant(self, kind: str, job, at: int, info: str = "") -> None:
+        self._add(kind, job, at, at, info)
 
     mark = instant
 
@@ -56,7 +57,12 @@ class Trace:
                 "pid": 1,
                 "tid": f"{e.model} (priority {e.priority})" if e.job >= 0 else "device",
                 "ts": e.start * us,
-                "args": {"job": e.job, "cycles": [e.start, e.end], "wall_s": round(e.wall, 6)},
+                "args": {
+                    "job": e.job,
+                    "cycles": [e.start, e.end],
+                    "wall_s": round(e.wall, 6),
+                    "info": e.info,
+                },
             }
             if e.end > e.start:
                 out.append({**base, "ph": "X", "dur": (e.end - e.start) * us})

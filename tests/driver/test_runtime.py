@@ -63,7 +63,7 @@ def test_priorities_nested_preemption_and_trace(demo_models, tmp_path):
     npu.trace.save_png(tmp_path / "t.png")
     ev = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
     kinds = {e["cat"] for e in ev}
-    assert {"run", "pause request", "submit", "done"} <= kinds
+    assert {"run", "pause request", "paused", "submit", "done", "resume"} <= kinds
     assert (tmp_path / "t.png").stat().st_size > 1000
 
 
