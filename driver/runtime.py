@@ -499,17 +499,16 @@ class Npu:
             else:
                 outs.append(read_tensor_int8(self.tr, t) if job.int8 else read_tensor(self.tr, t))
         job.outputs = outs
-        job.state = "done"
-        job.finished = self.tr.now()
-        self.trace.instant("done", job, job.finished)
-        if job.on_done:
-            job.on_done(job)
+        self._end(job, "done")
 
     def _fail(self, job: Job, err: Exception) -> None:
         job.error = err
-        job.state = "failed"
+        self._end(job, "failed")
+
+    def _end(self, job: Job, state: str) -> None:
+        job.state = state
         job.finished = self.tr.now()
-        self.trace.instant("failed", job, job.finished)
+        self.trace.instant(state, job, job.finished)
         if job.on_done:
             job.on_done(job)
 

@@ -134,25 +134,24 @@ def _random_inputs(shape, n_calib: int, n_test: int, seed: int):
     return calib, test
 
 
-def _bottleneck(net: Net, x: str, mid: int, out: int, stride: int) -> str:
-    h = net.conv(x, mid, 1, bn=True)
-    h = net.conv(h, mid, 3, stride=stride, bn=True)
-    h = net.conv(h, out, 1, bn=True, relu=False)
-    cin = net.shapes[x][1]
+def _residual(net: Net, x: str, h: str, stride: int) -> str:
+    """relu(h + shortcut): the input itself, or a strided 1x1 projection when the shape changes."""
+    cin, out = net.shapes[x][1], net.shapes[h][1]
     short = (
         x if stride == 1 and cin == out else net.conv(x, out, 1, stride=stride, pad=0, bn=True, relu=False)
     )
     return net.relu(net.add(h, short))
+
+
+def _bottleneck(net: Net, x: str, mid: int, out: int, stride: int) -> str:
+    h = net.conv(x, mid, 1, bn=True)
+    h = net.conv(h, mid, 3, stride=stride, bn=True)
+    return _residual(net, x, net.conv(h, out, 1, bn=True, relu=False), stride)
 
 
 def _basic_block(net: Net, x: str, out: int, stride: int) -> str:
     h = net.conv(x, out, 3, stride=stride, bn=True)
-    h = net.conv(h, out, 3, bn=True, relu=False)
-    cin = net.shapes[x][1]
-    short = (
-        x if stride == 1 and cin == out else net.conv(x, out, 1, stride=stride, pad=0, bn=True, relu=False)
-    )
-    return net.relu(net.add(h, short))
+    return _residual(net, x, net.conv(h, out, 3, bn=True, relu=False), stride)
 
 
 def _inception(net: Net, x: str, c1: int, c3r: int, c3: int, c5r: int, c5: int, pp: int) -> str:
