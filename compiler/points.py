@@ -10,9 +10,10 @@ read after it before being overwritten (a backward liveness pass over the operat
   points stay within `interval` wherever a candidate allows it, skipping candidates whose live data
   exceed `max_live` bytes.
 
-Estimated cycles are the cost model's: the largest per-unit sum of instruction durations since the
-segment started (units overlap, so this is a lower bound of the elapsed time). Each point's table row
-gives its live ranges and the cycles to dump them to DRAM and restore them (one DMA per range).
+Estimated cycles come from the golden model's timing of the segment with `--cp-interval`, otherwise
+from the largest per-unit sum of instruction durations since the segment started (a lower bound of
+the elapsed time). Each point's table row gives its live ranges and the cycles of the driver's
+programs that dump them to DRAM and restore them (`npu.program.copy_range`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import numpy as np
 from npu.sim.timing import duration
 
 from npu.config import ACC_BASE, NpuConfig
-from npu.isa import footprint, make
+from npu.isa import footprint
+from npu.program import copy_range
 
 
 @dataclass(frozen=True)
@@ -107,18 +109,11 @@ def fragment_liveness(items: list, cfg: NpuConfig) -> dict[int, list[tuple[int, 
 
 
 def dma_cycles(ranges: list[tuple[int, int]], cfg: NpuConfig) -> tuple[int, int]:
-    """(dump, restore) cycles: one STORE / LOAD per range (rows of at most 65535 bytes)."""
+    """(dump, restore) cycles of the driver's programs for these ranges (`npu.program.copy_range`)."""
     dump = restore = 0
     for s, e in ranges:
-        n = e - s
-        cols = min(n, 0xFFFF)
-        rows = -(-n // cols)
-        dump += duration(
-            make("store", spad=s, dram=0, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols), cfg
-        )
-        restore += duration(
-            make("load", spad=s, dram=0, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols), cfg
-        )
+        dump += sum(duration(i, cfg) for i in copy_range("store", s, e - s, 0))
+        restore += sum(duration(i, cfg) for i in copy_range("load", s, e - s, 0))
     return dump, restore
 
 

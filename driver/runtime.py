@@ -31,7 +31,7 @@ from npu.config import NpuConfig, get_config
 from npu.container import Container
 from npu.executor import HostSteps, check_inputs, read_tensor, read_tensor_int8, write_tensor
 from npu.isa import ErrorCode, Opcode, decode_program, encode_program
-from npu.program import ProgramBuilder
+from npu.program import ProgramBuilder, copy_range
 from npu.registers import COUNTERS, NPU_MAGIC, Control, Status
 
 from .trace import Trace
@@ -516,18 +516,14 @@ class Npu:
         """Run a driver program of LOADs or STOREs (op, on-chip addr, bytes, DRAM addr); its cycles."""
         b = ProgramBuilder(self.cfg)
         for op, s, n, a in moves:
-            for off in range(0, n, 0x8000):  # one DMA row of at most 32 KiB per instruction
-                cols = min(n - off, 0x8000)
-                b.add(op, spad=s + off, dram=a + off, rows=1, cols=cols, spad_stride=cols, dram_stride=cols)
-        prog = encode_program(b.build().instrs)
-        st = self.run_raw(prog, max_cycles=10_000_000)
+            for ins in copy_range(op, s, n, a):
+                b.add(ins)
+        st = self.run_raw(encode_program(b.build().instrs), max_cycles=10_000_000)
         if st != Status.DONE:
             code = ErrorCode(self.tr.reg("ERROR_CODE"))
             self.soft_reset()
             raise DriverError(f"the driver's {moves[0][0]} program failed: {st.name} {code.name}")
-        cycles = self.tr.counter("CYCLES")
-        self.tr.set_reg("IRQ", 1)
-        return cycles
+        return self.tr.counter("CYCLES")
 
     def _recover_if_needed(self, when: str) -> None:
         st = self.tr.status()

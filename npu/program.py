@@ -187,6 +187,26 @@ class ProgramBuilder:
         return -1
 
 
+COPY_CHUNK = 0x8000  # bytes per DMA row when copying a range between on-chip memory and DRAM
+
+
+def copy_range(op: str, onchip: int, n: int, dram: int) -> list[Instr]:
+    """The LOADs (restore) or STOREs (dump) that copy `n` bytes between on-chip address `onchip` and
+    DRAM: one DMA row of at most `COPY_CHUNK` bytes each. The driver's dump and restore programs and
+    the compiler's estimate of their cost both use it."""
+    if op not in ("load", "store"):
+        raise ValueError(f"copy_range copies with load or store, not {op!r}")
+    out = []
+    for off in range(0, n, COPY_CHUNK):
+        cols = min(n - off, COPY_CHUNK)
+        out.append(
+            make(
+                op, spad=onchip + off, dram=dram + off, rows=1, cols=cols, spad_stride=cols, dram_stride=cols
+            )
+        )
+    return out
+
+
 def check_tokens(instrs: list[Instr], cfg: NpuConfig) -> None:
     """Check the static token rules: every pop follows a push in program order, no channel holds
     more than `token_depth` tokens, and none is outstanding at a cancellation point or at the end."""
