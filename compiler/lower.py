@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import onnx
 from npu.sim.programs import gemm_program
+from npu.sim.runner import timing_run
 from npu.sim.timing import duration
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
@@ -23,7 +24,6 @@ from onnx.reference import ReferenceEvaluator
 from npu.config import ACC_BASE, NpuConfig
 from npu.isa import Instr, Opcode, footprint
 from npu.program import ProgramBuilder
-from npu.registers import Status
 from npu.tensors import Layout
 
 from .elementwise import add_program, concat_program, eltwise_program
@@ -103,6 +103,15 @@ class Frag:
     items: list = field(default_factory=list)  # ProgramBuilder items
     host: dict | None = None
     host_model: bytes = b""
+    _top: list | None = field(default=None, repr=False)
+
+    def placed(self, top: bool, cfg: NpuConfig) -> list:
+        """The items at the bottom of the on-chip memories, or moved to the top (computed once)."""
+        if not top:
+            return self.items
+        if self._top is None:
+            self._top = _relocate_top(self.items, cfg)
+        return self._top
 
 
 @dataclass
@@ -739,7 +748,7 @@ def assemble(low: Lowering, order: list[int], policy: PointPolicy | None = SPILL
         la = dict(f.layer)
         out.layers.append(la)
         if f.kind == "npu":
-            items = f.items if k_npu % 2 == 0 else _relocate_top(f.items, cfg)
+            items = f.placed(k_npu % 2 == 1, cfg)
             k_npu += 1
             while items and items[-1].kind == "cand":  # the boundary point follows anyway
                 items = items[:-1]
@@ -759,21 +768,13 @@ def assemble(low: Lowering, order: list[int], policy: PointPolicy | None = SPILL
     return out
 
 
-def _simulated_times(cfg: NpuConfig, seg: list) -> list[int] | None:
+def _simulated_times(cfg: NpuConfig, seg: list) -> list[int]:
     """Cycle at which each item position is reached, from the golden model's timing: the latest end
     of the instructions before it (what a point there waits for)."""
-    from npu.sim.model import NpuModel
-
-    from npu.isa import encode_program
-
     b = ProgramBuilder(cfg)
     b._items.extend(it for it in seg if it.kind == "instr")
     built = b.build()
-    m = NpuModel(cfg, trace=True, timing_only=True)
-    m.load_program(encode_program(built.instrs), 0)
-    m.start(pc=0)
-    if m.run() != Status.DONE:
-        return None
+    m = timing_run(cfg, built.instrs, trace=True)
     end_of = {}
     for e in m.trace:
         if e.unit in ("load", "matrix", "vector", "store"):
@@ -804,7 +805,7 @@ def _emit_segment(cfg, out: Lowered, seg: list, cands: list[Candidate], spans, p
         cands = [Candidate(i, 0, False, whole) for i, it in enumerate(seg) if it.kind == "instr" and i > 0]
         cands.append(Candidate(len(seg), 0, True, []))
     if policy is not None and policy.interval:
-        t_at = _simulated_times(cfg, seg) or t_at
+        t_at = _simulated_times(cfg, seg)
     for c in cands:
         c.t = t_at[c.pos]
     if policy is not None and policy.every_instruction:

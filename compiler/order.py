@@ -21,13 +21,14 @@ import random
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import islice
 
 from npu.sim.model import NpuModel
+from npu.sim.runner import timing_run
 
 from npu.program import ProgramBuilder
-from npu.registers import Status
 
-from .lower import Lowering, _relocate_top
+from .lower import Lowering
 
 
 def key_nodes(deps: list[set[int]]) -> list[int]:
@@ -100,16 +101,6 @@ def topo_orders(nodes: list[int], deps: list[set[int]]) -> Iterator[list[int]]:
     yield from rec()
 
 
-def count_orders(nodes: list[int], deps: list[set[int]], cap: int) -> int:
-    """Number of topological orders, counted up to `cap` (returns cap when there are more)."""
-    n = 0
-    for _ in topo_orders(nodes, deps):
-        n += 1
-        if n >= cap:
-            break
-    return n
-
-
 def random_order(nodes: list[int], deps: list[set[int]], rng: random.Random) -> list[int]:
     inside = set(nodes)
     done: set[int] = set()
@@ -141,7 +132,7 @@ class CostModel:
             f = self.low.frags[idx] if idx >= 0 else None
             if f is not None and f.kind == "npu":
                 b = b or ProgramBuilder(self.low.cfg)
-                b._items.extend(f.items if k % 2 == 0 else _relocate_top(f.items, self.low.cfg))
+                b._items.extend(f.placed(k % 2 == 1, self.low.cfg))
                 if self.cancel_points:  # as in the final program: they constrain the tokens
                     b.cancel_point(k)
                 k += 1
@@ -152,22 +143,13 @@ class CostModel:
         return total
 
     def _run(self, b: ProgramBuilder) -> int:
-        from npu.isa import encode_program
-
-        m = self.model
-        m.soft_reset()
-        m.load_program(encode_program(b.build().instrs), self.base)
-        m.start(pc=0)
-        st = m.run()
-        if st != Status.DONE:
-            raise RuntimeError(f"cost model run ended in {st.name} ({m.error_code.name} at pc {m.error_pc})")
-        return m.counter_values()["CYCLES"]
+        return timing_run(self.low.cfg, b.build().instrs, self.base, self.model).counter_values()["CYCLES"]
 
 
 @dataclass
 class SubgraphResult:
     nodes: list[str]
-    orders: int  # topological orders (counted up to the exhaustive limit + 1)
+    orders: int  # topological orders (counted up to the exhaustive limit + 1; streamed: those seen)
     evaluated: int
     method: str  # "exhaustive" | "sampled" | "single" | "budget"
     default_cycles: int
@@ -191,7 +173,7 @@ def search_order(
     low: Lowering,
     *,
     partition: bool = True,
-    exhaustive_limit: int = 120,
+    exhaustive_limit: int | None = 120,
     samples: int = 40,
     merge_below: int = 3,
     budget_s: float | None = 30.0,
@@ -199,8 +181,9 @@ def search_order(
     cancel_points: bool = True,
 ) -> SearchResult:
     """The best operator order found (see the module docstring); `partition=False` searches the
-    whole graph as one subgraph. With `budget_s`, subgraphs left when time runs out keep their ONNX
-    order (and the result says `timed_out`)."""
+    whole graph as one subgraph; `exhaustive_limit=None` enumerates every order (until the budget).
+    With `budget_s`, subgraphs left when time runs out keep their ONNX order (the result says
+    `timed_out`)."""
     t0 = time.perf_counter()
     deps = [f.deps for f in low.frags]
     groups = subgraphs(deps, merge_below) if partition else [list(range(len(deps)))]
@@ -210,25 +193,30 @@ def search_order(
     parity = 0
     for g in groups:
         n_npu = sum(low.frags[v].kind == "npu" for v in g)
-        out_of_time = budget_s is not None and time.perf_counter() - t0 > budget_s
-        n = count_orders(g, deps, exhaustive_limit + 1)
-        if n == 1 or out_of_time:
-            c = cost.cycles(g, parity) if not out_of_time else 0
-            method = "single" if n == 1 else "budget"
-            res.subgraphs.append(SubgraphResult(_names(low, g), n, 1, method, c, c, g))
-            res.timed_out |= out_of_time
+        if budget_s is not None and time.perf_counter() - t0 > budget_s:
+            res.subgraphs.append(SubgraphResult(_names(low, g), 0, 0, "budget", 0, 0, g))
+            res.timed_out = True
             res.order += g
             parity += n_npu
             continue
-        if n <= exhaustive_limit:
+        # the orders themselves (up to the limit, so that counting and searching enumerate once),
+        # or with no limit a stream searched until the budget runs out
+        n = None
+        if exhaustive_limit is None:
             cands, method = topo_orders(g, deps), "exhaustive"
         else:
-            cands, method = _sampled(g, deps, samples, rng), "sampled"
+            head = list(islice(topo_orders(g, deps), exhaustive_limit + 1))
+            n = len(head)
+            if n <= exhaustive_limit:
+                cands, method = head, "exhaustive" if n > 1 else "single"
+            else:
+                cands, method = _sampled(g, deps, samples, rng), "sampled"
         default = cost.cycles(g, parity)
-        best, best_c, evaluated = g, default, 1
+        best, best_c, seen, evaluated = g, default, 1, 1
         for cand in cands:
             if cand == g:
                 continue
+            seen += 1
             c = cost.cycles(cand, parity)
             evaluated += 1
             if c < best_c:
@@ -237,7 +225,9 @@ def search_order(
                 res.timed_out = True
                 method += " (budget)"
                 break
-        res.subgraphs.append(SubgraphResult(_names(low, g), n, evaluated, method, default, best_c, best))
+        res.subgraphs.append(
+            SubgraphResult(_names(low, g), seen if n is None else n, evaluated, method, default, best_c, best)
+        )
         res.order += best
         parity += n_npu
     res.search_s = time.perf_counter() - t0

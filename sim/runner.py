@@ -116,6 +116,23 @@ def run_assembly(
     return res
 
 
+def timing_run(
+    cfg: NpuConfig, instrs, base: int = 0, model: NpuModel | None = None, trace: bool = False
+) -> NpuModel:
+    """Run a program on the golden model for its timing only (data are not computed): the cost
+    model of the compiler. Returns the model after DONE (its counters, and its trace with `trace`)."""
+    from npu.isa import encode_program
+
+    m = model or NpuModel(cfg, trace=trace, timing_only=True)
+    m.soft_reset()
+    m.load_program(encode_program(instrs), base)
+    m.start(pc=0)
+    st = m.run()
+    if st != Status.DONE:
+        raise RunError(f"timing run ended in {st.name} ({m.error_code.name} at pc {m.error_pc})")
+    return m
+
+
 class ModelDevice:
     """The golden model as an executor device (npu.executor.Device)."""
 

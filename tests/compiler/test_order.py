@@ -8,7 +8,7 @@ import onnx
 from npu.compiler.cleanup import cleanup
 from npu.compiler.frontend import quantize_float_model
 from npu.compiler.lower import lower
-from npu.compiler.order import CostModel, count_orders, key_nodes, search_order, subgraphs, topo_orders
+from npu.compiler.order import CostModel, key_nodes, search_order, subgraphs, topo_orders
 from npu.models.builder import Net
 
 from npu.cli import main
@@ -21,7 +21,6 @@ def test_key_nodes_of_a_diamond_chain():
     assert key_nodes(deps) == [0, 3, 4, 8]
     assert subgraphs(deps, merge_below=1) == [[0], [1, 2, 3], [4], [5, 6, 7, 8]]
     assert subgraphs(deps, merge_below=3) == [[0, 1, 2, 3, 4], [5, 6, 7, 8]]
-    assert count_orders([5, 6, 7, 8], deps, 100) == 3
     orders = list(topo_orders([5, 6, 7, 8], deps))
     assert len(orders) == len({tuple(o) for o in orders}) == 3
     assert all(o.index(5) < o.index(6) and o[-1] == 8 for o in orders)
