@@ -18,9 +18,7 @@ import onnx
 from onnx import helper, numpy_helper, shape_inference
 from onnx.reference import ReferenceEvaluator
 
-
-def _attrs(n: onnx.NodeProto) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in n.attribute}
+from .frontend import node_attrs
 
 
 def _static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
@@ -49,7 +47,7 @@ def cleanup(model: onnx.ModelProto) -> onnx.ModelProto:
     for n in g.node:
         for i, x in enumerate(n.input):
             n.input[i] = src(x) if x else x
-        a = _attrs(n)
+        a = node_attrs(n)
         ins = [x for x in n.input if x]
         if n.op_type in ("Identity", "Dropout") and n.output[0] not in outputs:
             if n.op_type == "Dropout" and len(n.input) > 2 and n.input[2]:
@@ -137,7 +135,7 @@ def _fold_batchnorm(nodes: list, consts: dict, outputs: set[str]) -> list:
             or not all(x in consts for x in list(bn.input[1:5]) + [conv.input[1]])
         ):
             continue
-        eps = _attrs(bn).get("epsilon", 1e-5)
+        eps = node_attrs(bn).get("epsilon", 1e-5)
         gamma, beta, mean, var = (consts[x].astype(np.float64) for x in bn.input[1:5])
         w = consts[conv.input[1]].astype(np.float64)
         b = consts[conv.input[2]].astype(np.float64) if len(conv.input) > 2 and conv.input[2] else 0.0

@@ -124,5 +124,10 @@ def quantize_float_model(model: onnx.ModelProto, calib: np.ndarray, source: str 
         return shape_inference.infer_shapes(onnx.load(str(dst)))
 
 
+def node_attrs(n: onnx.NodeProto) -> dict:
+    """A node's attributes as Python values."""
+    return {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+
+
 def initializers(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}

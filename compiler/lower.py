@@ -27,7 +27,7 @@ from npu.program import ProgramBuilder
 from npu.tensors import Layout
 
 from .elementwise import add_program, concat_program, eltwise_program
-from .frontend import Act, CompileError, QTensor, initializers, static_shape
+from .frontend import Act, CompileError, QTensor, initializers, node_attrs, static_shape
 from .points import SPILL_POINTS, Candidate, PointPolicy, choose, dma_cycles, fragment_liveness
 from .spatial import channel_align, conv_program, geometry, pool_program
 
@@ -84,12 +84,16 @@ class Lowered:
     outputs: list[dict]  # tensor descriptions, or {"name", "shape", "host": True} for host floats
     segments: list[dict]
     layers: list[dict] = field(default_factory=list)
-    cancel_points: dict[int, int] = field(default_factory=dict)
     host_models: dict[str, bytes] = field(default_factory=dict)
     dram_end: int = 0
     order: list[int] = field(default_factory=list)  # fragment indices in program order
     points: list[dict] = field(default_factory=list)  # the cancellation point table
     candidates: list[dict] = field(default_factory=list)  # every place a point could have gone
+
+    @property
+    def cancel_points(self) -> dict[int, int]:
+        """Point id -> pc."""
+        return {p["id"]: p["pc"] for p in self.points}
 
 
 @dataclass
@@ -140,10 +144,6 @@ class _Alloc:
         if self.next > self.limit:
             raise CompileError(f"{what}: the model needs more than the {self.limit} bytes of DRAM")
         return addr
-
-
-def _attrs(n: onnx.NodeProto) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in n.attribute}
 
 
 class _Lowering:
@@ -253,7 +253,8 @@ class _Lowering:
         return name
 
     def new_frag(self, n, kind: str, shape, info: dict | None = None) -> Frag:
-        deps = {self.frag_of[self._trace(x)] for x in n.input if x and self._trace(x) in self.frag_of}
+        sources = {self._trace(x) for x in n.input if x}
+        deps = {self.frag_of[t] for t in sources if t in self.frag_of}
         layer = {"node": n.name, "op": n.op_type, "placement": kind, "shape": list(shape)}
         layer.update(info or {})
         f = Frag(len(self.frags), kind, layer, deps)
@@ -304,7 +305,7 @@ class _Lowering:
     # -- placement ----------------------------------------------------------------------------
     def npu_reason(self, n) -> str | None:
         """None when the NPU runs this node, else why it goes to the host."""
-        op, a = n.op_type, _attrs(n)
+        op, a = n.op_type, node_attrs(n)
         if n.domain not in ("", "ai.onnx"):
             return f"custom domain {n.domain}"
         if any(i in self.host_float for i in n.input if i):
@@ -377,7 +378,7 @@ class _Lowering:
             self.acts[out.name] = Act(out, x.addr, lay)
             self.new_frag(n, "view", out.shape)
             return
-        getattr(self, "_" + op.lower())(n, ProgramBuilder(self.cfg), 0)
+        getattr(self, "_" + op.lower())(n, ProgramBuilder(self.cfg))
 
     def _requant_params(self, x: QTensor, y: QTensor, n, lo: float | None = None, hi: float | None = None):
         mult, shift = quant_multiplier(x.scale / y.scale, self.where(n))
@@ -406,8 +407,8 @@ class _Lowering:
             raise CompileError(f"{self.where(n)}: bias scale {s[2]} is not input scale x weight scale")
         return s[1].astype(np.int64).reshape(-1)
 
-    def _conv(self, n, b: ProgramBuilder, first: int) -> None:
-        a = _attrs(n)
+    def _conv(self, n, b: ProgramBuilder) -> None:
+        a = node_attrs(n)
         x = self.act_in(n.input[0], n)
         w, s_w = self._weights(n.input[1], n)
         if w.ndim != 4 or x.layout.kind != "hwc":
@@ -435,10 +436,10 @@ class _Lowering:
         )
         self.op_done(n, b, yq.shape, info)
 
-    def _gemm(self, n, b: ProgramBuilder, first: int) -> None:
+    def _gemm(self, n, b: ProgramBuilder) -> None:
         x = self.act_in(n.input[0], n)
         w, s_w = self._weights(n.input[1], n)
-        a = _attrs(n)
+        a = node_attrs(n)
         if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
             raise CompileError(f"{self.where(n)}: only transA=0, alpha=1, beta=1 are supported")
         if len(x.q.shape) != 2 or w.ndim != 2:
@@ -488,11 +489,11 @@ class _Lowering:
             lay.cp if lay.kind != "dense" else (lay.shape[-1] if lay.shape and lay.shape[-1] <= 4096 else 1)
         )
 
-    def _relu(self, n, b: ProgramBuilder, first: int) -> None:
-        self._clamp(n, b, first, 0.0, None)
+    def _relu(self, n, b: ProgramBuilder) -> None:
+        self._clamp(n, b, 0.0, None)
 
-    def _clip(self, n, b: ProgramBuilder, first: int) -> None:
-        a = _attrs(n)
+    def _clip(self, n, b: ProgramBuilder) -> None:
+        a = node_attrs(n)
         lo, hi = a.get("min"), a.get("max")
         for idx in (1, 2):
             if len(n.input) > idx and n.input[idx]:
@@ -505,9 +506,9 @@ class _Lowering:
                 else:
                     raise CompileError(f"{self.where(n)}: Clip bounds must be constants")
                 lo, hi = (v, hi) if idx == 1 else (lo, v)
-        self._clamp(n, b, first, lo, hi)
+        self._clamp(n, b, lo, hi)
 
-    def _clamp(self, n, b, first, lo, hi) -> None:
+    def _clamp(self, n, b, lo, hi) -> None:
         x = self.act_in(n.input[0], n)
         yq = self.q_out(n.output[0], n)
         y = self.place(yq, f"{self.where(n)} output", x.layout)
@@ -523,7 +524,7 @@ class _Lowering:
         )
         self.op_done(n, b, yq.shape)
 
-    def _add(self, n, b: ProgramBuilder, first: int) -> None:
+    def _add(self, n, b: ProgramBuilder) -> None:
         xa, xb = (self.act_in(i, n) for i in n.input if i)
         yq = self.q_out(n.output[0], n)
         y = self.place(yq, f"{self.where(n)} output", xa.layout)
@@ -543,7 +544,7 @@ class _Lowering:
 
     _sum = _add
 
-    def _concat(self, n, b: ProgramBuilder, first: int) -> None:
+    def _concat(self, n, b: ProgramBuilder) -> None:
         xs = [self.act_in(i, n) for i in n.input]
         yq = self.q_out(n.output[0], n)
         parts, off, chan = [], 0, []
@@ -565,7 +566,7 @@ class _Lowering:
         concat_program(b, self.cfg, parts, y, pixels, self.step)
         self.op_done(n, b, yq.shape)
 
-    def _pool(self, n, b: ProgramBuilder, first: int, kernel, strides, pads, mode: int) -> None:
+    def _pool(self, n, b: ProgramBuilder, kernel, strides, pads, mode: int) -> None:
         x = self.act_in(n.input[0], n)
         if x.layout.kind != "hwc":
             raise CompileError(f"{self.where(n)}: pooling needs a 4-D NCHW input")
@@ -585,19 +586,19 @@ class _Lowering:
         info = pool_program(b, self.cfg, x, y, geo, mode, rq, rescale, self.where(n), self.step)
         self.op_done(n, b, yq.shape, info)
 
-    def _maxpool(self, n, b, first) -> None:
-        a = _attrs(n)
+    def _maxpool(self, n, b) -> None:
+        a = node_attrs(n)
         k = a["kernel_shape"]
-        self._pool(n, b, first, k, a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0]), 0)
+        self._pool(n, b, k, a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0]), 0)
 
-    def _averagepool(self, n, b, first) -> None:
-        a = _attrs(n)
+    def _averagepool(self, n, b) -> None:
+        a = node_attrs(n)
         k = a["kernel_shape"]
-        self._pool(n, b, first, k, a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0]), 1)
+        self._pool(n, b, k, a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0]), 1)
 
-    def _globalaveragepool(self, n, b, first) -> None:
+    def _globalaveragepool(self, n, b) -> None:
         _, _, h, w = self.act_in(n.input[0], n).q.shape
-        self._pool(n, b, first, [h, w], [1, 1], [0, 0, 0, 0], 1)
+        self._pool(n, b, [h, w], [1, 1], [0, 0, 0, 0], 1)
 
     # -- host steps ---------------------------------------------------------------------------
     def lower_host(self, n, reason: str) -> None:
@@ -730,7 +731,7 @@ def assemble(low: Lowering, order: list[int], policy: PointPolicy | None = SPILL
                 raise ValueError(
                     f"operator {f.layer['node']} is ordered before its input {low.frags[d].layer['node']}"
                 )
-    out = Lowered([], low.dram, low.inputs, low.outputs, [], [], {}, {}, low.dram_end, list(order))
+    out = Lowered([], low.dram, low.inputs, low.outputs, [], [], {}, low.dram_end, list(order))
     seg: list = []  # items of the NPU segment being collected
     cands: list[Candidate] = []
     spans: list[tuple[dict, int, int]] = []  # layer, first item, end item
@@ -808,10 +809,7 @@ def _emit_segment(cfg, out: Lowered, seg: list, cands: list[Candidate], spans, p
         t_at = _simulated_times(cfg, seg)
     for c in cands:
         c.t = t_at[c.pos]
-    if policy is not None and policy.every_instruction:
-        chosen = cands
-    else:
-        chosen = choose(cands, policy, cfg) if policy is not None else []
+    chosen = choose(cands, policy, cfg) if policy is not None else []
     seg_no = len(out.segments)
     out.candidates += [
         {"segment": seg_no, "est_cycles": c.t, "live_bytes": c.live_bytes, "boundary": c.boundary}
@@ -824,7 +822,7 @@ def _emit_segment(cfg, out: Lowered, seg: list, cands: list[Candidate], spans, p
     for i in range(len(seg) + 1):
         new_index[i] = len(b)
         if i in at:
-            cp = len(out.cancel_points) + len(point_ids)
+            cp = len(out.points) + len(point_ids)
             b.cancel_point(cp)
             point_ids.append((cp, at[i]))
         if i < len(seg) and seg[i].kind != "cand":
@@ -835,7 +833,6 @@ def _emit_segment(cfg, out: Lowered, seg: list, cands: list[Candidate], spans, p
     pcs = built.item_pcs + [len(built.instrs) - 1]
     for cp, c in point_ids:
         pc = start + built.cancel_points[cp]
-        out.cancel_points[cp] = pc
         dump, restore = dma_cycles(c.live, cfg)
         out.points.append(
             {

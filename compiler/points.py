@@ -118,7 +118,10 @@ def dma_cycles(ranges: list[tuple[int, int]], cfg: NpuConfig) -> tuple[int, int]
 
 
 def choose(cands: list[Candidate], policy: PointPolicy, cfg: NpuConfig) -> list[Candidate]:
-    """Every boundary, plus interior candidates so that gaps stay within the interval where possible."""
+    """Every boundary, plus interior candidates so that gaps stay within the interval where possible
+    (the naive `every_instruction` policy takes every candidate)."""
+    if policy.every_instruction:
+        return list(cands)
     max_live = cfg.spad_bytes // 4 if policy.max_live is None else policy.max_live
     chosen: list[Candidate] = []
     last_t = 0
