@@ -29,7 +29,7 @@ import numpy as np
 
 from npu.config import NpuConfig, get_config
 from npu.container import Container
-from npu.executor import HostSteps, check_inputs, read_tensor, read_tensor_int8, write_tensor
+from npu.executor import HostSteps, check_inputs, read_outputs, write_inputs
 from npu.isa import ErrorCode, Opcode, decode_program, encode_program
 from npu.program import ProgramBuilder, copy_range
 from npu.registers import COUNTERS, NPU_MAGIC, Control, Status
@@ -404,9 +404,7 @@ class Npu:
         segs = job.model.manifest["segments"]
         if job.started is None:
             job.started = now
-            for t, x in zip(job.model.manifest["inputs"], job.inputs, strict=True):
-                write_tensor(self.tr, t, x)
-                job.env[t["name"]] = x
+            write_inputs(job.model.manifest, self.tr, job.inputs, job.env)
         while job.seg < len(segs) and segs[job.seg]["kind"] == "host":
             t0 = time.perf_counter()
             job.model.host.run(self.tr, segs[job.seg], job.env)
@@ -431,7 +429,9 @@ class Npu:
         self.tr.set_reg("IRQ", 1)
         self._run_start = self.tr.now()
         self.tr.set_reg("CONTROL", int(RUN))
-        self.trace.mark("start" if job.resume_pc is None and job.seg == 0 else "resume", job, self._run_start)
+        self.trace.instant(
+            "start" if job.resume_pc is None and job.seg == 0 else "resume", job, self._run_start
+        )
 
     def _request_pause(self, by: Job | None) -> None:
         self._pause_req = (self.tr.now(), by)
@@ -492,12 +492,7 @@ class Npu:
             self._fail(job, JobError(msg, code, pc))
 
     def _finish(self, job: Job) -> None:
-        outs = []
-        for t in job.model.manifest["outputs"]:
-            if t.get("host"):
-                outs.append(np.asarray(job.env[t["name"]]))
-            else:
-                outs.append(read_tensor_int8(self.tr, t) if job.int8 else read_tensor(self.tr, t))
+        outs = read_outputs(job.model.manifest, self.tr, job.env, job.int8)
         job.outputs = outs
         self._end(job, "done")
 

@@ -42,8 +42,6 @@ class Trace:
     def instant(self, kind: str, job, at: int, info: str = "") -> None:
         self._add(kind, job, at, at, info)
 
-    mark = instant
-
     def spans(self, kind: str | None = None) -> list[Event]:
         return [e for e in self.events if e.end > e.start and (kind is None or e.kind == kind)]
 

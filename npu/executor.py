@@ -84,21 +84,17 @@ def check_inputs(manifest: dict, inputs: list[np.ndarray]) -> list[np.ndarray]:
     return xs
 
 
-def run_segments(
-    manifest: dict, host: HostSteps, dev: Device, inputs: list[np.ndarray], *, int8: bool = False
-) -> list[np.ndarray]:
-    """Write the inputs, run every segment in order, return the outputs (float, or int8 with `int8`
-    for outputs that live in DRAM)."""
-    xs = check_inputs(manifest, inputs)
-    env: dict[str, np.ndarray] = {}
+def write_inputs(manifest: dict, dev: Device, xs: list[np.ndarray], env: dict[str, np.ndarray]) -> None:
+    """Quantise the (checked) float inputs into DRAM; host steps may read them from `env` too."""
     for t, x in zip(manifest["inputs"], xs, strict=True):
         write_tensor(dev, t, x)
         env[t["name"]] = x
-    for seg in manifest["segments"]:
-        if seg["kind"] == "npu":
-            dev.run_segment(seg["pc"])
-        else:
-            host.run(dev, seg, env)
+
+
+def read_outputs(
+    manifest: dict, dev: Device, env: dict[str, np.ndarray], int8: bool = False
+) -> list[np.ndarray]:
+    """The outputs: from DRAM (dequantised, or int8 with `int8`) or from a host step's results."""
     outs = []
     for t in manifest["outputs"]:
         if t.get("host"):
@@ -106,3 +102,18 @@ def run_segments(
         else:
             outs.append(read_tensor_int8(dev, t) if int8 else read_tensor(dev, t))
     return outs
+
+
+def run_segments(
+    manifest: dict, host: HostSteps, dev: Device, inputs: list[np.ndarray], *, int8: bool = False
+) -> list[np.ndarray]:
+    """Write the inputs, run every segment in order, return the outputs (float, or int8 with `int8`
+    for outputs that live in DRAM)."""
+    env: dict[str, np.ndarray] = {}
+    write_inputs(manifest, dev, check_inputs(manifest, inputs), env)
+    for seg in manifest["segments"]:
+        if seg["kind"] == "npu":
+            dev.run_segment(seg["pc"])
+        else:
+            host.run(dev, seg, env)
+    return read_outputs(manifest, dev, env, int8)
