@@ -314,6 +314,8 @@ def cmd_bench(args) -> int:
                 )
         return 0
     if args.what == "order":
+        if args.backend != "model":
+            raise CliError("bench order measures on the golden model; --backend rtl is not supported")
         from npu.compiler.bench import bench_order
 
         result = bench_order(cfg, args.models, args.timeout)
