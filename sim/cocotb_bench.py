@@ -16,7 +16,7 @@ from pathlib import Path
 
 import cocotb
 from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, First, RisingEdge, Timer
+from cocotb.triggers import ClockCycles, FallingEdge, First, RisingEdge, Timer
 from cocotbext.axi import AxiBus, AxiLiteBus, AxiLiteMaster, AxiRam
 
 from npu.config import get_config
@@ -121,6 +121,25 @@ def clear_program(cfg) -> bytes:
     return encode_program(out)
 
 
+UNIT_NAMES = ("load", "matrix", "vector", "store")
+
+
+async def watch_pause_latch(dut, res: dict) -> None:
+    """Record, when the core latches a pause request, how many cancellation points the most advanced
+    unit had passed just before (sampled mid-cycle, when the registers are stable) and the target
+    point the core chose. docs/isa.md: the target is the first point no unit has passed."""
+    core = dut if hasattr(dut, "target_valid") else dut.core  # NpuCore, or inside the sim top
+    passed = [getattr(core, f"passed_{u}") for u in UNIT_NAMES]
+    before = 0
+    while True:
+        await FallingEdge(dut.clk)
+        if core.target_valid.value == 1:
+            res["pause_passed"] = before
+            res["pause_target"] = int(core.pause_target.value)
+            return
+        before = max(int(p.value) for p in passed)
+
+
 @cocotb.test()
 async def run_jobs(dut):
     jobs_path = Path(os.environ["NPU_JOBS"])
@@ -156,14 +175,18 @@ async def run_jobs(dut):
             await bench.run_program(job["base"], pc, pause=pause_mode == "every")
             res["runs"] += 1
             if pause_at:
-                # raise a pause request at a given cycle of the first run
+                # raise a pause request at a given cycle of the first run, watching the progress
+                # the core has made when it latches the request
                 at = pause_at.pop(0)
+                monitor = cocotb.start_soon(watch_pause_latch(dut, res))
                 waited = 0
                 while waited < max(0, at - start_cycle) and dut.irq.value == 0:
                     await RisingEdge(dut.clk)
                     waited += 1
                 if dut.irq.value == 0:
                     await bench.write_reg("CONTROL", int(Control.PAUSE | Control.IRQ_ENABLE))
+                await bench.wait_stop(job.get("max_cycles", 5_000_000))
+                monitor.cancel()
             await bench.wait_stop(job.get("max_cycles", 5_000_000))
             run_wall += time.perf_counter() - t_run
             st = await bench.read_reg("STATUS")

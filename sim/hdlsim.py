@@ -89,6 +89,10 @@ PUBLIC_VLT = (
         for var in ("clk", "rst", "irq", "m_axi_*", "s_axil_*")
     )
     + 'public_flat_rw -module "*" -var "mem"\n'
+    # read-only views the bench samples to check which point a pause request targets
+    + "".join(
+        f'public_flat_rd -module "*" -var "{v}"\n' for v in ("passed_*", "target_valid", "pause_target")
+    )
 )
 
 
@@ -112,7 +116,7 @@ def build_and_test(
 
     sim = simulator()
     (setup_verilator if sim == "verilator" else setup_icarus)()
-    digest = hashlib.sha256(verilog.encode()).hexdigest()[:12]
+    digest = hashlib.sha256((verilog + PUBLIC_VLT).encode()).hexdigest()[:12]
     build_dir = BUILD / f"{name}-{sim}-{digest}{'-waves' if waves else ''}"
     build_dir.mkdir(parents=True, exist_ok=True)
     src = build_dir / f"{toplevel}.v"

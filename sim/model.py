@@ -203,6 +203,12 @@ class NpuModel:
         self._simulate(self.now + cycles)
         return self.status
 
+    def advance_until_passed(self, points: int) -> Status:
+        """Simulate until some unit has passed `points` cancellation points of this run (or the core
+        stopped): the architectural moment a pause request then targets point `points + 1`."""
+        self._simulate(None, stop_early=True, stop_when=lambda run: max(run.passed) >= points)
+        return self.status
+
     def run(self, max_cycles: int | None = None) -> Status:
         """Simulate until the core stops (DONE, PAUSED or ERROR) or `max_cycles` pass."""
         until = None if max_cycles is None else self.now + max_cycles
@@ -301,11 +307,14 @@ class NpuModel:
             return None
         return max(base, run.last_end)
 
-    def _simulate(self, until: int | None, stop_early: bool = False) -> None:
+    def _simulate(self, until: int | None, stop_early: bool = False, stop_when=None) -> None:
         """Simulate up to cycle `until`; the clock ends at `until` unless `stop_early` and the core
-        stopped before it (then it ends at the stop)."""
+        stopped before it (then it ends at the stop). `stop_when(run)`, checked before each event,
+        ends the simulation early at the last event's time."""
         run = self._run
         while run is not None:
+            if stop_when is not None and stop_when(run):
+                return
             best_t, best_u = None, None
             for u in UNITS:
                 t = self._unit_ready(run, u)
@@ -342,6 +351,7 @@ class NpuModel:
                 self._pause(run, best_t)
             else:
                 self._execute(run, best_u, best_t)
+            self.now = max(self.now, best_t)
             run = self._run
         if until is not None and not (stop_early and self._run is None):
             self.now = max(self.now, until)

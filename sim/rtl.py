@@ -44,6 +44,10 @@ class RunRecord:
     run_cycles: list[int] = field(default_factory=list)  # CYCLES of each START..stop
     wall_s: float = 0.0  # wall time of the job in the simulator (with DRAM set-up and read-back)
     run_wall_s: float = 0.0  # wall time from START to stop, summed over the job's runs
+    # for a `pause_at` request the hardware took: points passed by the most advanced unit when it
+    # latched the request, and the point ordinal it chose as target (None: no request was taken)
+    pause_passed: int | None = None
+    pause_target: int | None = None
 
 
 def prepared_model(cfg: NpuConfig, job: RtlJob, trace: bool = False) -> NpuModel:
@@ -56,7 +60,10 @@ def prepared_model(cfg: NpuConfig, job: RtlJob, trace: bool = False) -> NpuModel
     return m
 
 
-def run_model(cfg: NpuConfig, job: RtlJob) -> RunRecord:
+def run_model(cfg: NpuConfig, job: RtlJob, pause_passed: int | None = None) -> RunRecord:
+    """Run `job` on the golden model. A `pause_at` request is raised at that cycle, or, with
+    `pause_passed`, at the moment some unit has passed that many cancellation points (the progress
+    the hardware had made when it took the request, see `RunRecord.pause_passed`)."""
     m = prepared_model(cfg, job)
     pauses = []
     total = dict.fromkeys(COUNTERS, 0)
@@ -65,7 +72,11 @@ def run_model(cfg: NpuConfig, job: RtlJob) -> RunRecord:
     first = True
     while True:
         m.start(pc=pc, pause=job.pause == "every")
-        if first and pause_at:
+        if first and pause_passed is not None:
+            m.advance_until_passed(pause_passed)
+            if m.status == Status.RUNNING:
+                m.request_pause()
+        elif first and pause_at:
             m.advance(pause_at[0])
             if m.status == Status.RUNNING:
                 m.request_pause()
@@ -138,6 +149,8 @@ def run_rtl(
                     r["run_cycles"],
                     r["wall_s"],
                     r["run_wall_s"],
+                    r.get("pause_passed"),
+                    r.get("pause_target"),
                 )
             )
         return out
