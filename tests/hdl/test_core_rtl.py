@@ -105,6 +105,7 @@ def test_pause_requested_at_random_cycles(suite):
     assert not failures, "\n".join(failures)
     assert taken >= len(results["random_pause_at"]) // 2 and paused >= 5, (taken, paused)
     # the model is cycle-approximate: a request at the same cycle may land on either side of a point
+    n = len(results["random_pause_at"])
     print(
-        f"{cfg.name}: {paused} pauses; {same_cycle} of {len(results['random_pause_at'])} at the same point as the model's request at the same cycle"
+        f"{cfg.name}: {paused} pauses; {same_cycle} of {n} where the model's request at the same cycle agrees"
     )
