@@ -2,12 +2,31 @@
 
 from __future__ import annotations
 
-from amaranth import Const, Module, Mux, Signal
-from amaranth.lib import data, wiring
+from amaranth import Const, Module, Mux, Signal, unsigned
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from npu.config import ACC_BASE, NpuConfig
-from npu.isa import Opcode, struct_layout
+from npu.isa import INSTR_BITS, Opcode, struct_layout
+
+#: one AXI burst request: byte address and AxLEN (beats - 1)
+Burst = data.StructLayout({"addr": 32, "len": 8})
+#: one fetched instruction and its pc; `bad` marks a pc outside DRAM (no instruction)
+Fetched = data.StructLayout({"instr": INSTR_BITS, "pc": 32, "bad": 1})
+
+
+def burst_stream() -> stream.Signature:
+    return stream.Signature(Burst)
+
+
+def beat_stream(cfg: NpuConfig) -> stream.Signature:
+    """Read data beats of `bus_bytes`."""
+    return stream.Signature(unsigned(8 * cfg.bus_bytes))
+
+
+def write_beat_stream(cfg: NpuConfig) -> stream.Signature:
+    W = cfg.bus_bytes
+    return stream.Signature(data.StructLayout({"data": 8 * W, "strb": W, "last": 1}))
 
 
 def view(op: Opcode, word) -> data.View:

@@ -126,32 +126,22 @@ class NpuCore(wiring.Component):
             rarb.m_rlast.eq(self.m_axi_rlast),
             rarb.m_rdata.eq(self.m_axi_rdata),
             self.m_axi_rready.eq(rarb.m_rready),
-            rarb.ar0_addr.eq(fetch.ar_addr),
-            rarb.ar0_len.eq(fetch.ar_len),
-            rarb.ar0_valid.eq(fetch.ar_valid),
-            fetch.ar_ready.eq(rarb.ar0_ready),
-            fetch.r_valid.eq(rarb.r0_valid),
-            fetch.r_data.eq(self.m_axi_rdata),
-            rarb.r0_ready.eq(fetch.r_ready),
-            rarb.ar1_addr.eq(load.ar_addr),
-            rarb.ar1_len.eq(load.ar_len),
-            rarb.ar1_valid.eq(load.ar_valid),
-            load.ar_ready.eq(rarb.ar1_ready),
-            load.r_valid.eq(rarb.r1_valid),
-            load.r_data.eq(self.m_axi_rdata),
-            rarb.r1_ready.eq(load.r_ready),
-            self.m_axi_awaddr.eq(store.aw_addr),
-            self.m_axi_awlen.eq(store.aw_len),
-            self.m_axi_awvalid.eq(store.aw_valid),
-            store.aw_ready.eq(self.m_axi_awready),
-            self.m_axi_wdata.eq(store.w_data),
-            self.m_axi_wstrb.eq(store.w_strb),
-            self.m_axi_wlast.eq(store.w_last),
-            self.m_axi_wvalid.eq(store.w_valid),
-            store.w_ready.eq(self.m_axi_wready),
+            self.m_axi_awaddr.eq(store.aw.payload.addr),
+            self.m_axi_awlen.eq(store.aw.payload.len),
+            self.m_axi_awvalid.eq(store.aw.valid),
+            store.aw.ready.eq(self.m_axi_awready),
+            self.m_axi_wdata.eq(store.w.payload.data),
+            self.m_axi_wstrb.eq(store.w.payload.strb),
+            self.m_axi_wlast.eq(store.w.payload.last),
+            self.m_axi_wvalid.eq(store.w.valid),
+            store.w.ready.eq(self.m_axi_wready),
             store.b_valid.eq(self.m_axi_bvalid),
             self.m_axi_bready.eq(store.b_ready),
         ]
+        wiring.connect(m, fetch.ar, rarb.ar0)
+        wiring.connect(m, rarb.r0, fetch.r)
+        wiring.connect(m, load.ar, rarb.ar1)
+        wiring.connect(m, rarb.r1, load.r)
 
         # ---- run state -------------------------------------------------------------------------------
         status = Signal(5, init=int(Status.IDLE))
@@ -263,8 +253,8 @@ class NpuCore(wiring.Component):
 
         points = Signal(16)  # cancellation points dispatched in this run
         # ---- dispatcher -------------------------------------------------------------------------------
-        instr = fetch.out_instr
-        pc = fetch.out_pc
+        instr = fetch.out.payload.instr
+        pc = fetch.out.payload.pc
         code = check_instruction(m, instr, cfg)
         opv = instr[:4]
         target = Signal(2)
@@ -309,8 +299,8 @@ class NpuCore(wiring.Component):
                 start_halt(int(Status.ERROR), int(ErrorCode.TIMEOUT), pc)
             with m.Elif(deadlock_cnt == 3):
                 start_halt(int(Status.ERROR), int(ErrorCode.DEADLOCK), pc)
-            with m.Elif(fetch.out_valid):
-                with m.If(fetch.out_bad):
+            with m.Elif(fetch.out.valid):
+                with m.If(fetch.out.payload.bad):
                     start_halt(int(Status.ERROR), int(ErrorCode.DRAM_RANGE), pc)
                 with m.Elif(code != 0):
                     start_halt(int(Status.ERROR), code, pc)
@@ -367,11 +357,11 @@ class NpuCore(wiring.Component):
             m.d.sync += target_valid.eq(0)
         with m.Elif(running & ~target_valid):
             m.d.sync += [target_valid.eq(1), pause_target.eq(max_passed + 1)]
-        m.d.comb += fetch.out_ready.eq(dispatching)
+        m.d.comb += fetch.out.ready.eq(dispatching)
 
         # deadlock: nothing executes, nothing can start, dispatch cannot proceed
         can_start = Cat(*[starting[u] for u in UNITS]).any()
-        blocked_dispatch = fetch.out_valid & ~dispatching
+        blocked_dispatch = fetch.out.valid & ~dispatching
         with m.If(running & ~halting & all_idle & ~can_start & ~queues_empty & blocked_dispatch):
             m.d.sync += deadlock_cnt.eq(Mux(deadlock_cnt == 3, 3, deadlock_cnt + 1))
         with m.Else():

@@ -8,13 +8,13 @@ requester in order (one outstanding-burst FIFO records the owner of every burst)
 from __future__ import annotations
 
 from amaranth import Cat, Module, Mux, ResetInserter, Signal
-from amaranth.lib import fifo, wiring
+from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from npu.config import NpuConfig
 from npu.isa import INSTR_BITS, INSTR_BYTES
 
-from .common import log2, min_
+from .common import Fetched, beat_stream, burst_stream, log2, min_
 
 OUTSTANDING = 8
 
@@ -22,33 +22,24 @@ OUTSTANDING = 8
 class Fetcher(wiring.Component):
     """Prefetches instructions from `base + 32 * pc` while `enable`; `restart` flushes the buffer.
 
-    `out_*` presents one instruction at a time with its pc; `out_bad` flags a pc whose address lies
-    outside DRAM (or a misaligned base): the dispatcher raises DRAM_RANGE when it reaches it.
+    `out` streams instructions with their pc; `bad` flags a pc whose address lies outside DRAM (or
+    a misaligned base): the dispatcher raises DRAM_RANGE when it reaches it. `ar` requests bursts,
+    `r` brings their beats.
     """
 
     BUF = 8
 
     def __init__(self, cfg: NpuConfig):
         self.cfg = cfg
-        W = cfg.bus_bytes
         super().__init__(
             {
                 "restart": In(1),
                 "base": In(32),
                 "start_pc": In(32),
                 "enable": In(1),
-                "out_valid": Out(1),
-                "out_instr": Out(INSTR_BITS),
-                "out_pc": Out(32),
-                "out_bad": Out(1),
-                "out_ready": In(1),
-                "ar_addr": Out(32),
-                "ar_len": Out(8),
-                "ar_valid": Out(1),
-                "ar_ready": In(1),
-                "r_data": In(8 * W),
-                "r_valid": In(1),
-                "r_ready": Out(1),
+                "out": Out(stream.Signature(Fetched)),
+                "ar": Out(burst_stream()),
+                "r": In(beat_stream(cfg)),
                 "idle": Out(1),  # no burst outstanding
             }
         )
@@ -81,35 +72,36 @@ class Fetcher(wiring.Component):
         n = Signal(4)
         m.d.comb += n.eq(min_(min_(min_(room, 4), to_4k), left_in_dram))
         m.d.comb += [
-            self.ar_addr.eq(addr),
-            self.ar_len.eq(n * beats - 1),
-            self.ar_valid.eq(self.enable & ~bad_base & in_dram & (n != 0) & (room >= 2)),
+            self.ar.payload.addr.eq(addr),
+            self.ar.payload.len.eq(n * beats - 1),
+            self.ar.valid.eq(self.enable & ~bad_base & in_dram & (n != 0) & (room >= 2)),
         ]
-        with m.If(self.ar_valid & self.ar_ready):
+        with m.If(self.ar.valid & self.ar.ready):
             m.d.sync += req_pc.eq(req_pc + n)
 
         # assemble beats into instructions
         word = Signal(INSTR_BITS)
         beat = Signal(range(beats + 1))
-        m.d.comb += self.r_ready.eq(1)
+        m.d.comb += self.r.ready.eq(1)
+        r_data = self.r.payload
         got = Signal()
-        with m.If(self.r_valid):
+        with m.If(self.r.valid):
             with m.If(discard != 0):
                 m.d.sync += discard.eq(discard - 1)
             with m.Else():
                 if beats == 1:
                     m.d.comb += got.eq(1)
-                    m.d.comb += buf.w_data.eq(self.r_data)
+                    m.d.comb += buf.w_data.eq(r_data)
                 else:
-                    m.d.sync += word.eq(Cat(word[8 * W :], self.r_data))
+                    m.d.sync += word.eq(Cat(word[8 * W :], r_data))
                     with m.If(beat == beats - 1):
-                        m.d.comb += [got.eq(1), buf.w_data.eq(Cat(word[8 * W :], self.r_data))]
+                        m.d.comb += [got.eq(1), buf.w_data.eq(Cat(word[8 * W :], r_data))]
                         m.d.sync += beat.eq(0)
                     with m.Else():
                         m.d.sync += beat.eq(beat + 1)
         m.d.comb += buf.w_en.eq(got)
         issued = Signal(range(self.BUF + 1))
-        m.d.comb += issued.eq(Mux(self.ar_valid & self.ar_ready, n, 0))
+        m.d.comb += issued.eq(Mux(self.ar.valid & self.ar.ready, n, 0))
         m.d.sync += inflight.eq(inflight + issued - got)
 
         # output: head of the buffer, or a "bad" marker once requests ran off DRAM
@@ -118,13 +110,13 @@ class Fetcher(wiring.Component):
         m.d.comb += head_addr.eq(base + (out_pc << log2(INSTR_BYTES)))
         m.d.comb += head_bad.eq(bad_base | (head_addr + INSTR_BYTES > cfg.dram_bytes))
         m.d.comb += [
-            self.out_valid.eq(self.enable & (buf.r_rdy | (head_bad & (inflight == 0)))),
-            self.out_instr.eq(buf.r_data),
-            self.out_pc.eq(out_pc),
-            self.out_bad.eq(head_bad & ~buf.r_rdy),
-            buf.r_en.eq(self.out_ready & buf.r_rdy),
+            self.out.valid.eq(self.enable & (buf.r_rdy | (head_bad & (inflight == 0)))),
+            self.out.payload.instr.eq(buf.r_data),
+            self.out.payload.pc.eq(out_pc),
+            self.out.payload.bad.eq(head_bad & ~buf.r_rdy),
+            buf.r_en.eq(self.out.ready & buf.r_rdy),
         ]
-        with m.If(self.out_ready & buf.r_rdy):
+        with m.If(self.out.ready & buf.r_rdy):
             m.d.sync += out_pc.eq(out_pc + 1)
         m.d.comb += self.idle.eq((inflight == 0) & (discard == 0))
 
@@ -134,8 +126,8 @@ class Fetcher(wiring.Component):
             discard
             + inflight * beats
             - beat
-            - (self.r_valid & (discard == 0))
-            - (self.r_valid & (discard != 0))
+            - (self.r.valid & (discard == 0))
+            - (self.r.valid & (discard != 0))
         )
         with m.If(self.restart):
             m.d.sync += [
@@ -151,24 +143,17 @@ class Fetcher(wiring.Component):
 
 
 class ReadArbiter(wiring.Component):
-    """Shares the AXI AR/R channels between two requesters (0: fetch, 1: load)."""
+    """Shares the AXI AR/R channels between two requesters (0: fetch, 1: load): `ar0`/`ar1` take
+    their burst requests, `r0`/`r1` return each burst's beats to its requester in order."""
 
     def __init__(self, cfg: NpuConfig):
         W = cfg.bus_bytes
-        ports = {}
-        for i in range(2):
-            ports.update(
-                {
-                    f"ar{i}_addr": In(32),
-                    f"ar{i}_len": In(8),
-                    f"ar{i}_valid": In(1),
-                    f"ar{i}_ready": Out(1),
-                    f"r{i}_valid": Out(1),
-                    f"r{i}_ready": In(1),
-                }
-            )
-        ports.update(
+        super().__init__(
             {
+                "ar0": In(burst_stream()),
+                "ar1": In(burst_stream()),
+                "r0": Out(beat_stream(cfg)),
+                "r1": Out(beat_stream(cfg)),
                 "m_araddr": Out(32),
                 "m_arlen": Out(8),
                 "m_arvalid": Out(1),
@@ -179,22 +164,21 @@ class ReadArbiter(wiring.Component):
                 "m_rdata": In(8 * W),
             }
         )
-        super().__init__(ports)
 
     def elaborate(self, platform):
         m = Module()
         m.submodules.owners = owners = fifo.SyncFIFOBuffered(width=1, depth=OUTSTANDING)
         last_grant = Signal()
         pick = Signal()  # requester granted this cycle if it asks
-        v0, v1 = self.ar0_valid, self.ar1_valid
+        v0, v1 = self.ar0.valid, self.ar1.valid
         m.d.comb += pick.eq(Mux(v0 & v1, ~last_grant, v1))
         can = owners.w_rdy
         m.d.comb += [
-            self.m_araddr.eq(Mux(pick, self.ar1_addr, self.ar0_addr)),
-            self.m_arlen.eq(Mux(pick, self.ar1_len, self.ar0_len)),
+            self.m_araddr.eq(Mux(pick, self.ar1.payload.addr, self.ar0.payload.addr)),
+            self.m_arlen.eq(Mux(pick, self.ar1.payload.len, self.ar0.payload.len)),
             self.m_arvalid.eq((v0 | v1) & can),
-            self.ar0_ready.eq(self.m_arready & can & ~pick),
-            self.ar1_ready.eq(self.m_arready & can & pick),
+            self.ar0.ready.eq(self.m_arready & can & ~pick),
+            self.ar1.ready.eq(self.m_arready & can & pick),
             owners.w_data.eq(pick),
             owners.w_en.eq(self.m_arvalid & self.m_arready),
         ]
@@ -202,9 +186,11 @@ class ReadArbiter(wiring.Component):
             m.d.sync += last_grant.eq(pick)
         owner = owners.r_data
         m.d.comb += [
-            self.r0_valid.eq(self.m_rvalid & owners.r_rdy & ~owner),
-            self.r1_valid.eq(self.m_rvalid & owners.r_rdy & owner),
-            self.m_rready.eq(owners.r_rdy & Mux(owner, self.r1_ready, self.r0_ready)),
+            self.r0.payload.eq(self.m_rdata),
+            self.r1.payload.eq(self.m_rdata),
+            self.r0.valid.eq(self.m_rvalid & owners.r_rdy & ~owner),
+            self.r1.valid.eq(self.m_rvalid & owners.r_rdy & owner),
+            self.m_rready.eq(owners.r_rdy & Mux(owner, self.r1.ready, self.r0.ready)),
             owners.r_en.eq(self.m_rvalid & self.m_rready & self.m_rlast),
         ]
         return m

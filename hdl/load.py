@@ -16,7 +16,18 @@ from amaranth.lib.wiring import In, Out
 from npu.config import NpuConfig
 from npu.isa import INSTR_BITS, Opcode
 
-from .common import ByteFifo, depth, is_acc, log2, low_bytes_mask, min_, view, word_index
+from .common import (
+    ByteFifo,
+    beat_stream,
+    burst_stream,
+    depth,
+    is_acc,
+    log2,
+    low_bytes_mask,
+    min_,
+    view,
+    word_index,
+)
 
 
 class LoadUnit(wiring.Component):
@@ -24,21 +35,15 @@ class LoadUnit(wiring.Component):
         self.cfg = cfg
         self.spad_wp = spad_wp
         self.acc_wp = acc_wp
-        W = cfg.bus_bytes
         super().__init__(
             {
                 "go": In(1),
                 "instr": In(INSTR_BITS),
                 "busy": Out(1),
                 "done": Out(1),
-                # AXI read request / data (through the read arbiter)
-                "ar_addr": Out(32),
-                "ar_len": Out(8),
-                "ar_valid": Out(1),
-                "ar_ready": In(1),
-                "r_data": In(8 * W),
-                "r_valid": In(1),
-                "r_ready": Out(1),
+                # AXI read bursts and their beats (through the read arbiter)
+                "ar": Out(burst_stream()),
+                "r": In(beat_stream(cfg)),
             }
         )
 
@@ -76,13 +81,13 @@ class LoadUnit(wiring.Component):
         burst = Signal(9)
         m.d.comb += burst.eq(min_(min_(beats_row, 256), to_4k))
         m.d.comb += [
-            self.ar_addr.eq(ar_addr[lw:32] << lw),
-            self.ar_len.eq(burst - 1),
-            self.ar_valid.eq(ar_active & (ar_left != 0)),
+            self.ar.payload.addr.eq(ar_addr[lw:32] << lw),
+            self.ar.payload.len.eq(burst - 1),
+            self.ar.valid.eq(ar_active & (ar_left != 0)),
         ]
         burst_bytes = Signal(18)
         m.d.comb += burst_bytes.eq((burst << lw) - ar_addr[:lw])
-        with m.If(self.ar_valid & self.ar_ready):
+        with m.If(self.ar.valid & self.ar.ready):
             with m.If(burst_bytes >= ar_left):
                 # row fully requested: next row
                 m.d.sync += [
@@ -121,12 +126,12 @@ class LoadUnit(wiring.Component):
         with m.If(g_active & (g_row < tr)):
             with m.If(seg_data):
                 m.d.comb += [
-                    self.r_ready.eq(fifo.push_ready),
-                    fifo.push_valid.eq(self.r_valid),
-                    fifo.push_data.eq(self.r_data >> (off * 8)),
+                    self.r.ready.eq(fifo.push_ready),
+                    fifo.push_valid.eq(self.r.valid),
+                    fifo.push_data.eq(self.r.payload >> (off * 8)),
                     fifo.push_n.eq(n_data),
                 ]
-                with m.If(self.r_valid & fifo.push_ready):
+                with m.If(self.r.valid & fifo.push_ready):
                     m.d.comb += advance.eq(n_data)
                     m.d.sync += g_dram.eq(g_dram + n_data)
             with m.Else():

@@ -15,7 +15,17 @@ from amaranth.lib.wiring import In, Out
 from npu.config import NpuConfig
 from npu.isa import INSTR_BITS, Opcode
 
-from .common import ByteFifo, is_acc, log2, low_bytes_mask, min_, view, word_index
+from .common import (
+    ByteFifo,
+    burst_stream,
+    is_acc,
+    log2,
+    low_bytes_mask,
+    min_,
+    view,
+    word_index,
+    write_beat_stream,
+)
 
 
 class StoreUnit(wiring.Component):
@@ -23,22 +33,14 @@ class StoreUnit(wiring.Component):
         self.cfg = cfg
         self.spad_rp = spad_rp
         self.acc_rp = acc_rp
-        W = cfg.bus_bytes
         super().__init__(
             {
                 "go": In(1),
                 "instr": In(INSTR_BITS),
                 "busy": Out(1),
                 "done": Out(1),
-                "aw_addr": Out(32),
-                "aw_len": Out(8),
-                "aw_valid": Out(1),
-                "aw_ready": In(1),
-                "w_data": Out(8 * W),
-                "w_strb": Out(W),
-                "w_last": Out(1),
-                "w_valid": Out(1),
-                "w_ready": In(1),
+                "aw": Out(burst_stream()),
+                "w": Out(write_beat_stream(cfg)),
                 "b_valid": In(1),
                 "b_ready": Out(1),
             }
@@ -110,12 +112,12 @@ class StoreUnit(wiring.Component):
         aw_bytes = Signal(18)
         m.d.comb += aw_bytes.eq((aw_burst << lw) - aw_addr[:lw])
         m.d.comb += [
-            self.aw_addr.eq(aw_addr[lw:32] << lw),
-            self.aw_len.eq(aw_burst - 1),
-            self.aw_valid.eq(active & ~empty & (aw_row < f.rows)),
+            self.aw.payload.addr.eq(aw_addr[lw:32] << lw),
+            self.aw.payload.len.eq(aw_burst - 1),
+            self.aw.valid.eq(active & ~empty & (aw_row < f.rows)),
         ]
         aw_sent = Signal(24)  # bursts whose address was accepted
-        with m.If(self.aw_valid & self.aw_ready):
+        with m.If(self.aw.valid & self.aw.ready):
             m.d.sync += aw_sent.eq(aw_sent + 1)
             with m.If(aw_bytes >= aw_left):
                 m.d.sync += [
@@ -144,12 +146,12 @@ class StoreUnit(wiring.Component):
         can_w = Signal()
         m.d.comb += can_w.eq(active & ~empty & (w_row < f.rows) & (fifo.count >= wn) & (w_bursts < aw_sent))
         m.d.comb += [
-            self.w_valid.eq(can_w),
-            self.w_data.eq(fifo.data << (wo * 8)),
-            self.w_strb.eq(low_bytes_mask(wn, W) << wo),
-            self.w_last.eq(beats_left == 1),
+            self.w.valid.eq(can_w),
+            self.w.payload.data.eq(fifo.data << (wo * 8)),
+            self.w.payload.strb.eq(low_bytes_mask(wn, W) << wo),
+            self.w.payload.last.eq(beats_left == 1),
         ]
-        with m.If(can_w & self.w_ready):
+        with m.If(can_w & self.w.ready):
             m.d.comb += fifo.pop_n.eq(wn)
             m.d.sync += w_burst_left.eq(beats_left - 1)
             with m.If(beats_left == 1):
