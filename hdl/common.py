@@ -68,11 +68,12 @@ class ByteFifo(wiring.Component):
 
     Used to realign DMA data between DRAM beats and on-chip words. `data` holds the oldest bytes
     (byte 0 first); `count` how many are valid. Push is accepted when `push_ready` (room for W).
+    It holds `cap_words` words.
     """
 
-    def __init__(self, width_bytes: int):
+    def __init__(self, width_bytes: int, cap_words: int = 2):
         self.W = width_bytes
-        cap = 2 * width_bytes
+        cap = cap_words * width_bytes
         self.cap = cap
         super().__init__(
             {

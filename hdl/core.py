@@ -88,19 +88,21 @@ class NpuCore(wiring.Component):
         # ---- memories ----------------------------------------------------------------------------
         m.submodules.spad = spad = Memory(shape=unsigned(8 * W), depth=depth(cfg, "spad"), init=[])
         m.submodules.acc = acc = Memory(shape=unsigned(8 * W), depth=depth(cfg, "acc"), init=[])
-        comb = dict(domain="comb")
-        mat_a = [spad.read_port(**comb) for _ in range(CM)]
-        mat_b = [spad.read_port(**comb) for _ in range(CN)]
-        vec_a = [spad.read_port(**comb) for _ in range(2)]
-        vec_b = [spad.read_port(**comb) for _ in range(2)]
-        st_spad = spad.read_port(**comb)
+        # registered (synchronous) reads, as block RAM has; a unit issues a read and uses the data
+        # the next cycle. The matrix unit's C reads see its own C writes of the same cycle.
         ld_spad = spad.write_port(granularity=8)
         vec_w = [spad.write_port(granularity=8) for _ in range(2)]
-        mat_c_r = [acc.read_port(**comb) for _ in range(CM)]
-        vec_c = [acc.read_port(**comb) for _ in range(2)]
-        st_acc = acc.read_port(**comb)
         ld_acc = acc.write_port(granularity=8)
         mat_c_w = [acc.write_port(granularity=8) for _ in range(CM)]
+        sync = dict(domain="sync")
+        mat_a = [spad.read_port(**sync) for _ in range(CM)]
+        mat_b = [spad.read_port(**sync) for _ in range(CN)]
+        vec_a = [spad.read_port(**sync) for _ in range(2)]
+        vec_b = [spad.read_port(**sync) for _ in range(2)]
+        st_spad = spad.read_port(**sync)
+        mat_c_r = [acc.read_port(**sync, transparent_for=mat_c_w) for _ in range(CM)]
+        vec_c = [acc.read_port(**sync) for _ in range(2)]
+        st_acc = acc.read_port(**sync)
 
         # ---- units ----------------------------------------------------------------------------------
         m.submodules.load = load = LoadUnit(cfg, ld_spad, ld_acc)

@@ -1,6 +1,6 @@
 """Store unit: 2-D strided DMA from the scratchpad or accumulators to DRAM.
 
-A reader streams the rows' bytes (one on-chip word per cycle) into a byte FIFO; an AW issuer
+A reader streams the rows' bytes (one on-chip word per cycle, registered reads) into a byte FIFO; an AW issuer
 requests each row's DRAM words as AXI write bursts (split at 256 beats and 4 KiB); a W writer
 realigns FIFO bytes to DRAM beats with strobes. The instruction finishes when every burst's write
 response has arrived.
@@ -51,7 +51,7 @@ class StoreUnit(wiring.Component):
         cfg = self.cfg
         W = cfg.bus_bytes
         lw = log2(W)
-        m.submodules.fifo = fifo = ByteFifo(W)
+        m.submodules.fifo = fifo = ByteFifo(W, cap_words=3)
         ins = Signal(INSTR_BITS)
         f = view(Opcode.STORE, ins)
         with m.If(self.go):
@@ -62,6 +62,8 @@ class StoreUnit(wiring.Component):
         m.d.comb += empty.eq((f.rows == 0) | (f.cols == 0))
 
         # ---- reader: on-chip words -> FIFO ---------------------------------------------------------
+        # A read issued in one cycle (registered memory read) is pushed the next; it is issued only
+        # when the FIFO will have room for it then.
         r_row = Signal(17)
         r_left = Signal(17)
         r_addr = Signal(21)
@@ -73,18 +75,24 @@ class StoreUnit(wiring.Component):
             self.spad_rp.addr.eq(word_index(r_addr, cfg, "spad")),
             self.acc_rp.addr.eq(word_index(r_addr, cfg, "acc")),
         ]
-        rword = Signal(8 * W)
-        m.d.comb += rword.eq(Mux(from_acc, self.acc_rp.data, self.spad_rp.data))
         rn = Signal(range(W + 1))
         m.d.comb += rn.eq(min_(W - ro, r_left))
+        pend = Signal()  # a word read last cycle is pushed this cycle
+        pend_off = Signal(lw)
+        pend_n = Signal(range(W + 1))
         reading = Signal()
-        m.d.comb += reading.eq(active & ~empty & (r_row < f.rows))
+        m.d.comb += reading.eq(
+            active & ~empty & (r_row < f.rows) & (fifo.count + Mux(pend, 2 * W, W) <= fifo.cap)
+        )
+        m.d.sync += [pend.eq(reading), pend_off.eq(ro), pend_n.eq(rn)]
+        rword = Signal(8 * W)
+        m.d.comb += rword.eq(Mux(from_acc, self.acc_rp.data, self.spad_rp.data))
         m.d.comb += [
-            fifo.push_valid.eq(reading),
-            fifo.push_data.eq(rword >> (ro * 8)),
-            fifo.push_n.eq(rn),
+            fifo.push_valid.eq(pend),
+            fifo.push_data.eq(rword >> (pend_off * 8)),
+            fifo.push_n.eq(pend_n),
         ]
-        with m.If(reading & fifo.push_ready):
+        with m.If(reading):
             with m.If(rn == r_left):
                 m.d.sync += [
                     r_row.eq(r_row + 1),

@@ -1,7 +1,9 @@
 """Vector unit: VMAP (requantise/rescale/clamp), VADD and POOL on `vector_lanes` elements a cycle.
 
 Operands are read as two consecutive memory words so that any element-aligned group of lanes can be
-fetched in one cycle; results are written through two word ports for the same reason. The
+fetched in one cycle; results are written through two word ports for the same reason. Stage 0 walks
+the loops and issues the reads; the memories answer the next cycle (registered reads), when stage 1
+computes and writes the step's results. The
 arithmetic is exactly `sim/kernels.py`: 64-bit products, rounding right shift (ties up), zero
 points and an int8 clamp.
 """
@@ -44,16 +46,19 @@ class VectorUnit(wiring.Component):
         super().__init__({"go": In(1), "instr": In(INSTR_BITS), "busy": Out(1), "done": Out(1)})
 
     def _read(self, m, ports, addr, mem, name):
-        """2W bytes starting at the word holding `addr`, shifted so byte 0 is at `addr`."""
+        """Issue a read of the two words holding `addr` onwards; the next cycle, 2W bytes shifted so
+        byte 0 is at `addr` (registered reads)."""
         cfg = self.cfg
         W = cfg.bus_bytes
         lw = log2(W)
         wi = Signal(24, name=f"{name}_wi")
         m.d.comb += wi.eq(word_index(addr, cfg, mem))
         m.d.comb += [ports[0].addr.eq(wi), ports[1].addr.eq(wi + 1)]
+        off = Signal(lw, name=f"{name}_off")
+        m.d.sync += off.eq(addr[:lw])
         both = Cat(ports[0].data, ports[1].data)
         out = Signal(16 * W, name=f"{name}_bytes")
-        m.d.comb += out.eq(both >> (addr[:lw] * 8))
+        m.d.comb += out.eq(both >> (off * 8))
         return out
 
     def elaborate(self, platform):
@@ -121,6 +126,15 @@ class VectorUnit(wiring.Component):
                 last.eq(tap_last & (i2 + VL >= C) & (i1 + 1 >= fp.out_w) & (i0 + 1 >= fp.out_h)),
             ]
 
+        # the step's control, one cycle later (stage 1)
+        v1 = Signal()
+        n1 = Signal.like(n)
+        last1 = Signal()
+        write1 = Signal()
+        first_tap1 = Signal()
+        dst1 = Signal.like(dst)
+        m.d.sync += [n1.eq(n), last1.eq(last), write1.eq(write), first_tap1.eq(first_tap), dst1.eq(dst)]
+
         a_bytes = self._read(m, self.a_rps, src, "spad", "a")
         b_bytes = self._read(m, self.b_rps, src_b, "spad", "b")
         c_bytes = self._read(m, self.acc_rps, src, "acc", "c")
@@ -139,10 +153,10 @@ class VectorUnit(wiring.Component):
                 m.d.comb += prod.eq((xa8 - fa.zp_a) * fa.mult_a + (xb8 - fa.zp_b) * fa.mult_b)
             with m.Else():
                 total = Signal(signed(32), name=f"ptotal{l}")
-                m.d.comb += total.eq(Mux(first_tap, 0, pool_acc[l]) + xa8)
+                m.d.comb += total.eq(Mux(first_tap1, 0, pool_acc[l]) + xa8)
                 mx = Signal(signed(32), name=f"pmax{l}")
-                m.d.comb += mx.eq(Mux(first_tap | (xa8 > pool_acc[l]), xa8, pool_acc[l]))
-                with m.If(self.busy):
+                m.d.comb += mx.eq(Mux(first_tap1 | (xa8 > pool_acc[l]), xa8, pool_acc[l]))
+                with m.If(v1):
                     m.d.sync += pool_acc[l].eq(Mux(fp.mode, total, mx))
                 m.d.comb += prod.eq((total - fp.kh * fp.kw * fp.zp_in) * fp.mult)
             shift = Mux(is_map, fm.shift, Mux(is_add, fa.shift, fp.shift))
@@ -153,7 +167,7 @@ class VectorUnit(wiring.Component):
             val = Signal(signed(73), name=f"val{l}")
             m.d.comb += val.eq(shifted + zp_out)
             with m.If(is_pool & ~fp.mode):
-                maxv = Mux(first_tap | (xa8 > pool_acc[l]), xa8, pool_acc[l])
+                maxv = Mux(first_tap1 | (xa8 > pool_acc[l]), xa8, pool_acc[l])
                 m.d.comb += val.eq(maxv)
             results.append(clamp8(m, val, lo, hi, f"y{l}"))
 
@@ -168,13 +182,13 @@ class VectorUnit(wiring.Component):
         )
         # two-word write of n bytes at dst
         do_write = Signal()
-        m.d.comb += do_write.eq(active & ~empty & write & (n != 0))
+        m.d.comb += do_write.eq(v1 & write1 & (n1 != 0))
         dw = Signal(24)
-        m.d.comb += dw.eq(word_index(dst, cfg, "spad"))
+        m.d.comb += dw.eq(word_index(dst1, cfg, "spad"))
         shifted = Signal(16 * W)
-        m.d.comb += shifted.eq(Cat(*results) << (dst[:lw] * 8))
+        m.d.comb += shifted.eq(Cat(*results) << (dst1[:lw] * 8))
         be = Signal(2 * W)
-        m.d.comb += be.eq(low_bytes_mask(n, VL) << dst[:lw])
+        m.d.comb += be.eq(low_bytes_mask(n1, VL) << dst1[:lw])
         m.d.comb += [
             self.wps[0].addr.eq(dw),
             self.wps[1].addr.eq(dw + 1),
@@ -184,10 +198,14 @@ class VectorUnit(wiring.Component):
             self.wps[1].en.eq(Mux(do_write, be[W:], 0)),
         ]
 
+        issuing = Signal()  # stage 0 has steps left to issue
+        m.d.sync += v1.eq(issuing & ~empty)
+        with m.If(issuing & (empty | last)):
+            m.d.sync += issuing.eq(0)
         finished = Signal()
-        m.d.comb += finished.eq(active & (empty | last))
+        m.d.comb += finished.eq(active & ((issuing & empty) | (v1 & last1)))
         m.d.comb += self.done.eq(finished)
-        with m.If(active & ~empty & ~last):
+        with m.If(issuing & ~empty & ~last):
             with m.If(is_map):
                 with m.If(i1 + VL >= fm.cols):
                     m.d.sync += [i1.eq(0), i0.eq(i0 + 1)]
@@ -213,5 +231,5 @@ class VectorUnit(wiring.Component):
         with m.If(finished):
             m.d.sync += active.eq(0)
         with m.If(self.go):
-            m.d.sync += [active.eq(1), i0.eq(0), i1.eq(0), i2.eq(0), ty.eq(0), tx.eq(0)]
+            m.d.sync += [active.eq(1), issuing.eq(1), i0.eq(0), i1.eq(0), i2.eq(0), ty.eq(0), tx.eq(0)]
         return m

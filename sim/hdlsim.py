@@ -174,5 +174,8 @@ def build_and_test(
 
     total, failed = get_results(results)
     if failed:
-        raise AssertionError(f"{failed} of {total} cocotb tests failed (see {results})")
+        where = f"{results}" + (f"; simulator output in {sim_log}" if sim_log is not None else "")
+        if sim_log is not None and sim_log.exists():
+            sys.stderr.write(sim_log.read_text()[-4000:])
+        raise AssertionError(f"{failed} of {total} cocotb tests failed (see {where})")
     return results

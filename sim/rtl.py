@@ -132,8 +132,15 @@ def run_rtl(
             verilog, top, name = sim_top_verilog(cfg, fast_size), "npu_sim_top", f"simtop-{cfg.name}"
         else:
             verilog, top, name = core_verilog(cfg), TOPLEVEL, f"core-{cfg.name}"
+        # build and simulator output go to build.log / sim.log, so `--json` output stays clean
         build_and_test(
-            verilog, top, "npu.sim.cocotb_bench", name=name, extra_env={"NPU_JOBS": str(d)}, waves=waves
+            verilog,
+            top,
+            "npu.sim.cocotb_bench",
+            name=name,
+            extra_env={"NPU_JOBS": str(d)},
+            waves=waves,
+            quiet=True,
         )
         results = json.loads((d / "results.json").read_text())
         out = []
