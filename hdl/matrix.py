@@ -10,7 +10,7 @@ accumulator memory, while the next tile starts. Loop order: m tiles, n tiles, k 
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Module, Mux, Signal, signed
+from amaranth import Cat, Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
