@@ -64,9 +64,9 @@ class MatrixUnit(wiring.Component):
         last_k1 = Signal()
         last1 = Signal()  # the instruction's last step
         lane_sel1 = []
-        for name, ports, tile, stride, count in (
-            ("a", self.a_rps, a_tile, f.a_stride, CM),
-            ("b", self.b_rps, b_tile, f.b_stride, CN),
+        for name, ports, tile, stride in (
+            ("a", self.a_rps, a_tile, f.a_stride),
+            ("b", self.b_rps, b_tile, f.b_stride),
         ):
             for i, port in enumerate(ports):
                 addr = Signal(40, name=f"{name}_addr{i}")
