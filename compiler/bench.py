@@ -11,11 +11,20 @@ from npu.config import NpuConfig
 
 from .cleanup import cleanup
 from .compile import CompiledModel
-from .frontend import quantize_float_model
+from .frontend import CompileError, quantize_float_model
 from .lower import lower
 from .order import search_order
 
 BRANCHY = ("resnet_small", "inception_small", "perception")
+
+
+def _zoo_model(name: str):
+    from npu.models import zoo
+
+    models = {**zoo.ZOO, **zoo.IMAGENET}
+    if name not in models:
+        raise CompileError(f"unknown zoo model {name!r}; choose from {', '.join(models)}")
+    return models[name]()
 
 
 def _measured_cycles(cm: CompiledModel, x: np.ndarray) -> int:
@@ -26,12 +35,10 @@ def _measured_cycles(cm: CompiledModel, x: np.ndarray) -> int:
 
 
 def bench_order(cfg: NpuConfig, names: list[str] | None = None, timeout_s: float = 60.0) -> dict:
-    from npu.models import zoo
-
     rows = []
     for name in names or BRANCHY:
         print(f"bench order: {name}", file=sys.stderr, flush=True)
-        z = zoo.ZOO[name]()
+        z = _zoo_model(name)
         qdq = quantize_float_model(cleanup(z.model), z.calib, name)
         low = lower(qdq, cfg, name)
         part = search_order(low, budget_s=None)
@@ -57,3 +64,34 @@ def bench_order(cfg: NpuConfig, names: list[str] | None = None, timeout_s: float
             }
         )
     return {"config": cfg.name, "models": rows}
+
+
+BANK_MODELS = ("perception", "resnet_small", "inception_small", "digits_cnn", "squeezenet_like")
+
+
+def bench_banks(cfg: NpuConfig, names: list[str] | None = None) -> dict:
+    """`npu bench banks`: matrix cycles a banked scratchpad would need under each candidate bank
+    mapping (npu.sim.banks), for compiled zoo models and the GEMM benchmark's program."""
+    import tempfile
+    from pathlib import Path
+
+    import onnx
+    from npu.sim.banks import program_conflicts
+    from npu.sim.programs import gemm_program
+
+    from npu.isa import decode_program
+
+    from .compile import compile_onnx
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names or BANK_MODELS:
+            print(f"bench banks: {name}", file=sys.stderr, flush=True)
+            z = _zoo_model(name)
+            path = Path(tmp) / f"{name}.onnx"
+            onnx.save(z.model, str(path))
+            c = compile_onnx(path, cfg, calib=z.calib).to_container()
+            rows.append({"program": name, **program_conflicts(decode_program(c.blobs["program"]), cfg)})
+    g = gemm_program(cfg, 256, 256, 256, 0x10000, 0x20000, 0x30000)
+    rows.append({"program": "gemm 256^3", **program_conflicts(g.instrs, cfg)})
+    return {"config": cfg.name, "programs": rows}

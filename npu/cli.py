@@ -313,12 +313,33 @@ def cmd_bench(args) -> int:
                     f"preempted slowdown {st['preempted_slowdown']:+.1%}"
                 )
         return 0
+    if args.what == "banks":
+        from npu.compiler import CompileError
+        from npu.compiler.bench import bench_banks
+
+        try:
+            result = bench_banks(cfg, args.models)
+        except CompileError as e:
+            raise CliError(str(e)) from None
+        if args.json:
+            print(json.dumps(result))
+        else:
+            for r in result["programs"]:
+                maps = ", ".join(
+                    f"{k} ({v['banks']} banks) x{v['slowdown']:.2f}" for k, v in r["mappings"].items()
+                )
+                print(f"{r['program']}: {r['steps']:,} matrix steps in {r['matmuls']} MATMULs; {maps}")
+        return 0
     if args.what == "order":
         if args.backend != "model":
             raise CliError("bench order measures on the golden model; --backend rtl is not supported")
+        from npu.compiler import CompileError
         from npu.compiler.bench import bench_order
 
-        result = bench_order(cfg, args.models, args.timeout)
+        try:
+            result = bench_order(cfg, args.models, args.timeout)
+        except CompileError as e:
+            raise CliError(str(e)) from None
         if args.json:
             print(json.dumps(result))
         else:
@@ -488,13 +509,12 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmarks that print figures (use --json)")
     b.add_argument(
         "what",
-        choices=["model", "gemm", "order", "preempt"],
+        choices=["model", "gemm", "order", "preempt", "banks"],
         help="model: GEMM on the golden model; gemm: GEMM sweep on --backend; "
-        "order: operator order search on the zoo's branchy models",
+        "order: operator order search on the zoo's branchy models; preempt: the preemption "
+        "scenario and strategies; banks: matrix slowdown of candidate scratchpad bank mappings",
     )
-    b.add_argument(
-        "--models", nargs="+", help="order: zoo models (default resnet_small inception_small perception)"
-    )
+    b.add_argument("--models", nargs="+", help="order, banks: zoo models (default: a representative set)")
     b.add_argument(
         "--timeout", type=float, default=60.0, help="order: time limit of the unpartitioned search (s)"
     )

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from npu.cli import main
+from npu.config import get_config
 
 EX = "examples/gemm_requant_relu.s"
 
@@ -77,6 +78,18 @@ def test_bench_model_json(capsys):
     assert r["sim_cycles_per_s"] > 0
 
 
+def test_bench_banks_json(capsys):
+    assert main(["bench", "banks", "--models", "digits_cnn", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    progs = {p["program"]: p for p in r["programs"]}
+    assert set(progs) == {"digits_cnn", "gemm 256^3"}
+    assert progs["gemm 256^3"]["steps"] == 256**3 // get_config("default").macs_per_cycle
+    for p in progs.values():
+        assert p["matmuls"] > 0
+        for m in p["mappings"].values():
+            assert m["slowdown"] >= 1.0 and m["cycles"] >= p["steps"]
+
+
 @pytest.mark.parametrize(
     "argv,msg",
     [
@@ -84,6 +97,8 @@ def test_bench_model_json(capsys):
         (["run", EX, "--config", "huge"], "unknown configuration 'huge'"),
         (["compile", "m.onnx"], "m.onnx: no such file"),
         (["demo", "--config", "huge"], "unknown configuration 'huge'"),
+        (["bench", "banks", "--models", "alexnet"], "unknown zoo model 'alexnet'"),
+        (["bench", "order", "--models", "alexnet"], "unknown zoo model 'alexnet'"),
     ],
 )
 def test_clear_errors(argv, msg, capsys):
