@@ -11,7 +11,9 @@ Mappings of a lane-word index g (byte address // lanes):
   * modulo: g mod B (B = spad_banks), the plain low-order interleave;
   * skewed: the sum of g's base-B digits, mod B (power-of-B strides land in consecutive banks);
   * prime: g mod P, P the smallest prime >= clusters + pes_per_cluster (no power-of-two stride maps two
-    rows of a tile to one bank; P banks of spad_bytes / P each).
+    rows of a tile to one bank; P banks of spad_bytes / P each);
+  * split-skewed, split-prime: A and B^T reads in separate groups of banks (activations and weights
+    in separate regions, so they never meet), rows interleaved within a group as above.
 """
 
 from __future__ import annotations
@@ -32,20 +34,29 @@ def _next_prime(n: int) -> int:
     return p
 
 
-def mappings(cfg: NpuConfig) -> dict[str, tuple[int, Callable[[np.ndarray], np.ndarray]]]:
-    """Name -> (bank count, lane-word index -> bank)."""
+def _skewed(g: np.ndarray, B: int) -> np.ndarray:
+    total = np.zeros_like(g)
+    rest = g.copy()
+    while rest.any():
+        total += rest % B
+        rest //= B
+    return total % B
+
+
+def mappings(cfg: NpuConfig) -> dict[str, tuple[int, Callable[[np.ndarray], np.ndarray], bool]]:
+    """Name -> (bank count, lane-word index -> bank, split). A split mapping keeps A (activation)
+    and B^T (weight) reads in separate bank groups of half the banks each (the compiler would place
+    weights in their own region), and interleaves rows within a group."""
     B = cfg.spad_banks
     P = _next_prime(cfg.clusters + cfg.pes_per_cluster)
-
-    def skewed(g: np.ndarray) -> np.ndarray:
-        total = np.zeros_like(g)
-        rest = g.copy()
-        while rest.any():
-            total += rest % B
-            rest //= B
-        return total % B
-
-    return {"modulo": (B, lambda g: g % B), "skewed": (B, skewed), "prime": (P, lambda g: g % P)}
+    Ph = _next_prime(max(cfg.clusters, cfg.pes_per_cluster))
+    return {
+        "modulo": (B, lambda g: g % B, False),
+        "skewed": (B, lambda g: _skewed(g, B), False),
+        "prime": (P, lambda g: g % P, False),
+        "split-skewed": (B, lambda g: _skewed(g, B // 2), True),
+        "split-prime": (2 * Ph, lambda g: g % Ph, True),
+    }
 
 
 def matmul_step_cycles(
@@ -55,9 +66,11 @@ def matmul_step_cycles(
     bank_of: Callable[[np.ndarray], np.ndarray],
     rng: np.random.Generator,
     samples: int = 1024,
+    split: bool = False,
 ) -> tuple[int, float]:
     """(steps, expected cycles) of one MATMUL when a step takes as many cycles as the most reads any
-    one bank serves. Steps are sampled uniformly when there are more than `samples`."""
+    one bank serves (`split`: A and B^T in separate bank groups). Steps are sampled uniformly when
+    there are more than `samples`."""
     f = ins.fields
     CM, CN, L = cfg.clusters, cfg.pes_per_cluster, cfg.lanes
     MB, NB, KB = cdiv(f["m"], CM), cdiv(f["n"], CN), max(1, cdiv(f["k"], L))
@@ -79,6 +92,8 @@ def matmul_step_cycles(
     g = np.concatenate([ga, gb], axis=1)
     valid = np.concatenate([a_rows < f["m"], b_rows < f["n"]], axis=1)
     bank = bank_of(g)
+    if split:  # B^T rows in the second group
+        bank[:, CM:] += banks // 2
     onehot = (bank[:, :, None] == np.arange(banks)) & valid[:, :, None]
     mult = onehot.sum(axis=1).max(axis=1)
     return steps, float(mult.mean()) * steps
@@ -90,11 +105,11 @@ def program_conflicts(instrs: Iterable[Instr], cfg: NpuConfig, seed: int = 0) ->
     maps = mappings(cfg)
     matmuls = [i for i in instrs if i.op == Opcode.MATMUL]
     out: dict = {"matmuls": len(matmuls), "steps": 0, "mappings": {}}
-    for name, (banks, fn) in maps.items():
+    for name, (banks, fn, split) in maps.items():
         total = 0.0
         steps = 0
         for ins in matmuls:
-            s, c = matmul_step_cycles(ins, cfg, banks, fn, rng)
+            s, c = matmul_step_cycles(ins, cfg, banks, fn, rng, split=split)
             steps += s
             total += c
         out["steps"] = steps

@@ -11,8 +11,8 @@ L = CFG.lanes
 
 
 def _cycles(ins, mapping="modulo"):
-    banks, fn = mappings(CFG)[mapping]
-    return matmul_step_cycles(ins, CFG, banks, fn, np.random.default_rng(0))
+    banks, fn, split = mappings(CFG)[mapping]
+    return matmul_step_cycles(ins, CFG, banks, fn, np.random.default_rng(0), split=split)
 
 
 def test_conflict_free_layout_takes_one_cycle_per_step():
@@ -31,6 +31,8 @@ def test_rows_in_one_bank_serialise():
     assert _cycles(ins) == (1, 8.0)
     # the skewed mapping spreads power-of-B strides over consecutive banks
     assert _cycles(ins, "skewed")[1] < 8.0
+    # split groups: A and B^T never share a bank; 5 banks per group hold 4 rows at stride 8 apart
+    assert _cycles(ins, "split-prime") == (1, 1.0)
 
 
 def test_rows_past_m_and_n_are_not_read():
