@@ -1,0 +1,155 @@
+"""A banked scratchpad that maps to dual-port block RAM (not yet wired into `NpuCore`).
+
+`NpuCore`'s scratchpad is one array with a read port per reader (docs/simulation.md), which FPGA
+block RAM cannot provide. This is the banked replacement chosen with `npu bench banks`: the
+scratchpad's two halves (activations below, weights above) each hold `banks_per_region` banks of
+`lanes`-byte words, lane word `g` of a half living in bank `g mod P`, row `g div P` (P prime, so
+power-of-two strides never put two rows of a tile into one bank). Every bank is one memory with two
+ports, A and B, each of which reads (registered, data the next cycle) or writes one word a cycle: a
+true dual-port block RAM.
+
+Clients are declared up front, each on one port, in priority order, reading or writing `lanes`
+consecutive lane words at once (1 for a matrix operand row, `bus_bytes / lanes` for a bus word).
+Each cycle a port grants its clients in order, all-or-nothing: a client is granted when it asks and
+none of its banks is taken by a client before it. A refused client asks again (the unit stalls).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from amaranth import Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from .common import log2
+
+
+@dataclass(frozen=True)
+class Client:
+    name: str
+    port: str  # "A" or "B"
+    write: bool
+    lanes: int = 1  # consecutive lane words per access
+
+
+def reciprocal(divisor: int, bits: int) -> tuple[int, int]:
+    """(M, s) with x // divisor == (x * M) >> s for every x < 2**bits (checked)."""
+    s = bits + divisor.bit_length()
+    m = -(-(1 << s) // divisor)
+    x = np.arange(1 << bits, dtype=np.int64)
+    assert np.array_equal((x * m) >> s, x // divisor), (divisor, bits)
+    return m, s
+
+
+class BankedScratchpad(wiring.Component):
+    """`size` bytes of `lane_bytes`-byte words in 2 regions x `banks_per_region` dual-port banks.
+
+    Per client `c`: `c_addr` (lane-word index), `c_en`, `c_grant` (this cycle); a reader's `c_data`
+    holds the words the cycle after the grant; a writer gives `c_data` and byte enables `c_be`.
+    """
+
+    def __init__(self, size: int, lane_bytes: int, banks_per_region: int, clients: list[Client]):
+        self.size, self.L, self.P = size, lane_bytes, banks_per_region
+        self.words = size // lane_bytes
+        self.half = self.words // 2
+        assert self.half & (self.half - 1) == 0, "each region must hold a power of two of lane words"
+        for c in clients:
+            assert c.port in ("A", "B") and 1 <= c.lanes <= banks_per_region, c
+        self.clients = clients
+        self.depth = -(-self.half // banks_per_region)
+        sig = {}
+        for c in clients:
+            w = 8 * lane_bytes * c.lanes
+            sig[f"{c.name}_addr"] = In(range(self.words))
+            sig[f"{c.name}_en"] = In(1)
+            sig[f"{c.name}_grant"] = Out(1)
+            sig[f"{c.name}_data"] = In(w) if c.write else Out(w)
+            if c.write:
+                sig[f"{c.name}_be"] = In(lane_bytes * c.lanes)
+        super().__init__(sig)
+
+    def bank_of(self, g: int) -> tuple[int, int]:
+        """(bank, row) of lane word `g`: banks 0..P-1 hold the lower region, P..2P-1 the upper."""
+        region, local = divmod(g, self.half)
+        return region * self.P + local % self.P, local // self.P
+
+    def elaborate(self, platform):
+        m = Module()
+        L, P = self.L, self.P
+        nb = 2 * P
+        hb = log2(self.half)
+        mul, sh = reciprocal(P, hb)
+        banks = []
+        for b in range(nb):
+            mem = Memory(shape=unsigned(8 * L), depth=self.depth, init=[])
+            m.submodules[f"bank{b}"] = mem
+            banks.append(
+                {p: (mem.write_port(granularity=8), mem.read_port(domain="sync")) for p in ("A", "B")}
+            )
+
+        # every client's lane words: bank and row
+        lanes = {}
+        for c in self.clients:
+            addr = getattr(self, f"{c.name}_addr")
+            local = Signal(hb, name=f"{c.name}_local")
+            region = Signal(name=f"{c.name}_region")
+            m.d.comb += [local.eq(addr[:hb]), region.eq(addr[hb])]
+            row0 = Signal(range(self.depth + 1), name=f"{c.name}_row0")
+            bank0 = Signal(range(P), name=f"{c.name}_bank0")
+            m.d.comb += [row0.eq((local * mul) >> sh), bank0.eq(local - row0 * P)]
+            ls = []
+            for k in range(c.lanes):
+                wrap = bank0 + k >= P
+                bank = Signal(range(nb), name=f"{c.name}_bank{k}")
+                row = Signal(range(self.depth + 1), name=f"{c.name}_row{k}")
+                m.d.comb += [
+                    bank.eq(region * P + Mux(wrap, bank0 + k - P, bank0 + k)),
+                    row.eq(row0 + wrap),
+                ]
+                ls.append((bank, row))
+            lanes[c.name] = ls
+
+        # per port: grant in priority order, all-or-nothing over a client's banks
+        for port in ("A", "B"):
+            taken = Const(0, nb)
+            for c in (c for c in self.clients if c.port == port):
+                need = Signal(nb, name=f"{c.name}_need")
+                m.d.comb += need.eq(
+                    Cat(*[Cat(*[bk == b for bk, _ in lanes[c.name]]).any() for b in range(nb)])
+                )
+                grant = getattr(self, f"{c.name}_grant")
+                m.d.comb += grant.eq(getattr(self, f"{c.name}_en") & ~(need & taken).any())
+                nxt = Signal(nb, name=f"{c.name}_taken")
+                m.d.comb += nxt.eq(taken | Mux(grant, need, 0))
+                taken = nxt
+                # drive the granted banks' port
+                for k, (bk, row) in enumerate(lanes[c.name]):
+                    for b in range(nb):
+                        wp, rp = banks[b][port]
+                        with m.If(grant & (bk == b)):
+                            m.d.comb += [wp.addr.eq(row), rp.addr.eq(row)]
+                            if c.write:
+                                data = getattr(self, f"{c.name}_data")
+                                be = getattr(self, f"{c.name}_be")
+                                m.d.comb += [
+                                    wp.data.eq(data[8 * L * k : 8 * L * (k + 1)]),
+                                    wp.en.eq(be[L * k : L * (k + 1)]),
+                                ]
+                # a reader's words arrive the next cycle from the banks it was granted
+                if not c.write:
+                    out = []
+                    for k, (bk, _) in enumerate(lanes[c.name]):
+                        sel = Signal(range(nb), name=f"{c.name}_sel{k}")
+                        with m.If(grant):
+                            m.d.sync += sel.eq(bk)
+                        word = Signal(8 * L, name=f"{c.name}_word{k}")
+                        with m.Switch(sel):
+                            for b in range(nb):
+                                with m.Case(b):
+                                    m.d.comb += word.eq(banks[b][port][1].data)
+                        out.append(word)
+                    m.d.comb += getattr(self, f"{c.name}_data").eq(Cat(*out))
+        return m
