@@ -23,6 +23,7 @@ from .fetch import Fetcher, ReadArbiter
 from .load import LoadUnit
 from .matrix import MatrixUnit
 from .regs import RegisterFile, axil_signature
+from .spad import Client, SpadPort, scratchpad
 from .store import StoreUnit
 from .vector import VectorUnit
 
@@ -86,29 +87,44 @@ class NpuCore(wiring.Component):
         m.d.comb += self.irq.eq(regs.irq_pending & regs.irq_enable)
 
         # ---- memories ----------------------------------------------------------------------------
-        m.submodules.spad = spad = Memory(shape=unsigned(8 * W), depth=depth(cfg, "spad"), init=[])
+        # the scratchpad behind its clients, in priority order per port (hdl/spad.py): the vector
+        # unit's reads before the matrix unit's on port A; on port B the vector unit's writes (never
+        # refused), then the load unit's writes, then the store unit's reads
+        WL = W // cfg.lanes
+        clients = [
+            *[Client(f"vec_{x}{k}", "A", False) for x in "ab" for k in range(2)],
+            *[Client(f"mat_a{i}", "A", False) for i in range(CM)],
+            *[Client(f"mat_b{j}", "A", False) for j in range(CN)],
+            *[Client(f"vec_w{k}", "B", True) for k in range(2)],
+            Client("load", "B", True, lanes=WL),
+            Client("store", "B", False, lanes=WL),
+        ]
+        m.submodules.spad = spad = scratchpad(cfg, clients)
+
+        def sp(name):
+            return SpadPort(spad, name)
+
+        # accumulators: registered reads; the matrix unit's C reads see its C writes of the same cycle
         m.submodules.acc = acc = Memory(shape=unsigned(8 * W), depth=depth(cfg, "acc"), init=[])
-        # registered (synchronous) reads, as block RAM has; a unit issues a read and uses the data
-        # the next cycle. The matrix unit's C reads see its own C writes of the same cycle.
-        ld_spad = spad.write_port(granularity=8)
-        vec_w = [spad.write_port(granularity=8) for _ in range(2)]
         ld_acc = acc.write_port(granularity=8)
         mat_c_w = [acc.write_port(granularity=8) for _ in range(CM)]
-        sync = dict(domain="sync")
-        mat_a = [spad.read_port(**sync) for _ in range(CM)]
-        mat_b = [spad.read_port(**sync) for _ in range(CN)]
-        vec_a = [spad.read_port(**sync) for _ in range(2)]
-        vec_b = [spad.read_port(**sync) for _ in range(2)]
-        st_spad = spad.read_port(**sync)
-        mat_c_r = [acc.read_port(**sync, transparent_for=mat_c_w) for _ in range(CM)]
-        vec_c = [acc.read_port(**sync) for _ in range(2)]
-        st_acc = acc.read_port(**sync)
+        mat_c_r = [acc.read_port(domain="sync", transparent_for=mat_c_w) for _ in range(CM)]
+        vec_c = [acc.read_port(domain="sync") for _ in range(2)]
+        st_acc = acc.read_port(domain="sync")
 
         # ---- units ----------------------------------------------------------------------------------
-        m.submodules.load = load = LoadUnit(cfg, ld_spad, ld_acc)
-        m.submodules.matrix = matrix = MatrixUnit(cfg, mat_a, mat_b, mat_c_r, mat_c_w)
-        m.submodules.vector = vector = VectorUnit(cfg, vec_a, vec_b, vec_c, vec_w)
-        m.submodules.store = store = StoreUnit(cfg, st_spad, st_acc)
+        m.submodules.load = load = LoadUnit(cfg, sp("load"), ld_acc)
+        m.submodules.matrix = matrix = MatrixUnit(
+            cfg, [sp(f"mat_a{i}") for i in range(CM)], [sp(f"mat_b{j}") for j in range(CN)], mat_c_r, mat_c_w
+        )
+        m.submodules.vector = vector = VectorUnit(
+            cfg,
+            [sp("vec_a0"), sp("vec_a1")],
+            [sp("vec_b0"), sp("vec_b1")],
+            vec_c,
+            [sp("vec_w0"), sp("vec_w1")],
+        )
+        m.submodules.store = store = StoreUnit(cfg, sp("store"), st_acc)
         units = {Unit.LOAD: load, Unit.MATRIX: matrix, Unit.VECTOR: vector, Unit.STORE: store}
 
         # ---- AXI master --------------------------------------------------------------------------

@@ -31,9 +31,10 @@ from .common import (
 
 
 class LoadUnit(wiring.Component):
-    def __init__(self, cfg: NpuConfig, spad_wp, acc_wp):
+    def __init__(self, cfg: NpuConfig, spad_port, acc_wp):
+        """spad_port: a scratchpad write client of one bus word; acc_wp: an accumulator write port."""
         self.cfg = cfg
-        self.spad_wp = spad_wp
+        self.spad_port = spad_port
         self.acc_wp = acc_wp
         super().__init__(
             {
@@ -162,18 +163,24 @@ class LoadUnit(wiring.Component):
         m.d.comb += wo.eq(w_addr[:lw])
         need = Signal(range(W + 1))
         m.d.comb += need.eq(min_(W - wo, w_left))
-        write = Signal()
-        m.d.comb += write.eq(w_active & (w_row < tr) & (need != 0) & (fifo.count >= need))
+        ready = Signal()  # a word is ready to write
+        m.d.comb += ready.eq(w_active & (w_row < tr) & (need != 0) & (fifo.count >= need))
+        sp = self.spad_port
+        write = Signal()  # it is written this cycle (the scratchpad may refuse it)
+        m.d.comb += write.eq(ready & (to_acc | sp.grant))
         be = Signal(W)
         m.d.comb += be.eq(low_bytes_mask(need, W) << wo)
         wdata = Signal(8 * W)
         m.d.comb += wdata.eq(fifo.data << (wo * 8))
-        for port, mem, sel in ((self.spad_wp, "spad", ~to_acc), (self.acc_wp, "acc", to_acc)):
-            m.d.comb += [
-                port.addr.eq(word_index(w_addr, cfg, mem)[: (depth(cfg, mem) - 1).bit_length()]),
-                port.data.eq(wdata),
-                port.en.eq(Mux(write & sel, be, 0)),
-            ]
+        m.d.comb += [
+            sp.addr.eq(word_index(w_addr, cfg, "spad") << log2(W // cfg.lanes)),
+            sp.data.eq(wdata),
+            sp.be.eq(be),
+            sp.en.eq(ready & ~to_acc),
+            self.acc_wp.addr.eq(word_index(w_addr, cfg, "acc")[: (depth(cfg, "acc") - 1).bit_length()]),
+            self.acc_wp.data.eq(wdata),
+            self.acc_wp.en.eq(Mux(write & to_acc, be, 0)),
+        ]
         with m.If(write):
             m.d.comb += fifo.pop_n.eq(need)
             with m.If(need == w_left):

@@ -1,9 +1,10 @@
 """Matrix unit: clusters x PEs x lanes int8 MACs sweeping one MATMUL's m x n x k problem.
 
-Each cycle the unit issues reads of `clusters` A words and `pes_per_cluster` B^T words (`lanes` bytes
-each, selected from scratchpad words); the memories answer the next cycle (registered reads), when
-every PE (i, j) adds the `lanes`-long dot product of A row i and
-B^T row j to its int32 accumulator. After the last k step of an output tile each cluster writes its
+Stage 0 asks the scratchpad for one step's operands, `clusters` A lane words and `pes_per_cluster`
+B^T lane words (rows past m or n are not read); a banked scratchpad may grant them over several
+cycles (operands that arrive early wait in registers). The cycle after the last grant, stage 1 has
+them all and every PE (i, j) adds the `lanes`-long dot product of A row i and B^T row j to its int32
+accumulator. After the last k step of an output tile each cluster writes its
 row of `pes_per_cluster` int32 results (added to the old C row when accumulating) to the
 accumulator memory, while the next tile starts. Loop order: m tiles, n tiles, k steps.
 """
@@ -21,9 +22,11 @@ from .common import log2, view
 
 
 class MatrixUnit(wiring.Component):
-    def __init__(self, cfg: NpuConfig, a_rps, b_rps, c_rps, c_wps):
+    def __init__(self, cfg: NpuConfig, a_ports, b_ports, c_rps, c_wps):
+        """a_ports, b_ports: scratchpad clients (hdl/spad.py) of one lane word each; c_rps, c_wps:
+        accumulator read (registered) and write ports, one per cluster."""
         self.cfg = cfg
-        self.a_rps, self.b_rps, self.c_rps, self.c_wps = a_rps, b_rps, c_rps, c_wps
+        self.a_ports, self.b_ports, self.c_rps, self.c_wps = a_ports, b_ports, c_rps, c_wps
         super().__init__({"go": In(1), "instr": In(INSTR_BITS), "busy": Out(1), "done": Out(1)})
 
     def elaborate(self, platform):
@@ -56,37 +59,50 @@ class MatrixUnit(wiring.Component):
         empty = Signal()
         m.d.comb += empty.eq((f.m == 0) | (f.n == 0))
 
-        # stage 0 issues the reads of one step (A rows i, B^T rows j, k bytes kb*L .. kb*L+L-1, and at
-        # the last k step the C row each cluster will write); the memories answer a cycle later, when
-        # stage 1 multiplies, accumulates and writes C. The step's control travels with it.
+        # stage 0 asks for one step's operands until all are granted; stage 1 computes the cycle after
         v1 = Signal()  # stage 1 holds a step
         kb0_1 = Signal()
         last_k1 = Signal()
         last1 = Signal()  # the instruction's last step
-        lane_sel1 = []
-        for name, ports, tile, stride in (
-            ("a", self.a_rps, a_tile, f.a_stride),
-            ("b", self.b_rps, b_tile, f.b_stride),
-        ):
-            for i, port in enumerate(ports):
-                addr = Signal(40, name=f"{name}_addr{i}")
-                m.d.comb += [addr.eq(tile + i * stride + (kb << ll)), port.addr.eq(addr[lw:])]
-                sel = Signal(max(1, lw - ll), name=f"{name}_lane{i}")
-                if lw > ll:
-                    m.d.sync += sel.eq(addr[ll:lw])
-                lane_sel1.append(sel)
-        a_vals = [
-            port.data.word_select(lane_sel1[i], 8 * L) if lw > ll else port.data[: 8 * L]
-            for i, port in enumerate(self.a_rps)
-        ]
-        b_vals = [
-            port.data.word_select(lane_sel1[CM + j], 8 * L) if lw > ll else port.data[: 8 * L]
-            for j, port in enumerate(self.b_rps)
-        ]
+        issuing = Signal()  # stage 0 has steps left to issue
+        ports = list(self.a_ports) + list(self.b_ports)
+        need = []
+        for r, port in enumerate(ports):
+            a_side = r < CM
+            i = r if a_side else r - CM
+            if a_side:
+                tile, stride, first, limit = a_tile, f.a_stride, mb * CM, f.m
+            else:
+                tile, stride, first, limit = b_tile, f.b_stride, nb * CN, f.n
+            addr = Signal(40, name=f"op_addr{r}")
+            m.d.comb += [addr.eq(tile + i * stride + (kb << ll)), port.addr.eq(addr[ll:])]
+            nd = Signal(name=f"op_need{r}")
+            m.d.comb += nd.eq(issuing & ~empty & (first + i < limit))
+            need.append(nd)
+        got = Signal(len(ports))  # granted in an earlier cycle of this step
+        granted = Cat(*[p.grant for p in ports])
+        m.d.comb += [p.en.eq(need[r] & ~got[r]) for r, p in enumerate(ports)]
+        step_done = Signal()
+        m.d.comb += step_done.eq(issuing & ~empty & (got | granted | ~Cat(*need)).all())
+        with m.If(step_done):
+            m.d.sync += got.eq(0)
+        with m.Else():
+            m.d.sync += got.eq(got | (granted & Cat(*[p.en for p in ports])))
+        # operands: the scratchpad's words the cycle after a grant, kept for a step that takes longer
+        fresh = Signal(len(ports))
+        m.d.sync += fresh.eq(Cat(*[p.en & p.grant for p in ports]))
+        vals = []
+        for r, port in enumerate(ports):
+            held = Signal(8 * L, name=f"op_held{r}")
+            with m.If(fresh[r]):
+                m.d.sync += held.eq(port.data)
+            vals.append(Mux(fresh[r], port.data, held))
+        a_vals, b_vals = vals[:CM], vals[CM:]
         # lanes past k read as zero
         lane_ok = [Signal(name=f"lane_ok{t}") for t in range(L)]
         for t in range(L):
-            m.d.sync += lane_ok[t].eq((kb << ll) + t < f.k)
+            with m.If(step_done):
+                m.d.sync += lane_ok[t].eq((kb << ll) + t < f.k)
 
         def lane(v, t):
             return Mux(lane_ok[t], v[8 * t : 8 * t + 8].as_signed(), 0)
@@ -110,13 +126,14 @@ class MatrixUnit(wiring.Component):
             m.d.comb += addr.eq(c_tile + i * f.c_stride + (nb << lw))
             rp, wp = self.c_rps[i], self.c_wps[i]
             m.d.comb += rp.addr.eq(addr[lw:])
-            m.d.sync += wp.addr.eq(addr[lw:])
             row_ok = Signal(name=f"c_row_ok{i}")
-            m.d.sync += row_ok.eq(row < f.m)
             col_ok = [Signal(name=f"c_col_ok{i}_{j}") for j in range(CN)]
+            with m.If(step_done):
+                m.d.sync += [wp.addr.eq(addr[lw:]), row_ok.eq(row < f.m)]
             new = []
             for j in range(CN):
-                m.d.sync += col_ok[j].eq((nb * CN + j) < f.n)
+                with m.If(step_done):
+                    m.d.sync += col_ok[j].eq((nb * CN + j) < f.n)
                 old = rp.data[32 * j : 32 * j + 32].as_signed()
                 new.append((Mux(f.accumulate, old, 0) + sums[i][j])[:32])
             m.d.comb += [
@@ -125,16 +142,17 @@ class MatrixUnit(wiring.Component):
             ]
 
         # loop counters (stage 0) and the hand-over to stage 1
-        issuing = Signal()  # stage 0 has steps left to issue
         last_step = Signal()
         m.d.comb += last_step.eq(last_k & (nb == NB - 1) & (mb == MB - 1))
-        m.d.sync += [v1.eq(issuing & ~empty), kb0_1.eq(kb == 0), last_k1.eq(last_k), last1.eq(last_step)]
-        with m.If(issuing & (empty | last_step)):
+        m.d.sync += v1.eq(step_done)
+        with m.If(step_done):
+            m.d.sync += [kb0_1.eq(kb == 0), last_k1.eq(last_k), last1.eq(last_step)]
+        with m.If(issuing & (empty | (step_done & last_step))):
             m.d.sync += issuing.eq(0)
         finished = Signal()
         m.d.comb += finished.eq(active & ((empty & issuing) | (v1 & last1)))
         m.d.comb += self.done.eq(finished)
-        with m.If(issuing & ~empty):
+        with m.If(step_done):
             with m.If(~last_k):
                 m.d.sync += kb.eq(kb + 1)
             with m.Else():

@@ -1,7 +1,13 @@
-"""A banked scratchpad that maps to dual-port block RAM (not yet wired into `NpuCore`).
+"""The scratchpad behind its clients: multi-port (simulation) or banked dual-port block RAM.
 
-`NpuCore`'s scratchpad is one array with a read port per reader (docs/simulation.md), which FPGA
-block RAM cannot provide. This is the banked replacement chosen with `npu bench banks`: the
+Units reach the scratchpad through *clients* declared up front: each reads or writes `lanes`
+consecutive lane words (`lanes` bytes each) at a lane-word index, asks with `en`, is told `grant`
+the same cycle, and a reader gets its words the cycle after the grant (registered reads). A unit
+whose request is refused asks again the next cycle (it stalls).
+
+`MultiPortScratchpad` gives every client its own ports and grants everything: one array, right for
+simulation, but FPGA block RAM has two ports. `BankedScratchpad` (`spad_banked` configurations) is
+the block-RAM design chosen with `npu bench banks`: the
 scratchpad's two halves (activations below, weights above) each hold `banks_per_region` banks of
 `lanes`-byte words, lane word `g` of a half living in bank `g mod P`, row `g div P` (P prime, so
 power-of-two strides never put two rows of a tile into one bank). Every bank is one memory with two
@@ -24,6 +30,8 @@ from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from npu.config import NpuConfig
+
 from .common import log2
 
 
@@ -44,6 +52,66 @@ def reciprocal(divisor: int, bits: int) -> tuple[int, int]:
     return m, s
 
 
+def _client_signature(clients: list[Client], words: int, lane_bytes: int) -> dict:
+    sig = {}
+    for c in clients:
+        w = 8 * lane_bytes * c.lanes
+        sig[f"{c.name}_addr"] = In(range(words))
+        sig[f"{c.name}_en"] = In(1)
+        sig[f"{c.name}_grant"] = Out(1)
+        sig[f"{c.name}_data"] = In(w) if c.write else Out(w)
+        if c.write:
+            sig[f"{c.name}_be"] = In(lane_bytes * c.lanes)
+    return sig
+
+
+class SpadPort:
+    """One client's signals on a scratchpad, handed to the unit that owns the client."""
+
+    def __init__(self, spad: wiring.Component, name: str):
+        self.addr = getattr(spad, f"{name}_addr")
+        self.en = getattr(spad, f"{name}_en")
+        self.grant = getattr(spad, f"{name}_grant")
+        self.data = getattr(spad, f"{name}_data")
+        self.be = getattr(spad, f"{name}_be", None)
+
+
+class MultiPortScratchpad(wiring.Component):
+    """`size` bytes as one array of lane words with ports for every client; every request is granted."""
+
+    def __init__(self, size: int, lane_bytes: int, clients: list[Client]):
+        self.size, self.L, self.words = size, lane_bytes, size // lane_bytes
+        self.clients = clients
+        super().__init__(_client_signature(clients, self.words, lane_bytes))
+
+    def elaborate(self, platform):
+        m = Module()
+        L = self.L
+        m.submodules.mem = mem = Memory(shape=unsigned(8 * L), depth=self.words, init=[])
+        writers = {
+            c.name: [mem.write_port(granularity=8) for _ in range(c.lanes)] for c in self.clients if c.write
+        }
+        for c in self.clients:
+            addr, en = getattr(self, f"{c.name}_addr"), getattr(self, f"{c.name}_en")
+            m.d.comb += getattr(self, f"{c.name}_grant").eq(en)
+            if c.write:
+                data, be = getattr(self, f"{c.name}_data"), getattr(self, f"{c.name}_be")
+                for k, wp in enumerate(writers[c.name]):
+                    m.d.comb += [
+                        wp.addr.eq(addr + k),
+                        wp.data.eq(data[8 * L * k : 8 * L * (k + 1)]),
+                        wp.en.eq(Mux(en, be[L * k : L * (k + 1)], 0)),
+                    ]
+            else:
+                words = []
+                for k in range(c.lanes):
+                    rp = mem.read_port(domain="sync")
+                    m.d.comb += rp.addr.eq(addr + k)
+                    words.append(rp.data)
+                m.d.comb += getattr(self, f"{c.name}_data").eq(Cat(*words))
+        return m
+
+
 class BankedScratchpad(wiring.Component):
     """`size` bytes of `lane_bytes`-byte words in 2 regions x `banks_per_region` dual-port banks.
 
@@ -60,16 +128,7 @@ class BankedScratchpad(wiring.Component):
             assert c.port in ("A", "B") and 1 <= c.lanes <= banks_per_region, c
         self.clients = clients
         self.depth = -(-self.half // banks_per_region)
-        sig = {}
-        for c in clients:
-            w = 8 * lane_bytes * c.lanes
-            sig[f"{c.name}_addr"] = In(range(self.words))
-            sig[f"{c.name}_en"] = In(1)
-            sig[f"{c.name}_grant"] = Out(1)
-            sig[f"{c.name}_data"] = In(w) if c.write else Out(w)
-            if c.write:
-                sig[f"{c.name}_be"] = In(lane_bytes * c.lanes)
-        super().__init__(sig)
+        super().__init__(_client_signature(clients, self.words, lane_bytes))
 
     def bank_of(self, g: int) -> tuple[int, int]:
         """(bank, row) of lane word `g`: banks 0..P-1 hold the lower region, P..2P-1 the upper."""
@@ -153,3 +212,10 @@ class BankedScratchpad(wiring.Component):
                         out.append(word)
                     m.d.comb += getattr(self, f"{c.name}_data").eq(Cat(*out))
         return m
+
+
+def scratchpad(cfg: NpuConfig, clients: list[Client]) -> wiring.Component:
+    """The configuration's scratchpad with these clients."""
+    if cfg.spad_banked:
+        return BankedScratchpad(cfg.spad_bytes, cfg.lanes, cfg.spad_banks // 2, clients)
+    return MultiPortScratchpad(cfg.spad_bytes, cfg.lanes, clients)

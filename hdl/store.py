@@ -29,9 +29,11 @@ from .common import (
 
 
 class StoreUnit(wiring.Component):
-    def __init__(self, cfg: NpuConfig, spad_rp, acc_rp):
+    def __init__(self, cfg: NpuConfig, spad_port, acc_rp):
+        """spad_port: a scratchpad read client of one bus word; acc_rp: a registered accumulator read
+        port."""
         self.cfg = cfg
-        self.spad_rp = spad_rp
+        self.spad_port = spad_port
         self.acc_rp = acc_rp
         super().__init__(
             {
@@ -63,7 +65,7 @@ class StoreUnit(wiring.Component):
 
         # ---- reader: on-chip words -> FIFO ---------------------------------------------------------
         # A read issued in one cycle (registered memory read) is pushed the next; it is issued only
-        # when the FIFO will have room for it then.
+        # when the FIFO will have room for it then, and again while the scratchpad refuses it.
         r_row = Signal(17)
         r_left = Signal(17)
         r_addr = Signal(21)
@@ -71,8 +73,9 @@ class StoreUnit(wiring.Component):
         from_acc = Signal()
         ro = Signal(lw)
         m.d.comb += ro.eq(r_addr[:lw])
+        sp = self.spad_port
         m.d.comb += [
-            self.spad_rp.addr.eq(word_index(r_addr, cfg, "spad")),
+            sp.addr.eq(word_index(r_addr, cfg, "spad") << log2(W // cfg.lanes)),
             self.acc_rp.addr.eq(word_index(r_addr, cfg, "acc")),
         ]
         rn = Signal(range(W + 1))
@@ -80,13 +83,16 @@ class StoreUnit(wiring.Component):
         pend = Signal()  # a word read last cycle is pushed this cycle
         pend_off = Signal(lw)
         pend_n = Signal(range(W + 1))
-        reading = Signal()
-        m.d.comb += reading.eq(
+        want = Signal()
+        m.d.comb += want.eq(
             active & ~empty & (r_row < f.rows) & (fifo.count + Mux(pend, 2 * W, W) <= fifo.cap)
         )
+        m.d.comb += sp.en.eq(want & ~from_acc)
+        reading = Signal()  # the read goes out this cycle (the scratchpad may refuse it)
+        m.d.comb += reading.eq(want & (from_acc | sp.grant))
         m.d.sync += [pend.eq(reading), pend_off.eq(ro), pend_n.eq(rn)]
         rword = Signal(8 * W)
-        m.d.comb += rword.eq(Mux(from_acc, self.acc_rp.data, self.spad_rp.data))
+        m.d.comb += rword.eq(Mux(from_acc, self.acc_rp.data, sp.data))
         m.d.comb += [
             fifo.push_valid.eq(pend),
             fifo.push_data.eq(rword >> (pend_off * 8)),

@@ -1,9 +1,10 @@
 """Vector unit: VMAP (requantise/rescale/clamp), VADD and POOL on `vector_lanes` elements a cycle.
 
-Operands are read as two consecutive memory words so that any element-aligned group of lanes can be
-fetched in one cycle; results are written through two word ports for the same reason. Stage 0 walks
-the loops and issues the reads; the memories answer the next cycle (registered reads), when stage 1
-computes and writes the step's results. The
+Operands are read as two consecutive words (scratchpad lane words, or accumulator words) so that any
+element-aligned group of lanes can be fetched at once; results are written as two lane words for the
+same reason. Stage 0 walks the loops and asks the scratchpad for the step's operands until they are
+all granted (operands that arrive early wait in registers); the cycle after, stage 1 computes and
+writes the step's results (the scratchpad grants the vector unit's writes first, so they never wait). The
 arithmetic is exactly `sim/kernels.py`: 64-bit products, rounding right shift (ties up), zero
 points and an int8 clamp.
 """
@@ -38,11 +39,11 @@ def clamp8(m: Module, v, lo, hi, name: str):
 
 
 class VectorUnit(wiring.Component):
-    def __init__(self, cfg: NpuConfig, a_rps, b_rps, acc_rps, wps):
-        """a_rps, b_rps: two scratchpad read ports each; acc_rps: two accumulator read ports;
-        wps: two scratchpad write ports."""
+    def __init__(self, cfg: NpuConfig, a_ports, b_ports, acc_rps, w_ports):
+        """a_ports, b_ports: two scratchpad read clients (one lane word) each; acc_rps: two registered
+        accumulator read ports; w_ports: two scratchpad write clients (one lane word)."""
         self.cfg = cfg
-        self.a_rps, self.b_rps, self.acc_rps, self.wps = a_rps, b_rps, acc_rps, wps
+        self.a_ports, self.b_ports, self.acc_rps, self.w_ports = a_ports, b_ports, acc_rps, w_ports
         super().__init__({"go": In(1), "instr": In(INSTR_BITS), "busy": Out(1), "done": Out(1)})
 
     def _read(self, m, ports, addr, mem, name):
@@ -64,8 +65,7 @@ class VectorUnit(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         cfg = self.cfg
-        W, VL = cfg.bus_bytes, cfg.vector_lanes
-        lw = log2(W)
+        VL = cfg.vector_lanes
         ins = Signal(INSTR_BITS)
         with m.If(self.go):
             m.d.sync += ins.eq(self.instr)
@@ -135,8 +135,53 @@ class VectorUnit(wiring.Component):
         dst1 = Signal.like(dst)
         m.d.sync += [n1.eq(n), last1.eq(last), write1.eq(write), first_tap1.eq(first_tap), dst1.eq(dst)]
 
-        a_bytes = self._read(m, self.a_rps, src, "spad", "a")
-        b_bytes = self._read(m, self.b_rps, src_b, "spad", "b")
+        # an instruction with nothing to do
+        empty = Signal()
+        m.d.comb += empty.eq(
+            Mux(
+                is_map,
+                (fm.rows == 0) | (fm.cols == 0),
+                Mux(is_add, fa.len == 0, (fp.channels == 0) | (fp.out_h == 0) | (fp.out_w == 0)),
+            )
+        )
+        # scratchpad operands: lane words g, g+1 (the second only when the group crosses into it)
+        L = cfg.lanes
+        ll = log2(L)
+        issuing = Signal()  # stage 0 has steps left to issue
+        reads_a = Signal()
+        m.d.comb += reads_a.eq(issuing & ~empty & ~es32)
+        ports, need = [], []
+        for name, addr, asks in (("a", src, reads_a), ("b", src_b, reads_a & is_add)):
+            pa, pb = self.a_ports if name == "a" else self.b_ports
+            m.d.comb += [pa.addr.eq(addr[ll:]), pb.addr.eq(addr[ll:] + 1)]
+            ports += [pa, pb]
+            need += [asks, asks & (addr[:ll] + n > L)]
+        got = Signal(4)
+        granted = Cat(*[p.grant for p in ports])
+        m.d.comb += [p.en.eq(need[r] & ~got[r]) for r, p in enumerate(ports)]
+        step_done = Signal()
+        m.d.comb += step_done.eq(issuing & ~empty & (got | granted | ~Cat(*need)).all())
+        with m.If(step_done):
+            m.d.sync += got.eq(0)
+        with m.Else():
+            m.d.sync += got.eq(got | granted)
+        fresh = Signal(4)
+        m.d.sync += fresh.eq(Cat(*[p.en & p.grant for p in ports]))
+        words = []
+        for r, port in enumerate(ports):
+            held = Signal(8 * L, name=f"op_held{r}")
+            with m.If(fresh[r]):
+                m.d.sync += held.eq(port.data)
+            words.append(Mux(fresh[r], port.data, held))
+        off_a = Signal(ll)
+        off_b = Signal(ll)
+        m.d.sync += [off_a.eq(src[:ll]), off_b.eq(src_b[:ll])]
+        a_bytes = Signal(16 * L)
+        b_bytes = Signal(16 * L)
+        m.d.comb += [
+            a_bytes.eq(Cat(words[0], words[1]) >> (off_a * 8)),
+            b_bytes.eq(Cat(words[2], words[3]) >> (off_b * 8)),
+        ]
         c_bytes = self._read(m, self.acc_rps, src, "acc", "c")
 
         # per-lane arithmetic
@@ -171,41 +216,32 @@ class VectorUnit(wiring.Component):
                 m.d.comb += val.eq(maxv)
             results.append(clamp8(m, val, lo, hi, f"y{l}"))
 
-        # an instruction with nothing to do
-        empty = Signal()
-        m.d.comb += empty.eq(
-            Mux(
-                is_map,
-                (fm.rows == 0) | (fm.cols == 0),
-                Mux(is_add, fa.len == 0, (fp.channels == 0) | (fp.out_h == 0) | (fp.out_w == 0)),
-            )
-        )
-        # two-word write of n bytes at dst
+        # two-lane-word write of n bytes at dst
         do_write = Signal()
         m.d.comb += do_write.eq(v1 & write1 & (n1 != 0))
-        dw = Signal(24)
-        m.d.comb += dw.eq(word_index(dst1, cfg, "spad"))
-        shifted = Signal(16 * W)
-        m.d.comb += shifted.eq(Cat(*results) << (dst1[:lw] * 8))
-        be = Signal(2 * W)
-        m.d.comb += be.eq(low_bytes_mask(n1, VL) << dst1[:lw])
+        shifted = Signal(16 * L)
+        m.d.comb += shifted.eq(Cat(*results) << (dst1[:ll] * 8))
+        be = Signal(2 * L)
+        m.d.comb += be.eq(low_bytes_mask(n1, VL) << dst1[:ll])
+        w0, w1 = self.w_ports
         m.d.comb += [
-            self.wps[0].addr.eq(dw),
-            self.wps[1].addr.eq(dw + 1),
-            self.wps[0].data.eq(shifted[: 8 * W]),
-            self.wps[1].data.eq(shifted[8 * W :]),
-            self.wps[0].en.eq(Mux(do_write, be[:W], 0)),
-            self.wps[1].en.eq(Mux(do_write, be[W:], 0)),
+            w0.addr.eq(dst1[ll:]),
+            w1.addr.eq(dst1[ll:] + 1),
+            w0.data.eq(shifted[: 8 * L]),
+            w1.data.eq(shifted[8 * L :]),
+            w0.be.eq(be[:L]),
+            w1.be.eq(be[L:]),
+            w0.en.eq(do_write & be[:L].any()),
+            w1.en.eq(do_write & be[L:].any()),
         ]
 
-        issuing = Signal()  # stage 0 has steps left to issue
-        m.d.sync += v1.eq(issuing & ~empty)
-        with m.If(issuing & (empty | last)):
+        m.d.sync += v1.eq(step_done)
+        with m.If(issuing & (empty | (step_done & last))):
             m.d.sync += issuing.eq(0)
         finished = Signal()
         m.d.comb += finished.eq(active & ((issuing & empty) | (v1 & last1)))
         m.d.comb += self.done.eq(finished)
-        with m.If(issuing & ~empty & ~last):
+        with m.If(step_done & ~last):
             with m.If(is_map):
                 with m.If(i1 + VL >= fm.cols):
                     m.d.sync += [i1.eq(0), i0.eq(i0 + 1)]

@@ -50,6 +50,10 @@ class NpuConfig:
     dram_bytes: int
     #: NPU engines in the SoC
     engines: int = 1
+    #: scratchpad built from dual-port block-RAM banks: two regions (activations in the lower half,
+    #: weights - MATMUL B operands - in the upper half), spad_banks / 2 banks each, lane words
+    #: interleaved modulo that count; conflicting accesses stall (docs/isa.md, Timing)
+    spad_banked: bool = False
     #: nominal clock in MHz (used to turn cycles into time)
     clock_mhz: float = 100.0
     #: instructions each unit queue holds between dispatch and execution
@@ -89,8 +93,24 @@ class NpuConfig:
 
         for f in ("clusters", "pes_per_cluster", "lanes", "vector_lanes", "engines"):
             need(isinstance(getattr(self, f), int) and getattr(self, f) >= 1, f, "must be >= 1")
-        for f in ("lanes", "pes_per_cluster", "vector_lanes", "spad_banks"):
+        for f in ("lanes", "pes_per_cluster", "vector_lanes"):
             need(_pow2(getattr(self, f)), f, "must be a power of two")
+        if self.spad_banked:
+            need(
+                self.spad_banks % 2 == 0
+                and self.spad_banks // 2
+                >= max(2, self.clusters, self.pes_per_cluster, self.bus_bytes // self.lanes),
+                "spad_banks",
+                "banked: must be even, with at least max(2, clusters, pes_per_cluster, bus_bytes / lanes) "
+                "banks per region",
+            )
+            need(
+                self.vector_lanes <= self.lanes,
+                "vector_lanes",
+                f"banked: must not exceed lanes ({self.lanes})",
+            )
+        else:
+            need(_pow2(self.spad_banks), "spad_banks", "must be a power of two")
         need(self.bus_bytes in (4, 8, 16, 32, 64), "bus_bytes", "must be one of 4, 8, 16, 32, 64")
         need(
             _pow2(self.spad_bytes) and 1024 <= self.spad_bytes <= ACC_BASE,
@@ -98,7 +118,7 @@ class NpuConfig:
             f"must be a power of two between 1 KiB and {ACC_BASE} bytes",
         )
         need(
-            self.spad_bytes % (self.spad_banks * self.lanes) == 0,
+            self.spad_banked or self.spad_bytes % (self.spad_banks * self.lanes) == 0,
             "spad_banks",
             "scratchpad must divide into banks of whole lane words",
         )
@@ -116,6 +136,8 @@ class NpuConfig:
             f"4 * pes_per_cluster must equal bus_bytes ({self.bus_bytes})",
         )
         need(self.lanes <= self.bus_bytes, "lanes", f"must not exceed bus_bytes ({self.bus_bytes})")
+        # the vector unit reads and writes an int8 group as at most two lane words
+        need(self.vector_lanes <= self.lanes, "vector_lanes", f"must not exceed lanes ({self.lanes})")
         need(
             4 * self.vector_lanes <= self.bus_bytes,
             "vector_lanes",
@@ -136,6 +158,8 @@ class NpuConfig:
         """All fields that change the hardware (everything but the name)."""
         d = dataclasses.asdict(self)
         d.pop("name")
+        if not d["spad_banked"]:
+            d.pop("spad_banked")  # ids of the multi-port configurations stay what they were
         return d
 
     @property
@@ -151,7 +175,8 @@ class NpuConfig:
         return (
             f"{self.name}: {self.clusters}x{self.pes_per_cluster}x{self.lanes} = "
             f"{self.macs_per_cycle} MACs/cycle, scratchpad {self.spad_bytes // 1024} KiB "
-            f"in {self.spad_banks} banks, accumulators {self.acc_bytes // 1024} KiB, "
+            f"in {self.spad_banks} {'dual-port ' if self.spad_banked else ''}banks, "
+            f"accumulators {self.acc_bytes // 1024} KiB, "
             f"vector {self.vector_lanes} lanes, bus {self.bus_bytes * 8} bits, "
             f"DRAM {_size(self.dram_bytes)}, id 0x{self.config_id:08x}"
         )
@@ -199,6 +224,8 @@ PRESETS: dict[str, NpuConfig] = {
         vector_latency=4,
     ),
 }
+# `default` with a block-RAM scratchpad: 2 regions x 5 dual-port banks (npu bench banks)
+PRESETS["banked"] = PRESETS["default"].replace(name="banked", spad_banks=10, spad_banked=True)
 
 
 def get_config(name_or_config: str | NpuConfig) -> NpuConfig:

@@ -6,11 +6,12 @@ The prose around the tables is hand-written; the tables between the GENERATED ma
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 from pathlib import Path
 
-from .config import PRESETS
+from .config import PRESETS, NpuConfig
 from .isa import FORMATS, HEADER_BITS, INSTR_BITS, MNEMONICS, OFFSETS, UNIT_OF, ErrorCode, Opcode
 from .registers import REGISTERS, Control, Status
 
@@ -84,10 +85,10 @@ def registers_table() -> str:
 
 def presets_table() -> str:
     cfgs = list(PRESETS.values())
-    fields = list(cfgs[0].hardware_dict())
+    fields = [f.name for f in dataclasses.fields(NpuConfig) if f.name != "name"]
     rows = ["| field | " + " | ".join(c.name for c in cfgs) + " |", "|---|" + "---|" * len(cfgs)]
     for f in fields:
-        rows.append(f"| `{f}` | " + " | ".join(str(c.hardware_dict()[f]) for c in cfgs) + " |")
+        rows.append(f"| `{f}` | " + " | ".join(str(getattr(c, f)) for c in cfgs) + " |")
     rows.append("| MACs per cycle | " + " | ".join(str(c.macs_per_cycle) for c in cfgs) + " |")
     rows.append("| configuration id | " + " | ".join(f"0x{c.config_id:08x}" for c in cfgs) + " |")
     return "\n".join(rows)

@@ -1,11 +1,10 @@
-"""Bank conflicts the matrix unit's operand reads would meet in a banked scratchpad.
+"""Bank conflicts the matrix unit's operand reads meet in a banked scratchpad, for candidate mappings.
 
-The RTL's scratchpad is one array with a read port per reader (docs/simulation.md). Block RAM has two
-ports, so a scratchpad that maps to an FPGA must be banked: each MATMUL step reads `clusters` A lane
-words and `pes_per_cluster` B^T lane words, and reads that fall into the same bank take one cycle
-each. This module measures, on real programs, how many matrix cycles candidate bank mappings would
-add, to choose the mapping and see which layouts the compiler has to change. It is an analysis: the
-golden model's timing and the RTL do not bank yet.
+The multi-port scratchpad of `tiny` and `default` has a port per reader (docs/simulation.md). Block
+RAM has two ports, so a scratchpad that maps to an FPGA must be banked (the `banked` preset): each
+MATMUL step reads `clusters` A lane words and `pes_per_cluster` B^T lane words, and reads that fall
+into the same bank take one cycle each. This module measures, on real programs, how many matrix cycles candidate bank mappings would
+add, to choose the mapping and see which layouts the compiler has to change.
 
 Mappings of a lane-word index g (byte address // lanes):
   * modulo: g mod B (B = spad_banks), the plain low-order interleave;
@@ -13,7 +12,9 @@ Mappings of a lane-word index g (byte address // lanes):
   * prime: g mod P, P the smallest prime >= clusters + pes_per_cluster (no power-of-two stride maps two
     rows of a tile to one bank; P banks of spad_bytes / P each);
   * split-skewed, split-prime: A and B^T reads in separate groups of banks (activations and weights
-    in separate regions, so they never meet), rows interleaved within a group as above.
+    in separate regions, so they never meet), rows interleaved within a group as above;
+  * regions-prime: what the `banked` preset builds (hdl/spad.py): the group is the address's half of
+    the scratchpad, so A and B^T only stay apart if the program keeps weights in the upper half.
 """
 
 from __future__ import annotations
@@ -50,12 +51,14 @@ def mappings(cfg: NpuConfig) -> dict[str, tuple[int, Callable[[np.ndarray], np.n
     B = cfg.spad_banks
     P = _next_prime(cfg.clusters + cfg.pes_per_cluster)
     Ph = _next_prime(max(cfg.clusters, cfg.pes_per_cluster))
+    half = cfg.spad_bytes // cfg.lanes // 2
     return {
         "modulo": (B, lambda g: g % B, False),
         "skewed": (B, lambda g: _skewed(g, B), False),
         "prime": (P, lambda g: g % P, False),
         "split-skewed": (B, lambda g: _skewed(g, B // 2), True),
         "split-prime": (2 * Ph, lambda g: g % Ph, True),
+        "regions-prime": (2 * Ph, lambda g: (g // half) * Ph + (g % half) % Ph, False),
     }
 
 

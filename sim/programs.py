@@ -47,8 +47,12 @@ def choose_tiling(cfg: NpuConfig, m: int, n: int, k: int) -> GemmTiling:
             if tm < cm:
                 continue
             while tm >= cm:
-                spad = 2 * tm * tk + 2 * tn * tk + 2 * tm * tn
-                if spad <= cfg.spad_bytes:
+                if cfg.spad_banked:  # activations in the lower half, weights in the upper half
+                    half = cfg.spad_bytes // 2
+                    fits = 2 * tm * tk + 2 * tm * tn <= half and 2 * tn * tk <= half
+                else:
+                    fits = 2 * tm * tk + 2 * tn * tk + 2 * tm * tn <= cfg.spad_bytes
+                if fits:
                     break
                 tm -= cm
             if tm < cm:
@@ -90,9 +94,12 @@ def gemm_program(
     b = builder if builder is not None else ProgramBuilder(cfg)
     a_stride_sp = _round_up(t.tk, cfg.lanes)
     a_buf = [0, t.tm * a_stride_sp]
-    b_base = 2 * t.tm * a_stride_sp
+    # a banked scratchpad keeps weights (B^T) in its upper half, apart from the activations' banks
+    b_base = cfg.spad_bytes // 2 if cfg.spad_banked else 2 * t.tm * a_stride_sp
     b_buf = [b_base, b_base + t.tn * a_stride_sp]
-    o_base = _round_up(b_base + 2 * t.tn * a_stride_sp, cfg.lanes)
+    o_base = (
+        2 * t.tm * a_stride_sp if cfg.spad_banked else _round_up(b_base + 2 * t.tn * a_stride_sp, cfg.lanes)
+    )
     o_buf = [o_base, o_base + t.tm * t.tn]
     c_stride = _round_up(4 * t.tn, cfg.acc_row_bytes)
     c_buf = [ACC_BASE, ACC_BASE + _round_up(t.tm, cfg.clusters) * c_stride]

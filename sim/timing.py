@@ -5,6 +5,8 @@ The golden model uses these to schedule its pipeline; the compiler uses them as 
 
 from __future__ import annotations
 
+import numpy as np
+
 from npu.config import NpuConfig
 from npu.isa import Instr, Opcode
 
@@ -25,6 +27,54 @@ def dma_beats(addr: int, rows: int, cols: int, stride: int, bus: int) -> int:
     return total
 
 
+def spad_bank(g: np.ndarray, cfg: NpuConfig) -> np.ndarray:
+    """Bank of scratchpad lane word `g` in a banked configuration (hdl/spad.py): two regions (lower
+    and upper half) of spad_banks / 2 banks, lane words interleaved modulo that count."""
+    P = cfg.spad_banks // 2
+    half = cfg.spad_bytes // cfg.lanes // 2
+    return (g // half) * P + (g % half) % P
+
+
+def _most_per_bank(banks: np.ndarray, valid: np.ndarray, nbanks: int) -> np.ndarray:
+    """Per row of `banks` (..., readers): the largest number of valid readers sharing one bank."""
+    onehot = (banks[..., None] == np.arange(nbanks)) & valid[..., None]
+    return onehot.sum(axis=-2).max(axis=-1)
+
+
+def banked_matmul_steps(f: dict, cfg: NpuConfig) -> int:
+    """Cycles of a MATMUL's steps on a banked scratchpad: each step takes as many cycles as the most
+    operand reads one bank serves (rows past m or n are not read). The bank pattern of a tile shifts
+    by one bank per k step, so it is counted at k step 0 for every tile."""
+    CM, CN, L = cfg.clusters, cfg.pes_per_cluster, cfg.lanes
+    MB, NB, KB = cdiv(f["m"], CM), cdiv(f["n"], CN), max(1, cdiv(f["k"], L))
+    nbanks = cfg.spad_banks
+    ra = np.arange(MB)[:, None] * CM + np.arange(CM)
+    rb = np.arange(NB)[:, None] * CN + np.arange(CN)
+    ba = spad_bank((f["a"] + ra * f["a_stride"]) // L, cfg)
+    bb = spad_bank((f["b"] + rb * f["b_stride"]) // L, cfg)
+    ca = ((ba[..., None] == np.arange(nbanks)) & (ra < f["m"])[..., None]).sum(axis=1).astype(np.int32)
+    cb = ((bb[..., None] == np.arange(nbanks)) & (rb < f["n"])[..., None]).sum(axis=1).astype(np.int32)
+    total = 0
+    for m0 in range(0, MB, 256):  # bounded memory for very tall MATMULs
+        total += int((ca[m0 : m0 + 256, None, :] + cb[None, :, :]).max(axis=2).sum())
+    return total * KB
+
+
+def banked_vadd_steps(f: dict, cfg: NpuConfig) -> int:
+    """Cycles of a VADD's steps on a banked scratchpad: a step reads one or two lane words of each
+    operand and takes as many cycles as the most of them one bank serves."""
+    VL, L = cfg.vector_lanes, cfg.lanes
+    steps = cdiv(f["len"], VL)
+    off = np.arange(steps) * VL
+    n = np.minimum(VL, f["len"] - off)
+    words, valid = [], []
+    for base in (f["a"], f["b"]):
+        g = (base + off) // L
+        words += [g, g + 1]
+        valid += [np.ones(steps, bool), (base + off) % L + n > L]
+    return int(_most_per_bank(spad_bank(np.stack(words, 1), cfg), np.stack(valid, 1), cfg.spad_banks).sum())
+
+
 def duration(i: Instr, cfg: NpuConfig) -> int:
     """Cycles a unit is busy with one instruction (>= 1)."""
     f = i.fields
@@ -40,11 +90,15 @@ def duration(i: Instr, cfg: NpuConfig) -> int:
         beats = dma_beats(f["dram"], f["rows"], f["cols"], f["dram_stride"], cfg.bus_bytes)
         return max(1, cfg.dma_latency + beats if beats else 1)
     if op == Opcode.MATMUL:
+        if cfg.spad_banked and f["m"] and f["n"]:
+            return cfg.matrix_latency + max(1, banked_matmul_steps(f, cfg))
         steps = cdiv(f["m"], cfg.clusters) * cdiv(f["n"], cfg.pes_per_cluster) * cdiv(f["k"], cfg.lanes)
         return cfg.matrix_latency + max(1, steps)
     if op == Opcode.VMAP:
         return cfg.vector_latency + max(1, f["rows"] * cdiv(f["cols"], cfg.vector_lanes))
     if op == Opcode.VADD:
+        if cfg.spad_banked and f["len"]:
+            return cfg.vector_latency + banked_vadd_steps(f, cfg)
         return cfg.vector_latency + max(1, cdiv(f["len"], cfg.vector_lanes))
     if op == Opcode.POOL:
         steps = f["out_h"] * f["out_w"] * f["kh"] * f["kw"] * cdiv(f["channels"], cfg.vector_lanes)

@@ -17,7 +17,7 @@ from npu.config import get_config
 
 N_RANDOM = int(os.environ.get("NPU_RTL_SEEDS", "100"))
 N_PAUSE_AT = 20
-CONFIGS = ["tiny", "default"]
+CONFIGS = ["tiny", "default", "banked"]
 
 
 @pytest.fixture(scope="module", params=CONFIGS)
