@@ -3,8 +3,9 @@
 The multi-port scratchpad of `tiny` and `default` has a port per reader (docs/simulation.md). Block
 RAM has two ports, so a scratchpad that maps to an FPGA must be banked (the `banked` preset): each
 MATMUL step reads `clusters` A lane words and `pes_per_cluster` B^T lane words, and reads that fall
-into the same bank take one cycle each. This module measures, on real programs, how many matrix cycles candidate bank mappings would
-add, to choose the mapping and see which layouts the compiler has to change.
+into the same bank take one cycle each. This module measures, on real programs, how many matrix
+cycles candidate bank mappings would add, to choose the mapping and see which layouts the compiler
+has to change.
 
 Mappings of a lane-word index g (byte address // lanes):
   * modulo: g mod B (B = spad_banks), the plain low-order interleave;
