@@ -12,7 +12,7 @@ from npu.cli import main
 from npu.config import get_config
 
 
-@pytest.mark.parametrize("name", ["tiny", "default"])
+@pytest.mark.parametrize("name", ["tiny", "default", "banked"])
 def test_npu_hdl_verilog(name, tmp_path, capsys):
     out = tmp_path / "npu.v"
     assert main(["hdl", "verilog", "--config", name, "-o", str(out)]) == 0
