@@ -29,7 +29,7 @@ from npu.tensors import Layout
 from .elementwise import add_program, concat_program, eltwise_program
 from .frontend import Act, CompileError, QTensor, initializers, node_attrs, static_shape
 from .points import SPILL_POINTS, Candidate, PointPolicy, choose, dma_cycles, fragment_liveness
-from .spatial import channel_align, conv_program, geometry, pool_program
+from .spatial import bank_stride, channel_align, conv_program, geometry, pool_program
 
 ALIGN = 64
 VIEW_OPS = {"Flatten", "Reshape"}
@@ -232,7 +232,11 @@ class _Lowering:
 
     def place(self, q: QTensor, what: str, layout: Layout | None = None) -> Act:
         if layout is None:
-            layout = Layout.hwc(q.shape, self.ca) if len(q.shape) == 4 else Layout.dense(q.shape)
+            if len(q.shape) == 4:
+                cp = bank_stride(self.cfg, -(-q.shape[1] // self.ca) * self.ca, self.ca)
+                layout = Layout.hwc(q.shape, self.ca, cp=cp)
+            else:
+                layout = Layout.dense(q.shape)
         a = Act(q, self.alloc.take(layout.nbytes, what), layout)
         self.acts[q.name] = a
         return a
@@ -558,7 +562,7 @@ class _Lowering:
             parts.append((x, width, off, rescale))
             off += width
         if len(yq.shape) == 4:
-            layout = Layout.hwc(yq.shape, self.ca, tuple(chan), off)
+            layout = Layout.hwc(yq.shape, self.ca, tuple(chan), bank_stride(self.cfg, off, self.ca))
             pixels = layout.pixels
         else:
             layout, pixels = Layout.dense(yq.shape), yq.shape[0]
@@ -691,8 +695,12 @@ _ADDR_FIELDS = {
 
 def _relocate_top(items: list, cfg: NpuConfig) -> list:
     """The same fragment with its on-chip buffers moved to the top of the scratchpad and of the
-    accumulators, so that consecutive operators use disjoint buffers where they fit and may overlap."""
-    spad_end = acc_end = 0
+    accumulators, so that consecutive operators use disjoint buffers where they fit and may overlap.
+    A banked scratchpad's two halves move separately (weights stay in the upper half)."""
+    half = cfg.spad_bytes // 2 if cfg.spad_banked else cfg.spad_bytes
+    regions = [(0, half), (half, cfg.spad_bytes)] if cfg.spad_banked else [(0, cfg.spad_bytes)]
+    ends = [lo for lo, _ in regions]
+    acc_end = 0
     for it in items:
         if it.kind != "instr":
             continue
@@ -702,17 +710,22 @@ def _relocate_top(items: list, cfg: NpuConfig) -> list:
                 if sp.start >= ACC_BASE:
                     acc_end = max(acc_end, sp.end - ACC_BASE)
                 else:
-                    spad_end = max(spad_end, sp.end)
-    ds = (cfg.spad_bytes - spad_end) // ALIGN * ALIGN
+                    r = 0 if sp.start < half else 1
+                    ends[r] = max(ends[r], sp.end)
+    # a buffer that runs past its region's end pins the region (shift 0)
+    shifts = [max(0, hi - end) // ALIGN * ALIGN for (_, hi), end in zip(regions, ends, strict=True)]
     da = (cfg.acc_bytes - acc_end) // cfg.acc_row_bytes * cfg.acc_row_bytes
-    if ds == 0 and da == 0:
+    if not any(shifts) and da == 0:
         return items
     out = []
     for it in items:
         if it.kind == "instr" and it.instr.op in _ADDR_FIELDS:
             f = dict(it.instr.fields)
             for name in _ADDR_FIELDS[it.instr.op]:
-                f[name] += da if f[name] >= ACC_BASE else ds
+                if f[name] >= ACC_BASE:
+                    f[name] += da
+                else:
+                    f[name] += shifts[0 if f[name] < half else 1]
             it = replace(it, instr=Instr(it.instr.op, f))
         out.append(it)
     return out

@@ -37,6 +37,22 @@ def _round_up(x: int, a: int) -> int:
     return -(-x // a) * a
 
 
+def bank_stride(cfg: NpuConfig, stride: int, unit: int) -> int:
+    """A row stride (a multiple of `unit`, itself a multiple of lanes) that, on a banked scratchpad,
+    is not a multiple of the banks per region in lane words, so a tile's rows fall into different
+    banks; unchanged otherwise."""
+    if cfg.spad_banked and stride and (stride // cfg.lanes) % (cfg.spad_banks // 2) == 0:
+        return stride + unit
+    return stride
+
+
+def spad_regions(cfg: NpuConfig) -> tuple[int, int]:
+    """(bytes for activations, base of the weights): a banked scratchpad keeps MATMUL weights in its
+    upper half, apart from the activations' banks (docs/isa.md, Timing); otherwise both share it."""
+    half = cfg.spad_bytes // 2
+    return (half, half) if cfg.spad_banked else (cfg.spad_bytes, 0)
+
+
 @dataclass
 class Geometry:
     n: int
@@ -165,9 +181,13 @@ def plan_conv(
         n_co = cdiv(cout_p, co_t)
         for ci_t in ci_opts:
             n_ci = cdiv(win, ci_t)
-            wbytes = co_t * taps * ci_t
+            wbytes = co_t * bank_stride(cfg, taps * ci_t, cfg.lanes)
             wbufs = 1 if n_ci == 1 and n_co == 1 else 2
-            room = cfg.spad_bytes - wbufs * wbytes
+            act_bytes, w_base = spad_regions(cfg)
+            if cfg.spad_banked:
+                room = act_bytes if wbufs * _round_up(wbytes, cfg.lanes) <= cfg.spad_bytes - w_base else -1
+            else:
+                room = cfg.spad_bytes - wbufs * wbytes
             rows = 0
             lo, hi = 1, g.oh
             while lo <= hi:  # largest band that fits (sizes grow with rows)
@@ -272,16 +292,18 @@ def conv_program(
     band_mode = plan.band_mode
     m_max = _conv_m(g, plan.rows, band_mode)
     in_bytes = g.in_rows(plan.rows) * g.wp * cpx
-    wbytes = plan.co_t * taps * plan.ci_t
+    wbytes = plan.co_t * bank_stride(cfg, taps * plan.ci_t, cfg.lanes)
     single_w = len(tiles) == 1 and len(tiles[0].chunks) == 1
-    w_bufs = [0] if single_w else [0, _round_up(wbytes, cfg.lanes)]
-    base = w_bufs[-1] + _round_up(wbytes, cfg.lanes)
+    act_bytes, w_base = spad_regions(cfg)
+    w_bufs = [w_base] if single_w else [w_base, w_base + _round_up(wbytes, cfg.lanes)]
+    base = 0 if cfg.spad_banked else w_bufs[-1] + _round_up(wbytes, cfg.lanes)
     in_bufs = [base, base + _round_up(in_bytes, cfg.lanes)]
     base = in_bufs[1] + _round_up(in_bytes, cfg.lanes)
     out_bufs = [base, base + _round_up(m_max * plan.co_t, cfg.lanes)]
     acc_tile = _round_up(m_max * plan.co_t * 4, cfg.acc_row_bytes)
     acc_bufs = [ACC_BASE, ACC_BASE + acc_tile]
-    assert out_bufs[1] + m_max * plan.co_t <= cfg.spad_bytes and 2 * acc_tile <= cfg.acc_bytes
+    assert out_bufs[1] + m_max * plan.co_t <= act_bytes and 2 * acc_tile <= cfg.acc_bytes
+    assert w_bufs[-1] + wbytes <= cfg.spad_bytes
 
     zpx = x.q.zero_point
     k = nw = 0
@@ -298,7 +320,7 @@ def conv_program(
                 dram=t.w_addr[0],
                 rows=t.co_t,
                 cols=row,
-                spad_stride=row,
+                spad_stride=bank_stride(cfg, row, cfg.lanes),
                 dram_stride=row,
                 label=f"weights co{t.co0}",
             )
@@ -329,7 +351,7 @@ def conv_program(
                             dram=wa,
                             rows=t.co_t,
                             cols=taps * cl,
-                            spad_stride=taps * cl,
+                            spad_stride=bank_stride(cfg, taps * cl, cfg.lanes),
                             dram_stride=taps * cl,
                             label=f"weights co{t.co0} ci{c0}",
                         )
@@ -347,7 +369,7 @@ def conv_program(
                                     n=t.co_t,
                                     k=cl,
                                     a_stride=cpx,
-                                    b_stride=taps * cl,
+                                    b_stride=bank_stride(cfg, taps * cl, cfg.lanes),
                                     c_stride=c_stride,
                                     accumulate=1,
                                 )
@@ -362,7 +384,7 @@ def conv_program(
                                         n=t.co_t,
                                         k=cl,
                                         a_stride=g.sw * cpx,
-                                        b_stride=taps * cl,
+                                        b_stride=bank_stride(cfg, taps * cl, cfg.lanes),
                                         c_stride=c_stride,
                                         accumulate=1,
                                     )
@@ -440,7 +462,7 @@ def pool_program(
             need = 2 * (g.in_rows(r) * g.wp * ct + r * g.ow * ct)
             step = r * g.ow * g.kh * g.kw * cdiv(ct, cfg.vector_lanes)
             if (
-                need <= cfg.spad_bytes
+                need <= spad_regions(cfg)[0]
                 and g.wp * ct <= 0xFFFF
                 and (not max_step or r == 1 or step <= max_step)
             ):

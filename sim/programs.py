@@ -21,6 +21,15 @@ def _round_up(x: int, a: int) -> int:
     return -(-x // a) * a
 
 
+def row_stride(cfg: NpuConfig, k: int) -> int:
+    """Scratchpad row stride of a k-byte operand row: lanes-aligned and, on a banked scratchpad, not a
+    multiple of the banks per region in lane words (so a tile's rows fall into different banks)."""
+    s = _round_up(k, cfg.lanes)
+    if cfg.spad_banked and (s // cfg.lanes) % (cfg.spad_banks // 2) == 0:
+        s += cfg.lanes
+    return s
+
+
 @dataclass(frozen=True)
 class GemmTiling:
     tm: int
@@ -48,8 +57,8 @@ def choose_tiling(cfg: NpuConfig, m: int, n: int, k: int) -> GemmTiling:
                 continue
             while tm >= cm:
                 if cfg.spad_banked:  # activations in the lower half, weights in the upper half
-                    half = cfg.spad_bytes // 2
-                    fits = 2 * tm * tk + 2 * tm * tn <= half and 2 * tn * tk <= half
+                    half, rs = cfg.spad_bytes // 2, row_stride(cfg, tk)
+                    fits = 2 * tm * rs + 2 * tm * tn <= half and 2 * tn * rs <= half
                 else:
                     fits = 2 * tm * tk + 2 * tn * tk + 2 * tm * tn <= cfg.spad_bytes
                 if fits:
@@ -92,7 +101,7 @@ def gemm_program(
     nothing is returned (the caller builds)."""
     t = tiling or choose_tiling(cfg, m, n, k)
     b = builder if builder is not None else ProgramBuilder(cfg)
-    a_stride_sp = _round_up(t.tk, cfg.lanes)
+    a_stride_sp = row_stride(cfg, t.tk)
     a_buf = [0, t.tm * a_stride_sp]
     # a banked scratchpad keeps weights (B^T) in its upper half, apart from the activations' banks
     b_base = cfg.spad_bytes // 2 if cfg.spad_banked else 2 * t.tm * a_stride_sp

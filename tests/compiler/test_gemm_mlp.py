@@ -48,7 +48,7 @@ def ort_int8(compiled, x):
     return np.clip(np.rint(y / t["scale"]) + t["zero_point"], -128, 127).astype(np.int8)
 
 
-@pytest.mark.parametrize("config", ["tiny", "default"])
+@pytest.mark.parametrize("config", ["tiny", "default", "banked"])
 @pytest.mark.parametrize("shape", [(8, 16, 8), (4, 40, 24), (33, 70, 10)])
 def test_gemm_relu_layers_match_onnxruntime(tmp_path, config, shape):
     batch, k, n = shape
@@ -169,7 +169,7 @@ def test_qdq_relu_with_rescale_runs_as_vmap(tmp_path):
     assert diff.max() <= 1 and (diff == 0).mean() >= 0.9
 
 
-@pytest.mark.parametrize("config", ["tiny", "default"])
+@pytest.mark.parametrize("config", ["tiny", "default", "banked"])
 def test_qdq_add_of_two_tensors_runs_as_vadd(tmp_path, config):
     """Add of two differently quantised tensors (a residual join) as one VADD, vs onnxruntime."""
     rng = np.random.default_rng(11)

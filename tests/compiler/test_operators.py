@@ -33,7 +33,7 @@ CONVS = [
 ]
 
 
-@pytest.mark.parametrize("config", ["tiny", "default"])
+@pytest.mark.parametrize("config", ["tiny", "default", "banked"])
 @pytest.mark.parametrize("spec", CONVS, ids=lambda s: "c{}-{}-k{}-s{}-p{}-g{}".format(*s[:6]))
 def test_conv(tmp_path, config, spec):
     cin, cout, k, s, p, g, h, w = spec
@@ -48,7 +48,7 @@ def test_conv(tmp_path, config, spec):
     assert [la["op"] for la in cm.lowered.layers] == ["Conv"]
 
 
-@pytest.mark.parametrize("config", ["tiny", "default"])
+@pytest.mark.parametrize("config", ["tiny", "default", "banked"])
 def test_conv_batchnorm_relu_batch2(tmp_path, config):
     net = Net("bn", (2, 6, 10, 10), seed=4)
     y = net.conv(net.input, 12, 3, bn=True, relu=True)
@@ -57,7 +57,7 @@ def test_conv_batchnorm_relu_batch2(tmp_path, config):
     assert "frame x2" in cm.lowered.layers[0]["split"]
 
 
-@pytest.mark.parametrize("config", ["tiny", "default"])
+@pytest.mark.parametrize("config", ["tiny", "default", "banked"])
 @pytest.mark.parametrize("kind", ["max2", "max3p1", "avg2", "avg3p1_incl", "gap"])
 def test_pooling(tmp_path, config, kind):
     net = Net("pool", (1, 12, 11, 10), seed=7)
@@ -81,7 +81,7 @@ def test_average_pool_excluding_padding_runs_on_the_host(tmp_path):
     assert [s["kind"] for s in cm.lowered.segments] == ["npu", "host", "npu"]
 
 
-@pytest.mark.parametrize("config", ["tiny", "default"])
+@pytest.mark.parametrize("config", ["tiny", "default", "banked"])
 def test_concat_with_channel_gaps_then_conv_and_gemm(tmp_path, config):
     """Channel counts that are not multiples of the lane count leave gaps in the concatenated pitch;
     the next convolution and the flattened Gemm see the real channels only."""
@@ -95,7 +95,7 @@ def test_concat_with_channel_gaps_then_conv_and_gemm(tmp_path, config):
     assert ops.count("Concat") == 1 and ops.count("Flatten") == 1
 
 
-@pytest.mark.parametrize("config", ["tiny", "default"])
+@pytest.mark.parametrize("config", ["tiny", "default", "banked"])
 def test_residual_add_and_clip(tmp_path, config):
     net = Net("res", (1, 8, 9, 9), seed=5)
     a = net.conv(net.input, 16, 3)

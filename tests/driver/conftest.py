@@ -16,21 +16,30 @@ def demo_models(tmp_path_factory):
 @pytest.fixture(scope="session")
 def small_models(tmp_path_factory):
     """A small CNN with interior points carrying live data, and the planning MLP, for `tiny`."""
+    return _small_models(tmp_path_factory.mktemp("small"), "tiny")
+
+
+@pytest.fixture(scope="session")
+def small_models_banked(tmp_path_factory):
+    """The same two models compiled for the `banked` preset."""
+    return _small_models(tmp_path_factory.mktemp("small_banked"), "banked")
+
+
+def _small_models(d, config):
     from npu.models.builder import Net
 
-    d = tmp_path_factory.mktemp("small")
     net = Net("small", (1, 8, 16, 16), seed=3)
     h = net.conv(net.input, 16, 3)
     h = net.conv(net.maxpool(h, 2, 2), 16, 3)
     y = net.gemm(net.flatten(net.gap(h)), 10)
     onnx.save(net.model([y]), str(d / "small.onnx"))
     calib = np.random.default_rng(0).normal(size=(8, 8, 16, 16)).astype(np.float32)
-    small = compile_onnx(d / "small.onnx", "tiny", calib=calib, cp_interval=800, cp_max_live=1 << 20)
+    small = compile_onnx(d / "small.onnx", config, calib=calib, cp_interval=800, cp_max_live=1 << 20)
     net = Net("mlp", (1, 32), seed=4)
     y = net.gemm(net.relu(net.gemm(net.input, 32)), 8)
     onnx.save(net.model([y]), str(d / "mlp.onnx"))
     mlp = compile_onnx(
-        d / "mlp.onnx", "tiny", calib=np.random.default_rng(1).normal(size=(16, 32)).astype(np.float32)
+        d / "mlp.onnx", config, calib=np.random.default_rng(1).normal(size=(16, 32)).astype(np.float32)
     )
     xs = np.random.default_rng(2).normal(size=(1, 8, 16, 16)).astype(np.float32)
     xm = np.random.default_rng(3).normal(size=(1, 32)).astype(np.float32)

@@ -2,6 +2,7 @@
 with the NPU's own dump/restore programs, bit-identical to uninterrupted runs and to the model."""
 
 import numpy as np
+import pytest
 from npu.driver import Npu
 from npu.driver.bench import preempt_at_every_point
 from npu.driver.rtl import run_on_rtl
@@ -17,17 +18,21 @@ def preempt_everywhere(transport, c_low, c_hi, x, xu):
     return ref, ref_hi, got, [(r.cp, r.live_bytes, r.dump_cycles, r.restore_cycles) for r in records]
 
 
-def test_preemption_on_the_rtl_is_bit_exact(small_models):
-    c_low, c_hi, x, xu = small_models
+@pytest.mark.parametrize("config", ["tiny", "banked"])
+def test_preemption_on_the_rtl_is_bit_exact(config, request):
+    """Also on the banked scratchpad: the compiled models keep weights in its upper half."""
+    c_low, c_hi, x, xu = request.getfixturevalue(
+        "small_models" if config == "tiny" else "small_models_banked"
+    )
     ref, ref_hi, got, records = run_on_rtl(
-        preempt_everywhere, c_low, c_hi, x, xu, config="tiny", dram_bytes=1 << 16
+        preempt_everywhere, c_low, c_hi, x, xu, config=config, dram_bytes=1 << 16
     )
     points = c_low.manifest["cancel_points"]
     assert [r[0] for r in records] == [p["id"] for p in points]
     assert any(r[1] > 0 and r[2] > 0 and r[3] > 0 for r in records)
     assert all(np.array_equal(a, b) for a, b in zip(got, ref, strict=True))
     # and the RTL agrees with the golden model
-    npu = Npu("model", "tiny")
+    npu = Npu("model", config)
     low, hi = npu.load(c_low), npu.load(c_hi)
     assert all(np.array_equal(a, b) for a, b in zip(ref, low.run(x, int8=True), strict=True))
     assert all(np.array_equal(a, b) for a, b in zip(ref_hi, hi.run(xu, int8=True), strict=True))
