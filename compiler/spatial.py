@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from npu.sim.programs import acc_row_stride
 from npu.sim.timing import cdiv
 
 from npu.config import ACC_BASE, NpuConfig
@@ -196,7 +197,7 @@ def plan_conv(
                 steps = cdiv(m, cfg.clusters) * cdiv(co_t, cfg.pes_per_cluster) * cdiv(ci_t, cfg.lanes)
                 fits = (
                     2 * (g.in_rows(r) * g.wp * cpx + m * co_t) <= room
-                    and 2 * _round_up(m * co_t * 4, cfg.acc_row_bytes) <= cfg.acc_bytes
+                    and 2 * m * acc_row_stride(cfg, co_t) <= cfg.acc_bytes
                     and m <= 0xFFFF
                     # with a cancellation interval, one band must not take longer than it
                     and (not max_step or r == 1 or n_ci * taps * (cfg.matrix_latency + steps) <= max_step)
@@ -300,7 +301,7 @@ def conv_program(
     in_bufs = [base, base + _round_up(in_bytes, cfg.lanes)]
     base = in_bufs[1] + _round_up(in_bytes, cfg.lanes)
     out_bufs = [base, base + _round_up(m_max * plan.co_t, cfg.lanes)]
-    acc_tile = _round_up(m_max * plan.co_t * 4, cfg.acc_row_bytes)
+    acc_tile = m_max * acc_row_stride(cfg, plan.co_t)
     acc_bufs = [ACC_BASE, ACC_BASE + acc_tile]
     assert out_bufs[1] + m_max * plan.co_t <= act_bytes and 2 * acc_tile <= cfg.acc_bytes
     assert w_bufs[-1] + wbytes <= cfg.spad_bytes
@@ -308,7 +309,7 @@ def conv_program(
     zpx = x.q.zero_point
     k = nw = 0
     for t in tiles:
-        c_stride = 4 * t.co_t
+        c_stride = acc_row_stride(cfg, t.co_t)
         multi = len(t.chunks) > 1
         if not multi:
             wb = w_bufs[nw % len(w_bufs)]

@@ -8,9 +8,8 @@ accumulator memories, and the four units.
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Module, Mux, ResetInserter, Signal, unsigned
+from amaranth import Cat, Const, Module, Mux, ResetInserter, Signal
 from amaranth.lib import fifo, wiring
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from npu.config import NpuConfig, get_config
@@ -18,12 +17,12 @@ from npu.isa import INSTR_BITS, ErrorCode, Opcode, Unit
 from npu.registers import REGISTERS, Status
 
 from .checks import check_instruction
-from .common import depth, log2, view
+from .common import log2, view
 from .fetch import Fetcher, ReadArbiter
 from .load import LoadUnit
 from .matrix import MatrixUnit
 from .regs import RegisterFile, axil_signature
-from .spad import Client, SpadPort, scratchpad
+from .spad import Client, SpadPort, onchip_memory
 from .store import StoreUnit
 from .vector import VectorUnit
 
@@ -99,32 +98,41 @@ class NpuCore(wiring.Component):
             Client("load", "B", True, lanes=WL),
             Client("store", "B", False, lanes=WL),
         ]
-        m.submodules.spad = spad = scratchpad(cfg, clients)
+        m.submodules.spad = spad = onchip_memory(cfg, "spad", clients)
+        # the accumulators, the same way: port A the matrix unit's C reads, then the vector unit's
+        # and the store's; port B the matrix unit's C writes, then the load's
+        acc_clients = [
+            *[Client(f"mat_c{i}", "A", False) for i in range(CM)],
+            *[Client(f"vec_c{k}", "A", False) for k in range(2)],
+            Client("store", "A", False),
+            *[Client(f"mat_w{i}", "B", True) for i in range(CM)],
+            Client("load", "B", True),
+        ]
+        m.submodules.acc = acc = onchip_memory(cfg, "acc", acc_clients)
 
         def sp(name):
             return SpadPort(spad, name)
 
-        # accumulators: registered reads; the matrix unit's C reads see its C writes of the same cycle
-        m.submodules.acc = acc = Memory(shape=unsigned(8 * W), depth=depth(cfg, "acc"), init=[])
-        ld_acc = acc.write_port(granularity=8)
-        mat_c_w = [acc.write_port(granularity=8) for _ in range(CM)]
-        mat_c_r = [acc.read_port(domain="sync", transparent_for=mat_c_w) for _ in range(CM)]
-        vec_c = [acc.read_port(domain="sync") for _ in range(2)]
-        st_acc = acc.read_port(domain="sync")
+        def ac(name):
+            return SpadPort(acc, name)
 
         # ---- units ----------------------------------------------------------------------------------
-        m.submodules.load = load = LoadUnit(cfg, sp("load"), ld_acc)
+        m.submodules.load = load = LoadUnit(cfg, sp("load"), ac("load"))
         m.submodules.matrix = matrix = MatrixUnit(
-            cfg, [sp(f"mat_a{i}") for i in range(CM)], [sp(f"mat_b{j}") for j in range(CN)], mat_c_r, mat_c_w
+            cfg,
+            [sp(f"mat_a{i}") for i in range(CM)],
+            [sp(f"mat_b{j}") for j in range(CN)],
+            [ac(f"mat_c{i}") for i in range(CM)],
+            [ac(f"mat_w{i}") for i in range(CM)],
         )
         m.submodules.vector = vector = VectorUnit(
             cfg,
             [sp("vec_a0"), sp("vec_a1")],
             [sp("vec_b0"), sp("vec_b1")],
-            vec_c,
+            [ac("vec_c0"), ac("vec_c1")],
             [sp("vec_w0"), sp("vec_w1")],
         )
-        m.submodules.store = store = StoreUnit(cfg, sp("store"), st_acc)
+        m.submodules.store = store = StoreUnit(cfg, sp("store"), ac("store"))
         units = {Unit.LOAD: load, Unit.MATRIX: matrix, Unit.VECTOR: vector, Unit.STORE: store}
 
         # ---- AXI master --------------------------------------------------------------------------

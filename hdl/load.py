@@ -20,7 +20,6 @@ from .common import (
     ByteFifo,
     beat_stream,
     burst_stream,
-    depth,
     is_acc,
     log2,
     low_bytes_mask,
@@ -31,11 +30,11 @@ from .common import (
 
 
 class LoadUnit(wiring.Component):
-    def __init__(self, cfg: NpuConfig, spad_port, acc_wp):
-        """spad_port: a scratchpad write client of one bus word; acc_wp: an accumulator write port."""
+    def __init__(self, cfg: NpuConfig, spad_port, acc_port):
+        """spad_port, acc_port: scratchpad and accumulator write clients of one bus word."""
         self.cfg = cfg
         self.spad_port = spad_port
-        self.acc_wp = acc_wp
+        self.acc_port = acc_port
         super().__init__(
             {
                 "go": In(1),
@@ -165,9 +164,9 @@ class LoadUnit(wiring.Component):
         m.d.comb += need.eq(min_(W - wo, w_left))
         ready = Signal()  # a word is ready to write
         m.d.comb += ready.eq(w_active & (w_row < tr) & (need != 0) & (fifo.count >= need))
-        sp = self.spad_port
-        write = Signal()  # it is written this cycle (the scratchpad may refuse it)
-        m.d.comb += write.eq(ready & (to_acc | sp.grant))
+        sp, ap = self.spad_port, self.acc_port
+        write = Signal()  # it is written this cycle (the memory may refuse it)
+        m.d.comb += write.eq(ready & Mux(to_acc, ap.grant, sp.grant))
         be = Signal(W)
         m.d.comb += be.eq(low_bytes_mask(need, W) << wo)
         wdata = Signal(8 * W)
@@ -177,9 +176,10 @@ class LoadUnit(wiring.Component):
             sp.data.eq(wdata),
             sp.be.eq(be),
             sp.en.eq(ready & ~to_acc),
-            self.acc_wp.addr.eq(word_index(w_addr, cfg, "acc")[: (depth(cfg, "acc") - 1).bit_length()]),
-            self.acc_wp.data.eq(wdata),
-            self.acc_wp.en.eq(Mux(write & to_acc, be, 0)),
+            ap.addr.eq(word_index(w_addr, cfg, "acc")),
+            ap.data.eq(wdata),
+            ap.be.eq(be),
+            ap.en.eq(ready & to_acc),
         ]
         with m.If(write):
             m.d.comb += fifo.pop_n.eq(need)

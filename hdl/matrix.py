@@ -22,11 +22,12 @@ from .common import log2, view
 
 
 class MatrixUnit(wiring.Component):
-    def __init__(self, cfg: NpuConfig, a_ports, b_ports, c_rps, c_wps):
-        """a_ports, b_ports: scratchpad clients (hdl/spad.py) of one lane word each; c_rps, c_wps:
-        accumulator read (registered) and write ports, one per cluster."""
+    def __init__(self, cfg: NpuConfig, a_ports, b_ports, c_rports, c_wports):
+        """a_ports, b_ports: scratchpad clients (hdl/spad.py) of one lane word each; c_rports,
+        c_wports: accumulator read and write clients of one word, one per cluster."""
         self.cfg = cfg
-        self.a_ports, self.b_ports, self.c_rps, self.c_wps = a_ports, b_ports, c_rps, c_wps
+        self.a_ports, self.b_ports = a_ports, b_ports
+        self.c_rports, self.c_wports = c_rports, c_wports
         super().__init__({"go": In(1), "instr": In(INSTR_BITS), "busy": Out(1), "done": Out(1)})
 
     def elaborate(self, platform):
@@ -59,45 +60,60 @@ class MatrixUnit(wiring.Component):
         empty = Signal()
         m.d.comb += empty.eq((f.m == 0) | (f.n == 0))
 
-        # stage 0 asks for one step's operands until all are granted; stage 1 computes the cycle after
+        # stage 0 asks for one step's operands (and, at the last k step of an accumulating MATMUL,
+        # the C rows) until all are granted; stage 1 computes the cycle after, and at the last k step
+        # writes the C rows, holding until the accumulators have taken every row
         v1 = Signal()  # stage 1 holds a step
+        s1_done = Signal()  # ... and finishes with it this cycle
         kb0_1 = Signal()
         last_k1 = Signal()
         last1 = Signal()  # the instruction's last step
         issuing = Signal()  # stage 0 has steps left to issue
-        ports = list(self.a_ports) + list(self.b_ports)
+        last_k = Signal()
+        m.d.comb += last_k.eq(kb == KB - 1)
+        ports = list(self.a_ports) + list(self.b_ports) + list(self.c_rports)
         need = []
+        c_addr = []
         for r, port in enumerate(ports):
-            a_side = r < CM
-            i = r if a_side else r - CM
-            if a_side:
-                tile, stride, first, limit = a_tile, f.a_stride, mb * CM, f.m
-            else:
-                tile, stride, first, limit = b_tile, f.b_stride, nb * CN, f.n
-            addr = Signal(40, name=f"op_addr{r}")
-            m.d.comb += [addr.eq(tile + i * stride + (kb << ll)), port.addr.eq(addr[ll:])]
             nd = Signal(name=f"op_need{r}")
-            m.d.comb += nd.eq(issuing & ~empty & (first + i < limit))
+            if r < CM + CN:
+                a_side = r < CM
+                i = r if a_side else r - CM
+                if a_side:
+                    tile, stride, first, limit = a_tile, f.a_stride, mb * CM, f.m
+                else:
+                    tile, stride, first, limit = b_tile, f.b_stride, nb * CN, f.n
+                addr = Signal(40, name=f"op_addr{r}")
+                m.d.comb += [addr.eq(tile + i * stride + (kb << ll)), port.addr.eq(addr[ll:])]
+                m.d.comb += nd.eq(issuing & ~empty & (first + i < limit))
+            else:
+                i = r - CM - CN
+                addr = Signal(40, name=f"c_addr{i}")
+                m.d.comb += [addr.eq(c_tile + i * f.c_stride + (nb << lw)), port.addr.eq(addr[lw:])]
+                m.d.comb += nd.eq(issuing & ~empty & last_k & f.accumulate & (mb * CM + i < f.m))
+                c_addr.append(addr)
             need.append(nd)
         got = Signal(len(ports))  # granted in an earlier cycle of this step
         granted = Cat(*[p.grant for p in ports])
-        m.d.comb += [p.en.eq(need[r] & ~got[r]) for r, p in enumerate(ports)]
+        s1_free = Signal()  # stage 1 can take a step (its operands registers are free)
+        m.d.comb += s1_free.eq(~v1 | s1_done)
+        m.d.comb += [p.en.eq(need[r] & ~got[r] & s1_free) for r, p in enumerate(ports)]
         step_done = Signal()
-        m.d.comb += step_done.eq(issuing & ~empty & (got | granted | ~Cat(*need)).all())
+        m.d.comb += step_done.eq(issuing & ~empty & s1_free & (got | granted | ~Cat(*need)).all())
         with m.If(step_done):
             m.d.sync += got.eq(0)
         with m.Else():
             m.d.sync += got.eq(got | (granted & Cat(*[p.en for p in ports])))
-        # operands: the scratchpad's words the cycle after a grant, kept for a step that takes longer
+        # operands: the memories' words the cycle after a grant, kept for a step that takes longer
         fresh = Signal(len(ports))
         m.d.sync += fresh.eq(Cat(*[p.en & p.grant for p in ports]))
         vals = []
         for r, port in enumerate(ports):
-            held = Signal(8 * L, name=f"op_held{r}")
+            held = Signal(len(port.data), name=f"op_held{r}")
             with m.If(fresh[r]):
                 m.d.sync += held.eq(port.data)
             vals.append(Mux(fresh[r], port.data, held))
-        a_vals, b_vals = vals[:CM], vals[CM:]
+        a_vals, b_vals, c_vals = vals[:CM], vals[CM : CM + CN], vals[CM + CN :]
         # lanes past k read as zero
         lane_ok = [Signal(name=f"lane_ok{t}") for t in range(L)]
         for t in range(L):
@@ -113,44 +129,49 @@ class MatrixUnit(wiring.Component):
             for j in range(CN):
                 dot = sum(lane(a_vals[i], t) * b_vals[j][8 * t : 8 * t + 8].as_signed() for t in range(L))
                 m.d.comb += sums[i][j].eq(Mux(kb0_1, 0, accs[i][j]) + dot)
-                with m.If(v1):
+                with m.If(v1 & s1_done):
                     m.d.sync += accs[i][j].eq(sums[i][j])
 
-        # write back C rows at the last k step (read issued in stage 0, written in stage 1)
-        last_k = Signal()
-        m.d.comb += last_k.eq(kb == KB - 1)
+        # write back C rows at the last k step (stage 1)
+        written = Signal(CM)  # rows the accumulators took in an earlier cycle of this step
+        w_need = []
         for i in range(CM):
-            row = Signal(17, name=f"c_row{i}")
-            m.d.comb += row.eq(mb * CM + i)
-            addr = Signal(40, name=f"c_addr{i}")
-            m.d.comb += addr.eq(c_tile + i * f.c_stride + (nb << lw))
-            rp, wp = self.c_rps[i], self.c_wps[i]
-            m.d.comb += rp.addr.eq(addr[lw:])
+            wp = self.c_wports[i]
             row_ok = Signal(name=f"c_row_ok{i}")
             col_ok = [Signal(name=f"c_col_ok{i}_{j}") for j in range(CN)]
             with m.If(step_done):
-                m.d.sync += [wp.addr.eq(addr[lw:]), row_ok.eq(row < f.m)]
+                m.d.sync += [wp.addr.eq(c_addr[i][lw:]), row_ok.eq(mb * CM + i < f.m)]
             new = []
             for j in range(CN):
                 with m.If(step_done):
                     m.d.sync += col_ok[j].eq((nb * CN + j) < f.n)
-                old = rp.data[32 * j : 32 * j + 32].as_signed()
+                old = c_vals[i][32 * j : 32 * j + 32].as_signed()
                 new.append((Mux(f.accumulate, old, 0) + sums[i][j])[:32])
+            wn = Signal(name=f"c_wneed{i}")
+            m.d.comb += wn.eq(v1 & last_k1 & row_ok)
+            w_need.append(wn)
             m.d.comb += [
                 wp.data.eq(Cat(*new)),
-                wp.en.eq(Mux(v1 & last_k1 & row_ok, Cat(*[c.replicate(4) for c in col_ok]), 0)),
+                wp.be.eq(Cat(*[c.replicate(4) for c in col_ok])),
+                wp.en.eq(wn & ~written[i]),
             ]
+        w_granted = Cat(*[p.grant for p in self.c_wports])
+        m.d.comb += s1_done.eq(v1 & (written | w_granted | ~Cat(*w_need)).all())
+        with m.If(s1_done | ~v1):
+            m.d.sync += written.eq(0)
+        with m.Else():
+            m.d.sync += written.eq(written | (w_granted & Cat(*[p.en for p in self.c_wports])))
 
         # loop counters (stage 0) and the hand-over to stage 1
         last_step = Signal()
         m.d.comb += last_step.eq(last_k & (nb == NB - 1) & (mb == MB - 1))
-        m.d.sync += v1.eq(step_done)
+        m.d.sync += v1.eq(step_done | (v1 & ~s1_done))
         with m.If(step_done):
             m.d.sync += [kb0_1.eq(kb == 0), last_k1.eq(last_k), last1.eq(last_step)]
         with m.If(issuing & (empty | (step_done & last_step))):
             m.d.sync += issuing.eq(0)
         finished = Signal()
-        m.d.comb += finished.eq(active & ((empty & issuing) | (v1 & last1)))
+        m.d.comb += finished.eq(active & ((empty & issuing) | (s1_done & last1)))
         m.d.comb += self.done.eq(finished)
         with m.If(step_done):
             with m.If(~last_k):

@@ -1,6 +1,7 @@
-"""The scratchpad behind its clients: multi-port (simulation) or banked dual-port block RAM.
+"""On-chip memories behind their clients: multi-port (simulation) or banked dual-port block RAM.
 
-Units reach the scratchpad through *clients* declared up front: each reads or writes `lanes`
+Used for the scratchpad (lane words) and the accumulators (rows of `bus_bytes`). Units reach a
+memory through *clients* declared up front: each reads or writes `lanes`
 consecutive lane words (`lanes` bytes each) at a lane-word index, asks with `en`, is told `grant`
 the same cycle, and a reader gets its words the cycle after the grant (registered reads). A unit
 whose request is refused asks again the next cycle (it stalls).
@@ -87,7 +88,7 @@ class MultiPortScratchpad(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         L = self.L
-        m.submodules.mem = mem = Memory(shape=unsigned(8 * L), depth=self.words, init=[])
+        m.submodules.array = mem = Memory(shape=unsigned(8 * L), depth=self.words, init=[])
         writers = {
             c.name: [mem.write_port(granularity=8) for _ in range(c.lanes)] for c in self.clients if c.write
         }
@@ -214,8 +215,10 @@ class BankedScratchpad(wiring.Component):
         return m
 
 
-def scratchpad(cfg: NpuConfig, clients: list[Client]) -> wiring.Component:
-    """The configuration's scratchpad with these clients."""
+def onchip_memory(cfg: NpuConfig, mem: str, clients: list[Client]) -> wiring.Component:
+    """The configuration's scratchpad (`mem` "spad": words of `lanes` bytes) or accumulator memory
+    ("acc": words of `bus_bytes`) with these clients; banked when `spad_banked`."""
+    size, word = (cfg.spad_bytes, cfg.lanes) if mem == "spad" else (cfg.acc_bytes, cfg.bus_bytes)
     if cfg.spad_banked:
-        return BankedScratchpad(cfg.spad_bytes, cfg.lanes, cfg.spad_banks // 2, clients)
-    return MultiPortScratchpad(cfg.spad_bytes, cfg.lanes, clients)
+        return BankedScratchpad(size, word, cfg.spad_banks // 2, clients)
+    return MultiPortScratchpad(size, word, clients)

@@ -29,12 +29,11 @@ from .common import (
 
 
 class StoreUnit(wiring.Component):
-    def __init__(self, cfg: NpuConfig, spad_port, acc_rp):
-        """spad_port: a scratchpad read client of one bus word; acc_rp: a registered accumulator read
-        port."""
+    def __init__(self, cfg: NpuConfig, spad_port, acc_port):
+        """spad_port, acc_port: scratchpad and accumulator read clients of one bus word."""
         self.cfg = cfg
         self.spad_port = spad_port
-        self.acc_rp = acc_rp
+        self.acc_port = acc_port
         super().__init__(
             {
                 "go": In(1),
@@ -73,10 +72,10 @@ class StoreUnit(wiring.Component):
         from_acc = Signal()
         ro = Signal(lw)
         m.d.comb += ro.eq(r_addr[:lw])
-        sp = self.spad_port
+        sp, ap = self.spad_port, self.acc_port
         m.d.comb += [
             sp.addr.eq(word_index(r_addr, cfg, "spad") << log2(W // cfg.lanes)),
-            self.acc_rp.addr.eq(word_index(r_addr, cfg, "acc")),
+            ap.addr.eq(word_index(r_addr, cfg, "acc")),
         ]
         rn = Signal(range(W + 1))
         m.d.comb += rn.eq(min_(W - ro, r_left))
@@ -87,12 +86,12 @@ class StoreUnit(wiring.Component):
         m.d.comb += want.eq(
             active & ~empty & (r_row < f.rows) & (fifo.count + Mux(pend, 2 * W, W) <= fifo.cap)
         )
-        m.d.comb += sp.en.eq(want & ~from_acc)
-        reading = Signal()  # the read goes out this cycle (the scratchpad may refuse it)
-        m.d.comb += reading.eq(want & (from_acc | sp.grant))
+        m.d.comb += [sp.en.eq(want & ~from_acc), ap.en.eq(want & from_acc)]
+        reading = Signal()  # the read goes out this cycle (the memory may refuse it)
+        m.d.comb += reading.eq(want & Mux(from_acc, ap.grant, sp.grant))
         m.d.sync += [pend.eq(reading), pend_off.eq(ro), pend_n.eq(rn)]
         rword = Signal(8 * W)
-        m.d.comb += rword.eq(Mux(from_acc, self.acc_rp.data, sp.data))
+        m.d.comb += rword.eq(Mux(from_acc, ap.data, sp.data))
         m.d.comb += [
             fifo.push_valid.eq(pend),
             fifo.push_data.eq(rword >> (pend_off * 8)),

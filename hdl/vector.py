@@ -39,28 +39,12 @@ def clamp8(m: Module, v, lo, hi, name: str):
 
 
 class VectorUnit(wiring.Component):
-    def __init__(self, cfg: NpuConfig, a_ports, b_ports, acc_rps, w_ports):
-        """a_ports, b_ports: two scratchpad read clients (one lane word) each; acc_rps: two registered
-        accumulator read ports; w_ports: two scratchpad write clients (one lane word)."""
+    def __init__(self, cfg: NpuConfig, a_ports, b_ports, c_ports, w_ports):
+        """a_ports, b_ports: two scratchpad read clients (one lane word) each; c_ports: two
+        accumulator read clients (one word); w_ports: two scratchpad write clients (one lane word)."""
         self.cfg = cfg
-        self.a_ports, self.b_ports, self.acc_rps, self.w_ports = a_ports, b_ports, acc_rps, w_ports
+        self.a_ports, self.b_ports, self.c_ports, self.w_ports = a_ports, b_ports, c_ports, w_ports
         super().__init__({"go": In(1), "instr": In(INSTR_BITS), "busy": Out(1), "done": Out(1)})
-
-    def _read(self, m, ports, addr, mem, name):
-        """Issue a read of the two words holding `addr` onwards; the next cycle, 2W bytes shifted so
-        byte 0 is at `addr` (registered reads)."""
-        cfg = self.cfg
-        W = cfg.bus_bytes
-        lw = log2(W)
-        wi = Signal(24, name=f"{name}_wi")
-        m.d.comb += wi.eq(word_index(addr, cfg, mem))
-        m.d.comb += [ports[0].addr.eq(wi), ports[1].addr.eq(wi + 1)]
-        off = Signal(lw, name=f"{name}_off")
-        m.d.sync += off.eq(addr[:lw])
-        both = Cat(ports[0].data, ports[1].data)
-        out = Signal(16 * W, name=f"{name}_bytes")
-        m.d.comb += out.eq(both >> (off * 8))
-        return out
 
     def elaborate(self, platform):
         m = Module()
@@ -150,13 +134,23 @@ class VectorUnit(wiring.Component):
         issuing = Signal()  # stage 0 has steps left to issue
         reads_a = Signal()
         m.d.comb += reads_a.eq(issuing & ~empty & ~es32)
+        W = cfg.bus_bytes
+        lw = log2(W)
+        reads_c = Signal()
+        m.d.comb += reads_c.eq(issuing & ~empty & es32)
         ports, need = [], []
         for name, addr, asks in (("a", src, reads_a), ("b", src_b, reads_a & is_add)):
             pa, pb = self.a_ports if name == "a" else self.b_ports
             m.d.comb += [pa.addr.eq(addr[ll:]), pb.addr.eq(addr[ll:] + 1)]
             ports += [pa, pb]
             need += [asks, asks & (addr[:ll] + n > L)]
-        got = Signal(4)
+        # int32 sources: two accumulator words
+        c0, c1 = self.c_ports
+        cw = word_index(src, cfg, "acc")
+        m.d.comb += [c0.addr.eq(cw), c1.addr.eq(cw + 1)]
+        ports += [c0, c1]
+        need += [reads_c, reads_c & (src[:lw] + 4 * n > W)]
+        got = Signal(len(ports))
         granted = Cat(*[p.grant for p in ports])
         m.d.comb += [p.en.eq(need[r] & ~got[r]) for r, p in enumerate(ports)]
         step_done = Signal()
@@ -165,24 +159,26 @@ class VectorUnit(wiring.Component):
             m.d.sync += got.eq(0)
         with m.Else():
             m.d.sync += got.eq(got | granted)
-        fresh = Signal(4)
+        fresh = Signal(len(ports))
         m.d.sync += fresh.eq(Cat(*[p.en & p.grant for p in ports]))
         words = []
         for r, port in enumerate(ports):
-            held = Signal(8 * L, name=f"op_held{r}")
+            held = Signal(len(port.data), name=f"op_held{r}")
             with m.If(fresh[r]):
                 m.d.sync += held.eq(port.data)
             words.append(Mux(fresh[r], port.data, held))
         off_a = Signal(ll)
         off_b = Signal(ll)
-        m.d.sync += [off_a.eq(src[:ll]), off_b.eq(src_b[:ll])]
+        off_c = Signal(lw)
+        m.d.sync += [off_a.eq(src[:ll]), off_b.eq(src_b[:ll]), off_c.eq(src[:lw])]
         a_bytes = Signal(16 * L)
         b_bytes = Signal(16 * L)
         m.d.comb += [
             a_bytes.eq(Cat(words[0], words[1]) >> (off_a * 8)),
             b_bytes.eq(Cat(words[2], words[3]) >> (off_b * 8)),
         ]
-        c_bytes = self._read(m, self.acc_rps, src, "acc", "c")
+        c_bytes = Signal(16 * W)
+        m.d.comb += c_bytes.eq(Cat(words[4], words[5]) >> (off_c * 8))
 
         # per-lane arithmetic
         results = []

@@ -30,6 +30,15 @@ def row_stride(cfg: NpuConfig, k: int) -> int:
     return s
 
 
+def acc_row_stride(cfg: NpuConfig, n: int) -> int:
+    """Accumulator row stride of n int32 columns: whole accumulator rows and, when banked, not a
+    multiple of the banks per half in rows (so the clusters' C rows fall into different banks)."""
+    s = _round_up(4 * n, cfg.acc_row_bytes)
+    if cfg.spad_banked and (s // cfg.acc_row_bytes) % (cfg.spad_banks // 2) == 0:
+        s += cfg.acc_row_bytes
+    return s
+
+
 @dataclass(frozen=True)
 class GemmTiling:
     tm: int
@@ -51,7 +60,7 @@ def choose_tiling(cfg: NpuConfig, m: int, n: int, k: int) -> GemmTiling:
         if tk < cfg.lanes:
             continue
         for tn in range(_round_up(min(n, 1024), cn), 0, -cn):
-            acc_rows = cfg.acc_bytes // (2 * 4 * tn)
+            acc_rows = cfg.acc_bytes // (2 * acc_row_stride(cfg, tn))
             tm = min(_round_up(m, cm), (acc_rows // cm) * cm)
             if tm < cm:
                 continue
@@ -110,7 +119,7 @@ def gemm_program(
         2 * t.tm * a_stride_sp if cfg.spad_banked else _round_up(b_base + 2 * t.tn * a_stride_sp, cfg.lanes)
     )
     o_buf = [o_base, o_base + t.tm * t.tn]
-    c_stride = _round_up(4 * t.tn, cfg.acc_row_bytes)
+    c_stride = acc_row_stride(cfg, t.tn)
     c_buf = [ACC_BASE, ACC_BASE + _round_up(t.tm, cfg.clusters) * c_stride]
     lo = zp_out if relu else -128
     ksplit = k > t.tk

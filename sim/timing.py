@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from npu.config import NpuConfig
+from npu.config import ACC_BASE, NpuConfig
 from npu.isa import Instr, Opcode
 
 
@@ -27,11 +27,12 @@ def dma_beats(addr: int, rows: int, cols: int, stride: int, bus: int) -> int:
     return total
 
 
-def spad_bank(g: np.ndarray, cfg: NpuConfig) -> np.ndarray:
-    """Bank of scratchpad lane word `g` in a banked configuration (hdl/spad.py): two regions (lower
-    and upper half) of spad_banks / 2 banks, lane words interleaved modulo that count."""
+def spad_bank(g: np.ndarray, cfg: NpuConfig, mem: str = "spad") -> np.ndarray:
+    """Bank of word `g` of the scratchpad (lane words) or the accumulators (`mem` "acc": rows of
+    bus_bytes) in a banked configuration (hdl/spad.py): two regions (lower and upper half) of
+    spad_banks / 2 banks, words interleaved modulo that count."""
     P = cfg.spad_banks // 2
-    half = cfg.spad_bytes // cfg.lanes // 2
+    half = (cfg.spad_bytes // cfg.lanes if mem == "spad" else cfg.acc_bytes // cfg.bus_bytes) // 2
     return (g // half) * P + (g % half) % P
 
 
@@ -42,9 +43,10 @@ def _most_per_bank(banks: np.ndarray, valid: np.ndarray, nbanks: int) -> np.ndar
 
 
 def banked_matmul_steps(f: dict, cfg: NpuConfig) -> int:
-    """Cycles of a MATMUL's steps on a banked scratchpad: each step takes as many cycles as the most
-    operand reads one bank serves (rows past m or n are not read). The bank pattern of a tile shifts
-    by one bank per k step, so it is counted at k step 0 for every tile."""
+    """Cycles of a MATMUL's steps on banked memories: each step takes as many cycles as the most
+    operand reads one scratchpad bank serves (rows past m or n are not read); the bank pattern of a
+    tile shifts by one bank per k step, so it is counted at k step 0 for every tile. At a tile's last
+    k step the C rows are read (when accumulating) and written, one per accumulator bank a cycle."""
     CM, CN, L = cfg.clusters, cfg.pes_per_cluster, cfg.lanes
     MB, NB, KB = cdiv(f["m"], CM), cdiv(f["n"], CN), max(1, cdiv(f["k"], L))
     nbanks = cfg.spad_banks
@@ -54,10 +56,19 @@ def banked_matmul_steps(f: dict, cfg: NpuConfig) -> int:
     bb = spad_bank((f["b"] + rb * f["b_stride"]) // L, cfg)
     ca = ((ba[..., None] == np.arange(nbanks)) & (ra < f["m"])[..., None]).sum(axis=1).astype(np.int32)
     cb = ((bb[..., None] == np.arange(nbanks)) & (rb < f["n"])[..., None]).sum(axis=1).astype(np.int32)
+    # C rows (accumulators): written at the last k step, each bank taking one a cycle (stage 1 holds
+    # for the rest); read at that step too when accumulating
+    W = cfg.bus_bytes
+    rc = (f["c"] - ACC_BASE) // W + ra * (f["c_stride"] // W)  # (MB, CM) word of each C row at nb = 0
     total = 0
     for m0 in range(0, MB, 256):  # bounded memory for very tall MATMULs
-        total += int((ca[m0 : m0 + 256, None, :] + cb[None, :, :]).max(axis=2).sum())
-    return total * KB
+        step = (ca[m0 : m0 + 256, None, :] + cb[None, :, :]).max(axis=2)  # (mb, nb)
+        words = rc[m0 : m0 + 256, None, :] + np.arange(NB)[None, :, None]  # (mb, nb, CM)
+        valid = np.broadcast_to((ra[m0 : m0 + 256] < f["m"])[:, None, :], words.shape)
+        cmult = _most_per_bank(spad_bank(words, cfg, "acc"), valid, nbanks)
+        last = np.maximum(step, cmult) if f["accumulate"] else step
+        total += int(step.sum()) * (KB - 1) + int(last.sum()) + int((cmult - 1).clip(0).sum())
+    return total
 
 
 def banked_vadd_steps(f: dict, cfg: NpuConfig) -> int:

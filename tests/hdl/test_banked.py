@@ -13,20 +13,23 @@ M = N = K = 64
 A_DRAM, B_DRAM, C_DRAM = 0x1000, 0x3000, 0x8000
 
 
-def _job(stride: int) -> RtlJob:
-    """C = A . B^T with A rows in the lower half and B^T rows in the upper half, `stride` bytes apart."""
+def _job(stride: int, c_stride: int = 4 * N + CFG.bus_bytes) -> RtlJob:
+    """C = A . B^T with A rows in the lower half and B^T rows in the upper half, `stride` bytes apart,
+    C rows `c_stride` bytes apart in the accumulators."""
     half = CFG.spad_bytes // 2
     b = ProgramBuilder(CFG)
     b.add("load", spad=0, dram=A_DRAM, rows=M, cols=K, spad_stride=stride, dram_stride=K)
     b.add("load", spad=half, dram=B_DRAM, rows=N, cols=K, spad_stride=stride, dram_stride=K)
-    b.add("matmul", a=0, b=half, c=0x80000, m=M, n=N, k=K, a_stride=stride, b_stride=stride, c_stride=4 * N)
-    b.add("store", spad=0x80000, dram=C_DRAM, rows=M, cols=4 * N, spad_stride=4 * N, dram_stride=4 * N)
+    b.add(
+        "matmul", a=0, b=half, c=0x80000, m=M, n=N, k=K, a_stride=stride, b_stride=stride, c_stride=c_stride
+    )
+    b.add("store", spad=0x80000, dram=C_DRAM, rows=M, cols=4 * N, spad_stride=c_stride, dram_stride=4 * N)
     rng = np.random.default_rng(stride)
     a = rng.integers(-128, 128, (M, K), dtype=np.int8)
     bt = rng.integers(-128, 128, (N, K), dtype=np.int8)
     return (
         RtlJob(
-            f"stride{stride}",
+            f"stride{stride}-{c_stride}",
             encode_program(b.build().instrs),
             0x20000,
             dram={A_DRAM: a.tobytes(), B_DRAM: bt.tobytes()},
@@ -39,20 +42,27 @@ def _job(stride: int) -> RtlJob:
 
 def test_bank_conflicts_stall_as_the_model_counts():
     # 9 lane words apart: the four rows of a tile sit in four of the five banks of their half;
-    # 10 lane words apart: all four in one bank, four cycles a step
-    jobs = {s: _job(s) for s in (9 * CFG.lanes, 10 * CFG.lanes)}
+    # 10 lane words apart: all four in one bank, four cycles a step; C rows 20 accumulator rows
+    # apart: all four in one accumulator bank, written one a cycle
+    W = CFG.bus_bytes
+    jobs = {
+        "free": _job(9 * CFG.lanes),
+        "operands": _job(10 * CFG.lanes),
+        "c rows": _job(9 * CFG.lanes, 20 * W),
+    }
     recs = run_rtl(CFG, [j for j, _, _ in jobs.values()])
     cycles = {}
-    for (stride, (job, a, bt)), rec in zip(jobs.items(), recs, strict=True):
+    for (what, (job, a, bt)), rec in zip(jobs.items(), recs, strict=True):
         model = run_model(CFG, job)
-        assert not compare(model, rec), stride
+        assert not compare(model, rec), what
         got = np.frombuffer(rec.dram[C_DRAM : C_DRAM + 4 * M * N], "<i4").reshape(M, N)
         assert np.array_equal(got, a.astype(np.int32) @ bt.astype(np.int32).T)
         assert (
             abs(rec.counters["BUSY_MATRIX"] - model.counters["BUSY_MATRIX"])
             <= 0.05 * model.counters["BUSY_MATRIX"]
-        ), (stride, rec.counters, model.counters)
-        cycles[stride] = rec.counters["BUSY_MATRIX"]
-    free, clash = cycles[9 * CFG.lanes], cycles[10 * CFG.lanes]
-    steps = (M // CFG.clusters) * (N // CFG.pes_per_cluster) * (K // CFG.lanes)
-    assert free < 1.1 * steps and clash > 3.5 * steps, cycles
+        ), (what, rec.counters, model.counters)
+        cycles[what] = rec.counters["BUSY_MATRIX"]
+    tiles = (M // CFG.clusters) * (N // CFG.pes_per_cluster)
+    steps = tiles * (K // CFG.lanes)
+    assert cycles["free"] < 1.1 * steps and cycles["operands"] > 3.5 * steps, cycles
+    assert cycles["c rows"] - cycles["free"] >= 3 * tiles - 8, cycles
