@@ -150,6 +150,11 @@ class BankedScratchpad(wiring.Component):
                 {p: (mem.write_port(granularity=8), mem.read_port(domain="sync")) for p in ("A", "B")}
             )
 
+        # a port reads and writes at one address, so each bank maps to one true dual-port block RAM
+        for ports in banks:
+            for wp, rp in ports.values():
+                m.d.comb += rp.addr.eq(wp.addr)
+
         # every client's lane words: bank and row
         lanes = {}
         for c in self.clients:
@@ -190,7 +195,7 @@ class BankedScratchpad(wiring.Component):
                     for b in range(nb):
                         wp, rp = banks[b][port]
                         with m.If(grant & (bk == b)):
-                            m.d.comb += [wp.addr.eq(row), rp.addr.eq(row)]
+                            m.d.comb += wp.addr.eq(row)
                             if c.write:
                                 data = getattr(self, f"{c.name}_data")
                                 be = getattr(self, f"{c.name}_be")
