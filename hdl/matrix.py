@@ -19,6 +19,7 @@ from npu.config import ACC_BASE, NpuConfig
 from npu.isa import INSTR_BITS, Opcode
 
 from .common import log2, view
+from .spad import gather
 
 
 class MatrixUnit(wiring.Component):
@@ -93,26 +94,9 @@ class MatrixUnit(wiring.Component):
                 m.d.comb += nd.eq(issuing & ~empty & last_k & f.accumulate & (mb * CM + i < f.m))
                 c_addr.append(addr)
             need.append(nd)
-        got = Signal(len(ports))  # granted in an earlier cycle of this step
-        granted = Cat(*[p.grant for p in ports])
-        s1_free = Signal()  # stage 1 can take a step (its operands registers are free)
+        s1_free = Signal()  # stage 1 can take a step (its operand registers are free)
         m.d.comb += s1_free.eq(~v1 | s1_done)
-        m.d.comb += [p.en.eq(need[r] & ~got[r] & s1_free) for r, p in enumerate(ports)]
-        step_done = Signal()
-        m.d.comb += step_done.eq(issuing & ~empty & s1_free & (got | granted | ~Cat(*need)).all())
-        with m.If(step_done):
-            m.d.sync += got.eq(0)
-        with m.Else():
-            m.d.sync += got.eq(got | (granted & Cat(*[p.en for p in ports])))
-        # operands: the memories' words the cycle after a grant, kept for a step that takes longer
-        fresh = Signal(len(ports))
-        m.d.sync += fresh.eq(Cat(*[p.en & p.grant for p in ports]))
-        vals = []
-        for r, port in enumerate(ports):
-            held = Signal(len(port.data), name=f"op_held{r}")
-            with m.If(fresh[r]):
-                m.d.sync += held.eq(port.data)
-            vals.append(Mux(fresh[r], port.data, held))
+        step_done, vals = gather(m, ports, need, issuing & ~empty, s1_free)
         a_vals, b_vals, c_vals = vals[:CM], vals[CM : CM + CN], vals[CM + CN :]
         # lanes past k read as zero
         lane_ok = [Signal(name=f"lane_ok{t}") for t in range(L)]

@@ -53,6 +53,31 @@ def reciprocal(divisor: int, bits: int) -> tuple[int, int]:
     return m, s
 
 
+def gather(m: Module, ports: list, need: list, active, ready=1, name: str = "op") -> tuple[Signal, list]:
+    """Ask through read clients `ports` for the words `need`s marks, again each cycle for those still
+    refused, while `ready`. Returns (done, words): `done` is high in the cycle the last needed word is
+    granted (and `active`); `words` hold every word the cycle after `done` (words granted earlier wait
+    in registers)."""
+    got = Signal(len(ports), name=f"{name}_got")  # granted in an earlier cycle of this step
+    granted = Cat(*[p.grant for p in ports])
+    m.d.comb += [p.en.eq(need[r] & ~got[r] & ready) for r, p in enumerate(ports)]
+    done = Signal(name=f"{name}_done")
+    m.d.comb += done.eq(active & ready & (got | granted | ~Cat(*need)).all())
+    with m.If(done):
+        m.d.sync += got.eq(0)
+    with m.Else():
+        m.d.sync += got.eq(got | (granted & Cat(*[p.en for p in ports])))
+    fresh = Signal(len(ports), name=f"{name}_fresh")
+    m.d.sync += fresh.eq(Cat(*[p.en & p.grant for p in ports]))
+    words = []
+    for r, port in enumerate(ports):
+        held = Signal(len(port.data), name=f"{name}_held{r}")
+        with m.If(fresh[r]):
+            m.d.sync += held.eq(port.data)
+        words.append(Mux(fresh[r], port.data, held))
+    return done, words
+
+
 def _client_signature(clients: list[Client], words: int, lane_bytes: int) -> dict:
     sig = {}
     for c in clients:

@@ -19,6 +19,7 @@ from npu.config import NpuConfig
 from npu.isa import INSTR_BITS, Opcode
 
 from .common import log2, low_bytes_mask, min_, view, word_index
+from .spad import gather
 
 
 def rsr(m: Module, v, shift, name: str):
@@ -150,23 +151,7 @@ class VectorUnit(wiring.Component):
         m.d.comb += [c0.addr.eq(cw), c1.addr.eq(cw + 1)]
         ports += [c0, c1]
         need += [reads_c, reads_c & (src[:lw] + 4 * n > W)]
-        got = Signal(len(ports))
-        granted = Cat(*[p.grant for p in ports])
-        m.d.comb += [p.en.eq(need[r] & ~got[r]) for r, p in enumerate(ports)]
-        step_done = Signal()
-        m.d.comb += step_done.eq(issuing & ~empty & (got | granted | ~Cat(*need)).all())
-        with m.If(step_done):
-            m.d.sync += got.eq(0)
-        with m.Else():
-            m.d.sync += got.eq(got | granted)
-        fresh = Signal(len(ports))
-        m.d.sync += fresh.eq(Cat(*[p.en & p.grant for p in ports]))
-        words = []
-        for r, port in enumerate(ports):
-            held = Signal(len(port.data), name=f"op_held{r}")
-            with m.If(fresh[r]):
-                m.d.sync += held.eq(port.data)
-            words.append(Mux(fresh[r], port.data, held))
+        step_done, words = gather(m, ports, need, issuing & ~empty)
         off_a = Signal(ll)
         off_b = Signal(ll)
         off_c = Signal(lw)
