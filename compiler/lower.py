@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from npu.sim.programs import gemm_program
 from npu.sim.runner import timing_run
-from npu.sim.timing import duration
+from npu.sim.timing import bank_stride, duration
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
@@ -29,7 +29,7 @@ from npu.tensors import Layout
 from .elementwise import add_program, concat_program, eltwise_program
 from .frontend import Act, CompileError, QTensor, initializers, node_attrs, static_shape
 from .points import SPILL_POINTS, Candidate, PointPolicy, choose, dma_cycles, fragment_liveness
-from .spatial import bank_stride, channel_align, conv_program, geometry, pool_program
+from .spatial import channel_align, conv_program, geometry, pool_program
 
 ALIGN = 64
 VIEW_OPS = {"Flatten", "Reshape"}

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from npu.sim.programs import acc_row_stride
-from npu.sim.timing import cdiv
+from npu.sim.timing import bank_stride, cdiv
 
 from npu.config import ACC_BASE, NpuConfig
 from npu.program import ProgramBuilder
@@ -36,15 +36,6 @@ def channel_align(cfg: NpuConfig) -> int:
 
 def _round_up(x: int, a: int) -> int:
     return -(-x // a) * a
-
-
-def bank_stride(cfg: NpuConfig, stride: int, unit: int) -> int:
-    """A row stride (a multiple of `unit`, itself a multiple of lanes) that, on a banked scratchpad,
-    is not a multiple of the banks per region in lane words, so a tile's rows fall into different
-    banks; unchanged otherwise."""
-    if cfg.spad_banked and stride and (stride // cfg.lanes) % (cfg.spad_banks // 2) == 0:
-        return stride + unit
-    return stride
 
 
 def spad_regions(cfg: NpuConfig) -> tuple[int, int]:

@@ -50,10 +50,6 @@ def word_index(addr, cfg: NpuConfig, mem: str):
     return off[log2(cfg.bus_bytes) :]
 
 
-def depth(cfg: NpuConfig, mem: str) -> int:
-    return (cfg.spad_bytes if mem == "spad" else cfg.acc_bytes) // cfg.bus_bytes
-
-
 def min_(a, b):
     return Mux(a < b, a, b)
 

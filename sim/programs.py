@@ -15,6 +15,7 @@ from npu.config import ACC_BASE, NpuConfig
 from npu.program import BuiltProgram, ProgramBuilder
 
 from .kernels import requant
+from .timing import bank_stride
 
 
 def _round_up(x: int, a: int) -> int:
@@ -24,19 +25,14 @@ def _round_up(x: int, a: int) -> int:
 def row_stride(cfg: NpuConfig, k: int) -> int:
     """Scratchpad row stride of a k-byte operand row: lanes-aligned and, on a banked scratchpad, not a
     multiple of the banks per region in lane words (so a tile's rows fall into different banks)."""
-    s = _round_up(k, cfg.lanes)
-    if cfg.spad_banked and (s // cfg.lanes) % (cfg.spad_banks // 2) == 0:
-        s += cfg.lanes
-    return s
+    return bank_stride(cfg, _round_up(k, cfg.lanes), cfg.lanes)
 
 
 def acc_row_stride(cfg: NpuConfig, n: int) -> int:
     """Accumulator row stride of n int32 columns: whole accumulator rows and, when banked, not a
     multiple of the banks per half in rows (so the clusters' C rows fall into different banks)."""
-    s = _round_up(4 * n, cfg.acc_row_bytes)
-    if cfg.spad_banked and (s // cfg.acc_row_bytes) % (cfg.spad_banks // 2) == 0:
-        s += cfg.acc_row_bytes
-    return s
+    row = cfg.acc_row_bytes
+    return bank_stride(cfg, _round_up(4 * n, row), row, word=row)
 
 
 @dataclass(frozen=True)

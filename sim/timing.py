@@ -36,6 +36,16 @@ def spad_bank(g: np.ndarray, cfg: NpuConfig, mem: str = "spad") -> np.ndarray:
     return (g // half) * P + (g % half) % P
 
 
+def bank_stride(cfg: NpuConfig, stride: int, unit: int, word: int | None = None) -> int:
+    """A row stride (a multiple of `unit`) that, in a banked configuration, is not a multiple of the
+    banks per region in words (`word` bytes, lanes by default), so a tile's rows fall into different
+    banks: `stride`, or `stride + unit` when it would be. Unchanged without banking."""
+    word = word or cfg.lanes
+    if cfg.spad_banked and stride and (stride // word) % (cfg.spad_banks // 2) == 0:
+        return stride + unit
+    return stride
+
+
 def _most_per_bank(banks: np.ndarray, valid: np.ndarray, nbanks: int) -> np.ndarray:
     """Per row of `banks` (..., readers): the largest number of valid readers sharing one bank."""
     onehot = (banks[..., None] == np.arange(nbanks)) & valid[..., None]
