@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 
+from npu.arith import round_up
 from npu.config import NpuConfig
 
 from .cleanup import cleanup
@@ -47,7 +48,7 @@ def bench_order(cfg: NpuConfig, names: list[str] | None = None, timeout_s: float
         x = z.test[:batch]
         measured = {}
         for label, order in (("default", None), ("searched", part.order)):
-            cm = CompiledModel(cfg, low.assemble(order), -(-low.dram_end // 4096) * 4096, qdq, name)
+            cm = CompiledModel(cfg, low.assemble(order), round_up(low.dram_end, 4096), qdq, name)
             measured[label] = _measured_cycles(cm, x)
         rows.append(
             {
@@ -76,10 +77,10 @@ def bench_banks(cfg: NpuConfig, names: list[str] | None = None) -> dict:
     from pathlib import Path
 
     import onnx
-    from npu.sim.banks import program_conflicts
-    from npu.sim.programs import gemm_program
 
+    from npu.compiler.programs import gemm_program
     from npu.isa import decode_program
+    from npu.sim.banks import program_conflicts
 
     from .compile import compile_onnx
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from npu.arith import round_up
 from npu.config import NpuConfig, get_config
 from npu.isa import encode_program
 
@@ -175,7 +176,7 @@ def compile_onnx(
         )
     policy = PointPolicy(cp_interval, cp_max_live, cp_every_instruction) if cancel_points else None
     low = lowering.assemble(search.order if search else None, policy)
-    base = -(-low.dram_end // 4096) * 4096
+    base = round_up(low.dram_end, 4096)
     if base + len(low.program) * 32 > cfg.dram_bytes:
         raise CompileError(
             f"{path}: weights, activations and program do not fit the "

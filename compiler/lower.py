@@ -15,16 +15,17 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import onnx
-from npu.sim.programs import gemm_program
-from npu.sim.runner import timing_run
-from npu.sim.timing import bank_stride, duration
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from npu.arith import round_up
+from npu.compiler.programs import gemm_program
 from npu.config import ACC_BASE, NpuConfig
 from npu.isa import Instr, Opcode, footprint
 from npu.program import ProgramBuilder
+from npu.sim.runner import timing_run
 from npu.tensors import Layout
+from npu.timing import bank_stride, duration
 
 from .elementwise import add_program, concat_program, eltwise_program
 from .frontend import Act, CompileError, QTensor, initializers, node_attrs, static_shape
@@ -140,7 +141,7 @@ class _Alloc:
 
     def take(self, n: int, what: str) -> int:
         addr = self.next
-        self.next = -(-(addr + max(n, 1)) // ALIGN) * ALIGN
+        self.next = round_up((addr + max(n, 1)), ALIGN)
         if self.next > self.limit:
             raise CompileError(f"{what}: the model needs more than the {self.limit} bytes of DRAM")
         return addr
@@ -233,7 +234,7 @@ class _Lowering:
     def place(self, q: QTensor, what: str, layout: Layout | None = None) -> Act:
         if layout is None:
             if len(q.shape) == 4:
-                cp = bank_stride(self.cfg, -(-q.shape[1] // self.ca) * self.ca, self.ca)
+                cp = bank_stride(self.cfg, round_up(q.shape[1], self.ca), self.ca)
                 layout = Layout.hwc(q.shape, self.ca, cp=cp)
             else:
                 layout = Layout.dense(q.shape)

@@ -23,10 +23,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 
+from npu.arith import round_up
+from npu.program import ProgramBuilder
 from npu.sim.model import NpuModel
 from npu.sim.runner import timing_run
-
-from npu.program import ProgramBuilder
 
 from .lower import Lowering
 
@@ -121,7 +121,7 @@ class CostModel:
         self.low = low
         self.cancel_points = cancel_points
         self.model = NpuModel(low.cfg, timing_only=True)
-        self.base = -(-low.dram_end // 4096) * 4096
+        self.base = round_up(low.dram_end, 4096)
         self.evaluations = 0
 
     def cycles(self, order: list[int], parity: int = 0) -> int:

@@ -21,11 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from npu.sim.timing import duration
 
 from npu.config import ACC_BASE, NpuConfig
 from npu.isa import footprint
 from npu.program import copy_range
+from npu.timing import duration
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from npu.sim.programs import acc_row_stride
-from npu.sim.timing import bank_stride, cdiv
 
+from npu.arith import cdiv, round_up
+from npu.compiler.programs import acc_row_stride
 from npu.config import ACC_BASE, NpuConfig
 from npu.program import ProgramBuilder
+from npu.timing import bank_stride
 
 from .frontend import Act, CompileError
 
@@ -32,10 +33,6 @@ from .frontend import Act, CompileError
 def channel_align(cfg: NpuConfig) -> int:
     """Channel pitch unit of HWC tensors: MATMUL needs `lanes`-aligned A rows, `pes`-aligned C rows."""
     return math.lcm(cfg.lanes, cfg.pes_per_cluster)
-
-
-def _round_up(x: int, a: int) -> int:
-    return -(-x // a) * a
 
 
 def spad_regions(cfg: NpuConfig) -> tuple[int, int]:
@@ -167,7 +164,7 @@ def plan_conv(
     band_mode = g.sh == 1 and g.sw == 1
     best = None
     co_opts = sorted({min(cout_p, co_step * (1 << j)) for j in range(16)} | {cout_p})
-    ci_opts = sorted({max(ca, _round_up(cdiv(win, d), ca)) for d in (1, 2, 3, 4, 6, 8, 16, 32, 64, 128)})
+    ci_opts = sorted({max(ca, round_up(cdiv(win, d), ca)) for d in (1, 2, 3, 4, 6, 8, 16, 32, 64, 128)})
     taps = g.kh * g.kw
     for co_t in co_opts:
         n_co = cdiv(cout_p, co_t)
@@ -177,7 +174,7 @@ def plan_conv(
             wbufs = 1 if n_ci == 1 and n_co == 1 else 2
             act_bytes, w_base = spad_regions(cfg)
             if cfg.spad_banked:
-                room = act_bytes if wbufs * _round_up(wbytes, cfg.lanes) <= cfg.spad_bytes - w_base else -1
+                room = act_bytes if wbufs * round_up(wbytes, cfg.lanes) <= cfg.spad_bytes - w_base else -1
             else:
                 room = cfg.spad_bytes - wbufs * wbytes
             rows = 0
@@ -247,13 +244,13 @@ def conv_program(
     cpx, cpy = x.layout.cp, y.layout.cp
     chanx = np.asarray(x.layout.chan)
     cout_g = cout // groups
-    co_step = ca if groups == 1 else (_round_up(cout_g, ca) if cout_g % ca == 0 else ca)
+    co_step = ca if groups == 1 else (round_up(cout_g, ca) if cout_g % ca == 0 else ca)
 
     def window(co0: int, co_t: int) -> tuple[int, int]:
         real = range(co0, min(co0 + co_t, cout))
         groups_used = {co // cout_g for co in real}
         phys = np.concatenate([chanx[gi * cin_g : (gi + 1) * cin_g] for gi in sorted(groups_used)])
-        lo, hi = int(phys.min()) // ca * ca, _round_up(int(phys.max()) + 1, ca)
+        lo, hi = int(phys.min()) // ca * ca, round_up(int(phys.max()) + 1, ca)
         return lo, hi - lo
 
     win_max = max(window(c0, co_step)[1] for c0 in range(0, cout, co_step)) if groups > 1 else cpx
@@ -287,11 +284,11 @@ def conv_program(
     wbytes = plan.co_t * bank_stride(cfg, taps * plan.ci_t, cfg.lanes)
     single_w = len(tiles) == 1 and len(tiles[0].chunks) == 1
     act_bytes, w_base = spad_regions(cfg)
-    w_bufs = [w_base] if single_w else [w_base, w_base + _round_up(wbytes, cfg.lanes)]
-    base = 0 if cfg.spad_banked else w_bufs[-1] + _round_up(wbytes, cfg.lanes)
-    in_bufs = [base, base + _round_up(in_bytes, cfg.lanes)]
-    base = in_bufs[1] + _round_up(in_bytes, cfg.lanes)
-    out_bufs = [base, base + _round_up(m_max * plan.co_t, cfg.lanes)]
+    w_bufs = [w_base] if single_w else [w_base, w_base + round_up(wbytes, cfg.lanes)]
+    base = 0 if cfg.spad_banked else w_bufs[-1] + round_up(wbytes, cfg.lanes)
+    in_bufs = [base, base + round_up(in_bytes, cfg.lanes)]
+    base = in_bufs[1] + round_up(in_bytes, cfg.lanes)
+    out_bufs = [base, base + round_up(m_max * plan.co_t, cfg.lanes)]
     acc_tile = m_max * acc_row_stride(cfg, plan.co_t)
     acc_bufs = [ACC_BASE, ACC_BASE + acc_tile]
     assert out_bufs[1] + m_max * plan.co_t <= act_bytes and 2 * acc_tile <= cfg.acc_bytes
@@ -446,7 +443,7 @@ def pool_program(
         raise CompileError(f"{where}: pooling window or stride above 255")
     best = None
     for ct in sorted(
-        {cp} | {max(ca, _round_up(cdiv(cp, d), ca)) for d in (2, 4, 8, 16, 32, 64)}, reverse=True
+        {cp} | {max(ca, round_up(cdiv(cp, d), ca)) for d in (2, 4, 8, 16, 32, 64)}, reverse=True
     ):
         lo, hi, rows = 1, g.oh, 0
         while lo <= hi:
@@ -469,9 +466,9 @@ def pool_program(
     ct, rows_max = best
     in_bytes = g.in_rows(rows_max) * g.wp * ct
     out_bytes = rows_max * g.ow * ct
-    in_bufs = [0, _round_up(in_bytes, cfg.lanes)]
+    in_bufs = [0, round_up(in_bytes, cfg.lanes)]
     o0 = 2 * in_bufs[1]
-    out_bufs = [o0, o0 + _round_up(out_bytes, cfg.lanes)]
+    out_bufs = [o0, o0 + round_up(out_bytes, cfg.lanes)]
     k = 0
     for c0 in range(0, cp, ct):
         for n in range(g.n):

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from npu.arith import cdiv
 from npu.config import NpuConfig
 
 from .demo import DemoModels, run_scenario
@@ -105,7 +106,7 @@ def bench_preempt(
                 "live_bytes": r.live_bytes,
                 "dump_cycles": r.dump_cycles,
                 "restore_cycles": r.restore_cycles,
-                "bound_cycles": 2 * -(-r.live_bytes // cfg.bus_bytes),
+                "bound_cycles": 2 * cdiv(r.live_bytes, cfg.bus_bytes),
             }
         )
         points[-1]["within_bound"] = r.dump_cycles + r.restore_cycles <= 1.15 * points[-1][

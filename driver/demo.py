@@ -30,6 +30,7 @@ class DemoModels:
 def compile_zoo(name: str, config: str, cache: Path | None = None, **opts) -> tuple[Container, np.ndarray]:
     """A zoo model compiled with `opts` (cached in `cache` by its options) and one test input."""
     import onnx
+
     from npu.compiler import compile_onnx
     from npu.models import zoo
 

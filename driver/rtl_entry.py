@@ -10,6 +10,7 @@ from pathlib import Path
 
 import cocotb
 from cocotb.task import bridge
+
 from npu.sim.cocotb_bench import NpuBench
 
 from .rtl import RtlTransport, _entry_spec, resolve

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from npu.arith import round_up
 from npu.config import NpuConfig, get_config
 from npu.container import Container
 from npu.executor import HostSteps, check_inputs, read_outputs, write_inputs
@@ -230,8 +231,8 @@ class Npu:
         end = man["program"]["base"] + len(prog)
         off = self._next_free
         save_bytes = max([p["live_bytes"] for p in man.get("cancel_points", [])] + [0])
-        save_addr = -(-(off + end) // 64) * 64
-        top = -(-(save_addr + save_bytes) // 4096) * 4096
+        save_addr = round_up((off + end), 64)
+        top = round_up((save_addr + save_bytes), 4096)
         if top > self.dram_bytes:
             raise DriverError(
                 f"{name or 'model'}: needs {top - off} bytes of DRAM, {self.dram_bytes - off} are free"

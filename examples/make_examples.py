@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from npu.sim.programs import gemm_program, requant_params
-
 from npu.asm import disassemble
+from npu.compiler.programs import gemm_program, requant_params
 from npu.config import get_config
 
 HERE = Path(__file__).parent

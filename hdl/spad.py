@@ -31,6 +31,7 @@ from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from npu.arith import cdiv
 from npu.config import NpuConfig
 
 from .common import log2
@@ -47,7 +48,7 @@ class Client:
 def reciprocal(divisor: int, bits: int) -> tuple[int, int]:
     """(M, s) with x // divisor == (x * M) >> s for every x < 2**bits (checked)."""
     s = bits + divisor.bit_length()
-    m = -(-(1 << s) // divisor)
+    m = cdiv((1 << s), divisor)
     x = np.arange(1 << bits, dtype=np.int64)
     assert np.array_equal((x * m) >> s, x // divisor), (divisor, bits)
     return m, s
@@ -153,7 +154,7 @@ class BankedScratchpad(wiring.Component):
         for c in clients:
             assert c.port in ("A", "B") and 1 <= c.lanes <= banks_per_region, c
         self.clients = clients
-        self.depth = -(-self.half // banks_per_region)
+        self.depth = cdiv(self.half, banks_per_region)
         super().__init__(_client_signature(clients, self.words, lane_bytes))
 
     def bank_of(self, g: int) -> tuple[int, int]:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .arith import round_up
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -31,7 +33,7 @@ class Layout:
     def hwc(nchw: tuple[int, ...], align: int, chan: tuple[int, ...] | None = None, cp: int = 0) -> Layout:
         n, c, h, w = (int(s) for s in nchw)
         chan = tuple(range(c)) if chan is None else tuple(int(x) for x in chan)
-        cp = max(cp, -(-(max(chan, default=-1) + 1) // align) * align)
+        cp = max(cp, round_up((max(chan, default=-1) + 1), align))
         return Layout("hwc", (n, c, h, w), (n, c, h, w), cp, chan)
 
     def flatten(self) -> Layout:

@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 import numpy as np
-from npu.sim.timing import cdiv
 
+from npu.arith import cdiv
 from npu.config import NpuConfig
 from npu.isa import Instr, Opcode
 

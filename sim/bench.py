@@ -6,12 +6,13 @@ import time
 
 import numpy as np
 
+from npu.arith import round_up
+from npu.compiler.programs import choose_tiling, gemm_program, gemm_reference, requant_params
 from npu.config import NpuConfig
 from npu.isa import encode_program
+from npu.timing import ideal_matmul_cycles
 
 from .model import NpuModel
-from .programs import choose_tiling, gemm_program, gemm_reference, requant_params
-from .timing import ideal_matmul_cycles
 
 
 def bench_gemm(cfg: NpuConfig, m: int, n: int, k: int, *, seed: int = 0) -> dict:
@@ -21,9 +22,9 @@ def bench_gemm(cfg: NpuConfig, m: int, n: int, k: int, *, seed: int = 0) -> dict
     bt = rng.integers(-128, 128, (n, k), dtype=np.int8)
     mult, shift = requant_params(k)
     a_addr = 0x10000
-    b_addr = a_addr + -(-m * k // 4096) * 4096
-    c_addr = b_addr + -(-n * k // 4096) * 4096
-    p_addr = c_addr + -(-m * n // 4096) * 4096
+    b_addr = a_addr + round_up(m * k, 4096)
+    c_addr = b_addr + round_up(n * k, 4096)
+    p_addr = c_addr + round_up(m * n, 4096)
     t_build = time.perf_counter()
     prog = gemm_program(cfg, m, n, k, a_addr, b_addr, c_addr, mult=mult, shift=shift, relu=True)
     blob = encode_program(prog.instrs)
@@ -82,7 +83,7 @@ def _gemm_job(cfg: NpuConfig, size: int, seed: int = 0, cancel_every: int = 0):
     a_addr = 0x1000
     b_addr = a_addr + m * k
     c_addr = b_addr + n * k
-    p_addr = -(-(c_addr + m * n) // 4096) * 4096
+    p_addr = round_up((c_addr + m * n), 4096)
     prog = gemm_program(
         cfg, m, n, k, a_addr, b_addr, c_addr, mult=mult, shift=shift, relu=True, cancel_every=cancel_every
     )

@@ -19,6 +19,7 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, FallingEdge, First, RisingEdge, Timer
 from cocotbext.axi import AxiBus, AxiLiteBus, AxiLiteMaster, AxiRam
 
+from npu.arith import round_up
 from npu.config import get_config
 from npu.isa import encode_program, make
 from npu.registers import COUNTERS, REG, Control, Status
@@ -32,7 +33,7 @@ class FastDram:
 
     def write(self, addr: int, data: bytes) -> None:
         W = self.W
-        a0, a1 = addr - addr % W, -(-(addr + len(data)) // W) * W
+        a0, a1 = addr - addr % W, round_up((addr + len(data)), W)
         buf = (
             bytearray(self.read(a0, a1 - a0)) if (a0, a1) != (addr, addr + len(data)) else bytearray(a1 - a0)
         )
@@ -42,7 +43,7 @@ class FastDram:
 
     def read(self, addr: int, n: int) -> bytes:
         W = self.W
-        a0, a1 = addr - addr % W, -(-(addr + n) // W) * W
+        a0, a1 = addr - addr % W, round_up((addr + n), W)
         out = b"".join(int(self.mem[i].value).to_bytes(W, "little") for i in range(a0 // W, a1 // W))
         return out[addr - a0 : addr - a0 + n]
 

@@ -3,7 +3,7 @@
 The model runs the decoupled pipeline of docs/isa.md as a discrete-event simulation at instruction
 granularity: a dispatcher fetches instructions in order and puts each into its unit's queue (load,
 matrix, vector, store); each unit starts its queue head once the tokens it waits for have arrived,
-is busy for `sim.timing.duration` cycles and then pushes the tokens it signals. An instruction's data
+is busy for `npu.timing.duration` cycles and then pushes the tokens it signals. An instruction's data
 effect is applied when it starts (a valid program orders every conflicting pair with tokens, so this
 is indistinguishable from the hardware). Events are processed in time order, so the host can
 interleave register accesses with simulated time (`advance`), e.g. to raise a pause at a given cycle.
@@ -19,9 +19,9 @@ import numpy as np
 from npu.config import NpuConfig, get_config
 from npu.isa import INSTR_BYTES, ErrorCode, Instr, IsaError, Opcode, Unit, decode, validate
 from npu.registers import BY_OFFSET, COUNTERS, ISA_VERSION, NPU_MAGIC, REG, Control, Status
+from npu.timing import dma_bytes, duration
 
 from .kernels import OnChip, execute
-from .timing import dma_bytes, duration
 
 UNITS = tuple(Unit)
 _BUSY = {

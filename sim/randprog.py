@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from npu.arith import round_up
 from npu.config import ACC_BASE, NpuConfig
 from npu.isa import make
 from npu.program import BuiltProgram, ProgramBuilder
@@ -103,10 +104,10 @@ def random_program(cfg: NpuConfig, seed: int, n_instrs: int = 24, cp_prob: float
             )
         elif kind == "matmul":
             k = rng.randint(0, 40)
-            ks = -(-max(k, 1) // L) * L
+            ks = round_up(max(k, 1), L)
             m = rng.randint(0, min(12, buf // ks))
             n = rng.randint(0, min(12, buf // ks))
-            cs = -(-max(4 * n, 1) // R) * R
+            cs = round_up(max(4 * n, 1), R)
             m = min(m, abuf // cs)
             b.add(
                 make(

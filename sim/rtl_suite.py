@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from npu.arith import round_up
 from npu.config import ACC_BASE, NpuConfig
 from npu.isa import Instr, Unit, encode, encode_program, make
 from npu.program import ProgramBuilder
@@ -163,8 +164,8 @@ def directed_jobs(cfg: NpuConfig) -> list[RtlJob]:
         "mm_ragged": (2 * cfg.clusters + 1, cfg.pes_per_cluster + 3, 3 * L + 5, 1, -128),
         "mm_extreme": (cfg.clusters, cfg.pes_per_cluster, 4 * L, 0, -128),
     }.items():
-        ks = -(-max(k, 1) // L) * L
-        cs = -(-4 * n // R) * R
+        ks = round_up(max(k, 1), L)
+        cs = round_up(4 * n, R)
         val = np.full(m * ks, lo, np.int8).tobytes() if name == "mm_extreme" else None
         instrs = [
             make("load", spad=0, dram=DATA, rows=m, cols=k, spad_stride=ks, dram_stride=k) if k else None,

@@ -4,12 +4,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from npu.sim.programs import gemm_reference, requant_params
-from npu.sim.runner import run_assembly
 
 from npu.asm import read_asm
+from npu.compiler.programs import gemm_reference, requant_params
 from npu.config import get_config
 from npu.registers import Status
+from npu.sim.runner import run_assembly
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 sys.path.insert(0, str(EXAMPLES))

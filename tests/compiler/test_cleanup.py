@@ -2,10 +2,10 @@
 
 import numpy as np
 import onnx
-from npu.compiler import compile_onnx
-from npu.compiler.cleanup import cleanup
 from onnx import TensorProto, helper, numpy_helper
 
+from npu.compiler import compile_onnx
+from npu.compiler.cleanup import cleanup
 from tests.compiler.helpers import compare_int8, ort_outputs
 
 

@@ -2,11 +2,11 @@
 
 import numpy as np
 import pytest
-from npu.sim.runner import RunError, run_container
 
 from npu.cli import main
 from npu.config import get_config
 from npu.container import Container, ContainerError
+from npu.sim.runner import RunError, run_container
 from tests.compiler.test_gemm_mlp import mlp_onnx
 
 
@@ -86,7 +86,6 @@ def test_run_npub_with_output_file(compiled, capsys):
 def test_model_too_large_for_dram(tmp_path):
     """On `tiny` (64 KiB of DRAM) a model whose weights do not fit is refused with the sizes."""
     from npu.compiler import CompileError, compile_onnx
-
     from tests.compiler.test_gemm_mlp import mlp_onnx
 
     rng = np.random.default_rng(0)

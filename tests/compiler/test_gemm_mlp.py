@@ -4,8 +4,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from npu.compiler import CompileError, compile_onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from npu.compiler import CompileError, compile_onnx
 
 
 def mlp_onnx(path, weights, biases, batch, relu_between=True, use_matmul=False):

@@ -3,8 +3,8 @@ int8 outputs within 1 LSB on at least 99 % of the elements."""
 
 import numpy as np
 import pytest
-from npu.models.builder import Net
 
+from npu.models.builder import Net
 from tests.compiler.helpers import compare_int8, compile_model
 
 

@@ -5,14 +5,14 @@ import json
 
 import numpy as np
 import onnx
+
+from npu.cli import main
 from npu.compiler.cleanup import cleanup
 from npu.compiler.frontend import quantize_float_model
 from npu.compiler.lower import lower
 from npu.compiler.order import CostModel, key_nodes, search_order, subgraphs, topo_orders
-from npu.models.builder import Net
-
-from npu.cli import main
 from npu.config import get_config
+from npu.models.builder import Net
 
 
 def test_key_nodes_of_a_diamond_chain():

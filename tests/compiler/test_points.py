@@ -3,13 +3,13 @@ the live ranges still give bit-identical outputs) and the --cp-interval bound.""
 
 import numpy as np
 import pytest
+
 from npu.compiler import compile_onnx
+from npu.executor import HostSteps, run_segments
 from npu.models import zoo
 from npu.models.builder import Net
-from npu.sim.model import NpuModel
-
-from npu.executor import HostSteps, run_segments
 from npu.registers import Status
+from npu.sim.model import NpuModel
 
 
 class ScramblingDevice:

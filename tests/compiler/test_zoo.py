@@ -6,9 +6,9 @@ import time
 
 import numpy as np
 import pytest
+
 from npu.models import zoo
 from npu.models.__main__ import main as zoo_main
-
 from tests.compiler.helpers import compare_int8, compile_model, cosine, ort_outputs
 
 

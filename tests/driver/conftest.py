@@ -1,6 +1,7 @@
 import numpy as np
 import onnx
 import pytest
+
 from npu.compiler import compile_onnx
 from npu.models import zoo
 

@@ -3,6 +3,7 @@ with the NPU's own dump/restore programs, bit-identical to uninterrupted runs an
 
 import numpy as np
 import pytest
+
 from npu.driver import Npu
 from npu.driver.bench import preempt_at_every_point
 from npu.driver.rtl import run_on_rtl

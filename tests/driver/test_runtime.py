@@ -4,10 +4,10 @@ import json
 
 import numpy as np
 import pytest
-from npu.driver import DriverError, JobError, Npu, Priority
-from npu.driver.bench import preempt_at_every_point
 
 from npu.container import Container
+from npu.driver import DriverError, JobError, Npu, Priority
+from npu.driver.bench import preempt_at_every_point
 from npu.isa import encode_program, make
 
 

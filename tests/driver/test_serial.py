@@ -6,11 +6,11 @@ import threading
 
 import numpy as np
 import pytest
+
+from npu.config import get_config
 from npu.driver import ModelTransport, Npu, Priority, TransportError
 from npu.driver.bench import preempt_at_every_point
 from npu.driver.serial import REQ, SerialTransport, _frame, serve
-
-from npu.config import get_config
 
 
 @pytest.fixture

@@ -9,12 +9,12 @@ from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from npu.config import ACC_BASE, get_config
 from npu.hdl.checks import check_instruction
 from npu.hdl.common import ByteFifo
 from npu.hdl.fetch import ReadArbiter
 from npu.hdl.spad import BankedScratchpad, Client
-
-from npu.config import ACC_BASE, get_config
 from npu.isa import FORMATS, ErrorCode, Instr, IsaError, Opcode, decode, encode, validate
 
 CFGS = [get_config("tiny"), get_config("default")]

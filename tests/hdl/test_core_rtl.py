@@ -10,10 +10,10 @@ import os
 
 import numpy as np
 import pytest
-from npu.sim.rtl import compare, run_model, run_rtl
-from npu.sim.rtl_suite import directed_jobs, error_jobs, random_jobs
 
 from npu.config import get_config
+from npu.sim.rtl import compare, run_model, run_rtl
+from npu.sim.rtl_suite import directed_jobs, error_jobs, random_jobs
 
 N_RANDOM = int(os.environ.get("NPU_RTL_SEEDS", "100"))
 N_PAUSE_AT = 20

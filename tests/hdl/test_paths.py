@@ -4,12 +4,12 @@ import shutil
 
 import numpy as np
 import pytest
-from npu.sim.bench import _gemm_job
-from npu.sim.rtl import compare, run_model, run_rtl
-from npu.sim.rtl_suite import directed_jobs, random_jobs
 
 from npu.cli import main
 from npu.config import get_config
+from npu.sim.bench import _gemm_job
+from npu.sim.rtl import compare, run_model, run_rtl
+from npu.sim.rtl_suite import directed_jobs, random_jobs
 
 
 @pytest.mark.parametrize("name", ["tiny", "default", "banked"])

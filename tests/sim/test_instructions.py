@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from npu.arith import round_up
 from npu.config import ACC_BASE, get_config
 from npu.isa import make
 from tests.sim.helpers import DATA_BASE, assert_done, read, run_instrs
@@ -69,8 +70,8 @@ def test_load_with_padding_then_store(cfg, data):
 def test_matmul_and_accumulate(cfg, data):
     m_, n_, k_ = (data.draw(st.integers(0, 12)), data.draw(st.integers(0, 12)), data.draw(st.integers(0, 40)))
     L, R = cfg.lanes, cfg.acc_row_bytes
-    a_stride = -(-max(k_, 1) // L) * L + L * data.draw(st.integers(0, 1))
-    c_stride = -(-max(4 * n_, 1) // R) * R
+    a_stride = round_up(max(k_, 1), L) + L * data.draw(st.integers(0, 1))
+    c_stride = round_up(max(4 * n_, 1), R)
     rng = np.random.default_rng(data.draw(st.integers(0, 99)))
     extreme = data.draw(st.booleans())
     lo_hi = (-128, -127) if extreme else (-128, 128)

@@ -4,13 +4,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from npu.sim.model import NpuModel
-from npu.sim.programs import gemm_program, gemm_reference, requant_params
-from npu.sim.timing import duration
 
+from npu.arith import round_up
+from npu.compiler.programs import gemm_program, gemm_reference, requant_params
 from npu.config import ACC_BASE, get_config
 from npu.isa import ErrorCode, Opcode, Unit, encode, encode_program, make
 from npu.registers import REG, Control, Status
+from npu.sim.model import NpuModel
+from npu.timing import duration
 from tests.sim.helpers import DATA_BASE, assert_done, read, run_instrs
 
 TINY, DEFAULT = get_config("tiny"), get_config("default")
@@ -166,7 +167,7 @@ def _gemm_setup(cfg, m_, n_, k_, cancel_every, seed=0):
     bt = rng.integers(-128, 128, (n_, k_), dtype=np.int8)
     mult, shift = requant_params(k_)
     A, B, C = 0x4000, 0x4000 + m_ * k_, 0x4000 + m_ * k_ + n_ * k_
-    P = -(-(C + m_ * n_) // 32) * 32
+    P = round_up((C + m_ * n_), 32)
     prog = gemm_program(
         cfg, m_, n_, k_, A, B, C, mult=mult, shift=shift, relu=True, cancel_every=cancel_every
     )

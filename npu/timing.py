@@ -10,9 +10,7 @@ import numpy as np
 from npu.config import ACC_BASE, NpuConfig
 from npu.isa import Instr, Opcode
 
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+from .arith import cdiv
 
 
 def dma_beats(addr: int, rows: int, cols: int, stride: int, bus: int) -> int:

@@ -1,4 +1,4 @@
-"""Program generators used by examples, tests and benchmarks (the compiler has its own back end).
+"""Program generators of the compiler's back end, also used by examples, tests and benchmarks.
 
 `gemm_program` writes a tiled, double-buffered int8 GEMM with requantisation and optional ReLU:
 C[m, n] = clamp(zp_out + round((A[m, k] . B[k, n]) * mult >> shift), lo, hi), with A row-major and
@@ -11,28 +11,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from npu.arith import round_up
 from npu.config import ACC_BASE, NpuConfig
 from npu.program import BuiltProgram, ProgramBuilder
-
-from .kernels import requant
-from .timing import bank_stride
-
-
-def _round_up(x: int, a: int) -> int:
-    return -(-x // a) * a
+from npu.sim.kernels import requant
+from npu.timing import bank_stride
 
 
 def row_stride(cfg: NpuConfig, k: int) -> int:
     """Scratchpad row stride of a k-byte operand row: lanes-aligned and, on a banked scratchpad, not a
     multiple of the banks per region in lane words (so a tile's rows fall into different banks)."""
-    return bank_stride(cfg, _round_up(k, cfg.lanes), cfg.lanes)
+    return bank_stride(cfg, round_up(k, cfg.lanes), cfg.lanes)
 
 
 def acc_row_stride(cfg: NpuConfig, n: int) -> int:
     """Accumulator row stride of n int32 columns: whole accumulator rows and, when banked, not a
     multiple of the banks per half in rows (so the clusters' C rows fall into different banks)."""
     row = cfg.acc_row_bytes
-    return bank_stride(cfg, _round_up(4 * n, row), row, word=row)
+    return bank_stride(cfg, round_up(4 * n, row), row, word=row)
 
 
 @dataclass(frozen=True)
@@ -47,17 +43,14 @@ def choose_tiling(cfg: NpuConfig, m: int, n: int, k: int) -> GemmTiling:
     cm, cn = cfg.clusters, cfg.pes_per_cluster
     best = None
     for tk in sorted(
-        {
-            min(_round_up(k, cfg.lanes), t)
-            for t in (4096, 2048, 1024, 512, 256, 128, 64, 32, 16, 8, cfg.lanes)
-        },
+        {min(round_up(k, cfg.lanes), t) for t in (4096, 2048, 1024, 512, 256, 128, 64, 32, 16, 8, cfg.lanes)},
         reverse=True,
     ):
         if tk < cfg.lanes:
             continue
-        for tn in range(_round_up(min(n, 1024), cn), 0, -cn):
+        for tn in range(round_up(min(n, 1024), cn), 0, -cn):
             acc_rows = cfg.acc_bytes // (2 * acc_row_stride(cfg, tn))
-            tm = min(_round_up(m, cm), (acc_rows // cm) * cm)
+            tm = min(round_up(m, cm), (acc_rows // cm) * cm)
             if tm < cm:
                 continue
             while tm >= cm:
@@ -112,11 +105,11 @@ def gemm_program(
     b_base = cfg.spad_bytes // 2 if cfg.spad_banked else 2 * t.tm * a_stride_sp
     b_buf = [b_base, b_base + t.tn * a_stride_sp]
     o_base = (
-        2 * t.tm * a_stride_sp if cfg.spad_banked else _round_up(b_base + 2 * t.tn * a_stride_sp, cfg.lanes)
+        2 * t.tm * a_stride_sp if cfg.spad_banked else round_up(b_base + 2 * t.tn * a_stride_sp, cfg.lanes)
     )
     o_buf = [o_base, o_base + t.tm * t.tn]
     c_stride = acc_row_stride(cfg, t.tn)
-    c_buf = [ACC_BASE, ACC_BASE + _round_up(t.tm, cfg.clusters) * c_stride]
+    c_buf = [ACC_BASE, ACC_BASE + round_up(t.tm, cfg.clusters) * c_stride]
     lo = zp_out if relu else -128
     ksplit = k > t.tk
     tiles = cp = it = n_bload = n_aload = 0
