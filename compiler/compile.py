@@ -11,6 +11,7 @@ import onnx
 
 from npu.arith import round_up
 from npu.config import NpuConfig, get_config
+from npu.container import Container, DramImage, Manifest, ProgramInfo
 from npu.isa import encode_program
 
 from .cleanup import cleanup
@@ -35,22 +36,20 @@ class CompiledModel:
         return encode_program(self.lowered.program)
 
     @property
-    def manifest(self) -> dict:
+    def manifest(self) -> Manifest:
         low = self.lowered
-        return {
-            "config": self.cfg.name,
-            "program": {"base": self.program_base, "instructions": len(low.program)},
-            "dram": [{"addr": addr, "blob": f"dram{i}"} for i, (addr, _) in enumerate(low.dram)],
-            "inputs": low.inputs,
-            "outputs": low.outputs,
-            "segments": low.segments,
-            "layers": low.layers,
-            "cancel_points": low.points,
-        }
+        return Manifest(
+            config=self.cfg.name,
+            program=ProgramInfo(self.program_base, len(low.program)),
+            dram=[DramImage(addr, f"dram{i}") for i, (addr, _) in enumerate(low.dram)],
+            inputs=low.inputs,
+            outputs=low.outputs,
+            segments=low.segments,
+            layers=low.layers,
+            cancel_points=low.points,
+        )
 
-    def to_container(self):
-        from npu.container import Container
-
+    def to_container(self) -> Container:
         blobs = {"program": self.program, **self.lowered.host_models}
         for i, (_, data) in enumerate(self.lowered.dram):
             blobs[f"dram{i}"] = data
@@ -78,7 +77,7 @@ class CompiledModel:
             + (" (time budget reached: later subgraphs keep the ONNX order)" if r.timed_out else "")
         ]
         for i, s in enumerate(r.subgraphs):
-            names = [self.lowered.layers[self.lowered.order.index(v)]["node"] for v in s.order]
+            names = [self.lowered.layers[self.lowered.order.index(v)].node for v in s.order]
             lines.append(
                 f"  subgraph {i}: {len(s.order)} operators, {s.orders}"
                 f"{'+' if s.method.startswith('sampled') else ''} orders, {s.method}, "
@@ -93,13 +92,13 @@ class CompiledModel:
         pts = self.lowered.points
         if not pts:
             return ["cancellation points: none"]
-        spill = sum(p["kind"] == "spill" for p in pts)
-        ts = [p["est_cycles"] for p in pts]
+        spill = sum(p.kind == "spill" for p in pts)
+        ts = [p.est_cycles for p in pts]
         gaps = [b - a for a, b in zip([0] + ts, ts, strict=False) if b >= a]
         lines = [
             f"cancellation points: {len(pts)} ({spill} spill points at operator boundaries, "
             f"{len(pts) - spill} interval points), largest estimated gap {max(gaps, default=0)} cycles, "
-            f"largest live data {max(p['live_bytes'] for p in pts)} bytes",
+            f"largest live data {max(p.live_bytes for p in pts)} bytes",
             f"  {'id':>4} {'pc':>6} {'kind':<8} {'est cycle':>10} {'live bytes':>10} {'dump':>6} "
             f"{'restore':>7}  ranges",
         ]
@@ -107,10 +106,10 @@ class CompiledModel:
         for k, p in enumerate(shown):
             if len(pts) > 60 and k == 30:
                 lines.append(f"  ... {len(pts) - 60} more ...")
-            rng = " ".join(f"[0x{s:x},0x{e:x})" for s, e in p["live_ranges"][:3])
+            rng = " ".join(f"[0x{s:x},0x{e:x})" for s, e in p.live_ranges[:3])
             lines.append(
-                f"  {p['id']:>4} {p['pc']:>6} {p['kind']:<8} {p['est_cycles']:>10} {p['live_bytes']:>10} "
-                f"{p['dump_cycles']:>6} {p['restore_cycles']:>7}  {rng}"
+                f"  {p.id:>4} {p.pc:>6} {p.kind:<8} {p.est_cycles:>10} {p.live_bytes:>10} "
+                f"{p.dump_cycles:>6} {p.restore_cycles:>7}  {rng}"
             )
         return lines
 
@@ -121,20 +120,18 @@ class CompiledModel:
         total = 0
         peak = 0
         for i, la in enumerate(low.layers):
-            est = la.get("est_cycles", 0) if la["placement"] == "npu" else 0
+            est = (la.est_cycles or 0) if la.placement == "npu" else 0
             total += est
-            peak = max(peak, la.get("spad_bytes", 0))
-            note = la.get("split", "") if la["placement"] != "host" else la.get("reason", "")
-            lines.append(
-                f"{i:>3}  {str(la['node'])[:28]:<28} {la['op']:<18} {la['placement']:<5} {est:>10}  {note}"
-            )
-        n_npu = sum(la["placement"] == "npu" for la in low.layers)
-        n_host = sum(la["placement"] == "host" for la in low.layers)
+            peak = max(peak, la.spad_bytes or 0)
+            note = (la.split or "") if la.placement != "host" else (la.reason or "")
+            lines.append(f"{i:>3}  {str(la.node)[:28]:<28} {la.op:<18} {la.placement:<5} {est:>10}  {note}")
+        n_npu = sum(la.placement == "npu" for la in low.layers)
+        n_host = sum(la.placement == "host" for la in low.layers)
         lines += [
             "",
             f"operators: {n_npu} on the NPU, {n_host} on the host, "
-            f"{sum(la['placement'] == 'view' for la in low.layers)} views (no data moved)",
-            f"segments: {len(low.segments)} (" + ", ".join(s["kind"] for s in low.segments) + ")",
+            f"{sum(la.placement == 'view' for la in low.layers)} views (no data moved)",
+            f"segments: {len(low.segments)} (" + ", ".join(s.kind for s in low.segments) + ")",
             *self._order_report(),
             *self._points_report(),
             f"predicted cycles: {total} (cost model, NPU operators)",

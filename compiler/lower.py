@@ -21,6 +21,7 @@ from onnx.reference import ReferenceEvaluator
 from npu.arith import round_up
 from npu.compiler.programs import gemm_program
 from npu.config import ACC_BASE, NpuConfig
+from npu.container import CancelPoint, HostIO, HostStep, HostTensor, Layer, NpuSegment, Segment, TensorDesc
 from npu.isa import Instr, Opcode, footprint
 from npu.program import ProgramBuilder
 from npu.sim.runner import timing_run
@@ -66,35 +67,28 @@ def add_multipliers(ra: float, rb: float, where: str) -> tuple[int, int, int]:
     return ma, mb, shift
 
 
-def tensor_desc(name: str, a: Act) -> dict:
-    return {
-        "name": name,
-        "shape": list(a.q.shape),
-        "scale": a.q.scale,
-        "zero_point": a.q.zero_point,
-        "addr": a.addr,
-        "layout": a.layout.to_json(),
-    }
+def tensor_desc(name: str, a: Act) -> TensorDesc:
+    return TensorDesc(name, list(a.q.shape), a.q.scale, a.q.zero_point, a.addr, a.layout)
 
 
 @dataclass
 class Lowered:
     program: list[Instr]
     dram: list[tuple[int, bytes]]  # constant images (weights, biases)
-    inputs: list[dict]  # tensor descriptions (see tensor_desc)
-    outputs: list[dict]  # tensor descriptions, or {"name", "shape", "host": True} for host floats
-    segments: list[dict]
-    layers: list[dict] = field(default_factory=list)
+    inputs: list[TensorDesc]
+    outputs: list[TensorDesc | HostTensor]
+    segments: list[Segment]
+    layers: list[Layer] = field(default_factory=list)
     host_models: dict[str, bytes] = field(default_factory=dict)
     dram_end: int = 0
     order: list[int] = field(default_factory=list)  # fragment indices in program order
-    points: list[dict] = field(default_factory=list)  # the cancellation point table
+    points: list[CancelPoint] = field(default_factory=list)  # the cancellation point table
     candidates: list[dict] = field(default_factory=list)  # every place a point could have gone
 
     @property
     def cancel_points(self) -> dict[int, int]:
         """Point id -> pc."""
-        return {p["id"]: p["pc"] for p in self.points}
+        return {p.id: p.pc for p in self.points}
 
 
 @dataclass
@@ -103,10 +97,10 @@ class Frag:
 
     index: int
     kind: str  # "npu" | "host" | "view"
-    layer: dict
+    layer: Layer
     deps: set[int]
     items: list = field(default_factory=list)  # ProgramBuilder items
-    host: dict | None = None
+    host: HostStep | None = None
     host_model: bytes = b""
     _top: list | None = field(default=None, repr=False)
 
@@ -126,8 +120,8 @@ class Lowering:
     cfg: NpuConfig
     frags: list[Frag]
     dram: list[tuple[int, bytes]]
-    inputs: list[dict]
-    outputs: list[dict]
+    inputs: list[TensorDesc]
+    outputs: list[TensorDesc | HostTensor]
     dram_end: int
 
     def assemble(self, order: list[int] | None = None, policy: PointPolicy | None = SPILL_POINTS) -> Lowered:
@@ -260,9 +254,7 @@ class _Lowering:
     def new_frag(self, n, kind: str, shape, info: dict | None = None) -> Frag:
         sources = {self._trace(x) for x in n.input if x}
         deps = {self.frag_of[t] for t in sources if t in self.frag_of}
-        layer = {"node": n.name, "op": n.op_type, "placement": kind, "shape": list(shape)}
-        layer.update(info or {})
-        f = Frag(len(self.frags), kind, layer, deps)
+        f = Frag(len(self.frags), kind, Layer(n.name, n.op_type, kind, list(shape), **(info or {})), deps)
         self.frags.append(f)
         for o in n.output:
             self.frag_of[o] = f.index
@@ -299,7 +291,7 @@ class _Lowering:
             if p is not None and p.op_type == "DequantizeLinear" and p.input[0] in self.acts:
                 outputs.append(tensor_desc(go.name, self.acts[p.input[0]]))
             elif go.name in self.host_float:
-                outputs.append({"name": go.name, "shape": list(self.shape(go.name, p)), "host": True})
+                outputs.append(HostTensor(go.name, list(self.shape(go.name, p))))
             else:
                 raise CompileError(
                     f"{self.source}: graph output {go.name!r} must come from a DequantizeLinear "
@@ -628,11 +620,11 @@ class _Lowering:
             elif kind == "act":
                 a = self.act_in(name, n)
                 g_inputs.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, list(a.q.shape)))
-                inputs.append({"float": name, "tensor": tensor_desc(a.q.name, a)})
+                inputs.append(HostIO(name, tensor_desc(a.q.name, a)))
             elif name in self.host_float or name in graph_inputs:
                 shape = self.shape(name, n)
                 g_inputs.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, list(shape)))
-                inputs.append({"float": name, "tensor": None})
+                inputs.append(HostIO(name, None))
             else:
                 raise CompileError(f"{self.where(n)}: input {name!r} has no producer the compiler knows")
         g_outputs = []
@@ -645,7 +637,7 @@ class _Lowering:
                 if c.op_type == "QuantizeLinear":
                     q = self.qt[c.output[0]]
                     a = self.place(q, f"{self.where(c)} output")
-                    quantize.append({"float": o, "tensor": tensor_desc(q.name, a)})
+                    quantize.append(HostIO(o, tensor_desc(q.name, a)))
         name = f"host{len(self.frags)}"
         m = helper.make_model(
             helper.make_graph([n], name, g_inputs, g_outputs, inits),
@@ -659,29 +651,19 @@ class _Lowering:
                 f"{self.where(n)}: the NPU does not run {n.op_type} and the host cannot either ({e})"
             ) from None
         f = self.new_frag(n, "host", self.shape(n.output[0], n), {"reason": reason})
-        f.host = {
-            "kind": "host",
-            "model": name,
-            "inputs": inputs,
-            "quantize": quantize,
-            "nodes": [f"{n.name} ({n.op_type})"],
-        }
+        f.host = HostStep(name, inputs, quantize, [f"{n.name} ({n.op_type})"])
         f.host_model = m.SerializeToString()
 
 
-def _estimate(instrs: list[Instr], cfg: NpuConfig) -> dict:
-    """Cost-model figures of an instruction range: busy cycles per unit class and a runtime estimate."""
+def _estimate(instrs: list[Instr], cfg: NpuConfig) -> tuple[int, int, int]:
+    """Cost-model figures of an instruction range: compute and DMA busy cycles and a runtime estimate."""
     busy = {"load": 0, "matrix": 0, "vector": 0, "store": 0}
     for i in instrs:
         if i.unit is not None:
             busy[i.unit.name.lower()] += duration(i, cfg)
     compute = max(busy["matrix"], busy["vector"])
     dma = busy["load"] + busy["store"]
-    return {
-        "compute_cycles": compute,
-        "dma_cycles": dma,
-        "est_cycles": max(compute, busy["load"], busy["store"]),
-    }
+    return compute, dma, max(compute, busy["load"], busy["store"])
 
 
 _ADDR_FIELDS = {
@@ -743,7 +725,7 @@ def assemble(low: Lowering, order: list[int], policy: PointPolicy | None = SPILL
         for d in f.deps:
             if pos[d] > pos[f.index]:
                 raise ValueError(
-                    f"operator {f.layer['node']} is ordered before its input {low.frags[d].layer['node']}"
+                    f"operator {f.layer.node} is ordered before its input {low.frags[d].layer.node}"
                 )
     out = Lowered([], low.dram, low.inputs, low.outputs, [], [], {}, low.dram_end, list(order))
     seg: list = []  # items of the NPU segment being collected
@@ -760,7 +742,7 @@ def assemble(low: Lowering, order: list[int], policy: PointPolicy | None = SPILL
 
     for idx in order:
         f = low.frags[idx]
-        la = dict(f.layer)
+        la = replace(f.layer)
         out.layers.append(la)
         if f.kind == "npu":
             items = f.placed(k_npu % 2 == 1, cfg)
@@ -778,7 +760,7 @@ def assemble(low: Lowering, order: list[int], policy: PointPolicy | None = SPILL
         elif f.kind == "host":
             close()
             out.segments.append(f.host)
-            out.host_models[f.host["model"]] = f.host_model
+            out.host_models[f.host.model] = f.host_model
     close()
     return out
 
@@ -849,23 +831,23 @@ def _emit_segment(cfg, out: Lowered, seg: list, cands: list[Candidate], spans, p
         pc = start + built.cancel_points[cp]
         dump, restore = dma_cycles(c.live, cfg)
         out.points.append(
-            {
-                "id": cp,
-                "pc": pc,
-                "kind": "spill" if c.boundary else "interval",
-                "segment": seg_no,
-                "est_cycles": c.t,
-                "live_ranges": [list(r) for r in c.live],
-                "live_bytes": c.live_bytes,
-                "dump_cycles": dump,
-                "restore_cycles": restore,
-            }
+            CancelPoint(
+                id=cp,
+                pc=pc,
+                kind="spill" if c.boundary else "interval",
+                segment=seg_no,
+                est_cycles=c.t,
+                live_ranges=[list(r) for r in c.live],
+                live_bytes=c.live_bytes,
+                dump_cycles=dump,
+                restore_cycles=restore,
+            )
         )
     for la, i0, i1 in spans:
         p0, p1 = pcs[new_index[i0]], pcs[new_index[i1]]
-        la["pc"] = [start + p0, start + p1]
-        la.update(_estimate(built.instrs[p0:p1], cfg))
-    out.segments.append({"kind": "npu", "pc": start, "end": len(out.program) - 1})
+        la.pc = [start + p0, start + p1]
+        la.compute_cycles, la.dma_cycles, la.est_cycles = _estimate(built.instrs[p0:p1], cfg)
+    out.segments.append(NpuSegment(start, len(out.program) - 1))
 
 
 def lower(

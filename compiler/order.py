@@ -246,4 +246,4 @@ def _sampled(nodes, deps, count, rng) -> Iterator[list[int]]:
 
 
 def _names(low: Lowering, g: list[int]) -> list[str]:
-    return [low.frags[v].layer["node"] for v in g]
+    return [low.frags[v].layer.node for v in g]

@@ -33,7 +33,7 @@ def drain_bound(container, cfg: NpuConfig) -> int:
 
     m = NpuModel(cfg, trace=True)
     man = container.manifest
-    xs = [np.zeros(t["shape"], np.float32) for t in man["inputs"]]
+    xs = [np.zeros(t.shape, np.float32) for t in man.inputs]
     run_container(container, xs, cfg, model=m)
     first: dict[int, int] = {}
     last: dict[int, int] = {}
@@ -112,9 +112,9 @@ def bench_preempt(
         points[-1]["within_bound"] = r.dump_cycles + r.restore_cycles <= 1.15 * points[-1][
             "bound_cycles"
         ] + fixed_overhead(cfg)
-    pts = models.perception.manifest["cancel_points"]
-    gap = max([p["est_cycles"] - q["est_cycles"] for q, p in zip(pts, pts[1:], strict=False)
-               if p["segment"] == q["segment"]] + [0])  # fmt: skip
+    pts = models.perception.manifest.cancel_points
+    gap = max([p.est_cycles - q.est_cycles for q, p in zip(pts, pts[1:], strict=False)
+               if p.segment == q.segment] + [0])  # fmt: skip
     base = new_npu(False)
     b_model = base.load(strategies["spill points"], "perception")
     bj = b_model.submit(models.x_perception)
@@ -136,8 +136,8 @@ def bench_preempt(
         strat[name] = _strategy(
             new_npu, cont, models.planning, models.x_perception, models.x_planning, base_cycles, True, offsets
         )
-        strat[name]["points"] = len(cont.manifest["cancel_points"])
-        strat[name]["max_live_bytes"] = max(p["live_bytes"] for p in cont.manifest["cancel_points"])
+        strat[name]["points"] = len(cont.manifest.cancel_points)
+        strat[name]["max_live_bytes"] = max(p.live_bytes for p in cont.manifest.cancel_points)
     return {
         "config": cfg.name,
         "scenario": {

@@ -9,6 +9,6 @@ def run_model(transport, container, inputs: list[np.ndarray]) -> tuple[list[np.n
     """Load a compiled model, run it once; its float outputs and the job's performance counters."""
     from npu.driver import Npu
 
-    npu = Npu(transport=transport, config=container.manifest["config"])
+    npu = Npu(transport=transport, config=container.manifest.config)
     job = npu.load(container).submit(*inputs)
     return job.result(), job.counters

@@ -17,7 +17,6 @@ Between two program segments of a job (host steps) nothing is on chip, so a job 
 
 from __future__ import annotations
 
-import copy
 import enum
 import heapq
 import time
@@ -29,9 +28,9 @@ import numpy as np
 
 from npu.arith import round_up
 from npu.config import NpuConfig, get_config
-from npu.container import Container
+from npu.container import CancelPoint, Container, HostStep, Manifest, relocate
 from npu.executor import HostSteps, check_inputs, read_outputs, write_inputs
-from npu.isa import ErrorCode, Opcode, decode_program, encode_program
+from npu.isa import ErrorCode, encode_program
 from npu.program import ProgramBuilder, copy_range
 from npu.registers import COUNTERS, NPU_MAGIC, Control, Status
 
@@ -75,47 +74,19 @@ def make_transport(backend: str, cfg: NpuConfig, **kw) -> Transport:
     raise DriverError(f"unknown backend {backend!r}; choose model, rtl or serial")
 
 
-def relocate(manifest: dict, program: bytes, off: int) -> tuple[dict, bytes]:
-    """The same model placed `off` bytes higher in DRAM: every DRAM address moves."""
-    instrs = decode_program(program)
-    moved = []
-    for ins in instrs:
-        if ins.op in (Opcode.LOAD, Opcode.STORE):
-            f = dict(ins.fields)
-            f["dram"] += off
-            ins = type(ins)(ins.op, f, ins.wait, ins.signal)
-        moved.append(ins)
-    man = copy.deepcopy(manifest)
-    man["program"]["base"] += off
-    for d in man["dram"]:
-        d["addr"] += off
-
-    def move(desc):
-        if desc and "addr" in desc:
-            desc["addr"] += off
-
-    for t in man["inputs"] + man["outputs"]:
-        move(t)
-    for seg in man["segments"]:
-        if seg["kind"] == "host":
-            for io in seg["inputs"] + seg["quantize"]:
-                move(io["tensor"])
-    return man, encode_program(moved)
-
-
 @dataclass
 class LoadedModel:
     npu: Npu
     name: str
-    manifest: dict
+    manifest: Manifest
     host: HostSteps
     region: tuple[int, int]
     save_addr: int
-    points: dict[int, dict]
+    points: dict[int, CancelPoint]
 
     @property
     def program_base(self) -> int:
-        return self.manifest["program"]["base"]
+        return self.manifest.program.base
 
     def submit(self, *inputs: np.ndarray, **kw) -> Job:
         return self.npu.submit(self, list(inputs), **kw)
@@ -223,30 +194,29 @@ class Npu:
         c = program if isinstance(program, Container) else Container.load(program)
         if c.config_id != self.cfg.config_id:
             raise DriverError(
-                f"{name or c.manifest.get('config')}: compiled for configuration 0x{c.config_id:08x} "
-                f"({c.manifest.get('config')}), the device is {self.cfg.name} (0x{self.cfg.config_id:08x})"
+                f"{name or c.manifest.config}: compiled for configuration 0x{c.config_id:08x} "
+                f"({c.manifest.config}), the device is {self.cfg.name} (0x{self.cfg.config_id:08x})"
             )
         man = c.manifest
         prog = c.blobs["program"]
-        end = man["program"]["base"] + len(prog)
+        end = man.program.base + len(prog)
         off = self._next_free
-        save_bytes = max([p["live_bytes"] for p in man.get("cancel_points", [])] + [0])
-        save_addr = round_up((off + end), 64)
-        top = round_up((save_addr + save_bytes), 4096)
+        save_bytes = max([p.live_bytes for p in man.cancel_points] + [0])
+        save_addr = round_up(off + end, 64)
+        top = round_up(save_addr + save_bytes, 4096)
         if top > self.dram_bytes:
             raise DriverError(
                 f"{name or 'model'}: needs {top - off} bytes of DRAM, {self.dram_bytes - off} are free"
             )
         man, prog = relocate(man, prog, off)
-        for d in man["dram"]:
-            self.tr.write_dram(d["addr"], c.blobs[d["blob"]])
-        self.tr.write_dram(man["program"]["base"], prog)
+        for d in man.dram:
+            self.tr.write_dram(d.addr, c.blobs[d.blob])
+        self.tr.write_dram(man.program.base, prog)
         self._next_free = top
-        name = name or Path(str(man.get("name", f"model{len(self.models)}"))).stem
+        name = name or f"model{len(self.models)}"
         lm = LoadedModel(
-            self, name, man, HostSteps(c.blobs, man["segments"]), (off, top), save_addr,
-            {p["id"]: p for p in man.get("cancel_points", [])},
-        )  # fmt: skip
+            self, name, man, HostSteps(c.blobs, man.segments), (off, top), save_addr, man.point_table()
+        )
         self.models.append(lm)
         return lm
 
@@ -402,11 +372,11 @@ class Npu:
     def _launch(self, job: Job) -> None:
         """Start or continue a job: inputs, host steps, restore, then its next NPU segment."""
         now = self.tr.now()
-        segs = job.model.manifest["segments"]
+        segs = job.model.manifest.segments
         if job.started is None:
             job.started = now
             write_inputs(job.model.manifest, self.tr, job.inputs, job.env)
-        while job.seg < len(segs) and segs[job.seg]["kind"] == "host":
+        while job.seg < len(segs) and isinstance(segs[job.seg], HostStep):
             t0 = time.perf_counter()
             job.model.host.run(self.tr, segs[job.seg], job.env)
             self.trace.span("host", job, now, now, info=f"{time.perf_counter() - t0:.6f} s on the host")
@@ -422,7 +392,7 @@ class Npu:
             job.saved = []
         self.current = job
         job.state = "running"
-        pc = job.resume_pc if job.resume_pc is not None else segs[job.seg]["pc"]
+        pc = job.resume_pc if job.resume_pc is not None else segs[job.seg].pc
         self.tr.set_reg("PROGRAM_BASE", job.model.program_base)
         self.tr.set_reg("RESUME_PC", pc)
         budget = 0 if job.timeout_cycles is None else max(1, job.timeout_cycles - job.used_cycles)
@@ -452,7 +422,7 @@ class Npu:
         if st == Status.DONE:
             job.seg += 1
             job.resume_pc = None
-            if job.seg < len(job.model.manifest["segments"]):
+            if job.seg < len(job.model.manifest.segments):
                 job.state = "ready"  # between segments nothing is on chip: yield to anyone ready
                 heapq.heappush(self._ready, (-job.priority, job.id, job))
             else:
@@ -465,17 +435,17 @@ class Npu:
             if point is None:
                 self._fail(job, JobError(f"job {job.id} ({job.model.name}) paused at unknown point {cp}"))
                 return
-            ranges = [(s, e - s) for s, e in point["live_ranges"]]
+            ranges = [(s, e - s) for s, e in point.live_ranges]
             saved, a = [], job.model.save_addr
             for s, n in ranges:
                 saved.append((s, n, a))
                 a += n
             t0 = self.tr.now()
             dump = self._run_aux([("store", s, n, sa) for s, n, sa in saved]) if saved else 0
-            self.trace.span("dump", job, t0, self.tr.now(), f"{point['live_bytes']} bytes")
+            self.trace.span("dump", job, t0, self.tr.now(), f"{point.live_bytes} bytes")
             job.saved = saved
             job.preemptions.append(
-                Preemption(cp, req[0] if req else now, now, point["live_bytes"], dump,
+                Preemption(cp, req[0] if req else now, now, point.live_bytes, dump,
                            by=req[1].id if req and req[1] else -1)
             )  # fmt: skip
             job.state = "paused"

@@ -52,8 +52,8 @@ def cmd_compile(args) -> int:
     out = args.output or str(Path(args.model).with_suffix(".npub"))
     cm.to_container().save(out)
     low = cm.lowered
-    n_npu = sum(la["placement"] == "npu" for la in low.layers)
-    n_host = sum(la["placement"] == "host" for la in low.layers)
+    n_npu = sum(la.placement == "npu" for la in low.layers)
+    n_host = sum(la.placement == "host" for la in low.layers)
     print(
         f"{args.model} -> {out}: {len(low.program)} instructions, {n_npu} NPU operators, "
         f"{n_host} host operators, {len(low.cancel_points)} cancellation points, config {cm.cfg.name}"
@@ -71,7 +71,7 @@ def _run_npub(args) -> int:
         c = Container.load(args.program)
     except ContainerError as e:
         raise CliError(str(e)) from None
-    cfg = get_config(args.config or c.manifest.get("config", "default"))
+    cfg = get_config(args.config or c.manifest.config)
     if not args.input:
         raise CliError(f"{args.program}: give the model's input with --input x.npy")
     xs = []
@@ -104,8 +104,8 @@ def _run_npub(args) -> int:
         f"({counters['CYCLES'] / cfg.clock_mhz:,.1f} us at {cfg.clock_mhz:g} MHz)"
     )
     with np.printoptions(threshold=60, edgeitems=3, linewidth=100, precision=4):
-        for t, y in zip(c.manifest["outputs"], outs, strict=True):
-            print(f"{t['name']}: float32 {'x'.join(map(str, y.shape))}")
+        for t, y in zip(c.manifest.outputs, outs, strict=True):
+            print(f"{t.name}: float32 {'x'.join(map(str, y.shape))}")
             print(y)
     if args.save:
         print(f"output saved to {args.save}")
@@ -149,7 +149,7 @@ def cmd_asm(args) -> int:
 
 def cmd_disasm(args) -> int:
     if args.program.endswith(".npub"):
-        from npu.container import Container, ContainerError
+        from npu.container import Container, ContainerError, HostStep, NpuSegment
 
         try:
             c = Container.load(args.program)
@@ -158,23 +158,19 @@ def cmd_disasm(args) -> int:
         instrs = decode_program(c.blobs["program"])
         notes: dict[int, list[str]] = {}
         man = c.manifest
-        for i, seg in enumerate(man.get("segments", [])):
-            if seg["kind"] == "npu":
-                notes.setdefault(seg["pc"], []).append(f"segment {i}: NPU program from pc {seg['pc']}")
-        for i, layer in enumerate(man.get("layers", [])):
-            if "pc" in layer:
-                notes.setdefault(layer["pc"][0], []).append(
-                    f"layer {i}: {layer['op']} {layer.get('node') or ''} {layer.get('shape')}"
+        for i, seg in enumerate(man.segments):
+            if isinstance(seg, NpuSegment):
+                notes.setdefault(seg.pc, []).append(f"segment {i}: NPU program from pc {seg.pc}")
+        for i, layer in enumerate(man.layers):
+            if layer.pc is not None:
+                notes.setdefault(layer.pc[0], []).append(
+                    f"layer {i}: {layer.op} {layer.node or ''} {layer.shape}"
                 )
-        for cp in man.get("cancel_points", []):
-            notes.setdefault(cp["pc"], []).append(
-                f"cancellation point {cp['id']}, live bytes {cp['live_bytes']}"
-            )
-        for i, seg in enumerate(man.get("segments", [])):
-            if seg["kind"] == "host" and i > 0 and man["segments"][i - 1]["kind"] == "npu":
-                notes.setdefault(man["segments"][i - 1]["end"], []).append(
-                    f"then host step: {', '.join(seg['nodes'])}"
-                )
+        for cp in man.cancel_points:
+            notes.setdefault(cp.pc, []).append(f"cancellation point {cp.id}, live bytes {cp.live_bytes}")
+        for prev, seg in zip(man.segments, man.segments[1:], strict=False):
+            if isinstance(seg, HostStep) and isinstance(prev, NpuSegment):
+                notes.setdefault(prev.end, []).append(f"then host step: {', '.join(seg.nodes)}")
         notes = {pc: "; ".join(v) for pc, v in notes.items()}
         sys.stdout.write(disassemble(instrs, annotate=notes, show_pc=args.pc))
         return 0

@@ -4,7 +4,7 @@ Layout (little-endian):
 
     offset  size  field
     0       4     magic b"NPUB"
-    4       2     format version (1)
+    4       2     format version (2)
     6       2     reserved, 0
     8       4     configuration id the program was compiled for
     12      4     manifest length M (bytes of UTF-8 JSON)
@@ -12,15 +12,26 @@ Layout (little-endian):
     24      32    SHA-256 of manifest + payload
     56      M     manifest (JSON)
     56+M    P     payload (the blobs the manifest points into)
+
+The manifest is typed here, once: the compiler builds a `Manifest`, the driver, executor, simulator
+runner and CLI read its attributes. Loading validates every field against these types, so a
+checksum-valid file with a missing or mistyped field is a `ContainerError` naming the field.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import struct
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
+
+from .isa import Opcode, decode_program, encode_program
+from .tensors import Layout
 
 MAGIC = b"NPUB"
 VERSION = 2
@@ -31,15 +42,276 @@ class ContainerError(ValueError):
     """A file that is not a valid container; the message names the file and the problem."""
 
 
+# ---- manifest types --------------------------------------------------------------------------------
+
+
+@dataclass
+class TensorDesc:
+    """An int8 tensor in DRAM at `addr`; real value = scale x (q - zero_point), elements placed by
+    `layout`."""
+
+    name: str
+    shape: list[int]
+    scale: float
+    zero_point: int
+    addr: int
+    layout: Layout
+
+
+@dataclass
+class HostTensor:
+    """A float model output computed by a host step (never in DRAM)."""
+
+    name: str
+    shape: list[int]
+    host: Literal[True] = True
+
+
+@dataclass
+class HostIO:
+    """A host step's graph input or quantised result: the float name and the DRAM tensor it is read
+    from or written to (None: a float from an earlier host step or a model input)."""
+
+    float: str
+    tensor: TensorDesc | None
+
+
+@dataclass
+class NpuSegment:
+    """Start the device at `pc`; the range ends with END at `end`."""
+
+    pc: int
+    end: int
+    kind: Literal["npu"] = "npu"
+
+
+@dataclass
+class HostStep:
+    """Operators evaluated on the host: blob `model` (a small ONNX graph) fed from `inputs`, with the
+    `quantize` results written back to DRAM for later NPU segments."""
+
+    model: str
+    inputs: list[HostIO]
+    quantize: list[HostIO]
+    nodes: list[str]
+    kind: Literal["host"] = "host"
+
+
+Segment = NpuSegment | HostStep
+
+
+@dataclass
+class Layer:
+    """One operator in program order. NPU operators carry their pc range and the cost model's
+    figures; `ref_cycles` is a measured reference runtime (None until profiled)."""
+
+    node: str
+    op: str
+    placement: Literal["npu", "host", "view"]
+    shape: list[int]
+    reason: str | None = None  # host: why not on the NPU
+    pc: list[int] | None = None  # npu: [first, end)
+    est_cycles: int | None = None
+    compute_cycles: int | None = None
+    dma_cycles: int | None = None
+    split: str | None = None  # conv/pool: how the operator was divided to fit the scratchpad
+    tile: dict[str, int] | None = None
+    spad_bytes: int | None = None
+    ref_cycles: int | None = None
+
+
+@dataclass
+class CancelPoint:
+    """A cancellation point and the on-chip ranges live across it (what a preemption dumps)."""
+
+    id: int
+    pc: int
+    kind: Literal["spill", "interval"]
+    segment: int
+    est_cycles: int
+    live_ranges: list[list[int]]  # [start, end) on-chip byte ranges
+    live_bytes: int
+    dump_cycles: int
+    restore_cycles: int
+
+
+@dataclass
+class DramImage:
+    """Constant DRAM contents (weights, biases) written before a run."""
+
+    addr: int
+    blob: str
+
+
+@dataclass
+class ProgramInfo:
+    base: int  # DRAM byte address of instruction 0
+    instructions: int
+
+
+@dataclass
+class Manifest:
+    config: str  # configuration name (informative; the header's id decides)
+    program: ProgramInfo
+    dram: list[DramImage]
+    inputs: list[TensorDesc]
+    outputs: list[TensorDesc | HostTensor]
+    segments: list[Segment]
+    layers: list[Layer]
+    cancel_points: list[CancelPoint]
+
+    def to_json(self) -> dict:
+        return _encode(self)
+
+    @classmethod
+    def from_json(cls, d: Any, source: str = "manifest") -> Manifest:
+        """The manifest of a decoded JSON object; raises ContainerError naming a bad field."""
+        return _decode(cls, d, source)
+
+    def blob_names(self) -> list[str]:
+        """Every payload blob the manifest refers to."""
+        return (
+            ["program"]
+            + [d.blob for d in self.dram]
+            + [s.model for s in self.segments if isinstance(s, HostStep)]
+        )
+
+    def tensors(self) -> list[TensorDesc]:
+        """Every DRAM tensor description: model inputs and outputs, host step inputs and results."""
+        out = [t for t in self.inputs + self.outputs if isinstance(t, TensorDesc)]
+        for s in self.segments:
+            if isinstance(s, HostStep):
+                out += [io.tensor for io in s.inputs + s.quantize if io.tensor is not None]
+        return out
+
+    def point_table(self) -> dict[int, CancelPoint]:
+        return {p.id: p for p in self.cancel_points}
+
+    def relocated(self, off: int) -> Manifest:
+        """The same model placed `off` bytes higher in DRAM (see `relocate`)."""
+        man = Manifest.from_json(self.to_json())
+        man.program.base += off
+        for d in man.dram:
+            d.addr += off
+        for t in man.tensors():
+            t.addr += off
+        return man
+
+
+def relocate(manifest: Manifest, program: bytes, off: int) -> tuple[Manifest, bytes]:
+    """The same model placed `off` bytes higher in DRAM: every DRAM address in the manifest and in the
+    program's LOAD/STORE instructions moves."""
+    moved = []
+    for ins in decode_program(program):
+        if ins.op in (Opcode.LOAD, Opcode.STORE):
+            f = dict(ins.fields)
+            f["dram"] += off
+            ins = type(ins)(ins.op, f, ins.wait, ins.signal)
+        moved.append(ins)
+    return manifest.relocated(off), encode_program(moved)
+
+
+# ---- JSON <-> types, with validation --------------------------------------------------------------
+
+
+def _encode(v: Any) -> Any:
+    if isinstance(v, Layout):
+        return v.to_json()
+    if dataclasses.is_dataclass(v):
+        # optional fields that are unset are left out (a host layer has no pc, ...)
+        return {
+            f.name: _encode(getattr(v, f.name))
+            for f in dataclasses.fields(v)
+            if not (getattr(v, f.name) is None and f.default is None)
+        }
+    if isinstance(v, list | tuple):
+        return [_encode(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _encode(x) for k, x in v.items()}
+    return v
+
+
+def _kind_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _decode(tp: Any, v: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if v is None:
+            if type(None) in options:
+                return None
+            raise ContainerError(f"{path}: null, expected {' or '.join(_kind_name(o) for o in options)}")
+        options = [o for o in options if o is not type(None)]
+        return _decode(_pick(options, v, path), v, path)
+    if origin is Literal:
+        if v not in typing.get_args(tp):
+            raise ContainerError(f"{path}: {v!r} is not one of {list(typing.get_args(tp))}")
+        return v
+    if origin is list:
+        if not isinstance(v, list):
+            raise ContainerError(f"{path}: expected a list, found {type(v).__name__}")
+        (item,) = typing.get_args(tp)
+        return [_decode(item, x, f"{path}[{i}]") for i, x in enumerate(v)]
+    if origin is dict:
+        if not isinstance(v, dict):
+            raise ContainerError(f"{path}: expected an object, found {type(v).__name__}")
+        _, item = typing.get_args(tp)
+        return {k: _decode(item, x, f"{path}.{k}") for k, x in v.items()}
+    if tp is Layout:
+        try:
+            return Layout.from_json(v)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ContainerError(f"{path}: not a tensor layout ({e!r})") from None
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(v, dict):
+            raise ContainerError(f"{path}: expected an object, found {type(v).__name__}")
+        hints = typing.get_type_hints(tp)
+        kw = {}
+        for f in dataclasses.fields(tp):
+            if f.name in v:
+                kw[f.name] = _decode(hints[f.name], v[f.name], f"{path}.{f.name}")
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ContainerError(f"{path}.{f.name}: missing")
+        return tp(**kw)
+    if tp is float:
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise ContainerError(f"{path}: expected a number, found {v!r}")
+        return float(v)
+    if tp in (int, str, bool):
+        if not isinstance(v, tp) or (tp is int and isinstance(v, bool)):
+            raise ContainerError(f"{path}: expected {tp.__name__}, found {v!r}")
+        return v
+    raise TypeError(f"no decoder for {tp!r}")  # a manifest type this module does not handle
+
+
+def _pick(options: list, v: Any, path: str) -> Any:
+    """The member of a union a JSON object is: segments by `kind`, outputs by the `host` flag."""
+    if len(options) == 1:
+        return options[0]
+    if not isinstance(v, dict):
+        raise ContainerError(f"{path}: expected an object, found {type(v).__name__}")
+    kinds = {f.default: o for o in options for f in dataclasses.fields(o) if f.name == "kind"}
+    if kinds:
+        if v.get("kind") not in kinds:
+            raise ContainerError(f"{path}.kind: {v.get('kind')!r} is not one of {sorted(kinds)}")
+        return kinds[v["kind"]]
+    return HostTensor if v.get("host") else TensorDesc
+
+
+# ---- the file ---------------------------------------------------------------------------------------
+
+
 @dataclass
 class Container:
     config_id: int
-    manifest: dict
+    manifest: Manifest
     blobs: dict[str, bytes] = field(default_factory=dict)
 
     def to_bytes(self) -> bytes:
         payload = bytearray()
-        man = dict(self.manifest)
+        man = self.manifest.to_json()
         index = {}
         for name, data in self.blobs.items():
             index[name] = {"offset": len(payload), "length": len(data)}
@@ -69,11 +341,25 @@ class Container:
         if hashlib.sha256(body).digest() != digest:
             raise ContainerError(f"{source}: checksum mismatch (the file is corrupt)")
         try:
-            man = json.loads(body[:mlen])
+            raw = json.loads(body[:mlen])
         except ValueError as e:
             raise ContainerError(f"{source}: manifest is not JSON: {e}") from None
+        if not isinstance(raw, dict):
+            raise ContainerError(f"{source}: the manifest is not a JSON object")
+        index = _decode(dict[str, _BlobRef], raw.pop("blobs", {}), f"{source}: manifest.blobs")
+        man = Manifest.from_json(raw, f"{source}: manifest")
         payload = body[mlen:]
-        blobs = {n: payload[i["offset"] : i["offset"] + i["length"]] for n, i in man.pop("blobs", {}).items()}
+        blobs = {}
+        for name, ref in index.items():
+            if ref.offset < 0 or ref.length < 0 or ref.offset + ref.length > len(payload):
+                raise ContainerError(
+                    f"{source}: manifest.blobs.{name}: [{ref.offset}, +{ref.length}) is outside the "
+                    f"{len(payload)}-byte payload"
+                )
+            blobs[name] = payload[ref.offset : ref.offset + ref.length]
+        for name in man.blob_names():
+            if name not in blobs:
+                raise ContainerError(f"{source}: manifest.blobs: no blob {name!r}, which the manifest uses")
         return cls(config_id, man, blobs)
 
     @classmethod
@@ -83,3 +369,11 @@ class Container:
             return cls.from_bytes(p.read_bytes(), str(p))
         except FileNotFoundError:
             raise ContainerError(f"{p}: no such file") from None
+        except IsADirectoryError:
+            raise ContainerError(f"{p}: is a directory, not an .npub file") from None
+
+
+@dataclass
+class _BlobRef:
+    offset: int
+    length: int

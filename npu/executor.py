@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx.reference import ReferenceEvaluator
 
-from .tensors import Layout
+from .container import HostStep, Manifest, NpuSegment, TensorDesc
 
 
 class Device(Protocol):
@@ -35,85 +35,85 @@ def dequantize(q: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
     return (q.astype(np.float32) - zero_point) * np.float32(scale)
 
 
-def write_tensor(dev: Device, desc: dict, x: np.ndarray) -> None:
-    lay = Layout.from_json(desc["layout"])
-    q = quantize(np.asarray(x, np.float32).reshape(lay.shape), desc["scale"], desc["zero_point"])
-    dev.write_dram(desc["addr"], lay.pack(q, desc["zero_point"]))
+def write_tensor(dev: Device, desc: TensorDesc, x: np.ndarray) -> None:
+    lay = desc.layout
+    q = quantize(np.asarray(x, np.float32).reshape(lay.shape), desc.scale, desc.zero_point)
+    dev.write_dram(desc.addr, lay.pack(q, desc.zero_point))
 
 
-def read_tensor_int8(dev: Device, desc: dict) -> np.ndarray:
-    lay = Layout.from_json(desc["layout"])
-    return lay.unpack(dev.read_dram(desc["addr"], lay.nbytes)).reshape(desc["shape"])
+def read_tensor_int8(dev: Device, desc: TensorDesc) -> np.ndarray:
+    lay = desc.layout
+    return lay.unpack(dev.read_dram(desc.addr, lay.nbytes)).reshape(desc.shape)
 
 
-def read_tensor(dev: Device, desc: dict) -> np.ndarray:
-    return dequantize(read_tensor_int8(dev, desc), desc["scale"], desc["zero_point"])
+def read_tensor(dev: Device, desc: TensorDesc) -> np.ndarray:
+    return dequantize(read_tensor_int8(dev, desc), desc.scale, desc.zero_point)
 
 
 class HostSteps:
     """The host graphs of a container, parsed once."""
 
-    def __init__(self, blobs: dict[str, bytes], segments: list[dict]):
+    def __init__(self, blobs: dict[str, bytes], segments: list[NpuSegment | HostStep]):
         self.evaluators = {
-            s["model"]: ReferenceEvaluator(onnx.ModelProto.FromString(blobs[s["model"]]))
+            s.model: ReferenceEvaluator(onnx.ModelProto.FromString(blobs[s.model]))
             for s in segments
-            if s["kind"] == "host"
+            if isinstance(s, HostStep)
         }
 
-    def run(self, dev: Device, seg: dict, env: dict[str, np.ndarray]) -> None:
-        ev = self.evaluators[seg["model"]]
+    def run(self, dev: Device, seg: HostStep, env: dict[str, np.ndarray]) -> None:
+        ev = self.evaluators[seg.model]
         feeds = {}
-        for i in seg["inputs"]:
-            feeds[i["float"]] = read_tensor(dev, i["tensor"]) if i["tensor"] else env[i["float"]]
+        for i in seg.inputs:
+            feeds[i.float] = read_tensor(dev, i.tensor) if i.tensor else env[i.float]
         outs = ev.run(None, feeds)
         for name, v in zip(ev.output_names, outs, strict=True):
             env[name] = np.asarray(v)
-        for q in seg["quantize"]:
-            write_tensor(dev, q["tensor"], env[q["float"]])
+        for q in seg.quantize:
+            write_tensor(dev, q.tensor, env[q.float])
 
 
-def check_inputs(manifest: dict, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    if len(inputs) != len(manifest["inputs"]):
-        raise ValueError(f"the model has {len(manifest['inputs'])} inputs, got {len(inputs)}")
+def check_inputs(manifest: Manifest, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    if len(inputs) != len(manifest.inputs):
+        raise ValueError(f"the model has {len(manifest.inputs)} inputs, got {len(inputs)}")
     xs = []
-    for t, x in zip(manifest["inputs"], inputs, strict=True):
+    for t, x in zip(manifest.inputs, inputs, strict=True):
         x = np.asarray(x, np.float32)
-        if list(x.shape) != list(t["shape"]):
-            raise ValueError(f"input {t['name']}: shape {list(x.shape)}, the model needs {t['shape']}")
+        if list(x.shape) != list(t.shape):
+            raise ValueError(f"input {t.name}: shape {list(x.shape)}, the model needs {t.shape}")
         xs.append(x)
     return xs
 
 
-def write_inputs(manifest: dict, dev: Device, xs: list[np.ndarray], env: dict[str, np.ndarray]) -> None:
+def write_inputs(manifest: Manifest, dev: Device, xs: list[np.ndarray], env: dict[str, np.ndarray]) -> None:
     """Quantise the (checked) float inputs into DRAM; host steps may read them from `env` too."""
-    for t, x in zip(manifest["inputs"], xs, strict=True):
+    for t, x in zip(manifest.inputs, xs, strict=True):
         write_tensor(dev, t, x)
-        env[t["name"]] = x
+        env[t.name] = x
 
 
 def read_outputs(
-    manifest: dict, dev: Device, env: dict[str, np.ndarray], int8: bool = False
+    manifest: Manifest, dev: Device, env: dict[str, np.ndarray], int8: bool = False
 ) -> list[np.ndarray]:
     """The outputs: from DRAM (dequantised, or int8 with `int8`) or from a host step's results."""
     outs = []
-    for t in manifest["outputs"]:
-        if t.get("host"):
-            outs.append(np.asarray(env[t["name"]]))
-        else:
+    for t in manifest.outputs:
+        if isinstance(t, TensorDesc):
             outs.append(read_tensor_int8(dev, t) if int8 else read_tensor(dev, t))
+        else:
+            outs.append(np.asarray(env[t.name]))
     return outs
 
 
 def run_segments(
-    manifest: dict, host: HostSteps, dev: Device, inputs: list[np.ndarray], *, int8: bool = False
+    manifest: Manifest, host: HostSteps, dev: Device, inputs: list[np.ndarray], *, int8: bool = False
 ) -> list[np.ndarray]:
     """Write the inputs, run every segment in order, return the outputs (float, or int8 with `int8`
     for outputs that live in DRAM)."""
     env: dict[str, np.ndarray] = {}
     write_inputs(manifest, dev, check_inputs(manifest, inputs), env)
-    for seg in manifest["segments"]:
-        if seg["kind"] == "npu":
-            dev.run_segment(seg["pc"])
+    for seg in manifest.segments:
+        if isinstance(seg, NpuSegment):
+            dev.run_segment(seg.pc)
         else:
             host.run(dev, seg, env)
     return read_outputs(manifest, dev, env, int8)

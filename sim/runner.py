@@ -172,16 +172,16 @@ def run_container(
     if container.config_id != cfg.config_id:
         raise RunError(
             f"the program was compiled for configuration id 0x{container.config_id:08x} "
-            f"({container.manifest.get('config')}), not for {cfg.name} (0x{cfg.config_id:08x})"
+            f"({container.manifest.config}), not for {cfg.name} (0x{cfg.config_id:08x})"
         )
     man = container.manifest
     m = model or NpuModel(cfg)
-    for seg in man["dram"]:
-        m.write_dram(seg["addr"], container.blobs[seg["blob"]])
-    m.load_program(container.blobs["program"], man["program"]["base"])
+    for d in man.dram:
+        m.write_dram(d.addr, container.blobs[d.blob])
+    m.load_program(container.blobs["program"], man.program.base)
     dev = ModelDevice(m, max_cycles)
     try:
-        outs = run_segments(man, HostSteps(container.blobs, man["segments"]), dev, inputs, int8=int8)
+        outs = run_segments(man, HostSteps(container.blobs, man.segments), dev, inputs, int8=int8)
     except ValueError as e:
         raise RunError(str(e)) from None
     return outs, dev.counters

@@ -7,6 +7,7 @@ import onnx
 import onnxruntime as ort
 
 from npu.compiler import compile_onnx
+from npu.container import HostTensor
 
 
 def compile_model(tmp_path, model: onnx.ModelProto, config: str, calib: np.ndarray, name: str = "m"):
@@ -26,13 +27,13 @@ def compare_int8(cm, *xs: np.ndarray) -> list[np.ndarray]:
     want = ort_outputs(cm.qdq, *xs)
     diffs = []
     for g, w, t in zip(got, want, cm.lowered.outputs, strict=True):
-        if t.get("host"):
-            assert np.allclose(g, w, atol=1e-5), t["name"]
+        if isinstance(t, HostTensor):
+            assert np.allclose(g, w, atol=1e-5), t.name
             continue
-        wq = np.clip(np.rint(w / t["scale"]) + t["zero_point"], -128, 127).astype(np.int8)
+        wq = np.clip(np.rint(w / t.scale) + t.zero_point, -128, 127).astype(np.int8)
         d = np.abs(g.astype(int) - wq.astype(int))
-        assert d.max() <= 1 or (d <= 1).mean() >= 0.99, (t["name"], d.max(), (d <= 1).mean())
-        assert (d <= 1).mean() >= 0.99, (t["name"], (d <= 1).mean())
+        assert d.max() <= 1 or (d <= 1).mean() >= 0.99, (t.name, d.max(), (d <= 1).mean())
+        assert (d <= 1).mean() >= 0.99, (t.name, (d <= 1).mean())
         diffs.append(d)
     return diffs
 

@@ -67,6 +67,6 @@ def test_cleanup_folds_exported_idioms(tmp_path):
     cm = compile_onnx(
         tmp_path / "e.onnx", calib=np.random.default_rng(2).normal(size=(16, 4, 6, 6)).astype(np.float32)
     )
-    assert [la["op"] for la in cm.lowered.layers] == ["Conv", "Reshape", "Gemm"]
-    assert cm.lowered.layers[1]["placement"] == "view"
+    assert [la.op for la in cm.lowered.layers] == ["Conv", "Reshape", "Gemm"]
+    assert cm.lowered.layers[1].placement == "view"
     compare_int8(cm, x)

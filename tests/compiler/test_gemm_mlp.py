@@ -46,7 +46,7 @@ def ort_int8(compiled, x):
     sess = ort.InferenceSession(compiled.qdq.SerializeToString(), providers=["CPUExecutionProvider"])
     y = sess.run(None, {sess.get_inputs()[0].name: x.astype(np.float32)})[0]
     t = compiled.lowered.outputs[0]
-    return np.clip(np.rint(y / t["scale"]) + t["zero_point"], -128, 127).astype(np.int8)
+    return np.clip(np.rint(y / t.scale) + t.zero_point, -128, 127).astype(np.int8)
 
 
 @pytest.mark.parametrize("config", ["tiny", "default", "banked"])
@@ -163,7 +163,7 @@ def test_qdq_relu_with_rescale_runs_as_vmap(tmp_path):
     model.ir_version = 10
     onnx.save(model, str(tmp_path / "r.onnx"))
     cm = compile_onnx(tmp_path / "r.onnx", "tiny")
-    assert [la["op"] for la in cm.lowered.layers] == ["Relu"]
+    assert [la.op for la in cm.lowered.layers] == ["Relu"]
     x = rng.normal(0, 3, size=(6, 50)).astype(np.float32)
     got, want = cm.run_int8(x)[0], ort_int8(cm, x)
     diff = np.abs(got.astype(int) - want.astype(int))
@@ -210,7 +210,7 @@ def test_qdq_add_of_two_tensors_runs_as_vadd(tmp_path, config):
     model.ir_version = 10
     onnx.save(model, str(tmp_path / "add.onnx"))
     cm = compile_onnx(tmp_path / "add.onnx", config)
-    assert [la["op"] for la in cm.lowered.layers] == ["Add"]
+    assert [la.op for la in cm.lowered.layers] == ["Add"]
     a = rng.normal(0, 2, shape).astype(np.float32)
     bv = rng.normal(0, 4, shape).astype(np.float32)
     got = cm.run_int8(a, bv)[0]

@@ -45,7 +45,7 @@ def test_conv(tmp_path, config, spec):
     else:
         y = net.conv(net.input, cout, k, stride=s, pad=pad, groups=g, relu=False)
     cm = check(tmp_path, net, [y], config)
-    assert [la["op"] for la in cm.lowered.layers] == ["Conv"]
+    assert [la.op for la in cm.lowered.layers] == ["Conv"]
 
 
 @pytest.mark.parametrize("config", ["tiny", "default", "banked"])
@@ -53,8 +53,8 @@ def test_conv_batchnorm_relu_batch2(tmp_path, config):
     net = Net("bn", (2, 6, 10, 10), seed=4)
     y = net.conv(net.input, 12, 3, bn=True, relu=True)
     cm = check(tmp_path, net, [y], config)
-    assert [la["op"] for la in cm.lowered.layers] == ["Conv"]  # BN folded, Relu fused by the quantiser
-    assert "frame x2" in cm.lowered.layers[0]["split"]
+    assert [la.op for la in cm.lowered.layers] == ["Conv"]  # BN folded, Relu fused by the quantiser
+    assert "frame x2" in cm.lowered.layers[0].split
 
 
 @pytest.mark.parametrize("config", ["tiny", "default", "banked"])
@@ -70,15 +70,15 @@ def test_pooling(tmp_path, config, kind):
         "gap": lambda: net.gap(x),
     }[kind]()
     cm = check(tmp_path, net, [y], config)
-    assert [la["placement"] for la in cm.lowered.layers] == ["npu", "npu"]
+    assert [la.placement for la in cm.lowered.layers] == ["npu", "npu"]
 
 
 def test_average_pool_excluding_padding_runs_on_the_host(tmp_path):
     net = Net("pool", (1, 8, 8, 8), seed=2)
     y = net.conv(net.avgpool(net.conv(net.input, 8, 3), 3, 1, 1), 8, 1)
     cm = check(tmp_path, net, [y])
-    assert [la["placement"] for la in cm.lowered.layers] == ["npu", "host", "npu"]
-    assert [s["kind"] for s in cm.lowered.segments] == ["npu", "host", "npu"]
+    assert [la.placement for la in cm.lowered.layers] == ["npu", "host", "npu"]
+    assert [s.kind for s in cm.lowered.segments] == ["npu", "host", "npu"]
 
 
 @pytest.mark.parametrize("config", ["tiny", "default", "banked"])
@@ -91,7 +91,7 @@ def test_concat_with_channel_gaps_then_conv_and_gemm(tmp_path, config):
     y = net.conv(cat, 7, 3, relu=False)
     z = net.gemm(net.flatten(cat), 6)
     cm = check(tmp_path, net, [y, z, cat], config)
-    ops = [la["op"] for la in cm.lowered.layers]
+    ops = [la.op for la in cm.lowered.layers]
     assert ops.count("Concat") == 1 and ops.count("Flatten") == 1
 
 
@@ -110,7 +110,7 @@ def test_flatten_then_gemm_and_host_softmax(tmp_path):
     logits = net.gemm(f, 7)
     probs = net.softmax(logits)
     cm = check(tmp_path, net, [probs, logits])
-    assert cm.lowered.layers[-1]["placement"] == "host" and cm.lowered.outputs[0]["layout"]
+    assert cm.lowered.layers[-1].placement == "host" and cm.lowered.outputs[0].layout
 
 
 def test_host_step_in_the_middle(tmp_path):
@@ -118,7 +118,7 @@ def test_host_step_in_the_middle(tmp_path):
     net = Net("lrn", (1, 8, 8, 8), seed=3)
     y = net.conv(net.lrn(net.conv(net.input, 8, 3)), 8, 3)
     cm = check(tmp_path, net, [y])
-    assert [s["kind"] for s in cm.lowered.segments] == ["npu", "host", "npu"]
+    assert [s.kind for s in cm.lowered.segments] == ["npu", "host", "npu"]
 
 
 def test_convolution_four_times_the_scratchpad_is_split(tmp_path):
@@ -131,4 +131,4 @@ def test_convolution_four_times_the_scratchpad_is_split(tmp_path):
     la = cm.lowered.layers[0]
     data = 32 * 112 * 112 + 64 * 112 * 112 + 64 * 32 * 9
     assert data >= 4 * cm.cfg.spad_bytes
-    assert "height" in la["split"] and la["spad_bytes"] <= cm.cfg.spad_bytes
+    assert "height" in la.split and la.spad_bytes <= cm.cfg.spad_bytes

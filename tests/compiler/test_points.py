@@ -31,7 +31,7 @@ class ScramblingDevice:
         m.start(pc=pc, pause=True)
         while (st := m.run()) == Status.PAUSED:
             self.stops.append(m.cp_id)
-            saved = [(s, m.chip.read(s, e - s)) for s, e in self.points[m.cp_id]["live_ranges"]]
+            saved = [(s, m.chip.read(s, e - s)) for s, e in self.points[m.cp_id].live_ranges]
             m.chip.spad[:] = self.rng.integers(0, 256, m.chip.spad.size, dtype=np.uint8)
             m.chip.acc[:] = self.rng.integers(0, 256, m.chip.acc.size, dtype=np.uint8)
             for s, data in saved:
@@ -43,11 +43,11 @@ class ScramblingDevice:
 def run_scrambled(cm, x):
     c = cm.to_container()
     m = NpuModel(cm.cfg)
-    for seg in c.manifest["dram"]:
-        m.write_dram(seg["addr"], c.blobs[seg["blob"]])
-    m.load_program(c.blobs["program"], c.manifest["program"]["base"])
-    dev = ScramblingDevice(m, {p["id"]: p for p in c.manifest["cancel_points"]})
-    outs = run_segments(c.manifest, HostSteps(c.blobs, c.manifest["segments"]), dev, [x], int8=True)
+    for seg in c.manifest.dram:
+        m.write_dram(seg.addr, c.blobs[seg.blob])
+    m.load_program(c.blobs["program"], c.manifest.program.base)
+    dev = ScramblingDevice(m, {p.id: p for p in c.manifest.cancel_points})
+    outs = run_segments(c.manifest, HostSteps(c.blobs, c.manifest.segments), dev, [x], int8=True)
     return outs, dev.stops
 
 
@@ -64,12 +64,12 @@ def test_pausing_at_every_point_with_a_scrambled_chip_is_bit_exact(tmp_path, con
     calib = np.random.default_rng(0).normal(size=(8, 8, size, size)).astype(np.float32)
     cm = compile_onnx(tmp_path / "p.onnx", config, calib=calib, cp_interval=1500, cp_max_live=1 << 20)
     pts = cm.lowered.points
-    interior = [p for p in pts if p["kind"] == "interval"]
-    assert interior and any(p["live_bytes"] > 0 for p in interior)
+    interior = [p for p in pts if p.kind == "interval"]
+    assert interior and any(p.live_bytes > 0 for p in interior)
     x = np.random.default_rng(1).normal(size=(1, 8, size, size)).astype(np.float32)
     want = cm.run_int8(x)
     got, stops = run_scrambled(cm, x)
-    assert stops == [p["id"] for p in pts]
+    assert stops == [p.id for p in pts]
     assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
 
 
@@ -79,7 +79,7 @@ def test_cp_interval_bounds_the_estimated_gap(tmp_path):
 
     onnx.save(z.model, str(tmp_path / "perc.onnx"))
     spill = compile_onnx(tmp_path / "perc.onnx", calib=z.calib, order="default")
-    assert all(p["kind"] == "spill" and p["live_bytes"] == 0 for p in spill.lowered.points)
+    assert all(p.kind == "spill" and p.live_bytes == 0 for p in spill.lowered.points)
     gaps_spill = _gaps(spill.lowered.points)
     interval = 10_000
     cm = compile_onnx(tmp_path / "perc.onnx", calib=z.calib, order="default", cp_interval=interval)
@@ -90,12 +90,12 @@ def test_cp_interval_bounds_the_estimated_gap(tmp_path):
     # a gap above the interval has no usable candidate inside it (one indivisible step)
     max_live = cm.cfg.spad_bytes // 4
     for a, b in zip(pts, pts[1:], strict=False):
-        if a["segment"] == b["segment"] and b["est_cycles"] - a["est_cycles"] > interval:
+        if a.segment == b.segment and b.est_cycles - a.est_cycles > interval:
             inside = [
                 c
                 for c in cm.lowered.candidates
-                if c["segment"] == a["segment"]
-                and a["est_cycles"] < c["est_cycles"] < b["est_cycles"]
+                if c["segment"] == a.segment
+                and a.est_cycles < c["est_cycles"] < b.est_cycles
                 and c["live_bytes"] <= max_live
             ]
             assert not inside, (a, b, inside[:3])
@@ -103,11 +103,11 @@ def test_cp_interval_bounds_the_estimated_gap(tmp_path):
     tight = compile_onnx(
         tmp_path / "perc.onnx", calib=z.calib, order="default", cp_interval=interval, cp_max_live=0
     )
-    assert all(p["live_bytes"] == 0 for p in tight.lowered.points)
+    assert all(p.live_bytes == 0 for p in tight.lowered.points)
     assert len(tight.lowered.points) < len(pts)
     assert "interval points" in cm.report()
 
 
 def _gaps(points):
-    ts = [p["est_cycles"] for p in points]
+    ts = [p.est_cycles for p in points]
     return [b - a for a, b in zip([0] + ts, ts, strict=False) if b >= a]

@@ -41,14 +41,14 @@ def test_imagenet_class_topologies(tmp_path, name, capsys):
     got = cm.run(z.test[:1])
     want = ort_outputs(z.model, z.test[:1])  # the float model
     cos = [cosine(g, w) for g, w in zip(got, want, strict=True)]
-    ops = {la["op"] for la in cm.lowered.layers}
+    ops = {la.op for la in cm.lowered.layers}
     with capsys.disabled():
         print(
             f"\n{name}: compile {compile_s:.1f} s, cosine vs float onnxruntime (probabilities, logits) {cos}"
         )
     assert compile_s < 60
     assert min(cos) >= 0.99
-    assert cm.lowered.layers[-1]["placement"] == "host" and cm.lowered.layers[-1]["op"] == "Softmax"
+    assert cm.lowered.layers[-1].placement == "host" and cm.lowered.layers[-1].op == "Softmax"
     assert "Concat" in ops or "Add" in ops
 
 

@@ -11,7 +11,7 @@ from npu.driver.rtl import run_on_rtl
 
 def preempt_everywhere(transport, c_low, c_hi, x, xu):
     """Runs inside the simulation: a reference run, then a run paused at every point."""
-    npu = Npu(transport=transport, config=c_low.manifest["config"])
+    npu = Npu(transport=transport, config=c_low.manifest.config)
     low, hi = npu.load(c_low, "low"), npu.load(c_hi, "urgent")
     ref = low.run(x, int8=True)
     ref_hi = hi.run(xu, int8=True)
@@ -28,8 +28,8 @@ def test_preemption_on_the_rtl_is_bit_exact(config, request):
     ref, ref_hi, got, records = run_on_rtl(
         preempt_everywhere, c_low, c_hi, x, xu, config=config, dram_bytes=1 << 16
     )
-    points = c_low.manifest["cancel_points"]
-    assert [r[0] for r in records] == [p["id"] for p in points]
+    points = c_low.manifest.cancel_points
+    assert [r[0] for r in records] == [p.id for p in points]
     assert any(r[1] > 0 and r[2] > 0 and r[3] > 0 for r in records)
     assert all(np.array_equal(a, b) for a, b in zip(got, ref, strict=True))
     # and the RTL agrees with the golden model

@@ -29,12 +29,12 @@ def test_preemption_at_every_point_is_bit_exact(which, small_models, demo_models
     ref = low.run(x, int8=True)
     got, records = preempt_at_every_point(npu, low, x, hi, xu)
     stops = [r.cp for r in records]
-    points = c_low.manifest["cancel_points"]
-    assert stops == [p["id"] for p in points]
-    assert any(p["live_bytes"] > 0 for p in points)
+    points = c_low.manifest.cancel_points
+    assert stops == [p.id for p in points]
+    assert any(p.live_bytes > 0 for p in points)
     assert all(np.array_equal(a, b) for a, b in zip(got, ref, strict=True))
     job = npu.jobs[1]
-    assert sum(p.dump_cycles > 0 for p in job.preemptions) == sum(p["live_bytes"] > 0 for p in points)
+    assert sum(p.dump_cycles > 0 for p in job.preemptions) == sum(p.live_bytes > 0 for p in points)
 
 
 def test_priorities_nested_preemption_and_trace(demo_models, tmp_path):
@@ -71,7 +71,7 @@ def test_job_reaching_end_before_any_point_is_waited_for(small_models, mlp_witho
     c_low, c_hi, x, xu = small_models
     npu = Npu("model", "tiny")
     plain, urgent = npu.load(mlp_without_points, "no points"), npu.load(c_low, "urgent")
-    assert not mlp_without_points.manifest["cancel_points"]
+    assert not mlp_without_points.manifest.cancel_points
     t = npu.tr.now()
     j = plain.submit(xu, priority=Priority.LOW)
     u = urgent.submit(x, priority=Priority.HIGH, at=t + 50)

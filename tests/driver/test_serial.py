@@ -33,7 +33,7 @@ def test_driver_over_the_serial_protocol(link, small_models):
     low, hi = npu.load(c_low, "low"), npu.load(c_hi, "urgent")
     ref = low.run(x, int8=True)
     got, records = preempt_at_every_point(npu, low, x, hi, xu)
-    assert len(records) == len(c_low.manifest["cancel_points"])
+    assert len(records) == len(c_low.manifest.cancel_points)
     assert all(np.array_equal(a, b) for a, b in zip(got, ref, strict=True))
     direct = Npu("model", "tiny").load(c_low)
     assert all(np.array_equal(a, b) for a, b in zip(ref, direct.run(x, int8=True), strict=True))
