@@ -1,6 +1,8 @@
-"""ONNX to NPU program compiler (in progress: QDQ int8 Gemm/MatMul/Relu/Add models on the golden model)."""
+"""ONNX to NPU program compiler. The route, one module per pass: `load` (read and check) ->
+`cleanup` (fold, fuse) -> `quantize` (QDQ int8) -> `lower` (operators via `ops/`) -> `order` (key-node
+order search) -> `assemble` (segments, cancellation points); `compile.compile_onnx` runs them."""
 
 from .compile import CompiledModel, compile_onnx
-from .frontend import CompileError
+from .graph import CompileError
 
 __all__ = ["CompiledModel", "CompileError", "compile_onnx"]

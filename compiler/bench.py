@@ -12,9 +12,10 @@ from npu.config import NpuConfig
 
 from .cleanup import cleanup
 from .compile import CompiledModel
-from .frontend import CompileError, quantize_float_model
+from .graph import CompileError
 from .lower import lower
 from .order import search_order
+from .quantize import quantize_float_model
 
 BRANCHY = ("resnet_small", "inception_small", "perception")
 

@@ -18,26 +18,18 @@ import onnx
 from onnx import helper, numpy_helper, shape_inference
 from onnx.reference import ReferenceEvaluator
 
-from .frontend import node_attrs
-
-
-def _static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
-    out = {}
-    for vi in list(model.graph.input) + list(model.graph.value_info) + list(model.graph.output):
-        dims = vi.type.tensor_type.shape.dim
-        if all(d.HasField("dim_value") for d in dims) and vi.type.tensor_type.HasField("shape"):
-            out[vi.name] = tuple(d.dim_value for d in dims)
-    return out
+from .graph import Graph, node_attrs
 
 
 def cleanup(model: onnx.ModelProto) -> onnx.ModelProto:
     model = onnx.ModelProto.FromString(model.SerializeToString())
     g = model.graph
-    consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
-    outputs = {o.name for o in g.output}
+    graph = Graph(model)
+    consts = dict(graph.consts)
+    outputs = set(graph.outputs)
     rename: dict[str, str] = {}
     nodes: list[onnx.NodeProto] = []
-    shapes = _static_shapes(shape_inference.infer_shapes(model))
+    shapes = Graph(shape_inference.infer_shapes(model)).static_shapes()
 
     def src(name: str) -> str:
         while name in rename:
@@ -76,7 +68,7 @@ def cleanup(model: onnx.ModelProto) -> onnx.ModelProto:
     nodes = _fold_batchnorm(nodes, consts, outputs)
     _rebuild(model, nodes, consts, outputs)
     # shapes again: folding made Reshape targets constant, so MatMul operands may now be known 2-D
-    shapes = _static_shapes(model)
+    shapes = Graph(model).static_shapes()
     nodes = _matmul_add_to_gemm(list(model.graph.node), consts, shapes, outputs)
     _rebuild(model, nodes, consts, outputs)
     return model

@@ -14,11 +14,14 @@ from npu.config import NpuConfig, get_config
 from npu.container import Container, DramImage, Manifest, ProgramInfo
 from npu.isa import encode_program
 
+from .assemble import Lowered
 from .cleanup import cleanup
-from .frontend import CompileError, is_qdq, load, quantize_float_model
-from .lower import Lowered, lower
+from .graph import CompileError
+from .load import is_qdq, load
+from .lower import lower
 from .order import SearchResult, search_order
 from .points import PointPolicy
+from .quantize import quantize_float_model
 
 
 @dataclass

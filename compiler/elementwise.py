@@ -10,7 +10,7 @@ from __future__ import annotations
 from npu.config import NpuConfig
 from npu.program import ProgramBuilder
 
-from .frontend import Act
+from .quantize import Act
 
 
 def _step_bytes(cfg: NpuConfig, max_step: int) -> int:

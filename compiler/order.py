@@ -132,7 +132,7 @@ class CostModel:
             f = self.low.frags[idx] if idx >= 0 else None
             if f is not None and f.kind == "npu":
                 b = b or ProgramBuilder(self.low.cfg)
-                b._items.extend(f.placed(k % 2 == 1, self.low.cfg))
+                b.extend(f.placed(k % 2 == 1, self.low.cfg))
                 if self.cancel_points:  # as in the final program: they constrain the tokens
                     b.cancel_point(k)
                 k += 1

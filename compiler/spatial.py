@@ -27,7 +27,8 @@ from npu.config import ACC_BASE, NpuConfig
 from npu.program import ProgramBuilder
 from npu.timing import bank_stride
 
-from .frontend import Act, CompileError
+from .graph import CompileError
+from .quantize import Act
 
 
 def channel_align(cfg: NpuConfig) -> int:

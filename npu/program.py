@@ -16,6 +16,7 @@ benchmarks) goes through this builder so that the token rules of docs/isa.md hol
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .config import NpuConfig
@@ -25,7 +26,9 @@ NUNITS = len(Unit)
 
 
 @dataclass
-class _Item:
+class Item:
+    """One entry of a program being built; compilers keep lists of them to reorder and join."""
+
     kind: str  # "instr", "cp", "barrier", "cand" (a place a point may go; emits nothing)
     instr: Instr | None = None
     cp_id: int = 0
@@ -55,7 +58,7 @@ class ProgramBuilder:
     def __init__(self, cfg: NpuConfig, *, check: bool = True):
         self.cfg = cfg
         self.check = check
-        self._items: list[_Item] = []
+        self._items: list[Item] = []
         self._cp_ids: set[int] = set()
 
     def add(self, instr: Instr | str, label: str = "", **fields: int) -> None:
@@ -66,21 +69,35 @@ class ProgramBuilder:
             raise ValueError(f"{instr.op.name} is a control instruction; use cancel_point/barrier")
         if self.check:
             validate(instr.with_tokens(0, 0), self.cfg)
-        self._items.append(_Item("instr", instr.with_tokens(0, 0), label=label))
+        self._items.append(Item("instr", instr.with_tokens(0, 0), label=label))
 
     def cancel_point(self, cp_id: int) -> None:
         if cp_id in self._cp_ids:
             raise ValueError(f"cancellation point id {cp_id} used twice")
         self._cp_ids.add(cp_id)
-        self._items.append(_Item("cp", cp_id=cp_id))
+        self._items.append(Item("cp", cp_id=cp_id))
 
     def candidate(self) -> None:
         """Mark a place between instructions where a compiler may put a cancellation point (a
         later pass turns chosen candidates into points; `build` ignores the rest)."""
-        self._items.append(_Item("cand"))
+        self._items.append(Item("cand"))
 
     def barrier(self) -> None:
-        self._items.append(_Item("barrier"))
+        self._items.append(Item("barrier"))
+
+    def extend(self, items: Iterable[Item]) -> None:
+        """Append items taken from another builder (`items`): fragments joined into one program.
+        Cancellation point ids must stay unique."""
+        for it in items:
+            if it.kind == "cp":
+                self.cancel_point(it.cp_id)
+            else:
+                self._items.append(it)
+
+    @property
+    def items(self) -> list[Item]:
+        """A copy of the items added so far, in order."""
+        return list(self._items)
 
     def __len__(self) -> int:
         return len(self._items)

@@ -8,9 +8,9 @@ import onnx
 
 from npu.cli import main
 from npu.compiler.cleanup import cleanup
-from npu.compiler.frontend import quantize_float_model
 from npu.compiler.lower import lower
 from npu.compiler.order import CostModel, key_nodes, search_order, subgraphs, topo_orders
+from npu.compiler.quantize import quantize_float_model
 from npu.config import get_config
 from npu.models.builder import Net
 

@@ -1,0 +1,189 @@
+"""Assembly and linking: an operator order becomes NPU program segments and host steps, with the
+cancellation points the policy chooses, each layer's pc range and cost figures, and the point table.
+
+Consecutive NPU operators alternate between the bottom and the top of the on-chip memories (so
+independent operators can overlap); a host step ends the current NPU segment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from npu.config import ACC_BASE, NpuConfig
+from npu.container import CancelPoint, HostTensor, Layer, NpuSegment, Segment, TensorDesc
+from npu.isa import Instr, Opcode
+from npu.program import Item, ProgramBuilder
+from npu.sim.runner import timing_run
+from npu.timing import duration
+
+from .lower import Lowering
+from .points import SPILL_POINTS, Candidate, PointPolicy, choose, dma_cycles, fragment_liveness
+
+
+@dataclass
+class Lowered:
+    program: list[Instr]
+    dram: list[tuple[int, bytes]]  # constant images (weights, biases)
+    inputs: list[TensorDesc]
+    outputs: list[TensorDesc | HostTensor]
+    segments: list[Segment]
+    layers: list[Layer] = field(default_factory=list)
+    host_models: dict[str, bytes] = field(default_factory=dict)
+    dram_end: int = 0
+    order: list[int] = field(default_factory=list)  # fragment indices in program order
+    points: list[CancelPoint] = field(default_factory=list)  # the cancellation point table
+    candidates: list[dict] = field(default_factory=list)  # every place a point could have gone
+
+    @property
+    def cancel_points(self) -> dict[int, int]:
+        """Point id -> pc."""
+        return {p.id: p.pc for p in self.points}
+
+
+def _estimate(instrs: list[Instr], cfg: NpuConfig) -> tuple[int, int, int]:
+    """Cost-model figures of an instruction range: compute and DMA busy cycles and a runtime estimate."""
+    busy = {"load": 0, "matrix": 0, "vector": 0, "store": 0}
+    for i in instrs:
+        if i.unit is not None:
+            busy[i.unit.name.lower()] += duration(i, cfg)
+    compute = max(busy["matrix"], busy["vector"])
+    dma = busy["load"] + busy["store"]
+    return compute, dma, max(compute, busy["load"], busy["store"])
+
+
+def assemble(low: Lowering, order: list[int], policy: PointPolicy | None = SPILL_POINTS) -> Lowered:
+    """Programs and host steps for one operator order (a topological order of the fragments), with
+    cancellation points placed by `policy` (None: no points)."""
+    cfg = low.cfg
+    pos = {f: i for i, f in enumerate(order)}
+    if sorted(order) != list(range(len(low.frags))):
+        raise ValueError("the order must name every operator once")
+    for f in low.frags:
+        for d in f.deps:
+            if pos[d] > pos[f.index]:
+                raise ValueError(
+                    f"operator {f.layer.node} is ordered before its input {low.frags[d].layer.node}"
+                )
+    out = Lowered([], low.dram, low.inputs, low.outputs, [], [], {}, low.dram_end, list(order))
+    seg: list = []  # items of the NPU segment being collected
+    cands: list[Candidate] = []
+    spans: list[tuple[dict, int, int]] = []  # layer, first item, end item
+    k_npu = 0
+
+    def close() -> None:
+        nonlocal seg, cands, spans
+        if not seg:
+            return
+        _emit_segment(cfg, out, seg, cands, spans, policy)
+        seg, cands, spans = [], [], []
+
+    for idx in order:
+        f = low.frags[idx]
+        la = replace(f.layer)
+        out.layers.append(la)
+        if f.kind == "npu":
+            items = f.placed(k_npu % 2 == 1, cfg)
+            k_npu += 1
+            while items and items[-1].kind == "cand":  # the boundary point follows anyway
+                items = items[:-1]
+            live = fragment_liveness(items, cfg)
+            base = len(seg)
+            for i, it in enumerate(items):
+                if it.kind == "cand":
+                    cands.append(Candidate(base + i, 0, False, live[i]))
+            seg.extend(items)
+            spans.append((la, base, len(seg)))
+            cands.append(Candidate(len(seg), 0, True, []))
+        elif f.kind == "host":
+            close()
+            out.segments.append(f.host)
+            out.host_models[f.host.model] = f.host_model
+    close()
+    return out
+
+
+def _simulated_times(cfg: NpuConfig, seg: list[Item]) -> list[int]:
+    """Cycle at which each item position is reached, from the golden model's timing: the latest end
+    of the instructions before it (what a point there waits for)."""
+    b = ProgramBuilder(cfg)
+    b.extend(it for it in seg if it.kind == "instr")
+    built = b.build()
+    m = timing_run(cfg, built.instrs, trace=True)
+    end_of = {}
+    for e in m.trace:
+        if e.unit in ("load", "matrix", "vector", "store"):
+            end_of[e.pc] = max(end_of.get(e.pc, 0), e.end)
+    # pc of each instr item in order (the builder may add SYNCs between them)
+    instr_pcs = [pc for pc, ins in enumerate(built.instrs) if ins.op != Opcode.SYNC and ins.op != Opcode.END]
+    t_at, latest, k = [], 0, 0
+    for it in seg:
+        t_at.append(latest)
+        if it.kind == "instr":
+            latest = max(latest, end_of.get(instr_pcs[k], latest))
+            k += 1
+    t_at.append(latest)
+    return t_at
+
+
+def _emit_segment(
+    cfg: NpuConfig, out: Lowered, seg: list[Item], cands: list[Candidate], spans, policy: PointPolicy | None
+) -> None:
+    # estimated time at each item position: the busiest unit's cumulative duration
+    busy = [0, 0, 0, 0]
+    t_at = []
+    for it in seg:
+        t_at.append(max(busy))
+        if it.kind == "instr":
+            busy[int(it.instr.unit)] += duration(it.instr, cfg)
+    t_at.append(max(busy))
+    if policy is not None and policy.every_instruction:
+        whole = [(0, cfg.spad_bytes), (ACC_BASE, ACC_BASE + cfg.acc_bytes)]
+        cands = [Candidate(i, 0, False, whole) for i, it in enumerate(seg) if it.kind == "instr" and i > 0]
+        cands.append(Candidate(len(seg), 0, True, []))
+    if policy is not None and policy.interval:
+        t_at = _simulated_times(cfg, seg)
+    for c in cands:
+        c.t = t_at[c.pos]
+    chosen = choose(cands, policy, cfg) if policy is not None else []
+    seg_no = len(out.segments)
+    out.candidates += [
+        {"segment": seg_no, "est_cycles": c.t, "live_bytes": c.live_bytes, "boundary": c.boundary}
+        for c in cands
+    ]
+    at = {c.pos: c for c in chosen}
+    b = ProgramBuilder(cfg)
+    new_index: dict[int, int] = {}
+    point_ids: list[tuple[int, Candidate]] = []
+    for i in range(len(seg) + 1):
+        new_index[i] = len(b)
+        if i in at:
+            cp = len(out.points) + len(point_ids)
+            b.cancel_point(cp)
+            point_ids.append((cp, at[i]))
+        if i < len(seg) and seg[i].kind != "cand":
+            b.extend([seg[i]])
+    built = b.build()
+    start = len(out.program)
+    out.program.extend(built.instrs)
+    pcs = built.item_pcs + [len(built.instrs) - 1]
+    for cp, c in point_ids:
+        pc = start + built.cancel_points[cp]
+        dump, restore = dma_cycles(c.live, cfg)
+        out.points.append(
+            CancelPoint(
+                id=cp,
+                pc=pc,
+                kind="spill" if c.boundary else "interval",
+                segment=seg_no,
+                est_cycles=c.t,
+                live_ranges=[list(r) for r in c.live],
+                live_bytes=c.live_bytes,
+                dump_cycles=dump,
+                restore_cycles=restore,
+            )
+        )
+    for la, i0, i1 in spans:
+        p0, p1 = pcs[new_index[i0]], pcs[new_index[i1]]
+        la.pc = [start + p0, start + p1]
+        la.compute_cycles, la.dma_cycles, la.est_cycles = _estimate(built.instrs[p0:p1], cfg)
+    out.segments.append(NpuSegment(start, len(out.program) - 1))

@@ -1,0 +1,47 @@
+"""Operator lowering, one module per family behind one registry (`registry.RULES`):
+
+* `gemm`: Gemm, MatMul;  `conv`: Conv;  `pool`: MaxPool, AveragePool, GlobalAveragePool;
+* `eltwise`: Relu, Clip, Add, Sum, Concat;  `view`: Flatten, Reshape (no data moved);
+* `host`: every other standard operator, evaluated on the host by `onnx.reference`.
+
+`placement` decides where a node runs and `lower_node` lowers it there.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import onnx
+
+from npu.program import ProgramBuilder
+
+from . import conv, eltwise, gemm, pool, view  # noqa: F401 - each registers its operators
+from .host import lower_host
+from .registry import RULES
+
+if TYPE_CHECKING:
+    from ..lower import Lowerer
+
+
+def placement(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
+    """None when the NPU runs this node (or views it), else why it goes to the host."""
+    if n.domain not in ("", "ai.onnx"):
+        return f"custom domain {n.domain}"
+    if any(i in ctx.host_float for i in n.input if i):
+        return "its input is computed on the host"
+    r = RULES.get(n.op_type)
+    if r is None:
+        return "no NPU lowering for this operator"
+    return r.check(ctx, n) if r.check else None
+
+
+def lower_node(ctx: Lowerer, n: onnx.NodeProto) -> None:
+    reason = placement(ctx, n)
+    if reason is not None:
+        lower_host(ctx, n, reason)
+        return
+    r = RULES[n.op_type]
+    if r.view:
+        r.lower(ctx, n)
+    else:
+        r.lower(ctx, n, ProgramBuilder(ctx.cfg))

@@ -1,0 +1,49 @@
+"""Conv: 2-D convolution (strides, padding, groups, depthwise) as per-tap MATMULs over row bands,
+split by frame, output channel, input channel or height to fit the scratchpad (compiler/spatial.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import onnx
+
+from npu.program import ProgramBuilder
+
+from ..graph import CompileError, node_attrs
+from ..quantize import quant_multiplier
+from ..spatial import conv_program, geometry
+from .registry import rule
+
+if TYPE_CHECKING:
+    from ..lower import Lowerer
+
+
+@rule("Conv")
+def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
+    where = ctx.where(n)
+    a = node_attrs(n)
+    x = ctx.act_in(n.input[0], n)
+    w, s_w = ctx.weights(n.input[1], n)
+    if w.ndim != 4 or x.layout.kind != "hwc":
+        raise CompileError(f"{where}: only 2-D convolutions (NCHW) are supported")
+    if any(d != 1 for d in a.get("dilations", [1, 1])):
+        raise CompileError(f"{where}: dilated convolution is not supported")
+    if a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+        raise CompileError(f"{where}: auto_pad is not supported; give explicit pads")
+    groups = a.get("group", 1)
+    cout, cin_g, kh, kw = w.shape
+    if cin_g * groups != x.q.shape[1] or cout % groups:
+        raise CompileError(
+            f"{where}: weights {w.shape} do not match {x.q.shape[1]} channels, {groups} groups"
+        )
+    bias = ctx.bias(n, 2, cout, x, s_w) - x.q.zero_point * w.astype(np.int64).sum(axis=(1, 2, 3))
+    if np.abs(bias).max(initial=0) >= 2**31:
+        raise CompileError(f"{where}: folded bias overflows int32")
+    yq = ctx.q_out(n.output[0], n)
+    y = ctx.place(yq, f"{where} output")
+    geo = geometry(x, y, (kh, kw), a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0]), where)
+    mult, shift = quant_multiplier(x.q.scale * s_w / yq.scale, where)
+    rq = dict(mult=mult, shift=shift, zp_out=yq.zero_point, lo=-128, hi=127)
+    info = conv_program(b, ctx.cfg, x, y, w, bias, groups, geo, rq, ctx.const, where, ctx.step, ctx.max_live)
+    ctx.op_done(n, b, yq.shape, info)

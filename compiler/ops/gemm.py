@@ -1,0 +1,68 @@
+"""Gemm and MatMul: a tiled GEMM with the bias (and the folded activation zero point) in the
+accumulators and requantisation on the vector unit."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import onnx
+
+from npu.program import ProgramBuilder
+
+from ..graph import CompileError, node_attrs
+from ..programs import gemm_program
+from ..quantize import quant_multiplier
+from .registry import rule
+
+if TYPE_CHECKING:
+    from ..lower import Lowerer
+
+
+@rule("Gemm", "MatMul")
+def lower_gemm(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
+    where = ctx.where(n)
+    x = ctx.act_in(n.input[0], n)
+    w, s_w = ctx.weights(n.input[1], n)
+    a = node_attrs(n)
+    if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
+        raise CompileError(f"{where}: only transA=0, alpha=1, beta=1 are supported")
+    if len(x.q.shape) != 2 or w.ndim != 2:
+        raise CompileError(f"{where}: activation must be 2-D, has shape {x.q.shape}")
+    wt = w if a.get("transB", 0) else w.T  # B^T: n x k
+    m_, k_ = x.q.shape
+    n_ = wt.shape[0]
+    if wt.shape[1] != k_:
+        raise CompileError(f"{where}: inner dimensions {k_} and {wt.shape[1]} differ")
+    bias = ctx.bias(n, 2, n_, x, s_w) if n.op_type == "Gemm" else np.zeros(n_, np.int64)
+    # fold the activation zero point: sum (a - za) w = sum a w - za sum w
+    bias = bias - x.q.zero_point * wt.astype(np.int64).sum(axis=1)
+    if np.abs(bias).max(initial=0) >= 2**31:
+        raise CompileError(f"{where}: folded bias overflows int32")
+    # the activation's physical row: a flat view of an HWC tensor permutes (and pads) columns
+    if x.layout.kind == "flat":
+        k_phys = x.layout.nbytes // m_
+        perm = x.layout.offsets()[0]
+        wp = np.zeros((n_, k_phys), np.int8)
+        wp[:, perm] = wt
+        wt = wp
+    yq = ctx.q_out(n.output[0], n)
+    mult, shift = quant_multiplier(x.q.scale * s_w / yq.scale, where)
+    w_addr = ctx.const(np.ascontiguousarray(wt, np.int8).tobytes(), f"{where} weights")
+    bias_addr = ctx.const(bias.astype("<i4").tobytes(), f"{where} bias")
+    y = ctx.place(yq, f"{where} output")
+    gemm_program(
+        ctx.cfg,
+        m_,
+        n_,
+        wt.shape[1],
+        x.addr,
+        w_addr,
+        y.addr,
+        mult=mult,
+        shift=shift,
+        zp_out=yq.zero_point,
+        bias_addr=bias_addr,
+        builder=b,
+    )
+    ctx.op_done(n, b, [m_, n_, k_])

@@ -1,0 +1,42 @@
+"""The operator registry: for each ONNX operator the NPU runs, a lowering and the conditions under
+which it applies. Anything else (or an operator whose conditions fail) runs on the host."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import onnx
+
+if TYPE_CHECKING:
+    from ..lower import Lowerer
+
+    Check = Callable[[Lowerer, onnx.NodeProto], str | None]
+    Lower = Callable[..., None]
+
+
+@dataclass(frozen=True)
+class OpRule:
+    """How one operator type is lowered. `check` returns None when the NPU runs the node, else why
+    it goes to the host; `view` operators move no data (no program, no builder)."""
+
+    lower: Lower
+    check: Check | None = None
+    view: bool = False
+
+
+RULES: dict[str, OpRule] = {}
+
+
+def rule(*ops: str, check: Check | None = None, view: bool = False) -> Callable[[Lower], Lower]:
+    """Register the decorated lowering for `ops`."""
+
+    def register(fn: Lower) -> Lower:
+        for op in ops:
+            if op in RULES:
+                raise ValueError(f"operator {op} registered twice")
+            RULES[op] = OpRule(fn, check, view)
+        return fn
+
+    return register

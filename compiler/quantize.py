@@ -1,0 +1,157 @@
+"""Quantisation: float models to QDQ int8 with onnxruntime's static quantiser, the quantised tensor
+types of the lowering, and the fixed-point arithmetic of requantisation on the vector unit.
+
+Float models are quantised with int8 activations, symmetric per-tensor int8 weights and int32 biases
+from calibration data; QDQ models are taken as they are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import shape_inference
+
+from npu.container import TensorDesc
+from npu.tensors import Layout
+
+from .graph import CompileError, Graph
+
+ORT_MAX_IR = 10
+
+
+@dataclass
+class QTensor:
+    """An int8 tensor: real value = scale * (q - zero_point)."""
+
+    name: str
+    shape: tuple[int, ...]
+    scale: float
+    zero_point: int
+
+
+@dataclass
+class Act:
+    """A quantised activation placed in DRAM: `layout` says where each element lives."""
+
+    q: QTensor
+    addr: int
+    layout: Layout
+
+    @property
+    def nbytes(self) -> int:
+        return self.layout.nbytes
+
+    def desc(self, name: str) -> TensorDesc:
+        """The container's description of this tensor under `name`."""
+        return TensorDesc(name, list(self.q.shape), self.q.scale, self.q.zero_point, self.addr, self.layout)
+
+
+# ---- requantisation arithmetic (the vector unit's multiplier / shift / zero points) ----------------
+
+
+def quant_multiplier(real: float, where: str) -> tuple[int, int]:
+    """(mult, shift) with mult / 2**shift ~ real, mult < 2**31, 0 <= shift <= 62."""
+    if not real > 0 or not math.isfinite(real):
+        raise CompileError(f"{where}: requantisation scale {real} is not a positive number")
+    m, e = math.frexp(real)  # real = m * 2**e, 0.5 <= m < 1
+    mult, shift = round(m * (1 << 31)), 31 - e
+    if mult == 1 << 31:
+        mult, shift = mult // 2, shift - 1
+    while shift > 62:
+        mult, shift = (mult + 1) >> 1, shift - 1
+    if shift < 0:
+        raise CompileError(f"{where}: requantisation scale {real} is too large for the vector unit")
+    return max(mult, 1), shift
+
+
+def add_multipliers(ra: float, rb: float, where: str) -> tuple[int, int, int]:
+    """(mult_a, mult_b, shift) with mult_x / 2**shift ~ rx, both below 2**31, one shared shift."""
+    for r in (ra, rb):
+        if not r > 0 or not math.isfinite(r):
+            raise CompileError(f"{where}: rescale factor {r} is not a positive number")
+    _, e = math.frexp(max(ra, rb))
+    shift = min(62, 31 - e)
+    if shift < 0:
+        raise CompileError(f"{where}: rescale factor {max(ra, rb)} is too large for the vector unit")
+    ma, mb = round(ra * (1 << shift)), round(rb * (1 << shift))
+    if max(ma, mb) >= 1 << 31:
+        ma, mb, shift = (ma + 1) >> 1, (mb + 1) >> 1, shift - 1
+    return ma, mb, shift
+
+
+def requant_params(
+    x: QTensor, y: QTensor, where: str, lo: float | None = None, hi: float | None = None
+) -> dict:
+    """VMAP fields that take int8 `x` to `y`'s quantisation, clamped to the real range [lo, hi]."""
+    mult, shift = quant_multiplier(x.scale / y.scale, where)
+    lo_q = -128 if lo is None else int(np.clip(np.rint(lo / y.scale) + y.zero_point, -128, 127))
+    hi_q = 127 if hi is None else int(np.clip(np.rint(hi / y.scale) + y.zero_point, -128, 127))
+    return dict(mult=mult, shift=shift, zp_in=x.zero_point, zp_out=y.zero_point, lo=lo_q, hi=hi_q)
+
+
+# ---- the quantiser ----------------------------------------------------------------------------------
+
+
+class _DropAdvice(logging.Filter):
+    """onnxruntime's quantiser logs 'please consider pre-processing' on the root logger for every
+    model; the compiler already does its own clean-up, so the advice is noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "pre-processing" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_quantiser() -> Iterator[None]:
+    root, f = logging.getLogger(), _DropAdvice()
+    root.addFilter(f)
+    try:
+        yield
+    finally:
+        root.removeFilter(f)
+
+
+def quantize_float_model(model: onnx.ModelProto, calib: np.ndarray, source: str = "model") -> onnx.ModelProto:
+    """Static QDQ int8 quantisation of a float model with onnxruntime, from calibration inputs."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    g = Graph(model, source)
+    if len(g.inputs) != 1:
+        raise CompileError(f"{source}: quantisation needs exactly one graph input, found {g.inputs}")
+    name = g.inputs[0]
+    batch = g.shape(name, source)[0]
+    calib = np.asarray(calib, np.float32)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(range(0, len(calib) - batch + 1, batch))
+
+        def get_next(self):
+            i = next(self.it, None)
+            return None if i is None else {name: calib[i : i + batch]}
+
+    if len(calib) < batch:
+        raise CompileError(f"{source}: calibration data has {len(calib)} samples, the batch is {batch}")
+    with tempfile.TemporaryDirectory() as d, _quiet_quantiser():
+        src, dst = Path(d) / "float.onnx", Path(d) / "qdq.onnx"
+        model = onnx.ModelProto.FromString(model.SerializeToString())
+        model.ir_version = min(model.ir_version, ORT_MAX_IR)  # onnxruntime lags the onnx package
+        onnx.save(model, str(src))
+        quantize_static(
+            str(src),
+            str(dst),
+            Reader(),
+            quant_format=QuantFormat.QDQ,
+            per_channel=False,
+            activation_type=QuantType.QInt8,
+            weight_type=QuantType.QInt8,
+            extra_options={"WeightSymmetric": True, "ActivationSymmetric": False},
+        )
+        return shape_inference.infer_shapes(onnx.load(str(dst)))
