@@ -9,6 +9,10 @@ perception job resumes bit-exactly afterwards.
 
 from __future__ import annotations
 
+import hashlib
+import importlib
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,21 +31,46 @@ class DemoModels:
     x_planning: np.ndarray
 
 
+def _sources_digest() -> str:
+    """A digest of the code a compiled model depends on: the compiler, the shared contracts, the
+    golden model (the order search's cost model) and the model zoo."""
+    import npu
+
+    root = Path(npu.__file__).parent
+    h = hashlib.sha256()
+    for pkg in ("compiler", "sim", "models"):
+        mod = importlib.import_module(f"npu.{pkg}")
+        files = sorted(Path(mod.__file__).parent.rglob("*.py"))
+        for f in files:
+            h.update(f.name.encode() + f.read_bytes())
+    for f in sorted(root.glob("*.py")):
+        h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()
+
+
 def compile_zoo(name: str, config: str, cache: Path | None = None, **opts) -> tuple[Container, np.ndarray]:
-    """A zoo model compiled with `opts` (cached in `cache` by its options) and one test input."""
+    """A zoo model compiled with `opts` and one test input. The compiled container is cached in
+    `cache`, keyed by a digest of everything it is built from: the ONNX model, the calibration data,
+    the configuration, the options and the compiler's sources."""
     import onnx
 
     from npu.compiler import compile_onnx
+    from npu.config import get_config
     from npu.models import zoo
 
     cache = cache or Path("build") / "demo"
     cache.mkdir(parents=True, exist_ok=True)
     z = zoo.ZOO[name]()
-    key = "-".join(f"{k}{v}" for k, v in sorted(opts.items())) or "plain"
-    path = cache / f"{name}-{config}-{key}.npub"
+    h = hashlib.sha256(z.model.SerializeToString(deterministic=True))
+    h.update(np.ascontiguousarray(z.calib, np.float32).tobytes())
+    h.update(f"{get_config(config).config_id} {sorted(opts.items())} {_sources_digest()}".encode())
+    path = cache / f"{name}-{config}-{h.hexdigest()[:16]}.npub"
     if not path.exists():
-        onnx.save(z.model, str(cache / f"{name}.onnx"))
-        compile_onnx(cache / f"{name}.onnx", config, calib=z.calib, **opts).to_container().save(path)
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:
+            onnx.save(z.model, str(Path(tmp) / f"{name}.onnx"))
+            c = compile_onnx(Path(tmp) / f"{name}.onnx", config, calib=z.calib, **opts).to_container()
+            c.save(Path(tmp) / "m.npub")
+            os.replace(Path(tmp) / "m.npub", path)  # atomic: a parallel run never reads half a file
     batch = z.model.graph.input[0].type.tensor_type.shape.dim[0].dim_value
     return Container.load(path), z.test[:batch]
 

@@ -1,1 +1,2 @@
-"""Amaranth RTL of the NPU core (not built yet: see the RTL issue)."""
+"""Amaranth RTL of the NPU core: units, memories, AXI master and AXI4-Lite registers
+(docs/isa.md, docs/registers.md)."""
