@@ -7,6 +7,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from npu.compiler import CompileError, compile_onnx
+from tests.compiler.helpers import ort_session
 
 
 def mlp_onnx(path, weights, biases, batch, relu_between=True, use_matmul=False):
@@ -43,7 +44,7 @@ def mlp_onnx(path, weights, biases, batch, relu_between=True, use_matmul=False):
 
 
 def ort_int8(compiled, x):
-    sess = ort.InferenceSession(compiled.qdq.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = ort_session(compiled.qdq)
     y = sess.run(None, {sess.get_inputs()[0].name: x.astype(np.float32)})[0]
     t = compiled.lowered.outputs[0]
     return np.clip(np.rint(y / t.scale) + t.zero_point, -128, 127).astype(np.int8)
@@ -214,7 +215,7 @@ def test_qdq_add_of_two_tensors_runs_as_vadd(tmp_path, config):
     a = rng.normal(0, 2, shape).astype(np.float32)
     bv = rng.normal(0, 4, shape).astype(np.float32)
     got = cm.run_int8(a, bv)[0]
-    sess = ort.InferenceSession(cm.qdq.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = ort_session(cm.qdq)
     y = sess.run(None, {"a": a, "b": bv})[0]
     want = np.clip(np.rint(y / 0.06) + 2, -128, 127).astype(np.int8)
     diff = np.abs(got.astype(int) - want.astype(int))
