@@ -29,11 +29,11 @@ zoo: $(STAMP)
 ## whole test suite (what CI runs)
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n auto --dist loadgroup
 
 ## long sweep: 1000 random programs per preset on the RTL against the model
 test-slow: $(STAMP)
-	NPU_RTL_SEEDS=1000 $(BIN)/pytest -q tests/hdl/test_core_rtl.py
+	$(BIN)/pytest -q -n auto --dist loadgroup tests/hdl/test_core_rtl.py --rtl-seeds 1000
 
 bench: $(STAMP)
 	$(BIN)/npu bench model --json

@@ -97,3 +97,22 @@ def bench_banks(cfg: NpuConfig, names: list[str] | None = None) -> dict:
     g = gemm_program(cfg, 256, 256, 256, 0x10000, 0x20000, 0x30000)
     rows.append({"program": "gemm 256^3", **program_conflicts(g.instrs, cfg)})
     return {"config": cfg.name, "programs": rows}
+
+
+def format_banks(result: dict) -> str:
+    """`bench_banks`'s figures as text."""
+    lines = []
+    for r in result["programs"]:
+        maps = ", ".join(f"{k} ({v['banks']} banks) x{v['slowdown']:.2f}" for k, v in r["mappings"].items())
+        lines.append(f"{r['program']}: {r['steps']:,} matrix steps in {r['matmuls']} MATMULs; {maps}")
+    return "\n".join(lines)
+
+
+def format_order(result: dict) -> str:
+    """`bench_order`'s figures as text."""
+    return "\n".join(
+        f"{r['model']}: {r['default_cycles']:,} cycles in ONNX order, {r['searched_cycles']:,} "
+        f"searched ({r['gain']:.1%} fewer); search {r['search_s']} s over {r['subgraphs']} "
+        f"subgraphs, unpartitioned {r['search_s_unpartitioned']}"
+        for r in result["models"]
+    )

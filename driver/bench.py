@@ -165,3 +165,20 @@ def rtl_bench_preempt(transport, cfg_name: str, models: DemoModels, strategies: 
     from npu.config import get_config
 
     return bench_preempt(lambda: transport, get_config(cfg_name), models, strategies, frames)
+
+
+def format_preempt(result: dict) -> str:
+    """`bench_preempt`'s figures as text."""
+    sc = result["scenario"]
+    lines = [
+        f"scenario ({sc['frames']} frames): mean latency {sc['nonpreemptive_latency']:,.0f} cycles "
+        f"without preemption, {sc['preemptive_latency']:,.0f} with (reduction {sc['reduction']:.1%})",
+        f"{len(result['points'])} points: max pause latency {result['max_pause_latency']:,} cycles "
+        f"(interval {result['cp_interval']:,}, drain bound {result['drain_bound']:,})",
+    ]
+    for name, st in result["strategies"].items():
+        lines.append(
+            f"  {name:<17} urgent latency {st['urgent_latency']:>10,.0f} cycles, "
+            f"preempted slowdown {st['preempted_slowdown']:+.1%}"
+        )
+    return "\n".join(lines)

@@ -32,7 +32,8 @@ PROTOCOL_MAGIC = b"NPUS\x01"
 NO_LIMIT = 0xFFFFFFFF
 
 
-def _frame(head: int, code: int, payload: bytes) -> bytes:
+def encode_frame(head: int, code: int, payload: bytes) -> bytes:
+    """One frame of the serial protocol (docs/driver.md): head, code, length, payload, checksum."""
     body = bytes([head, code]) + struct.pack("<H", len(payload)) + payload
     return body + bytes([sum(body) & 0xFF])
 
@@ -47,7 +48,8 @@ def _read_exact(stream: BinaryIO, n: int) -> bytes:
     return out
 
 
-def _read_frame(stream: BinaryIO, head: int) -> tuple[int, bytes]:
+def read_frame(stream: BinaryIO, head: int) -> tuple[int, bytes]:
+    """Read one frame starting with `head`; its code and payload (TransportError on a bad frame)."""
     b = _read_exact(stream, 1)
     if b[0] != head:
         raise TransportError(f"serial framing error: expected 0x{head:02x}, got 0x{b[0]:02x}")
@@ -81,9 +83,9 @@ class SerialTransport(Transport):
         self.dram_bytes = struct.unpack("<I", magic[5:9])[0]
 
     def _call(self, cmd: int, payload: bytes) -> bytes:
-        self.stream.write(_frame(REQ, cmd, payload))
+        self.stream.write(encode_frame(REQ, cmd, payload))
         self.stream.flush()
-        status, data = _read_frame(self.stream, RESP)
+        status, data = read_frame(self.stream, RESP)
         if status != OK:
             raise TransportError(f"serial bridge refused command {cmd}: {STATUS_TEXT.get(status, status)}")
         return data
@@ -137,10 +139,10 @@ def serve(stream: BinaryIO, device: Transport, dram_bytes: int) -> None:
         except TransportError:
             return
         if (sum(b + hdr + payload) & 0xFF) != chk:
-            stream.write(_frame(RESP, BAD_CHECKSUM, b""))
+            stream.write(encode_frame(RESP, BAD_CHECKSUM, b""))
         else:
             status, data = _handle(device, dram_bytes, cmd, payload)
-            stream.write(_frame(RESP, status, data))
+            stream.write(encode_frame(RESP, status, data))
         stream.flush()
 
 

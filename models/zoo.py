@@ -31,7 +31,8 @@ class ZooModel:
     labels: np.ndarray | None = None  # held-out labels (trained models)
 
 
-def _digits():
+def digits_split():
+    """scikit-learn's digits as (train x, test x, train labels, test labels), scaled to [0, 1]."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -43,7 +44,7 @@ def _digits():
 def digits_mlp(batch: int = 1) -> ZooModel:
     from sklearn.neural_network import MLPClassifier
 
-    xtr, xte, ytr, yte = _digits()
+    xtr, xte, ytr, yte = digits_split()
     clf = MLPClassifier(hidden_layer_sizes=(64,), max_iter=600, random_state=0).fit(xtr, ytr)
     net = Net("digits_mlp", (batch, 64))
     h = net.relu(net.gemm(net.input, 64, clf.coefs_[0].T, clf.intercepts_[0]))
@@ -74,7 +75,7 @@ def _col2im(cols: np.ndarray, shape, k: int, s: int, p: int, oh: int, ow: int) -
 
 def train_digits_cnn(epochs: int = 40, seed: int = 0):
     """conv3x3(1->8) relu, conv3x3/2(8->16) relu, flatten, fc(256->10): Adam, cross-entropy."""
-    xtr, xte, ytr, yte = _digits()
+    xtr, xte, ytr, yte = digits_split()
     rng = np.random.default_rng(seed)
     shapes = {"w1": (8, 1, 3, 3), "b1": (8,), "w2": (16, 8, 3, 3), "b2": (16,), "w3": (10, 256), "b3": (10,)}
     fan = {"w1": 9, "w2": 72, "w3": 256}

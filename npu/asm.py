@@ -91,7 +91,7 @@ def parse_int(text: str) -> int:
     return -v if neg else v
 
 
-def _parse_shape(text: str) -> tuple[int, ...]:
+def parse_shape(text: str) -> tuple[int, ...]:
     try:
         dims = tuple(int(x) for x in text.lower().split("x"))
     except ValueError:
@@ -101,7 +101,7 @@ def _parse_shape(text: str) -> tuple[int, ...]:
     return dims
 
 
-def _parse_dtype(text: str) -> str:
+def parse_dtype(text: str) -> str:
     if text not in DTYPES:
         raise ValueError(f"unknown dtype {text!r}; choose one of {', '.join(DTYPES)}")
     return text
@@ -202,14 +202,14 @@ def _directive(out: Assembly, words: list[str], lineno: int) -> None:
                     raise ValueError(f"unknown .data option {extra!r}")
                 seed = parse_int(v)
             out.data.append(
-                DataInit(addr, "random", _parse_dtype(args[2]), _parse_shape(args[3]), seed, line=lineno)
+                DataInit(addr, "random", parse_dtype(args[2]), parse_shape(args[3]), seed, line=lineno)
             )
         else:
             raise ValueError(f".data source must be 'random' or 'file', not {args[1]!r}")
     elif d == ".output":
         if len(args) != 4:
             raise ValueError(".output NAME ADDR DTYPE SHAPE")
-        out.outputs.append(Output(args[0], parse_int(args[1]), _parse_dtype(args[2]), _parse_shape(args[3])))
+        out.outputs.append(Output(args[0], parse_int(args[1]), parse_dtype(args[2]), parse_shape(args[3])))
     else:
         raise ValueError(f"unknown directive {words[0]!r}; known: .config, .data, .output")
 

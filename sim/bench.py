@@ -72,7 +72,8 @@ def bench_model(cfg: NpuConfig, size: int = 256) -> dict:
     }
 
 
-def _gemm_job(cfg: NpuConfig, size: int, seed: int = 0, cancel_every: int = 0):
+def gemm_job(cfg: NpuConfig, size: int, seed: int = 0, cancel_every: int = 0):
+    """A random GEMM as an RTL job: the job, the expected C, its DRAM address and the built program."""
     from .rtl import RtlJob
 
     m = n = k = size
@@ -99,7 +100,7 @@ def bench_gemm_rtl(cfg: NpuConfig, sizes=(64, 128, 256), fast_dram: bool = True)
     """GEMMs on the RTL (cocotb + Verilator): hardware cycle counter vs ideal and vs the model."""
     from .rtl import run_model, run_rtl
 
-    jobs = [_gemm_job(cfg, s) for s in sizes]
+    jobs = [gemm_job(cfg, s) for s in sizes]
     t0 = time.perf_counter()
     records = run_rtl(cfg, [j for j, *_ in jobs], fast_dram=fast_dram)
     wall = time.perf_counter() - t0
@@ -182,13 +183,13 @@ def bench_rtl(
 
     result = bench_gemm_rtl(cfg, sizes, fast_dram=fast_dram)
     size = max(sizes)
-    job, *_ = _gemm_job(cfg, size, cancel_every=pause_interval_tiles)
+    job, *_ = gemm_job(cfg, size, cancel_every=pause_interval_tiles)
     n_gap, drain, tight, cp_times = pause_figures(cfg, job)
     total = cp_times[-1] if cp_times else 0
     jobs = []
     requests = [int(total * (i + 0.5) / pause_samples) for i in range(pause_samples)]
     for t in requests:
-        j, *_ = _gemm_job(cfg, size, cancel_every=pause_interval_tiles)
+        j, *_ = gemm_job(cfg, size, cancel_every=pause_interval_tiles)
         j.pause_at = [t]
         jobs.append(j)
     recs = run_rtl(cfg, jobs, fast_dram=fast_dram)
@@ -208,3 +209,30 @@ def bench_rtl(
         }
     )
     return result
+
+
+def format_model(result: dict) -> str:
+    """`bench_model`'s figures as text."""
+    g = result["gemm"]
+    return (
+        f"GEMM {g['m']}x{g['n']}x{g['k']} on {result['config']}: {g['cycles']:,} cycles "
+        f"(ideal {g['ideal_cycles']:,.0f}, utilization {g['utilization']:.3f}), "
+        f"simulated in {g['wall_s']:.3f} s = {result['sim_cycles_per_s']:,.0f} cycles/s, "
+        f"bit-exact: {g['bit_exact']}"
+    )
+
+
+def format_rtl(result: dict) -> str:
+    """`bench_rtl`'s figures as text."""
+    lines = [
+        f"GEMM {g['m']}^3: {g['cycles']:,} cycles (ideal {g['ideal_cycles']:,.0f}, "
+        f"utilization {g['utilization']:.3f}), model {g['model_cycles']:,} "
+        f"(error {g['model_error']:.3%}), bit-exact: {g['bit_exact']}"
+        for g in result["gemm"]
+    ]
+    lines.append(
+        f"simulation: {result['sim_cycles_per_s']:,.0f} cycles/s; pause latency max "
+        f"{result['pause_latency_max']} cycles with points every N = {result['pause_interval_n']} "
+        f"cycles and drain bound {result['drain_bound']}"
+    )
+    return "\n".join(lines)

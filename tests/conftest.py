@@ -2,3 +2,12 @@ from hypothesis import settings
 
 settings.register_profile("ci", deadline=None, print_blob=True)
 settings.load_profile("ci")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--rtl-seeds",
+        type=int,
+        default=100,
+        help="random programs per preset in the RTL differential suite (make test-slow: 1000)",
+    )

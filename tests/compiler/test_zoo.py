@@ -13,7 +13,7 @@ from tests.compiler.helpers import compare_int8, compile_model, cosine, ort_outp
 
 
 def test_digits_cnn_accuracy(tmp_path, capsys):
-    z = zoo.digits_cnn(batch=len(zoo._digits()[1]))
+    z = zoo.digits_cnn(batch=len(zoo.digits_split()[1]))
     float_acc = (ort_outputs(z.model, z.test)[0].argmax(1) == z.labels).mean()
     calib = np.concatenate([z.calib] * 2)[: len(z.test)]
     cm = compile_model(tmp_path, z.model, "default", calib)

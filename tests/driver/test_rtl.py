@@ -8,6 +8,8 @@ from npu.driver import Npu
 from npu.driver.bench import preempt_at_every_point
 from npu.driver.rtl import run_on_rtl
 
+pytestmark = pytest.mark.rtl
+
 
 def preempt_everywhere(transport, c_low, c_hi, x, xu):
     """Runs inside the simulation: a reference run, then a run paused at every point."""

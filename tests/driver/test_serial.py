@@ -10,7 +10,7 @@ import pytest
 from npu.config import get_config
 from npu.driver import ModelTransport, Npu, Priority, TransportError
 from npu.driver.bench import preempt_at_every_point
-from npu.driver.serial import REQ, SerialTransport, _frame, serve
+from npu.driver.serial import REQ, SerialTransport, encode_frame, serve
 
 
 @pytest.fixture
@@ -47,14 +47,14 @@ def test_serial_errors_are_clear(link):
     with pytest.raises(TransportError, match="address outside DRAM"):
         t.read_dram(cfg.dram_bytes - 2, 16)
     # a corrupted request is refused by the bridge and reported
-    bad = bytearray(_frame(REQ, 1, b""))
+    bad = bytearray(encode_frame(REQ, 1, b""))
     bad[-1] ^= 0xFF
     f.write(bytes(bad))
     f.flush()
     with pytest.raises(TransportError, match="checksum"):
-        from npu.driver.serial import RESP, _read_frame
+        from npu.driver.serial import RESP, read_frame
 
-        status, _ = _read_frame(f, RESP)
+        status, _ = read_frame(f, RESP)
         if status:
             raise TransportError("bridge answered: checksum mismatch")
     with pytest.raises(TransportError, match="port="):

@@ -2,11 +2,14 @@
 cycles as the golden model's timing counts, and the results stay bit-exact."""
 
 import numpy as np
+import pytest
 
 from npu.config import get_config
 from npu.isa import encode_program
 from npu.program import ProgramBuilder
 from npu.sim.rtl import RtlJob, compare, run_model, run_rtl
+
+pytestmark = pytest.mark.rtl
 
 CFG = get_config("banked")
 M = N = K = 64

@@ -1,12 +1,13 @@
 """NpuCore in cocotb (Verilator by default, SIM=icarus for Icarus) against the golden model.
 
 Every job runs on both; DRAM, status, error code and pause points must agree. The jobs of one
-configuration run in one simulation (the Verilog build is cached in build/sim). A failing random
-seed replays alone with: npu hdl replay --config NAME --seed N [--pause every] [--waves]
+configuration run in one simulation (the Verilog build is cached in build/sim), on one test worker
+(`xdist_group`). A failing random seed replays alone with:
+npu hdl replay --config NAME --seed N [--pause every] [--waves]
+The number of random programs is pytest's `--rtl-seeds` (default 100; `make test-slow`: 1000).
 """
 
 import dataclasses
-import os
 
 import numpy as np
 import pytest
@@ -15,19 +16,23 @@ from npu.config import get_config
 from npu.sim.rtl import compare, run_model, run_rtl
 from npu.sim.rtl_suite import directed_jobs, error_jobs, random_jobs
 
-N_RANDOM = int(os.environ.get("NPU_RTL_SEEDS", "100"))
 N_PAUSE_AT = 20
 CONFIGS = ["tiny", "default", "banked"]
 
+pytestmark = pytest.mark.rtl
 
-@pytest.fixture(scope="module", params=CONFIGS)
+
+@pytest.fixture(
+    scope="module", params=[pytest.param(c, marks=pytest.mark.xdist_group(f"rtl-{c}")) for c in CONFIGS]
+)
 def suite(request):
     cfg = get_config(request.param)
+    n_random = request.config.getoption("rtl_seeds")
     groups = {
         "directed": directed_jobs(cfg),
         "errors": error_jobs(cfg),
-        "random": random_jobs(cfg, range(N_RANDOM)),
-        "random_pause_every": random_jobs(cfg, range(1000, 1000 + N_RANDOM // 4), pause="every", cp_prob=0.3),
+        "random": random_jobs(cfg, range(n_random)),
+        "random_pause_every": random_jobs(cfg, range(1000, 1000 + n_random // 4), pause="every", cp_prob=0.3),
     }
     # pauses requested at random cycles (seeded) anywhere in the uninterrupted run
     paused = random_jobs(cfg, range(2000, 2000 + N_PAUSE_AT), pause="none", cp_prob=0.3)
@@ -70,10 +75,10 @@ def test_error_codes_match_model(suite):
     assert codes == set(range(1, 9)), codes  # every error code is exercised
 
 
-def test_random_programs(suite):
+def test_random_programs(suite, request):
     cfg, results = suite
     _check(cfg, results["random"])
-    assert len(results["random"]) == N_RANDOM
+    assert len(results["random"]) == request.config.getoption("rtl_seeds")
 
 
 def test_pause_at_every_cancellation_point(suite):

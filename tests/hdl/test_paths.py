@@ -7,7 +7,7 @@ import pytest
 
 from npu.cli import main
 from npu.config import get_config
-from npu.sim.bench import _gemm_job
+from npu.sim.bench import gemm_job
 from npu.sim.rtl import compare, run_model, run_rtl
 from npu.sim.rtl_suite import directed_jobs, random_jobs
 
@@ -23,10 +23,11 @@ def test_npu_hdl_verilog(name, tmp_path, capsys):
     assert name in capsys.readouterr().out
 
 
+@pytest.mark.rtl
 def test_fast_dram_path_matches_model():
     """The in-simulator RAM used for long runs gives the same results as the AxiRam path."""
     cfg = get_config("tiny")
-    gemm, ref, c_addr, _ = _gemm_job(cfg, 24)
+    gemm, ref, c_addr, _ = gemm_job(cfg, 24)
     jobs = [
         gemm,
         *random_jobs(cfg, range(300, 320)),
@@ -39,6 +40,7 @@ def test_fast_dram_path_matches_model():
     assert np.array_equal(got, ref)
 
 
+@pytest.mark.rtl
 @pytest.mark.skipif(
     shutil.which("iverilog") is None, reason="Icarus Verilog is not installed (CI installs it)"
 )

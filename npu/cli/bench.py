@@ -1,0 +1,116 @@
+"""`npu bench WHAT`: benchmarks that print machine-readable figures (`--json`) or a summary. Each
+bench and its text formatting live beside what they measure."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from ..config import PRESETS, NpuConfig, get_config
+from .common import CliError
+
+HELP = "benchmarks that print figures (use --json)"
+Bench = Callable[[NpuConfig, argparse.Namespace], tuple[dict, Callable[[dict], str]]]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "what",
+        choices=list(BENCHES),
+        help="model: GEMM on the golden model; gemm: GEMM sweep on --backend; "
+        "order: operator order search on the zoo's branchy models; preempt: the preemption "
+        "scenario and strategies; banks: matrix slowdown of candidate scratchpad bank mappings",
+    )
+    p.add_argument("--models", nargs="+", help="order, banks: zoo models (default: a representative set)")
+    p.add_argument(
+        "--timeout", type=float, default=60.0, help="order: time limit of the unpartitioned search (s)"
+    )
+    p.add_argument("--backend", choices=["model", "rtl"], default="model", help="where to measure")
+    p.add_argument("--config", default="default", help=f"hardware preset: {', '.join(PRESETS)}")
+    p.add_argument("--size", type=int, default=256, help="model GEMM m = n = k (default 256)")
+    p.add_argument("--sizes", type=int, nargs="+", help="RTL GEMM sizes (default 64 128 256)")
+    p.add_argument(
+        "--cp-every",
+        type=int,
+        default=1,
+        help="RTL pause-latency program: a cancellation point every this many output tiles",
+    )
+    p.add_argument(
+        "--axi-ram",
+        action="store_true",
+        help="RTL: serve DRAM with cocotbext-axi's AxiRam (slower) instead of the in-simulator RAM",
+    )
+    p.add_argument("--frames", type=int, default=4, help="preempt: frames of the scenario")
+    p.add_argument("--cp-interval", type=int, default=20_000, help="preempt: the compiler's point interval")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _model(cfg: NpuConfig, args: argparse.Namespace):
+    from npu.sim.bench import bench_model, format_model
+
+    return bench_model(cfg, args.size), format_model
+
+
+def _gemm(cfg: NpuConfig, args: argparse.Namespace):
+    if args.backend == "model":
+        return _model(cfg, args)
+    from npu.sim.bench import bench_rtl, format_rtl
+
+    sizes = args.sizes or [64, 128, 256]
+    return bench_rtl(cfg, sizes, fast_dram=not args.axi_ram, pause_interval_tiles=args.cp_every), format_rtl
+
+
+def _preempt(cfg: NpuConfig, args: argparse.Namespace):
+    from npu.driver.bench import bench_preempt, format_preempt, rtl_bench_preempt
+    from npu.driver.demo import build_models, strategy_models
+
+    models = build_models(cfg.name, args.cp_interval, cache=Path("build") / "demo")
+    strategies = strategy_models(cfg.name, args.cp_interval, cache=Path("build") / "demo")
+    if args.backend == "rtl":
+        from npu.driver.rtl import run_on_rtl
+
+        result = run_on_rtl(rtl_bench_preempt, cfg.name, models, strategies, args.frames, config=cfg)
+    else:
+        from npu.driver import ModelTransport
+
+        result = bench_preempt(lambda: ModelTransport(cfg), cfg, models, strategies, args.frames)
+    result["backend"] = args.backend
+    result["cp_interval"] = args.cp_interval
+    return result, format_preempt
+
+
+def _banks(cfg: NpuConfig, args: argparse.Namespace):
+    from npu.compiler.bench import bench_banks, format_banks
+
+    return bench_banks(cfg, args.models), format_banks
+
+
+def _order(cfg: NpuConfig, args: argparse.Namespace):
+    if args.backend != "model":
+        raise CliError("bench order measures on the golden model; --backend rtl is not supported")
+    from npu.compiler.bench import bench_order, format_order
+
+    return bench_order(cfg, args.models, args.timeout), format_order
+
+
+BENCHES: dict[str, Bench] = {
+    "model": _model,
+    "gemm": _gemm,
+    "order": _order,
+    "preempt": _preempt,
+    "banks": _banks,
+}
+
+
+def run(args: argparse.Namespace) -> int:
+    from npu.compiler import CompileError
+
+    cfg = get_config(args.config)
+    try:
+        result, text = BENCHES[args.what](cfg, args)
+    except CompileError as e:  # an unknown or uncompilable zoo model
+        raise CliError(str(e)) from None
+    print(json.dumps(result) if args.json else text(result))
+    return 0

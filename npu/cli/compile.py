@@ -1,0 +1,85 @@
+"""`npu compile`: an ONNX model to an .npub container."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from ..config import PRESETS
+from .common import CliError, number
+
+HELP = "compile an ONNX model to an .npub container"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="ONNX model (float with --calib, or QDQ int8)")
+    p.add_argument("-o", "--output", help="output .npub (default: MODEL with .npub)")
+    p.add_argument("--config", default="default", help=f"hardware preset: {', '.join(PRESETS)}")
+    p.add_argument("--calib", metavar="CALIB.npy", help="calibration inputs for a float model")
+    p.add_argument(
+        "--report",
+        action="store_true",
+        help="print placement, splits, subgraphs and chosen orders, cancellation points, cycles, "
+        "scratchpad peak",
+    )
+    p.add_argument(
+        "--order",
+        choices=["search", "default"],
+        default="search",
+        help="operator order: search (key-node partitioned, golden-model timing) or default (ONNX order)",
+    )
+    p.add_argument(
+        "--order-budget", type=float, default=10.0, metavar="S", help="time limit of the order search (s)"
+    )
+    p.add_argument(
+        "--cp-interval",
+        type=number,
+        default=0,
+        metavar="N",
+        help="also place cancellation points inside operators, at most N estimated cycles apart where "
+        "possible (default 0: only at operator boundaries)",
+    )
+    p.add_argument(
+        "--cp-max-live",
+        type=number,
+        metavar="BYTES",
+        help="skip interior points whose live on-chip data exceed BYTES (default: a quarter of the "
+        "scratchpad)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from npu.compiler import CompileError, compile_onnx
+
+    calib = None
+    if args.calib:
+        try:
+            calib = np.load(args.calib)
+        except (OSError, ValueError) as e:
+            raise CliError(f"--calib {args.calib}: cannot read: {e}") from None
+    try:
+        cm = compile_onnx(
+            args.model,
+            args.config,
+            calib=calib,
+            order=args.order,
+            order_budget_s=args.order_budget,
+            cp_interval=args.cp_interval,
+            cp_max_live=args.cp_max_live,
+        )
+    except CompileError as e:
+        raise CliError(str(e)) from None
+    out = args.output or str(Path(args.model).with_suffix(".npub"))
+    cm.to_container().save(out)
+    low = cm.lowered
+    n_npu = sum(la.placement == "npu" for la in low.layers)
+    n_host = sum(la.placement == "host" for la in low.layers)
+    print(
+        f"{args.model} -> {out}: {len(low.program)} instructions, {n_npu} NPU operators, "
+        f"{n_host} host operators, {len(low.cancel_points)} cancellation points, config {cm.cfg.name}"
+    )
+    if args.report:
+        print(cm.report())
+    return 0

@@ -1,0 +1,58 @@
+"""`npu hdl verilog|replay`: the core's Verilog, and one random differential test on the RTL."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..config import PRESETS, get_config
+
+HELP = "RTL: generate Verilog, replay a random differential test"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="hdl_cmd", required=True, metavar="ACTION")
+    v = sub.add_parser("verilog", help="write the NpuCore Verilog for a configuration")
+    v.add_argument("--config", default="default", help=f"hardware preset: {', '.join(PRESETS)}")
+    v.add_argument("-o", "--output", default="npu.v", help="output file (default npu.v)")
+    v.set_defaults(func=verilog)
+    r = sub.add_parser("replay", help="run one random program (by seed) on the RTL and the model")
+    r.add_argument("--config", default="tiny", help=f"hardware preset: {', '.join(PRESETS)}")
+    r.add_argument("--seed", type=int, required=True, help="the random program's seed")
+    r.add_argument("--pause", choices=["none", "every"], default="none", help="pause at every point")
+    r.add_argument("--waves", action="store_true", help="record build/sim/<name>-waves/dump.vcd")
+    r.set_defaults(func=replay)
+
+
+def run(args: argparse.Namespace) -> int:
+    return args.func(args)
+
+
+def verilog(args: argparse.Namespace) -> int:
+    from npu.hdl.verilog import core_verilog
+
+    cfg = get_config(args.config)
+    text = core_verilog(cfg)
+    Path(args.output).write_text(text)
+    print(f"{args.output}: NpuCore for {cfg.describe()} ({len(text.splitlines()):,} lines)")
+    return 0
+
+
+def replay(args: argparse.Namespace) -> int:
+    from npu.sim.rtl import compare, run_model, run_rtl
+    from npu.sim.rtl_suite import random_jobs
+
+    cfg = get_config(args.config)
+    cp_prob = 0.3 if args.pause == "every" else 0.15
+    job = random_jobs(cfg, [args.seed], pause=args.pause, cp_prob=cp_prob)[0]
+    rtl = run_rtl(cfg, [job], waves=args.waves)[0]
+    model = run_model(cfg, job)
+    diffs = compare(model, rtl)
+    print(
+        f"seed {args.seed} on {cfg.name}: model {model.status} in {model.counters['CYCLES']} cycles, "
+        f"RTL {rtl.status} in {rtl.counters['CYCLES']} cycles"
+    )
+    for d in diffs:
+        print(f"  differs: {d}")
+    print("agree" if not diffs else "DISAGREE")
+    return 0 if not diffs else 1

@@ -1,0 +1,168 @@
+"""`npu run`: a program on the golden model (assembly or binary), or a compiled .npub model on the
+model or the RTL core, printing outputs and counters."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..config import PRESETS, get_config
+from ..isa import ErrorCode
+from .common import CliError, load_program, number, validate_all
+
+HELP = "run a program on the golden model, print outputs and counters"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("program", help=".s file (with .data/.output directives) or binary")
+    p.add_argument("--config", help=f"one of {', '.join(PRESETS)} (default: the file's .config)")
+    p.add_argument(
+        "--backend",
+        default="model",
+        choices=["model", "rtl"],
+        help="execution backend (rtl: an .npub model on the simulated core through the driver)",
+    )
+    p.add_argument("--base", type=number, default=0, help="DRAM address of the program (default 0)")
+    p.add_argument("--dram", action="append", metavar="FILE.npy@ADDR", help="preload DRAM")
+    p.add_argument(
+        "--output",
+        action="append",
+        metavar="NAME@ADDR:DTYPE:SHAPE",
+        help="read a result back, e.g. C@0x40000:i8:64x64 (for an .npub model: the output file, y.npy)",
+    )
+    p.add_argument(
+        "--pause-at",
+        type=number,
+        action="append",
+        metavar="CYCLE",
+        help="request a pause at this cycle, then resume (repeatable)",
+    )
+    p.add_argument("--max-cycles", type=number, help="give up after this many cycles")
+    p.add_argument("--save", metavar="OUT.npz", help="save outputs (.npy for an .npub's output)")
+    p.add_argument("--input", action="append", metavar="X.npy", help="an .npub model's float input")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _run_npub(args: argparse.Namespace) -> int:
+    from npu.container import Container, ContainerError
+    from npu.sim.runner import RunError, run_container
+
+    try:
+        c = Container.load(args.program)
+    except ContainerError as e:
+        raise CliError(str(e)) from None
+    cfg = get_config(args.config or c.manifest.config)
+    if not args.input:
+        raise CliError(f"{args.program}: give the model's input with --input x.npy")
+    xs = []
+    for path in args.input:
+        try:
+            xs.append(np.load(path))
+        except (OSError, ValueError) as e:
+            raise CliError(f"--input {path}: cannot read: {e}") from None
+    try:
+        if args.backend == "rtl":
+            from npu.driver.jobs import run_model
+            from npu.driver.rtl import DEFAULT_DRAM, run_on_rtl
+
+            dram = min(cfg.dram_bytes, DEFAULT_DRAM)
+            outs, counters = run_on_rtl(run_model, c, xs, config=cfg, dram_bytes=dram)
+        else:
+            outs, counters = run_container(c, xs, cfg)
+    except RunError as e:
+        raise CliError(f"{args.program}: {e}") from None
+    if args.output:  # for a compiled model: --output y.npy (several outputs: y.npy, y.1.npy, ...)
+        if len(args.output) != 1 or "@" in args.output[0]:
+            raise CliError("for an .npub model, give one --output FILE.npy")
+        args.save = args.output[0]
+    if args.save:
+        base = Path(args.save)
+        for i, y in enumerate(outs):
+            np.save(base if i == 0 else base.with_suffix(f".{i}.npy"), y)
+    print(
+        f"{args.program} on {cfg.name}: {counters['CYCLES']:,} cycles "
+        f"({counters['CYCLES'] / cfg.clock_mhz:,.1f} us at {cfg.clock_mhz:g} MHz)"
+    )
+    with np.printoptions(threshold=60, edgeitems=3, linewidth=100, precision=4):
+        for t, y in zip(c.manifest.outputs, outs, strict=True):
+            print(f"{t.name}: float32 {'x'.join(map(str, y.shape))}")
+            print(y)
+    if args.save:
+        print(f"output saved to {args.save}")
+    return 0
+
+
+def _fmt_counters(c: dict[str, int]) -> str:
+    return "\n".join(f"  {k.lower():<15} {v:>12,}" for k, v in c.items())
+
+
+def run(args: argparse.Namespace) -> int:
+    from npu.sim.runner import RunError, run_assembly
+
+    if args.program.endswith(".npub"):
+        return _run_npub(args)
+    if args.backend != "model":
+        raise CliError(f"--backend {args.backend} runs compiled .npub models; assembly runs on the model")
+    asm = load_program(args.program)
+    cfg = get_config(args.config or asm.config or "default")
+    for spec in args.dram or []:
+        from ..asm import DataInit
+
+        path, _, addr = spec.rpartition("@")
+        if not path:
+            raise CliError(f"--dram {spec!r}: write FILE.npy@ADDR")
+        asm.data.append(DataInit(number(addr), "file", path=str(Path(path).resolve())))
+    for spec in args.output or []:
+        from ..asm import Output, parse_dtype, parse_shape
+
+        try:
+            name, rest = spec.split("@", 1)
+            addr, dtype, shape = rest.split(":")
+            asm.outputs.append(Output(name, number(addr), parse_dtype(dtype), parse_shape(shape)))
+        except ValueError as e:
+            raise CliError(f"--output {spec!r}: write NAME@ADDR:DTYPE:SHAPE ({e})") from None
+    validate_all(asm, cfg)
+    try:
+        res = run_assembly(asm, cfg, base=args.base, pause_at=args.pause_at, max_cycles=args.max_cycles)
+    except RunError as e:
+        raise CliError(str(e)) from None
+    if args.save:
+        np.savez(args.save, **res.outputs)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "program": args.program,
+                    "config": cfg.name,
+                    "status": res.status.name,
+                    "error": ErrorCode(res.error_code).name,
+                    "error_pc": res.error_pc,
+                    "counters": res.counters,
+                    "wall_s": round(res.wall_s, 6),
+                    "pauses": [{"cp_id": a, "resume_pc": b} for a, b in res.pauses],
+                    "outputs": {k: v.tolist() for k, v in res.outputs.items()},
+                }
+            )
+        )
+    else:
+        print(f"{args.program} on {cfg.describe()}")
+        print(
+            f"status: {res.status.name}"
+            + (f" ({ErrorCode(res.error_code).name} at pc {res.error_pc})" if res.error_code else "")
+        )
+        for cp, pc in res.pauses:
+            print(f"paused at cancellation point {cp}, resumed at pc {pc}")
+        with np.printoptions(threshold=200, edgeitems=4, linewidth=100):
+            for name, arr in res.outputs.items():
+                print(f"{name}: {arr.dtype} {'x'.join(map(str, arr.shape))}")
+                print(arr)
+        print("counters:")
+        print(_fmt_counters(res.counters))
+        us = res.counters["CYCLES"] / cfg.clock_mhz
+        print(f"  = {us:,.1f} us at {cfg.clock_mhz:g} MHz; simulated in {res.wall_s:.3f} s")
+        if args.save:
+            print(f"outputs saved to {args.save}")
+    return 0 if res.status.name == "DONE" else 1
