@@ -15,6 +15,24 @@ Burst = data.StructLayout({"addr": 32, "len": 8})
 Fetched = data.StructLayout({"instr": INSTR_BITS, "pc": 32, "bad": 1})
 
 
+#: an entry of a unit's instruction queue: the instruction, its pc, and the ordinal of the next
+#: cancellation point (a marker's own ordinal)
+QueueEntry = data.StructLayout({"instr": INSTR_BITS, "pc": 32, "ordinal": 16})
+#: the 16-bit header every instruction starts with (docs/isa.md)
+Header = data.StructLayout({"opcode": Opcode, "wait": 4, "signal": 4, "rsvd": 4})
+
+
+def header(word) -> data.View:
+    """The header of an instruction word: opcode (an `Opcode`-shaped view), wait and signal masks."""
+    return data.View(Header, word[: Header.size])
+
+
+def exec_signature() -> wiring.Signature:
+    """A unit's instruction port, seen from the dispatcher: `go` starts `instr` (only while the unit
+    is not `busy`); `done` pulses when the instruction has completed (its tokens may be pushed)."""
+    return wiring.Signature({"go": Out(1), "instr": Out(INSTR_BITS), "busy": In(1), "done": In(1)})
+
+
 def burst_stream() -> stream.Signature:
     return stream.Signature(Burst)
 

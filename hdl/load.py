@@ -20,6 +20,7 @@ from .common import (
     ByteFifo,
     beat_stream,
     burst_stream,
+    exec_signature,
     is_acc,
     log2,
     low_bytes_mask,
@@ -37,10 +38,7 @@ class LoadUnit(wiring.Component):
         self.acc_port = acc_port
         super().__init__(
             {
-                "go": In(1),
-                "instr": In(INSTR_BITS),
-                "busy": Out(1),
-                "done": Out(1),
+                "exec": In(exec_signature()),
                 # AXI read bursts and their beats (through the read arbiter)
                 "ar": Out(burst_stream()),
                 "r": In(beat_stream(cfg)),
@@ -56,8 +54,8 @@ class LoadUnit(wiring.Component):
 
         ins = Signal(INSTR_BITS)
         f = view(Opcode.LOAD, ins)
-        with m.If(self.go):
-            m.d.sync += ins.eq(self.instr)
+        with m.If(self.exec.go):
+            m.d.sync += ins.eq(self.exec.instr)
 
         tr = Signal(18)
         tw = Signal(18)
@@ -66,7 +64,7 @@ class LoadUnit(wiring.Component):
             tw.eq(f.pad_left + f.cols + f.pad_right),
         ]
         active = Signal()
-        m.d.comb += self.busy.eq(active)
+        m.d.comb += self.exec.busy.eq(active)
 
         # ---- AR issuer --------------------------------------------------------------------------
         ar_row = Signal(16)
@@ -196,11 +194,11 @@ class LoadUnit(wiring.Component):
         # ---- control ------------------------------------------------------------------------------
         finished = Signal()
         m.d.comb += finished.eq(active & ((w_row >= tr) | (tw == 0)))
-        m.d.comb += self.done.eq(finished)
+        m.d.comb += self.exec.done.eq(finished)
         with m.If(finished):
             m.d.sync += [active.eq(0), ar_active.eq(0), g_active.eq(0), w_active.eq(0)]
-        with m.If(self.go):
-            nf = view(Opcode.LOAD, self.instr)
+        with m.If(self.exec.go):
+            nf = view(Opcode.LOAD, self.exec.instr)
             m.d.sync += [
                 active.eq(1),
                 ar_active.eq(1),

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from amaranth import Cat, Module, Mux, Signal, signed
 from amaranth.lib import wiring
-from amaranth.lib.wiring import In, Out
+from amaranth.lib.wiring import In
 
 from npu.config import ACC_BASE, NpuConfig
 from npu.isa import INSTR_BITS, Opcode
 
-from .common import log2, view
+from .common import exec_signature, log2, view
 from .spad import gather
 
 
@@ -29,7 +29,7 @@ class MatrixUnit(wiring.Component):
         self.cfg = cfg
         self.a_ports, self.b_ports = a_ports, b_ports
         self.c_rports, self.c_wports = c_rports, c_wports
-        super().__init__({"go": In(1), "instr": In(INSTR_BITS), "busy": Out(1), "done": Out(1)})
+        super().__init__({"exec": In(exec_signature())})
 
     def elaborate(self, platform):
         m = Module()
@@ -39,10 +39,10 @@ class MatrixUnit(wiring.Component):
         lw, ll = log2(W), log2(L)
         ins = Signal(INSTR_BITS)
         f = view(Opcode.MATMUL, ins)
-        with m.If(self.go):
-            m.d.sync += ins.eq(self.instr)
+        with m.If(self.exec.go):
+            m.d.sync += ins.eq(self.exec.instr)
         active = Signal()
-        m.d.comb += self.busy.eq(active)
+        m.d.comb += self.exec.busy.eq(active)
 
         MB = Signal(16)
         NB = Signal(16)
@@ -156,7 +156,7 @@ class MatrixUnit(wiring.Component):
             m.d.sync += issuing.eq(0)
         finished = Signal()
         m.d.comb += finished.eq(active & ((empty & issuing) | (s1_done & last1)))
-        m.d.comb += self.done.eq(finished)
+        m.d.comb += self.exec.done.eq(finished)
         with m.If(step_done):
             with m.If(~last_k):
                 m.d.sync += kb.eq(kb + 1)
@@ -174,8 +174,8 @@ class MatrixUnit(wiring.Component):
                     m.d.sync += [nb.eq(nb + 1), b_tile.eq(b_tile + CN * f.b_stride)]
         with m.If(finished):
             m.d.sync += active.eq(0)
-        with m.If(self.go):
-            nf = view(Opcode.MATMUL, self.instr)
+        with m.If(self.exec.go):
+            nf = view(Opcode.MATMUL, self.exec.instr)
             m.d.sync += [
                 active.eq(1),
                 issuing.eq(1),

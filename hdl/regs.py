@@ -14,36 +14,15 @@ from amaranth.lib.wiring import In, Out
 from npu.config import NpuConfig
 from npu.registers import ISA_VERSION, NPU_MAGIC, REG, REGISTERS
 
+from .axi import AxiLiteSignature
+
 ADDR_BITS = 8
-
-
-def axil_signature() -> dict:
-    """Flat AXI4-Lite slave ports (names as cocotbext-axi's `from_prefix(dut, "s_axil")` expects)."""
-    return {
-        "s_axil_awaddr": In(ADDR_BITS),
-        "s_axil_awvalid": In(1),
-        "s_axil_awready": Out(1),
-        "s_axil_wdata": In(32),
-        "s_axil_wstrb": In(4),
-        "s_axil_wvalid": In(1),
-        "s_axil_wready": Out(1),
-        "s_axil_bresp": Out(2),
-        "s_axil_bvalid": Out(1),
-        "s_axil_bready": In(1),
-        "s_axil_araddr": In(ADDR_BITS),
-        "s_axil_arvalid": In(1),
-        "s_axil_arready": Out(1),
-        "s_axil_rdata": Out(32),
-        "s_axil_rresp": Out(2),
-        "s_axil_rvalid": Out(1),
-        "s_axil_rready": In(1),
-    }
 
 
 class RegisterFile(wiring.Component):
     def __init__(self, cfg: NpuConfig):
         self.cfg = cfg
-        sig = axil_signature()
+        sig = {"bus": In(AxiLiteSignature(addr_width=ADDR_BITS))}
         sig.update(
             {
                 # to the core
@@ -71,17 +50,18 @@ class RegisterFile(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
+        bus = self.bus
         # ---- write channel: accept address and data together ------------------------------------
-        aw_ok = self.s_axil_awvalid & self.s_axil_wvalid & ~self.s_axil_bvalid
-        m.d.comb += [self.s_axil_awready.eq(aw_ok), self.s_axil_wready.eq(aw_ok)]
-        with m.If(self.s_axil_bvalid & self.s_axil_bready):
-            m.d.sync += self.s_axil_bvalid.eq(0)
+        aw_ok = bus.awvalid & bus.wvalid & ~bus.bvalid
+        m.d.comb += [bus.awready.eq(aw_ok), bus.wready.eq(aw_ok)]
+        with m.If(bus.bvalid & bus.bready):
+            m.d.sync += bus.bvalid.eq(0)
         wr = Signal()
         m.d.comb += wr.eq(aw_ok)
         with m.If(aw_ok):
-            m.d.sync += self.s_axil_bvalid.eq(1)
-        waddr = self.s_axil_awaddr
-        wdata = self.s_axil_wdata
+            m.d.sync += bus.bvalid.eq(1)
+        waddr = bus.awaddr
+        wdata = bus.wdata
 
         m.d.sync += [self.start.eq(0), self.soft_reset.eq(0)]
         with m.If(self.consume_pause):
@@ -121,12 +101,12 @@ class RegisterFile(wiring.Component):
 
         # ---- read channel ---------------------------------------------------------------------------
         hi_latch = Signal(32)
-        m.d.comb += self.s_axil_arready.eq(~self.s_axil_rvalid)
-        with m.If(self.s_axil_rvalid & self.s_axil_rready):
-            m.d.sync += self.s_axil_rvalid.eq(0)
-        with m.If(self.s_axil_arvalid & ~self.s_axil_rvalid):
-            m.d.sync += [self.s_axil_rvalid.eq(1), self.s_axil_rdata.eq(0)]
-            with m.Switch(self.s_axil_araddr):
+        m.d.comb += bus.arready.eq(~bus.rvalid)
+        with m.If(bus.rvalid & bus.rready):
+            m.d.sync += bus.rvalid.eq(0)
+        with m.If(bus.arvalid & ~bus.rvalid):
+            m.d.sync += [bus.rvalid.eq(1), bus.rdata.eq(0)]
+            with m.Switch(bus.araddr):
                 simple = {
                     "ID": Const(NPU_MAGIC, 32),
                     "VERSION": Const(ISA_VERSION, 32),
@@ -143,12 +123,12 @@ class RegisterFile(wiring.Component):
                 }
                 for name, value in simple.items():
                     with m.Case(REG[name].offset):
-                        m.d.sync += self.s_axil_rdata.eq(value)
+                        m.d.sync += bus.rdata.eq(value)
                 for r in REGISTERS:
                     if r.wide:
                         cnt = getattr(self, f"cnt_{r.name.lower()}")
                         with m.Case(r.offset):
-                            m.d.sync += [self.s_axil_rdata.eq(cnt[:32]), hi_latch.eq(cnt[32:])]
+                            m.d.sync += [bus.rdata.eq(cnt[:32]), hi_latch.eq(cnt[32:])]
                         with m.Case(r.offset + 4):
-                            m.d.sync += self.s_axil_rdata.eq(hi_latch)
+                            m.d.sync += bus.rdata.eq(hi_latch)
         return m

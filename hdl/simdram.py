@@ -17,29 +17,38 @@ from amaranth.lib.wiring import In, Out
 from npu.config import NpuConfig, get_config
 
 from .common import log2
-from .core import NpuCore, axi_master_signature
-from .regs import axil_signature
+from .core import NpuCore, dram_signature, regs_signature
 
 
 class SimDram(wiring.Component):
-    def __init__(self, cfg: NpuConfig, size: int):
+    """The RAM. With `stalls`, every channel is throttled pseudo-randomly (a 16-bit LFSR, about one
+    cycle in four per channel): AR, AW and W drop READY, R and B hold back VALID (never withdrawing a
+    VALID already shown), as a busy interconnect or DRAM controller would."""
+
+    def __init__(self, cfg: NpuConfig, size: int, stalls: bool = False):
         self.cfg = cfg
         self.size = size
-        # the slave side of the master signature: flip every member
-        sig = {
-            name: (In if m.flow == Out else Out)(m.shape)
-            for name, m in wiring.Signature(axi_master_signature(cfg)).members.items()
-        }
-        super().__init__(sig)
+        self.stalls = stalls
+        super().__init__({"bus": In(dram_signature(cfg))})
 
     def elaborate(self, platform):
         m = Module()
+        bus = self.bus
         W = self.cfg.bus_bytes
         lw = log2(W)
         m.submodules.mem = mem = Memory(shape=unsigned(8 * W), depth=self.size // W, init=[])
         rp = mem.read_port(domain="comb")
         wp = mem.write_port(granularity=8)
         aw = log2(self.size // W)
+        # per-channel stall bits (all zero without `stalls`)
+        stall = {ch: Signal(name=f"stall_{ch}") for ch in ("ar", "r", "aw", "w", "b")}
+        if self.stalls:
+            lfsr = Signal(16, init=0xACE1)
+            m.d.sync += lfsr.eq(Cat(lfsr[1:], lfsr[0] ^ lfsr[2] ^ lfsr[3] ^ lfsr[5]))
+            for k, s in enumerate(stall.values()):
+                m.d.comb += s.eq(lfsr[2 * k] & lfsr[2 * k + 1])
+        r_shown = Signal()  # R beat offered and not yet taken: it must stay valid
+        b_shown = Signal()
 
         # reads: addresses queue up (like AxiRam, several bursts may be outstanding), data streams
         # one beat per cycle
@@ -48,19 +57,20 @@ class SimDram(wiring.Component):
         r_addr = Signal(32)
         r_left = Signal(9)
         m.d.comb += [
-            self.m_axi_arready.eq(arq.w_rdy),
-            arq.w_en.eq(self.m_axi_arvalid),
-            arq.w_data.eq(Cat(self.m_axi_araddr, self.m_axi_arlen)),
+            bus.arready.eq(arq.w_rdy & ~stall["ar"]),
+            arq.w_en.eq(bus.arvalid & ~stall["ar"]),
+            arq.w_data.eq(Cat(bus.araddr, bus.arlen)),
             rp.addr.eq(r_addr[lw : lw + aw]),
-            self.m_axi_rdata.eq(rp.data),
-            self.m_axi_rvalid.eq(r_busy),
-            self.m_axi_rlast.eq(r_left == 0),
-            self.m_axi_rid.eq(0),
-            self.m_axi_rresp.eq(0),
+            bus.rdata.eq(rp.data),
+            bus.rvalid.eq(r_busy & (r_shown | ~stall["r"])),
+            bus.rlast.eq(r_left == 0),
+            bus.rid.eq(0),
+            bus.rresp.eq(0),
         ]
-        last_beat = r_busy & self.m_axi_rready & (r_left == 0)
+        m.d.sync += r_shown.eq(bus.rvalid & ~bus.rready)
+        last_beat = bus.rvalid & bus.rready & (r_left == 0)
         m.d.comb += arq.r_en.eq((~r_busy | last_beat) & arq.r_rdy)
-        with m.If(r_busy & self.m_axi_rready):
+        with m.If(bus.rvalid & bus.rready):
             m.d.sync += [r_addr.eq(r_addr + W), r_left.eq(r_left - 1)]
             with m.If(r_left == 0):
                 m.d.sync += r_busy.eq(0)
@@ -72,22 +82,23 @@ class SimDram(wiring.Component):
         w_addr = Signal(32)
         b_pending = Signal()
         m.d.comb += [
-            self.m_axi_awready.eq(~w_busy & ~b_pending),
-            self.m_axi_wready.eq(w_busy),
+            bus.awready.eq(~w_busy & ~b_pending & ~stall["aw"]),
+            bus.wready.eq(w_busy & ~stall["w"]),
             wp.addr.eq(w_addr[lw : lw + aw]),
-            wp.data.eq(self.m_axi_wdata),
-            wp.en.eq(Mux(self.m_axi_wvalid & w_busy, self.m_axi_wstrb, 0)),
-            self.m_axi_bvalid.eq(b_pending),
-            self.m_axi_bid.eq(0),
-            self.m_axi_bresp.eq(0),
+            wp.data.eq(bus.wdata),
+            wp.en.eq(Mux(bus.wvalid & bus.wready, bus.wstrb, 0)),
+            bus.bvalid.eq(b_pending & (b_shown | ~stall["b"])),
+            bus.bid.eq(0),
+            bus.bresp.eq(0),
         ]
-        with m.If(self.m_axi_awvalid & self.m_axi_awready):
-            m.d.sync += [w_busy.eq(1), w_addr.eq(self.m_axi_awaddr)]
-        with m.If(w_busy & self.m_axi_wvalid):
+        with m.If(bus.awvalid & bus.awready):
+            m.d.sync += [w_busy.eq(1), w_addr.eq(bus.awaddr)]
+        with m.If(bus.wvalid & bus.wready):
             m.d.sync += w_addr.eq(w_addr + W)
-            with m.If(self.m_axi_wlast):
+            with m.If(bus.wlast):
                 m.d.sync += [w_busy.eq(0), b_pending.eq(1)]
-        with m.If(b_pending & self.m_axi_bready):
+        m.d.sync += b_shown.eq(bus.bvalid & ~bus.bready)
+        with m.If(bus.bvalid & bus.bready):
             m.d.sync += b_pending.eq(0)
         return m
 
@@ -95,10 +106,11 @@ class SimDram(wiring.Component):
 class NpuSimTop(wiring.Component):
     """NpuCore + SimDram; the AXI4-Lite register port and the interrupt are the top's ports."""
 
-    def __init__(self, config: NpuConfig | str, dram_size: int):
+    def __init__(self, config: NpuConfig | str, dram_size: int, stalls: bool = False):
         self.cfg = get_config(config)
         self.dram_size = dram_size
-        super().__init__({**axil_signature(), "irq": Out(1)})
+        self.stalls = stalls
+        super().__init__({"ctrl": In(regs_signature()), "irq": Out(1)})
 
     def elaborate(self, platform):
         m = Module()
@@ -110,16 +122,8 @@ class NpuSimTop(wiring.Component):
         m.d.sync += rst_q.eq(ResetSignal("sync"))
         m.d.comb += [npu.clk.eq(ClockSignal("sync")), npu.rst.eq(rst_q)]
         m.submodules.core = core = DomainRenamer("npu")(NpuCore(self.cfg))
-        m.submodules.dram = dram = DomainRenamer("npu")(SimDram(self.cfg, self.dram_size))
-        for name in axi_master_signature(self.cfg):
-            if core.signature.members[name].flow == Out:
-                m.d.comb += getattr(dram, name).eq(getattr(core, name))
-            else:
-                m.d.comb += getattr(core, name).eq(getattr(dram, name))
-        for name in axil_signature():
-            if self.signature.members[name].flow == Out:
-                m.d.comb += getattr(self, name).eq(getattr(core, name))
-            else:
-                m.d.comb += getattr(core, name).eq(getattr(self, name))
+        m.submodules.dram = dram = DomainRenamer("npu")(SimDram(self.cfg, self.dram_size, self.stalls))
+        wiring.connect(m, core.bus, dram.bus)
+        wiring.connect(m, wiring.flipped(self.ctrl), core.ctrl)
         m.d.comb += self.irq.eq(core.irq)
         return m

@@ -18,6 +18,7 @@ from npu.isa import INSTR_BITS, Opcode
 from .common import (
     ByteFifo,
     burst_stream,
+    exec_signature,
     is_acc,
     log2,
     low_bytes_mask,
@@ -36,10 +37,7 @@ class StoreUnit(wiring.Component):
         self.acc_port = acc_port
         super().__init__(
             {
-                "go": In(1),
-                "instr": In(INSTR_BITS),
-                "busy": Out(1),
-                "done": Out(1),
+                "exec": In(exec_signature()),
                 "aw": Out(burst_stream()),
                 "w": Out(write_beat_stream(cfg)),
                 "b_valid": In(1),
@@ -55,10 +53,10 @@ class StoreUnit(wiring.Component):
         m.submodules.fifo = fifo = ByteFifo(W, cap_words=3)
         ins = Signal(INSTR_BITS)
         f = view(Opcode.STORE, ins)
-        with m.If(self.go):
-            m.d.sync += ins.eq(self.instr)
+        with m.If(self.exec.go):
+            m.d.sync += ins.eq(self.exec.instr)
         active = Signal()
-        m.d.comb += self.busy.eq(active)
+        m.d.comb += self.exec.busy.eq(active)
         empty = Signal()
         m.d.comb += empty.eq((f.rows == 0) | (f.cols == 0))
 
@@ -186,11 +184,11 @@ class StoreUnit(wiring.Component):
             m.d.sync += b_count.eq(b_count + 1)
         finished = Signal()
         m.d.comb += finished.eq(active & (empty | ((w_row >= f.rows) & (b_count + self.b_valid == aw_sent))))
-        m.d.comb += self.done.eq(finished)
+        m.d.comb += self.exec.done.eq(finished)
         with m.If(finished):
             m.d.sync += active.eq(0)
-        with m.If(self.go):
-            nf = view(Opcode.STORE, self.instr)
+        with m.If(self.exec.go):
+            nf = view(Opcode.STORE, self.exec.instr)
             m.d.sync += [
                 active.eq(1),
                 r_row.eq(0),

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from amaranth import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import wiring
-from amaranth.lib.wiring import In, Out
+from amaranth.lib.wiring import In
 
 from npu.config import NpuConfig
 from npu.isa import INSTR_BITS, Opcode
 
-from .common import log2, low_bytes_mask, min_, view, word_index
+from .common import exec_signature, log2, low_bytes_mask, min_, view, word_index
 from .spad import gather
 
 
@@ -45,21 +45,21 @@ class VectorUnit(wiring.Component):
         accumulator read clients (one word); w_ports: two scratchpad write clients (one lane word)."""
         self.cfg = cfg
         self.a_ports, self.b_ports, self.c_ports, self.w_ports = a_ports, b_ports, c_ports, w_ports
-        super().__init__({"go": In(1), "instr": In(INSTR_BITS), "busy": Out(1), "done": Out(1)})
+        super().__init__({"exec": In(exec_signature())})
 
     def elaborate(self, platform):
         m = Module()
         cfg = self.cfg
         VL = cfg.vector_lanes
         ins = Signal(INSTR_BITS)
-        with m.If(self.go):
-            m.d.sync += ins.eq(self.instr)
+        with m.If(self.exec.go):
+            m.d.sync += ins.eq(self.exec.instr)
         op = ins[:4]
         fm = view(Opcode.VMAP, ins)
         fa = view(Opcode.VADD, ins)
         fp = view(Opcode.POOL, ins)
         active = Signal()
-        m.d.comb += self.busy.eq(active)
+        m.d.comb += self.exec.busy.eq(active)
         is_map = op == int(Opcode.VMAP)
         is_add = op == int(Opcode.VADD)
         is_pool = op == int(Opcode.POOL)
@@ -221,7 +221,7 @@ class VectorUnit(wiring.Component):
             m.d.sync += issuing.eq(0)
         finished = Signal()
         m.d.comb += finished.eq(active & ((issuing & empty) | (v1 & last1)))
-        m.d.comb += self.done.eq(finished)
+        m.d.comb += self.exec.done.eq(finished)
         with m.If(step_done & ~last):
             with m.If(is_map):
                 with m.If(i1 + VL >= fm.cols):
@@ -247,6 +247,6 @@ class VectorUnit(wiring.Component):
                             m.d.sync += [i1.eq(0), i0.eq(i0 + 1)]
         with m.If(finished):
             m.d.sync += active.eq(0)
-        with m.If(self.go):
+        with m.If(self.exec.go):
             m.d.sync += [active.eq(1), issuing.eq(1), i0.eq(0), i1.eq(0), i2.eq(0), ty.eq(0), tx.eq(0)]
         return m

@@ -1,4 +1,5 @@
-"""Verilog generation for `NpuCore` (`npu hdl verilog --config tiny -o npu.v`)."""
+"""Verilog generation for `NpuCore` (`npu hdl verilog --config tiny -o npu.v`): the only place the
+interfaces become flat `m_axi_*` / `s_axil_*` ports."""
 
 from __future__ import annotations
 
@@ -6,19 +7,23 @@ from amaranth.back import verilog
 
 from npu.config import NpuConfig, get_config
 
+from .axi import FlatPorts
 from .core import NpuCore
 
 TOPLEVEL = "npu_core"
+#: flat port names of the Verilog tops, as cocotbext-axi's `from_prefix` and board tops expect
+PREFIXES = {"bus": "m_axi", "ctrl": "s_axil"}
 
 
 def core_verilog(config: NpuConfig | str) -> str:
     cfg = get_config(config)
-    core = NpuCore(cfg)
-    return verilog.convert(core, name=TOPLEVEL, emit_src=False)
+    return verilog.convert(FlatPorts(NpuCore(cfg), PREFIXES), name=TOPLEVEL, emit_src=False)
 
 
-def sim_top_verilog(config: NpuConfig | str, dram_size: int) -> str:
-    """The core with the simulation-only in-simulator DRAM (hdl/simdram.py)."""
+def sim_top_verilog(config: NpuConfig | str, dram_size: int, stalls: bool = False) -> str:
+    """The core with the simulation-only in-simulator DRAM (hdl/simdram.py), optionally stalling
+    every AXI channel at random."""
     from .simdram import NpuSimTop
 
-    return verilog.convert(NpuSimTop(get_config(config), dram_size), name="npu_sim_top", emit_src=False)
+    top = FlatPorts(NpuSimTop(get_config(config), dram_size, stalls), PREFIXES)
+    return verilog.convert(top, name="npu_sim_top", emit_src=False)

@@ -17,9 +17,10 @@ bit after the last field is reserved and must be zero.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from amaranth.lib import enum  # Python enums that also give hardware signals their shape
 
 from .config import ACC_BASE, ONCHIP_ADDR_BITS, NpuConfig
 
@@ -30,7 +31,7 @@ HEADER_BITS = 16
 MAX_SHIFT = 62
 
 
-class Opcode(enum.IntEnum):
+class Opcode(enum.IntEnum, shape=4):
     END = 0x1
     LOAD = 0x2
     STORE = 0x3
@@ -43,7 +44,7 @@ class Opcode(enum.IntEnum):
     SYNC = 0xA
 
 
-class Unit(enum.IntEnum):
+class Unit(enum.IntEnum, shape=2):
     """Execution units; each has an in-order queue. Token masks are indexed by these values."""
 
     LOAD = 0
@@ -55,7 +56,7 @@ class Unit(enum.IntEnum):
 UNIT_NAMES = {u: u.name.lower() for u in Unit}
 
 
-class ErrorCode(enum.IntEnum):
+class ErrorCode(enum.IntEnum, shape=8):
     """Values of the ERROR_CODE register (see docs/isa.md, "Errors")."""
 
     NONE = 0
@@ -600,7 +601,7 @@ def struct_layout(op: Opcode):
     """The `amaranth.lib.data.StructLayout` of one opcode's 256-bit word (header + fields + pad)."""
     from amaranth.lib import data
 
-    members: dict = {"opcode": 4, "wait": 4, "signal": 4, "_hdr_rsvd": 4}
+    members: dict = {"opcode": Opcode, "wait": 4, "signal": 4, "_hdr_rsvd": 4}
     pos = HEADER_BITS
     from amaranth.hdl import signed, unsigned
 

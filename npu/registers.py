@@ -6,21 +6,22 @@ LO/HI pair; reading LO latches HI so a pair read is consistent. `docs/registers.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
+
+from amaranth.lib import enum  # Python enums that also give hardware signals their shape
 
 NPU_MAGIC = 0x3155504E  # "NPU1" little-endian
 ISA_VERSION = 1
 
 
-class Control(enum.IntFlag):
+class Control(enum.IntFlag, shape=4):
     START = 1 << 0  # write 1: start fetching at PROGRAM_BASE + 32 * RESUME_PC (ignored unless stopped)
     PAUSE = 1 << 1  # write 1: request a pause at the next cancellation point; reads back pending
     SOFT_RESET = 1 << 2  # write 1: abort, clear queues/tokens/errors, go IDLE (memories keep data)
     IRQ_ENABLE = 1 << 3  # interrupt line follows IRQ.PENDING when set
 
 
-class Status(enum.IntFlag):
+class Status(enum.IntFlag, shape=5):
     IDLE = 1 << 0
     RUNNING = 1 << 1
     PAUSED = 1 << 2

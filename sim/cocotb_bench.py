@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import cocotb
@@ -48,16 +50,33 @@ class FastDram:
         return out[addr - a0 : addr - a0 + n]
 
 
+def random_stalls(seed: int, p: float = 0.25) -> Iterator[bool]:
+    """A pause generator for a cocotbext-axi channel: pause on about `p` of the cycles (seeded)."""
+    rng = random.Random(seed)
+    while True:
+        yield rng.random() < p
+
+
 class NpuBench:
     """Small driver for the core in simulation: registers, DRAM and run control."""
 
-    def __init__(self, dut, config, fast_dram_size: int = 0):
+    def __init__(self, dut, config, fast_dram_size: int = 0, stalls: bool = False):
         self.dut = dut
         self.cfg = get_config(config)
-        if fast_dram_size:
-            self.ram = FastDram(dut.dram.mem, self.cfg.bus_bytes, fast_dram_size)
+        if fast_dram_size:  # stalls, if any, are built into the in-simulator RAM
+            self.ram = FastDram(dut.core.dram.mem, self.cfg.bus_bytes, fast_dram_size)
         else:
             self.ram = AxiRam(AxiBus.from_prefix(dut, "m_axi"), dut.clk, dut.rst, size=self.cfg.dram_bytes)
+            if stalls:
+                channels = (
+                    self.ram.read_if.ar_channel,
+                    self.ram.read_if.r_channel,
+                    self.ram.write_if.aw_channel,
+                    self.ram.write_if.w_channel,
+                    self.ram.write_if.b_channel,
+                )
+                for seed, ch in enumerate(channels):
+                    ch.set_pause_generator(random_stalls(seed))
         self.regs = AxiLiteMaster(AxiLiteBus.from_prefix(dut, "s_axil"), dut.clk, dut.rst)
         self.cycle = 0
 
@@ -129,7 +148,10 @@ async def watch_pause_latch(dut, res: dict) -> None:
     """Record, when the core latches a pause request, how many cancellation points the most advanced
     unit had passed just before (sampled mid-cycle, when the registers are stable) and the target
     point the core chose. docs/isa.md: the target is the first point no unit has passed."""
-    core = dut if hasattr(dut, "target_valid") else dut.core  # NpuCore, or inside the sim top
+    # the pause control of NpuCore: the Verilog top wraps the core (dut.core), or the sim top that
+    # holds it (dut.core.core)
+    core = dut.core if hasattr(dut.core, "pause") else dut.core.core
+    core = core.pause
     passed = [getattr(core, f"passed_{u}") for u in UNIT_NAMES]
     before = 0
     while True:
@@ -146,7 +168,7 @@ async def run_jobs(dut):
     jobs_path = Path(os.environ["NPU_JOBS"])
     spec = json.loads((jobs_path / "jobs.json").read_text())
     fast = spec.get("fast_dram", 0)
-    bench = NpuBench(dut, spec["config"], fast)
+    bench = NpuBench(dut, spec["config"], fast, spec.get("stalls", False))
     await bench.reset()
     cfg = bench.cfg
     clear = clear_program(cfg)

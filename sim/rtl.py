@@ -93,10 +93,17 @@ def run_model(cfg: NpuConfig, job: RtlJob, pause_passed: int | None = None) -> R
 
 
 def run_rtl(
-    cfg: NpuConfig, jobs: list[RtlJob], *, waves: bool = False, fast_dram: bool = False
+    cfg: NpuConfig,
+    jobs: list[RtlJob],
+    *,
+    waves: bool = False,
+    fast_dram: bool = False,
+    stalls: bool = False,
 ) -> list[RunRecord]:
     """Run jobs on the RTL. `fast_dram` swaps cocotbext-axi's AxiRam (protocol-checking, slower)
-    for the in-simulator RAM of hdl/simdram.py (for long runs)."""
+    for the in-simulator RAM of hdl/simdram.py (for long runs). `stalls`: the DRAM side stalls every
+    AXI channel at random (cocotbext-axi pause generators on AxiRam, an LFSR in the in-simulator
+    RAM), so results must not depend on timing; cycle counts then differ from the model's."""
     from npu.hdl.verilog import TOPLEVEL, core_verilog, sim_top_verilog
 
     from .hdlsim import BUILD, build_and_test
@@ -108,7 +115,7 @@ def run_rtl(
         if fast_dram:
             need = max(max(j.window, j.base + len(j.program)) for j in jobs) + 4096
             fast_size = 1 << (need - 1).bit_length()
-        spec = {"config": cfg.name, "jobs": [], "fast_dram": fast_size}
+        spec = {"config": cfg.name, "jobs": [], "fast_dram": fast_size, "stalls": stalls}
         for j, job in enumerate(jobs):
             entries = []
             for n, (addr, data) in enumerate({**job.dram, job.base: job.program}.items()):
@@ -129,7 +136,8 @@ def run_rtl(
             )
         (d / "jobs.json").write_text(json.dumps(spec))
         if fast_size:
-            verilog, top, name = sim_top_verilog(cfg, fast_size), "npu_sim_top", f"simtop-{cfg.name}"
+            verilog, top = sim_top_verilog(cfg, fast_size, stalls), "npu_sim_top"
+            name = f"simtop-{cfg.name}" + ("-stalls" if stalls else "")
         else:
             verilog, top, name = core_verilog(cfg), TOPLEVEL, f"core-{cfg.name}"
         # build and simulator output go to build.log / sim.log, so `--json` output stays clean

@@ -24,8 +24,10 @@ def test_npu_hdl_verilog(name, tmp_path, capsys):
 
 
 @pytest.mark.rtl
-def test_fast_dram_path_matches_model():
-    """The in-simulator RAM used for long runs gives the same results as the AxiRam path."""
+@pytest.mark.parametrize("stalls", [False, True], ids=["no-stalls", "stalls"])
+def test_fast_dram_path_matches_model(stalls):
+    """The in-simulator RAM used for long runs gives the same results as the model, also when it
+    stalls every AXI channel at random."""
     cfg = get_config("tiny")
     gemm, ref, c_addr, _ = gemm_job(cfg, 24)
     jobs = [
@@ -33,7 +35,7 @@ def test_fast_dram_path_matches_model():
         *random_jobs(cfg, range(300, 320)),
         *random_jobs(cfg, range(320, 325), pause="every", cp_prob=0.3),
     ]
-    recs = run_rtl(cfg, jobs, fast_dram=True)
+    recs = run_rtl(cfg, jobs, fast_dram=True, stalls=stalls)
     for job, rec in zip(jobs, recs, strict=True):
         assert not compare(run_model(cfg, job), rec), job.name
     got = np.frombuffer(recs[0].dram[c_addr : c_addr + ref.size], np.int8).reshape(ref.shape)

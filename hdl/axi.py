@@ -1,0 +1,127 @@
+"""Bus signatures: AXI4 (the core's DRAM master) and AXI4-Lite (its register slave), in the manner of
+amaranth-soc's `wishbone.Signature`: members are named by the AXI signal without its prefix and point
+the master's way (a slave takes the flipped signature). `FlatPorts` turns interfaces into the flat
+`m_axi_*` / `s_axil_*` ports a Verilog top (and cocotbext-axi's `from_prefix`) expects.
+"""
+
+from __future__ import annotations
+
+from amaranth import Module
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+
+class AxiSignature(wiring.Signature):
+    """AXI4 master: AR/R/AW/W/B channels with INCR bursts (AxLEN, AxSIZE, AxBURST), ids and
+    responses (the core drives ids 0 and ignores responses)."""
+
+    def __init__(self, *, data_width: int, addr_width: int = 32, id_width: int = 4):
+        self.data_width, self.addr_width, self.id_width = data_width, addr_width, id_width
+        members = {}
+        for ch in ("ar", "aw"):
+            members.update(
+                {
+                    f"{ch}id": Out(id_width),
+                    f"{ch}addr": Out(addr_width),
+                    f"{ch}len": Out(8),
+                    f"{ch}size": Out(3),
+                    f"{ch}burst": Out(2),
+                    f"{ch}valid": Out(1),
+                    f"{ch}ready": In(1),
+                }
+            )
+        members.update(
+            {
+                "rid": In(id_width),
+                "rdata": In(data_width),
+                "rresp": In(2),
+                "rlast": In(1),
+                "rvalid": In(1),
+                "rready": Out(1),
+                "wdata": Out(data_width),
+                "wstrb": Out(data_width // 8),
+                "wlast": Out(1),
+                "wvalid": Out(1),
+                "wready": In(1),
+                "bid": In(id_width),
+                "bresp": In(2),
+                "bvalid": In(1),
+                "bready": Out(1),
+            }
+        )
+        super().__init__(members)
+
+    def __eq__(self, other):
+        return isinstance(other, AxiSignature) and (
+            (self.data_width, self.addr_width, self.id_width)
+            == (other.data_width, other.addr_width, other.id_width)
+        )
+
+    def __repr__(self):
+        w = (self.data_width, self.addr_width, self.id_width)
+        return "AxiSignature(data_width={}, addr_width={}, id_width={})".format(*w)
+
+
+class AxiLiteSignature(wiring.Signature):
+    """AXI4-Lite master: 32-bit data, one beat per transaction."""
+
+    def __init__(self, *, addr_width: int):
+        self.addr_width = addr_width
+        super().__init__(
+            {
+                "awaddr": Out(addr_width),
+                "awvalid": Out(1),
+                "awready": In(1),
+                "wdata": Out(32),
+                "wstrb": Out(4),
+                "wvalid": Out(1),
+                "wready": In(1),
+                "bresp": In(2),
+                "bvalid": In(1),
+                "bready": Out(1),
+                "araddr": Out(addr_width),
+                "arvalid": Out(1),
+                "arready": In(1),
+                "rdata": In(32),
+                "rresp": In(2),
+                "rvalid": In(1),
+                "rready": Out(1),
+            }
+        )
+
+    def __eq__(self, other):
+        return isinstance(other, AxiLiteSignature) and self.addr_width == other.addr_width
+
+    def __repr__(self):
+        return f"AxiLiteSignature(addr_width={self.addr_width})"
+
+
+class FlatPorts(wiring.Component):
+    """A Verilog top around `inner`: every member of `inner` becomes a port, an interface member's
+    signals flattened to `<prefix>_<name>` (prefixes per member, e.g. {"bus": "m_axi"})."""
+
+    def __init__(self, inner: wiring.Component, prefixes: dict[str, str]):
+        self.inner, self.prefixes = inner, prefixes
+        ports = {}
+        for name, member in inner.signature.members.items():
+            if member.is_signature:
+                # an In member's signature is already flipped: flows are the component's own
+                for sub, sm in member.signature.members.items():
+                    ports[f"{prefixes[name]}_{sub}"] = sm.flow(sm.shape)
+            else:
+                ports[name] = member
+        super().__init__(ports)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.core = inner = self.inner
+        for name, member in inner.signature.members.items():
+            if member.is_signature:
+                iface = getattr(inner, name)
+                for sub, sm in member.signature.members.items():
+                    port, sig = getattr(self, f"{self.prefixes[name]}_{sub}"), getattr(iface, sub)
+                    m.d.comb += port.eq(sig) if sm.flow == Out else sig.eq(port)
+            else:
+                port, sig = getattr(self, name), getattr(inner, name)
+                m.d.comb += port.eq(sig) if member.flow == Out else sig.eq(port)
+        return m

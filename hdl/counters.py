@@ -1,0 +1,54 @@
+"""Performance counters (the 64-bit registers of npu/registers.py), counted while the core runs and
+cleared when a run starts."""
+
+from __future__ import annotations
+
+from amaranth import Module, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from npu.isa import Unit
+from npu.registers import REGISTERS
+
+COUNTER_NAMES = [r.name for r in REGISTERS if r.wide]
+
+
+class PerfCounters(wiring.Component):
+    """Inputs are this cycle's events: `busy` (bit u: unit u is busy), a `stalled` dispatch, a
+    `retired` (dispatched) instruction, and the bytes a starting LOAD / STORE moves. One output per
+    counter register, named after it in lower case."""
+
+    def __init__(self):
+        super().__init__(
+            {
+                "running": In(1),
+                "restart": In(1),
+                "busy": In(len(Unit)),
+                "stalled": In(1),
+                "retired": In(1),
+                "rd_bytes": In(32),
+                "wr_bytes": In(32),
+                **{name.lower(): Out(64) for name in COUNTER_NAMES},
+            }
+        )
+
+    def elaborate(self, platform):
+        m = Module()
+        cnt = {name: Signal(64, name=f"cnt_{name.lower()}") for name in COUNTER_NAMES}
+        for name, s in cnt.items():
+            m.d.comb += getattr(self, name.lower()).eq(s)
+        events = {
+            "CYCLES": 1,
+            **{f"BUSY_{u.name}": self.busy[u] for u in Unit},
+            "STALL_DISPATCH": self.stalled,
+            "INSTRET": self.retired,
+            "DMA_RD_BYTES": self.rd_bytes,
+            "DMA_WR_BYTES": self.wr_bytes,
+        }
+        assert set(events) == set(cnt), "every counter register has an event"
+        with m.If(self.running):
+            for name, inc in events.items():
+                m.d.sync += cnt[name].eq(cnt[name] + inc)
+        with m.If(self.restart):
+            m.d.sync += [s.eq(0) for s in cnt.values()]
+        return m

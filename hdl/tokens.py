@@ -1,0 +1,52 @@
+"""Dependency-token channels: a counter for every ordered pair of units (producer -> consumer).
+
+A finishing instruction pushes a token into the channels its `signal` mask names; an instruction
+whose `wait` mask names a channel starts only when that channel holds a token and pops it (docs/isa.md).
+"""
+
+from __future__ import annotations
+
+from amaranth import Module, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from npu.config import NpuConfig
+from npu.isa import Unit
+
+#: the channels, in the bit order of the component's vectors
+PAIRS: list[tuple[Unit, Unit]] = [(p, c) for p in Unit for c in Unit if p != c]
+
+
+def pair_index(producer: Unit, consumer: Unit) -> int:
+    return PAIRS.index((producer, consumer))
+
+
+class TokenChannels(wiring.Component):
+    """`push`/`pop`: one bit per channel (`PAIRS` order), applied together each cycle; `clear` empties
+    every channel. `nonzero`: a channel holds a token; `full`: it holds `token_depth`; `any`: some
+    channel holds a token."""
+
+    def __init__(self, cfg: NpuConfig):
+        self.cfg = cfg
+        n = len(PAIRS)
+        super().__init__(
+            {
+                "push": In(n),
+                "pop": In(n),
+                "clear": In(1),
+                "nonzero": Out(n),
+                "full": Out(n),
+                "any": Out(1),
+            }
+        )
+
+    def elaborate(self, platform):
+        m = Module()
+        for i, (p, c) in enumerate(PAIRS):
+            t = Signal(8, name=f"tok_{p.name.lower()}_{c.name.lower()}")
+            m.d.sync += t.eq(t + self.push[i] - self.pop[i])
+            with m.If(self.clear):
+                m.d.sync += t.eq(0)
+            m.d.comb += [self.nonzero[i].eq(t != 0), self.full[i].eq(t >= self.cfg.token_depth)]
+        m.d.comb += self.any.eq(self.nonzero.any())
+        return m
