@@ -31,9 +31,9 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q -n auto --dist loadgroup
 
-## long sweep: 1000 random programs per preset on the RTL against the model
+## long sweep: 1000 random programs per preset on the RTL against the model (tests marked slow)
 test-slow: $(STAMP)
-	$(BIN)/pytest -q -n auto --dist loadgroup tests/hdl/test_core_rtl.py --rtl-seeds 1000
+	$(BIN)/pytest -q -n auto -m slow --rtl-sweep 1000
 
 bench: $(STAMP)
 	$(BIN)/npu bench model --json

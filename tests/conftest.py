@@ -9,5 +9,11 @@ def pytest_addoption(parser):
         "--rtl-seeds",
         type=int,
         default=100,
-        help="random programs per preset in the RTL differential suite (make test-slow: 1000)",
+        help="random programs per preset in the RTL differential suite (default 100)",
+    )
+    parser.addoption(
+        "--rtl-sweep",
+        type=int,
+        default=1000,
+        help="random programs per preset in the long sweep (tests marked slow: make test-slow)",
     )

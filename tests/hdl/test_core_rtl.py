@@ -5,7 +5,9 @@ AxiRam) stalls every AXI channel at random, so agreement cannot depend on bus ti
 configuration run in one simulation (the Verilog build is cached in build/sim), on one test worker
 (`xdist_group`). A failing random seed replays alone with:
 npu hdl replay --config NAME --seed N [--pause every] [--waves]
-The number of random programs is pytest's `--rtl-seeds` (default 100; `make test-slow`: 1000).
+The number of random programs is pytest's `--rtl-seeds` (default 100). The long sweep
+(`make test-slow`, marker `slow`) runs `--rtl-sweep` more (default 1000 per preset) on the
+in-simulator RAM, stalling at random too.
 """
 
 import dataclasses
@@ -26,9 +28,22 @@ pytestmark = pytest.mark.rtl
 @pytest.fixture(
     scope="module", params=[pytest.param(c, marks=pytest.mark.xdist_group(f"rtl-{c}")) for c in CONFIGS]
 )
-def suite(request):
-    cfg = get_config(request.param)
-    n_random = request.config.getoption("rtl_seeds")
+def suite(request, suite_results):
+    # a worker may run the tests of two presets interleaved, which sets this fixture up again each
+    # time the preset changes: run each preset's simulation once per worker
+    if request.param not in suite_results:
+        suite_results[request.param] = _run_suite(
+            get_config(request.param), request.config.getoption("rtl_seeds")
+        )
+    return suite_results[request.param]
+
+
+@pytest.fixture(scope="session")
+def suite_results() -> dict:
+    return {}
+
+
+def _run_suite(cfg, n_random: int):
     groups = {
         "directed": directed_jobs(cfg),
         "errors": error_jobs(cfg),
@@ -115,3 +130,15 @@ def test_pause_requested_at_random_cycles(suite):
     print(
         f"{cfg.name}: {paused} pauses; {same_cycle} of {n} where the model's request at the same cycle agrees"
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", CONFIGS)
+def test_long_random_sweep(config, request):
+    cfg = get_config(config)
+    n = request.config.getoption("rtl_sweep")
+    jobs = random_jobs(cfg, range(10_000, 10_000 + n)) + random_jobs(
+        cfg, range(20_000, 20_000 + n // 4), pause="every", cp_prob=0.3
+    )
+    rtl = run_rtl(cfg, jobs, fast_dram=True, stalls=True)
+    _check(cfg, [(job, run_model(cfg, job), r) for job, r in zip(jobs, rtl, strict=True)])
