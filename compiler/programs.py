@@ -108,6 +108,20 @@ def gemm_program(
         2 * t.tm * a_stride_sp if cfg.spad_banked else round_up(b_base + 2 * t.tn * a_stride_sp, cfg.lanes)
     )
     o_buf = [o_base, o_base + t.tm * t.tn]
+
+    def load_rows(spad: int, dram: int, rows: int, cols: int, label: str) -> None:
+        """An operand tile: `rows` rows of `cols` bytes, k bytes apart in DRAM."""
+        b.add(
+            "load",
+            spad=spad,
+            dram=dram,
+            rows=rows,
+            cols=cols,
+            spad_stride=a_stride_sp,
+            dram_stride=k,
+            label=label,
+        )
+
     c_stride = acc_row_stride(cfg, t.tn)
     c_buf = [ACC_BASE, ACC_BASE + round_up(t.tm, cfg.clusters) * c_stride]
     lo = zp_out if relu else -128
@@ -146,28 +160,10 @@ def gemm_program(
                 if ksplit:
                     bb = b_buf[n_bload % 2]
                     n_bload += 1
-                    b.add(
-                        "load",
-                        spad=bb,
-                        dram=bt_addr + n0 * k + k0,
-                        rows=tn,
-                        cols=tk,
-                        spad_stride=a_stride_sp,
-                        dram_stride=k,
-                        label=f"load B n{n0} k{k0}",
-                    )
+                    load_rows(bb, bt_addr + n0 * k + k0, tn, tk, f"load B n{n0} k{k0}")
                 ab = a_buf[n_aload % 2]
                 n_aload += 1
-                b.add(
-                    "load",
-                    spad=ab,
-                    dram=a_addr + m0 * k + k0,
-                    rows=tm,
-                    cols=tk,
-                    spad_stride=a_stride_sp,
-                    dram_stride=k,
-                    label=f"load A m{m0} k{k0}",
-                )
+                load_rows(ab, a_addr + m0 * k + k0, tm, tk, f"load A m{m0} k{k0}")
                 b.add(
                     "matmul",
                     a=ab,
