@@ -25,7 +25,7 @@ from .load import LoadUnit
 from .matrix import MatrixUnit
 from .pause import PauseControl
 from .regs import ADDR_BITS, RegisterFile
-from .spad import Client, SpadPort, onchip_memory
+from .spad import Client, onchip_memory
 from .store import StoreUnit
 from .tokens import TokenChannels, pair_index
 from .vector import VectorUnit
@@ -86,10 +86,10 @@ class NpuCore(wiring.Component):
         m.submodules.acc = acc = onchip_memory(cfg, "acc", acc_clients)
 
         def sp(name):
-            return SpadPort(spad, name)
+            return getattr(spad, name)
 
         def ac(name):
-            return SpadPort(acc, name)
+            return getattr(acc, name)
 
         # ---- units ----------------------------------------------------------------------------------
         m.submodules.load = load = LoadUnit(cfg, sp("load"), ac("load"))
@@ -327,22 +327,26 @@ class NpuCore(wiring.Component):
                 m.d.comb += reset_req.eq(1)
             with m.Else():
                 m.d.sync += [status.eq(Status.IDLE), error_code.eq(0), error_pc.eq(0), cp_id.eq(0)]
-        with m.FSM(name="run"):
+        with m.FSM(name="run") as run:
             with m.State("ACTIVE"):
                 with m.If(reset_req):
                     m.next = "RESETTING"
                 with m.Elif(halt_req):
                     m.next = "HALTING"
             with m.State("HALTING"):
-                m.d.comb += halting.eq(1)
                 with m.If(reset_req):
                     m.next = "RESETTING"
                 with m.Elif(all_idle):
                     m.next = "ACTIVE"
             with m.State("RESETTING"):
-                m.d.comb += [halting.eq(1), resetting.eq(1)]
                 with m.If(all_idle & ~reset_req):
                     m.next = "ACTIVE"
+        # plain expressions of the state (not assignments inside the states): an event-driven
+        # simulator such as Icarus evaluates them at time 0 even though the state never changes
+        m.d.comb += [
+            halting.eq(run.ongoing("HALTING") | run.ongoing("RESETTING")),
+            resetting.eq(run.ongoing("RESETTING")),
+        ]
 
         # ---- performance counters -------------------------------------------------------------------
         ld = data.View(QueueEntry, queues[Unit.LOAD].r_data)

@@ -79,28 +79,24 @@ def gather(m: Module, ports: list, need: list, active, ready=1, name: str = "op"
     return done, words
 
 
-def _client_signature(clients: list[Client], words: int, lane_bytes: int) -> dict:
-    sig = {}
-    for c in clients:
-        w = 8 * lane_bytes * c.lanes
-        sig[f"{c.name}_addr"] = In(range(words))
-        sig[f"{c.name}_en"] = In(1)
-        sig[f"{c.name}_grant"] = Out(1)
-        sig[f"{c.name}_data"] = In(w) if c.write else Out(w)
-        if c.write:
-            sig[f"{c.name}_be"] = In(lane_bytes * c.lanes)
-    return sig
+def client_signature(words: int, width: int, write: bool) -> wiring.Signature:
+    """A request/grant port of one client, seen from the unit: `en` requests word `addr`; `grant`
+    says it is served this cycle. A reader gets `data` the next cycle (registered read); a writer
+    gives `data` with byte enables `be`."""
+    members = {
+        "addr": Out(range(words)),
+        "en": Out(1),
+        "grant": In(1),
+        "data": Out(width) if write else In(width),
+    }
+    if write:
+        members["be"] = Out(width // 8)
+    return wiring.Signature(members)
 
 
-class SpadPort:
-    """One client's signals on a scratchpad, handed to the unit that owns the client."""
-
-    def __init__(self, spad: wiring.Component, name: str):
-        self.addr = getattr(spad, f"{name}_addr")
-        self.en = getattr(spad, f"{name}_en")
-        self.grant = getattr(spad, f"{name}_grant")
-        self.data = getattr(spad, f"{name}_data")
-        self.be = getattr(spad, f"{name}_be", None)
+def _clients_signature(clients: list[Client], words: int, lane_bytes: int) -> dict:
+    """The memory's members: one flipped client port per client, named after it."""
+    return {c.name: In(client_signature(words, 8 * lane_bytes * c.lanes, c.write)) for c in clients}
 
 
 class MultiPortScratchpad(wiring.Component):
@@ -109,7 +105,7 @@ class MultiPortScratchpad(wiring.Component):
     def __init__(self, size: int, lane_bytes: int, clients: list[Client]):
         self.size, self.L, self.words = size, lane_bytes, size // lane_bytes
         self.clients = clients
-        super().__init__(_client_signature(clients, self.words, lane_bytes))
+        super().__init__(_clients_signature(clients, self.words, lane_bytes))
 
     def elaborate(self, platform):
         m = Module()
@@ -119,10 +115,10 @@ class MultiPortScratchpad(wiring.Component):
             c.name: [mem.write_port(granularity=8) for _ in range(c.lanes)] for c in self.clients if c.write
         }
         for c in self.clients:
-            addr, en = getattr(self, f"{c.name}_addr"), getattr(self, f"{c.name}_en")
-            m.d.comb += getattr(self, f"{c.name}_grant").eq(en)
+            addr, en = getattr(self, c.name).addr, getattr(self, c.name).en
+            m.d.comb += getattr(self, c.name).grant.eq(en)
             if c.write:
-                data, be = getattr(self, f"{c.name}_data"), getattr(self, f"{c.name}_be")
+                data, be = getattr(self, c.name).data, getattr(self, c.name).be
                 for k, wp in enumerate(writers[c.name]):
                     m.d.comb += [
                         wp.addr.eq(addr + k),
@@ -135,7 +131,7 @@ class MultiPortScratchpad(wiring.Component):
                     rp = mem.read_port(domain="sync")
                     m.d.comb += rp.addr.eq(addr + k)
                     words.append(rp.data)
-                m.d.comb += getattr(self, f"{c.name}_data").eq(Cat(*words))
+                m.d.comb += getattr(self, c.name).data.eq(Cat(*words))
         return m
 
 
@@ -155,7 +151,7 @@ class BankedScratchpad(wiring.Component):
             assert c.port in ("A", "B") and 1 <= c.lanes <= banks_per_region, c
         self.clients = clients
         self.depth = cdiv(self.half, banks_per_region)
-        super().__init__(_client_signature(clients, self.words, lane_bytes))
+        super().__init__(_clients_signature(clients, self.words, lane_bytes))
 
     def bank_of(self, g: int) -> tuple[int, int]:
         """(bank, row) of lane word `g`: banks 0..P-1 hold the lower region, P..2P-1 the upper."""
@@ -184,7 +180,7 @@ class BankedScratchpad(wiring.Component):
         # every client's lane words: bank and row
         lanes = {}
         for c in self.clients:
-            addr = getattr(self, f"{c.name}_addr")
+            addr = getattr(self, c.name).addr
             local = Signal(hb, name=f"{c.name}_local")
             region = Signal(name=f"{c.name}_region")
             m.d.comb += [local.eq(addr[:hb]), region.eq(addr[hb])]
@@ -211,8 +207,8 @@ class BankedScratchpad(wiring.Component):
                 m.d.comb += need.eq(
                     Cat(*[Cat(*[bk == b for bk, _ in lanes[c.name]]).any() for b in range(nb)])
                 )
-                grant = getattr(self, f"{c.name}_grant")
-                m.d.comb += grant.eq(getattr(self, f"{c.name}_en") & ~(need & taken).any())
+                grant = getattr(self, c.name).grant
+                m.d.comb += grant.eq(getattr(self, c.name).en & ~(need & taken).any())
                 nxt = Signal(nb, name=f"{c.name}_taken")
                 m.d.comb += nxt.eq(taken | Mux(grant, need, 0))
                 taken = nxt
@@ -223,8 +219,8 @@ class BankedScratchpad(wiring.Component):
                         with m.If(grant & (bk == b)):
                             m.d.comb += wp.addr.eq(row)
                             if c.write:
-                                data = getattr(self, f"{c.name}_data")
-                                be = getattr(self, f"{c.name}_be")
+                                data = getattr(self, c.name).data
+                                be = getattr(self, c.name).be
                                 m.d.comb += [
                                     wp.data.eq(data[8 * L * k : 8 * L * (k + 1)]),
                                     wp.en.eq(be[L * k : L * (k + 1)]),
@@ -242,7 +238,7 @@ class BankedScratchpad(wiring.Component):
                                 with m.Case(b):
                                     m.d.comb += word.eq(banks[b][port][1].data)
                         out.append(word)
-                    m.d.comb += getattr(self, f"{c.name}_data").eq(Cat(*out))
+                    m.d.comb += getattr(self, c.name).data.eq(Cat(*out))
         return m
 
 

@@ -249,29 +249,29 @@ def test_banked_scratchpad_grants_and_data_match_a_reference(seed):
         nonlocal granted_total
         # fill the memory through the write clients so the reference and the banks agree
         for g in range(0, dut.words, 2):
-            ctx.set(dut.wd_addr, g)
-            ctx.set(dut.wd_data, int.from_bytes(ref[g * L : (g + 2) * L], "little"))
-            ctx.set(dut.wd_be, (1 << 2 * L) - 1)
-            ctx.set(dut.wd_en, 1)
+            ctx.set(dut.wd.addr, g)
+            ctx.set(dut.wd.data, int.from_bytes(ref[g * L : (g + 2) * L], "little"))
+            ctx.set(dut.wd.be, (1 << 2 * L) - 1)
+            ctx.set(dut.wd.en, 1)
             await ctx.tick()
-        ctx.set(dut.wd_en, 0)
+        ctx.set(dut.wd.en, 0)
         expect = {}  # reader -> bytes due this cycle
         for _ in range(300):
             reqs = {}
             for c in SPAD_CLIENTS:
                 en = rng.random() < 0.6
                 g = rng.randrange(0, dut.words, c.lanes)  # bus-word clients are aligned
-                ctx.set(getattr(dut, f"{c.name}_en"), en)
-                ctx.set(getattr(dut, f"{c.name}_addr"), g)
+                ctx.set(getattr(dut, c.name).en, en)
+                ctx.set(getattr(dut, c.name).addr, g)
                 if c.write:
                     data = rng.randbytes(L * c.lanes)
                     be = rng.getrandbits(L * c.lanes)
-                    ctx.set(getattr(dut, f"{c.name}_data"), int.from_bytes(data, "little"))
-                    ctx.set(getattr(dut, f"{c.name}_be"), be)
+                    ctx.set(getattr(dut, c.name).data, int.from_bytes(data, "little"))
+                    ctx.set(getattr(dut, c.name).be, be)
                 reqs[c.name] = (en, g, data if c.write else None, be if c.write else None)
             # data of last cycle's grants
             for name, want in expect.items():
-                assert ctx.get(getattr(dut, f"{name}_data")).to_bytes(len(want), "little") == want, name
+                assert ctx.get(getattr(dut, name).data).to_bytes(len(want), "little") == want, name
             expect = {}
             # the reference arbiter
             taken = {"A": set(), "B": set()}
@@ -280,7 +280,7 @@ def test_banked_scratchpad_grants_and_data_match_a_reference(seed):
                 en, g, data, be = reqs[c.name]
                 need = {dut.bank_of(g + k)[0] for k in range(c.lanes)}
                 want = en and not (need & taken[c.port])
-                assert ctx.get(getattr(dut, f"{c.name}_grant")) == want, c.name
+                assert ctx.get(getattr(dut, c.name).grant) == want, c.name
                 if want:
                     granted_total += 1
                     taken[c.port] |= need
