@@ -28,7 +28,36 @@ def load(path: str | Path) -> onnx.ModelProto:
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
     if opset < MIN_OPSET:
         raise CompileError(f"{p}: opset {opset} is older than the supported {MIN_OPSET}")
+    check_supported(model, str(p))
     return shape_inference.infer_shapes(model)
+
+
+def check_supported(model: onnx.ModelProto, source: str) -> None:
+    """Refuse, by name, what no pass can handle: operators of custom domains, graph inputs that are
+    not float, tensors with a dimension of size 0."""
+    for i, n in enumerate(model.graph.node):
+        if n.domain not in ("", "ai.onnx") and not (
+            n.domain == "com.microsoft" and n.op_type in ("QuantizeLinear", "DequantizeLinear")
+        ):
+            raise CompileError(
+                f"{source}: node {n.name or f'#{i}'!r} ({n.domain}.{n.op_type}): operators of custom "
+                "domains run neither on the NPU nor on the host (onnx.reference)"
+            )
+    inits = {t.name for t in model.graph.initializer}
+    for v in model.graph.input:
+        if v.name in inits:
+            continue
+        et = v.type.tensor_type.elem_type
+        if et not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE):
+            raise CompileError(
+                f"{source}: graph input {v.name!r} is {onnx.TensorProto.DataType.Name(et).lower()}; "
+                "the NPU takes float inputs (integer inputs such as indices are not supported)"
+            )
+    for v in [*model.graph.input, *model.graph.output, *model.graph.value_info]:
+        dims = v.type.tensor_type.shape.dim
+        if any(d.HasField("dim_value") and d.dim_value == 0 for d in dims):
+            shape = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in dims]
+            raise CompileError(f"{source}: tensor {v.name!r} has shape {shape} with a dimension of size 0")
 
 
 def is_qdq(model: onnx.ModelProto) -> bool:

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import math
 import tempfile
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,6 +119,35 @@ def _quiet_quantiser() -> Iterator[None]:
         root.removeFilter(f)
 
 
+def check_calibration(calib: object, name: str, shape: list[int], source: str) -> np.ndarray:
+    """Calibration samples for input `name` of `shape` (samples stacked on the batch axis) as float32;
+    a CompileError names what does not fit, a warning says when the data cannot calibrate anything."""
+    a = np.asarray(calib)
+    if a.dtype.kind not in "biuf":
+        raise CompileError(f"{source}: calibration data for {name!r} is {a.dtype}, not real numbers")
+    if a.ndim != len(shape) or list(a.shape[1:]) != list(shape[1:]):
+        raise CompileError(
+            f"{source}: calibration data for {name!r} has shape {list(a.shape)}; the input is "
+            f"{list(shape)}, so give N x {list(shape[1:])} (samples stacked on the first axis)"
+        )
+    a = a.astype(np.float32)
+    bad = int(a.size - np.isfinite(a).sum())
+    if bad:
+        raise CompileError(f"{source}: calibration data for {name!r} has {bad} NaN or infinite values")
+    if a.size and not a.any():
+        warnings.warn(
+            f"{source}: calibration data for {name!r} is all zeros: every activation range will be "
+            "empty and the quantised model will be inaccurate; calibrate with representative inputs",
+            CalibrationWarning,
+            stacklevel=3,
+        )
+    return a
+
+
+class CalibrationWarning(UserWarning):
+    """Calibration data that makes a poor quantisation."""
+
+
 def quantize_float_model(model: onnx.ModelProto, calib: np.ndarray, source: str = "model") -> onnx.ModelProto:
     """Static QDQ int8 quantisation of a float model with onnxruntime, from calibration inputs."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
@@ -126,8 +156,9 @@ def quantize_float_model(model: onnx.ModelProto, calib: np.ndarray, source: str 
     if len(g.inputs) != 1:
         raise CompileError(f"{source}: quantisation needs exactly one graph input, found {g.inputs}")
     name = g.inputs[0]
-    batch = g.shape(name, source)[0]
-    calib = np.asarray(calib, np.float32)
+    shape = g.shape(name, source)
+    batch = shape[0]
+    calib = check_calibration(calib, name, shape, source)
 
     class Reader(CalibrationDataReader):
         def __init__(self):

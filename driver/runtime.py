@@ -19,8 +19,12 @@ from __future__ import annotations
 
 import enum
 import heapq
+import itertools
+import numbers
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +43,8 @@ from .transport import ModelTransport, Transport
 
 AUX_BYTES = 0x10000  # DRAM reserved at address 0 for the driver's dump and restore programs (at most)
 RUN = Control.START | Control.IRQ_ENABLE
+TIMEOUT_MAX = 0xFFFF_FFFF  # the TIMEOUT register's range; longer budgets are kept by the driver
+PAGE = 4096  # models are placed on DRAM pages
 
 
 class Priority(enum.IntEnum):
@@ -74,7 +80,7 @@ def make_transport(backend: str, cfg: NpuConfig, **kw) -> Transport:
     raise DriverError(f"unknown backend {backend!r}; choose model, rtl or serial")
 
 
-@dataclass
+@dataclass(eq=False)
 class LoadedModel:
     npu: Npu
     name: str
@@ -83,6 +89,7 @@ class LoadedModel:
     region: tuple[int, int]
     save_addr: int
     points: dict[int, CancelPoint]
+    loaded: bool = True
 
     @property
     def program_base(self) -> int:
@@ -94,6 +101,17 @@ class LoadedModel:
     def run(self, *inputs: np.ndarray, **kw) -> list[np.ndarray]:
         """Run to completion (at NORMAL priority unless given) and return the float outputs."""
         return self.submit(*inputs, **kw).result()
+
+    def unload(self) -> None:
+        """Return the model's DRAM to the device (refused while one of its jobs is unfinished)."""
+        self.npu.unload(self)
+
+    def __enter__(self) -> LoadedModel:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.loaded:
+            self.unload()
 
 
 @dataclass
@@ -143,14 +161,30 @@ class Job:
         return None if self.finished is None else self.finished - self.arrival
 
     def result(self, timeout_s: float | None = None) -> list[np.ndarray]:
-        """Drive the device until this job ends; its outputs, or the error it ended with."""
+        """Drive the device until this job ends; its outputs, or the error it ended with.
+
+        Any thread may call it; threads take turns driving the device, one scheduling step each."""
         self.npu._pump(self, timeout_s)
         if self.error is not None:
             raise self.error
         return self.outputs
 
 
+def _check_cycles(what: str, value: object, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise DriverError(f"{what} must be an integer number of cycles, got {value!r}")
+    if value < minimum:
+        raise DriverError(f"{what} must be >= {minimum}, got {value}")
+    return int(value)
+
+
 class Npu:
+    """One device: loaded models, a job scheduler with priorities and preemption, and its trace.
+
+    Thread-safe: every public method and `Job.result` may be called from any thread (one lock
+    serialises device access; a scheduling step is atomic). Usable as a context manager (closes the
+    transport)."""
+
     def __init__(
         self,
         backend: str = "model",
@@ -180,18 +214,49 @@ class Npu:
         self.models: list[LoadedModel] = []
         self.jobs: list[Job] = []
         self.aux_bytes = min(AUX_BYTES, self.dram_bytes // 16)
-        self._next_free = self.aux_bytes
+        top = self.dram_bytes // PAGE * PAGE
+        self._free: list[tuple[int, int]] = [(round_up(self.aux_bytes, PAGE), top)]  # sorted, disjoint
         self._ready: list[tuple[int, int, Job]] = []  # (-priority, id, job)
         self._arrivals: list[tuple[int, int, Job]] = []
         self._timers: list[tuple[int, int, Callable[[], None]]] = []
         self._seq = 0
+        self._job_ids = itertools.count()
+        self._lock = threading.RLock()
         self.current: Job | None = None
-        self._pause_req: tuple[int, Job] | None = None  # (cycle, preempting job)
+        self._run_start = 0
+        self._deadline: int | None = None  # the driver-kept end of a budget beyond TIMEOUT's range
+        self._pause_req: tuple[int, Job | None] | None = None  # (cycle, preempting job)
         self._recover_if_needed("open")
+
+    def __enter__(self) -> Npu:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the transport (the simulation, the serial port)."""
+        with self._lock:
+            self.tr.close()
+
+    @contextmanager
+    def _locked(self, timeout_s: float | None = None) -> Iterator[None]:
+        if not self._lock.acquire(timeout=-1 if timeout_s is None else max(0.0, timeout_s)):
+            raise TimeoutError(f"the device stayed busy in another thread for {timeout_s} s")
+        try:
+            yield
+        finally:
+            self._lock.release()
 
     # -- loading ----------------------------------------------------------------------------------
     def load(self, program: Container | str | Path, name: str | None = None) -> LoadedModel:
-        c = program if isinstance(program, Container) else Container.load(program)
+        """Place a compiled model in DRAM (weights, program, save area); returns its handle."""
+        if isinstance(program, Container):
+            c = program
+        else:
+            if Path(program).is_dir():
+                raise DriverError(f"{program}: is a directory, not a compiled model (.npub)")
+            c = Container.load(program)
         if c.config_id != self.cfg.config_id:
             raise DriverError(
                 f"{name or c.manifest.config}: compiled for configuration 0x{c.config_id:08x} "
@@ -200,25 +265,64 @@ class Npu:
         man = c.manifest
         prog = c.blobs["program"]
         end = man.program.base + len(prog)
-        off = self._next_free
         save_bytes = max([p.live_bytes for p in man.cancel_points] + [0])
-        save_addr = round_up(off + end, 64)
-        top = round_up(save_addr + save_bytes, 4096)
-        if top > self.dram_bytes:
-            raise DriverError(
-                f"{name or 'model'}: needs {top - off} bytes of DRAM, {self.dram_bytes - off} are free"
-            )
-        man, prog = relocate(man, prog, off)
-        for d in man.dram:
-            self.tr.write_dram(d.addr, c.blobs[d.blob])
-        self.tr.write_dram(man.program.base, prog)
-        self._next_free = top
-        name = name or f"model{len(self.models)}"
-        lm = LoadedModel(
-            self, name, man, HostSteps(c.blobs, man.segments), (off, top), save_addr, man.point_table()
-        )
-        self.models.append(lm)
-        return lm
+        # pages keep the layout independent of the offset: the same size wherever the model lands
+        size = round_up(round_up(end, 64) + save_bytes, PAGE)
+        with self._lock:
+            off = self._alloc(size)
+            if off is None:
+                free = sum(e - s for s, e in self._free)
+                biggest = max([e - s for s, e in self._free] + [0])
+                raise DriverError(
+                    f"{name or 'model'}: needs {size} bytes of DRAM, {free} are free "
+                    f"(the largest free range is {biggest} bytes); unload a model first"
+                )
+            try:
+                man, prog = relocate(man, prog, off)
+                for d in man.dram:
+                    self.tr.write_dram(d.addr, c.blobs[d.blob])
+                self.tr.write_dram(man.program.base, prog)
+            except BaseException:
+                self._release_range(off, off + size)
+                raise
+            name = name or f"model{len(self.models)}"
+            lm = LoadedModel(
+                self, name, man, HostSteps(c.blobs, man.segments), (off, off + size),
+                round_up(off + end, 64), man.point_table(),
+            )  # fmt: skip
+            self.models.append(lm)
+            return lm
+
+    def unload(self, model: LoadedModel) -> None:
+        """Return a model's DRAM; refused while one of its jobs is unfinished."""
+        with self._lock:
+            if model.npu is not self or not model.loaded:
+                raise DriverError(f"model {model.name} is not loaded on this device")
+            busy = [j.id for j in self.jobs if j.model is model and not j.done()]
+            if busy:
+                raise DriverError(f"model {model.name} has unfinished jobs {busy}; wait for them first")
+            model.loaded = False
+            self.models.remove(model)
+            self.jobs = [j for j in self.jobs if j.model is not model]
+            self._release_range(*model.region)
+
+    def _alloc(self, size: int) -> int | None:
+        for i, (s, e) in enumerate(self._free):  # first fit
+            if e - s >= size:
+                self._free[i : i + 1] = [(s + size, e)] if e - s > size else []
+                return s
+        return None
+
+    def _release_range(self, start: int, end: int) -> None:
+        self._free.append((start, end))
+        self._free.sort()
+        merged: list[tuple[int, int]] = []
+        for s, e in self._free:
+            if merged and merged[-1][1] == s:
+                merged[-1] = (merged[-1][0], e)
+            else:
+                merged.append((s, e))
+        self._free = merged
 
     # -- jobs -------------------------------------------------------------------------------------
     def submit(
@@ -230,28 +334,45 @@ class Npu:
         at: int | None = None,
         timeout_cycles: int | None = None,
         int8: bool = False,
+        allow_nonfinite: bool = False,
         on_done: Callable[[Job], None] | None = None,
     ) -> Job:
-        """Queue a job; it becomes ready at device cycle `at` (default: now). Returns its future."""
+        """Queue a job; it becomes ready at device cycle `at` (default: now). Returns its future.
+
+        Inputs with NaN or infinity are refused unless `allow_nonfinite` (they would quantise to
+        arbitrary int8 values)."""
         if model.npu is not self:
             raise DriverError(f"model {model.name} was loaded on another device")
+        if not model.loaded:
+            raise DriverError(f"model {model.name} was unloaded")
+        if isinstance(priority, bool) or not isinstance(priority, numbers.Integral):
+            raise DriverError(f"priority must be a Priority or an integer, got {priority!r}")
+        if at is not None:
+            at = _check_cycles("at", at, minimum=0)
+        if timeout_cycles is not None:
+            timeout_cycles = _check_cycles("timeout_cycles", timeout_cycles, minimum=1)
         try:
-            xs = check_inputs(model.manifest, inputs)
+            xs = check_inputs(model.manifest, inputs, allow_nonfinite=allow_nonfinite)
         except ValueError as e:
             raise DriverError(f"{model.name}: {e}") from None
-        self._recover_if_needed("submit")
-        now = self.tr.now()
-        job = Job(self, len(self.jobs), model, xs, int(priority), max(now, at if at is not None else now),
-                  timeout_cycles, int8, on_done)  # fmt: skip
-        self.jobs.append(job)
-        heapq.heappush(self._arrivals, (job.arrival, job.id, job))
-        self.trace.instant("submit", job, now)
-        return job
+        with self._lock:
+            self._recover_if_needed("submit")
+            now = self.tr.now()
+            arrival = now if at is None else max(now, at)
+            job = Job(
+                self, next(self._job_ids), model, xs, int(priority), arrival, timeout_cycles, int8, on_done
+            )
+            self.jobs.append(job)
+            heapq.heappush(self._arrivals, (job.arrival, job.id, job))
+            self.trace.instant("submit", job, now)
+            return job
 
     def at(self, cycle: int, fn: Callable[[], None]) -> None:
         """Call `fn` when the device clock reaches `cycle` (host work in the device timeline)."""
-        self._seq += 1
-        heapq.heappush(self._timers, (cycle, self._seq, fn))
+        cycle = _check_cycles("cycle", cycle, minimum=0)
+        with self._lock:
+            self._seq += 1
+            heapq.heappush(self._timers, (cycle, self._seq, fn))
 
     def run_all(self, timeout_s: float | None = None) -> None:
         """Drive the device until no job or timer is left."""
@@ -263,79 +384,123 @@ class Npu:
 
     def pause(self, job: Job) -> None:
         """Stop a running job at its next cancellation point (it stays queued to resume)."""
-        if job is not self.current:
-            raise DriverError(f"job {job.id} is not running (it is {job.state})")
-        self._request_pause(None)
+        with self._lock:
+            if job is not self.current:
+                raise DriverError(f"job {job.id} is not running (it is {job.state})")
+            self._request_pause(None)
 
     def resume(self, job: Job) -> None:
         """Make a paused job ready again (jobs paused by preemption resume on their own)."""
-        if job.state != "paused":
-            raise DriverError(f"job {job.id} ({job.model.name}) was never paused: it is {job.state}")
-        job.state = "ready"
-        heapq.heappush(self._ready, (-job.priority, job.id, job))
+        with self._lock:
+            if job.state != "paused":
+                raise DriverError(f"job {job.id} ({job.model.name}) was never paused: it is {job.state}")
+            job.state = "ready"
+            heapq.heappush(self._ready, (-job.priority, job.id, job))
 
     def counters(self) -> dict[str, int]:
         """The performance counters of the last run (docs/registers.md)."""
-        return {name: self.tr.counter(name) for name in COUNTERS}
+        with self._lock:
+            return {name: self.tr.counter(name) for name in COUNTERS}
 
     def soft_reset(self) -> None:
-        self.tr.set_reg("CONTROL", int(Control.SOFT_RESET))
+        with self._lock:
+            self.tr.set_reg("CONTROL", int(Control.SOFT_RESET))
 
     def run_raw(self, program: bytes, max_cycles: int = 1_000_000) -> Status:
         """Run a bare program from the driver's area (diagnostics); returns the final status."""
-        if self.current is not None:
-            raise DriverError("a job is running")
-        if len(program) > self.aux_bytes:
-            raise DriverError(
-                f"program of {len(program)} bytes exceeds the {self.aux_bytes}-byte driver area"
-            )
-        self.tr.write_dram(0, program)
-        self.tr.set_reg("PROGRAM_BASE", 0)
-        self.tr.set_reg("RESUME_PC", 0)
-        self.tr.set_reg("TIMEOUT", 0)
-        self.tr.set_reg("IRQ", 1)
-        self.tr.set_reg("CONTROL", int(RUN))
-        self.tr.wait(max_cycles)
-        st = self.tr.status()
-        self.tr.set_reg("IRQ", 1)
-        return st
+        with self._lock:
+            if self.current is not None:
+                raise DriverError("a job is running")
+            if len(program) > self.aux_bytes:
+                raise DriverError(
+                    f"program of {len(program)} bytes exceeds the {self.aux_bytes}-byte driver area"
+                )
+            self.tr.write_dram(0, program)
+            self.tr.set_reg("PROGRAM_BASE", 0)
+            self.tr.set_reg("RESUME_PC", 0)
+            self.tr.set_reg("TIMEOUT", 0)
+            self.tr.set_reg("IRQ", 1)
+            self.tr.set_reg("CONTROL", int(RUN))
+            self.tr.wait(max_cycles)
+            st = self.tr.status()
+            self.tr.set_reg("IRQ", 1)
+            return st
 
     # -- the scheduler ----------------------------------------------------------------------------
     def _pump(
         self, until: Job | None, timeout_s: float | None, cond: Callable[[], bool] | None = None
     ) -> None:
         t_end = None if timeout_s is None else time.monotonic() + timeout_s
-        while not (until is not None and until.done()) and not (cond is not None and cond()):
-            if t_end is not None and time.monotonic() > t_end:
-                raise TimeoutError(
-                    f"job {until.id if until else '-'} not finished after {timeout_s} s of wall time "
-                    f"(device cycle {self.tr.now()})"
-                )
-            now = self.tr.now()
-            self._release(now)
-            if self.current is None:
-                job = self._pick()
-                if job is not None:
-                    self._launch(job)
-                    continue
-                nxt = self._next_event()
-                if nxt is None:
-                    if until is not None:
-                        raise DriverError(f"job {until.id} cannot finish: nothing is left to run")
-                    if cond is not None:
-                        raise DriverError("the condition cannot become true: nothing is left to run")
+        while True:
+            left = None if t_end is None else t_end - time.monotonic()
+            with self._locked(left):
+                if (until is not None and until.done()) or (cond is not None and cond()):
                     return
-                self.tr.wait(max(1, nxt - now))
-                continue
-            if self.preempt and self._pause_req is None:
-                top = self._peek()
-                if top is not None and top.priority > self.current.priority:
-                    self._request_pause(top)
+                if t_end is not None and time.monotonic() > t_end:
+                    raise TimeoutError(
+                        f"job {until.id if until else '-'} not finished after {timeout_s} s of wall "
+                        f"time (device cycle {self.tr.now()})"
+                    )
+                if not self._step(until, cond):
+                    return
+
+    def _step(self, until: Job | None, cond: Callable[[], bool] | None) -> bool:
+        """One scheduling step (under the lock); False when nothing is left to do."""
+        now = self.tr.now()
+        self._release(now)
+        if self.current is None:
+            job = self._pick()
+            if job is not None:
+                self._guarded(job, "start", self._launch, job)
+                return True
             nxt = self._next_event()
-            self.tr.wait(None if nxt is None else max(1, nxt - now))
-            st = self.tr.status()
-            if st != Status.RUNNING:
-                self._stopped(st)
+            if nxt is None:
+                if until is not None:
+                    raise DriverError(f"job {until.id} cannot finish: nothing is left to run")
+                if cond is not None:
+                    raise DriverError("the condition cannot become true: nothing is left to run")
+                return False
+            self.tr.wait(max(1, nxt - now))
+            return True
+        job = self.current
+        if self.preempt and self._pause_req is None:
+            top = self._peek()
+            if top is not None and top.priority > job.priority:
+                self._guarded(job, "pause request", self._request_pause, top)
+                if self.current is None:
+                    return True
+        self._guarded(job, "run", self._wait_running, now)
+        return True
+
+    def _wait_running(self, now: int) -> None:
+        nxt = self._next_event()
+        if self._deadline is not None:
+            nxt = self._deadline if nxt is None else min(nxt, self._deadline)
+        self.tr.wait(None if nxt is None else max(1, nxt - now))
+        st = self.tr.status()
+        if st != Status.RUNNING:
+            self._stopped(st)
+        elif self._deadline is not None and self.tr.now() >= self._deadline:
+            job = self.current
+            self._account(job)
+            self.soft_reset()
+            self._fail(job, JobError(self._timeout_text(job), ErrorCode.TIMEOUT))
+
+    def _guarded(self, job: Job, phase: str, fn: Callable, *args) -> None:
+        """Run a step of `job`; if anything raises, the job fails with the error and the device is
+        reset, so the other jobs and the `Npu` go on."""
+        try:
+            fn(*args)
+        except Exception as e:
+            e.add_note(f"(job {job.id}, model {job.model.name}, during {phase})")
+            self.current, self._pause_req, self._deadline = None, None, None
+            try:
+                self.soft_reset()
+                self.tr.set_reg("IRQ", 1)
+            except Exception as reset_error:  # the link itself may be down: the next call reports it
+                e.add_note(f"the device could not be reset afterwards: {reset_error}")
+            if not job.done():
+                self._fail(job, e)
 
     def _release(self, now: int) -> None:
         while self._timers and self._timers[0][0] <= now:
@@ -351,9 +516,8 @@ class Npu:
         return min(ts) if ts else None
 
     def _busy_models(self) -> set[int]:
-        return {
-            id(j.model) for j in self.jobs if j.state in ("running", "paused") or (j.started and not j.done())
-        }
+        """Models with a started, unfinished job: their activation area is taken."""
+        return {id(j.model) for j in self.jobs if j.started is not None and not j.done()}
 
     def _peek(self) -> Job | None:
         busy = self._busy_models()
@@ -396,9 +560,10 @@ class Npu:
         self.tr.set_reg("PROGRAM_BASE", job.model.program_base)
         self.tr.set_reg("RESUME_PC", pc)
         budget = 0 if job.timeout_cycles is None else max(1, job.timeout_cycles - job.used_cycles)
-        self.tr.set_reg("TIMEOUT", budget)
+        self.tr.set_reg("TIMEOUT", budget if budget <= TIMEOUT_MAX else 0)
         self.tr.set_reg("IRQ", 1)
         self._run_start = self.tr.now()
+        self._deadline = self._run_start + budget if budget > TIMEOUT_MAX else None
         self.tr.set_reg("CONTROL", int(RUN))
         self.trace.instant(
             "start" if job.resume_pc is None and job.seg == 0 else "resume", job, self._run_start
@@ -409,14 +574,21 @@ class Npu:
         self.tr.set_reg("CONTROL", int(Control.PAUSE | Control.IRQ_ENABLE))
         self.trace.instant("pause request", self.current, self._pause_req[0])
 
-    def _stopped(self, st: Status) -> None:
-        job = self.current
-        now = self.tr.now()
+    def _account(self, job: Job) -> None:
+        """Add the run's counters to the job's and close its trace span."""
         for name, v in self.counters().items():
             job.counters[name] = job.counters.get(name, 0) + v
         job.used_cycles = job.counters["CYCLES"]
-        self.trace.span("run", job, self._run_start, now)
-        self.current = None
+        self.trace.span("run", job, self._run_start, self.tr.now())
+        self.current, self._deadline = None, None
+
+    def _timeout_text(self, job: Job) -> str:
+        return f"job {job.id} ({job.model.name}) exceeded its timeout of {job.timeout_cycles} cycles"
+
+    def _stopped(self, st: Status) -> None:
+        job = self.current
+        now = self.tr.now()
+        self._account(job)
         req, self._pause_req = self._pause_req, None
         self.tr.set_reg("IRQ", 1)
         if st == Status.DONE:
@@ -456,7 +628,7 @@ class Npu:
             code = ErrorCode(self.tr.reg("ERROR_CODE"))
             pc = self.tr.reg("ERROR_PC")
             if code == ErrorCode.TIMEOUT and job.timeout_cycles is not None:
-                msg = f"job {job.id} ({job.model.name}) exceeded its timeout of {job.timeout_cycles} cycles"
+                msg = self._timeout_text(job)
             else:
                 msg = f"job {job.id} ({job.model.name}) ended in NPU error {code.name} at pc {pc}"
             self.soft_reset()
@@ -474,9 +646,14 @@ class Npu:
     def _end(self, job: Job, state: str) -> None:
         job.state = state
         job.finished = self.tr.now()
+        job.env = {}  # the host tensors are not needed any more
         self.trace.instant(state, job, job.finished)
         if job.on_done:
-            job.on_done(job)
+            try:
+                job.on_done(job)
+            except Exception as e:  # the callback is part of the job: its error is the job's
+                e.add_note(f"(raised by the on_done callback of job {job.id}, model {job.model.name})")
+                job.state, job.error, job.outputs = "failed", e, None
 
     def _run_aux(self, moves: list[tuple[str, int, int, int]]) -> int:
         """Run a driver program of LOADs or STOREs (op, on-chip addr, bytes, DRAM addr); its cycles."""

@@ -157,6 +157,9 @@ def _parse_instr(words: list[str]) -> Instr:
         else:
             choices = ", ".join([*known, "wait", "signal"])
             raise ValueError(f"{mnem} has no field {name!r}; fields: {choices}")
+    missing = [f.name for f in known.values() if f.always and f.name not in fields]
+    if missing:  # the fields that identify the instruction have no sensible default
+        raise ValueError(f"{mnem} needs {', '.join(f'{m}=...' for m in missing)}")
     return Instr(op, fields, wait, signal)
 
 
@@ -254,8 +257,13 @@ def disassemble(
 
 def read_asm(path: str | Path) -> Assembly:
     p = Path(path)
+    if p.is_dir():
+        raise AsmError(f"{p}: is a directory, not an assembly file")
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise AsmError(f"{p}: cannot read: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        line = p.read_bytes()[: e.start].count(b"\n") + 1
+        raise AsmError(f"{p}:{line}: not UTF-8 text (byte 0x{e.object[e.start]:02x})") from None
     return assemble(text, str(p))

@@ -21,6 +21,7 @@ checksum-valid file with a missing or mistyped field is a `ContainerError` namin
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import struct
@@ -30,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from .isa import Opcode, decode_program, encode_program
+from .config import PRESETS
+from .isa import FORMATS, INSTR_BYTES, OFFSETS, Opcode
 from .tensors import Layout
 
 MAGIC = b"NPUB"
@@ -188,27 +190,57 @@ class Manifest:
         return {p.id: p for p in self.cancel_points}
 
     def relocated(self, off: int) -> Manifest:
-        """The same model placed `off` bytes higher in DRAM (see `relocate`)."""
-        man = Manifest.from_json(self.to_json())
-        man.program.base += off
-        for d in man.dram:
-            d.addr += off
-        for t in man.tensors():
-            t.addr += off
-        return man
+        """The same model placed `off` bytes higher in DRAM (see `relocate`). The parts with
+        addresses are new objects (shared descriptions stay shared); the rest is shared."""
+        moved: dict[int, TensorDesc] = {}
+
+        def mv(t):
+            if not isinstance(t, TensorDesc):
+                return t
+            if id(t) not in moved:
+                moved[id(t)] = dataclasses.replace(t, addr=t.addr + off)
+            return moved[id(t)]
+
+        def io(x: HostIO) -> HostIO:
+            return dataclasses.replace(x, tensor=mv(x.tensor) if x.tensor is not None else None)
+
+        return dataclasses.replace(
+            self,
+            program=dataclasses.replace(self.program, base=self.program.base + off),
+            dram=[dataclasses.replace(d, addr=d.addr + off) for d in self.dram],
+            inputs=[mv(t) for t in self.inputs],
+            outputs=[mv(t) for t in self.outputs],
+            segments=[
+                dataclasses.replace(s, inputs=[io(x) for x in s.inputs], quantize=[io(x) for x in s.quantize])
+                if isinstance(s, HostStep)
+                else s
+                for s in self.segments
+            ],
+        )
 
 
 def relocate(manifest: Manifest, program: bytes, off: int) -> tuple[Manifest, bytes]:
     """The same model placed `off` bytes higher in DRAM: every DRAM address in the manifest and in the
     program's LOAD/STORE instructions moves."""
-    moved = []
-    for ins in decode_program(program):
-        if ins.op in (Opcode.LOAD, Opcode.STORE):
-            f = dict(ins.fields)
-            f["dram"] += off
-            ins = type(ins)(ins.op, f, ins.wait, ins.signal)
-        moved.append(ins)
-    return manifest.relocated(off), encode_program(moved)
+    out = bytearray(program)
+    for i in range(0, len(out) - len(out) % INSTR_BYTES, INSTR_BYTES):
+        op = out[i] & 0xF
+        if op not in _DRAM_FIELD:  # only LOAD and STORE address DRAM: patch their field in place
+            continue
+        lo, mask = _DRAM_FIELD[op]
+        word = int.from_bytes(out[i : i + INSTR_BYTES], "little")
+        addr = ((word >> lo) & mask) + off
+        if not 0 <= addr <= mask:
+            raise ContainerError(f"pc {i // INSTR_BYTES}: DRAM address 0x{addr:x} does not fit its field")
+        word = word & ~(mask << lo) | addr << lo
+        out[i : i + INSTR_BYTES] = word.to_bytes(INSTR_BYTES, "little")
+    return manifest.relocated(off), bytes(out)
+
+
+_DRAM_FIELD = {
+    int(op): (OFFSETS[op]["dram"], (1 << next(f.width for f in FORMATS[op] if f.name == "dram")) - 1)
+    for op in (Opcode.LOAD, Opcode.STORE)
+}
 
 
 # ---- JSON <-> types, with validation --------------------------------------------------------------
@@ -229,6 +261,11 @@ def _encode(v: Any) -> Any:
     if isinstance(v, dict):
         return {k: _encode(x) for k, x in v.items()}
     return v
+
+
+@functools.cache
+def _hints(tp: type) -> dict[str, Any]:
+    return typing.get_type_hints(tp)
 
 
 def _kind_name(tp: Any) -> str:
@@ -267,7 +304,7 @@ def _decode(tp: Any, v: Any, path: str) -> Any:
     if dataclasses.is_dataclass(tp):
         if not isinstance(v, dict):
             raise ContainerError(f"{path}: expected an object, found {type(v).__name__}")
-        hints = typing.get_type_hints(tp)
+        hints = _hints(tp)
         kw = {}
         for f in dataclasses.fields(tp):
             if f.name in v:
@@ -328,11 +365,13 @@ class Container:
     def from_bytes(cls, data: bytes, source: str = "<bytes>") -> Container:
         if len(data) < HEADER.size:
             raise ContainerError(f"{source}: {len(data)} bytes is too short for an .npub header")
-        magic, version, _, config_id, mlen, plen, digest = HEADER.unpack_from(data)
+        magic, version, reserved, config_id, mlen, plen, digest = HEADER.unpack_from(data)
         if magic != MAGIC:
             raise ContainerError(f"{source}: not an .npub container (magic {magic!r})")
         if version != VERSION:
             raise ContainerError(f"{source}: container format version {version}, this tool reads {VERSION}")
+        if reserved:
+            raise ContainerError(f"{source}: reserved header field is 0x{reserved:04x}, must be 0")
         body = data[HEADER.size :]
         if len(body) != mlen + plen:
             raise ContainerError(
@@ -348,6 +387,12 @@ class Container:
             raise ContainerError(f"{source}: the manifest is not a JSON object")
         index = _decode(dict[str, _BlobRef], raw.pop("blobs", {}), f"{source}: manifest.blobs")
         man = Manifest.from_json(raw, f"{source}: manifest")
+        preset = PRESETS.get(man.config)
+        if preset is not None and preset.config_id != config_id:
+            raise ContainerError(
+                f"{source}: header configuration id 0x{config_id:08x} is not the manifest's "
+                f"{man.config} (0x{preset.config_id:08x})"
+            )
         payload = body[mlen:]
         blobs = {}
         for name, ref in index.items():

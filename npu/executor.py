@@ -28,7 +28,11 @@ class Device(Protocol):
 
 
 def quantize(x: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
-    return np.clip(np.rint(np.asarray(x, np.float32) / scale) + zero_point, -128, 127).astype(np.int8)
+    """int8 values of `x`: infinities saturate, NaN becomes the zero point."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        q = np.rint(np.asarray(x, np.float32) / scale)
+    q = np.where(np.isnan(q), 0, q)
+    return np.clip(q + zero_point, -128, 127).astype(np.int8)
 
 
 def dequantize(q: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
@@ -54,33 +58,50 @@ class HostSteps:
     """The host graphs of a container, parsed once."""
 
     def __init__(self, blobs: dict[str, bytes], segments: list[NpuSegment | HostStep]):
-        self.evaluators = {
-            s.model: ReferenceEvaluator(onnx.ModelProto.FromString(blobs[s.model]))
-            for s in segments
-            if isinstance(s, HostStep)
+        protos = {
+            s.model: onnx.ModelProto.FromString(blobs[s.model]) for s in segments if isinstance(s, HostStep)
         }
+        self.evaluators = {name: ReferenceEvaluator(p) for name, p in protos.items()}
+        self.nodes = {name: [f"{n.op_type} {n.name!r}" for n in p.graph.node] for name, p in protos.items()}
 
     def run(self, dev: Device, seg: HostStep, env: dict[str, np.ndarray]) -> None:
         ev = self.evaluators[seg.model]
         feeds = {}
         for i in seg.inputs:
             feeds[i.float] = read_tensor(dev, i.tensor) if i.tensor else env[i.float]
-        outs = ev.run(None, feeds)
+        try:
+            outs = ev.run(None, feeds)
+        except Exception as e:
+            e.add_note(f"in the host step {seg.model} (nodes: {', '.join(self.nodes[seg.model])})")
+            raise
         for name, v in zip(ev.output_names, outs, strict=True):
             env[name] = np.asarray(v)
         for q in seg.quantize:
             write_tensor(dev, q.tensor, env[q.float])
 
 
-def check_inputs(manifest: Manifest, inputs: list[np.ndarray]) -> list[np.ndarray]:
+def check_inputs(
+    manifest: Manifest, inputs: list[np.ndarray], *, allow_nonfinite: bool = False
+) -> list[np.ndarray]:
+    """The inputs as float32 arrays, checked against the model: count, shape, a real number type
+    and (unless `allow_nonfinite`) no NaN or infinity. ValueError names the input."""
     if len(inputs) != len(manifest.inputs):
         raise ValueError(f"the model has {len(manifest.inputs)} inputs, got {len(inputs)}")
     xs = []
     for t, x in zip(manifest.inputs, inputs, strict=True):
-        x = np.asarray(x, np.float32)
-        if list(x.shape) != list(t.shape):
-            raise ValueError(f"input {t.name}: shape {list(x.shape)}, the model needs {t.shape}")
-        xs.append(x)
+        a = np.asarray(x)
+        if a.dtype.kind not in "biuf":
+            raise ValueError(f"input {t.name}: {a.dtype} data, the model needs real numbers")
+        a = a.astype(np.float32)
+        if list(a.shape) != list(t.shape):
+            raise ValueError(f"input {t.name}: shape {list(a.shape)}, the model needs {t.shape}")
+        if not allow_nonfinite and not np.isfinite(a).all():
+            bad = int(np.size(a) - np.isfinite(a).sum())
+            raise ValueError(
+                f"input {t.name}: {bad} NaN or infinite values (they have no int8 value; "
+                "allow them explicitly to clip infinities and map NaN to the zero point)"
+            )
+        xs.append(a)
     return xs
 
 
@@ -105,12 +126,18 @@ def read_outputs(
 
 
 def run_segments(
-    manifest: Manifest, host: HostSteps, dev: Device, inputs: list[np.ndarray], *, int8: bool = False
+    manifest: Manifest,
+    host: HostSteps,
+    dev: Device,
+    inputs: list[np.ndarray],
+    *,
+    int8: bool = False,
+    allow_nonfinite: bool = False,
 ) -> list[np.ndarray]:
     """Write the inputs, run every segment in order, return the outputs (float, or int8 with `int8`
     for outputs that live in DRAM)."""
     env: dict[str, np.ndarray] = {}
-    write_inputs(manifest, dev, check_inputs(manifest, inputs), env)
+    write_inputs(manifest, dev, check_inputs(manifest, inputs, allow_nonfinite=allow_nonfinite), env)
     for seg in manifest.segments:
         if isinstance(seg, NpuSegment):
             dev.run_segment(seg.pc)

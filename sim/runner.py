@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,15 +49,24 @@ def prepare(model: NpuModel, asm: Assembly, base: int) -> None:
     prog = asm.binary()
     regions = [(base, base + len(prog), "program")]
     src_dir = Path(asm.source).parent if asm.source and not asm.source.startswith("<") else Path(".")
+    if base % 32:
+        raise RunError(f"{asm.source}: the program base 0x{base:x} is not 32-byte aligned (PROGRAM_BASE)")
+    if base + len(prog) > model.cfg.dram_bytes:
+        raise RunError(
+            f"{asm.source}: the program (0x{base:x}+{len(prog)}) does not fit in DRAM "
+            f"(0x{model.cfg.dram_bytes:x} bytes on {model.cfg.name})"
+        )
     for d in asm.data:
-        arr = np.ascontiguousarray(data_array(d, src_dir))
-        regions.append((d.addr, d.addr + arr.nbytes, f".data at line {d.line}"))
-        if d.addr + arr.nbytes > model.cfg.dram_bytes:
+        # the size is checked before a random block is built (a typo in a shape must not allocate GBs)
+        arr = np.ascontiguousarray(data_array(d, src_dir)) if d.kind == "file" else None
+        nbytes = arr.nbytes if arr is not None else math.prod(d.shape) * np.dtype(DTYPES[d.dtype]).itemsize
+        regions.append((d.addr, d.addr + nbytes, f".data at line {d.line}"))
+        if d.addr + nbytes > model.cfg.dram_bytes:
             raise RunError(
-                f"{asm.source}:{d.line}: .data 0x{d.addr:x}+{arr.nbytes} exceeds DRAM "
+                f"{asm.source}:{d.line}: .data 0x{d.addr:x}+{nbytes} exceeds DRAM "
                 f"(0x{model.cfg.dram_bytes:x} bytes on {model.cfg.name})"
             )
-        model.write_dram(d.addr, arr)
+        model.write_dram(d.addr, arr if arr is not None else data_array(d, src_dir))
     regions.sort()
     for (a0, a1, n0), (b0, b1, n1) in zip(regions, regions[1:], strict=False):
         if b0 < a1:

@@ -5,7 +5,9 @@ RTL, and run the preemption demo. One module per command, each with `add_argumen
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import warnings
 
 from ..asm import AsmError
 from ..config import ConfigError
@@ -37,13 +39,56 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _user_error(e: Exception) -> str | None:
+    """The message of an error caused by the input (None for a bug)."""
+    from ..container import ContainerError
+    from ..isa import IsaError
+
+    user = [CliError, AsmError, ConfigError, ContainerError, IsaError]
+    for module, name in [
+        ("npu.compiler.graph", "CompileError"),
+        ("npu.driver.runtime", "DriverError"),
+        ("npu.driver.transport", "TransportError"),
+        ("npu.sim.runner", "RunError"),
+    ]:
+        if module in sys.modules:  # loaded only if the command used them
+            user.append(getattr(sys.modules[module], name))
+    if isinstance(e, tuple(user)):
+        return str(e)
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.filename}: {e.strerror}" if e.filename else e.strerror
+    if isinstance(e, UnicodeDecodeError):
+        return f"the input is not UTF-8 text ({e})"
+    return None
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"npu: warning: {message}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; user errors print `npu: error: ...` and return 2 (1: a job failed)."""
     args = build_parser().parse_args(argv)
+    warnings.showwarning = _show_warning
     try:
         return args.run(args)
-    except (CliError, AsmError, ConfigError) as e:
-        print(f"npu: error: {e}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print("npu: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        msg = _user_error(e)
+        if msg is None:
+            if os.environ.get("NPU_DEBUG"):
+                raise
+            print(
+                f"npu: internal error: {type(e).__name__}: {e} "
+                "(a bug: please report it; NPU_DEBUG=1 shows the traceback)",
+                file=sys.stderr,
+            )
+            return 3
+        print(f"npu: error: {msg}", file=sys.stderr)
+        job_error = sys.modules.get("npu.driver.runtime")
+        return 1 if job_error is not None and isinstance(e, job_error.JobError) else 2
 
 
 if __name__ == "__main__":

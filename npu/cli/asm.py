@@ -8,7 +8,7 @@ from pathlib import Path
 from ..asm import read_asm
 from ..config import get_config
 from ..isa import INSTR_BYTES
-from .common import validate_all
+from .common import CliError, output_file, validate_all
 
 HELP = "assemble a .s file to a binary program"
 
@@ -21,10 +21,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     asm = read_asm(args.source)
+    if not asm.instrs:
+        raise CliError(f"{args.source}: no instructions")
     cfg_name = args.config or asm.config
     if cfg_name:
         validate_all(asm, get_config(cfg_name))
-    out = Path(args.output or Path(args.source).with_suffix(".bin"))
+    out = output_file(args.output or Path(args.source).with_suffix(".bin"))
     out.write_bytes(asm.binary())
     print(f"{args.source}: {len(asm.instrs)} instructions, {len(asm.instrs) * INSTR_BYTES} bytes -> {out}")
     return 0

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..config import PRESETS, NpuConfig, get_config
-from .common import CliError
+from .common import CliError, int_in, positive_float
 
 HELP = "benchmarks that print figures (use --json)"
 Bench = Callable[[NpuConfig, argparse.Namespace], tuple[dict, Callable[[dict], str]]]
@@ -25,15 +25,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--models", nargs="+", help="order, banks: zoo models (default: a representative set)")
     p.add_argument(
-        "--timeout", type=float, default=60.0, help="order: time limit of the unpartitioned search (s)"
+        "--timeout",
+        type=positive_float,
+        default=60.0,
+        help="order: time limit of the unpartitioned search (s)",
     )
     p.add_argument("--backend", choices=["model", "rtl"], default="model", help="where to measure")
     p.add_argument("--config", default="default", help=f"hardware preset: {', '.join(PRESETS)}")
-    p.add_argument("--size", type=int, default=256, help="model GEMM m = n = k (default 256)")
-    p.add_argument("--sizes", type=int, nargs="+", help="RTL GEMM sizes (default 64 128 256)")
+    p.add_argument("--size", type=int_in(1, 4096), default=256, help="model GEMM m = n = k (default 256)")
+    p.add_argument("--sizes", type=int_in(1, 4096), nargs="+", help="RTL GEMM sizes (default 64 128 256)")
     p.add_argument(
         "--cp-every",
-        type=int,
+        type=int_in(1),
         default=1,
         help="RTL pause-latency program: a cancellation point every this many output tiles",
     )
@@ -42,8 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="RTL: serve DRAM with cocotbext-axi's AxiRam (slower) instead of the in-simulator RAM",
     )
-    p.add_argument("--frames", type=int, default=4, help="preempt: frames of the scenario")
-    p.add_argument("--cp-interval", type=int, default=20_000, help="preempt: the compiler's point interval")
+    p.add_argument("--frames", type=int_in(1, 1000), default=4, help="preempt: frames of the scenario")
+    p.add_argument(
+        "--cp-interval", type=int_in(1), default=20_000, help="preempt: the compiler's point interval"
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 

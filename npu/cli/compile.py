@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import PRESETS
-from .common import CliError, number
+from .common import CliError, input_file, int_in, output_file, positive_float
 
 HELP = "compile an ONNX model to an .npub container"
 
@@ -31,11 +31,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="operator order: search (key-node partitioned, golden-model timing) or default (ONNX order)",
     )
     p.add_argument(
-        "--order-budget", type=float, default=10.0, metavar="S", help="time limit of the order search (s)"
+        "--order-budget",
+        type=positive_float,
+        default=10.0,
+        metavar="S",
+        help="time limit of the order search (s)",
     )
     p.add_argument(
         "--cp-interval",
-        type=number,
+        type=int_in(0),
         default=0,
         metavar="N",
         help="also place cancellation points inside operators, at most N estimated cycles apart where "
@@ -43,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--cp-max-live",
-        type=number,
+        type=int_in(0),
         metavar="BYTES",
         help="skip interior points whose live on-chip data exceed BYTES (default: a quarter of the "
         "scratchpad)",
@@ -53,8 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from npu.compiler import CompileError, compile_onnx
 
+    out = output_file(args.output or Path(args.model).with_suffix(".npub"))
     calib = None
     if args.calib:
+        input_file(args.calib)
         try:
             calib = np.load(args.calib)
         except (OSError, ValueError) as e:
@@ -71,7 +77,6 @@ def run(args: argparse.Namespace) -> int:
         )
     except CompileError as e:
         raise CliError(str(e)) from None
-    out = args.output or str(Path(args.model).with_suffix(".npub"))
     cm.to_container().save(out)
     low = cm.lowered
     n_npu = sum(la.placement == "npu" for la in low.layers)

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from ..config import PRESETS, get_config
+from .common import int_in, positive_float
 
 HELP = "the perception/planning preemption scenario, with a table and timelines"
 
@@ -15,11 +16,15 @@ HELP = "the perception/planning preemption scenario, with a table and timelines"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=["rtl", "model"], default="rtl", help="default rtl (Verilator)")
     p.add_argument("--config", default="default", help=f"hardware preset: {', '.join(PRESETS)}")
-    p.add_argument("--frames", type=int, default=4, help="frames of the scenario (default 4)")
-    p.add_argument("--cp-interval", type=int, default=20_000, help="compiler's point interval (cycles)")
-    p.add_argument("--period-ms", type=float, help="frame period (default 1.05 x the perception time)")
+    p.add_argument("--frames", type=int_in(1, 1000), default=4, help="frames of the scenario (default 4)")
+    p.add_argument("--cp-interval", type=int_in(1), default=20_000, help="compiler's point interval (cycles)")
     p.add_argument(
-        "--post-ms", type=float, help="host post-processing time per frame (default 0.25 x perception)"
+        "--period-ms", type=positive_float, help="frame period (default 1.05 x the perception time)"
+    )
+    p.add_argument(
+        "--post-ms",
+        type=positive_float,
+        help="host post-processing time per frame (default 0.25 x perception)",
     )
     p.add_argument("--out", default="out/demo", help="folder for the traces and pictures")
     p.add_argument("--json", action="store_true", help="also write demo.json with every figure")

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..config import PRESETS, get_config
+from .common import int_in
 
 HELP = "RTL: generate Verilog, replay a random differential test"
 
@@ -18,7 +19,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     v.set_defaults(func=verilog)
     r = sub.add_parser("replay", help="run one random program (by seed) on the RTL and the model")
     r.add_argument("--config", default="tiny", help=f"hardware preset: {', '.join(PRESETS)}")
-    r.add_argument("--seed", type=int, required=True, help="the random program's seed")
+    r.add_argument("--seed", type=int_in(0, 2**32 - 1), required=True, help="the random program's seed")
     r.add_argument("--pause", choices=["none", "every"], default="none", help="pause at every point")
     r.add_argument("--waves", action="store_true", help="record build/sim/<name>-waves/dump.vcd")
     r.set_defaults(func=replay)

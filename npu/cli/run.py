@@ -11,7 +11,7 @@ import numpy as np
 
 from ..config import PRESETS, get_config
 from ..isa import ErrorCode
-from .common import CliError, load_program, number, validate_all
+from .common import CliError, input_file, int_in, load_program, number, output_file, validate_all
 
 HELP = "run a program on the golden model, print outputs and counters"
 
@@ -25,7 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=["model", "rtl"],
         help="execution backend (rtl: an .npub model on the simulated core through the driver)",
     )
-    p.add_argument("--base", type=number, default=0, help="DRAM address of the program (default 0)")
+    p.add_argument(
+        "--base", type=int_in(0, 2**32 - 1), default=0, help="DRAM address of the program (default 0)"
+    )
     p.add_argument("--dram", action="append", metavar="FILE.npy@ADDR", help="preload DRAM")
     p.add_argument(
         "--output",
@@ -35,12 +37,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--pause-at",
-        type=number,
+        type=int_in(0),
         action="append",
         metavar="CYCLE",
         help="request a pause at this cycle, then resume (repeatable)",
     )
-    p.add_argument("--max-cycles", type=number, help="give up after this many cycles")
+    p.add_argument("--max-cycles", type=int_in(1), help="give up after this many cycles")
     p.add_argument("--save", metavar="OUT.npz", help="save outputs (.npy for an .npub's output)")
     p.add_argument("--input", action="append", metavar="X.npy", help="an .npub model's float input")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -77,7 +79,7 @@ def _run_npub(args: argparse.Namespace) -> int:
     if args.output:  # for a compiled model: --output y.npy (several outputs: y.npy, y.1.npy, ...)
         if len(args.output) != 1 or "@" in args.output[0]:
             raise CliError("for an .npub model, give one --output FILE.npy")
-        args.save = args.output[0]
+        args.save = str(output_file(args.output[0]))
     if args.save:
         base = Path(args.save)
         for i, y in enumerate(outs):
@@ -102,6 +104,9 @@ def _fmt_counters(c: dict[str, int]) -> str:
 def run(args: argparse.Namespace) -> int:
     from npu.sim.runner import RunError, run_assembly
 
+    input_file(args.program)
+    if args.save:
+        output_file(args.save)
     if args.program.endswith(".npub"):
         return _run_npub(args)
     if args.backend != "model":
@@ -114,7 +119,12 @@ def run(args: argparse.Namespace) -> int:
         path, _, addr = spec.rpartition("@")
         if not path:
             raise CliError(f"--dram {spec!r}: write FILE.npy@ADDR")
-        asm.data.append(DataInit(number(addr), "file", path=str(Path(path).resolve())))
+        input_file(path)
+        try:
+            addr = number(addr)
+        except argparse.ArgumentTypeError as e:
+            raise CliError(f"--dram {spec!r}: {e}") from None
+        asm.data.append(DataInit(addr, "file", path=str(Path(path).resolve())))
     for spec in args.output or []:
         from ..asm import Output, parse_dtype, parse_shape
 
@@ -122,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
             name, rest = spec.split("@", 1)
             addr, dtype, shape = rest.split(":")
             asm.outputs.append(Output(name, number(addr), parse_dtype(dtype), parse_shape(shape)))
-        except ValueError as e:
+        except (ValueError, argparse.ArgumentTypeError) as e:
             raise CliError(f"--output {spec!r}: write NAME@ADDR:DTYPE:SHAPE ({e})") from None
     validate_all(asm, cfg)
     try:

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from npu.config import get_config
 from npu.container import (
     HEADER,
     MAGIC,
@@ -28,6 +29,8 @@ from npu.container import (
 )
 from npu.isa import Opcode, decode_program, encode_program, make
 from npu.tensors import Layout
+
+TINY_ID = get_config("tiny").config_id
 
 
 def _manifest() -> Manifest:
@@ -59,7 +62,7 @@ def _file(raw: dict, blobs: dict[str, bytes]) -> bytes:
         payload += data
     mb = json.dumps({**raw, "blobs": index}).encode()
     digest = hashlib.sha256(mb + payload).digest()
-    return HEADER.pack(MAGIC, VERSION, 0, 7, len(mb), len(payload), digest) + mb + payload
+    return HEADER.pack(MAGIC, VERSION, 0, TINY_ID, len(mb), len(payload), digest) + mb + payload
 
 
 BLOBS = {"program": encode_program([make("end")] * 3), "dram0": b"\1\2", "host1": b"onnx"}
@@ -68,8 +71,8 @@ BLOBS = {"program": encode_program([make("end")] * 3), "dram0": b"\1\2", "host1"
 def test_manifest_round_trips_through_json_and_bytes():
     man = _manifest()
     assert Manifest.from_json(json.loads(json.dumps(man.to_json()))) == man
-    c = Container.from_bytes(Container(7, man, dict(BLOBS)).to_bytes())
-    assert c.manifest == man and c.blobs == BLOBS and c.config_id == 7
+    c = Container.from_bytes(Container(TINY_ID, man, dict(BLOBS)).to_bytes())
+    assert c.manifest == man and c.blobs == BLOBS and c.config_id == TINY_ID
     # unset optional fields are left out of the file
     assert "pc" not in man.to_json()["layers"][1] and "reason" not in man.to_json()["layers"][0]
 
@@ -129,7 +132,7 @@ def test_blobs_the_manifest_uses_must_exist_and_fit():
 
 def _signed(mb: bytes) -> bytes:
     """A container of just a manifest, with a matching checksum."""
-    return HEADER.pack(MAGIC, VERSION, 0, 7, len(mb), 0, hashlib.sha256(mb).digest()) + mb
+    return HEADER.pack(MAGIC, VERSION, 0, TINY_ID, len(mb), 0, hashlib.sha256(mb).digest()) + mb
 
 
 def test_relocate_moves_every_dram_address():
@@ -155,3 +158,16 @@ def test_a_compiled_model_survives_the_file(tmp_path):
     back = Container.load(tmp_path / "m.npub")
     assert back.manifest == cm.manifest
     assert copy.deepcopy(back.manifest).to_json() == c.manifest.to_json()
+
+
+def test_reserved_header_bytes_and_config_id_are_checked(tmp_path):
+    from npu.container import HEADER
+
+    blob = bytearray(Container(TINY_ID, _manifest(), dict(BLOBS)).to_bytes())
+    bad = bytes(blob[:6]) + b"\x01\x00" + bytes(blob[8:])
+    with pytest.raises(ContainerError, match="reserved header field is 0x0001"):
+        Container.from_bytes(bad)
+    fields = list(HEADER.unpack_from(blob))
+    fields[3] ^= 1  # another configuration id than the manifest's preset
+    with pytest.raises(ContainerError, match="header configuration id"):
+        Container.from_bytes(HEADER.pack(*fields) + bytes(blob[HEADER.size :]))
