@@ -12,7 +12,7 @@ from npu.isa import INSTR_BITS, Opcode, struct_layout
 #: one AXI burst request: byte address and AxLEN (beats - 1)
 Burst = data.StructLayout({"addr": 32, "len": 8})
 #: one fetched instruction and its pc; `bad` marks a pc outside DRAM (no instruction)
-Fetched = data.StructLayout({"instr": INSTR_BITS, "pc": 32, "bad": 1})
+Fetched = data.StructLayout({"instr": INSTR_BITS, "pc": 32, "bad": 1, "fault": 1})
 
 
 #: an entry of a unit's instruction queue: the instruction, its pc, and the ordinal of the next

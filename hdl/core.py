@@ -127,6 +127,8 @@ class NpuCore(wiring.Component):
             rarb.m_rvalid.eq(bus.rvalid),
             rarb.m_rlast.eq(bus.rlast),
             rarb.m_rdata.eq(bus.rdata),
+            rarb.m_rresp.eq(bus.rresp),
+            fetch.r_err.eq(rarb.r0_err),
             bus.rready.eq(rarb.m_rready),
             bus.awaddr.eq(store.aw.payload.addr),
             bus.awlen.eq(store.aw.payload.len),
@@ -185,6 +187,7 @@ class NpuCore(wiring.Component):
         parked = {}
         unit_busy = {}
         starting = {}
+        run_pcs = {}  # pc of the instruction each unit runs
         for u in UNITS:
             q, unit = queues[u], units[u].exec
             head = data.View(QueueEntry, q.r_data)
@@ -209,6 +212,7 @@ class NpuCore(wiring.Component):
             ]
             run_sig = Signal(4, name=f"sig_{u.name.lower()}")
             run_pc = Signal(32, name=f"pc_{u.name.lower()}")
+            run_pcs[u] = run_pc
             with m.If(start):
                 m.d.sync += [run_sig.eq(hdr.signal), run_pc.eq(head.pc)]
             for p in UNITS:
@@ -243,6 +247,7 @@ class NpuCore(wiring.Component):
             disp.pc.eq(pc),
             disp.valid.eq(fetch.out.valid),
             disp.bad.eq(fetch.out.payload.bad),
+            disp.fault.eq(fetch.out.payload.fault),
             disp.enable.eq(running & ~halting & ~overflow & ~timed_out & (deadlock_cnt != 3)),
             disp.room.eq(Cat(*[q.w_rdy for q in queues.values()])),
             disp.drained.eq(all_idle & queues_empty),
@@ -260,9 +265,21 @@ class NpuCore(wiring.Component):
             m.d.comb += halt_req.eq(1)
             m.d.sync += [halt_status.eq(st), halt_code.eq(c), halt_pc.eq(at_pc)]
 
+        # BUS: the memory answered a LOAD's read beat or a STORE's write with SLVERR/DECERR (a fetch's
+        # error travels with the instructions to the dispatcher)
+        load_fault = Signal()
+        store_fault = Signal()
+        m.d.comb += [
+            load_fault.eq(rarb.r1.valid & rarb.r1.ready & rarb.r1_err),
+            store_fault.eq(bus.bvalid & bus.bready & bus.bresp[1]),
+        ]
         stop_now = Signal()
         with m.If(running & ~halting):
-            with m.If(overflow):
+            with m.If(load_fault | store_fault):
+                start_halt(
+                    Status.ERROR, ErrorCode.BUS, Mux(load_fault, run_pcs[Unit.LOAD], run_pcs[Unit.STORE])
+                )
+            with m.Elif(overflow):
                 start_halt(Status.ERROR, ErrorCode.TOKEN, overflow_pc)
             with m.Elif(timed_out):
                 start_halt(Status.ERROR, ErrorCode.TIMEOUT, pc)

@@ -31,6 +31,7 @@ class Dispatcher(wiring.Component):
                 "pc": In(32),
                 "valid": In(1),
                 "bad": In(1),
+                "fault": In(1),  # the memory answered the fetch of this instruction with an error
                 "enable": In(1),
                 "room": In(n),
                 "drained": In(1),
@@ -64,10 +65,12 @@ class Dispatcher(wiring.Component):
                 m.d.comb += [target.eq(view(Opcode.SYNC, instr).unit), is_unit_op.eq(1)]
 
         with m.If(self.enable & self.valid):
-            with m.If(self.bad | (code != 0)):
+            with m.If(self.bad | self.fault | (code != 0)):
                 m.d.comb += [
                     self.error.eq(1),
-                    self.error_code.eq(Mux(self.bad, ErrorCode.DRAM_RANGE, code)),
+                    self.error_code.eq(
+                        Mux(self.bad, ErrorCode.DRAM_RANGE, Mux(self.fault, ErrorCode.BUS, code))
+                    ),
                 ]
             with m.Elif(is_unit_op):
                 with m.If(self.room.bit_select(target, 1)):

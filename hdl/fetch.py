@@ -40,6 +40,7 @@ class Fetcher(wiring.Component):
                 "out": Out(stream.Signature(Fetched)),
                 "ar": Out(burst_stream()),
                 "r": In(beat_stream(cfg)),
+                "r_err": In(1),  # the beat on `r` came with an error response
                 "idle": Out(1),  # no burst outstanding
             }
         )
@@ -49,7 +50,7 @@ class Fetcher(wiring.Component):
         cfg = self.cfg
         W = cfg.bus_bytes
         beats = max(1, INSTR_BYTES // W)
-        buf = fifo.SyncFIFOBuffered(width=INSTR_BITS, depth=self.BUF)
+        buf = fifo.SyncFIFOBuffered(width=INSTR_BITS + 1, depth=self.BUF)  # + the fault bit
         m.submodules.buf = ResetInserter(self.restart)(buf)
         base = Signal(32)
         req_pc = Signal(32)  # next pc to request
@@ -81,6 +82,7 @@ class Fetcher(wiring.Component):
 
         # assemble beats into instructions
         word = Signal(INSTR_BITS)
+        word_err = Signal()  # an earlier beat of this instruction came with an error
         beat = Signal(range(beats + 1))
         m.d.comb += self.r.ready.eq(1)
         r_data = self.r.payload
@@ -91,14 +93,17 @@ class Fetcher(wiring.Component):
             with m.Else():
                 if beats == 1:
                     m.d.comb += got.eq(1)
-                    m.d.comb += buf.w_data.eq(r_data)
+                    m.d.comb += buf.w_data.eq(Cat(r_data, self.r_err))
                 else:
                     m.d.sync += word.eq(Cat(word[8 * W :], r_data))
                     with m.If(beat == beats - 1):
-                        m.d.comb += [got.eq(1), buf.w_data.eq(Cat(word[8 * W :], r_data))]
-                        m.d.sync += beat.eq(0)
+                        m.d.comb += [
+                            got.eq(1),
+                            buf.w_data.eq(Cat(word[8 * W :], r_data, word_err | self.r_err)),
+                        ]
+                        m.d.sync += [beat.eq(0), word_err.eq(0)]
                     with m.Else():
-                        m.d.sync += beat.eq(beat + 1)
+                        m.d.sync += [beat.eq(beat + 1), word_err.eq(word_err | self.r_err)]
         m.d.comb += buf.w_en.eq(got)
         issued = Signal(range(self.BUF + 1))
         m.d.comb += issued.eq(Mux(self.ar.valid & self.ar.ready, n, 0))
@@ -111,7 +116,8 @@ class Fetcher(wiring.Component):
         m.d.comb += head_bad.eq(bad_base | (head_addr + INSTR_BYTES > cfg.dram_bytes))
         m.d.comb += [
             self.out.valid.eq(self.enable & (buf.r_rdy | (head_bad & (inflight == 0)))),
-            self.out.payload.instr.eq(buf.r_data),
+            self.out.payload.instr.eq(buf.r_data[:INSTR_BITS]),
+            self.out.payload.fault.eq(buf.r_data[INSTR_BITS] & buf.r_rdy),
             self.out.payload.pc.eq(out_pc),
             self.out.payload.bad.eq(head_bad & ~buf.r_rdy),
             buf.r_en.eq(self.out.ready & buf.r_rdy),
@@ -138,6 +144,7 @@ class Fetcher(wiring.Component):
                 inflight.eq(0),
                 discard.eq(stale),
                 beat.eq(0),
+                word_err.eq(0),
             ]
         return m
 
@@ -162,6 +169,9 @@ class ReadArbiter(wiring.Component):
                 "m_rready": Out(1),
                 "m_rlast": In(1),
                 "m_rdata": In(8 * W),
+                "m_rresp": In(2),
+                "r0_err": Out(1),  # with an r0/r1 beat: the memory answered it with SLVERR/DECERR
+                "r1_err": Out(1),
             }
         )
 
@@ -192,5 +202,7 @@ class ReadArbiter(wiring.Component):
             self.r1.valid.eq(self.m_rvalid & owners.r_rdy & owner),
             self.m_rready.eq(owners.r_rdy & Mux(owner, self.r1.ready, self.r0.ready)),
             owners.r_en.eq(self.m_rvalid & self.m_rready & self.m_rlast),
+            self.r0_err.eq(self.m_rresp[1]),
+            self.r1_err.eq(self.m_rresp[1]),
         ]
         return m

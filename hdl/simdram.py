@@ -19,17 +19,22 @@ from npu.config import NpuConfig, get_config
 from .common import log2
 from .core import NpuCore, dram_signature, regs_signature
 
+SLVERR = 0b10
+
 
 class SimDram(wiring.Component):
     """The RAM. With `stalls`, every channel is throttled pseudo-randomly (a 16-bit LFSR, about one
     cycle in four per channel): AR, AW and W drop READY, R and B hold back VALID (never withdrawing a
-    VALID already shown), as a busy interconnect or DRAM controller would."""
+    VALID already shown), as a busy interconnect or DRAM controller would.
+
+    `fault_lo`/`fault_hi`: beats at addresses in [fault_lo, fault_hi) are answered with SLVERR (reads
+    return zeros, writes are dropped and the burst's response is SLVERR), as a faulting slave would."""
 
     def __init__(self, cfg: NpuConfig, size: int, stalls: bool = False):
         self.cfg = cfg
         self.size = size
         self.stalls = stalls
-        super().__init__({"bus": In(dram_signature(cfg))})
+        super().__init__({"bus": In(dram_signature(cfg)), "fault_lo": In(32), "fault_hi": In(32)})
 
     def elaborate(self, platform):
         m = Module()
@@ -61,11 +66,11 @@ class SimDram(wiring.Component):
             arq.w_en.eq(bus.arvalid & ~stall["ar"]),
             arq.w_data.eq(Cat(bus.araddr, bus.arlen)),
             rp.addr.eq(r_addr[lw : lw + aw]),
-            bus.rdata.eq(rp.data),
+            bus.rdata.eq(Mux(self._faulting(r_addr), 0, rp.data)),
             bus.rvalid.eq(r_busy & (r_shown | ~stall["r"])),
             bus.rlast.eq(r_left == 0),
             bus.rid.eq(0),
-            bus.rresp.eq(0),
+            bus.rresp.eq(Mux(self._faulting(r_addr), SLVERR, 0)),
         ]
         m.d.sync += r_shown.eq(bus.rvalid & ~bus.rready)
         last_beat = bus.rvalid & bus.rready & (r_left == 0)
@@ -80,27 +85,33 @@ class SimDram(wiring.Component):
         # writes: address, then data beats, then one response
         w_busy = Signal()
         w_addr = Signal(32)
+        w_fault = Signal()  # a beat of this burst hit the faulting range
         b_pending = Signal()
         m.d.comb += [
             bus.awready.eq(~w_busy & ~b_pending & ~stall["aw"]),
             bus.wready.eq(w_busy & ~stall["w"]),
             wp.addr.eq(w_addr[lw : lw + aw]),
             wp.data.eq(bus.wdata),
-            wp.en.eq(Mux(bus.wvalid & bus.wready, bus.wstrb, 0)),
+            wp.en.eq(Mux(bus.wvalid & bus.wready & ~self._faulting(w_addr), bus.wstrb, 0)),
             bus.bvalid.eq(b_pending & (b_shown | ~stall["b"])),
             bus.bid.eq(0),
-            bus.bresp.eq(0),
+            bus.bresp.eq(Mux(w_fault, SLVERR, 0)),
         ]
         with m.If(bus.awvalid & bus.awready):
-            m.d.sync += [w_busy.eq(1), w_addr.eq(bus.awaddr)]
+            m.d.sync += [w_busy.eq(1), w_addr.eq(bus.awaddr), w_fault.eq(0)]
         with m.If(bus.wvalid & bus.wready):
             m.d.sync += w_addr.eq(w_addr + W)
+            with m.If(self._faulting(w_addr)):
+                m.d.sync += w_fault.eq(1)
             with m.If(bus.wlast):
                 m.d.sync += [w_busy.eq(0), b_pending.eq(1)]
         m.d.sync += b_shown.eq(bus.bvalid & ~bus.bready)
         with m.If(bus.bvalid & bus.bready):
             m.d.sync += b_pending.eq(0)
         return m
+
+    def _faulting(self, addr):
+        return (addr >= self.fault_lo) & (addr < self.fault_hi)
 
 
 class NpuSimTop(wiring.Component):
@@ -110,7 +121,10 @@ class NpuSimTop(wiring.Component):
         self.cfg = get_config(config)
         self.dram_size = dram_size
         self.stalls = stalls
-        super().__init__({"ctrl": In(regs_signature()), "irq": Out(1)})
+        # fault_lo/fault_hi: the RAM's faulting range (see SimDram), set by the bench
+        super().__init__(
+            {"ctrl": In(regs_signature()), "irq": Out(1), "fault_lo": In(32), "fault_hi": In(32)}
+        )
 
     def elaborate(self, platform):
         m = Module()
@@ -125,5 +139,9 @@ class NpuSimTop(wiring.Component):
         m.submodules.dram = dram = DomainRenamer("npu")(SimDram(self.cfg, self.dram_size, self.stalls))
         wiring.connect(m, core.bus, dram.bus)
         wiring.connect(m, wiring.flipped(self.ctrl), core.ctrl)
-        m.d.comb += self.irq.eq(core.irq)
+        m.d.comb += [
+            self.irq.eq(core.irq),
+            dram.fault_lo.eq(self.fault_lo),
+            dram.fault_hi.eq(self.fault_hi),
+        ]
         return m

@@ -62,6 +62,8 @@ def errors_table() -> str:
         ErrorCode.TOKEN: "a channel exceeds `token_depth`, or tokens are outstanding at END or at a "
         "taken cancellation point",
         ErrorCode.TIMEOUT: "the run exceeded the TIMEOUT register's cycle limit",
+        ErrorCode.BUS: "the memory answered a burst with SLVERR or DECERR (a LOAD's or an instruction "
+        "fetch's read, a STORE's write response); ERROR_PC: that LOAD, STORE or instruction",
     }
     rows = ["| code | name | raised when |", "|---|---|---|"]
     rows += [f"| {int(c)} | `{c.name}` | {docs[c]} |" for c in ErrorCode]

@@ -68,6 +68,7 @@ class ErrorCode(enum.IntEnum, shape=8):
     DEADLOCK = 6
     TOKEN = 7
     TIMEOUT = 8
+    BUS = 9
 
 
 class IsaError(ValueError):

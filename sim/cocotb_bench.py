@@ -185,6 +185,8 @@ async def run_jobs(dut):
         for addr, name in job["dram"]:
             bench.ram.write(addr, (jobs_path / name).read_bytes())
         await bench.write_reg("TIMEOUT", job.get("timeout", 0))
+        if fast:  # the in-simulator RAM's faulting range (empty unless the job asks for one)
+            dut.fault_lo.value, dut.fault_hi.value = job.get("bus_fault") or (0, 0)
         res = {"name": job["name"], "pauses": [], "runs": 0, "run_cycles": []}
         t_job = time.perf_counter()
         pause_mode = job.get("pause", "none")

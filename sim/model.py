@@ -75,6 +75,9 @@ class NpuModel:
         models that only need the timing."""
         self.cfg = get_config(config)
         self.timing_only = timing_only
+        #: DRAM [lo, hi) whose bus beats the memory answers with an error (a LOAD reads zeros there,
+        #: a STORE's beats there are dropped, and the run ends in BUS); None: every access is fine
+        self.bus_fault: tuple[int, int] | None = None
         self.dram = np.zeros(self.cfg.dram_bytes, np.uint8)
         self.chip = OnChip(self.cfg)
         self.now = 0
@@ -240,6 +243,8 @@ class NpuModel:
                 ErrorCode.DRAM_RANGE,
                 f"instruction fetch at 0x{addr:x} is outside DRAM or PROGRAM_BASE is not 32-byte aligned",
             )
+        elif self._beats_fault(addr, INSTR_BYTES):
+            res = IsaError(ErrorCode.BUS, f"the memory answered the fetch at 0x{addr:x} with an error")
         else:
             raw = self.dram[addr : addr + INSTR_BYTES].tobytes()
             res = self._decode_cache.get(raw)  # type: ignore[assignment]
@@ -416,8 +421,16 @@ class NpuModel:
         for p in UNITS:
             if ins.wait >> p & 1:
                 run.tokens[(p, u)].popleft()
+        faulted = self._faults(ins)
+        if faulted:
+            lo, hi = self.bus_fault
+            kept = self.dram[lo:hi].copy()
+            if ins.op == Opcode.LOAD:
+                self.dram[lo:hi] = 0  # the faulting beats bring zeros
         if ins.op != Opcode.SYNC and not self.timing_only:
             execute(self.chip, self.dram, ins)
+        if faulted:
+            self.dram[lo:hi] = kept  # the faulting beats of a STORE are dropped
         d = duration(ins, self.cfg)
         end = t + d
         run.starts[u].append(t)
@@ -429,6 +442,9 @@ class NpuModel:
         self.counters["DMA_WR_BYTES"] += wr
         if self.trace is not None:
             self.trace.append(TraceEvent(u.name.lower(), pc, ins.op.name.lower(), t, end))
+        if faulted:
+            self._error_after_drain(run, end, ErrorCode.BUS, pc)
+            return
         for c in UNITS:
             if ins.signal >> c & 1:
                 ch = run.tokens[(u, c)]
@@ -436,6 +452,22 @@ class NpuModel:
                     self._error_after_drain(run, end, ErrorCode.TOKEN, pc)
                     return
                 ch.append(end)
+
+    def _faults(self, ins: Instr) -> bool:
+        """A LOAD or STORE with a bus beat in the faulting range."""
+        if self.bus_fault is None or ins.op not in (Opcode.LOAD, Opcode.STORE):
+            return False
+        return any(
+            self._beats_fault(ins.dram + r * ins.dram_stride, ins.cols)
+            for r in range(ins.rows if ins.cols else 0)
+        )
+
+    def _beats_fault(self, addr: int, n: int) -> bool:
+        if self.bus_fault is None:
+            return False
+        lo, hi = self.bus_fault
+        W = self.cfg.bus_bytes
+        return addr // W * W < hi and -(-(addr + n) // W) * W > lo
 
     # -- convenience for tests, tools and the driver ------------------------------------------------
     def load_program(self, program: bytes, base: int) -> None:

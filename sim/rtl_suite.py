@@ -404,6 +404,48 @@ def error_jobs(cfg: NpuConfig) -> list[RtlJob]:
     return jobs
 
 
+FAULT = 0x5000  # a faulting DRAM range for the bus-error jobs (between OUT and PROG)
+
+
+def bus_fault_jobs(cfg: NpuConfig) -> list[RtlJob]:
+    """Memory error responses on each channel: a LOAD's read, a STORE's write, an instruction fetch;
+    and a prefetch past END into a faulting range, which must not fault (in-simulator RAM only).
+    Each job's `expected` pc is in its name's table in tests/hdl/test_paths.py."""
+    ok = make("load", spad=0, dram=DATA, rows=1, cols=64, spad_stride=64, dram_stride=64)
+    end = make("end")
+    fault = (FAULT, FAULT + 0x400)
+    bad_load = make("load", spad=256, dram=FAULT + 0x40, rows=2, cols=64, spad_stride=64, dram_stride=64,
+                    signal=[Unit.STORE])  # fmt: skip
+    then_store = make("store", spad=256, dram=OUT, rows=1, cols=64, spad_stride=64, dram_stride=64,
+                      wait=[Unit.LOAD])  # fmt: skip
+    bad_store = make("store", spad=0, dram=FAULT, rows=1, cols=64, spad_stride=64, dram_stride=64,
+                     wait=[Unit.LOAD])  # fmt: skip
+    prog_end = PROG + 3 * 32
+    return [
+        _raw("bus_load", [ok, bad_load, then_store, end], bus_fault=fault),
+        _raw(
+            "bus_store",
+            [
+                make(
+                    "load",
+                    spad=0,
+                    dram=DATA,
+                    rows=1,
+                    cols=64,
+                    spad_stride=64,
+                    dram_stride=64,
+                    signal=[Unit.STORE],
+                ),
+                bad_store,
+                end,
+            ],
+            bus_fault=fault,
+        ),  # fmt: skip
+        _raw("bus_fetch", [ok, ok, ok, ok, end], bus_fault=(PROG + 2 * 32, PROG + 3 * 32)),
+        _raw("bus_prefetch", [ok, ok, end], bus_fault=(round_up(prog_end, 64), PROG + 0x400)),
+    ]
+
+
 def random_jobs(cfg: NpuConfig, seeds, pause: str = "none", cp_prob: float = 0.15) -> list[RtlJob]:
     jobs = []
     for s in seeds:

@@ -7,9 +7,10 @@ import pytest
 
 from npu.cli import main
 from npu.config import get_config
+from npu.isa import ErrorCode
 from npu.sim.bench import gemm_job
 from npu.sim.rtl import compare, run_model, run_rtl
-from npu.sim.rtl_suite import directed_jobs, random_jobs
+from npu.sim.rtl_suite import bus_fault_jobs, directed_jobs, random_jobs
 
 
 @pytest.mark.parametrize("name", ["tiny", "default", "banked"])
@@ -40,6 +41,22 @@ def test_fast_dram_path_matches_model(stalls):
         assert not compare(run_model(cfg, job), rec), job.name
     got = np.frombuffer(recs[0].dram[c_addr : c_addr + ref.size], np.int8).reshape(ref.shape)
     assert np.array_equal(got, ref)
+
+
+@pytest.mark.rtl
+def test_bus_errors_end_the_run_on_every_channel():
+    """SLVERR on a LOAD's read, a STORE's write response and an instruction fetch end the run in BUS
+    at that instruction, as the model predicts; a prefetch past END into the range does not."""
+    cfg = get_config("tiny")
+    jobs = bus_fault_jobs(cfg)
+    bus = ErrorCode.BUS
+    expected = {"bus_load": (bus, 1), "bus_store": (bus, 1), "bus_fetch": (bus, 2), "bus_prefetch": (0, 0)}
+    for job, rec in zip(jobs, run_rtl(cfg, jobs, fast_dram=True), strict=True):
+        model = run_model(cfg, job)
+        assert not compare(model, rec), (job.name, compare(model, rec))
+        code, pc = expected[job.name]
+        assert (rec.error_code, rec.status) == (code, "ERROR" if code else "DONE"), job.name
+        assert rec.error_pc == pc, job.name
 
 
 @pytest.mark.rtl
