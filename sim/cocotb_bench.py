@@ -80,6 +80,24 @@ class NpuBench:
         self.regs = AxiLiteMaster(AxiLiteBus.from_prefix(dut, "s_axil"), dut.clk, dut.rst)
         self.cycle = 0
 
+    def set_bus_fault(self, lo: int, hi: int) -> None:
+        """Make the memory answer bus beats in [lo, hi) with SLVERR (reads bring zeros, writes are
+        dropped): the in-simulator RAM's fault ports, or AxiRam's read and write hooks wrapped
+        (cocotbext-axi answers SLVERR when they raise)."""
+        if isinstance(self.ram, FastDram):
+            self.dut.fault_lo.value, self.dut.fault_hi.value = lo, hi
+            return
+        W = self.cfg.bus_bytes
+        for iface, op in ((self.ram.read_if, "_read"), (self.ram.write_if, "_write")):
+            plain = getattr(type(iface), op).__get__(iface)
+
+            async def hook(address, arg, plain=plain):
+                if lo <= address // W * W < hi:
+                    raise OSError(f"bus fault at 0x{address:x}")
+                return await plain(address, arg)
+
+            setattr(iface, op, hook)
+
     async def reset(self) -> None:
         cocotb.start_soon(Clock(self.dut.clk, 10, unit="ns").start())
         self.dut.rst.value = 1
@@ -185,8 +203,7 @@ async def run_jobs(dut):
         for addr, name in job["dram"]:
             bench.ram.write(addr, (jobs_path / name).read_bytes())
         await bench.write_reg("TIMEOUT", job.get("timeout", 0))
-        if fast:  # the in-simulator RAM's faulting range (empty unless the job asks for one)
-            dut.fault_lo.value, dut.fault_hi.value = job.get("bus_fault") or (0, 0)
+        bench.set_bus_fault(*(job.get("bus_fault") or (0, 0)))
         res = {"name": job["name"], "pauses": [], "runs": 0, "run_cycles": []}
         t_job = time.perf_counter()
         pause_mode = job.get("pause", "none")

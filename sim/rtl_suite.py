@@ -409,8 +409,7 @@ FAULT = 0x5000  # a faulting DRAM range for the bus-error jobs (between OUT and 
 
 def bus_fault_jobs(cfg: NpuConfig) -> list[RtlJob]:
     """Memory error responses on each channel: a LOAD's read, a STORE's write, an instruction fetch;
-    and a prefetch past END into a faulting range, which must not fault (in-simulator RAM only).
-    Each job's `expected` pc is in its name's table in tests/hdl/test_paths.py."""
+    and a prefetch past END into a faulting range, which must not fault."""
     ok = make("load", spad=0, dram=DATA, rows=1, cols=64, spad_stride=64, dram_stride=64)
     end = make("end")
     fault = (FAULT, FAULT + 0x400)

@@ -44,14 +44,15 @@ def test_fast_dram_path_matches_model(stalls):
 
 
 @pytest.mark.rtl
-def test_bus_errors_end_the_run_on_every_channel():
+@pytest.mark.parametrize("fast", [True, False], ids=["in-simulator-ram", "axiram"])
+def test_bus_errors_end_the_run_on_every_channel(fast):
     """SLVERR on a LOAD's read, a STORE's write response and an instruction fetch end the run in BUS
     at that instruction, as the model predicts; a prefetch past END into the range does not."""
     cfg = get_config("tiny")
     jobs = bus_fault_jobs(cfg)
     bus = ErrorCode.BUS
     expected = {"bus_load": (bus, 1), "bus_store": (bus, 1), "bus_fetch": (bus, 2), "bus_prefetch": (0, 0)}
-    for job, rec in zip(jobs, run_rtl(cfg, jobs, fast_dram=True), strict=True):
+    for job, rec in zip(jobs, run_rtl(cfg, jobs, fast_dram=fast), strict=True):
         model = run_model(cfg, job)
         assert not compare(model, rec), (job.name, compare(model, rec))
         code, pc = expected[job.name]
