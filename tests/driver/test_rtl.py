@@ -41,6 +41,38 @@ def test_preemption_on_the_rtl_is_bit_exact(config, request):
     assert all(np.array_equal(a, b) for a, b in zip(ref_hi, hi.run(xu, int8=True), strict=True))
 
 
+def arrivals_scenario(transport, c_small, c_mlp, x_small, x_mlp, plan):
+    """Runs inside the simulation: jobs of two models with the given (model, input index, priority,
+    arrival) plan, arrival 0 included; their int8 outputs."""
+    npu = Npu(transport=transport, config=c_small.manifest.config)
+    models = {"small": npu.load(c_small), "mlp": npu.load(c_mlp)}
+    xs = {"small": [x_small, x_small + 1], "mlp": [x_mlp, x_mlp * 2]}
+    t0 = npu.tr.now()
+    jobs = [models[m].submit(xs[m][k], priority=p, at=t0 + at, int8=True) for m, k, p, at in plan]
+    npu.run_all()
+    return [j.outputs[0] for j in jobs], [bool(j.preemptions) for j in jobs]
+
+
+def test_random_arrivals_on_the_rtl_never_share_activations(small_models):
+    """Two jobs of one model, the first started at once and preempted, the second urgent: each gets
+    its own result (the defect: the second ran in the first's activation area)."""
+    c_small, c_mlp, x, xm = small_models
+    rng = np.random.default_rng(5)
+    plan = [("small", 0, 0, 0), ("mlp", 0, 2, 300), ("small", 1, 3, 301)]
+    for _ in range(3):
+        m = str(rng.choice(["small", "mlp"]))
+        plan.append((m, int(rng.integers(2)), int(rng.integers(4)), int(rng.integers(0, 3000))))
+    outs, preempted = run_on_rtl(
+        arrivals_scenario, c_small, c_mlp, x, xm, plan, config="tiny", dram_bytes=1 << 16
+    )
+    assert preempted[0], "the scenario needs the first job preempted"
+    npu = Npu("model", "tiny")
+    models = {"small": npu.load(c_small), "mlp": npu.load(c_mlp)}
+    xs = {"small": [x, x + 1], "mlp": [xm, xm * 2]}
+    for (m, k, _, _), out in zip(plan, outs, strict=True):
+        assert np.array_equal(out, models[m].run(xs[m][k], int8=True)[0]), (m, k)
+
+
 def test_npu_run_on_the_rtl(small_models, tmp_path, capsys):
     from npu.cli import main
 
