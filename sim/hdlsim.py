@@ -93,7 +93,7 @@ PUBLIC_VLT = (
     + "".join(
         f'public_flat_rw -module "{top}" -var "{var}"\n'
         for top in ("npu_core", "npu_sim_top")
-        for var in ("clk", "rst", "irq", "m_axi_*", "s_axil_*")
+        for var in ("clk", "rst", "irq", "m_axi_*", "s_axil_*", "fault_*")
     )
     + 'public_flat_rw -module "*" -var "mem"\n'
     # read-only views the bench samples to check which point a pause request targets

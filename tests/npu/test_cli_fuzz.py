@@ -56,32 +56,18 @@ def files(tmp_path_factory):
         f[name] = d / f"{name}.npy"
     (d / "notnpy.npy").write_bytes(b"nope")
     f["notnpy"] = d / "notnpy.npy"
-    # models the compiler must refuse by name
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])
-    custom = helper.make_model(
-        helper.make_graph([helper.make_node("Magic", ["x"], ["y"], name="magic0", domain="com.example")],
-                          "g", [x], [y]),
-        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)],
-    )  # fmt: skip
-    onnx.save(custom, d / "custom.onnx")
-    f["custom"] = d / "custom.onnx"
-    z = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 0])
-    zy = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 0])
-    zero = helper.make_model(
-        helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu0")], "g", [z], [zy]),
-        opset_imports=[helper.make_opsetid("", 17)],
-    )
-    onnx.save(zero, d / "zero.onnx")
-    f["zero"] = d / "zero.onnx"
-    xi = helper.make_tensor_value_info("x", TensorProto.INT64, [1, 8])
-    yi = helper.make_tensor_value_info("y", TensorProto.INT64, [1, 8])
-    integer = helper.make_model(
-        helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu0")], "g", [xi], [yi]),
-        opset_imports=[helper.make_opsetid("", 17)],
-    )
-    onnx.save(integer, d / "int.onnx")
-    f["int"] = d / "int.onnx"
+    # models the compiler must refuse by name: a custom-domain operator, a size-0 tensor, int64 input
+    for name, op, domain, elem, shape in [
+        ("custom", "Magic", "com.example", TensorProto.FLOAT, [1, 8]),
+        ("zero", "Relu", "", TensorProto.FLOAT, [1, 0]),
+        ("int", "Relu", "", TensorProto.INT64, [1, 8]),
+    ]:
+        io = [helper.make_tensor_value_info(n, elem, shape) for n in ("x", "y")]
+        node = helper.make_node(op, ["x"], ["y"], name=f"{op.lower()}0", domain=domain)
+        opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+        onnx.save(helper.make_model(helper.make_graph([node], "g", io[:1], io[1:]), opset_imports=opsets),
+                  d / f"{name}.onnx")  # fmt: skip
+        f[name] = d / f"{name}.onnx"
     return {k: str(v) for k, v in f.items()}
 
 
