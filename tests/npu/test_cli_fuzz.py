@@ -36,6 +36,8 @@ def files(tmp_path_factory):
     f["latin1"] = d / "latin1.s"
     (d / "odd.bin").write_bytes(b"\x01" * 33)
     f["odd"] = d / "odd.bin"
+    (d / "huge.s").write_text(".data 0x0 random i8 100000x100000\nend\n")  # 10 GB: refused before it is built
+    f["huge"] = d / "huge.s"
     (d / "junk.npub").write_bytes(b"NPUB" + bytes(100))
     f["junk_npub"] = d / "junk.npub"
     (d / "junk.onnx").write_bytes(b"\x08\x01garbage" * 10)
@@ -79,7 +81,7 @@ CASES = [
     ["disasm", "{missing}"], ["disasm", "{dir}"], ["disasm", "{odd}"], ["disasm", "{junk_npub}"],
     ["disasm", "{latin1}"], ["disasm", "{binary}"],
     # run
-    ["run", "{missing}"], ["run", "{dir}"], ["run", "{latin1}"], ["run", "{binary}"],
+    ["run", "{missing}"], ["run", "{dir}"], ["run", "{huge}"], ["run", "{latin1}"], ["run", "{binary}"],
     ["run", EX, "--base", "0x10000000000"], ["run", EX, "--base", "-1"], ["run", EX, "--base", "0x123"],
     ["run", EX, "--max-cycles", "-5"], ["run", EX, "--pause-at", "-1"], ["run", EX, "--config", "nope"],
     ["run", EX, "--dram", "{missing}@0"], ["run", EX, "--dram", "{x}@0x7fffffff00"],
@@ -135,6 +137,7 @@ def test_messages_name_the_problem(files, capsys):
         (["run", "{mlp}", "--input", "{x_nan}"], ["NaN", "input"]),
         (["run", EX, "--base", "0x123"], ["aligned"]),
         (["asm", "{latin1}"], ["latin1.s:1", "UTF-8"]),
+        (["run", "{huge}"], ["huge.s:1", "exceeds DRAM"]),
     ]:
         assert main([a.format(**files) for a in argv]) == 2
         err = capsys.readouterr().err
