@@ -410,38 +410,23 @@ FAULT = 0x5000  # a faulting DRAM range for the bus-error jobs (between OUT and 
 def bus_fault_jobs(cfg: NpuConfig) -> list[RtlJob]:
     """Memory error responses on each channel: a LOAD's read, a STORE's write, an instruction fetch;
     and a prefetch past END into a faulting range, which must not fault."""
-    ok = make("load", spad=0, dram=DATA, rows=1, cols=64, spad_stride=64, dram_stride=64)
+
+    def rows64(op: str, spad: int, dram: int, rows: int = 1, **tokens) -> Instr:
+        return make(op, spad=spad, dram=dram, rows=rows, cols=64, spad_stride=64, dram_stride=64, **tokens)
+
+    ok = rows64("load", 0, DATA)
     end = make("end")
     fault = (FAULT, FAULT + 0x400)
-    bad_load = make("load", spad=256, dram=FAULT + 0x40, rows=2, cols=64, spad_stride=64, dram_stride=64,
-                    signal=[Unit.STORE])  # fmt: skip
-    then_store = make("store", spad=256, dram=OUT, rows=1, cols=64, spad_stride=64, dram_stride=64,
-                      wait=[Unit.LOAD])  # fmt: skip
-    bad_store = make("store", spad=0, dram=FAULT, rows=1, cols=64, spad_stride=64, dram_stride=64,
-                     wait=[Unit.LOAD])  # fmt: skip
-    prog_end = PROG + 3 * 32
+    bad_load = rows64("load", 256, FAULT + 0x40, rows=2, signal=[Unit.STORE])
+    then_store = rows64("store", 256, OUT, wait=[Unit.LOAD])
+    load_for_store = rows64("load", 0, DATA, signal=[Unit.STORE])
+    bad_store = rows64("store", 0, FAULT, wait=[Unit.LOAD])
+    after_end = round_up(PROG + 3 * 32, 64)  # the first beat past a 3-instruction program
     return [
         _raw("bus_load", [ok, bad_load, then_store, end], bus_fault=fault),
-        _raw(
-            "bus_store",
-            [
-                make(
-                    "load",
-                    spad=0,
-                    dram=DATA,
-                    rows=1,
-                    cols=64,
-                    spad_stride=64,
-                    dram_stride=64,
-                    signal=[Unit.STORE],
-                ),
-                bad_store,
-                end,
-            ],
-            bus_fault=fault,
-        ),  # fmt: skip
+        _raw("bus_store", [load_for_store, bad_store, end], bus_fault=fault),
         _raw("bus_fetch", [ok, ok, ok, ok, end], bus_fault=(PROG + 2 * 32, PROG + 3 * 32)),
-        _raw("bus_prefetch", [ok, ok, end], bus_fault=(round_up(prog_end, 64), PROG + 0x400)),
+        _raw("bus_prefetch", [ok, ok, end], bus_fault=(after_end, PROG + 0x400)),
     ]
 
 
