@@ -73,34 +73,29 @@ def test_job_started_at_cycle_zero_is_counted_as_started(demo_models):
         max_size=6,
     )
 )
-def test_random_arrivals_and_priorities_are_bit_exact(small_models, jobs):
-    c_small, c_mlp, x_small, x_mlp = small_models
-    rng_inputs = {("small", k): x_small + k for k in range(3)} | {
-        ("mlp", k): x_mlp * (k + 1) for k in range(3)
-    }
-    refs = _refs(small_models)
+def test_random_arrivals_and_priorities_are_bit_exact(small_models, variants, jobs):
+    c_small, c_mlp, _, _ = small_models
     npu = Npu("model", "tiny")
     models = {"small": npu.load(c_small), "mlp": npu.load(c_mlp)}
     subs = [
-        (name, k, models[name].submit(rng_inputs[name, k], priority=p, at=at, int8=True))
+        (name, k, models[name].submit(variants[name, k][0], priority=p, at=at, int8=True))
         for name, at, p, k in jobs
     ]
     npu.run_all()
     for name, k, job in subs:
         assert job.state == "done"
-        assert np.array_equal(job.outputs[0], refs[name, k][0]), (name, k, job.arrival, job.priority)
+        assert np.array_equal(job.outputs[0], variants[name, k][1][0]), (name, k, job.arrival, job.priority)
 
 
-_REFS: dict = {}
-
-
-def _refs(small_models):
-    if not _REFS:
-        c_small, c_mlp, x_small, x_mlp = small_models
-        for k in range(3):
-            _REFS["small", k] = _alone(c_small, x_small + k)
-            _REFS["mlp", k] = _alone(c_mlp, x_mlp * (k + 1))
-    return _REFS
+@pytest.fixture(scope="module")
+def variants(small_models):
+    """Three inputs per model, keyed (model, k), each with its outputs from a run alone."""
+    c_small, c_mlp, x_small, x_mlp = small_models
+    out = {}
+    for k in range(3):
+        out["small", k] = (x_small + k, _alone(c_small, x_small + k))
+        out["mlp", k] = (x_mlp * (k + 1), _alone(c_mlp, x_mlp * (k + 1)))
+    return out
 
 
 class FaultyTransport(Transport):
@@ -154,25 +149,31 @@ def _site() -> str:
     return "?"
 
 
+X_HOST = np.random.default_rng(4).normal(size=(1, 32)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def scenario_refs(small_models, host_model):
+    """The outputs of `_scenario`'s four jobs, each run alone."""
+    c_small, c_mlp, x_small, x_mlp = small_models
+    pairs = [(c_small, x_small), (host_model, X_HOST), (c_mlp, x_mlp), (c_small, x_small + 1)]
+    return [_alone(c, x) for c, x in pairs]
+
+
 def _scenario(small_models, host_model, fault: Callable[[FaultyTransport, Npu], None] | None):
     """Four jobs that exercise start, host steps, preemption (dump, restore) and waiting; returns the
-    transport, the device and the jobs with the references of their outputs."""
+    transport, the device, the jobs, and the models with their inputs."""
     c_small, c_mlp, x_small, x_mlp = small_models
     tr = FaultyTransport(get_config("tiny"))
     npu = Npu(transport=tr, config="tiny")
     small, mlp, host = npu.load(c_small, "small"), npu.load(c_mlp, "mlp"), npu.load(host_model, "host")
-    x_host = np.random.default_rng(4).normal(size=(1, 32)).astype(np.float32)
     plan = [
         (small, x_small, Priority.LOW, 0),
-        (host, x_host, Priority.NORMAL, 200),
+        (host, X_HOST, Priority.NORMAL, 200),
         (mlp, x_mlp, Priority.HIGH, 400),
         (small, x_small + 1, Priority.LOW, 500),
     ]
     jobs = [m.submit(x, priority=p, at=at, int8=True) for m, x, p, at in plan]
-    refs = [
-        _alone(c, x)
-        for c, x in [(c_small, x_small), (host_model, x_host), (c_mlp, x_mlp), (c_small, x_small + 1)]
-    ]
     tr.armed = True
     if fault is not None:
         fault(tr, npu)
@@ -186,11 +187,14 @@ def _scenario(small_models, host_model, fault: Callable[[FaultyTransport, Npu], 
                 raise
             escaped += 1  # a call no job made (the scheduler's own clock reads): the caller sees it
             assert escaped < 5
-    return tr, npu, jobs, refs, (small, mlp, host), (x_small, x_mlp, x_host)
+    return tr, npu, jobs, (small, mlp, host), (x_small, x_mlp, X_HOST)
 
 
-def test_a_fault_at_any_call_site_fails_one_job_and_the_rest_finish_bit_exact(small_models, host_model):
-    tr, npu, jobs, refs, _, _ = _scenario(small_models, host_model, None)
+def test_a_fault_at_any_call_site_fails_one_job_and_the_rest_finish_bit_exact(
+    small_models, host_model, scenario_refs
+):
+    rf = scenario_refs
+    tr, npu, jobs, _, _ = _scenario(small_models, host_model, None)
     assert all(j.state == "done" for j in jobs)
     assert any(j.preemptions for j in jobs)
     first_call: dict[str, int] = {}
@@ -211,7 +215,7 @@ def test_a_fault_at_any_call_site_fails_one_job_and_the_rest_finish_bit_exact(sm
 
                 lm.host.run = broken
 
-        _, dev, js, rf, models, xs = _scenario(small_models, host_model, fault)
+        _, dev, js, models, xs = _scenario(small_models, host_model, fault)
         injected += 1
         failed = [j for j in js if j.state == "failed"]
         assert all(j.done() for j in js), site
