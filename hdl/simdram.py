@@ -16,8 +16,10 @@ from amaranth.lib.wiring import In, Out
 
 from npu.config import NpuConfig, get_config
 
+from .axi import AxiSignature
 from .common import log2
 from .core import NpuCore, dram_signature, regs_signature
+from .soc import NpuSoc, soc_regs_signature
 
 SLVERR = 0b10
 
@@ -30,11 +32,12 @@ class SimDram(wiring.Component):
     `fault_lo`/`fault_hi`: beats at addresses in [fault_lo, fault_hi) are answered with SLVERR (reads
     return zeros, writes are dropped and the burst's response is SLVERR), as a faulting slave would."""
 
-    def __init__(self, cfg: NpuConfig, size: int, stalls: bool = False):
+    def __init__(self, cfg: NpuConfig, size: int, stalls: bool = False, bus: AxiSignature | None = None):
+        """`bus`: the AXI4 signature served (the core's by default); ids are echoed in R and B."""
         self.cfg = cfg
         self.size = size
         self.stalls = stalls
-        super().__init__({"bus": In(dram_signature(cfg)), "fault_lo": In(32), "fault_hi": In(32)})
+        super().__init__({"bus": In(bus or dram_signature(cfg)), "fault_lo": In(32), "fault_hi": In(32)})
 
     def elaborate(self, platform):
         m = Module()
@@ -57,19 +60,21 @@ class SimDram(wiring.Component):
 
         # reads: addresses queue up (like AxiRam, several bursts may be outstanding), data streams
         # one beat per cycle
-        m.submodules.arq = arq = fifo.SyncFIFOBuffered(width=40, depth=4)
+        iw = len(bus.arid)
+        m.submodules.arq = arq = fifo.SyncFIFOBuffered(width=40 + iw, depth=4)
         r_busy = Signal()
         r_addr = Signal(32)
         r_left = Signal(9)
+        r_id = Signal(iw)
         m.d.comb += [
             bus.arready.eq(arq.w_rdy & ~stall["ar"]),
             arq.w_en.eq(bus.arvalid & ~stall["ar"]),
-            arq.w_data.eq(Cat(bus.araddr, bus.arlen)),
+            arq.w_data.eq(Cat(bus.araddr, bus.arlen, bus.arid)),
             rp.addr.eq(r_addr[lw : lw + aw]),
             bus.rdata.eq(Mux(self._faulting(r_addr), 0, rp.data)),
             bus.rvalid.eq(r_busy & (r_shown | ~stall["r"])),
             bus.rlast.eq(r_left == 0),
-            bus.rid.eq(0),
+            bus.rid.eq(r_id),
             bus.rresp.eq(Mux(self._faulting(r_addr), SLVERR, 0)),
         ]
         m.d.sync += r_shown.eq(bus.rvalid & ~bus.rready)
@@ -80,12 +85,18 @@ class SimDram(wiring.Component):
             with m.If(r_left == 0):
                 m.d.sync += r_busy.eq(0)
         with m.If(arq.r_en):
-            m.d.sync += [r_busy.eq(1), r_addr.eq(arq.r_data[:32]), r_left.eq(arq.r_data[32:])]
+            m.d.sync += [
+                r_busy.eq(1),
+                r_addr.eq(arq.r_data[:32]),
+                r_left.eq(arq.r_data[32:40]),
+                r_id.eq(arq.r_data[40:]),
+            ]
 
         # writes: address, then data beats, then one response
         w_busy = Signal()
         w_addr = Signal(32)
         w_fault = Signal()  # a beat of this burst hit the faulting range
+        w_id = Signal(len(bus.awid))
         b_pending = Signal()
         m.d.comb += [
             bus.awready.eq(~w_busy & ~b_pending & ~stall["aw"]),
@@ -94,11 +105,11 @@ class SimDram(wiring.Component):
             wp.data.eq(bus.wdata),
             wp.en.eq(Mux(bus.wvalid & bus.wready & ~self._faulting(w_addr), bus.wstrb, 0)),
             bus.bvalid.eq(b_pending & (b_shown | ~stall["b"])),
-            bus.bid.eq(0),
+            bus.bid.eq(w_id),
             bus.bresp.eq(Mux(w_fault, SLVERR, 0)),
         ]
         with m.If(bus.awvalid & bus.awready):
-            m.d.sync += [w_busy.eq(1), w_addr.eq(bus.awaddr), w_fault.eq(0)]
+            m.d.sync += [w_busy.eq(1), w_addr.eq(bus.awaddr), w_fault.eq(0), w_id.eq(bus.awid)]
         with m.If(bus.wvalid & bus.wready):
             m.d.sync += w_addr.eq(w_addr + W)
             with m.If(self._faulting(w_addr)):
@@ -115,16 +126,19 @@ class SimDram(wiring.Component):
 
 
 class NpuSimTop(wiring.Component):
-    """NpuCore + SimDram; the AXI4-Lite register port and the interrupt are the top's ports."""
+    """NpuCore (or, with `soc`, NpuSoc) + SimDram; the AXI4-Lite register port and the interrupt(s)
+    are the top's ports."""
 
-    def __init__(self, config: NpuConfig | str, dram_size: int, stalls: bool = False):
+    def __init__(self, config: NpuConfig | str, dram_size: int, stalls: bool = False, soc: bool = False):
         self.cfg = get_config(config)
         self.dram_size = dram_size
         self.stalls = stalls
+        self.soc = soc
         # fault_lo/fault_hi: the RAM's faulting range (see SimDram), set by the bench
-        super().__init__(
-            {"ctrl": In(regs_signature()), "irq": Out(1), "fault_lo": In(32), "fault_hi": In(32)}
-        )
+        ports = {"ctrl": In(soc_regs_signature() if soc else regs_signature()), "irq": Out(1)}
+        if soc:
+            ports["irqs"] = Out(self.cfg.engines)
+        super().__init__({**ports, "fault_lo": In(32), "fault_hi": In(32)})
 
     def elaborate(self, platform):
         m = Module()
@@ -135,10 +149,14 @@ class NpuSimTop(wiring.Component):
         rst_q = Signal(init=1)
         m.d.sync += rst_q.eq(ResetSignal("sync"))
         m.d.comb += [npu.clk.eq(ClockSignal("sync")), npu.rst.eq(rst_q)]
-        m.submodules.core = core = DomainRenamer("npu")(NpuCore(self.cfg))
-        m.submodules.dram = dram = DomainRenamer("npu")(SimDram(self.cfg, self.dram_size, self.stalls))
+        inner = NpuSoc(self.cfg) if self.soc else NpuCore(self.cfg)
+        m.submodules.core = core = DomainRenamer("npu")(inner)
+        ram = SimDram(self.cfg, self.dram_size, self.stalls, bus=inner.signature.members["bus"].signature)
+        m.submodules.dram = dram = DomainRenamer("npu")(ram)
         wiring.connect(m, core.bus, dram.bus)
         wiring.connect(m, wiring.flipped(self.ctrl), core.ctrl)
+        if self.soc:
+            m.d.comb += self.irqs.eq(core.irqs)
         m.d.comb += [
             self.irq.eq(core.irq),
             dram.fault_lo.eq(self.fault_lo),

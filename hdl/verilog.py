@@ -11,6 +11,7 @@ from .axi import FlatPorts
 from .core import NpuCore
 
 TOPLEVEL = "npu_core"
+SOC_TOPLEVEL = "npu_soc"
 #: flat port names of the Verilog tops, as cocotbext-axi's `from_prefix` and board tops expect
 PREFIXES = {"bus": "m_axi", "ctrl": "s_axil"}
 
@@ -20,10 +21,17 @@ def core_verilog(config: NpuConfig | str) -> str:
     return verilog.convert(FlatPorts(NpuCore(cfg), PREFIXES), name=TOPLEVEL, emit_src=False)
 
 
-def sim_top_verilog(config: NpuConfig | str, dram_size: int, stalls: bool = False) -> str:
-    """The core with the simulation-only in-simulator DRAM (hdl/simdram.py), optionally stalling
-    every AXI channel at random."""
+def soc_verilog(config: NpuConfig | str) -> str:
+    """Verilog of the SoC (`config.engines` engines, hdl/soc.py), top module `npu_soc`."""
+    from .soc import NpuSoc
+
+    return verilog.convert(FlatPorts(NpuSoc(get_config(config)), PREFIXES), name=SOC_TOPLEVEL, emit_src=False)
+
+
+def sim_top_verilog(config: NpuConfig | str, dram_size: int, stalls: bool = False, soc: bool = False) -> str:
+    """The core (or the SoC) with the simulation-only in-simulator DRAM (hdl/simdram.py),
+    optionally stalling every AXI channel at random."""
     from .simdram import NpuSimTop
 
-    top = FlatPorts(NpuSimTop(get_config(config), dram_size, stalls), PREFIXES)
+    top = FlatPorts(NpuSimTop(get_config(config), dram_size, stalls, soc), PREFIXES)
     return verilog.convert(top, name="npu_sim_top", emit_src=False)

@@ -12,6 +12,8 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+from npu.registers import MAX_ENGINES
+
 #: The on-chip address space is fixed by the ISA: scratchpad bytes at [0, ACC_BASE), accumulator
 #: bytes at [ACC_BASE, 2 * ACC_BASE). Each memory may be smaller than its window.
 ACC_BASE = 0x8_0000
@@ -93,6 +95,7 @@ class NpuConfig:
 
         for f in ("clusters", "pes_per_cluster", "lanes", "vector_lanes", "engines"):
             need(isinstance(getattr(self, f), int) and getattr(self, f) >= 1, f, "must be >= 1")
+        need(self.engines <= MAX_ENGINES, "engines", f"the SoC's register space holds at most {MAX_ENGINES}")
         for f in ("lanes", "pes_per_cluster", "vector_lanes"):
             need(_pow2(getattr(self, f)), f, "must be a power of two")
         if self.spad_banked:
@@ -171,6 +174,16 @@ class NpuConfig:
     def replace(self, **changes) -> NpuConfig:
         return dataclasses.replace(self, **changes)
 
+    @property
+    def engine(self) -> NpuConfig:
+        """One engine of this SoC (`engines` = 1): what each engine's CONFIG_ID reports and what a
+        model is compiled for, so a model built for `default` runs on every engine of `duo`."""
+        if self.engines == 1:
+            return self
+        one = self.replace(engines=1)
+        known = config_by_id(one.config_id)
+        return known if known is not None else one.replace(name=f"{self.name}-engine")
+
     def describe(self) -> str:
         return (
             f"{self.name}: {self.clusters}x{self.pes_per_cluster}x{self.lanes} = "
@@ -179,6 +192,7 @@ class NpuConfig:
             f"accumulators {self.acc_bytes // 1024} KiB, "
             f"vector {self.vector_lanes} lanes, bus {self.bus_bytes * 8} bits, "
             f"DRAM {_size(self.dram_bytes)}, id 0x{self.config_id:08x}"
+            + (f", {self.engines} engines sharing the DRAM port" if self.engines > 1 else "")
         )
 
 
@@ -226,6 +240,8 @@ PRESETS: dict[str, NpuConfig] = {
 }
 # `default` with a block-RAM scratchpad: 2 regions x 5 dual-port banks (npu bench banks)
 PRESETS["banked"] = PRESETS["default"].replace(name="banked", spad_banks=10, spad_banked=True)
+# two `default` engines sharing one DRAM port (hdl/soc.py)
+PRESETS["duo"] = PRESETS["default"].replace(name="duo", engines=2)
 
 
 def get_config(name_or_config: str | NpuConfig) -> NpuConfig:

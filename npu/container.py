@@ -222,6 +222,11 @@ class Manifest:
 def relocate(manifest: Manifest, program: bytes, off: int) -> tuple[Manifest, bytes]:
     """The same model placed `off` bytes higher in DRAM: every DRAM address in the manifest and in the
     program's LOAD/STORE instructions moves."""
+    return manifest.relocated(off), relocate_program(program, off)
+
+
+def relocate_program(program: bytes, off: int) -> bytes:
+    """`program` with the DRAM address of every LOAD and STORE moved by `off` bytes."""
     out = bytearray(program)
     for i in range(0, len(out) - len(out) % INSTR_BYTES, INSTR_BYTES):
         op = out[i] & 0xF
@@ -234,7 +239,7 @@ def relocate(manifest: Manifest, program: bytes, off: int) -> tuple[Manifest, by
             raise ContainerError(f"pc {i // INSTR_BYTES}: DRAM address 0x{addr:x} does not fit its field")
         word = word & ~(mask << lo) | addr << lo
         out[i : i + INSTR_BYTES] = word.to_bytes(INSTR_BYTES, "little")
-    return manifest.relocated(off), bytes(out)
+    return bytes(out)
 
 
 _DRAM_FIELD = {

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .config import PRESETS, NpuConfig
 from .isa import FORMATS, HEADER_BITS, INSTR_BITS, MNEMONICS, OFFSETS, UNIT_OF, ErrorCode, Opcode
-from .registers import REGISTERS, Control, Status
+from .registers import MAX_ENGINES, REGISTERS, SOC_REGISTERS, Control, Status, engine_window
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -85,6 +85,17 @@ def registers_table() -> str:
     return "\n".join(rows)
 
 
+def soc_registers_table() -> str:
+    rows = ["| offset | name | access | meaning |", "|---|---|---|---|"]
+    for r in SOC_REGISTERS:
+        rows.append(f"| 0x{r.offset:02x} | `{r.name}` | {r.access} | {r.doc} |")
+    rows.append(
+        f"| 0x{engine_window(0):03x} + 0x100 * i | engine i | | the register window above, one per engine "
+        f"(at most {MAX_ENGINES} engines) |"
+    )
+    return "\n".join(rows)
+
+
 def presets_table() -> str:
     cfgs = list(PRESETS.values())
     fields = [f.name for f in dataclasses.fields(NpuConfig) if f.name != "name"]
@@ -98,7 +109,7 @@ def presets_table() -> str:
 
 SECTIONS = {
     "isa.md": {"formats": formats_table, "errors": errors_table, "presets": presets_table},
-    "registers.md": {"registers": registers_table},
+    "registers.md": {"registers": registers_table, "soc": soc_registers_table},
 }
 
 

@@ -74,3 +74,26 @@ def offset(name: str) -> int:
         return REG[name].offset
     except KeyError:
         raise KeyError(f"no register {name!r}; registers: {', '.join(REG)}") from None
+
+
+# ---- the SoC (hdl/soc.py): a SoC block, then one engine window per engine ---------------------------
+
+SOC_MAGIC = 0x5355504E  # "NPUS" little-endian
+#: Address bits of the SoC's AXI4-Lite port (4 KiB: the SoC block and up to 15 engine windows).
+SOC_ADDR_BITS = 12
+MAX_ENGINES = (1 << SOC_ADDR_BITS) // WINDOW_BYTES - 1
+
+SOC_REGISTERS: tuple[Register, ...] = (
+    Register("SOC_ID", 0x00, "ro", f"magic 0x{SOC_MAGIC:08x} ('NPUS')"),
+    Register("SOC_VERSION", 0x04, "ro", "ISA version of every engine"),
+    Register("SOC_CONFIG_ID", 0x08, "ro", "configuration id of the SoC (with its engine count)"),
+    Register("ENGINES", 0x0C, "ro", "number of engines; engine i's registers are at 0x100 * (i + 1)"),
+    Register("IRQ_STATUS", 0x10, "ro", "bit i: engine i's interrupt line (its IRQ.PENDING and IRQ_ENABLE)"),
+    Register("IRQ_MASK", 0x14, "rw", "bit i: engine i drives the combined interrupt (reset: all ones)"),
+)
+SOC_REG = {r.name: r for r in SOC_REGISTERS}
+
+
+def engine_window(i: int) -> int:
+    """Byte offset of engine `i`'s register window on the SoC's AXI4-Lite port."""
+    return WINDOW_BYTES * (i + 1)

@@ -24,7 +24,7 @@ from cocotbext.axi import AxiBus, AxiLiteBus, AxiLiteMaster, AxiRam
 from npu.arith import round_up
 from npu.config import get_config
 from npu.isa import encode_program, make
-from npu.registers import COUNTERS, REG, Control, Status
+from npu.registers import COUNTERS, REG, Control, Status, engine_window
 
 
 class FastDram:
@@ -105,17 +105,22 @@ class NpuBench:
         self.dut.rst.value = 0
         await ClockCycles(self.dut.clk, 2)
 
-    async def read_reg(self, name: str) -> int:
-        return await self.regs.read_dword(REG[name].offset)
+    # `engine`: a register of that engine's window on a SoC (None: the core's own register port)
+    @staticmethod
+    def _offset(name: str, engine: int | None) -> int:
+        return REG[name].offset + (engine_window(engine) if engine is not None else 0)
 
-    async def write_reg(self, name: str, value: int) -> None:
-        await self.regs.write_dword(REG[name].offset, value)
+    async def read_reg(self, name: str, engine: int | None = None) -> int:
+        return await self.regs.read_dword(self._offset(name, engine))
 
-    async def counters(self) -> dict[str, int]:
+    async def write_reg(self, name: str, value: int, engine: int | None = None) -> None:
+        await self.regs.write_dword(self._offset(name, engine), value)
+
+    async def counters(self, engine: int | None = None) -> dict[str, int]:
         out = {}
         for name in COUNTERS:
-            lo = await self.regs.read_dword(REG[name].offset)
-            hi = await self.regs.read_dword(REG[name].offset + 4)
+            lo = await self.regs.read_dword(self._offset(name, engine))
+            hi = await self.regs.read_dword(self._offset(name, engine) + 4)
             out[name] = lo | hi << 32
         return out
 
@@ -129,12 +134,14 @@ class NpuBench:
             raise AssertionError(f"watchdog: core still running after {max_cycles} cycles")
         await RisingEdge(self.dut.clk)
 
-    async def run_program(self, base: int, pc: int = 0, pause: bool = False) -> None:
-        await self.write_reg("PROGRAM_BASE", base)
-        await self.write_reg("RESUME_PC", pc)
-        await self.write_reg("IRQ", 1)
+    async def run_program(
+        self, base: int, pc: int = 0, pause: bool = False, engine: int | None = None
+    ) -> None:
+        await self.write_reg("PROGRAM_BASE", base, engine)
+        await self.write_reg("RESUME_PC", pc, engine)
+        await self.write_reg("IRQ", 1, engine)
         await self.write_reg(
-            "CONTROL", int(Control.START | Control.IRQ_ENABLE | (Control.PAUSE if pause else 0))
+            "CONTROL", int(Control.START | Control.IRQ_ENABLE | (Control.PAUSE if pause else 0)), engine
         )
 
 

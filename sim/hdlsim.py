@@ -92,8 +92,8 @@ PUBLIC_VLT = (
     "`verilator_config\n"
     + "".join(
         f'public_flat_rw -module "{top}" -var "{var}"\n'
-        for top in ("npu_core", "npu_sim_top")
-        for var in ("clk", "rst", "irq", "m_axi_*", "s_axil_*", "fault_*")
+        for top in ("npu_core", "npu_soc", "npu_sim_top")
+        for var in ("clk", "rst", "irq", "irqs", "m_axi_*", "s_axil_*", "fault_*")
     )
     + 'public_flat_rw -module "*" -var "mem"\n'
     # read-only views the bench samples to check which point a pause request targets

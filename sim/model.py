@@ -12,6 +12,7 @@ interleave register accesses with simulated time (`advance`), e.g. to raise a pa
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,6 +80,8 @@ class NpuModel:
         #: a STORE's beats there are dropped, and the run ends in BUS); None: every access is fine
         self.bus_fault: tuple[int, int] | None = None
         self.dram = np.zeros(self.cfg.dram_bytes, np.uint8)
+        #: the DRAM port shared with other engines (`npu.sim.system.DramPort`); None: alone
+        self.port = None
         self.chip = OnChip(self.cfg)
         self.now = 0
         self.trace: list[TraceEvent] | None = [] if trace else None
@@ -312,52 +315,51 @@ class NpuModel:
             return None
         return max(base, run.last_end)
 
+    def next_event(self) -> tuple[int, Callable[[], None]] | None:
+        """The engine's next event: its cycle and the action that carries it out (None: stopped).
+        Running the actions in time order is the simulation; `NpuSystem` interleaves several
+        engines' events this way."""
+        run = self._run
+        if run is None:
+            return None
+        best_t, best_u = None, None
+        for u in UNITS:
+            t = self._unit_ready(run, u)
+            if t is not None and (best_t is None or t < best_t):
+                best_t, best_u = t, u
+        td = self._dispatch_ready(run)
+        if td is not None and (best_t is None or td < best_t):
+            best_t, best_u = td, None
+        tp = self._parked_ready(run)
+        if tp is not None and (best_t is None or tp < best_t):
+            best_t, best_u = tp, "park"
+        limit = run.t0 + run.timeout if run.timeout else None
+        if best_t is None:  # nothing can happen any more: a deadlock, or the timeout first
+            t_dead = max(run.last_end, run.next_dispatch)
+            code = ErrorCode.DEADLOCK
+            if limit is not None and t_dead > limit:
+                t_dead, code = limit, ErrorCode.TIMEOUT
+            return t_dead, lambda: self._error_after_drain(run, t_dead, code, run.pc)
+        if limit is not None and best_t > limit:
+            return limit, lambda: self._error_after_drain(run, limit, ErrorCode.TIMEOUT, run.pc)
+        if best_u is None:
+            return best_t, lambda: self._dispatch(run, best_t)
+        if best_u == "park":
+            return best_t, lambda: self._pause(run, best_t)
+        return best_t, lambda: self._execute(run, best_u, best_t)
+
     def _simulate(self, until: int | None, stop_early: bool = False, stop_when=None) -> None:
         """Simulate up to cycle `until`; the clock ends at `until` unless `stop_early` and the core
         stopped before it (then it ends at the stop). `stop_when(run)`, checked before each event,
         ends the simulation early at the last event's time."""
-        run = self._run
-        while run is not None:
-            if stop_when is not None and stop_when(run):
+        while self._run is not None:
+            if stop_when is not None and stop_when(self._run):
                 return
-            best_t, best_u = None, None
-            for u in UNITS:
-                t = self._unit_ready(run, u)
-                if t is not None and (best_t is None or t < best_t):
-                    best_t, best_u = t, u
-            td = self._dispatch_ready(run)
-            if td is not None and (best_t is None or td < best_t):
-                best_t, best_u = td, None
-            tp = self._parked_ready(run)
-            if tp is not None and (best_t is None or tp < best_t):
-                best_t, best_u = tp, "park"
-            limit = run.t0 + run.timeout if run.timeout else None
-            if best_t is None:
-                t_dead = max(run.last_end, run.next_dispatch)
-                if limit is not None and t_dead > limit:
-                    t_dead = limit
-                    code = ErrorCode.TIMEOUT
-                else:
-                    code = ErrorCode.DEADLOCK
-                if until is not None and t_dead > until:
-                    break
-                self._error_after_drain(run, t_dead, code, run.pc)
+            t, action = self.next_event()
+            if until is not None and t > until:
                 break
-            if limit is not None and best_t > limit:
-                if until is not None and limit > until:
-                    break
-                self._error_after_drain(run, limit, ErrorCode.TIMEOUT, run.pc)
-                break
-            if until is not None and best_t > until:
-                break
-            if best_u is None:
-                self._dispatch(run, best_t)
-            elif best_u == "park":
-                self._pause(run, best_t)
-            else:
-                self._execute(run, best_u, best_t)
-            self.now = max(self.now, best_t)
-            run = self._run
+            action()
+            self.now = max(self.now, t)
         if until is not None and not (stop_early and self._run is None):
             self.now = max(self.now, until)
 
@@ -432,6 +434,8 @@ class NpuModel:
         if faulted:
             self.dram[lo:hi] = kept  # the faulting beats of a STORE are dropped
         d = duration(ins, self.cfg)
+        if self.port is not None and ins.op in (Opcode.LOAD, Opcode.STORE):
+            d += self.port.transfer(ins, t)  # waiting for the shared channel
         end = t + d
         run.starts[u].append(t)
         run.busy_until[u] = end

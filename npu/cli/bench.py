@@ -21,7 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=list(BENCHES),
         help="model: GEMM on the golden model; gemm: GEMM sweep on --backend; "
         "order: operator order search on the zoo's branchy models; preempt: the preemption "
-        "scenario and strategies; banks: matrix slowdown of candidate scratchpad bank mappings",
+        "scenario and strategies; banks: matrix slowdown of candidate scratchpad bank mappings; "
+        "soc: the SoC model against the RTL with 2 and 4 engines of --config contending for DRAM",
     )
     p.add_argument("--models", nargs="+", help="order, banks: zoo models (default: a representative set)")
     p.add_argument(
@@ -86,6 +87,14 @@ def _preempt(cfg: NpuConfig, args: argparse.Namespace):
     return result, format_preempt
 
 
+def _soc(cfg: NpuConfig, args: argparse.Namespace):
+    from npu.sim.soc_bench import bench_soc, format_soc
+
+    if args.backend != "rtl":
+        raise CliError("bench soc compares the SoC's RTL with its model: use --backend rtl")
+    return bench_soc(cfg), format_soc
+
+
 def _banks(cfg: NpuConfig, args: argparse.Namespace):
     from npu.compiler.bench import bench_banks, format_banks
 
@@ -106,6 +115,7 @@ BENCHES: dict[str, Bench] = {
     "order": _order,
     "preempt": _preempt,
     "banks": _banks,
+    "soc": _soc,
 }
 
 

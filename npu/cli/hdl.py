@@ -6,15 +6,28 @@ import argparse
 from pathlib import Path
 
 from ..config import PRESETS, get_config
-from .common import int_in
+from ..registers import MAX_ENGINES
+from .common import CliError, int_in
 
 HELP = "RTL: generate Verilog, replay a random differential test"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="hdl_cmd", required=True, metavar="ACTION")
-    v = sub.add_parser("verilog", help="write the NpuCore Verilog for a configuration")
+    v = sub.add_parser("verilog", help="write the Verilog of the SoC or of one core for a configuration")
     v.add_argument("--config", default="default", help=f"hardware preset: {', '.join(PRESETS)}")
+    v.add_argument(
+        "--engines",
+        type=int_in(1, MAX_ENGINES),
+        help="engines in the SoC (default: the preset's; implies --top soc)",
+    )
+    v.add_argument(
+        "--top",
+        choices=["auto", "soc", "core"],
+        default="auto",
+        help="npu_soc (engines behind one AXI4 port and a register decoder) or npu_core (one engine); "
+        "auto: the SoC when the configuration has more than one engine (default)",
+    )
     v.add_argument("-o", "--output", default="npu.v", help="output file (default npu.v)")
     v.set_defaults(func=verilog)
     r = sub.add_parser("replay", help="run one random program (by seed) on the RTL and the model")
@@ -30,12 +43,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 def verilog(args: argparse.Namespace) -> int:
-    from npu.hdl.verilog import core_verilog
+    from npu.hdl.verilog import core_verilog, soc_verilog
 
     cfg = get_config(args.config)
-    text = core_verilog(cfg)
+    if args.engines is not None:
+        if args.top == "core":
+            raise CliError("--engines builds a SoC; it cannot be combined with --top core")
+        cfg = cfg.replace(
+            name=f"{cfg.engine.name}-x{args.engines}" if args.engines > 1 else cfg.engine.name,
+            engines=args.engines,
+        )
+    soc = args.top == "soc" or (args.top == "auto" and cfg.engines > 1) or args.engines is not None
+    text = soc_verilog(cfg) if soc else core_verilog(cfg.engine)
     Path(args.output).write_text(text)
-    print(f"{args.output}: NpuCore for {cfg.describe()} ({len(text.splitlines()):,} lines)")
+    what = f"NpuSoc of {cfg.engines} engine(s)" if soc else "NpuCore"
+    shown = cfg if soc else cfg.engine
+    print(f"{args.output}: {what} for {shown.describe()} ({len(text.splitlines()):,} lines)")
     return 0
 
 

@@ -70,3 +70,14 @@ def test_icarus(monkeypatch):
     jobs = [j for j in directed_jobs(cfg) if j.name in ("load_padded_misaligned", "mm_ragged", "vadd_edges")]
     for job, rec in zip(jobs, run_rtl(cfg, jobs), strict=True):
         assert not compare(run_model(cfg, job), rec), job.name
+
+
+@pytest.mark.parametrize("args", [["--config", "duo"], ["--config", "tiny", "--engines", "4"]])
+def test_npu_hdl_verilog_soc(args, tmp_path, capsys):
+    out = tmp_path / "soc.v"
+    assert main(["hdl", "verilog", *args, "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "module npu_soc(" in text
+    for port in ("m_axi_arid", "m_axi_bid", "s_axil_awaddr", "irqs", "irq"):
+        assert port in text
+    assert "NpuSoc" in capsys.readouterr().out
