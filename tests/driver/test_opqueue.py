@@ -1,0 +1,56 @@
+"""Operator-queue policies (seed 001): the bookkeeping and the choices, exactly as the seed states."""
+
+import pytest
+
+from npu.driver.sched import Operator, OperatorQueues, make_policy
+
+
+def ops(*cycles):
+    return [Operator(f"op{i}", c) for i, c in enumerate(cycles)]
+
+
+def test_expected_time_bookkeeping_grows_on_enqueue_and_shrinks_on_leave():
+    q = OperatorQueues(2, "expected-time", initial_wait=[5, 0])
+    a, b, c = ops(100, 30, 20)
+    assert q.submit(a) == 1  # 0 < 5
+    assert q.expected() == [5, 100]
+    assert q.submit(b) == 0 and q.expected() == [35, 100]
+    assert q.submit(c) == 0 and q.expected() == [55, 100]
+    assert q.next_for(0) is b and q.expected() == [25, 100]
+    assert q.next_for(1) is a and q.expected() == [25, 0]
+    assert q.next_for(1) is None and len(q) == 1
+
+
+def test_ties_go_to_the_lowest_index():
+    for policy in ("expected-time", "count"):
+        q = OperatorQueues(4, policy)
+        assert q.submit(Operator("x", 10)) == 0
+        assert q.submit(Operator("y", 10)) == 1
+
+
+def test_count_puts_short_operators_behind_a_long_one_expected_time_does_not():
+    """The seed's case: one long operator; count spreads by number and queues short ones behind
+    it, expected-time sends them to the other engine."""
+    placed = {}
+    for policy in ("count", "expected-time"):
+        q = OperatorQueues(2, policy)
+        long, *short = ops(1000, 10, 10, 10)
+        placed[policy] = [q.submit(op) for op in (long, *short)]
+    assert placed["count"] == [0, 1, 0, 1]
+    assert placed["expected-time"] == [0, 1, 1, 1]
+
+
+def test_round_robin_cycles():
+    q = OperatorQueues(3, "round-robin")
+    assert [q.submit(op) for op in ops(1, 1000, 1, 1)] == [0, 1, 2, 0]
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="unknown operator-queue policy 'fastest'.*expected-time"):
+        make_policy("fastest")
+    with pytest.raises(ValueError, match="at least one engine"):
+        OperatorQueues(0)
+    with pytest.raises(ValueError, match="2 entries for 3 engines"):
+        OperatorQueues(3, initial_wait=[0, 0])
+    with pytest.raises(ValueError, match="negative"):
+        Operator("bad", -1)
