@@ -162,7 +162,7 @@ def compile_onnx(
     if order not in ("search", "default"):
         raise CompileError(f"order must be 'search' or 'default', not {order!r}")
     t0 = time.perf_counter()
-    cfg = get_config(config)
+    cfg = get_config(config).engine  # a model runs on one engine (of a SoC preset: its engine)
     model = load(path)
     if not is_qdq(model):
         if calib is None:

@@ -74,7 +74,7 @@ class NpuModel:
     ):
         """`timing_only`: skip the data computation (cycle counts do not depend on data), for cost
         models that only need the timing."""
-        self.cfg = get_config(config)
+        self.cfg = get_config(config).engine  # one engine (of a SoC preset: its engine)
         self.timing_only = timing_only
         #: DRAM [lo, hi) whose bus beats the memory answers with an error (a LOAD reads zeros there,
         #: a STORE's beats there are dropped, and the run ends in BUS); None: every access is fine

@@ -75,3 +75,12 @@ def test_contention_slows_engines_down_and_keeps_data(n):
         assert s.engines[e].counters["CYCLES"] >= alone.counters["CYCLES"]
         slower += s.engines[e].counters["CYCLES"] > alone.counters["CYCLES"]
     assert slower >= 1 and sum(s.port.waited.values()) > 0
+
+
+def test_a_model_for_one_engine_runs_on_every_engine_of_a_soc_preset():
+    """A SoC preset compiles for, and models, one of its engines: the ids agree."""
+    from npu.sim.model import NpuModel
+
+    duo = get_config("duo")
+    assert NpuModel(duo).cfg == get_config("default")
+    assert NpuModel(duo).read_reg(REG["CONFIG_ID"].offset) == get_config("default").config_id
