@@ -33,6 +33,31 @@ class RtlJob:
     max_cycles: int = 5_000_000
     bus_fault: tuple[int, int] | None = None  # DRAM [lo, hi) answers bus beats with SLVERR
 
+    def memory(self) -> dict[int, bytes]:
+        """Everything the job puts in DRAM before it starts: its data and its program."""
+        return {**self.dram, self.base: self.program}
+
+    @property
+    def extent(self) -> int:
+        """DRAM bytes [0, extent) the job touches or compares."""
+        return max(self.window, self.base + len(self.program))
+
+
+def write_job_files(d: Path, job: RtlJob, prefix: str) -> list[list]:
+    """Write the job's DRAM blocks for a bench into folder `d`: [[address, file name], ...]."""
+    entries = []
+    for n, (addr, data) in enumerate(job.memory().items()):
+        name = f"{prefix}_{n}.bin"
+        (d / name).write_bytes(data)
+        entries.append([addr, name])
+    return entries
+
+
+def fast_dram_bytes(extent: int) -> int:
+    """Size of the in-simulator RAM for jobs within [0, extent): a power of two, with the bench's
+    4 KiB clearing program above them."""
+    return 1 << (extent + 4096 - 1).bit_length()
+
 
 @dataclass
 class RunRecord:
@@ -113,17 +138,10 @@ def run_rtl(
     BUILD.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=BUILD, prefix="jobs-") as tmp:
         d = Path(tmp)
-        fast_size = 0
-        if fast_dram:
-            need = max(max(j.window, j.base + len(j.program)) for j in jobs) + 4096
-            fast_size = 1 << (need - 1).bit_length()
+        fast_size = fast_dram_bytes(max(j.extent for j in jobs)) if fast_dram else 0
         spec = {"config": cfg.name, "jobs": [], "fast_dram": fast_size, "stalls": stalls}
         for j, job in enumerate(jobs):
-            entries = []
-            for n, (addr, data) in enumerate({**job.dram, job.base: job.program}.items()):
-                name = f"j{j}_{n}.bin"
-                (d / name).write_bytes(data)
-                entries.append([addr, name])
+            entries = write_job_files(d, job, f"j{j}")
             spec["jobs"].append(
                 {
                     "name": f"job{j}",

@@ -17,7 +17,7 @@ from pathlib import Path
 from npu.config import NpuConfig
 from npu.container import relocate_program
 
-from .rtl import RtlJob, RunRecord
+from .rtl import RtlJob, RunRecord, fast_dram_bytes, write_job_files
 
 #: one round: engine index -> its job
 Round = dict[int, RtlJob]
@@ -61,7 +61,7 @@ def offset_job(job: RtlJob, off: int, name: str | None = None) -> RtlJob:
 
 
 def round_window(rnd: Round) -> int:
-    return max(max(j.window, j.base + len(j.program)) for j in rnd.values())
+    return max(j.extent for j in rnd.values())
 
 
 def run_soc_rtl(
@@ -79,17 +79,12 @@ def run_soc_rtl(
     BUILD.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=BUILD, prefix="soc-jobs-") as tmp:
         d = Path(tmp)
-        fast_size = 0
-        if fast_dram:
-            fast_size = 1 << (max(round_window(r) for r in rounds) + 4096 - 1).bit_length()
+        fast_size = fast_dram_bytes(max(round_window(r) for r in rounds)) if fast_dram else 0
         spec = {"config": dataclasses.asdict(cfg), "fast_dram": fast_size, "stalls": stalls, "rounds": []}
         for k, rnd in enumerate(rounds):
             entries, jobs = [], {}
             for e, job in rnd.items():
-                for n, (addr, data) in enumerate({**job.dram, job.base: job.program}.items()):
-                    name = f"r{k}_e{e}_{n}.bin"
-                    (d / name).write_bytes(data)
-                    entries.append([addr, name])
+                entries += write_job_files(d, job, f"r{k}_e{e}")
                 jobs[str(e)] = {
                     "base": job.base,
                     "pause": job.pause,

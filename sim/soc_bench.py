@@ -72,7 +72,7 @@ def model_round(cfg: NpuConfig, rnd: Round, starts: dict[int, int]) -> NpuSystem
     """The round on the SoC model, each engine started at `starts[e]`."""
     s = NpuSystem(cfg)
     for job in rnd.values():
-        for a, v in {**job.dram, job.base: job.program}.items():
+        for a, v in job.memory().items():
             s.write_dram(a, v)
     for e in sorted(rnd, key=starts.get):
         s.advance(max(0, starts[e] - s.now))

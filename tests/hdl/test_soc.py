@@ -15,7 +15,7 @@ from npu.sim.bench import gemm_job
 from npu.sim.rtl import run_model
 from npu.sim.rtl_suite import random_jobs
 from npu.sim.soc import offset_job, run_soc_rtl
-from npu.sim.system import NpuSystem
+from npu.sim.soc_bench import model_round
 
 pytestmark = [pytest.mark.rtl, pytest.mark.xdist_group("rtl-soc")]
 
@@ -40,20 +40,6 @@ def random_rounds(cfg, seeds_per_round: list[list[int]], pause: dict[int, str] |
     return rounds
 
 
-def system_run(cfg, rnd, starts: dict[int, int]) -> NpuSystem:
-    """The round on the golden model of the SoC, each engine started at the cycle the bench did."""
-    s = NpuSystem(cfg)
-    for job in rnd.values():
-        for a, v in {**job.dram, job.base: job.program}.items():
-            s.write_dram(a, v)
-    for e in sorted(rnd, key=starts.get):
-        s.advance(max(0, starts[e] - s.now))
-        s.engines[e].program_base = rnd[e].base
-        s.engines[e].start(pc=0)
-    s.run()
-    return s
-
-
 def check_round(cfg, rnd, rec, *, check_system: bool = True) -> None:
     failures = []
     for e, job in rnd.items():
@@ -69,7 +55,7 @@ def check_round(cfg, rnd, rec, *, check_system: bool = True) -> None:
         if job.pause == "every" and got.pauses != alone.pauses:
             failures.append(f"engine {e}: paused at {got.pauses}, alone at {alone.pauses}")
     if check_system:
-        s = system_run(cfg, rnd, {e: r.start for e, r in rec.engines.items()})
+        s = model_round(cfg, rnd, {e: r.start for e, r in rec.engines.items()})
         window = len(rec.dram)
         if s.read_dram(0, window) != rec.dram:
             failures.append("the SoC model's DRAM differs from the RTL's")

@@ -36,7 +36,7 @@ def test_engines_share_dram_and_interrupts():
     jobs = [offset_job(j, 0x4000 * e) for e, j in enumerate(random_jobs(cfg.engine, [5, 6]))]
     s = NpuSystem(cfg)
     for e, job in enumerate(jobs):
-        for a, v in {**job.dram, job.base: job.program}.items():
+        for a, v in job.memory().items():
             s.write_dram(a, v)
         base = engine_window(e)
         s.write_reg(base + REG["PROGRAM_BASE"].offset, job.base)
