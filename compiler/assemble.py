@@ -51,9 +51,14 @@ def _estimate(instrs: list[Instr], cfg: NpuConfig) -> tuple[int, int, int]:
     return compute, dma, max(compute, busy["load"], busy["store"])
 
 
-def assemble(low: Lowering, order: list[int], policy: PointPolicy | None = SPILL_POINTS) -> Lowered:
+def assemble(
+    low: Lowering, order: list[int], policy: PointPolicy | None = SPILL_POINTS, granularity: str = "segment"
+) -> Lowered:
     """Programs and host steps for one operator order (a topological order of the fragments), with
-    cancellation points placed by `policy` (None: no points)."""
+    cancellation points placed by `policy` (None: no points). `granularity` "operator" makes every
+    operator its own segment and records which segments each one reads from (the operator graph)."""
+    if granularity not in ("segment", "operator"):
+        raise ValueError(f"granularity must be 'segment' or 'operator', not {granularity!r}")
     cfg = low.cfg
     pos = {f: i for i, f in enumerate(order)}
     if sorted(order) != list(range(len(low.frags))):
@@ -69,13 +74,17 @@ def assemble(low: Lowering, order: list[int], policy: PointPolicy | None = SPILL
     cands: list[Candidate] = []
     spans: list[tuple[dict, int, int]] = []  # layer, first item, end item
     k_npu = 0
+    seg_of: dict[int, int] = {}  # fragment -> segment holding it
+    pending: list[int] = []  # fragments of the NPU segment being collected
 
     def close() -> None:
-        nonlocal seg, cands, spans
+        nonlocal seg, cands, spans, pending
         if not seg:
             return
+        for i in pending:
+            seg_of[i] = len(out.segments)
         _emit_segment(cfg, out, seg, cands, spans, policy)
-        seg, cands, spans = [], [], []
+        seg, cands, spans, pending = [], [], [], []
 
     for idx in order:
         f = low.frags[idx]
@@ -94,12 +103,34 @@ def assemble(low: Lowering, order: list[int], policy: PointPolicy | None = SPILL
             seg.extend(items)
             spans.append((la, base, len(seg)))
             cands.append(Candidate(len(seg), 0, True, []))
+            pending.append(idx)
+            if granularity == "operator":
+                close()
         elif f.kind == "host":
             close()
-            out.segments.append(f.host)
+            seg_of[idx] = len(out.segments)
+            out.segments.append(replace(f.host))
             out.host_models[f.host.model] = f.host_model
     close()
+    if granularity == "operator":
+        _link_segments(low, out, seg_of)
     return out
+
+
+def _link_segments(low: Lowering, out: Lowered, seg_of: dict[int, int]) -> None:
+    """Each segment's `deps`: the segments producing what its operators read (through views)."""
+
+    def producers(f: int) -> set[int]:
+        if f in seg_of:
+            return {seg_of[f]}
+        return set().union(*(producers(d) for d in low.frags[f].deps))  # a view: look through it
+
+    deps: list[set[int]] = [set() for _ in out.segments]
+    for f, s in seg_of.items():
+        for d in low.frags[f].deps:
+            deps[s] |= producers(d)
+    for i, (s, d) in enumerate(zip(out.segments, deps, strict=True)):
+        s.deps = sorted(d - {i})
 
 
 def _simulated_times(cfg: NpuConfig, seg: list[Item]) -> list[int]:
@@ -186,4 +217,5 @@ def _emit_segment(
         p0, p1 = pcs[new_index[i0]], pcs[new_index[i1]]
         la.pc = [start + p0, start + p1]
         la.compute_cycles, la.dma_cycles, la.est_cycles = _estimate(built.instrs[p0:p1], cfg)
-    out.segments.append(NpuSegment(start, len(out.program) - 1))
+    est = _estimate(built.instrs, cfg)[2]
+    out.segments.append(NpuSegment(start, len(out.program) - 1, est_cycles=est))

@@ -33,6 +33,7 @@ class CompiledModel:
     source: str = ""
     compile_s: float = 0.0
     search: SearchResult | None = None
+    granularity: str = "segment"
 
     @property
     def program(self) -> bytes:
@@ -50,6 +51,7 @@ class CompiledModel:
             segments=low.segments,
             layers=low.layers,
             cancel_points=low.points,
+            granularity=self.granularity,  # type: ignore[arg-type]
         )
 
     def to_container(self) -> Container:
@@ -156,11 +158,16 @@ def compile_onnx(
     cp_every_instruction: bool = False,
     order_budget_s: float | None = 10.0,
     exhaustive_limit: int = 120,
+    granularity: str = "segment",
 ) -> CompiledModel:
     """Compile an ONNX model. `order`: "search" (key-node partitioned order search with the golden
-    model's timing, at most `order_budget_s` seconds) or "default" (the ONNX order)."""
+    model's timing, at most `order_budget_s` seconds) or "default" (the ONNX order). `granularity`:
+    "segment" (NPU operators back to back) or "operator" (each operator its own segment reading and
+    writing DRAM, with the operator graph: units of work for the engines of a SoC)."""
     if order not in ("search", "default"):
         raise CompileError(f"order must be 'search' or 'default', not {order!r}")
+    if granularity not in ("segment", "operator"):
+        raise CompileError(f"granularity must be 'segment' or 'operator', not {granularity!r}")
     t0 = time.perf_counter()
     cfg = get_config(config).engine  # a model runs on one engine (of a SoC preset: its engine)
     model = load(path)
@@ -175,11 +182,11 @@ def compile_onnx(
             lowering, budget_s=order_budget_s, exhaustive_limit=exhaustive_limit, cancel_points=cancel_points
         )
     policy = PointPolicy(cp_interval, cp_max_live, cp_every_instruction) if cancel_points else None
-    low = lowering.assemble(search.order if search else None, policy)
+    low = lowering.assemble(search.order if search else None, policy, granularity)
     base = round_up(low.dram_end, 4096)
     if base + len(low.program) * 32 > cfg.dram_bytes:
         raise CompileError(
             f"{path}: weights, activations and program do not fit the "
             f"{cfg.dram_bytes} bytes of DRAM on {cfg.name}"
         )
-    return CompiledModel(cfg, low, base, model, str(path), time.perf_counter() - t0, search)
+    return CompiledModel(cfg, low, base, model, str(path), time.perf_counter() - t0, search, granularity)

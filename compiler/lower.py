@@ -63,11 +63,16 @@ class Lowering:
     outputs: list[TensorDesc | HostTensor]
     dram_end: int
 
-    def assemble(self, order: list[int] | None = None, policy: PointPolicy | None = SPILL_POINTS):
+    def assemble(
+        self,
+        order: list[int] | None = None,
+        policy: PointPolicy | None = SPILL_POINTS,
+        granularity: str = "segment",
+    ):
         """The programs and host steps for `order` (default: ONNX order), an `assemble.Lowered`."""
         from .assemble import assemble
 
-        return assemble(self, list(range(len(self.frags))) if order is None else order, policy)
+        return assemble(self, list(range(len(self.frags))) if order is None else order, policy, granularity)
 
 
 class DramAllocator:

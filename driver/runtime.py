@@ -1,18 +1,23 @@
 """The runtime API: `Npu(backend=...)`, `load(program) -> LoadedModel`, `model.run(inputs)`,
-`submit(...) -> Job`, priorities and preemption at cancellation points.
+`submit(...) -> Job`, priorities and preemption at cancellation points, on one engine or on the
+engines of a SoC.
 
-Scheduling is event driven in device time (cycles): jobs arrive (now, or at a given cycle), the
-highest priority ready job runs, and a job that becomes ready with a higher priority than the running
-one preempts it:
+Scheduling is event driven in device time (cycles). A job is a graph of program segments (a chain,
+or with `--granularity operator` one segment per operator and the operator graph); a segment whose
+inputs exist is a unit of work (`sched.Operator`) handed to the dispatcher: one shared priority queue
+(`dispatch="shared"`, the default) or one operator queue per engine with a policy (seed 001:
+`expected-time`, `count`, `round-robin`). A free engine starts what its queue holds first; a unit
+that waits with a higher priority than the one an engine runs preempts it:
 
-1. the driver sets PAUSE; the core stops at its next cancellation point (a job that reaches END
-   first is simply waited for);
-2. the driver reads CP_ID and RESUME_PC and dumps that point's live on-chip ranges into the job's save
-   area with a driver-generated program of STOREs run by the NPU itself;
-3. the urgent job runs; later the preempted job's ranges are restored by a program of LOADs and it
-   resumes at the saved PC. Preemption nests (every job has its own save area).
+1. the driver sets PAUSE on that engine; it stops at its next cancellation point (a segment that
+   reaches END first is simply waited for);
+2. the driver reads CP_ID and RESUME_PC and dumps that point's live on-chip ranges into a save area
+   with a driver-generated program of STOREs run by the engine itself;
+3. the urgent unit runs; later the preempted one's ranges are restored (on whichever engine takes it)
+   by a program of LOADs and it resumes at the saved PC. Preemption nests.
 
-Between two program segments of a job (host steps) nothing is on chip, so a job yields there for free.
+Between two segments nothing is on chip, so a job yields there for free. Host steps run on the host as
+soon as their inputs exist.
 """
 
 from __future__ import annotations
@@ -32,14 +37,15 @@ import numpy as np
 
 from npu.arith import round_up
 from npu.config import NpuConfig, get_config
-from npu.container import CancelPoint, Container, HostStep, Manifest, relocate
+from npu.container import CancelPoint, Container, HostStep, Manifest, NpuSegment, relocate
 from npu.executor import HostSteps, check_inputs, read_outputs, write_inputs
 from npu.isa import ErrorCode, encode_program
 from npu.program import ProgramBuilder, copy_range
-from npu.registers import COUNTERS, NPU_MAGIC, Control, Status
+from npu.registers import COUNTERS, NPU_MAGIC, SOC_MAGIC, Control, Status
 
+from .sched import Operator, make_dispatch
 from .trace import Trace
-from .transport import ModelTransport, Transport
+from .transport import EngineView, ModelTransport, SocModelTransport, Transport
 
 AUX_BYTES = 0x10000  # DRAM reserved at address 0 for the driver's dump and restore programs (at most)
 RUN = Control.START | Control.IRQ_ENABLE
@@ -59,7 +65,7 @@ class DriverError(RuntimeError):
 
 
 class JobError(DriverError):
-    """A job ended in an NPU error (the device was reset and other jobs go on)."""
+    """A job ended in an NPU error (the engine was reset and other jobs go on)."""
 
     def __init__(self, msg: str, code: ErrorCode = ErrorCode.NONE, pc: int = 0):
         super().__init__(msg)
@@ -68,7 +74,7 @@ class JobError(DriverError):
 
 def make_transport(backend: str, cfg: NpuConfig, **kw) -> Transport:
     if backend == "model":
-        return ModelTransport(cfg)
+        return SocModelTransport(cfg) if cfg.engines > 1 else ModelTransport(cfg)
     if backend == "rtl":
         from .rtl import RtlTransport
 
@@ -81,15 +87,38 @@ def make_transport(backend: str, cfg: NpuConfig, **kw) -> Transport:
 
 
 @dataclass(eq=False)
+class Instance:
+    """One placement of a model in DRAM: its relocated manifest, DRAM range and save area."""
+
+    manifest: Manifest
+    region: tuple[int, int]
+    save_addr: int
+    save_busy: bool = False
+    job: Job | None = None  # the started, unfinished job using its activations
+
+    @property
+    def program_base(self) -> int:
+        return self.manifest.program.base
+
+
+@dataclass(eq=False)
 class LoadedModel:
     npu: Npu
     name: str
     manifest: Manifest
     host: HostSteps
-    region: tuple[int, int]
-    save_addr: int
+    instances: list[Instance]
     points: dict[int, CancelPoint]
+    deps: list[list[int]]  # per segment, the segments it reads from
     loaded: bool = True
+
+    @property
+    def region(self) -> tuple[int, int]:
+        return self.instances[0].region
+
+    @property
+    def save_addr(self) -> int:
+        return self.instances[0].save_addr
 
     @property
     def program_base(self) -> int:
@@ -118,15 +147,27 @@ class LoadedModel:
 class Preemption:
     cp: int
     requested: int  # cycle the pause was requested
-    paused: int  # cycle the core reached PAUSED
+    paused: int  # cycle the engine reached PAUSED
     live_bytes: int
     dump_cycles: int
     restore_cycles: int = 0
     by: int = -1  # id of the job that preempted
+    segment: int = 0
+    engine: int = 0
 
     @property
     def pause_latency(self) -> int:
         return self.paused - self.requested
+
+
+@dataclass
+class _Saved:
+    """A segment stopped at a cancellation point: where to resume and what was dumped where."""
+
+    resume_pc: int
+    ranges: list[tuple[int, int, int]]  # (on-chip start, length, save addr)
+    area: tuple[int, int] | None  # DRAM [start, end) taken for the dump (None: the instance's)
+    preemption: Preemption
 
 
 @dataclass(eq=False)
@@ -141,20 +182,29 @@ class Job:
     int8: bool = False
     on_done: Callable[[Job], None] | None = None
     state: str = "pending"  # pending, ready, running, paused, done, failed
-    seg: int = 0
-    resume_pc: int | None = None
-    saved: list[tuple[int, int, int]] = field(default_factory=list)  # (on-chip start, length, save addr)
+    inst: Instance | None = None
+    done_segs: set[int] = field(default_factory=set)
+    queued: set[int] = field(default_factory=set)  # segments handed to the dispatcher, not done
+    saved: dict[int, _Saved] = field(default_factory=dict)  # segments stopped at a point
+    held: list[tuple[Operator, int]] = field(default_factory=list)  # paused by `Npu.pause`
     env: dict = field(default_factory=dict)
     outputs: list[np.ndarray] | None = None
     error: Exception | None = None
-    started: int | None = None
+    admitted: int | None = None  # took a model instance: inputs written, segments dispatched
+    started: int | None = None  # its first segment started on an engine
     finished: int | None = None
     used_cycles: int = 0
     counters: dict[str, int] = field(default_factory=dict)  # performance counters summed over its runs
     preemptions: list[Preemption] = field(default_factory=list)
+    segment_cycles: dict[int, int] = field(default_factory=dict)  # cycles each segment ran, summed
+    engines_used: set[int] = field(default_factory=set)
 
     def done(self) -> bool:
         return self.state in ("done", "failed")
+
+    @property
+    def manifest(self) -> Manifest:
+        return self.inst.manifest if self.inst is not None else self.model.manifest
 
     @property
     def latency(self) -> int | None:
@@ -170,6 +220,19 @@ class Job:
         return self.outputs
 
 
+@dataclass(eq=False)
+class Engine:
+    """One engine's registers (a transport view) and what the driver runs on it."""
+
+    index: int
+    tr: Transport
+    unit: Operator | None = None
+    run_start: int = 0
+    deadline: int | None = None  # the driver-kept end of a budget beyond TIMEOUT's range
+    pause_req: tuple[int, Job | None] | None = None  # (cycle, preempting job)
+    busy_cycles: int = 0  # cycles it ran jobs' segments
+
+
 def _check_cycles(what: str, value: object, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise DriverError(f"{what} must be an integer number of cycles, got {value!r}")
@@ -179,11 +242,14 @@ def _check_cycles(what: str, value: object, *, minimum: int) -> int:
 
 
 class Npu:
-    """One device: loaded models, a job scheduler with priorities and preemption, and its trace.
+    """One device of one or more engines: loaded models, a scheduler with priorities and
+    preemption, and its trace.
 
-    Thread-safe: every public method and `Job.result` may be called from any thread (one lock
-    serialises device access; a scheduling step is atomic). Usable as a context manager (closes the
-    transport)."""
+    `config` a SoC preset (`duo`) or `engines=N` gives N engines; `dispatch` chooses how ready units
+    of work reach them: "shared" (one priority queue) or an operator-queue policy ("expected-time",
+    "count", "round-robin"). Thread-safe: every public method and `Job.result` may be called from any
+    thread (one lock serialises device access; a scheduling step is atomic). Usable as a context
+    manager (closes the transport)."""
 
     def __init__(
         self,
@@ -193,40 +259,63 @@ class Npu:
         transport: Transport | None = None,
         preempt: bool = True,
         trace: Trace | None = None,
+        engines: int | None = None,
+        dispatch: str = "shared",
         **transport_args,
     ):
-        self.cfg = get_config(config)
+        cfg = get_config(config)
+        if engines is not None:
+            if isinstance(engines, bool) or not isinstance(engines, int) or engines < 1:
+                raise DriverError(f"engines must be a positive integer, got {engines!r}")
+            cfg = cfg.replace(engines=engines)
+        self.cfg = cfg
         self.tr = transport or make_transport(backend, self.cfg, **transport_args)
         self.backend = backend
         self.preempt = preempt
         self.trace = trace if trace is not None else Trace(self.cfg.clock_mhz)
-        if self.tr.reg("ID") != NPU_MAGIC:
-            raise DriverError(
-                f"no NPU answers on the {backend} backend (ID register 0x{self.tr.reg('ID'):08x})"
-            )
-        dev_id = self.tr.reg("CONFIG_ID")
-        if dev_id != self.cfg.config_id:
-            raise DriverError(
-                f"the device is configuration 0x{dev_id:08x}, the driver was opened for "
-                f"{self.cfg.name} (0x{self.cfg.config_id:08x})"
-            )
+        self.trace.engines = self.cfg.engines
+        if self.cfg.engines > 1:
+            soc_id = self.tr.read_reg(0)
+            if soc_id != SOC_MAGIC:
+                raise DriverError(f"no NPU SoC answers on the {backend} backend (SOC_ID 0x{soc_id:08x})")
+            n = self.tr.read_reg(0x0C)
+            if n != self.cfg.engines:
+                raise DriverError(f"the SoC has {n} engines, the driver was opened for {self.cfg.engines}")
+            views = [EngineView(self.tr, i) for i in range(self.cfg.engines)]
+        else:
+            views = [self.tr]
+        self.engines = [Engine(i, v) for i, v in enumerate(views)]
+        one = self.cfg.engine
+        for e in self.engines:
+            if e.tr.reg("ID") != NPU_MAGIC:
+                raise DriverError(
+                    f"no NPU answers on the {backend} backend (engine {e.index} ID register "
+                    f"0x{e.tr.reg('ID'):08x})"
+                )
+            dev_id = e.tr.reg("CONFIG_ID")
+            if dev_id != one.config_id:
+                raise DriverError(
+                    f"the device is configuration 0x{dev_id:08x}, the driver was opened for "
+                    f"{one.name} (0x{one.config_id:08x})"
+                )
+        try:
+            self.dispatch = make_dispatch(dispatch, self.cfg.engines)
+        except ValueError as e:
+            raise DriverError(f"dispatch: {e}; or 'shared'") from None
         self.dram_bytes = min(self.cfg.dram_bytes, getattr(self.tr, "dram_bytes", self.cfg.dram_bytes))
         self.models: list[LoadedModel] = []
         self.jobs: list[Job] = []
         self.aux_bytes = min(AUX_BYTES, self.dram_bytes // 16)
         top = self.dram_bytes // PAGE * PAGE
         self._free: list[tuple[int, int]] = [(round_up(self.aux_bytes, PAGE), top)]  # sorted, disjoint
-        self._ready: list[tuple[int, int, Job]] = []  # (-priority, id, job)
+        self._waiting: list[tuple[int, int, Job]] = []  # arrived, not started: (-priority, id, job)
         self._arrivals: list[tuple[int, int, Job]] = []
         self._timers: list[tuple[int, int, Callable[[], None]]] = []
         self._seq = 0
         self._job_ids = itertools.count()
         self._lock = threading.RLock()
-        self.current: Job | None = None
-        self._run_start = 0
-        self._deadline: int | None = None  # the driver-kept end of a budget beyond TIMEOUT's range
-        self._pause_req: tuple[int, Job | None] | None = None  # (cycle, preempting job)
-        self._recover_if_needed("open")
+        for e in self.engines:
+            self._recover_if_needed("open", e)
 
     def __enter__(self) -> Npu:
         return self
@@ -239,6 +328,12 @@ class Npu:
         with self._lock:
             self.tr.close()
 
+    @property
+    def current(self) -> Job | None:
+        """The job running on engine 0 (the only engine of a single-core device)."""
+        u = self.engines[0].unit
+        return None if u is None else u.job
+
     @contextmanager
     def _locked(self, timeout_s: float | None = None) -> Iterator[None]:
         if not self._lock.acquire(timeout=-1 if timeout_s is None else max(0.0, timeout_s)):
@@ -249,18 +344,26 @@ class Npu:
             self._lock.release()
 
     # -- loading ----------------------------------------------------------------------------------
-    def load(self, program: Container | str | Path, name: str | None = None) -> LoadedModel:
-        """Place a compiled model in DRAM (weights, program, save area); returns its handle."""
+    def load(
+        self, program: Container | str | Path, name: str | None = None, *, instances: int = 1
+    ) -> LoadedModel:
+        """Place a compiled model in DRAM (weights, program, save area); returns its handle.
+
+        `instances` > 1 places that many copies, so as many jobs of the model can run at once (each
+        job takes a free copy when it starts; otherwise jobs of one model run one after another)."""
+        if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
+            raise DriverError(f"instances must be a positive integer, got {instances!r}")
         if isinstance(program, Container):
             c = program
         else:
             if Path(program).is_dir():
                 raise DriverError(f"{program}: is a directory, not a compiled model (.npub)")
             c = Container.load(program)
-        if c.config_id != self.cfg.config_id:
+        one = self.cfg.engine
+        if c.config_id != one.config_id:
             raise DriverError(
                 f"{name or c.manifest.config}: compiled for configuration 0x{c.config_id:08x} "
-                f"({c.manifest.config}), the device is {self.cfg.name} (0x{self.cfg.config_id:08x})"
+                f"({c.manifest.config}), the device is {one.name} (0x{one.config_id:08x})"
             )
         man = c.manifest
         prog = c.blobs["program"]
@@ -269,26 +372,31 @@ class Npu:
         # pages keep the layout independent of the offset: the same size wherever the model lands
         size = round_up(round_up(end, 64) + save_bytes, PAGE)
         with self._lock:
-            off = self._alloc(size)
-            if off is None:
-                free = sum(e - s for s, e in self._free)
-                biggest = max([e - s for s, e in self._free] + [0])
-                raise DriverError(
-                    f"{name or 'model'}: needs {size} bytes of DRAM, {free} are free "
-                    f"(the largest free range is {biggest} bytes); unload a model first"
-                )
+            placed: list[Instance] = []
             try:
-                man, prog = relocate(man, prog, off)
-                for d in man.dram:
-                    self.tr.write_dram(d.addr, c.blobs[d.blob])
-                self.tr.write_dram(man.program.base, prog)
+                for _ in range(instances):
+                    off = self._alloc(size)
+                    if off is None:
+                        free = sum(e - s for s, e in self._free)
+                        biggest = max([e - s for s, e in self._free] + [0])
+                        raise DriverError(
+                            f"{name or 'model'}: needs {size} bytes of DRAM, {free} are free "
+                            f"(the largest free range is {biggest} bytes); unload a model first"
+                        )
+                    placed.append(Instance(man, (off, off + size), round_up(off + end, 64)))
+                    m, p = relocate(man, prog, off)
+                    placed[-1].manifest = m
+                    for d in m.dram:
+                        self.tr.write_dram(d.addr, c.blobs[d.blob])
+                    self.tr.write_dram(m.program.base, p)
             except BaseException:
-                self._release_range(off, off + size)
+                for inst in placed:
+                    self._release_range(*inst.region)
                 raise
             name = name or f"model{len(self.models)}"
             lm = LoadedModel(
-                self, name, man, HostSteps(c.blobs, man.segments), (off, off + size),
-                round_up(off + end, 64), man.point_table(),
+                self, name, placed[0].manifest, HostSteps(c.blobs, man.segments), placed,
+                man.point_table(), man.segment_deps(),
             )  # fmt: skip
             self.models.append(lm)
             return lm
@@ -304,7 +412,8 @@ class Npu:
             model.loaded = False
             self.models.remove(model)
             self.jobs = [j for j in self.jobs if j.model is not model]
-            self._release_range(*model.region)
+            for inst in model.instances:
+                self._release_range(*inst.region)
 
     def _alloc(self, size: int) -> int | None:
         for i, (s, e) in enumerate(self._free):  # first fit
@@ -356,7 +465,8 @@ class Npu:
         except ValueError as e:
             raise DriverError(f"{model.name}: {e}") from None
         with self._lock:
-            self._recover_if_needed("submit")
+            for e in self.engines:
+                self._recover_if_needed("submit", e)
             now = self.tr.now()
             arrival = now if at is None else max(now, at)
             job = Job(
@@ -383,47 +493,61 @@ class Npu:
         self._pump(None, timeout_s, cond)
 
     def pause(self, job: Job) -> None:
-        """Stop a running job at its next cancellation point (it stays queued to resume)."""
+        """Stop a running job at its next cancellation point (it stays paused until `resume`)."""
         with self._lock:
-            if job is not self.current:
+            engines = [e for e in self.engines if e.unit is not None and e.unit.job is job]
+            if not engines:
                 raise DriverError(f"job {job.id} is not running (it is {job.state})")
-            self._request_pause(None)
+            for e in engines:
+                if e.pause_req is None:
+                    self._request_pause(e, None)
 
     def resume(self, job: Job) -> None:
         """Make a paused job ready again (jobs paused by preemption resume on their own)."""
         with self._lock:
-            if job.state != "paused":
+            if job.state != "paused" or not job.held:
                 raise DriverError(f"job {job.id} ({job.model.name}) was never paused: it is {job.state}")
+            for op, e in job.held:
+                self.dispatch.paused(op, e)
+            job.held = []
             job.state = "ready"
-            heapq.heappush(self._ready, (-job.priority, job.id, job))
 
-    def counters(self) -> dict[str, int]:
-        """The performance counters of the last run (docs/registers.md)."""
+    def counters(self, engine: int = 0) -> dict[str, int]:
+        """The performance counters of an engine's last run (docs/registers.md)."""
         with self._lock:
-            return {name: self.tr.counter(name) for name in COUNTERS}
+            tr = self.engines[engine].tr
+            return {name: tr.counter(name) for name in COUNTERS}
 
-    def soft_reset(self) -> None:
+    def soft_reset(self, engine: int | None = None) -> None:
+        """Reset one engine (None: every engine)."""
         with self._lock:
-            self.tr.set_reg("CONTROL", int(Control.SOFT_RESET))
+            for e in self.engines if engine is None else [self.engines[engine]]:
+                e.tr.set_reg("CONTROL", int(Control.SOFT_RESET))
 
-    def run_raw(self, program: bytes, max_cycles: int = 1_000_000) -> Status:
-        """Run a bare program from the driver's area (diagnostics); returns the final status."""
+    def run_raw(self, program: bytes, max_cycles: int = 1_000_000, engine: int = 0) -> Status:
+        """Run a bare program from the driver's area on an idle engine (diagnostics, dumps and
+        restores); returns the final status."""
         with self._lock:
-            if self.current is not None:
-                raise DriverError("a job is running")
+            e = self.engines[engine]
+            if e.unit is not None:
+                raise DriverError(f"a job is running on engine {engine}")
             if len(program) > self.aux_bytes:
                 raise DriverError(
                     f"program of {len(program)} bytes exceeds the {self.aux_bytes}-byte driver area"
                 )
             self.tr.write_dram(0, program)
-            self.tr.set_reg("PROGRAM_BASE", 0)
-            self.tr.set_reg("RESUME_PC", 0)
-            self.tr.set_reg("TIMEOUT", 0)
-            self.tr.set_reg("IRQ", 1)
-            self.tr.set_reg("CONTROL", int(RUN))
-            self.tr.wait(max_cycles)
-            st = self.tr.status()
-            self.tr.set_reg("IRQ", 1)
+            e.tr.set_reg("PROGRAM_BASE", 0)
+            e.tr.set_reg("RESUME_PC", 0)
+            e.tr.set_reg("TIMEOUT", 0)
+            e.tr.set_reg("IRQ", 1)
+            e.tr.set_reg("CONTROL", int(RUN))
+            waited = 0
+            while True:
+                waited += self.tr.wait(max_cycles - waited)
+                st = e.tr.status()
+                if st != Status.RUNNING or waited >= max_cycles:
+                    break
+            e.tr.set_reg("IRQ", 1)
             return st
 
     # -- the scheduler ----------------------------------------------------------------------------
@@ -448,11 +572,17 @@ class Npu:
         """One scheduling step (under the lock); False when nothing is left to do."""
         now = self.tr.now()
         self._release(now)
-        if self.current is None:
-            job = self._pick()
-            if job is not None:
-                self._guarded(job, "start", self._launch, job)
-                return True
+        progressed = self._admit()
+        for e in self.engines:
+            if e.unit is None and e.pause_req is None:
+                op = self._next_unit(e)
+                if op is not None:
+                    self._guarded(op.job, "start", self._launch, e, op, engine=e)
+                    progressed = True
+        if progressed:
+            return True
+        running = [e for e in self.engines if e.unit is not None]
+        if not running:
             nxt = self._next_event()
             if nxt is None:
                 if until is not None:
@@ -462,45 +592,92 @@ class Npu:
                 return False
             self.tr.wait(max(1, nxt - now))
             return True
-        job = self.current
-        if self.preempt and self._pause_req is None:
-            top = self._peek()
-            if top is not None and top.priority > job.priority:
-                self._guarded(job, "pause request", self._request_pause, top)
-                if self.current is None:
-                    return True
-        self._guarded(job, "run", self._wait_running, now)
+        if self.preempt:
+            self._preempt_for_waiting()
+        self._wait_running(now)
         return True
+
+    def _next_unit(self, e: Engine) -> Operator | None:
+        """The unit `e` starts next (units of jobs that ended meanwhile are dropped)."""
+        while True:
+            op = self.dispatch.next_for(e.index)
+            if op is None or not op.job.done():
+                return op
+            self.dispatch.finished(op, e.index)
+
+    def _preempt_for_waiting(self) -> None:
+        """Pause engines running a lower priority than a unit waiting for them (one engine at a
+        time for the shared queue: the lowest-priority one)."""
+        if self.dispatch.name == "shared":
+            if any(e.pause_req is not None for e in self.engines):
+                return
+            top = self.dispatch.peek(0)
+            if top is None:
+                return
+            cands = [e for e in self.engines if e.unit is not None and e.unit.priority < top.priority]
+            if not cands:
+                return
+            e = min(cands, key=lambda e: (e.unit.priority, -e.run_start))
+            self._guarded(e.unit.job, "pause request", self._request_pause, e, top.job, engine=e)
+            return
+        for e in self.engines:
+            top = self.dispatch.peek(e.index)
+            busy = e.unit is not None and e.pause_req is None
+            if busy and top is not None and top.priority > e.unit.priority:
+                self._guarded(e.unit.job, "pause request", self._request_pause, e, top.job, engine=e)
 
     def _wait_running(self, now: int) -> None:
         nxt = self._next_event()
-        if self._deadline is not None:
-            nxt = self._deadline if nxt is None else min(nxt, self._deadline)
-        self.tr.wait(None if nxt is None else max(1, nxt - now))
-        st = self.tr.status()
-        if st != Status.RUNNING:
-            self._stopped(st)
-        elif self._deadline is not None and self.tr.now() >= self._deadline:
-            job = self.current
-            self._account(job)
-            self.soft_reset()
-            self._fail(job, JobError(self._timeout_text(job), ErrorCode.TIMEOUT))
+        for e in self.engines:
+            if e.unit is not None and e.deadline is not None:
+                nxt = e.deadline if nxt is None else min(nxt, e.deadline)
+        try:
+            self.tr.wait(None if nxt is None else max(1, nxt - now))
+        except Exception as err:
+            for e in self.engines:
+                if e.unit is not None:
+                    self._on_error(e.unit.job, "run", err, e)
+            return
+        for e in self.engines:
+            if e.unit is None:
+                continue
+            job = e.unit.job
+            st = self._guarded(job, "run", e.tr.status, engine=e)
+            if st is None:
+                continue
+            if st != Status.RUNNING:
+                self._guarded(job, "stop", self._stopped, e, st, engine=e)
+            elif e.deadline is not None and self.tr.now() >= e.deadline:
+                self._guarded(job, "timeout", self._timeout, e, engine=e)
 
-    def _guarded(self, job: Job, phase: str, fn: Callable, *args) -> None:
-        """Run a step of `job`; if anything raises, the job fails with the error and the device is
+    def _timeout(self, e: Engine) -> None:
+        job = e.unit.job
+        self._account(e)
+        self.soft_reset(e.index)
+        self._fail(job, JobError(self._timeout_text(job), ErrorCode.TIMEOUT))
+
+    def _guarded(self, job: Job, phase: str, fn: Callable, *args, engine: Engine | None = None):
+        """Run a step of `job`; if anything raises, the job fails with the error and the engine is
         reset, so the other jobs and the `Npu` go on."""
         try:
-            fn(*args)
-        except Exception as e:
-            e.add_note(f"(job {job.id}, model {job.model.name}, during {phase})")
-            self.current, self._pause_req, self._deadline = None, None, None
+            return fn(*args)
+        except Exception as err:
+            self._on_error(job, phase, err, engine)
+            return None
+
+    def _on_error(self, job: Job, phase: str, err: Exception, engine: Engine | None) -> None:
+        err.add_note(f"(job {job.id}, model {job.model.name}, during {phase})")
+        for e in [engine] if engine is not None else []:
+            if e.unit is not None and e.unit.job is job:
+                self.dispatch.finished(e.unit, e.index)
+            e.unit, e.pause_req, e.deadline = None, None, None
             try:
-                self.soft_reset()
-                self.tr.set_reg("IRQ", 1)
+                e.tr.set_reg("CONTROL", int(Control.SOFT_RESET))
+                e.tr.set_reg("IRQ", 1)
             except Exception as reset_error:  # the link itself may be down: the next call reports it
-                e.add_note(f"the device could not be reset afterwards: {reset_error}")
-            if not job.done():
-                self._fail(job, e)
+                err.add_note(f"the device could not be reset afterwards: {reset_error}")
+        if not job.done():
+            self._fail(job, err)
 
     def _release(self, now: int) -> None:
         while self._timers and self._timers[0][0] <= now:
@@ -509,143 +686,224 @@ class Npu:
         while self._arrivals and self._arrivals[0][0] <= now:
             _, _, job = heapq.heappop(self._arrivals)
             job.state = "ready"
-            heapq.heappush(self._ready, (-job.priority, job.id, job))
+            heapq.heappush(self._waiting, (-job.priority, job.id, job))
 
     def _next_event(self) -> int | None:
         ts = [q[0][0] for q in (self._timers, self._arrivals) if q]
         return min(ts) if ts else None
 
-    def _busy_models(self) -> set[int]:
-        """Models with a started, unfinished job: their activation area is taken."""
-        return {id(j.model) for j in self.jobs if j.started is not None and not j.done()}
+    def _admit(self) -> bool:
+        """Start the arrived jobs that have a free model instance, by priority then arrival."""
+        progressed = False
+        if not self._waiting:
+            return False
+        now = self.tr.now()  # before anything is taken off the queue (a failing link loses nothing)
+        keep = []
+        while self._waiting:
+            entry = heapq.heappop(self._waiting)
+            job = entry[2]
+            if job.done():
+                continue
+            inst = next((i for i in job.model.instances if i.job is None), None)
+            if inst is None:
+                keep.append(entry)
+                continue
+            progressed = True
+            inst.job, job.inst, job.admitted = job, inst, now
+            self._guarded(job, "start", self._start, job)
+        for entry in keep:
+            heapq.heappush(self._waiting, entry)
+        return progressed
 
-    def _peek(self) -> Job | None:
-        busy = self._busy_models()
-        for _, _, j in sorted(self._ready):
-            if j.state == "ready" and (id(j.model) not in busy or j.started is not None):
-                return j
-        return None
+    def _start(self, job: Job) -> None:
+        write_inputs(job.manifest, self.tr, job.inputs, job.env)
+        self._advance(job)
 
-    def _pick(self) -> Job | None:
-        j = self._peek()
-        if j is not None:
-            self._ready = [e for e in self._ready if e[2] is not j]
-            heapq.heapify(self._ready)
-        return j
+    def _ref_cycles(self, seg: NpuSegment) -> int:
+        if seg.ref_cycles is not None:
+            return seg.ref_cycles
+        return seg.est_cycles or 0
 
-    def _launch(self, job: Job) -> None:
-        """Start or continue a job: inputs, host steps, restore, then its next NPU segment."""
-        now = self.tr.now()
-        segs = job.model.manifest.segments
-        if job.started is None:
-            job.started = now
-            write_inputs(job.model.manifest, self.tr, job.inputs, job.env)
-        while job.seg < len(segs) and isinstance(segs[job.seg], HostStep):
-            t0 = time.perf_counter()
-            job.model.host.run(self.tr, segs[job.seg], job.env)
-            self.trace.span("host", job, now, now, info=f"{time.perf_counter() - t0:.6f} s on the host")
-            job.seg += 1
-        if job.seg == len(segs):
+    def _advance(self, job: Job) -> None:
+        """Run the host steps whose inputs exist and hand the ready NPU segments to the dispatcher."""
+        segs, deps = job.manifest.segments, job.model.deps
+        while True:
+            ready = [
+                i for i in range(len(segs))
+                if i not in job.done_segs and i not in job.queued and all(d in job.done_segs for d in deps[i])
+            ]  # fmt: skip
+            host = [i for i in ready if isinstance(segs[i], HostStep)]
+            for i in host:
+                now = self.tr.now()
+                t0 = time.perf_counter()
+                job.model.host.run(self.tr, segs[i], job.env)
+                self.trace.span("host", job, now, now, info=f"{time.perf_counter() - t0:.6f} s on the host")
+                job.done_segs.add(i)
+            for i in ready:
+                if i not in host:
+                    job.queued.add(i)
+                    op = Operator(
+                        f"{job.model.name}#{job.id}:{i}", self._ref_cycles(segs[i]), job, i, job.priority
+                    )
+                    self.dispatch.submit(op)
+            if not host:
+                break
+        if len(job.done_segs) == len(segs):
             self._finish(job)
-            return
-        if job.saved:
-            p = job.preemptions[-1]
+        elif not any(e.unit is not None and e.unit.job is job for e in self.engines) and not job.held:
+            job.state = "ready"
+
+    def _launch(self, e: Engine, op: Operator) -> None:
+        """Start or resume segment `op.payload` of `op.job` on engine `e`."""
+        job, s = op.job, op.payload
+        e.unit = op
+        sv = job.saved.pop(s, None)
+        if sv is not None:
             t0 = self.tr.now()
-            p.restore_cycles = self._run_aux([("load", s, n, a) for s, n, a in job.saved])
-            self.trace.span("restore", job, t0, self.tr.now())
-            job.saved = []
-        self.current = job
+            sv.preemption.restore_cycles = (
+                self._run_aux(e, [("load", c, n, d) for c, n, d in sv.ranges]) if sv.ranges else 0
+            )
+            self._free_save_area(job, sv)
+            self.trace.span("restore", job, t0, self.tr.now(), engine=e.index)
         job.state = "running"
-        pc = job.resume_pc if job.resume_pc is not None else segs[job.seg].pc
-        self.tr.set_reg("PROGRAM_BASE", job.model.program_base)
-        self.tr.set_reg("RESUME_PC", pc)
+        job.engines_used.add(e.index)
+        if job.started is None:
+            job.started = self.tr.now()
+        pc = sv.resume_pc if sv is not None else job.manifest.segments[s].pc
+        e.tr.set_reg("PROGRAM_BASE", job.inst.program_base)
+        e.tr.set_reg("RESUME_PC", pc)
         budget = 0 if job.timeout_cycles is None else max(1, job.timeout_cycles - job.used_cycles)
-        self.tr.set_reg("TIMEOUT", budget if budget <= TIMEOUT_MAX else 0)
-        self.tr.set_reg("IRQ", 1)
-        self._run_start = self.tr.now()
-        self._deadline = self._run_start + budget if budget > TIMEOUT_MAX else None
-        self.tr.set_reg("CONTROL", int(RUN))
-        self.trace.instant(
-            "start" if job.resume_pc is None and job.seg == 0 else "resume", job, self._run_start
-        )
+        e.tr.set_reg("TIMEOUT", budget if budget <= TIMEOUT_MAX else 0)
+        e.tr.set_reg("IRQ", 1)
+        e.run_start = self.tr.now()
+        e.deadline = e.run_start + budget if budget > TIMEOUT_MAX else None
+        e.tr.set_reg("CONTROL", int(RUN))
+        first = sv is None and s == 0 and not job.done_segs
+        self.trace.instant("start" if first else "resume", job, e.run_start, f"segment {s}", engine=e.index)
 
-    def _request_pause(self, by: Job | None) -> None:
-        self._pause_req = (self.tr.now(), by)
-        self.tr.set_reg("CONTROL", int(Control.PAUSE | Control.IRQ_ENABLE))
-        self.trace.instant("pause request", self.current, self._pause_req[0])
+    def _request_pause(self, e: Engine, by: Job | None) -> None:
+        e.pause_req = (self.tr.now(), by)
+        e.tr.set_reg("CONTROL", int(Control.PAUSE | Control.IRQ_ENABLE))
+        self.trace.instant("pause request", e.unit.job, e.pause_req[0], engine=e.index)
 
-    def _account(self, job: Job) -> None:
+    def _account(self, e: Engine) -> None:
         """Add the run's counters to the job's and close its trace span."""
-        for name, v in self.counters().items():
+        job, s = e.unit.job, e.unit.payload
+        run = {name: e.tr.counter(name) for name in COUNTERS}
+        for name, v in run.items():
             job.counters[name] = job.counters.get(name, 0) + v
         job.used_cycles = job.counters["CYCLES"]
-        self.trace.span("run", job, self._run_start, self.tr.now())
-        self.current, self._deadline = None, None
+        job.segment_cycles[s] = job.segment_cycles.get(s, 0) + run["CYCLES"]
+        now = self.tr.now()
+        e.busy_cycles += now - e.run_start
+        self.trace.span("run", job, e.run_start, now, f"segment {s}", engine=e.index)
+        e.deadline = None
 
     def _timeout_text(self, job: Job) -> str:
         return f"job {job.id} ({job.model.name}) exceeded its timeout of {job.timeout_cycles} cycles"
 
-    def _stopped(self, st: Status) -> None:
-        job = self.current
+    def _stopped(self, e: Engine, st: Status) -> None:
+        op = e.unit
+        job, s = op.job, op.payload
         now = self.tr.now()
-        self._account(job)
-        req, self._pause_req = self._pause_req, None
-        self.tr.set_reg("IRQ", 1)
+        self._account(e)
+        e.unit = None
+        req, e.pause_req = e.pause_req, None
+        e.tr.set_reg("IRQ", 1)
         if st == Status.DONE:
-            job.seg += 1
-            job.resume_pc = None
-            if job.seg < len(job.model.manifest.segments):
-                job.state = "ready"  # between segments nothing is on chip: yield to anyone ready
-                heapq.heappush(self._ready, (-job.priority, job.id, job))
-            else:
-                self._finish(job)
+            self.dispatch.finished(op, e.index)
+            job.done_segs.add(s)
+            job.queued.discard(s)
+            self._advance(job)
         elif st == Status.PAUSED:
-            cp = self.tr.reg("CP_ID")
-            job.resume_pc = self.tr.reg("RESUME_PC")
-            self.trace.instant("paused", job, now, f"point {cp}, resume pc {job.resume_pc}")
+            cp = e.tr.reg("CP_ID")
+            resume_pc = e.tr.reg("RESUME_PC")
+            self.trace.instant("paused", job, now, f"point {cp}, resume pc {resume_pc}", engine=e.index)
             point = job.model.points.get(cp)
             if point is None:
+                self.dispatch.finished(op, e.index)
                 self._fail(job, JobError(f"job {job.id} ({job.model.name}) paused at unknown point {cp}"))
                 return
-            ranges = [(s, e - s) for s, e in point.live_ranges]
-            saved, a = [], job.model.save_addr
-            for s, n in ranges:
-                saved.append((s, n, a))
-                a += n
+            area = self._save_area(job, point.live_bytes)
+            addr = job.inst.save_addr if area is None else area[0]
+            ranges = []
+            for start, end in point.live_ranges:
+                ranges.append((start, end - start, addr))
+                addr += end - start
             t0 = self.tr.now()
-            dump = self._run_aux([("store", s, n, sa) for s, n, sa in saved]) if saved else 0
-            self.trace.span("dump", job, t0, self.tr.now(), f"{point.live_bytes} bytes")
-            job.saved = saved
-            job.preemptions.append(
-                Preemption(cp, req[0] if req else now, now, point.live_bytes, dump,
-                           by=req[1].id if req and req[1] else -1)
-            )  # fmt: skip
-            job.state = "paused"
+            dump = self._run_aux(e, [("store", c, n, d) for c, n, d in ranges]) if ranges else 0
+            self.trace.span("dump", job, t0, self.tr.now(), f"{point.live_bytes} bytes", engine=e.index)
+            p = Preemption(cp, req[0] if req else now, now, point.live_bytes, dump,
+                           by=req[1].id if req and req[1] else -1, segment=s, engine=e.index)  # fmt: skip
+            job.preemptions.append(p)
+            job.saved[s] = _Saved(resume_pc, ranges, area, p)
             if req is not None and req[1] is not None:  # preempted: it resumes on its own later
-                job.state = "ready"
-                heapq.heappush(self._ready, (-job.priority, job.id, job))
+                self.dispatch.paused(op, e.index)
+                if not any(x.unit is not None and x.unit.job is job for x in self.engines):
+                    job.state = "ready"
+            else:
+                job.held.append((op, e.index))
+                if not any(x.unit is not None and x.unit.job is job for x in self.engines):
+                    job.state = "paused"
         else:
-            code = ErrorCode(self.tr.reg("ERROR_CODE"))
-            pc = self.tr.reg("ERROR_PC")
+            self.dispatch.finished(op, e.index)
+            code = ErrorCode(e.tr.reg("ERROR_CODE"))
+            pc = e.tr.reg("ERROR_PC")
             if code == ErrorCode.TIMEOUT and job.timeout_cycles is not None:
                 msg = self._timeout_text(job)
             else:
                 msg = f"job {job.id} ({job.model.name}) ended in NPU error {code.name} at pc {pc}"
-            self.soft_reset()
+            self.soft_reset(e.index)
             self._fail(job, JobError(msg, code, pc))
 
+    def _save_area(self, job: Job, nbytes: int) -> tuple[int, int] | None:
+        """Where a dump of `nbytes` goes: the instance's save area, or (taken) a fresh DRAM range."""
+        if nbytes == 0 or not job.inst.save_busy:
+            job.inst.save_busy = job.inst.save_busy or nbytes > 0
+            return None
+        size = round_up(nbytes, PAGE)
+        off = self._alloc(size)
+        if off is None:
+            raise DriverError(f"no free DRAM for a second dump of {nbytes} bytes of job {job.id}")
+        return (off, off + size)
+
+    def _free_save_area(self, job: Job, sv: _Saved) -> None:
+        if sv.area is not None:
+            self._release_range(*sv.area)
+        elif sv.ranges:
+            job.inst.save_busy = False
+
     def _finish(self, job: Job) -> None:
-        outs = read_outputs(job.model.manifest, self.tr, job.env, job.int8)
+        outs = read_outputs(job.manifest, self.tr, job.env, job.int8)
         job.outputs = outs
         self._end(job, "done")
 
     def _fail(self, job: Job, err: Exception) -> None:
         job.error = err
+        for e in self.engines:  # the job's other segments stop too
+            if e.unit is not None and e.unit.job is job:
+                self.dispatch.finished(e.unit, e.index)
+                e.unit, e.pause_req, e.deadline = None, None, None
+                try:
+                    e.tr.set_reg("CONTROL", int(Control.SOFT_RESET))
+                    e.tr.set_reg("IRQ", 1)
+                except Exception as reset_error:
+                    err.add_note(f"engine {e.index} could not be reset: {reset_error}")
+        for op, ei in job.held:
+            self.dispatch.paused(op, ei)  # dropped when an engine takes it (the job is done)
+        job.held = []
+        for sv in job.saved.values():
+            self._free_save_area(job, sv)
+        job.saved = {}
         self._end(job, "failed")
 
     def _end(self, job: Job, state: str) -> None:
-        job.state = state
-        job.finished = self.tr.now()
+        if job.inst is not None and job.inst.job is job:
+            job.inst.job = None  # first: nothing below may leave the instance taken
+        try:
+            job.finished = self.tr.now()
+        finally:
+            job.state = state
         job.env = {}  # the host tensors are not needed any more
         self.trace.instant(state, job, job.finished)
         if job.on_done:
@@ -655,22 +913,32 @@ class Npu:
                 e.add_note(f"(raised by the on_done callback of job {job.id}, model {job.model.name})")
                 job.state, job.error, job.outputs = "failed", e, None
 
-    def _run_aux(self, moves: list[tuple[str, int, int, int]]) -> int:
-        """Run a driver program of LOADs or STOREs (op, on-chip addr, bytes, DRAM addr); its cycles."""
-        b = ProgramBuilder(self.cfg)
+    def _run_aux(self, e: Engine, moves: list[tuple[str, int, int, int]]) -> int:
+        """Run a driver program of LOADs or STOREs (op, on-chip addr, bytes, DRAM addr) on engine `e`;
+        its cycles."""
+        b = ProgramBuilder(self.cfg.engine)
         for op, s, n, a in moves:
             for ins in copy_range(op, s, n, a):
                 b.add(ins)
-        st = self.run_raw(encode_program(b.build().instrs), max_cycles=10_000_000)
+        unit, e.unit = e.unit, None
+        try:
+            st = self.run_raw(encode_program(b.build().instrs), max_cycles=10_000_000, engine=e.index)
+        finally:
+            e.unit = unit
         if st != Status.DONE:
-            code = ErrorCode(self.tr.reg("ERROR_CODE"))
-            self.soft_reset()
+            code = ErrorCode(e.tr.reg("ERROR_CODE"))
+            self.soft_reset(e.index)
             raise DriverError(f"the driver's {moves[0][0]} program failed: {st.name} {code.name}")
-        return self.tr.counter("CYCLES")
+        return e.tr.counter("CYCLES")
 
-    def _recover_if_needed(self, when: str) -> None:
-        st = self.tr.status()
-        if st == Status.ERROR and self.current is None:
-            code = ErrorCode(self.tr.reg("ERROR_CODE"))
-            self.soft_reset()
-            self.trace.instant(f"recovered from {code.name} ({when})", None, self.tr.now())
+    def _recover_if_needed(self, when: str, e: Engine) -> None:
+        st = e.tr.status()
+        if st == Status.ERROR and e.unit is None:
+            code = ErrorCode(e.tr.reg("ERROR_CODE"))
+            self.soft_reset(e.index)
+            self.trace.instant(f"recovered from {code.name} ({when})", None, self.tr.now(), engine=e.index)
+
+    # -- figures ----------------------------------------------------------------------------------
+    def utilization(self) -> list[int]:
+        """Cycles each engine has run jobs' segments so far."""
+        return [e.busy_cycles for e in self.engines]

@@ -22,6 +22,7 @@ class Event:
     wall: float  # host wall-clock seconds when recorded
     priority: int = 0
     info: str = ""
+    engine: int = -1  # the engine it happened on (-1: none, or the host)
 
 
 @dataclass
@@ -29,18 +30,26 @@ class Trace:
     clock_mhz: float = 100.0
     events: list[Event] = field(default_factory=list)
     t0: float = field(default_factory=time.perf_counter)
+    engines: int = 1  # with several, the Chrome trace has one track per engine
 
-    def _add(self, kind: str, job, start: int, end: int, info: str = "") -> None:
+    def _add(self, kind: str, job, start: int, end: int, info: str = "", engine: int = -1) -> None:
         jid = -1 if job is None else job.id
         name = "device" if job is None else job.model.name
         prio = 0 if job is None else job.priority
-        self.events.append(Event(kind, jid, name, start, end, time.perf_counter() - self.t0, prio, info))
+        self.events.append(
+            Event(kind, jid, name, start, end, time.perf_counter() - self.t0, prio, info, engine)
+        )
 
-    def span(self, kind: str, job, start: int, end: int, info: str = "") -> None:
-        self._add(kind, job, start, end, info)
+    def span(self, kind: str, job, start: int, end: int, info: str = "", engine: int = -1) -> None:
+        self._add(kind, job, start, end, info, engine)
 
-    def instant(self, kind: str, job, at: int, info: str = "") -> None:
-        self._add(kind, job, at, at, info)
+    def instant(self, kind: str, job, at: int, info: str = "", engine: int = -1) -> None:
+        self._add(kind, job, at, at, info, engine)
+
+    def _track(self, e: Event) -> str:
+        if self.engines > 1 and e.engine >= 0:
+            return f"engine {e.engine}"
+        return f"{e.model} (priority {e.priority})" if e.job >= 0 else "device"
 
     def spans(self, kind: str | None = None) -> list[Event]:
         return [e for e in self.events if e.end > e.start and (kind is None or e.kind == kind)]
@@ -53,13 +62,14 @@ class Trace:
                 "name": e.kind if e.job < 0 else f"{e.kind} {e.model}#{e.job}",
                 "cat": e.kind,
                 "pid": 1,
-                "tid": f"{e.model} (priority {e.priority})" if e.job >= 0 else "device",
+                "tid": self._track(e),
                 "ts": e.start * us,
                 "args": {
                     "job": e.job,
                     "cycles": [e.start, e.end],
                     "wall_s": round(e.wall, 6),
                     "info": e.info,
+                    "engine": e.engine,
                 },
             }
             if e.end > e.start:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from npu.config import NpuConfig
-from npu.registers import REG, Status
+from npu.registers import REG, Status, engine_window
 
 
 class TransportError(RuntimeError):
@@ -91,3 +91,64 @@ class ModelTransport(Transport):
 
     def now(self) -> int:
         return self.model.now
+
+
+class EngineView(Transport):
+    """One engine of a SoC: its register window; DRAM, time and waiting are the SoC's."""
+
+    def __init__(self, soc: Transport, index: int):
+        self.soc, self.index, self.base = soc, index, engine_window(index)
+        self.cfg = soc.cfg.engine
+
+    def read_reg(self, offset: int) -> int:
+        return self.soc.read_reg(self.base + offset)
+
+    def write_reg(self, offset: int, value: int) -> None:
+        self.soc.write_reg(self.base + offset, value)
+
+    def read_dram(self, addr: int, n: int) -> bytes:
+        return self.soc.read_dram(addr, n)
+
+    def write_dram(self, addr: int, data: bytes) -> None:
+        self.soc.write_dram(addr, data)
+
+    def wait(self, max_cycles: int | None) -> int:
+        return self.soc.wait(max_cycles)
+
+    def now(self) -> int:
+        return self.soc.now()
+
+
+class SocModelTransport(Transport):
+    """The golden model of a SoC (`npu.sim.system.NpuSystem`): engines sharing DRAM and its port,
+    registers at SoC offsets (the SoC block, then one window per engine)."""
+
+    def __init__(self, cfg: NpuConfig, *, trace: bool = False):
+        from npu.sim.system import NpuSystem
+
+        self.cfg = cfg
+        self.system = NpuSystem(cfg, trace=trace)
+
+    def read_reg(self, offset: int) -> int:
+        return self.system.read_reg(offset)
+
+    def write_reg(self, offset: int, value: int) -> None:
+        self.system.write_reg(offset, value)
+
+    def read_dram(self, addr: int, n: int) -> bytes:
+        return self.system.read_dram(addr, n)
+
+    def write_dram(self, addr: int, data: bytes) -> None:
+        self.system.write_dram(addr, data)
+
+    def wait(self, max_cycles: int | None) -> int:
+        """Until an engine that is running stops (the combined interrupt), or `max_cycles`."""
+        t0 = self.system.now
+        if any(e.status == Status.RUNNING for e in self.system.engines):
+            self.system.run_until_stop(max_cycles)
+        elif max_cycles:
+            self.system.advance(max_cycles)
+        return self.system.now - t0
+
+    def now(self) -> int:
+        return self.system.now

@@ -5,6 +5,7 @@ rebuilds the same files offline.
   trained here with a small numpy implementation of backpropagation (no framework needed).
 * `resnet_small`, `inception_small`: a residual and a branchy (inception-style) network on 32x32.
 * `perception`, `planning`: the preemption scenario's long perception CNN and short planning MLP.
+* `longconv`: one long convolution and a short head (operator runtimes 100x apart, for seed 001).
 * `resnet50_like`, `inception_v1_like`, `squeezenet_like`: ImageNet-class topologies at 224x224
   (BatchNorm, Concat, residual Add, Softmax at the end), full widths by default.
 
@@ -232,6 +233,16 @@ def planning(batch: int = 1) -> ZooModel:
     return ZooModel("planning", net.model([y]), calib, test)
 
 
+def longconv(batch: int = 1) -> ZooModel:
+    """A model dominated by one long convolution (the seed 001 case: one long operator delays what
+    queues behind it), then a short head."""
+    net = Net("longconv", (batch, 32, 48, 48), seed=15)
+    x = net.conv(net.input, 64, 3)
+    y = net.gemm(net.flatten(net.gap(x)), 10)
+    calib, test = _random_inputs((batch, 32, 48, 48), 8, 4, 15)
+    return ZooModel("longconv", net.model([y]), calib, test)
+
+
 def resnet50_like(width: int = 64, batch: int = 1) -> ZooModel:
     """ResNet-50's topology (7x7/2 stem, max pool, 3-4-6-3 bottlenecks, GAP, FC, Softmax), widths
     scaled by width/64 (64: the real network's 25.5 M weights)."""
@@ -304,6 +315,7 @@ ZOO = {
     "inception_small": inception_small,
     "perception": perception,
     "planning": planning,
+    "longconv": longconv,
 }
 IMAGENET = {
     "resnet50_like": resnet50_like,

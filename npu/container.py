@@ -80,11 +80,16 @@ class HostIO:
 
 @dataclass
 class NpuSegment:
-    """Start the device at `pc`; the range ends with END at `end`."""
+    """Start the device at `pc`; the range ends with END at `end`. `deps`: the segments whose
+    results it reads (None: the segment before it). `est_cycles`: the cost model's runtime;
+    `ref_cycles`: the runtime measured alone on a quiet engine (`npu profile`; None until then)."""
 
     pc: int
     end: int
     kind: Literal["npu"] = "npu"
+    deps: list[int] | None = None
+    est_cycles: int | None = None
+    ref_cycles: int | None = None
 
 
 @dataclass
@@ -97,6 +102,7 @@ class HostStep:
     quantize: list[HostIO]
     nodes: list[str]
     kind: Literal["host"] = "host"
+    deps: list[int] | None = None  # as NpuSegment.deps
 
 
 Segment = NpuSegment | HostStep
@@ -161,6 +167,9 @@ class Manifest:
     segments: list[Segment]
     layers: list[Layer]
     cancel_points: list[CancelPoint]
+    #: "segment": NPU operators run back to back in as few segments as host steps allow;
+    #: "operator": every operator is its own segment (DRAM in, DRAM out) with its dependencies
+    granularity: Literal["segment", "operator"] = "segment"
 
     def to_json(self) -> dict:
         return _encode(self)
@@ -185,6 +194,13 @@ class Manifest:
             if isinstance(s, HostStep):
                 out += [io.tensor for io in s.inputs + s.quantize if io.tensor is not None]
         return out
+
+    def segment_deps(self) -> list[list[int]]:
+        """For each segment, the segments it depends on (an unset `deps` means the one before)."""
+        return [
+            list(s.deps) if s.deps is not None else ([i - 1] if i else [])
+            for i, s in enumerate(self.segments)
+        ]
 
     def point_table(self) -> dict[int, CancelPoint]:
         return {p.id: p for p in self.cancel_points}

@@ -8,6 +8,8 @@ from .opqueue import (
     Operator,
     OperatorQueues,
     RoundRobin,
+    SharedQueue,
+    make_dispatch,
     make_policy,
 )
 
@@ -19,5 +21,7 @@ __all__ = [
     "Operator",
     "OperatorQueues",
     "RoundRobin",
+    "SharedQueue",
+    "make_dispatch",
     "make_policy",
 ]

@@ -11,7 +11,7 @@ import warnings
 
 from ..asm import AsmError
 from ..config import ConfigError
-from . import asm, bench, compile, config, demo, disasm, hdl
+from . import asm, bench, compile, config, demo, disasm, hdl, profile
 from . import run as run_cmd
 from .common import CliError
 
@@ -24,6 +24,7 @@ COMMANDS = {
     "config": config,
     "compile": compile,
     "demo": demo,
+    "profile": profile,
 }
 
 __all__ = ["CliError", "build_parser", "main"]

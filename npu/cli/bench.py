@@ -22,7 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="model: GEMM on the golden model; gemm: GEMM sweep on --backend; "
         "order: operator order search on the zoo's branchy models; preempt: the preemption "
         "scenario and strategies; banks: matrix slowdown of candidate scratchpad bank mappings; "
-        "soc: the SoC model against the RTL with 2 and 4 engines of --config contending for DRAM",
+        "soc: the SoC model against the RTL with 2 and 4 engines of --config contending for DRAM; "
+        "opqueue: operator-queue policies (seed 001) over 2 and 4 engines at 50/80/95 %% load "
+        "(--backend rtl adds 2 engines of tiny on the RTL against the model)",
     )
     p.add_argument("--models", nargs="+", help="order, banks: zoo models (default: a representative set)")
     p.add_argument(
@@ -50,6 +52,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cp-interval", type=int_in(1), default=20_000, help="preempt: the compiler's point interval"
     )
+    p.add_argument("--jobs", type=int_in(1, 10_000), default=100, help="opqueue: jobs per application")
+    p.add_argument(
+        "--rtl-jobs", type=int_in(1, 100), default=3, help="opqueue: jobs per application on the RTL"
+    )
+    p.add_argument("--seed", type=int_in(0), default=1, help="opqueue: seed of the Poisson arrivals")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -95,6 +102,22 @@ def _soc(cfg: NpuConfig, args: argparse.Namespace):
     return bench_soc(cfg), format_soc
 
 
+def _opqueue(cfg: NpuConfig, args: argparse.Namespace):
+    import sys
+
+    from npu.driver.sched.bench import bench_opqueue, format_opqueue
+
+    result = bench_opqueue(
+        cfg.engine.name,
+        jobs=args.jobs,
+        seed=args.seed,
+        rtl=args.backend == "rtl",
+        rtl_jobs=args.rtl_jobs,
+        progress=lambda msg: print(f"bench opqueue: {msg}", file=sys.stderr, flush=True),
+    )
+    return result, format_opqueue
+
+
 def _banks(cfg: NpuConfig, args: argparse.Namespace):
     from npu.compiler.bench import bench_banks, format_banks
 
@@ -116,6 +139,7 @@ BENCHES: dict[str, Bench] = {
     "preempt": _preempt,
     "banks": _banks,
     "soc": _soc,
+    "opqueue": _opqueue,
 }
 
 

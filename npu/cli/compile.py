@@ -52,6 +52,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="skip interior points whose live on-chip data exceed BYTES (default: a quarter of the "
         "scratchpad)",
     )
+    p.add_argument(
+        "--granularity",
+        choices=["segment", "operator"],
+        default="segment",
+        help="segment: NPU operators back to back (default); operator: every operator its own unit "
+        "of work (DRAM in, DRAM out) with the operator graph, for scheduling across engines",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
             order_budget_s=args.order_budget,
             cp_interval=args.cp_interval,
             cp_max_live=args.cp_max_live,
+            granularity=args.granularity,
         )
     except CompileError as e:
         raise CliError(str(e)) from None

@@ -1,0 +1,265 @@
+"""`npu bench opqueue`: operator-queue policies across the engines of a SoC (seed 001).
+
+Several applications (compiled with `--granularity operator` and profiled alone, so every operator
+carries its measured reference runtime) receive jobs by seeded Poisson arrivals at an offered load
+(the fraction of the engines' capacity the arriving work needs). Each run drives an `Npu` of N
+engines with one dispatch policy and reports per-application latency (mean, p99), the makespan,
+each engine's utilisation and the imbalance (max / mean busy cycles). `scaling` is the throughput of
+a saturating load (every job at cycle 0) with 1, 2 and 4 engines, next to the bound of the shared DRAM
+port (the bytes every job moves, at one bus word per cycle per direction).
+
+Everything talks to an `Npu` through a transport, so the same run executes on the golden model and
+(inside the simulation, `driver/rtl.py`) on the SoC's RTL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from npu.config import NpuConfig, get_config
+from npu.container import Container, NpuSegment
+
+from ..runtime import Npu
+from ..transport import Transport
+
+#: the default mix: one long convolution, a short MLP, a branchy network
+APPS = ("longconv", "planning", "inception_small")
+POLICIES = ("expected-time", "count", "round-robin")
+
+
+@dataclass
+class App:
+    name: str
+    container: Container  # profiled: every NPU segment has ref_cycles
+    x: np.ndarray
+
+    @property
+    def work(self) -> int:
+        """Reference cycles of one job (the sum over its operators)."""
+        return sum(s.ref_cycles or 0 for s in self.container.manifest.segments if isinstance(s, NpuSegment))
+
+    def op_cycles(self) -> list[int]:
+        return [s.ref_cycles for s in self.container.manifest.segments if isinstance(s, NpuSegment)]
+
+
+def build_apps(config: str, names: tuple[str, ...] = APPS, cache: Path | None = None) -> list[App]:
+    """The zoo models compiled one operator per segment (cached), profiled alone on the model."""
+    from ..demo import compile_zoo
+    from ..profile import measure, with_reference_runtimes
+    from ..transport import ModelTransport
+
+    cfg = get_config(config).engine
+    apps = []
+    for name in names:
+        c, x = compile_zoo(name, cfg.name, cache, granularity="operator")
+        c = with_reference_runtimes(c, measure(ModelTransport(cfg), c, [x]))
+        apps.append(App(name, c, x))
+    return apps
+
+
+def poisson_arrivals(
+    apps: list[App], engines: int, load: float, jobs: int, seed: int
+) -> list[tuple[int, int]]:
+    """(cycle, app index) of `jobs` jobs per application: each application's jobs arrive as a Poisson
+    process, all at one rate chosen so that the arriving work is `load` x the engines' capacity."""
+    rng = np.random.default_rng(seed)
+    rate = load * engines / sum(a.work for a in apps)  # jobs per cycle, per application
+    out = []
+    for i in range(len(apps)):
+        t = np.cumsum(rng.exponential(1 / rate, jobs))
+        out += [(int(c), i) for c in t]
+    return sorted(out)
+
+
+def run_once(
+    transport: Transport | None,
+    cfg: NpuConfig,
+    apps: list[App],
+    arrivals: list[tuple[int, int]],
+    policy: str,
+    instances: int,
+) -> dict:
+    """One run: submit every job at its arrival, drive the device to the end, collect the figures."""
+    npu = Npu("model", cfg, transport=transport, dispatch=policy, preempt=False)
+    models = [npu.load(a.container, a.name, instances=instances) for a in apps]
+    t0 = npu.tr.now() + 1
+    jobs = [(i, models[i].submit(apps[i].x, at=t0 + t, int8=True)) for t, i in arrivals]
+    npu.run_all()
+    failed = [j for _, j in jobs if j.state != "done"]
+    if failed:
+        raise RuntimeError(f"{len(failed)} jobs failed, the first: {failed[0].error}")
+    end = max(j.finished for _, j in jobs)
+    makespan = end - t0
+    busy = npu.utilization()
+    per_app = []
+    for i, a in enumerate(apps):
+        lat = np.array([j.latency for k, j in jobs if k == i], dtype=np.float64)
+        per_app.append({"name": a.name, "jobs": len(lat), "mean_latency": float(lat.mean()),
+                        "p99_latency": float(np.percentile(lat, 99))})  # fmt: skip
+    return {
+        "engines": cfg.engines,
+        "policy": policy,
+        "apps": per_app,
+        "makespan": int(makespan),
+        "engine_utilization": [round(b / makespan, 4) for b in busy],
+        "imbalance": round(max(busy) / (sum(busy) / len(busy)), 4) if sum(busy) else 1.0,
+        "dma_rd_bytes": int(sum(j.counters["DMA_RD_BYTES"] for _, j in jobs)),
+        "dma_wr_bytes": int(sum(j.counters["DMA_WR_BYTES"] for _, j in jobs)),
+        "outputs": [[o.tobytes().hex() for o in j.outputs] for _, j in jobs],
+    }
+
+
+def rtl_run_once(transport: Transport, cfg: NpuConfig, apps, arrivals, policy: str, instances: int) -> dict:
+    """`run_once` inside the RTL simulation (a module-level function `run_on_rtl` can import)."""
+    return run_once(transport, cfg, apps, arrivals, policy, instances)
+
+
+def _worst_p99(run: dict) -> float:
+    return max(a["p99_latency"] for a in run["apps"])
+
+
+def bench_opqueue(
+    config: str = "default",
+    *,
+    engines: tuple[int, ...] = (2, 4),
+    loads: tuple[float, ...] = (0.5, 0.8, 0.95),
+    policies: tuple[str, ...] = POLICIES,
+    jobs: int = 40,
+    seed: int = 1,
+    rtl: bool = False,
+    rtl_config: str = "tiny",
+    rtl_load: float = 0.8,
+    rtl_jobs: int = 4,
+    apps: tuple[str, ...] = APPS,
+    cache: Path | None = None,
+    progress=None,
+) -> dict:
+    """Every policy at every load for each engine count on the model; optionally 2 engines on the
+    RTL at one load (models compiled for `rtl_config`, which simulates faster). JSON-ready."""
+    say = progress or (lambda msg: None)
+    base = get_config(config)
+    built = build_apps(base.name, apps, cache)
+    runs = []
+    for n in engines:
+        cfg = base.engine.replace(engines=n)
+        for load in loads:
+            arr = poisson_arrivals(built, n, load, jobs, seed)
+            for policy in policies:
+                say(f"model: {n} engines, load {load}, {policy}")
+                r = run_once(None, cfg, built, arr, policy, instances=2 * n)
+                r.pop("outputs")
+                runs.append({"backend": "model", "load": load, **r})
+    result = {
+        "config": base.engine.name,
+        "apps": [
+            {
+                "name": a.name,
+                "ops": len(a.op_cycles()),
+                "job_cycles": a.work,
+                "op_cycles_min": min(a.op_cycles()),
+                "op_cycles_max": max(a.op_cycles()),
+            }
+            for a in built
+        ],  # fmt: skip
+        "jobs_per_app": jobs,
+        "seed": seed,
+        "runs": runs,
+        "p99_cut": _p99_cuts(runs),
+        "scaling": scaling(built, base, seed, jobs=max(4, jobs // 4), say=say),
+    }
+    if rtl:
+        result["rtl"] = rtl_compare(rtl_config, rtl_load, rtl_jobs, seed, policies, apps, cache, say)
+        runs += result["rtl"]["runs"]
+    return result
+
+
+def _p99_cuts(runs: list[dict]) -> list[dict]:
+    """For each (backend, engines, load): the worst application's p99 under expected-time against
+    count, and the cut (1 - expected-time / count)."""
+    out = []
+    keys = sorted({(r["backend"], r["engines"], r["load"]) for r in runs})
+    for b, n, load in keys:
+        by = {r["policy"]: r for r in runs if (r["backend"], r["engines"], r["load"]) == (b, n, load)}
+        if "expected-time" in by and "count" in by:
+            e, c = _worst_p99(by["expected-time"]), _worst_p99(by["count"])
+            out.append({"backend": b, "engines": n, "load": load, "worst_p99_expected_time": e,
+                        "worst_p99_count": c, "cut": round(1 - e / c, 4)})  # fmt: skip
+    return out
+
+
+def scaling(apps: list[App], base: NpuConfig, seed: int, jobs: int, say=lambda m: None) -> dict:
+    """Throughput of a saturating load (every job at cycle 0) with 1, 2 and 4 engines."""
+    arr = [(0, i) for i in range(len(apps)) for _ in range(jobs)]
+    out: dict = {"jobs": len(arr), "policy": "expected-time", "engines": {}}
+    first = None
+    for n in (1, 2, 4):
+        say(f"scaling: {n} engines")
+        cfg = base.engine.replace(engines=n)
+        r = run_once(None, cfg, apps, arr, "expected-time", instances=n)
+        first = first or r["makespan"]
+        # the shared port moves one bus word per cycle each way: no makespan is shorter than this
+        port = max(r["dma_rd_bytes"], r["dma_wr_bytes"]) / base.bus_bytes
+        out["engines"][str(n)] = {
+            "makespan": r["makespan"],
+            "jobs_per_mcycle": round(len(arr) / r["makespan"] * 1e6, 3),
+            "speedup": round(first / r["makespan"], 3),
+            "dram_bound_speedup": round(first / port, 3),
+        }
+    return out
+
+
+def rtl_compare(config: str, load: float, jobs: int, seed: int, policies, apps, cache, say) -> dict:
+    """2 engines at one load on the SoC's RTL and on its golden model: the same arrivals."""
+    from ..rtl import run_on_rtl
+
+    built = build_apps(config, apps, cache)
+    cfg = get_config(config).engine.replace(engines=2)
+    arr = poisson_arrivals(built, 2, load, jobs, seed)
+    runs, agree = [], True
+    for policy in policies:
+        say(f"rtl: 2 engines, load {load}, {policy} (model, then RTL)")
+        m = run_once(None, cfg, built, arr, policy, instances=4)
+        r = run_on_rtl(rtl_run_once, cfg, built, arr, policy, 4, config=cfg)
+        agree &= m.pop("outputs") == r.pop("outputs")
+        runs.append({"backend": "rtl", "load": load, **r})
+        runs.append({"backend": "model-vs-rtl", "load": load, **m,
+                     "makespan_error": round(m["makespan"] / r["makespan"] - 1, 4)})  # fmt: skip
+    rank = {b: [r["policy"] for r in sorted((r for r in runs if r["backend"] == b), key=_worst_p99)]
+            for b in ("rtl", "model-vs-rtl")}  # fmt: skip
+    return {"config": cfg.engine.name, "jobs_per_app": jobs, "runs": runs, "bit_exact": agree,
+            "rank_rtl": rank["rtl"], "rank_model": rank["model-vs-rtl"],
+            "same_rank": rank["rtl"] == rank["model-vs-rtl"]}  # fmt: skip
+
+
+def format_opqueue(r: dict) -> str:
+    lines = [
+        f"operator queues on {r['config']}: apps "
+        + ", ".join(
+            f"{a['name']} ({a['ops']} ops, {a['op_cycles_min']}-{a['op_cycles_max']} cycles each)"
+            for a in r["apps"]
+        )
+    ]
+    lines.append(f"{'backend':<13} {'eng':>3} {'load':>5} {'policy':<14} {'worst p99':>11} {'makespan':>11} "
+                 f"{'imbalance':>9}  utilisation")  # fmt: skip
+    for x in r["runs"]:
+        lines.append(f"{x['backend']:<13} {x['engines']:>3} {x['load']:>5} {x['policy']:<14} "
+                     f"{_worst_p99(x):>11.0f} {x['makespan']:>11} {x['imbalance']:>9.3f}  "
+                     + " ".join(f"{u:.2f}" for u in x["engine_utilization"]))  # fmt: skip
+    for c in r["p99_cut"]:
+        lines.append(f"{c['backend']} {c['engines']} engines, load {c['load']}: worst p99 expected-time "
+                     f"{c['worst_p99_expected_time']:.0f} vs count {c['worst_p99_count']:.0f}: "
+                     f"cut {100 * c['cut']:.1f} %")  # fmt: skip
+    s = r["scaling"]
+    lines.append("scaling (saturating load, " + f"{s['jobs']} jobs): " + ", ".join(
+        f"{n} engines {v['speedup']}x (DRAM port bound {v['dram_bound_speedup']}x)"
+        for n, v in s["engines"].items()))  # fmt: skip
+    if "rtl" in r:
+        x = r["rtl"]
+        lines.append(
+            f"RTL (2 engines of {x['config']}): bit-exact {x['bit_exact']}, "
+            f"ranking RTL {x['rank_rtl']}, model {x['rank_model']}"
+        )
+    return "\n".join(lines)
