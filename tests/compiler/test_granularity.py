@@ -1,0 +1,59 @@
+"""`--granularity operator`: every operator its own segment, DRAM in and DRAM out, with the operator
+graph; the same results as the default granularity."""
+
+import numpy as np
+import onnx
+import pytest
+
+from npu.compiler import CompileError, compile_onnx
+from npu.container import Container, HostStep, NpuSegment
+from npu.models import zoo
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gran")
+    z = zoo.inception_small()
+    onnx.save(z.model, str(d / "m.onnx"))
+    seg = compile_onnx(d / "m.onnx", "default", calib=z.calib)
+    op = compile_onnx(d / "m.onnx", "default", calib=z.calib, granularity="operator")
+    return seg, op, z.test[:1]
+
+
+def test_one_segment_per_operator_with_its_producers(both):
+    seg, op, _ = both
+    man = Container.from_bytes(op.to_container().to_bytes()).manifest
+    assert man.granularity == "operator"
+    npu_layers = [la for la in man.layers if la.placement == "npu"]
+    npu_segs = [s for s in man.segments if isinstance(s, NpuSegment)]
+    assert len(npu_segs) == len(npu_layers) > len([s for s in seg.lowered.segments if s.kind == "npu"])
+    for s in npu_segs:  # exactly one operator in each segment, with the cost model's runtime
+        assert sum(s.pc <= la.pc[0] < s.end for la in npu_layers) == 1
+        assert s.est_cycles and s.est_cycles > 0
+    deps = man.segment_deps()
+    for i, d in enumerate(deps):
+        assert all(k < i for k in d)  # producers come first in program order
+    # the branches of an inception block read the same producer: the graph is not a chain
+    assert any(len(d) > 1 for d in deps) or any(deps.count(d) > 1 for d in deps if d)
+    assert sum(not d for d in deps) == 1  # only the first operator reads the model input alone
+
+
+def test_results_equal_the_default_granularity(both):
+    seg, op, x = both
+    for a, b in zip(seg.run_int8(x), op.run_int8(x), strict=True):
+        assert np.array_equal(a, b)
+
+
+def test_default_granularity_keeps_the_chain_and_old_files_read_as_chains(both):
+    seg, _, _ = both
+    man = seg.to_container().manifest
+    assert man.granularity == "segment"
+    assert man.segment_deps() == [[i - 1] if i else [] for i in range(len(man.segments))]
+    assert all(isinstance(s, NpuSegment | HostStep) for s in man.segments)
+
+
+def test_an_unknown_granularity_is_refused(tmp_path):
+    z = zoo.planning()
+    onnx.save(z.model, str(tmp_path / "p.onnx"))
+    with pytest.raises(CompileError, match="granularity must be 'segment' or 'operator', not 'layer'"):
+        compile_onnx(tmp_path / "p.onnx", "default", calib=z.calib, granularity="layer")

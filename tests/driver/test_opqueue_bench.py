@@ -1,0 +1,60 @@
+"""`npu profile` and `npu bench opqueue` as a user runs them (small sizes)."""
+
+import json
+
+import numpy as np
+import onnx
+
+from npu.cli import main
+from npu.container import Container, NpuSegment
+from npu.driver.sched.bench import bench_opqueue, poisson_arrivals
+from npu.models import zoo
+
+
+def test_profile_command_writes_reference_runtimes(tmp_path, capsys):
+    z = zoo.planning()
+    onnx.save(z.model, str(tmp_path / "p.onnx"))
+    np.save(tmp_path / "c.npy", z.calib)
+    npub = tmp_path / "p.npub"
+    assert main(["compile", str(tmp_path / "p.onnx"), "--calib", str(tmp_path / "c.npy"),
+                 "--granularity", "operator", "-o", str(npub)]) == 0  # fmt: skip
+    assert all(s.ref_cycles is None for s in Container.load(npub).manifest.segments)
+    capsys.readouterr()
+    assert main(["profile", str(npub), "--json", "-o", str(tmp_path / "q.npub")]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    segs = Container.load(tmp_path / "q.npub").manifest.segments
+    assert [r["ref_cycles"] for r in rep["segments"]] == [s.ref_cycles for s in segs]
+    assert all(isinstance(s, NpuSegment) and s.ref_cycles > 0 for s in segs)
+    assert main(["profile", str(tmp_path / "none.npub")]) == 2
+    assert "none.npub: no such file" in capsys.readouterr().err
+
+
+def test_poisson_arrivals_offer_the_asked_load():
+    class A:
+        def __init__(self, w):
+            self.work = w
+
+    apps = [A(1000), A(10), A(500)]
+    arr = poisson_arrivals(apps, 2, 0.5, 2000, seed=3)
+    assert len(arr) == 6000 and arr == sorted(arr)
+    span = max(t for t, _ in arr)
+    offered = 2000 * sum(a.work for a in apps) / span / 2
+    assert 0.45 < offered < 0.55
+    assert poisson_arrivals(apps, 2, 0.5, 10, seed=3) == poisson_arrivals(apps, 2, 0.5, 10, seed=3)
+
+
+def test_bench_opqueue_figures_are_consistent(tmp_path):
+    r = bench_opqueue("default", engines=(2,), loads=(0.8,), jobs=6, cache=tmp_path)
+    assert {a["name"] for a in r["apps"]} == {"longconv", "planning", "inception_small"}
+    big = max(a["op_cycles_max"] for a in r["apps"])
+    small = min(a["op_cycles_max"] for a in r["apps"])
+    assert big >= 10 * small  # operator runtimes 10x apart, as the seed describes
+    assert {x["policy"] for x in r["runs"]} == {"expected-time", "count", "round-robin"}
+    for x in r["runs"]:
+        assert x["engines"] == 2 and x["backend"] == "model" and len(x["engine_utilization"]) == 2
+        assert all(0 < u <= 1 for u in x["engine_utilization"]) and x["imbalance"] >= 1
+        assert all(a["p99_latency"] >= a["mean_latency"] > 0 for a in x["apps"])
+    assert len(r["p99_cut"]) == 1
+    s = r["scaling"]["engines"]
+    assert s["1"]["speedup"] == 1 and s["4"]["speedup"] > s["2"]["speedup"] > 1
+    json.dumps(r)
