@@ -6,6 +6,11 @@ a thread bridged into the simulation with cocotb's `bridge`; every transport cal
 simulation with `resume`. The driver code is the same synchronous code the model backend runs.
 Results come back pickled.
 
+A configuration of several engines (`cfg.engines > 1`: `duo`, or `get_config("tiny").replace(engines=2)`)
+runs on the SoC (hdl/soc.py) with the same in-simulator DRAM, as the SoC bench builds it; the transport
+(`SocRtlTransport`) then takes SoC register offsets (the SoC block at 0, engine i's window at
+`engine_window(i)`), as `SocModelTransport` does, so `Npu(transport=..., config=cfg)` drives every engine.
+
     from npu.driver.rtl import run_on_rtl
     def job(transport):
         npu = Npu(transport=transport, config="tiny")
@@ -24,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from npu.config import NpuConfig, get_config
-from npu.registers import Status
+from npu.registers import REG, Status, engine_window
 
 from .transport import Transport, TransportError
 
@@ -95,6 +100,63 @@ class RtlTransport(Transport):
         return int(get_sim_time(unit="ns")) // 10
 
 
+class SocRtlTransport(RtlTransport):
+    """The SoC in simulation: registers at SoC offsets (the SoC block, then one window per engine),
+    the shared DRAM, and `wait` until an engine that was running stops."""
+
+    #: cycles between STATUS reads of a running engine whose interrupt line is already raised (an
+    #: uncleared IRQ.PENDING hides its stop; the driver clears it before every start)
+    POLL_CYCLES = 256
+
+    def _status_of(self, engine: int):
+        return self.bench.regs.read_dword(engine_window(engine) + REG["STATUS"].offset)
+
+    async def _wait_async(self, max_cycles: int | None) -> int:
+        """Watch the per-engine interrupt lines (`irqs`), not the combined `irq`: other engines'
+        interrupts may be pending and uncleared. Engines are running if STATUS says so when `wait`
+        is called (one register read per engine)."""
+        from cocotb.triggers import ClockCycles, First, ValueChange
+
+        t0 = self.now()
+        deadline = None if max_cycles is None else t0 + max_cycles
+        clk, irqs = self.dut.clk, self.dut.irqs
+        n = self.cfg.engines
+        running = [e for e in range(n) if Status(await self._status_of(e)) == Status.RUNNING]
+        if not running:
+            if max_cycles and self.now() < deadline:
+                await ClockCycles(clk, deadline - self.now())
+            return self.now() - t0
+        # a running engine whose line is up already either stopped since its STATUS read, or has a
+        # stale IRQ.PENDING: read again, and poll the stale ones
+        watch, stale = 0, []
+        lines = int(irqs.value)
+        for e in running:
+            if (lines >> e) & 1:
+                if Status(await self._status_of(e)) != Status.RUNNING:
+                    return self.now() - t0
+                stale.append(e)
+            else:
+                watch |= 1 << e
+        while True:
+            left = None if deadline is None else deadline - self.now()
+            if left is not None and left <= 0:
+                break
+            step = left
+            if stale:
+                step = self.POLL_CYCLES if left is None else min(left, self.POLL_CYCLES)
+            triggers = [ValueChange(irqs)] if watch else []
+            if step is not None:
+                triggers.append(ClockCycles(clk, step))
+            await (First(*triggers) if len(triggers) > 1 else triggers[0])
+            if int(irqs.value) & watch:
+                break
+            if stale and (left is None or self.now() < deadline):
+                for e in stale:
+                    if Status(await self._status_of(e)) != Status.RUNNING:
+                        return self.now() - t0
+        return self.now() - t0
+
+
 def _entry_spec() -> dict:
     return pickle.loads((Path(os.environ["NPU_DRIVER_JOB"]) / "job.pkl").read_bytes())
 
@@ -106,38 +168,47 @@ def run_on_rtl(
     dram_bytes: int = DEFAULT_DRAM,
     waves: bool = False,
 ):
-    """Run `fn(transport, *args)` against the RTL core and return its result. `fn` must be importable
-    (a module-level function, or "module:function")."""
+    """Run `fn(transport, *args)` against the RTL core (or, for a configuration of several engines,
+    the SoC) and return its result. `fn` must be importable (a module-level function, or
+    "module:function")."""
     import sys
 
     from npu.hdl.verilog import sim_top_verilog
     from npu.sim.hdlsim import BUILD, build_and_test
 
     cfg = get_config(config)
+    soc = cfg.engines > 1
     target = fn if isinstance(fn, str) else f"{fn.__module__}:{fn.__qualname__}"
+    what = f"{cfg.engines}-engine SoC of {cfg.engine.name}" if soc else f"{cfg.name} core"
     print(
-        f"RTL simulation of the {cfg.name} core (the first run generates Verilog and builds the simulator, "
+        f"RTL simulation of the {what} (the first run generates Verilog and builds the simulator, "
         "a few minutes; later runs reuse it)",
         file=sys.stderr,
         flush=True,
     )
+    if soc:  # the SoC bench's top with the in-simulator DRAM (npu.sim.soc.run_soc_rtl, fast_dram)
+        verilog, name = sim_top_verilog(cfg, dram_bytes, soc=True), f"soctop-{cfg.engines}x{cfg.engine.name}"
+    else:
+        verilog, name = sim_top_verilog(cfg, dram_bytes), f"simtop-{cfg.name}"
     BUILD.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=BUILD, prefix="driver-") as tmp:
         d = Path(tmp)
-        (d / "job.pkl").write_bytes(pickle.dumps({"config": cfg.name, "fn": target, "args": args,
+        # the configuration itself: one of several engines need not be a named preset
+        (d / "job.pkl").write_bytes(pickle.dumps({"config": cfg, "fn": target, "args": args,
                                                    "dram_bytes": dram_bytes}))  # fmt: skip
         try:
             build_and_test(
-                sim_top_verilog(cfg, dram_bytes),
+                verilog,
                 "npu_sim_top",
                 "npu.driver.rtl_entry",
-                name=f"simtop-{cfg.name}",
+                name=name,
                 extra_env={"NPU_DRIVER_JOB": str(d)},
                 waves=waves,
                 quiet=True,
             )
-        except AssertionError:
-            pass  # the job's own exception, if any, is in result.pkl
+        except (AssertionError, SystemExit):
+            pass  # the job's own exception, if any, is in result.pkl (under pytest, cocotb's runner
+            # reports a failed cocotb test with SystemExit)
         res_path = d / "result.pkl"
         if not res_path.exists():
             raise TransportError("the RTL simulation ended without a result (see sim.log in build/sim/)")

@@ -1,5 +1,5 @@
-"""cocotb test module behind `npu.driver.rtl.run_on_rtl`: reset the simulated core, then run the
-requested driver function in a bridged thread and pickle its result (or its exception)."""
+"""cocotb test module behind `npu.driver.rtl.run_on_rtl`: reset the simulated core (or SoC), then run
+the requested driver function in a bridged thread and pickle its result (or its exception)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from cocotb.task import bridge
 
 from npu.sim.cocotb_bench import NpuBench
 
-from .rtl import RtlTransport, _entry_spec, resolve
+from .rtl import RtlTransport, SocRtlTransport, _entry_spec, resolve
 
 
 @cocotb.test()
@@ -22,7 +22,9 @@ async def run_driver_job(dut):
     out = Path(os.environ["NPU_DRIVER_JOB"]) / "result.pkl"
     bench = NpuBench(dut, spec["config"], spec["dram_bytes"])
     await bench.reset()
-    transport = RtlTransport(bench, spec["dram_bytes"])
+    # the SoC top (several engines) carries the same in-simulator DRAM, reached the same way
+    kind = SocRtlTransport if bench.cfg.engines > 1 else RtlTransport
+    transport = kind(bench, spec["dram_bytes"])
     fn = resolve(spec["fn"])
     try:
         value = await bridge(fn)(transport, *spec["args"])
