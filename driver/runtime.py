@@ -309,6 +309,7 @@ class Npu:
         top = self.dram_bytes // PAGE * PAGE
         self._free: list[tuple[int, int]] = [(round_up(self.aux_bytes, PAGE), top)]  # sorted, disjoint
         self._waiting: list[tuple[int, int, Job]] = []  # arrived, not started: (-priority, id, job)
+        self._admit_dirty = False  # an arrival or a freed instance since the last admission pass
         self._arrivals: list[tuple[int, int, Job]] = []
         self._timers: list[tuple[int, int, Callable[[], None]]] = []
         self._seq = 0
@@ -687,6 +688,7 @@ class Npu:
             _, _, job = heapq.heappop(self._arrivals)
             job.state = "ready"
             heapq.heappush(self._waiting, (-job.priority, job.id, job))
+            self._admit_dirty = True
 
     def _next_event(self) -> int | None:
         ts = [q[0][0] for q in (self._timers, self._arrivals) if q]
@@ -695,8 +697,9 @@ class Npu:
     def _admit(self) -> bool:
         """Start the arrived jobs that have a free model instance, by priority then arrival."""
         progressed = False
-        if not self._waiting:
+        if not self._waiting or not self._admit_dirty:
             return False
+        self._admit_dirty = False
         now = self.tr.now()  # before anything is taken off the queue (a failing link loses nothing)
         keep = []
         while self._waiting:
@@ -900,6 +903,7 @@ class Npu:
     def _end(self, job: Job, state: str) -> None:
         if job.inst is not None and job.inst.job is job:
             job.inst.job = None  # first: nothing below may leave the instance taken
+            self._admit_dirty = True  # a waiting job may take the instance
         try:
             job.finished = self.tr.now()
         finally:

@@ -28,6 +28,7 @@ from ..transport import Transport
 #: the default mix: one long convolution, a short MLP, a branchy network
 APPS = ("longconv", "planning", "inception_small")
 POLICIES = ("expected-time", "count", "round-robin")
+RTL_DRAM = 8 << 20  # the simulated DRAM of the RTL comparison: every app twice
 
 
 @dataclass
@@ -130,7 +131,7 @@ def bench_opqueue(
     jobs: int = 40,
     seed: int = 1,
     rtl: bool = False,
-    rtl_config: str = "tiny",
+    rtl_config: str = "default",
     rtl_load: float = 0.8,
     rtl_jobs: int = 4,
     apps: tuple[str, ...] = APPS,
@@ -138,7 +139,7 @@ def bench_opqueue(
     progress=None,
 ) -> dict:
     """Every policy at every load for each engine count on the model; optionally 2 engines on the
-    RTL at one load (models compiled for `rtl_config`, which simulates faster). JSON-ready."""
+    RTL at one load (`rtl_jobs` jobs per application, models compiled for `rtl_config`). JSON-ready."""
     say = progress or (lambda msg: None)
     base = get_config(config)
     built = build_apps(base.name, apps, cache)
@@ -221,8 +222,8 @@ def rtl_compare(config: str, load: float, jobs: int, seed: int, policies, apps, 
     runs, agree = [], True
     for policy in policies:
         say(f"rtl: 2 engines, load {load}, {policy} (model, then RTL)")
-        m = run_once(None, cfg, built, arr, policy, instances=4)
-        r = run_on_rtl(rtl_run_once, cfg, built, arr, policy, 4, config=cfg)
+        m = run_once(None, cfg, built, arr, policy, instances=2)
+        r = run_on_rtl(rtl_run_once, cfg, built, arr, policy, 2, config=cfg, dram_bytes=RTL_DRAM)
         agree &= m.pop("outputs") == r.pop("outputs")
         runs.append({"backend": "rtl", "load": load, **r})
         runs.append({"backend": "model-vs-rtl", "load": load, **m,

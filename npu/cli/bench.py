@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "scenario and strategies; banks: matrix slowdown of candidate scratchpad bank mappings; "
         "soc: the SoC model against the RTL with 2 and 4 engines of --config contending for DRAM; "
         "opqueue: operator-queue policies (seed 001) over 2 and 4 engines at 50/80/95 %% load "
-        "(--backend rtl adds 2 engines of tiny on the RTL against the model)",
+        "(--backend rtl adds 2 engines on the RTL against the model)",
     )
     p.add_argument("--models", nargs="+", help="order, banks: zoo models (default: a representative set)")
     p.add_argument(
