@@ -668,17 +668,21 @@ class Npu:
 
     def _on_error(self, job: Job, phase: str, err: Exception, engine: Engine | None) -> None:
         err.add_note(f"(job {job.id}, model {job.model.name}, during {phase})")
-        for e in [engine] if engine is not None else []:
-            if e.unit is not None and e.unit.job is job:
-                self.dispatch.finished(e.unit, e.index)
-            e.unit, e.pause_req, e.deadline = None, None, None
-            try:
-                e.tr.set_reg("CONTROL", int(Control.SOFT_RESET))
-                e.tr.set_reg("IRQ", 1)
-            except Exception as reset_error:  # the link itself may be down: the next call reports it
-                err.add_note(f"the device could not be reset afterwards: {reset_error}")
+        if engine is not None:
+            self._stop_engine(engine, err)
         if not job.done():
             self._fail(job, err)
+
+    def _stop_engine(self, e: Engine, err: Exception) -> None:
+        """Drop what `e` runs and reset it (after `err`, which notes a reset that failed too)."""
+        if e.unit is not None:
+            self.dispatch.finished(e.unit, e.index)
+        e.unit, e.pause_req, e.deadline = None, None, None
+        try:
+            e.tr.set_reg("CONTROL", int(Control.SOFT_RESET))
+            e.tr.set_reg("IRQ", 1)
+        except Exception as reset_error:  # the link itself may be down: the next call reports it
+            err.add_note(f"engine {e.index} could not be reset afterwards: {reset_error}")
 
     def _release(self, now: int) -> None:
         while self._timers and self._timers[0][0] <= now:
@@ -885,13 +889,7 @@ class Npu:
         job.error = err
         for e in self.engines:  # the job's other segments stop too
             if e.unit is not None and e.unit.job is job:
-                self.dispatch.finished(e.unit, e.index)
-                e.unit, e.pause_req, e.deadline = None, None, None
-                try:
-                    e.tr.set_reg("CONTROL", int(Control.SOFT_RESET))
-                    e.tr.set_reg("IRQ", 1)
-                except Exception as reset_error:
-                    err.add_note(f"engine {e.index} could not be reset: {reset_error}")
+                self._stop_engine(e, err)
         for op, ei in job.held:
             self.dispatch.paused(op, ei)  # dropped when an engine takes it (the job is done)
         job.held = []

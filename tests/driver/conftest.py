@@ -26,7 +26,8 @@ def small_models_banked(tmp_path_factory):
     return _small_models(tmp_path_factory.mktemp("small_banked"), "banked")
 
 
-def _small_models(d, config):
+def small_cnn(d):
+    """A small CNN (conv, pool, conv, global pool, gemm) saved in folder `d`: its path and calibration."""
     from npu.models.builder import Net
 
     net = Net("small", (1, 8, 16, 16), seed=3)
@@ -34,8 +35,14 @@ def _small_models(d, config):
     h = net.conv(net.maxpool(h, 2, 2), 16, 3)
     y = net.gemm(net.flatten(net.gap(h)), 10)
     onnx.save(net.model([y]), str(d / "small.onnx"))
-    calib = np.random.default_rng(0).normal(size=(8, 8, 16, 16)).astype(np.float32)
-    small = compile_onnx(d / "small.onnx", config, calib=calib, cp_interval=800, cp_max_live=1 << 20)
+    return d / "small.onnx", np.random.default_rng(0).normal(size=(8, 8, 16, 16)).astype(np.float32)
+
+
+def _small_models(d, config):
+    from npu.models.builder import Net
+
+    path, calib = small_cnn(d)
+    small = compile_onnx(path, config, calib=calib, cp_interval=800, cp_max_live=1 << 20)
     net = Net("mlp", (1, 32), seed=4)
     y = net.gemm(net.relu(net.gemm(net.input, 32)), 8)
     onnx.save(net.model([y]), str(d / "mlp.onnx"))

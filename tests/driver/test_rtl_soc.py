@@ -3,7 +3,6 @@ jobs of an operator-granularity model spread over both by the expected-time oper
 bit-identical to one engine of the golden model, device time close to the SoC's golden model."""
 
 import numpy as np
-import onnx
 import pytest
 
 from npu.compiler import compile_onnx
@@ -11,6 +10,7 @@ from npu.config import get_config
 from npu.driver import Npu
 from npu.driver.rtl import run_on_rtl
 from npu.registers import SOC_REG, Control
+from tests.driver.conftest import small_cnn
 
 pytestmark = [pytest.mark.rtl, pytest.mark.xdist_group("rtl-soc-driver")]
 
@@ -25,16 +25,9 @@ def soc_config():
 @pytest.fixture(scope="module")
 def operator_model(tmp_path_factory):
     """The small CNN of tests/driver/conftest.py, one segment per operator, and JOBS inputs."""
-    from npu.models.builder import Net
-
     d = tmp_path_factory.mktemp("soc_small")
-    net = Net("small", (1, 8, 16, 16), seed=3)
-    h = net.conv(net.input, 16, 3)
-    h = net.conv(net.maxpool(h, 2, 2), 16, 3)
-    y = net.gemm(net.flatten(net.gap(h)), 10)
-    onnx.save(net.model([y]), str(d / "small.onnx"))
-    calib = np.random.default_rng(0).normal(size=(8, 8, 16, 16)).astype(np.float32)
-    c = compile_onnx(d / "small.onnx", "tiny", calib=calib, granularity="operator").to_container()
+    path, calib = small_cnn(d)
+    c = compile_onnx(path, "tiny", calib=calib, granularity="operator").to_container()
     xs = [np.random.default_rng(10 + k).normal(size=(1, 8, 16, 16)).astype(np.float32) for k in range(JOBS)]
     return c, xs
 
