@@ -119,7 +119,7 @@ class EngineView(Transport):
         return self.soc.now()
 
 
-class SocModelTransport(Transport):
+class SocModelTransport(ModelTransport):
     """The golden model of a SoC (`npu.sim.system.NpuSystem`): engines sharing DRAM and its port,
     registers at SoC offsets (the SoC block, then one window per engine)."""
 
@@ -127,28 +127,13 @@ class SocModelTransport(Transport):
         from npu.sim.system import NpuSystem
 
         self.cfg = cfg
-        self.system = NpuSystem(cfg, trace=trace)
-
-    def read_reg(self, offset: int) -> int:
-        return self.system.read_reg(offset)
-
-    def write_reg(self, offset: int, value: int) -> None:
-        self.system.write_reg(offset, value)
-
-    def read_dram(self, addr: int, n: int) -> bytes:
-        return self.system.read_dram(addr, n)
-
-    def write_dram(self, addr: int, data: bytes) -> None:
-        self.system.write_dram(addr, data)
+        self.model = NpuSystem(cfg, trace=trace)
 
     def wait(self, max_cycles: int | None) -> int:
         """Until an engine that is running stops (the combined interrupt), or `max_cycles`."""
-        t0 = self.system.now
-        if any(e.status == Status.RUNNING for e in self.system.engines):
-            self.system.run_until_stop(max_cycles)
+        t0 = self.model.now
+        if any(e.status == Status.RUNNING for e in self.model.engines):
+            self.model.run_until_stop(max_cycles)
         elif max_cycles:
-            self.system.advance(max_cycles)
-        return self.system.now - t0
-
-    def now(self) -> int:
-        return self.system.now
+            self.model.advance(max_cycles)
+        return self.model.now - t0

@@ -83,7 +83,8 @@ def run_once(
     policy: str,
     instances: int,
 ) -> dict:
-    """One run: submit every job at its arrival, drive the device to the end, collect the figures."""
+    """One run: submit every job at its arrival, drive the device to the end, collect the figures.
+    Module level, so `run_on_rtl` can run it inside the simulation (`transport` None: the model)."""
     npu = Npu("model", cfg, transport=transport, dispatch=policy, preempt=False)
     models = [npu.load(a.container, a.name, instances=instances) for a in apps]
     t0 = npu.tr.now() + 1
@@ -111,11 +112,6 @@ def run_once(
         "dma_wr_bytes": int(sum(j.counters["DMA_WR_BYTES"] for _, j in jobs)),
         "outputs": [[o.tobytes().hex() for o in j.outputs] for _, j in jobs],
     }
-
-
-def rtl_run_once(transport: Transport, cfg: NpuConfig, apps, arrivals, policy: str, instances: int) -> dict:
-    """`run_once` inside the RTL simulation (a module-level function `run_on_rtl` can import)."""
-    return run_once(transport, cfg, apps, arrivals, policy, instances)
 
 
 def _worst_p99(run: dict) -> float:
@@ -223,7 +219,7 @@ def rtl_compare(config: str, load: float, jobs: int, seed: int, policies, apps, 
     for policy in policies:
         say(f"rtl: 2 engines, load {load}, {policy} (model, then RTL)")
         m = run_once(None, cfg, built, arr, policy, instances=2)
-        r = run_on_rtl(rtl_run_once, cfg, built, arr, policy, 2, config=cfg, dram_bytes=RTL_DRAM)
+        r = run_on_rtl(run_once, cfg, built, arr, policy, 2, config=cfg, dram_bytes=RTL_DRAM)
         agree &= m.pop("outputs") == r.pop("outputs")
         runs.append({"backend": "rtl", "load": load, **r})
         runs.append({"backend": "model-vs-rtl", "load": load, **m,
