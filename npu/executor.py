@@ -54,6 +54,10 @@ def read_tensor(dev: Device, desc: TensorDesc) -> np.ndarray:
     return dequantize(read_tensor_int8(dev, desc), desc.scale, desc.zero_point)
 
 
+class HostStepError(RuntimeError):
+    """A host step failed at run time; the message names the step and its ONNX nodes."""
+
+
 class HostSteps:
     """The host graphs of a container, parsed once."""
 
@@ -71,9 +75,10 @@ class HostSteps:
             feeds[i.float] = read_tensor(dev, i.tensor) if i.tensor else env[i.float]
         try:
             outs = ev.run(None, feeds)
-        except Exception as e:
-            e.add_note(f"in the host step {seg.model} (nodes: {', '.join(self.nodes[seg.model])})")
-            raise
+        except Exception as e:  # the numpy error alone would not say which operator of the model failed
+            raise HostStepError(
+                f"host step {seg.model} ({', '.join(self.nodes[seg.model])}) failed: {type(e).__name__}: {e}"
+            ) from e
         for name, v in zip(ev.output_names, outs, strict=True):
             env[name] = np.asarray(v)
         for q in seg.quantize:

@@ -177,7 +177,7 @@ def run_container(
 ) -> tuple[list[np.ndarray], dict[str, int]]:
     """Run a compiled `.npub` on the golden model: quantise the float inputs, run the NPU and host
     segments, dequantise (or, with `int8`, return the raw int8 outputs)."""
-    from npu.executor import HostSteps, run_segments
+    from npu.executor import HostStepError, HostSteps, run_segments
 
     if container.config_id != cfg.config_id:
         raise RunError(
@@ -192,6 +192,6 @@ def run_container(
     dev = ModelDevice(m, max_cycles)
     try:
         outs = run_segments(man, HostSteps(container.blobs, man.segments), dev, inputs, int8=int8)
-    except ValueError as e:
+    except (ValueError, HostStepError) as e:
         raise RunError(str(e)) from None
     return outs, dev.counters
