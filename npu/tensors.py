@@ -6,6 +6,8 @@ runtime reads (and the `.npub` manifest records).
   the MAC array's lane count; logical channel c sits at physical channel `chan[c]`. Unused channels
   hold the zero point (the compiler gives them zero weights, so they never change a result).
 * `flat`: the 2-D view (N, C*H*W) of an `hwc` tensor (ONNX Flatten/Reshape), no data moved.
+* `nhwc`: the channels-last view (N, H, W, C) of an `hwc` tensor: a model input given channels-last
+  (its Transpose to NCHW folded by the compiler), no data moved.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from .arith import round_up
 
 @dataclass(frozen=True)
 class Layout:
-    kind: str  # "dense" | "hwc" | "flat"
-    shape: tuple[int, ...]  # logical shape (for flat: (N, C*H*W))
+    kind: str  # "dense" | "hwc" | "flat" | "nhwc"
+    shape: tuple[int, ...]  # logical shape (for flat: (N, C*H*W); for nhwc: (N, H, W, C))
     nchw: tuple[int, int, int, int] | None = None  # hwc and flat: the 4-D tensor
     cp: int = 0
     chan: tuple[int, ...] = ()
@@ -42,6 +44,13 @@ class Layout:
         n, c, h, w = self.nchw
         return Layout("flat", (n, c * h * w), self.nchw, self.cp, self.chan)
 
+    def channels_last(self) -> Layout:
+        """The same bytes seen as an (N, H, W, C) tensor."""
+        if self.kind != "hwc":
+            raise ValueError("only an hwc tensor has a channels-last view")
+        n, c, h, w = self.nchw
+        return Layout("nhwc", (n, h, w, c), self.nchw, self.cp, self.chan)
+
     @property
     def nbytes(self) -> int:
         if self.kind == "dense":
@@ -61,6 +70,8 @@ class Layout:
         n, c, h, w = self.nchw
         pix = np.arange(n * h * w, dtype=np.int64).reshape(n, 1, h, w) * self.cp
         off = pix + np.asarray(self.chan, np.int64).reshape(1, c, 1, 1)
+        if self.kind == "nhwc":
+            return off.transpose(0, 2, 3, 1)
         return off.reshape(self.shape)
 
     def pack(self, q: np.ndarray, fill: int) -> bytes:
@@ -85,7 +96,7 @@ class Layout:
     def from_json(d: dict) -> Layout:
         if d["kind"] == "dense":
             return Layout.dense(tuple(d["shape"]))
-        if d["kind"] not in ("hwc", "flat"):
+        if d["kind"] not in ("hwc", "flat", "nhwc"):
             raise ValueError(f"unknown tensor layout kind {d['kind']!r}")
         lay = Layout("hwc", tuple(d["nchw"]), tuple(d["nchw"]), int(d["cp"]), tuple(d["chan"]))
-        return lay.flatten() if d["kind"] == "flat" else lay
+        return {"flat": lay.flatten, "nhwc": lay.channels_last}.get(d["kind"], lambda: lay)()
