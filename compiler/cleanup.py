@@ -1,8 +1,9 @@
 """Graph clean-up before quantisation: what a real exported model needs before it can be lowered.
 
 * Identity and inference-mode Dropout are removed;
-* constant folding: Constant, ConstantOfShape, Shape of a static tensor and any node whose inputs are
-  all constants are evaluated (with `onnx.reference`) and become initializers;
+* constant folding and shape inference to a fixpoint (`fold.py`: Constant, Shape/Size of static
+  tensors and any node whose inputs are all constants, evaluated with `onnx.reference`);
+* Sum of more than two inputs becomes a chain of Adds;
 * BatchNormalization after a Conv is folded into the Conv's weights and bias;
 * MatMul of a 2-D activation by a constant, followed by an Add of a constant vector, becomes Gemm.
 
@@ -16,31 +17,28 @@ from __future__ import annotations
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
-from onnx.reference import ReferenceEvaluator
 
+from .fold import fold_constants
 from .graph import Graph, node_attrs
 
 
 def cleanup(model: onnx.ModelProto) -> onnx.ModelProto:
-    model = onnx.ModelProto.FromString(model.SerializeToString())
+    model = fold_constants(model)
     g = model.graph
     graph = Graph(model)
     consts = dict(graph.consts)
     outputs = set(graph.outputs)
     rename: dict[str, str] = {}
     nodes: list[onnx.NodeProto] = []
-    shapes = Graph(shape_inference.infer_shapes(model)).static_shapes()
 
     def src(name: str) -> str:
         while name in rename:
             name = rename[name]
         return name
 
-    for n in g.node:
+    for n in _split_sums(list(g.node)):
         for i, x in enumerate(n.input):
             n.input[i] = src(x) if x else x
-        a = node_attrs(n)
-        ins = [x for x in n.input if x]
         if n.op_type in ("Identity", "Dropout") and n.output[0] not in outputs:
             if n.op_type == "Dropout" and len(n.input) > 2 and n.input[2]:
                 training = consts.get(n.input[2])
@@ -48,18 +46,6 @@ def cleanup(model: onnx.ModelProto) -> onnx.ModelProto:
                     nodes.append(n)
                     continue
             rename[n.output[0]] = n.input[0]
-            continue
-        if n.op_type == "Constant":
-            consts[n.output[0]] = numpy_helper.to_array(a["value"]) if "value" in a else _constant_attr(a)
-            continue
-        if n.op_type == "Shape" and n.input[0] in shapes:
-            s = np.array(shapes[n.input[0]], np.int64)
-            consts[n.output[0]] = s[a.get("start", 0) : a.get("end", len(s))]
-            continue
-        if ins and all(x in consts for x in ins) and n.domain in ("", "ai.onnx"):
-            ev = ReferenceEvaluator(_single_node_model(n, consts, model))
-            for name, v in zip(n.output, ev.run(None, {}), strict=True):
-                consts[name] = np.asarray(v)
             continue
         nodes.append(n)
     for o in g.output:
@@ -74,6 +60,27 @@ def cleanup(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def _split_sums(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """Sum of one input is an Identity, of more than two a chain of Adds (the NPU adds two tensors;
+    each Add gets its own quantisation)."""
+    out = []
+    for n in nodes:
+        ins = [x for x in n.input if x]
+        if n.op_type != "Sum" or len(ins) == 2:
+            out.append(n)
+            continue
+        if len(ins) == 1:
+            out.append(helper.make_node("Identity", ins, list(n.output), name=n.name))
+            continue
+        acc = ins[0]
+        for k, x in enumerate(ins[1:], 1):
+            last = k == len(ins) - 1
+            y = n.output[0] if last else f"{n.output[0]}_sum{k}"
+            out.append(helper.make_node("Add", [acc, x], [y], name=n.name if last else f"{n.name}_sum{k}"))
+            acc = y
+    return out
+
+
 def _rebuild(model: onnx.ModelProto, nodes: list, consts: dict, outputs: set[str]) -> None:
     g = model.graph
     used = {x for n in nodes for x in n.input} | outputs
@@ -84,23 +91,6 @@ def _rebuild(model: onnx.ModelProto, nodes: list, consts: dict, outputs: set[str
     del g.value_info[:]
     inferred = shape_inference.infer_shapes(model)
     g.value_info.extend(inferred.graph.value_info)
-
-
-def _constant_attr(a: dict) -> np.ndarray:
-    for k, dt in (("value_float", np.float32), ("value_int", np.int64)):
-        if k in a:
-            return np.array(a[k], dt)
-    for k, dt in (("value_floats", np.float32), ("value_ints", np.int64)):
-        if k in a:
-            return np.array(a[k], dt)
-    raise ValueError(f"Constant with unsupported attributes {sorted(a)}")
-
-
-def _single_node_model(n: onnx.NodeProto, consts: dict, model: onnx.ModelProto) -> onnx.ModelProto:
-    inits = [numpy_helper.from_array(consts[x], x) for x in n.input if x]
-    outs = [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in n.output]
-    g = helper.make_graph([n], "fold", [], outs, inits)
-    return helper.make_model(g, opset_imports=list(model.opset_import))
 
 
 def _consumers(nodes: list[onnx.NodeProto]) -> dict[str, list[onnx.NodeProto]]:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from .load import is_qdq, load
 from .lower import lower
 from .order import SearchResult, search_order
 from .points import PointPolicy
-from .quantize import quantize_float_model
+from .quantize import check_calibration, quantize_float_model
 
 
 @dataclass
@@ -29,11 +30,14 @@ class CompiledModel:
     cfg: NpuConfig
     lowered: Lowered
     program_base: int
-    qdq: onnx.ModelProto  # the quantised model (onnxruntime's reference for the int8 results)
+    # the quantised model (onnxruntime's reference for the int8 results); a channels-last input
+    # folded into the NPU's layout (CompiledModel.frontend) is NCHW here
+    qdq: onnx.ModelProto
     source: str = ""
     compile_s: float = 0.0
     search: SearchResult | None = None
     granularity: str = "segment"
+    frontend: list[str] = field(default_factory=list)  # what the front end did (opset, pads, layouts)
 
     @property
     def program(self) -> bytes:
@@ -134,6 +138,7 @@ class CompiledModel:
         n_host = sum(la.placement == "host" for la in low.layers)
         lines += [
             "",
+            *(f"front end: {note}" for note in self.frontend),
             f"operators: {n_npu} on the NPU, {n_host} on the host, "
             f"{sum(la.placement == 'view' for la in low.layers)} views (no data moved)",
             f"segments: {len(low.segments)} (" + ", ".join(s.kind for s in low.segments) + ")",
@@ -159,23 +164,30 @@ def compile_onnx(
     order_budget_s: float | None = 10.0,
     exhaustive_limit: int = 120,
     granularity: str = "segment",
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> CompiledModel:
     """Compile an ONNX model. `order`: "search" (key-node partitioned order search with the golden
     model's timing, at most `order_budget_s` seconds) or "default" (the ONNX order). `granularity`:
     "segment" (NPU operators back to back) or "operator" (each operator its own segment reading and
-    writing DRAM, with the operator graph: units of work for the engines of a SoC)."""
+    writing DRAM, with the operator graph: units of work for the engines of a SoC). `input_shapes`:
+    static shapes for graph inputs with dynamic dimensions, e.g. {"input": (1, 3, 224, 224)}."""
     if order not in ("search", "default"):
         raise CompileError(f"order must be 'search' or 'default', not {order!r}")
     if granularity not in ("segment", "operator"):
         raise CompileError(f"granularity must be 'segment' or 'operator', not {granularity!r}")
     t0 = time.perf_counter()
     cfg = get_config(config).engine  # a model runs on one engine (of a SoC preset: its engine)
-    model = load(path)
+    prepared = load(path, input_shapes)
+    model = prepared.model
     if not is_qdq(model):
         if calib is None:
             raise CompileError(f"{path}: a float model needs calibration data (--calib calib.npy)")
+        for name, shape in prepared.nhwc_inputs.items():  # calibration comes as the input: NHWC
+            calib = check_calibration(calib, name, list(shape), str(path)).transpose(0, 3, 1, 2)
         model = quantize_float_model(cleanup(model), calib, str(path))
-    lowering = lower(model, cfg, str(path), step=cp_interval, max_live=cp_max_live)
+    lowering = lower(
+        model, cfg, str(path), step=cp_interval, max_live=cp_max_live, nhwc_inputs=set(prepared.nhwc_inputs)
+    )
     search = None
     if order == "search":
         search = search_order(
@@ -189,4 +201,6 @@ def compile_onnx(
             f"{path}: weights, activations and program do not fit the "
             f"{cfg.dram_bytes} bytes of DRAM on {cfg.name}"
         )
-    return CompiledModel(cfg, low, base, model, str(path), time.perf_counter() - t0, search, granularity)
+    return CompiledModel(
+        cfg, low, base, model, str(path), time.perf_counter() - t0, search, granularity, prepared.notes
+    )

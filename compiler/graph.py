@@ -64,7 +64,17 @@ class Graph:
             if not d.HasField("dim_value"):
                 raise CompileError(
                     f"{where}: tensor {name!r} has a dynamic dimension ({d.dim_param or '?'}); "
-                    "the NPU needs static shapes (fix the batch size)"
+                    + self._dynamic_hint(name)
                 )
             dims.append(d.dim_value)
         return tuple(dims)
+
+    def _dynamic_hint(self, name: str) -> str:
+        """What fixes a dynamic dimension: the input's shape, or nothing the user can give when the
+        size comes from data (the front end has folded every shape computation by now)."""
+        if name in self.inputs:
+            return f"the NPU needs static shapes: give it with --input-shape {name}=... (input_shapes=)"
+        return (
+            "its size depends on values known only at run time (or on an operator shape inference "
+            "does not cover); the NPU needs static shapes"
+        )

@@ -1,19 +1,20 @@
-"""The first pass: read an ONNX file and check that the compiler can start on it."""
+"""The first pass: read an ONNX file, check that the compiler can start on it and prepare it
+(`frontend.py`: opset conversion, input shapes, folding, layouts)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import onnx
-from onnx import shape_inference
 
+from .frontend import Prepared, prepare
 from .graph import CompileError
 
-MIN_OPSET = 13
 
-
-def load(path: str | Path) -> onnx.ModelProto:
-    """The model with inferred shapes; a missing, corrupt, invalid or too old file is a CompileError."""
+def load(path: str | Path, input_shapes: Mapping[str, Sequence[int]] | None = None) -> Prepared:
+    """The prepared model with inferred shapes; a missing, corrupt or invalid file, an opset that
+    cannot be converted or a model no pass can take is a CompileError."""
     p = Path(path)
     try:
         model = onnx.load(str(p))
@@ -25,16 +26,15 @@ def load(path: str | Path) -> onnx.ModelProto:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as e:
         raise CompileError(f"{p}: invalid ONNX model: {str(e).splitlines()[0]}") from None
-    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
-    if opset < MIN_OPSET:
-        raise CompileError(f"{p}: opset {opset} is older than the supported {MIN_OPSET}")
     check_supported(model, str(p))
-    return shape_inference.infer_shapes(model)
+    prepared = prepare(model, str(p), input_shapes)
+    check_sizes(prepared.model, str(p))
+    return prepared
 
 
 def check_supported(model: onnx.ModelProto, source: str) -> None:
     """Refuse, by name, what no pass can handle: operators of custom domains, graph inputs that are
-    not float, tensors with a dimension of size 0."""
+    not float."""
     for i, n in enumerate(model.graph.node):
         if n.domain not in ("", "ai.onnx") and not (
             n.domain == "com.microsoft" and n.op_type in ("QuantizeLinear", "DequantizeLinear")
@@ -51,8 +51,14 @@ def check_supported(model: onnx.ModelProto, source: str) -> None:
         if et not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE):
             raise CompileError(
                 f"{source}: graph input {v.name!r} is {onnx.TensorProto.DataType.Name(et).lower()}; "
-                "the NPU takes float inputs (integer inputs such as indices are not supported)"
+                "the NPU takes float inputs (integer inputs such as token ids or indices are not "
+                "supported: compute them outside the model or make the input float)"
             )
+
+
+def check_sizes(model: onnx.ModelProto, source: str) -> None:
+    """No tensor with a dimension of size 0 (checked once the inputs are static: an exporter's 0 in
+    a graph input means a dynamic dimension)."""
     for v in [*model.graph.input, *model.graph.output, *model.graph.value_info]:
         dims = v.type.tensor_type.shape.dim
         if any(d.HasField("dim_value") and d.dim_value == 0 for d in dims):

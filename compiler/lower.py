@@ -92,8 +92,17 @@ class Lowerer:
     """The lowering of one graph: what operator families read (quantised inputs, constants) and write
     (placed outputs, DRAM constants, fragments)."""
 
-    def __init__(self, graph: Graph, cfg: NpuConfig, step: int = 0, max_live: int = 0):
+    def __init__(
+        self,
+        graph: Graph,
+        cfg: NpuConfig,
+        step: int = 0,
+        max_live: int = 0,
+        nhwc_inputs: set[str] = frozenset(),
+    ):
         self.graph, self.cfg, self.source = graph, cfg, graph.source
+        self.nhwc_inputs = nhwc_inputs  # graph inputs the caller gives channels-last
+        self.input_acts: dict[str, Act] = {}  # graph input -> its quantised placement
         self.max_live = max_live or cfg.spad_bytes // 4
         # operator steps (bands, tiles, chunks) are kept to half the cancellation interval, which
         # leaves room for the loads that start a step and for cost-model error
@@ -250,7 +259,13 @@ class Lowerer:
                 raise CompileError(
                     f"{self.source}: graph input {name!r} must feed exactly one QuantizeLinear"
                 )
-            inputs.append(self.place(self.qt[qs[0].output[0]], f"{self.source}: input {name}").desc(name))
+            a = self.place(self.qt[qs[0].output[0]], f"{self.source}: input {name}")
+            self.input_acts[name] = a
+            desc = a.desc(name)
+            if name in self.nhwc_inputs:  # the same bytes, given channels-last (frontend.fold_input_layout)
+                view = a.layout.channels_last()
+                desc = replace(desc, shape=list(view.shape), layout=view)
+            inputs.append(desc)
         for n in g.nodes:
             if n.op_type not in ("QuantizeLinear", "DequantizeLinear"):
                 lower_node(self, n)
@@ -317,8 +332,14 @@ def _relocate_top(items: list[Item], cfg: NpuConfig) -> list[Item]:
 
 
 def lower(
-    model: onnx.ModelProto, cfg: NpuConfig, source: str = "model", step: int = 0, max_live: int | None = None
+    model: onnx.ModelProto,
+    cfg: NpuConfig,
+    source: str = "model",
+    step: int = 0,
+    max_live: int | None = None,
+    nhwc_inputs: set[str] = frozenset(),
 ) -> Lowering:
     """Lower every operator of a QDQ model (in ONNX order; `Lowering.assemble` orders them). `step`:
-    split operators so that no step between cancellation point candidates exceeds it (0: no limit)."""
-    return Lowerer(Graph(model, source), cfg, step, max_live or 0).run()
+    split operators so that no step between cancellation point candidates exceeds it (0: no limit).
+    `nhwc_inputs`: NCHW graph inputs that the compiled model takes channels-last."""
+    return Lowerer(Graph(model, source), cfg, step, max_live or 0, nhwc_inputs).run()

@@ -42,6 +42,11 @@ def lower_host(ctx: Lowerer, n: onnx.NodeProto, reason: str) -> None:
             a = ctx.act_in(name, n)
             g_inputs.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, list(a.q.shape)))
             inputs.append(HostIO(name, a.desc(a.q.name)))
+        elif name in ctx.nhwc_inputs and name in ctx.input_acts:
+            # the caller gives this input channels-last; its NCHW value is the quantised copy in DRAM
+            a = ctx.input_acts[name]
+            g_inputs.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, list(a.q.shape)))
+            inputs.append(HostIO(name, a.desc(a.q.name)))
         elif name in ctx.host_float or name in graph_inputs:
             shape = ctx.shape(name, n)
             g_inputs.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, list(shape)))

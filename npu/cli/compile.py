@@ -19,6 +19,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="default", help=f"hardware preset: {', '.join(PRESETS)}")
     p.add_argument("--calib", metavar="CALIB.npy", help="calibration inputs for a float model")
     p.add_argument(
+        "--input-shape",
+        action="append",
+        type=input_shape,
+        default=[],
+        metavar="NAME=1x3x224x224",
+        help="static shape of a graph input with dynamic dimensions (repeat for several inputs)",
+    )
+    p.add_argument(
         "--report",
         action="store_true",
         help="print placement, splits, subgraphs and chosen orders, cancellation points, cycles, "
@@ -61,6 +69,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def input_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    """An argparse type: NAME=D1xD2x... with positive dimensions."""
+    name, eq, dims = text.rpartition("=")
+    try:
+        shape = tuple(int(d) for d in dims.lower().split("x"))
+    except ValueError:
+        shape = ()
+    if not eq or not name or not shape or min(shape) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not NAME=D1xD2x... with dimensions >= 1, e.g. input=1x3x224x224"
+        )
+    return name, shape
+
+
 def run(args: argparse.Namespace) -> int:
     from npu.compiler import CompileError, compile_onnx
 
@@ -72,6 +94,10 @@ def run(args: argparse.Namespace) -> int:
             calib = np.load(args.calib)
         except (OSError, ValueError) as e:
             raise CliError(f"--calib {args.calib}: cannot read: {e}") from None
+    shapes = dict(args.input_shape)
+    if len(shapes) < len(args.input_shape):
+        names = [n for n, _ in args.input_shape]
+        raise CliError(f"--input-shape {next(n for n in names if names.count(n) > 1)} is given twice")
     try:
         cm = compile_onnx(
             args.model,
@@ -82,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
             cp_interval=args.cp_interval,
             cp_max_live=args.cp_max_live,
             granularity=args.granularity,
+            input_shapes=shapes,
         )
     except CompileError as e:
         raise CliError(str(e)) from None
