@@ -41,7 +41,7 @@ STAGE_KEYS = {
 }
 QUEUE_KEYS = {"kind", "size", "from", "to"}
 MODEL_KEYS = {"zoo", "path", "instances", "cp_interval", "granularity"}
-NPU_KEYS = {"backend", "config", "engines", "dispatch"}
+NPU_KEYS = {"backend", "config", "engines", "dispatch", "port", "baud"}  # port, baud: serial
 TOP_KEYS = {"name", "npu", "models", "stages", "queues"}
 
 
@@ -126,10 +126,16 @@ def _load_model(npu: Npu, name: str, spec: dict, base: Path):
 
 
 def load_graph(
-    path: str | Path, *, npu: Npu | None = None, backend: str | None = None, frames: int | None = None
+    path: str | Path,
+    *,
+    npu: Npu | None = None,
+    backend: str | None = None,
+    frames: int | None = None,
+    port: str | None = None,
 ) -> Pipeline:
     """Build (and validate) the pipeline a description file gives. `npu` replaces the description's
-    device; `backend` its backend; `frames` the frame count of every source."""
+    device; `backend` its backend (model, serial); `port` the serial port; `frames` the frame count
+    of every source."""
     path = Path(path)
     desc = read_description(path)
     _keys(desc, TOP_KEYS, str(path))
@@ -147,6 +153,8 @@ def load_graph(
         opts = dict(_keys(desc.get("npu") or {}, NPU_KEYS, f"{path}: npu"))
         if backend is not None:
             opts["backend"] = backend
+        if port is not None:
+            opts["port"] = port
         npu = Npu(opts.pop("backend", "model"), opts.pop("config", "default"), **opts)
     p = Pipeline(npu, name=desc.get("name", path.stem), paths=[str(base)])
     loaded = {}

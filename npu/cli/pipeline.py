@@ -18,7 +18,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     r = sub.add_parser("run", help="run a pipeline graph", description=__doc__)
     r.add_argument("graph", help="pipeline description (.yaml, .yml or .json)")
-    r.add_argument("--backend", choices=["model"], help="the NPU backend (default: the graph's, else model)")
+    r.add_argument(
+        "--backend", choices=["model", "serial"], help="the NPU backend (default: the graph's, else model)"
+    )
+    r.add_argument("--port", help="serial backend: the board's port (e.g. /dev/ttyUSB1)")
     r.add_argument("--frames", type=int_in(0), help="frames per source (default: the graph's)")
     r.add_argument("-o", "--out", help="folder for trace.json and pipeline.png (default out/pipelines/NAME)")
     r.add_argument("--timeout", type=float, help="stop with an error after this many seconds")
@@ -32,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
     from npu.driver.pipeline import PipelineError, load_graph
 
     input_file(args.graph)
+    if getattr(args, "backend", None) == "serial" and not args.port:
+        raise CliError("--backend serial needs --port (e.g. --port /dev/ttyUSB1)")
     try:
         p = load_graph(
             args.graph, backend=getattr(args, "backend", None), frames=getattr(args, "frames", None)
