@@ -315,6 +315,9 @@ class Npu:
         self._seq = 0
         self._job_ids = itertools.count()
         self._lock = threading.RLock()
+        # None: a driver step waits for the next event; N: at most N cycles, so that jobs submitted
+        # from other threads (pipeline runners) arrive, and preempt, while a long job runs
+        self.wait_quantum: int | None = None
         for e in self.engines:
             self._recover_if_needed("open", e)
 
@@ -568,6 +571,8 @@ class Npu:
                     )
                 if not self._step(until, cond):
                     return
+            if self.wait_quantum is not None:
+                time.sleep(0)  # a thread waiting for the lock (a submission) gets its turn
 
     def _step(self, until: Job | None, cond: Callable[[], bool] | None) -> bool:
         """One scheduling step (under the lock); False when nothing is left to do."""
@@ -632,8 +637,11 @@ class Npu:
         for e in self.engines:
             if e.unit is not None and e.deadline is not None:
                 nxt = e.deadline if nxt is None else min(nxt, e.deadline)
+        limit = None if nxt is None else max(1, nxt - now)
+        if self.wait_quantum is not None:  # let other threads' submissions in while a job runs
+            limit = self.wait_quantum if limit is None else min(limit, self.wait_quantum)
         try:
-            self.tr.wait(None if nxt is None else max(1, nxt - now))
+            self.tr.wait(limit)
         except Exception as err:
             for e in self.engines:
                 if e.unit is not None:

@@ -11,7 +11,7 @@ import warnings
 
 from ..asm import AsmError
 from ..config import ConfigError
-from . import asm, bench, compile, config, demo, disasm, hdl, profile
+from . import asm, bench, compile, config, demo, disasm, hdl, pipeline, profile
 from . import run as run_cmd
 from .common import CliError
 
@@ -25,6 +25,7 @@ COMMANDS = {
     "compile": compile,
     "demo": demo,
     "profile": profile,
+    "pipeline": pipeline,
 }
 
 __all__ = ["CliError", "build_parser", "main"]
@@ -51,6 +52,7 @@ def _user_error(e: Exception) -> str | None:
         ("npu.driver.runtime", "DriverError"),
         ("npu.driver.transport", "TransportError"),
         ("npu.sim.runner", "RunError"),
+        ("npu.driver.pipeline.frames", "PipelineError"),
     ]:
         if module in sys.modules:  # loaded only if the command used them
             user.append(getattr(sys.modules[module], name))

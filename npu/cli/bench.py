@@ -24,7 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "scenario and strategies; banks: matrix slowdown of candidate scratchpad bank mappings; "
         "soc: the SoC model against the RTL with 2 and 4 engines of --config contending for DRAM; "
         "opqueue: operator-queue policies (seed 001) over 2 and 4 engines at 50/80/95 %% load "
-        "(--backend rtl adds 2 engines on the RTL against the model)",
+        "(--backend rtl adds 2 engines on the RTL against the model); pipeline: loader scaling, stage "
+        "overlap and speedup of the pipeline machinery (seed 003)",
     )
     p.add_argument("--models", nargs="+", help="order, banks: zoo models (default: a representative set)")
     p.add_argument(
@@ -118,6 +119,15 @@ def _opqueue(cfg: NpuConfig, args: argparse.Namespace):
     return result, format_opqueue
 
 
+def _pipeline(cfg: NpuConfig, args: argparse.Namespace):
+    import sys
+
+    from npu.driver.pipeline.bench import bench_pipeline, format_pipeline
+
+    res = bench_pipeline(progress=lambda msg: print(f"bench pipeline: {msg}", file=sys.stderr, flush=True))
+    return res, format_pipeline
+
+
 def _banks(cfg: NpuConfig, args: argparse.Namespace):
     from npu.compiler.bench import bench_banks, format_banks
 
@@ -140,6 +150,7 @@ BENCHES: dict[str, Bench] = {
     "banks": _banks,
     "soc": _soc,
     "opqueue": _opqueue,
+    "pipeline": _pipeline,
 }
 
 
