@@ -4,6 +4,7 @@ model runners with preemption on a shared Npu."""
 from __future__ import annotations
 
 import _thread
+import signal
 import threading
 import time
 from pathlib import Path
@@ -203,10 +204,15 @@ def test_ctrl_c_cancels_cleanly():
     p.stage("slow", f"{S}:slow", workers=2, args={"s": 0.02})
     p.stage("end", f"{S}:square")
     p.chain("src", "slow", "end", size=2)
-    threading.Timer(0.5, _thread.interrupt_main).start()
-    t = time.perf_counter()
-    with pytest.raises(KeyboardInterrupt):
-        p.run(progress=False)
+    # a test runner's worker may ignore SIGINT; Ctrl-C must reach this process's main thread
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Timer(0.5, _thread.interrupt_main).start()
+        t = time.perf_counter()
+        with pytest.raises(KeyboardInterrupt):
+            p.run(progress=False, timeout_s=30)
+    finally:
+        signal.signal(signal.SIGINT, old)
     assert time.perf_counter() - t < 10
     assert not [t for t in threading.enumerate() if "/" in t.name and t.is_alive()]
 
