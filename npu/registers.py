@@ -44,7 +44,7 @@ REGISTERS: tuple[Register, ...] = (
     Register("VERSION", 0x04, "ro", "ISA version"),
     Register("CONFIG_ID", 0x08, "ro", "hardware configuration id (NpuConfig.config_id)"),
     Register("CONTROL", 0x0C, "rw", "bits START, PAUSE, SOFT_RESET, IRQ_ENABLE (see below)"),
-    Register("STATUS", 0x10, "ro", "one of IDLE, RUNNING, PAUSED, DONE, ERROR (see below)"),
+    Register("STATUS", 0x10, "ro", "one of IDLE, RUNNING, PAUSED, DONE, ERROR, WAITING (see below)"),
     Register("IRQ", 0x14, "w1c", "bit 0: pending; set when the core leaves RUNNING or a FENCE completes"),
     Register("PROGRAM_BASE", 0x18, "rw", "DRAM byte address of instruction 0 (32-byte aligned)"),
     Register("RESUME_PC", 0x1C, "rw", "instruction index START begins at; set to the resume PC on PAUSED"),

@@ -58,7 +58,9 @@ def _clear_onchip(tr) -> None:
     instrs = []
     for base, size in ((0, cfg.spad_bytes), (ACC_BASE, cfg.acc_bytes)):
         rows = size // 4096
-        instrs.append(make("load", spad=base, dram=ZEROS, rows=rows, cols=4096, spad_stride=4096, dram_stride=0))
+        instrs.append(
+            make("load", spad=base, dram=ZEROS, rows=rows, cols=4096, spad_stride=4096, dram_stride=0)
+        )
     instrs.append(make(Opcode.END))
     tr.write_dram(PROG, encode_program(instrs))
     tr.set_reg("PROGRAM_BASE", PROG)
