@@ -34,8 +34,9 @@ class Transport(ABC):
 
     @abstractmethod
     def wait(self, max_cycles: int | None) -> int:
-        """Let time pass until the core leaves RUNNING (its interrupt) or `max_cycles` cycles have
-        passed; returns the cycles that passed."""
+        """Let time pass until the core leaves RUNNING (its interrupt), a FENCE completes (its
+        interrupt), the core waits on an empty command ring, or `max_cycles` cycles have passed;
+        returns the cycles that passed."""
 
     @abstractmethod
     def now(self) -> int:
@@ -84,7 +85,7 @@ class ModelTransport(Transport):
     def wait(self, max_cycles: int | None) -> int:
         t0 = self.model.now
         if self.model.status == Status.RUNNING:
-            self.model.run(max_cycles)
+            self.model.run(max_cycles, until_fence=True)
         elif max_cycles:
             self.model.advance(max_cycles)
         return self.model.now - t0

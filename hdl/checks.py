@@ -42,7 +42,7 @@ def check_instruction(m: Module, word, cfg: NpuConfig) -> Signal:
         if used < INSTR_BITS:
             rules.append((word[used:] != 0, E.ILLEGAL_FIELD))
         # tokens
-        if op in (Opcode.END, Opcode.BARRIER, Opcode.CANCEL_POINT):
+        if op in (Opcode.END, Opcode.BARRIER, Opcode.FENCE, Opcode.CANCEL_POINT):
             rules.append(((wait | signal) != 0, E.ILLEGAL_FIELD))
         else:
             if op == Opcode.SYNC:

@@ -256,7 +256,9 @@ class NpuCore(wiring.Component):
         ]
         # once every unit has parked at the target point nothing more is dispatched
         dispatching = Signal()
-        m.d.comb += dispatching.eq(disp.dispatching & ~all_parked)
+        fence_tokens = Signal()  # a FENCE with tokens outstanding: not taken, a TOKEN error
+        m.d.comb += fence_tokens.eq(disp.fence & tokens.any)
+        m.d.comb += dispatching.eq(disp.dispatching & ~all_parked & ~fence_tokens)
         for u, q in queues.items():
             m.d.comb += [q.w_data.eq(disp.entry), q.w_en.eq(disp.w_en[u] & ~(all_parked & (u == Unit.LOAD)))]
         m.d.comb += fetch.out.ready.eq(dispatching)
@@ -287,6 +289,8 @@ class NpuCore(wiring.Component):
                 start_halt(Status.ERROR, ErrorCode.DEADLOCK, pc)
             with m.Elif(disp.error):
                 start_halt(Status.ERROR, disp.error_code, pc)
+            with m.Elif(fence_tokens):
+                start_halt(Status.ERROR, ErrorCode.TOKEN, pc)
             with m.If(disp.end):  # END with every unit drained: done, unless tokens are left over
                 m.d.comb += stop_now.eq(1)
                 with m.If(~tokens.any):
@@ -334,8 +338,20 @@ class NpuCore(wiring.Component):
         # start / soft reset
         m.d.comb += [
             fetch.restart.eq(restart),
-            fetch.base.eq(regs.program_base),
+            fetch.base.eq(Mux(regs.ring_size != 0, regs.ring_base, regs.program_base)),
+            fetch.ring_size.eq(regs.ring_size),
+            fetch.tail.eq(regs.ring_tail),
             fetch.start_pc.eq(regs.resume_pc),
+            # the command ring: FENCE completions, WAITING, the count of the next instruction
+            regs.fence_event.eq(dispatching & disp.fence & running & ~halting),
+            regs.waiting.eq(running & ~halting & fetch.empty & all_idle & queues_empty),
+            regs.ring_head.eq(
+                Mux(
+                    status == Status.IDLE,
+                    0,
+                    Mux((status == Status.PAUSED) | (status == Status.DONE), regs.resume_pc, pc),
+                )
+            ),
         ]
         with m.If(restart):
             m.d.sync += [status.eq(Status.RUNNING), error_code.eq(0), error_pc.eq(0)]

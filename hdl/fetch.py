@@ -22,9 +22,13 @@ OUTSTANDING = 8
 class Fetcher(wiring.Component):
     """Prefetches instructions from `base + 32 * pc` while `enable`; `restart` flushes the buffer.
 
+    With `ring_size` (bytes) non-zero at the restart, it fetches from the command ring instead:
+    instruction pc at `base + 32 * (pc mod slots)`, only while pc < `tail` (absolute counts, mod
+    2^32); `empty` then says every appended instruction has been handed out.
+
     `out` streams instructions with their pc; `bad` flags a pc whose address lies outside DRAM (or
-    a misaligned base): the dispatcher raises DRAM_RANGE when it reaches it. `ar` requests bursts,
-    `r` brings their beats.
+    a misaligned base, or a ring that is not a power of two >= 32 bytes inside DRAM): the dispatcher
+    raises DRAM_RANGE when it reaches it. `ar` requests bursts, `r` brings their beats.
     """
 
     BUF = 8
@@ -36,7 +40,10 @@ class Fetcher(wiring.Component):
                 "restart": In(1),
                 "base": In(32),
                 "start_pc": In(32),
+                "ring_size": In(32),  # bytes; 0: no ring
+                "tail": In(32),
                 "enable": In(1),
+                "empty": Out(1),  # ring mode and every appended instruction handed out
                 "out": Out(stream.Signature(Fetched)),
                 "ar": Out(burst_stream()),
                 "r": In(beat_stream(cfg)),
@@ -58,10 +65,12 @@ class Fetcher(wiring.Component):
         inflight = Signal(range(self.BUF + 1))  # instructions requested, not yet in the buffer
         discard = Signal(16)  # beats of stale bursts (before a restart) still to drop
         bad_base = Signal()
+        ring = Signal()  # latched at the restart
+        mask = Signal(32)  # slots - 1 in ring mode, all ones otherwise
 
         # request bursts of up to 4 instructions while the buffer has room
         addr = Signal(40)
-        m.d.comb += addr.eq(base + (req_pc << log2(INSTR_BYTES)))
+        m.d.comb += addr.eq(base + ((req_pc & mask) << log2(INSTR_BYTES)))
         room = Signal(range(self.BUF + 1))
         m.d.comb += room.eq(self.BUF - buf.level - inflight)
         in_dram = Signal()
@@ -70,8 +79,13 @@ class Fetcher(wiring.Component):
         m.d.comb += to_4k.eq((4096 - addr[:12]) >> log2(INSTR_BYTES))
         left_in_dram = Signal(32)
         m.d.comb += left_in_dram.eq((cfg.dram_bytes - addr) >> log2(INSTR_BYTES))
+        # ring mode: no further than the tail, nor across the ring's end (the next burst wraps)
+        avail = Signal(32)
+        m.d.comb += avail.eq(Mux(ring, self.tail - req_pc, 4))
+        to_end = Signal(32)
+        m.d.comb += to_end.eq(Mux(ring, mask - (req_pc & mask) + 1, 4))
         n = Signal(4)
-        m.d.comb += n.eq(min_(min_(min_(room, 4), to_4k), left_in_dram))
+        m.d.comb += n.eq(min_(min_(min_(min_(min_(room, 4), to_4k), left_in_dram), avail), to_end))
         m.d.comb += [
             self.ar.payload.addr.eq(addr),
             self.ar.payload.len.eq(n * beats - 1),
@@ -112,10 +126,11 @@ class Fetcher(wiring.Component):
         # output: head of the buffer, or a "bad" marker once requests ran off DRAM
         head_bad = Signal()
         head_addr = Signal(40)
-        m.d.comb += head_addr.eq(base + (out_pc << log2(INSTR_BYTES)))
+        m.d.comb += head_addr.eq(base + ((out_pc & mask) << log2(INSTR_BYTES)))
         m.d.comb += head_bad.eq(bad_base | (head_addr + INSTR_BYTES > cfg.dram_bytes))
+        m.d.comb += self.empty.eq(ring & (out_pc == self.tail))
         m.d.comb += [
-            self.out.valid.eq(self.enable & (buf.r_rdy | (head_bad & (inflight == 0)))),
+            self.out.valid.eq(self.enable & (buf.r_rdy | (head_bad & (inflight == 0) & ~self.empty))),
             self.out.payload.instr.eq(buf.r_data[:INSTR_BITS]),
             self.out.payload.fault.eq(buf.r_data[INSTR_BITS] & buf.r_rdy),
             self.out.payload.pc.eq(out_pc),
@@ -135,10 +150,15 @@ class Fetcher(wiring.Component):
             - (self.r.valid & (discard == 0))
             - (self.r.valid & (discard != 0))
         )
+        size = self.ring_size
+        ring_ok = (size >= INSTR_BYTES) & ((size & (size - 1)) == 0) & (
+            self.base + size <= cfg.dram_bytes)  # fmt: skip
         with m.If(self.restart):
             m.d.sync += [
                 base.eq(self.base),
-                bad_base.eq(self.base[: log2(INSTR_BYTES)] != 0),
+                ring.eq(size != 0),
+                mask.eq(Mux(size != 0, (size >> log2(INSTR_BYTES)) - 1, 0xFFFFFFFF)),
+                bad_base.eq((self.base[: log2(INSTR_BYTES)] != 0) | ((size != 0) & ~ring_ok)),
                 req_pc.eq(self.start_pc),
                 out_pc.eq(self.start_pc),
                 inflight.eq(0),

@@ -7,12 +7,12 @@ registers are ignored. Reading a 64-bit counter's LO half latches its HI half.
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Module, Signal
+from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from npu.config import NpuConfig
-from npu.registers import ISA_VERSION, NPU_MAGIC, REG, REGISTERS
+from npu.registers import ISA_VERSION, NPU_MAGIC, REG, REGISTERS, Status
 
 from .axi import AxiLiteSignature
 
@@ -33,8 +33,14 @@ class RegisterFile(wiring.Component):
                 "program_base": Out(32),
                 "resume_pc": Out(32),
                 "timeout": Out(32),
+                "ring_base": Out(32),
+                "ring_size": Out(32),
+                "ring_tail": Out(32),
                 # from the core
-                "status": In(5),
+                "status": In(6),  # the run state (RUNNING while running from an empty ring)
+                "waiting": In(1),  # running from an empty ring with everything done: reads WAITING
+                "ring_head": In(32),
+                "fence_event": In(1),  # a FENCE completed this cycle: count it, raise IRQ
                 "set_resume_pc": In(1),
                 "new_resume_pc": In(32),
                 "consume_pause": In(1),
@@ -68,8 +74,11 @@ class RegisterFile(wiring.Component):
             m.d.sync += self.pause_req.eq(0)
         with m.If(self.set_resume_pc):
             m.d.sync += self.resume_pc.eq(self.new_resume_pc)
-        with m.If(self.stop_event):
+        fence_count = Signal(32)
+        with m.If(self.stop_event | self.fence_event):
             m.d.sync += self.irq_pending.eq(1)
+        with m.If(self.fence_event):
+            m.d.sync += fence_count.eq(fence_count + 1)
         with m.If(wr):
             with m.Switch(waddr):
                 with m.Case(REG["CONTROL"].offset):
@@ -82,6 +91,10 @@ class RegisterFile(wiring.Component):
                             self.program_base.eq(0),
                             self.resume_pc.eq(0),
                             self.timeout.eq(0),
+                            self.ring_base.eq(0),
+                            self.ring_size.eq(0),
+                            self.ring_tail.eq(0),
+                            fence_count.eq(0),
                         ]
                     with m.Else():
                         m.d.sync += [
@@ -98,6 +111,12 @@ class RegisterFile(wiring.Component):
                     m.d.sync += self.resume_pc.eq(wdata)
                 with m.Case(REG["TIMEOUT"].offset):
                     m.d.sync += self.timeout.eq(wdata)
+                with m.Case(REG["RING_BASE"].offset):
+                    m.d.sync += self.ring_base.eq(wdata)
+                with m.Case(REG["RING_SIZE"].offset):
+                    m.d.sync += self.ring_size.eq(wdata)
+                with m.Case(REG["RING_TAIL"].offset):
+                    m.d.sync += self.ring_tail.eq(wdata)
 
         # ---- read channel ---------------------------------------------------------------------------
         hi_latch = Signal(32)
@@ -112,7 +131,7 @@ class RegisterFile(wiring.Component):
                     "VERSION": Const(ISA_VERSION, 32),
                     "CONFIG_ID": Const(self.cfg.config_id, 32),
                     "CONTROL": Cat(Const(0, 1), self.pause_req, Const(0, 1), self.irq_enable),
-                    "STATUS": self.status,
+                    "STATUS": Mux(self.waiting, Status.WAITING, self.status),
                     "IRQ": self.irq_pending,
                     "PROGRAM_BASE": self.program_base,
                     "RESUME_PC": self.resume_pc,
@@ -120,6 +139,11 @@ class RegisterFile(wiring.Component):
                     "ERROR_CODE": self.error_code,
                     "ERROR_PC": self.error_pc,
                     "TIMEOUT": self.timeout,
+                    "RING_BASE": self.ring_base,
+                    "RING_SIZE": self.ring_size,
+                    "RING_TAIL": self.ring_tail,
+                    "RING_HEAD": self.ring_head,
+                    "FENCE_COUNT": fence_count,
                 }
                 for name, value in simple.items():
                     with m.Case(REG[name].offset):

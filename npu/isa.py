@@ -42,6 +42,7 @@ class Opcode(enum.IntEnum, shape=4):
     CANCEL_POINT = 0x8
     BARRIER = 0x9
     SYNC = 0xA
+    FENCE = 0xB
 
 
 class Unit(enum.IntEnum, shape=2):
@@ -126,6 +127,7 @@ def _requant_fields(zp_in: str = "zp_in") -> list[Field]:
 FORMATS: dict[Opcode, tuple[Field, ...]] = {
     Opcode.END: (),
     Opcode.BARRIER: (),
+    Opcode.FENCE: (),
     Opcode.CANCEL_POINT: (Field("id", 32, doc="cancellation point id", always=True),),
     Opcode.SYNC: (
         Field("unit", 2, kind="enum", choices=tuple(UNIT_NAMES.values()), doc="queue to run in", always=True),
@@ -217,6 +219,7 @@ UNIT_OF: dict[Opcode, Unit | None] = {
     Opcode.SYNC: None,  # decided by its `unit` field
     Opcode.END: None,
     Opcode.BARRIER: None,
+    Opcode.FENCE: None,
     Opcode.CANCEL_POINT: None,
 }
 

@@ -85,6 +85,10 @@ class ProgramBuilder:
     def barrier(self) -> None:
         self._items.append(Item("barrier"))
 
+    def fence(self) -> None:
+        """A FENCE: like a barrier (no token crosses it), and it reports its completion."""
+        self._items.append(Item("fence"))
+
     def extend(self, items: Iterable[Item]) -> None:
         """Append items taken from another builder (`items`): fragments joined into one program.
         Cancellation point ids must stay unique."""
@@ -167,8 +171,8 @@ class ProgramBuilder:
                 emit(item.instr, index)
             elif item.kind == "cand":
                 continue
-            elif item.kind == "barrier":
-                out.append(make(Opcode.BARRIER))
+            elif item.kind in ("barrier", "fence"):
+                out.append(make(Opcode.BARRIER if item.kind == "barrier" else Opcode.FENCE))
                 last = [len(h) - 1 for h in hist]
                 known = [list(last) for _ in range(NUNITS)]
             else:
@@ -248,5 +252,5 @@ def check_tokens(instrs: list[Instr], cfg: NpuConfig) -> None:
                             ErrorCode.TOKEN,
                             f"pc {pc}: more than {cfg.token_depth} tokens outstanding in one channel",
                         )
-        elif ins.op in (Opcode.CANCEL_POINT, Opcode.END) and any(count.values()):
+        elif ins.op in (Opcode.CANCEL_POINT, Opcode.END, Opcode.FENCE) and any(count.values()):
             raise IsaError(ErrorCode.TOKEN, f"pc {pc}: {ins.op.name} with tokens outstanding")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from amaranth.lib import enum  # Python enums that also give hardware signals their shape
 
 NPU_MAGIC = 0x3155504E  # "NPU1" little-endian
-ISA_VERSION = 1
+ISA_VERSION = 2  # 2: the command ring and FENCE
 
 
 class Control(enum.IntFlag, shape=4):
@@ -21,12 +21,13 @@ class Control(enum.IntFlag, shape=4):
     IRQ_ENABLE = 1 << 3  # interrupt line follows IRQ.PENDING when set
 
 
-class Status(enum.IntFlag, shape=5):
+class Status(enum.IntFlag, shape=6):
     IDLE = 1 << 0
     RUNNING = 1 << 1
     PAUSED = 1 << 2
     DONE = 1 << 3
     ERROR = 1 << 4
+    WAITING = 1 << 5  # running from the command ring, which is empty: everything up to TAIL is done
 
 
 @dataclass(frozen=True)
@@ -43,14 +44,18 @@ REGISTERS: tuple[Register, ...] = (
     Register("VERSION", 0x04, "ro", "ISA version"),
     Register("CONFIG_ID", 0x08, "ro", "hardware configuration id (NpuConfig.config_id)"),
     Register("CONTROL", 0x0C, "rw", "bits START, PAUSE, SOFT_RESET, IRQ_ENABLE (see below)"),
-    Register("STATUS", 0x10, "ro", "one of IDLE, RUNNING, PAUSED, DONE, ERROR (see below)"),
-    Register("IRQ", 0x14, "w1c", "bit 0: pending; set when the core leaves RUNNING"),
+    Register("STATUS", 0x10, "ro", "one of IDLE, RUNNING, PAUSED, DONE, ERROR, WAITING (see below)"),
+    Register("IRQ", 0x14, "w1c", "bit 0: pending; set when the core leaves RUNNING or a FENCE completes"),
     Register("PROGRAM_BASE", 0x18, "rw", "DRAM byte address of instruction 0 (32-byte aligned)"),
     Register("RESUME_PC", 0x1C, "rw", "instruction index START begins at; set to the resume PC on PAUSED"),
     Register("CP_ID", 0x20, "ro", "id of the cancellation point the core paused at"),
     Register("ERROR_CODE", 0x24, "ro", "ErrorCode of the last error (0 if none)"),
     Register("ERROR_PC", 0x28, "ro", "instruction index that raised the error"),
     Register("TIMEOUT", 0x2C, "rw", "cycle limit of a run (0: none); exceeding it raises TIMEOUT"),
+    Register("RING_BASE", 0x30, "rw", "DRAM byte address of the command ring (32-byte aligned)"),
+    Register("RING_SIZE", 0x34, "rw", "ring bytes: a power of two >= 32 (0: no ring, run from PROGRAM_BASE)"),
+    Register("RING_TAIL", 0x38, "rw", "doorbell: count of instructions the host has appended to the ring"),
+    Register("RING_HEAD", 0x3C, "ro", "instructions of the ring dispatched (the next one's count)"),
     Register("CYCLES", 0x40, "ro", "cycles since START", wide=True),
     Register("BUSY_LOAD", 0x48, "ro", "cycles the load unit was executing", wide=True),
     Register("BUSY_MATRIX", 0x50, "ro", "cycles the matrix unit was executing", wide=True),
@@ -60,6 +65,7 @@ REGISTERS: tuple[Register, ...] = (
     Register("DMA_RD_BYTES", 0x70, "ro", "data bytes read from DRAM by LOAD", wide=True),
     Register("DMA_WR_BYTES", 0x78, "ro", "data bytes written to DRAM by STORE", wide=True),
     Register("INSTRET", 0x80, "ro", "instructions dispatched since START", wide=True),
+    Register("FENCE_COUNT", 0x88, "ro", "FENCE instructions completed since the last soft reset"),
 )
 
 REG = {r.name: r for r in REGISTERS}

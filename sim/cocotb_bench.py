@@ -237,8 +237,14 @@ async def run_jobs(dut):
                 await bench.wait_stop(job.get("max_cycles", 5_000_000))
                 monitor.cancel()
             await bench.wait_stop(job.get("max_cycles", 5_000_000))
-            run_wall += time.perf_counter() - t_run
             st = await bench.read_reg("STATUS")
+            while st == Status.RUNNING:  # a FENCE's interrupt: the run goes on
+                await bench.write_reg("IRQ", 1)
+                st = await bench.read_reg("STATUS")  # read after the clear: a stop is not missed
+                if st == Status.RUNNING:
+                    await bench.wait_stop(job.get("max_cycles", 5_000_000))
+                    st = await bench.read_reg("STATUS")
+            run_wall += time.perf_counter() - t_run
             c = await bench.counters()
             res["run_cycles"].append(c["CYCLES"])
             for k, v in c.items():

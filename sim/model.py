@@ -47,12 +47,14 @@ class TraceEvent:
 class _Run:
     """State of one START..stop interval."""
 
-    def __init__(self, cfg: NpuConfig, t0: int, base: int, pc: int, timeout: int):
+    def __init__(self, cfg: NpuConfig, t0: int, base: int, pc: int, timeout: int, ring_size: int = 0):
         self.cfg = cfg
         self.t0 = t0
         self.base = base
         self.pc = pc
         self.timeout = timeout
+        self.ring = ring_size != 0  # fetching from the command ring (base = RING_BASE)
+        self.ring_size = ring_size
         self.next_dispatch = t0 + cfg.dma_latency  # first fetch pays the DRAM latency
         self.queues: list[deque] = [deque() for _ in UNITS]
         self.starts: list[list[int]] = [[] for _ in UNITS]
@@ -115,6 +117,11 @@ class NpuModel:
         self.error_code = ErrorCode.NONE
         self.error_pc = 0
         self.timeout = 0
+        self.ring_base = 0
+        self.ring_size = 0
+        self.ring_tail = 0
+        self.ring_head = 0
+        self.fence_count = 0
         self.counters = dict.fromkeys(COUNTERS, 0)
         self._pause_cycle: int | None = None
         self._run: _Run | None = None
@@ -136,7 +143,7 @@ class NpuModel:
             "CONFIG_ID": self.cfg.config_id,
             "CONTROL": int(self.control & ~Control.START & ~Control.SOFT_RESET)
             | (int(Control.PAUSE) if self._pause_cycle is not None else 0),
-            "STATUS": int(self.status),
+            "STATUS": int(Status.WAITING if self.waiting else self.status),
             "IRQ": int(self.irq_pending),
             "PROGRAM_BASE": self.program_base,
             "RESUME_PC": self.resume_pc,
@@ -144,6 +151,11 @@ class NpuModel:
             "ERROR_CODE": int(self.error_code),
             "ERROR_PC": self.error_pc,
             "TIMEOUT": self.timeout,
+            "RING_BASE": self.ring_base,
+            "RING_SIZE": self.ring_size,
+            "RING_TAIL": self.ring_tail,
+            "RING_HEAD": self._run.pc if self._run is not None else self.ring_head,
+            "FENCE_COUNT": self.fence_count,
         }[name]
 
     def read_counter(self, name: str) -> int:
@@ -186,6 +198,28 @@ class NpuModel:
             self.resume_pc = value
         elif r.name == "TIMEOUT":
             self.timeout = value
+        elif r.name == "RING_BASE":
+            self.ring_base = value
+        elif r.name == "RING_SIZE":
+            self.ring_size = value
+        elif r.name == "RING_TAIL":
+            run = self._run
+            if run is not None and run.ring and run.pc == self.ring_tail and value != self.ring_tail:
+                # the fetcher was starved: it asks for the new instructions now
+                run.next_dispatch = max(run.next_dispatch, self.now + self.cfg.dma_latency)
+            self.ring_tail = value
+
+    @property
+    def starved(self) -> bool:
+        """Running from the ring with every appended instruction dispatched."""
+        run = self._run
+        return run is not None and run.ring and run.pc == self.ring_tail
+
+    @property
+    def waiting(self) -> bool:
+        """STATUS reads WAITING: the ring is empty and every instruction taken from it is done."""
+        run = self._run
+        return self.starved and not any(run.queues) and self.now >= max(run.busy_until)
 
     @property
     def irq(self) -> bool:
@@ -200,7 +234,9 @@ class NpuModel:
         self.status = Status.RUNNING
         if self._pause_cycle is not None:
             self._pause_cycle = self.now
-        self._run = _Run(self.cfg, self.now, self.program_base, self.resume_pc, self.timeout)
+        ring = self.ring_size
+        base = self.ring_base if ring else self.program_base
+        self._run = _Run(self.cfg, self.now, base, self.resume_pc, self.timeout, ring)
         if self._pause_cycle is not None:
             self._run.target = 1
 
@@ -215,10 +251,14 @@ class NpuModel:
         self._simulate(None, stop_early=True, stop_when=lambda run: max(run.passed) >= points)
         return self.status
 
-    def run(self, max_cycles: int | None = None) -> Status:
-        """Simulate until the core stops (DONE, PAUSED or ERROR) or `max_cycles` pass."""
+    def run(self, max_cycles: int | None = None, *, until_fence: bool = False) -> Status:
+        """Simulate until the core stops (DONE, PAUSED or ERROR), or `max_cycles` pass, or (with
+        `until_fence`) a FENCE completes. Running from an empty ring, the core waits for the host:
+        the simulation ends there (after `max_cycles` if given)."""
         until = None if max_cycles is None else self.now + max_cycles
-        self._simulate(until, stop_early=True)
+        f0 = self.fence_count
+        stop_when = (lambda _run: self.fence_count != f0) if until_fence else None
+        self._simulate(until, stop_early=True, stop_when=stop_when)
         return self.status
 
     def _stop(self, status: Status, t: int, *, code: ErrorCode = ErrorCode.NONE, pc: int = 0) -> None:
@@ -231,6 +271,8 @@ class NpuModel:
             self.error_pc = pc
         self.irq_pending = True
         self._pause_cycle = None
+        # the count of the next instruction (a pause drops what followed the point: resume after it)
+        self.ring_head = self.resume_pc if status == Status.PAUSED else run.pc
         self._run = None
         self.now = max(self.now, t)
         if self.trace is not None:
@@ -239,13 +281,19 @@ class NpuModel:
     def _fetch(self, run: _Run) -> Instr | IsaError:
         if run.fetched is not None and run.fetched[0] == run.pc:
             return run.fetched[1]
-        addr = run.base + run.pc * INSTR_BYTES
         res: Instr | IsaError
-        if run.base % INSTR_BYTES or addr + INSTR_BYTES > self.cfg.dram_bytes:
-            res = IsaError(
-                ErrorCode.DRAM_RANGE,
-                f"instruction fetch at 0x{addr:x} is outside DRAM or PROGRAM_BASE is not 32-byte aligned",
-            )
+        if run.ring:
+            n = run.ring_size // INSTR_BYTES
+            addr = run.base + (run.pc % max(n, 1)) * INSTR_BYTES
+            bad = run.ring_size < INSTR_BYTES or run.ring_size & (run.ring_size - 1) or (
+                run.base + run.ring_size > self.cfg.dram_bytes)  # fmt: skip
+            what = "the ring is not a power of two >= 32 bytes inside DRAM, or RING_BASE"
+        else:
+            addr = run.base + run.pc * INSTR_BYTES
+            bad = addr + INSTR_BYTES > self.cfg.dram_bytes
+            what = f"instruction fetch at 0x{addr:x} is outside DRAM, or PROGRAM_BASE"
+        if run.base % INSTR_BYTES or bad:
+            res = IsaError(ErrorCode.DRAM_RANGE, f"{what} is not 32-byte aligned")
         elif self._beats_fault(addr, INSTR_BYTES):
             res = IsaError(ErrorCode.BUS, f"the memory answered the fetch at 0x{addr:x} with an error")
         else:
@@ -292,6 +340,8 @@ class NpuModel:
         return t
 
     def _dispatch_ready(self, run: _Run) -> int | None:
+        if run.ring and run.pc == self.ring_tail:
+            return None  # the ring is empty: wait for the host's doorbell
         base = run.next_dispatch
         ins = self._fetch(run)
         if isinstance(ins, IsaError):
@@ -311,7 +361,7 @@ class NpuModel:
                 if n >= 0:
                     t = max(t, run.starts[q][n])
             return t
-        if any(run.queues):  # END and BARRIER wait for every queue to drain
+        if any(run.queues):  # END, BARRIER and FENCE wait for every queue to drain
             return None
         return max(base, run.last_end)
 
@@ -334,6 +384,12 @@ class NpuModel:
         if tp is not None and (best_t is None or tp < best_t):
             best_t, best_u = tp, "park"
         limit = run.t0 + run.timeout if run.timeout else None
+        if best_t is None and self.starved and not any(run.queues):
+            # waiting for the host to append to the ring: only the timeout can happen
+            if limit is None:
+                return None
+            t_lim = max(limit, self.now)
+            return t_lim, lambda: self._error_after_drain(run, t_lim, ErrorCode.TIMEOUT, run.pc)
         if best_t is None:  # nothing can happen any more: a deadlock, or the timeout first
             t_dead = max(run.last_end, run.next_dispatch)
             code = ErrorCode.DEADLOCK
@@ -355,7 +411,10 @@ class NpuModel:
         while self._run is not None:
             if stop_when is not None and stop_when(self._run):
                 return
-            t, action = self.next_event()
+            ev = self.next_event()
+            if ev is None:  # waiting for the host (an empty ring)
+                break
+            t, action = ev
             if until is not None and t > until:
                 break
             action()
@@ -388,6 +447,14 @@ class NpuModel:
                 run.dispatched[q] += 1
             if self.trace is not None:
                 self.trace.append(TraceEvent("dispatch", pc, "cancel_point", t, t))
+        elif ins.op == Opcode.FENCE:  # every earlier instruction is done (the queues drained)
+            if any(run.tokens.values()):
+                self._error_after_drain(run, t, ErrorCode.TOKEN, pc)
+                return
+            self.fence_count = (self.fence_count + 1) & 0xFFFFFFFF
+            self.irq_pending = True
+            if self.trace is not None:
+                self.trace.append(TraceEvent("control", pc, "fence", t, t))
         elif ins.op == Opcode.END:
             if any(run.tokens.values()):
                 self._error_after_drain(run, t, ErrorCode.TOKEN, pc)
@@ -395,7 +462,7 @@ class NpuModel:
             self.resume_pc = pc
             self._stop(Status.DONE, t, pc=pc)
             return
-        run.pc += 1
+        run.pc = (run.pc + 1) & 0xFFFFFFFF
         run.next_dispatch = t + self.cfg.instr_beats
 
     def _pause(self, run: _Run, t: int) -> None:

@@ -327,6 +327,13 @@ def directed_jobs(cfg: NpuConfig) -> list[RtlJob]:
             ],
         )
     )
+    # FENCEs in a program from PROGRAM_BASE: the run goes on after each (its interrupt is cleared)
+    fb = ProgramBuilder(cfg)
+    for i in range(3):
+        fb.add(make("load", spad=64 * i, dram=DATA + 64 * i, rows=1, cols=64, spad_stride=64, dram_stride=64))
+        fb.add(make("store", spad=64 * i, dram=OUT + 64 * i, rows=1, cols=64, spad_stride=64, dram_stride=64))
+        fb.fence()
+    jobs.append(RtlJob("fences", encode_program(fb.build().instrs), PROG, _data(3), window=WINDOW))
     # SYNC, BARRIER and a cancellation point in a row
     jobs.append(
         _raw(

@@ -1,0 +1,183 @@
+"""The command ring on the golden model: appends while the core runs, wrap-around, waits on an empty
+ring, fences (completion counter and interrupt), pause and errors inside the ring."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import numpy as np
+import pytest
+
+from npu.config import get_config
+from npu.driver.ring import Ring, RingError
+from npu.driver.transport import ModelTransport
+from npu.isa import INSTR_BYTES, ErrorCode, Opcode, Unit, encode, encode_program, make
+from npu.registers import Status
+from npu.sim.randprog import random_program, sequential_reference
+
+CFG = get_config("tiny")
+RING_BASE = 0x8000
+
+
+def layers(seeds: list[int], cp_prob: float = 0.0):
+    """Random programs concatenated as 'layers', each ending in a FENCE instead of END; the initial
+    DRAM of the first; the sequential reference of the whole."""
+    rps = [random_program(CFG, s, n_instrs=20, cp_prob=cp_prob) for s in seeds]
+    instrs = []
+    for rp in rps:
+        body = rp.program.instrs
+        assert body[-1].op == Opcode.END
+        instrs += body[:-1] + [make(Opcode.FENCE)]
+    ref = rps[0]
+    whole = dataclasses.replace(ref, program=dataclasses.replace(ref.program, instrs=instrs))
+    dram, _ = sequential_reference(CFG, whole)
+    return instrs, ref, dram
+
+
+def device(ref) -> ModelTransport:
+    tr = ModelTransport(CFG)
+    for addr, arr in ref.dram.items():
+        tr.write_dram(addr, arr.tobytes())
+    return tr
+
+
+def out(tr, ref) -> bytes:
+    return tr.read_dram(ref.out_base, ref.out_bytes)
+
+
+def test_appends_racing_the_core_with_wraparound_match_the_sequential_reference():
+    instrs, ref, want = layers([1, 2, 3])
+    blob = encode_program(instrs)
+    tr = device(ref)
+    ring = Ring(tr, RING_BASE, 8 * INSTR_BYTES, reuse="dispatched")  # 8 slots: wraps several times
+    ring.start()
+    rng = random.Random(5)
+    k = 0
+    while k < len(instrs):
+        n = ring.append(blob[k * INSTR_BYTES : (k + rng.randint(1, 5)) * INSTR_BYTES], partial=True)
+        k += n
+        tr.model.advance(rng.choice([1, 3, 20, 200]))  # the host appends at random moments
+    tr.model.run(None)
+    assert tr.status() == Status.WAITING and ring.head == len(instrs)
+    assert tr.reg("FENCE_COUNT") == 3
+    assert out(tr, ref) == want[ref.out_base : ref.out_base + ref.out_bytes].tobytes()
+
+
+def test_an_empty_ring_waits_and_continues_when_the_tail_moves():
+    instrs, ref, want = layers([7, 8])
+    tr = device(ref)
+    ring = Ring(tr, RING_BASE, 64 * INSTR_BYTES)
+    ring.start()
+    assert tr.status() == Status.WAITING  # nothing appended yet
+    t0 = tr.now()
+    tr.wait(5000)
+    assert tr.now() - t0 == 5000 and tr.status() == Status.WAITING  # time passes, no error
+    ring.append(encode_program(instrs))
+    t_doorbell = tr.now()
+    assert tr.status() == Status.RUNNING
+    tr.wait(None)
+    assert tr.status() == Status.RUNNING  # stopped at the first fence's interrupt, still running
+    assert tr.reg("FENCE_COUNT") == 1 and tr.reg("IRQ") == 1
+    tr.wait(None)
+    assert tr.status() == Status.WAITING and tr.reg("FENCE_COUNT") == 2
+    assert tr.reg("CYCLES") > tr.now() - t_doorbell  # counts the wait before the doorbell too
+    assert out(tr, ref) == want[ref.out_base : ref.out_base + ref.out_bytes].tobytes()
+
+
+def test_each_fence_stops_a_wait_and_counts_once_every_earlier_instruction_is_done():
+    instrs, ref, _ = layers([11, 12, 13, 14])
+    tr = device(ref)
+    tr.model.trace = []
+    ring = Ring(tr, RING_BASE, 128 * INSTR_BYTES)
+    ring.start()
+    ring.append(encode_program(instrs))
+    fences = []
+    while tr.status() == Status.RUNNING:
+        tr.wait(None)
+        fences.append((tr.reg("FENCE_COUNT"), tr.now()))
+        tr.set_reg("IRQ", 1)
+    assert [f for f, _ in fences[:4]] == [1, 2, 3, 4]
+    ends = [e.end for e in tr.model.trace if e.unit in ("load", "matrix", "vector", "store")]
+    fence_times = [e.start for e in tr.model.trace if e.op == "fence"]
+    assert len(fence_times) == 4 and max(ends) <= fence_times[-1]
+
+
+def test_pause_inside_the_ring_resumes_bit_exact():
+    instrs, ref, want = layers([21, 22], cp_prob=0.3)
+    assert any(i.op == Opcode.CANCEL_POINT for i in instrs)
+    tr = device(ref)
+    ring = Ring(tr, RING_BASE, 32 * INSTR_BYTES)  # a layer fits; slots are reused after its fence
+    ring.start()
+    blob = encode_program(instrs)
+    k = ring.append(blob, partial=True)
+    tr.model.advance(30)
+    tr.model.request_pause()
+    pauses = 0
+    for _ in range(10_000):
+        st = tr.status()
+        assert st != Status.ERROR, ErrorCode(tr.reg("ERROR_CODE"))
+        if st == Status.PAUSED:
+            pauses += 1
+            assert ring.head == tr.reg("RESUME_PC")  # the ring resumes right after the point
+            tr.model.start()
+        elif st == Status.WAITING and k == len(instrs):
+            break
+        k += ring.append(blob[k * INSTR_BYTES :], partial=True)
+        tr.wait(50)
+    assert pauses == 1
+    assert out(tr, ref) == want[ref.out_base : ref.out_base + ref.out_bytes].tobytes()
+
+
+def test_errors_inside_the_ring():
+    tr = ModelTransport(CFG)
+    ring = Ring(tr, RING_BASE, 4 * INSTR_BYTES)
+    ring.start(pc=100)  # counts need not start at 0
+    bad = bytearray(encode(make(Opcode.BARRIER)))
+    bad[0] = 0x0F  # an opcode that does not exist
+    ring.append(encode(make(Opcode.BARRIER)) + bytes(bad))
+    tr.wait(None)
+    assert tr.status() == Status.ERROR
+    assert tr.reg("ERROR_CODE") == ErrorCode.ILLEGAL_OPCODE and tr.reg("ERROR_PC") == 101
+
+    tr.set_reg("CONTROL", 4)  # soft reset turns the ring off
+    assert tr.reg("RING_SIZE") == 0
+    tr.set_reg("RING_BASE", RING_BASE)
+    tr.set_reg("RING_SIZE", 3 * INSTR_BYTES)  # not a power of two
+    tr.set_reg("RING_TAIL", 1)
+    tr.set_reg("CONTROL", 1)
+    tr.wait(None)
+    assert tr.status() == Status.ERROR and tr.reg("ERROR_CODE") == ErrorCode.DRAM_RANGE
+
+
+def test_fence_with_a_token_outstanding_is_a_token_error():
+    tr = ModelTransport(CFG)
+    ring = Ring(tr, RING_BASE, 4 * INSTR_BYTES)
+    ring.start()
+    sync = make(Opcode.SYNC, unit=int(Unit.LOAD), signal=[Unit.MATRIX])
+    ring.append(encode(sync) + encode(make(Opcode.FENCE)))
+    tr.wait(None)
+    assert tr.status() == Status.ERROR and tr.reg("ERROR_CODE") == ErrorCode.TOKEN
+    assert tr.reg("ERROR_PC") == 1
+
+
+def test_timeout_while_the_ring_waits():
+    tr = ModelTransport(CFG)
+    tr.set_reg("TIMEOUT", 1000)
+    Ring(tr, RING_BASE, 4 * INSTR_BYTES).start()
+    tr.wait(5000)
+    assert tr.status() == Status.ERROR and tr.reg("ERROR_CODE") == ErrorCode.TIMEOUT
+
+
+def test_ring_host_errors():
+    tr = ModelTransport(CFG)
+    with pytest.raises(RingError, match="power of two"):
+        Ring(tr, RING_BASE, 96)
+    ring = Ring(tr, RING_BASE, 2 * INSTR_BYTES)
+    ring.start()
+    tr.model.advance(10)
+    with pytest.raises(RingError, match="3 instructions do not fit: 2 of 2 slots are free"):
+        ring.append(bytes(3 * INSTR_BYTES))
+    with pytest.raises(RingError, match="still runs"):
+        ring.stop_using()
+    assert np.all(np.frombuffer(tr.read_dram(RING_BASE, 64), np.uint8) == 0)
