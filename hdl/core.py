@@ -185,6 +185,11 @@ class NpuCore(wiring.Component):
         overflow = Signal()
         overflow_pc = Signal(32)
         parked = {}
+        # FENCE markers each unit has passed; a fence completes when every unit has passed it (a
+        # unit passes a marker only when idle: everything before it in that unit is done)
+        fence_passed = {u: Signal(16, name=f"fences_{u.name.lower()}") for u in UNITS}
+        fences_done = Signal(16)
+        fence_event = Signal()
         unit_busy = {}
         starting = {}
         run_pcs = {}  # pc of the instruction each unit runs
@@ -194,20 +199,22 @@ class NpuCore(wiring.Component):
             hdr = header(head.instr)
             is_sync = hdr.opcode == Opcode.SYNC
             is_cp = hdr.opcode == Opcode.CANCEL_POINT
+            is_fence = hdr.opcode == Opcode.FENCE
+            is_marker = is_cp | is_fence
             at_target = is_cp & pause.target_valid & (head.ordinal == pause.target)
             parked[u] = Signal(name=f"parked_{u.name.lower()}")
             m.d.comb += parked[u].eq(q.r_rdy & at_target & ~unit.busy)
             toks_ok = Const(1, 1)
             for p in UNITS:
                 if p != u:
-                    toks_ok = toks_ok & (~hdr.wait[p] | tokens.nonzero[pair_index(p, u)] | is_cp)
+                    toks_ok = toks_ok & (~hdr.wait[p] | tokens.nonzero[pair_index(p, u)] | is_marker)
             start = Signal(name=f"start_{u.name.lower()}")
             m.d.comb += start.eq(q.r_rdy & toks_ok & ~unit.busy & running & ~halting & ~at_target)
             starting[u] = start
             m.d.comb += [
                 q.r_en.eq(start),
                 unit.instr.eq(head.instr),
-                unit.go.eq(start & ~is_sync & ~is_cp),
+                unit.go.eq(start & ~is_sync & ~is_marker),
                 pause.passing[u].eq(start & is_cp),
             ]
             run_sig = Signal(4, name=f"sig_{u.name.lower()}")
@@ -215,9 +222,11 @@ class NpuCore(wiring.Component):
             run_pcs[u] = run_pc
             with m.If(start):
                 m.d.sync += [run_sig.eq(hdr.signal), run_pc.eq(head.pc)]
+            with m.If(start & is_fence):
+                m.d.sync += fence_passed[u].eq(fence_passed[u] + 1)
             for p in UNITS:
                 if p != u:
-                    m.d.comb += tokens.pop[pair_index(p, u)].eq(start & ~is_cp & hdr.wait[p])
+                    m.d.comb += tokens.pop[pair_index(p, u)].eq(start & ~is_marker & hdr.wait[p])
             for c in UNITS:
                 if c != u:
                     k = pair_index(u, c)
@@ -227,7 +236,7 @@ class NpuCore(wiring.Component):
                     with m.If(tokens.push[k] & tokens.full[k] & ~tokens.pop[k]):
                         m.d.comb += [overflow.eq(1), overflow_pc.eq(Mux(sync_push, head.pc, run_pc))]
             unit_busy[u] = Signal(name=f"busy_{u.name.lower()}")
-            m.d.comb += unit_busy[u].eq(unit.busy | (start & ~is_cp))
+            m.d.comb += unit_busy[u].eq(unit.busy | (start & ~is_marker))
         all_parked = Signal()
         m.d.comb += all_parked.eq(Cat(*parked.values()).all())
         park = data.View(QueueEntry, queues[Unit.LOAD].r_data)
@@ -256,9 +265,7 @@ class NpuCore(wiring.Component):
         ]
         # once every unit has parked at the target point nothing more is dispatched
         dispatching = Signal()
-        fence_tokens = Signal()  # a FENCE with tokens outstanding: not taken, a TOKEN error
-        m.d.comb += fence_tokens.eq(disp.fence & tokens.any)
-        m.d.comb += dispatching.eq(disp.dispatching & ~all_parked & ~fence_tokens)
+        m.d.comb += dispatching.eq(disp.dispatching & ~all_parked)
         for u, q in queues.items():
             m.d.comb += [q.w_data.eq(disp.entry), q.w_en.eq(disp.w_en[u] & ~(all_parked & (u == Unit.LOAD)))]
         m.d.comb += fetch.out.ready.eq(dispatching)
@@ -289,8 +296,6 @@ class NpuCore(wiring.Component):
                 start_halt(Status.ERROR, ErrorCode.DEADLOCK, pc)
             with m.Elif(disp.error):
                 start_halt(Status.ERROR, disp.error_code, pc)
-            with m.Elif(fence_tokens):
-                start_halt(Status.ERROR, ErrorCode.TOKEN, pc)
             with m.If(disp.end):  # END with every unit drained: done, unless tokens are left over
                 m.d.comb += stop_now.eq(1)
                 with m.If(~tokens.any):
@@ -343,7 +348,7 @@ class NpuCore(wiring.Component):
             fetch.tail.eq(regs.ring_tail),
             fetch.start_pc.eq(regs.resume_pc),
             # the command ring: FENCE completions, WAITING, the count of the next instruction
-            regs.fence_event.eq(dispatching & disp.fence & running & ~halting),
+            regs.fence_event.eq(fence_event),
             regs.waiting.eq(running & ~halting & fetch.empty & all_idle & queues_empty),
             regs.ring_head.eq(
                 Mux(
@@ -353,8 +358,13 @@ class NpuCore(wiring.Component):
                 )
             ),
         ]
+        m.d.comb += fence_event.eq(Cat(*[(fence_passed[u] - fences_done)[:16] != 0 for u in UNITS]).all())
+        with m.If(fence_event):
+            m.d.sync += fences_done.eq(fences_done + 1)
         with m.If(restart):
             m.d.sync += [status.eq(Status.RUNNING), error_code.eq(0), error_pc.eq(0)]
+            # markers dropped by an error or a pause are fetched again: count from the completed fences
+            m.d.sync += [fence_passed[u].eq(fences_done + fence_event) for u in UNITS]
         with m.If(regs.soft_reset):
             with m.If(running):
                 m.d.comb += reset_req.eq(1)

@@ -1,7 +1,7 @@
 """The dispatcher: decodes the fetched instruction, checks it against every rule of the ISA
 (hdl/checks.py) and hands it to the unit queues in program order. A unit instruction (and SYNC) goes
-to its unit's queue, a cancellation point to every queue as a marker carrying its ordinal; END,
-BARRIER and FENCE wait until every queue and unit has drained."""
+to its unit's queue, a cancellation point (carrying its ordinal) and a FENCE to every queue as
+markers; END and BARRIER wait until every queue and unit has drained."""
 
 from __future__ import annotations
 
@@ -19,9 +19,8 @@ from .common import QueueEntry, header, view
 class Dispatcher(wiring.Component):
     """`enable`: the core runs and no error is pending. `room`: bit u, queue u takes an entry.
     Out: `w_en` (bit u: write `entry` into queue u), `dispatching` (the instruction is taken),
-    `stalled`, `error` with `error_code` (the instruction is illegal, or fetched outside DRAM),
-    `end` (END taken: the program is complete) and `fence` (a FENCE taken: everything before it is
-    done)."""
+    `stalled`, `error` with `error_code` (the instruction is illegal, or fetched outside DRAM), and
+    `end` (END taken: the program is complete)."""
 
     def __init__(self, cfg: NpuConfig):
         self.cfg = cfg
@@ -44,7 +43,6 @@ class Dispatcher(wiring.Component):
                 "error": Out(1),
                 "error_code": Out(ErrorCode),
                 "end": Out(1),
-                "fence": Out(1),
             }
         )
 
@@ -79,19 +77,16 @@ class Dispatcher(wiring.Component):
                     m.d.comb += [self.dispatching.eq(1), self.w_en.bit_select(target, 1).eq(1)]
                 with m.Else():
                     m.d.comb += self.stalled.eq(1)
-            with m.Elif(op == Opcode.CANCEL_POINT):
+            with m.Elif((op == Opcode.CANCEL_POINT) | (op == Opcode.FENCE)):  # markers
                 with m.If(self.room.all()):
                     m.d.comb += [self.dispatching.eq(1), self.w_en.eq(-1)]
-                    m.d.sync += points.eq(points + 1)
+                    with m.If(op == Opcode.CANCEL_POINT):
+                        m.d.sync += points.eq(points + 1)
                 with m.Else():
                     m.d.comb += self.stalled.eq(1)
-            with m.Else():  # END, BARRIER and FENCE wait for the drain
+            with m.Else():  # END and BARRIER wait for the drain
                 with m.If(self.drained):
-                    m.d.comb += [
-                        self.dispatching.eq(1),
-                        self.end.eq(op == Opcode.END),
-                        self.fence.eq(op == Opcode.FENCE),
-                    ]
+                    m.d.comb += [self.dispatching.eq(1), self.end.eq(op == Opcode.END)]
                 with m.Else():
                     m.d.comb += self.stalled.eq(1)
         with m.If(self.restart):

@@ -122,6 +122,8 @@ class NpuModel:
         self.ring_tail = 0
         self.ring_head = 0
         self.fence_count = 0
+        self._fence_passed = [0] * len(UNITS)  # fence markers each unit has passed (since reset)
+        self._fence_time = 0  # when the last fence completed
         self.counters = dict.fromkeys(COUNTERS, 0)
         self._pause_cycle: int | None = None
         self._run: _Run | None = None
@@ -237,6 +239,8 @@ class NpuModel:
         ring = self.ring_size
         base = self.ring_base if ring else self.program_base
         self._run = _Run(self.cfg, self.now, base, self.resume_pc, self.timeout, ring)
+        # markers dropped by an error or a pause are fetched again: count from the completed fences
+        self._fence_passed = [self.fence_count] * len(UNITS)
         if self._pause_cycle is not None:
             self._run.target = 1
 
@@ -259,6 +263,8 @@ class NpuModel:
         f0 = self.fence_count
         stop_when = (lambda _run: self.fence_count != f0) if until_fence else None
         self._simulate(until, stop_early=True, stop_when=stop_when)
+        if until_fence and self.fence_count != f0:
+            self.now = max(self.now, self._fence_time)  # the count is visible after the pass cycle
         return self.status
 
     def _stop(self, status: Status, t: int, *, code: ErrorCode = ErrorCode.NONE, pc: int = 0) -> None:
@@ -318,6 +324,8 @@ class NpuModel:
         if ins.op == Opcode.CANCEL_POINT:
             # a marker: passed at once, unless a pending pause stops at it (the unit parks)
             return None if run.target == q[0][3] else t
+        if ins.op == Opcode.FENCE:  # a marker: passed once the unit is free
+            return t
         w = ins.wait
         for p in UNITS:
             if w >> p & 1:
@@ -352,7 +360,7 @@ class NpuModel:
                 return None
             n = run.dispatched[u] - self.cfg.queue_depth
             return max(base, run.starts[u][n]) if n >= 0 else base
-        if ins.op == Opcode.CANCEL_POINT:  # a marker into every queue: needs a slot in each
+        if ins.op in (Opcode.CANCEL_POINT, Opcode.FENCE):  # a marker into every queue: a slot in each
             t = base
             for q in UNITS:
                 if len(run.queues[q]) >= self.cfg.queue_depth:
@@ -361,7 +369,7 @@ class NpuModel:
                 if n >= 0:
                     t = max(t, run.starts[q][n])
             return t
-        if any(run.queues):  # END, BARRIER and FENCE wait for every queue to drain
+        if any(run.queues):  # END and BARRIER wait for every queue to drain
             return None
         return max(base, run.last_end)
 
@@ -412,7 +420,8 @@ class NpuModel:
             if stop_when is not None and stop_when(self._run):
                 return
             ev = self.next_event()
-            if ev is None:  # waiting for the host (an empty ring)
+            if ev is None:  # waiting for the host (an empty ring), from when the units are done
+                self.now = max(self.now, max(self._run.busy_until))
                 break
             t, action = ev
             if until is not None and t > until:
@@ -447,14 +456,10 @@ class NpuModel:
                 run.dispatched[q] += 1
             if self.trace is not None:
                 self.trace.append(TraceEvent("dispatch", pc, "cancel_point", t, t))
-        elif ins.op == Opcode.FENCE:  # every earlier instruction is done (the queues drained)
-            if any(run.tokens.values()):
-                self._error_after_drain(run, t, ErrorCode.TOKEN, pc)
-                return
-            self.fence_count = (self.fence_count + 1) & 0xFFFFFFFF
-            self.irq_pending = True
-            if self.trace is not None:
-                self.trace.append(TraceEvent("control", pc, "fence", t, t))
+        elif ins.op == Opcode.FENCE:  # a marker into every queue; later instructions go on
+            for q in UNITS:
+                run.queues[q].append((pc, ins, t, None))
+                run.dispatched[q] += 1
         elif ins.op == Opcode.END:
             if any(run.tokens.values()):
                 self._error_after_drain(run, t, ErrorCode.TOKEN, pc)
@@ -480,12 +485,23 @@ class NpuModel:
     def _execute(self, run: _Run, u: Unit, t: int) -> None:
         entry = run.queues[u].popleft()
         pc, ins = entry[0], entry[1]
-        if ins.op == Opcode.CANCEL_POINT:  # passing a marker takes the unit one cycle
-            run.passed[u] += 1
+        if ins.op in (Opcode.CANCEL_POINT, Opcode.FENCE):  # passing a marker takes one cycle
             run.starts[u].append(t)
             run.busy_until[u] = t + 1
+            if ins.op == Opcode.CANCEL_POINT:
+                run.passed[u] += 1
+            else:
+                self._fence_passed[u] += 1
+                # the fence completes when the last unit passes it: every earlier instruction is done
+                if min(self._fence_passed) > self.fence_count:
+                    self.fence_count = (self.fence_count + 1) & 0xFFFFFFFF
+                    self.irq_pending = True
+                    self._fence_time = t + 1
+                    if self.trace is not None:
+                        self.trace.append(TraceEvent("control", pc, "fence", t + 1, t + 1))
             if self.trace is not None:
-                self.trace.append(TraceEvent(u.name.lower(), pc, "pass_point", t, t + 1))
+                op = "pass_point" if ins.op == Opcode.CANCEL_POINT else "pass_fence"
+                self.trace.append(TraceEvent(u.name.lower(), pc, op, t, t + 1))
             return
         for p in UNITS:
             if ins.wait >> p & 1:

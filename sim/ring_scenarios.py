@@ -20,13 +20,15 @@ WAIT_STEP = 20_000  # host waits are bounded: a ring that runs dry raises no int
 
 
 def layers(cfg: NpuConfig, seeds: list[int], cp_prob: float = 0.0):
-    """Random programs concatenated as layers, each ending in a FENCE instead of END; the first
-    one's set-up (initial DRAM, output window) and the sequential reference DRAM of the whole."""
+    """Random programs concatenated as layers, each ending in BARRIER + FENCE instead of END (the
+    programs share buffers, so each must finish before the next starts; a FENCE alone does not
+    order); the first one's set-up (initial DRAM, output window) and the sequential reference DRAM
+    of the whole."""
     rps = [random_program(cfg, s, n_instrs=20, cp_prob=cp_prob) for s in seeds]
     instrs = []
     for rp in rps:
         assert rp.program.instrs[-1].op == Opcode.END
-        instrs += rp.program.instrs[:-1] + [make(Opcode.FENCE)]
+        instrs += rp.program.instrs[:-1] + [make(Opcode.BARRIER), make(Opcode.FENCE)]
     ref = rps[0]
     whole = dataclasses.replace(ref, program=dataclasses.replace(ref.program, instrs=instrs))
     dram, _ = sequential_reference(cfg, whole)
@@ -169,7 +171,7 @@ def pause_every_point(tr, seeds: list[int]) -> dict:
 
 
 def ring_errors(tr) -> list[dict]:
-    """An illegal opcode inside the ring (counts starting at 100), a FENCE with a token outstanding,
+    """An illegal opcode inside the ring (counts starting at 100), a FENCE with a token bit set,
     and a ring whose size is not a power of two."""
     from npu.driver.ring import Ring
 
@@ -186,8 +188,9 @@ def ring_errors(tr) -> list[dict]:
     t0 = _fresh(tr)
     ring = Ring(tr, RING_BASE, 4 * INSTR_BYTES)
     ring.start()
-    sync = make(Opcode.SYNC, unit=int(Unit.LOAD), signal=[Unit.MATRIX])
-    ring.append(encode(sync) + encode(make(Opcode.FENCE)))
+    fence = bytearray(encode(make(Opcode.FENCE)))
+    fence[0] |= 0x20  # a wait bit: control instructions carry no tokens
+    ring.append(encode(make(Opcode.SYNC, unit=int(Unit.LOAD))) + bytes(fence))
     _settle(tr, 1)
     recs.append(_record(tr, None, t0, []))
 

@@ -3,7 +3,6 @@ ring, fences (completion counter and interrupt), pause and errors inside the rin
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
 import numpy as np
@@ -12,27 +11,19 @@ import pytest
 from npu.config import get_config
 from npu.driver.ring import Ring, RingError
 from npu.driver.transport import ModelTransport
-from npu.isa import INSTR_BYTES, ErrorCode, Opcode, Unit, encode, encode_program, make
+from npu.isa import INSTR_BYTES, ErrorCode, Opcode, encode, encode_program, make
 from npu.registers import Status
-from npu.sim.randprog import random_program, sequential_reference
+from npu.sim.ring_scenarios import layers as _layers
 
 CFG = get_config("tiny")
 RING_BASE = 0x8000
 
 
 def layers(seeds: list[int], cp_prob: float = 0.0):
-    """Random programs concatenated as 'layers', each ending in a FENCE instead of END; the initial
-    DRAM of the first; the sequential reference of the whole."""
-    rps = [random_program(CFG, s, n_instrs=20, cp_prob=cp_prob) for s in seeds]
-    instrs = []
-    for rp in rps:
-        body = rp.program.instrs
-        assert body[-1].op == Opcode.END
-        instrs += body[:-1] + [make(Opcode.FENCE)]
-    ref = rps[0]
-    whole = dataclasses.replace(ref, program=dataclasses.replace(ref.program, instrs=instrs))
-    dram, _ = sequential_reference(CFG, whole)
-    return instrs, ref, dram
+    instrs, ref, out = _layers(CFG, seeds, cp_prob)
+    want = np.zeros(CFG.dram_bytes, np.uint8)
+    want[ref.out_base : ref.out_base + ref.out_bytes] = np.frombuffer(out, np.uint8)
+    return instrs, ref, want
 
 
 def device(ref) -> ModelTransport:
@@ -80,7 +71,7 @@ def test_an_empty_ring_waits_and_continues_when_the_tail_moves():
     assert tr.status() == Status.RUNNING  # stopped at the first fence's interrupt, still running
     assert tr.reg("FENCE_COUNT") == 1 and tr.reg("IRQ") == 1
     tr.wait(None)
-    assert tr.status() == Status.WAITING and tr.reg("FENCE_COUNT") == 2
+    assert tr.reg("FENCE_COUNT") == 2 and tr.status() == Status.WAITING
     assert tr.reg("CYCLES") > tr.now() - t_doorbell  # counts the wait before the doorbell too
     assert out(tr, ref) == want[ref.out_base : ref.out_base + ref.out_bytes].tobytes()
 
@@ -150,15 +141,41 @@ def test_errors_inside_the_ring():
     assert tr.status() == Status.ERROR and tr.reg("ERROR_CODE") == ErrorCode.DRAM_RANGE
 
 
-def test_fence_with_a_token_outstanding_is_a_token_error():
+def test_a_fence_reports_completion_without_holding_back_later_work():
+    """Layer A (a long matmul) then FENCE then layer B (independent: other memory): B's load runs
+    under A's matmul, and the fence completes when A's last instruction (its store) is done."""
+    W = CFG.bus_bytes
+    k = 64 * CFG.lanes
+    a = [
+        make("load", spad=0, dram=0x1000, rows=CFG.clusters, cols=k, spad_stride=k, dram_stride=k),
+        make("load", spad=4096, dram=0x1000, rows=CFG.pes_per_cluster, cols=k, spad_stride=k, dram_stride=k),
+        make("matmul", a=0, b=4096, c=0x80000, m=CFG.clusters, n=CFG.pes_per_cluster, k=k, a_stride=k,
+             b_stride=k, c_stride=CFG.acc_row_bytes),
+        make("store", spad=0x80000, dram=0x3000, rows=1, cols=16, spad_stride=16, dram_stride=16),
+    ]  # fmt: skip
+    b = [make("load", spad=12288, dram=0x2000, rows=1, cols=8 * W, spad_stride=8 * W, dram_stride=8 * W)]
+    from npu.program import ProgramBuilder
+
+    pb = ProgramBuilder(CFG)
+    for ins in a:
+        pb.add(ins)
+    pb.fence()
+    for ins in b:
+        pb.add(ins)
+    prog = pb.build(end=False).instrs
     tr = ModelTransport(CFG)
-    ring = Ring(tr, RING_BASE, 4 * INSTR_BYTES)
+    tr.model.trace = []
+    ring = Ring(tr, RING_BASE, 16 * INSTR_BYTES)
     ring.start()
-    sync = make(Opcode.SYNC, unit=int(Unit.LOAD), signal=[Unit.MATRIX])
-    ring.append(encode(sync) + encode(make(Opcode.FENCE)))
+    ring.append(encode_program(prog))
     tr.wait(None)
-    assert tr.status() == Status.ERROR and tr.reg("ERROR_CODE") == ErrorCode.TOKEN
-    assert tr.reg("ERROR_PC") == 1
+    assert tr.reg("FENCE_COUNT") == 1
+    ev = {(e.unit, e.op): e for e in tr.model.trace}
+    mm, st, ld_b = ev[("matrix", "matmul")], ev[("store", "store")], [
+        e for e in tr.model.trace if e.op == "load" and e.pc == len(a) + 1][0]  # fmt: skip
+    assert ld_b.start < mm.end  # B's load overlaps A's compute
+    fence = ev[("control", "fence")]
+    assert fence.start >= st.end  # the fence completed after A's last instruction
 
 
 def test_timeout_while_the_ring_waits():

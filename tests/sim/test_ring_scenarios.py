@@ -15,7 +15,7 @@ def test_ring_scenarios_on_the_model():
     p = r["pause_every_point"]
     assert len(p["pauses"]) == p["points"] >= 2
     assert all(resume == head for _, resume, head in p["pauses"])
-    illegal, token, size = r["errors"]
+    illegal, field, size = r["errors"]
     assert (illegal["status"], illegal["error_code"], illegal["error_pc"]) == ("ERROR", 1, 101)
-    assert (token["status"], token["error_code"], token["error_pc"]) == ("ERROR", 7, 1)
+    assert (field["status"], field["error_code"], field["error_pc"]) == ("ERROR", 2, 1)
     assert (size["status"], size["error_code"]) == ("ERROR", 5)
