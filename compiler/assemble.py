@@ -11,10 +11,10 @@ from dataclasses import dataclass, field, replace
 
 from npu.config import ACC_BASE, NpuConfig
 from npu.container import CancelPoint, HostTensor, Layer, NpuSegment, Segment, TensorDesc
-from npu.isa import Instr, Opcode
+from npu.isa import Instr, Opcode, footprint
 from npu.program import Item, ProgramBuilder
 from npu.sim.runner import timing_run
-from npu.timing import duration
+from npu.timing import dma_bytes, duration
 
 from .lower import Lowering
 from .points import SPILL_POINTS, Candidate, PointPolicy, choose, dma_cycles, fragment_liveness
@@ -49,6 +49,38 @@ def _estimate(instrs: list[Instr], cfg: NpuConfig) -> tuple[int, int, int]:
     compute = max(busy["matrix"], busy["vector"])
     dma = busy["load"] + busy["store"]
     return compute, dma, max(compute, busy["load"], busy["store"])
+
+
+def _onchip_extent(instrs: list[Instr]) -> tuple[int, int]:
+    """Bytes of scratchpad and of accumulators the instructions touch: highest end minus lowest
+    start in each memory (an operator placed at the top of a region still counts what it uses)."""
+    ext = {False: [1 << 30, 0], True: [1 << 30, 0]}  # in the accumulators? -> [lowest, highest]
+    for i in instrs:
+        reads, writes = footprint(i)
+        for sp in reads + writes:
+            if sp.space == "onchip":
+                e = ext[sp.start >= ACC_BASE]
+                e[0], e[1] = min(e[0], sp.start), max(e[1], sp.end)
+    return tuple(max(0, hi - lo) for lo, hi in (ext[False], ext[True]))  # type: ignore[return-value]
+
+
+def segment_figures(instrs: list[Instr], cfg: NpuConfig) -> dict[str, int]:
+    """A segment's on-chip footprint, DRAM traffic and cost-model cycles (NpuSegment's fields)."""
+    compute, dma, est = _estimate(instrs, cfg)
+    spad, acc = _onchip_extent(instrs)
+    rd = wr = 0
+    for i in instrs:
+        r, w = dma_bytes(i)
+        rd, wr = rd + r, wr + w
+    return dict(
+        est_cycles=est,
+        spad_bytes=spad,
+        acc_bytes=acc,
+        dma_rd_bytes=rd,
+        dma_wr_bytes=wr,
+        dma_cycles=dma,
+        compute_cycles=compute,
+    )
 
 
 def assemble(
@@ -217,5 +249,4 @@ def _emit_segment(
         p0, p1 = pcs[new_index[i0]], pcs[new_index[i1]]
         la.pc = [start + p0, start + p1]
         la.compute_cycles, la.dma_cycles, la.est_cycles = _estimate(built.instrs[p0:p1], cfg)
-    est = _estimate(built.instrs, cfg)[2]
-    out.segments.append(NpuSegment(start, len(out.program) - 1, est_cycles=est))
+    out.segments.append(NpuSegment(start, len(out.program) - 1, **segment_figures(built.instrs, cfg)))

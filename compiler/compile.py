@@ -12,9 +12,10 @@ import onnx
 
 from npu.arith import round_up
 from npu.config import NpuConfig, get_config
-from npu.container import Container, DramImage, Manifest, ProgramInfo
+from npu.container import Container, DramImage, Manifest, NpuSegment, ProgramInfo
 from npu.isa import encode_program
 
+from . import region
 from .assemble import Lowered
 from .cleanup import cleanup
 from .graph import CompileError
@@ -23,6 +24,7 @@ from .lower import lower
 from .order import SearchResult, search_order
 from .points import PointPolicy
 from .quantize import check_calibration, quantize_float_model
+from .region import Regions
 
 
 @dataclass
@@ -38,6 +40,7 @@ class CompiledModel:
     search: SearchResult | None = None
     granularity: str = "segment"
     frontend: list[str] = field(default_factory=list)  # what the front end did (opset, pads, layouts)
+    regions: Regions | None = None  # the on-chip regions the program keeps to (None: whole memories)
 
     @property
     def program(self) -> bytes:
@@ -56,6 +59,8 @@ class CompiledModel:
             layers=low.layers,
             cancel_points=low.points,
             granularity=self.granularity,  # type: ignore[arg-type]
+            spad_region=[r.spad_start, r.spad_size] if (r := self.regions) else None,
+            acc_region=[r.acc_start, r.acc_size] if r else None,
         )
 
     def to_container(self) -> Container:
@@ -122,6 +127,20 @@ class CompiledModel:
             )
         return lines
 
+    def _segments_report(self) -> list[str]:
+        """Totals of the per-segment figures a layer-wise scheduler reads (NpuSegment)."""
+        segs = [s for s in self.lowered.segments if isinstance(s, NpuSegment)]
+        if not segs:
+            return []
+        most = lambda k: max(getattr(s, k) or 0 for s in segs)  # noqa: E731
+        total = lambda k: sum(getattr(s, k) or 0 for s in segs)  # noqa: E731
+        return [
+            f"NPU segments: largest on-chip footprint {most('spad_bytes')} scratchpad + "
+            f"{most('acc_bytes')} accumulator bytes; DMA {total('dma_rd_bytes')} bytes read, "
+            f"{total('dma_wr_bytes')} written; {total('dma_cycles')} DMA and {total('compute_cycles')} "
+            "compute cycles (cost model)"
+        ]
+
     def report(self) -> str:
         """Placement, splits, cancellation points, predicted cycles and scratchpad peak."""
         low = self.lowered
@@ -145,7 +164,10 @@ class CompiledModel:
             *self._order_report(),
             *self._points_report(),
             f"predicted cycles: {total} (cost model, NPU operators)",
-            f"scratchpad peak: {peak} of {self.cfg.spad_bytes} bytes",
+            *([f"on-chip: {self.regions.describe()}"] if self.regions else []),
+            f"scratchpad peak: {peak} of "
+            f"{self.regions.spad_size if self.regions else self.cfg.spad_bytes} bytes",
+            *self._segments_report(),
             f"instructions: {len(low.program)}, DRAM used: {low.dram_end} bytes",
             f"compile time: {self.compile_s:.2f} s",
         ]
@@ -165,18 +187,24 @@ def compile_onnx(
     exhaustive_limit: int = 120,
     granularity: str = "segment",
     input_shapes: Mapping[str, Sequence[int]] | None = None,
+    spad_region: tuple[int, int] | None = None,
+    acc_region: tuple[int, int] | None = None,
 ) -> CompiledModel:
     """Compile an ONNX model. `order`: "search" (key-node partitioned order search with the golden
     model's timing, at most `order_budget_s` seconds) or "default" (the ONNX order). `granularity`:
     "segment" (NPU operators back to back) or "operator" (each operator its own segment reading and
     writing DRAM, with the operator graph: units of work for the engines of a SoC). `input_shapes`:
-    static shapes for graph inputs with dynamic dimensions, e.g. {"input": (1, 3, 224, 224)}."""
+    static shapes for graph inputs with dynamic dimensions, e.g. {"input": (1, 3, 224, 224)}.
+    `spad_region`/`acc_region`: (start, size) byte ranges of the scratchpad and of the accumulator
+    memory the program may touch (compiler/region.py; default: the whole scratchpad, and the
+    accumulator region proportional to the scratchpad region)."""
     if order not in ("search", "default"):
         raise CompileError(f"order must be 'search' or 'default', not {order!r}")
     if granularity not in ("segment", "operator"):
         raise CompileError(f"granularity must be 'segment' or 'operator', not {granularity!r}")
     t0 = time.perf_counter()
     cfg = get_config(config).engine  # a model runs on one engine (of a SoC preset: its engine)
+    regions = region.resolve(cfg, spad_region, acc_region)
     prepared = load(path, input_shapes)
     model = prepared.model
     if not is_qdq(model):
@@ -185,8 +213,14 @@ def compile_onnx(
         for name, shape in prepared.nhwc_inputs.items():  # calibration comes as the input: NHWC
             calib = check_calibration(calib, name, list(shape), str(path)).transpose(0, 3, 1, 2)
         model = quantize_float_model(cleanup(model), calib, str(path))
+    plan_cfg = region.view(cfg, regions) if regions else cfg  # the passes plan inside the regions
     lowering = lower(
-        model, cfg, str(path), step=cp_interval, max_live=cp_max_live, nhwc_inputs=set(prepared.nhwc_inputs)
+        model,
+        plan_cfg,
+        str(path),
+        step=cp_interval,
+        max_live=cp_max_live,
+        nhwc_inputs=set(prepared.nhwc_inputs),
     )
     search = None
     if order == "search":
@@ -195,6 +229,10 @@ def compile_onnx(
         )
     policy = PointPolicy(cp_interval, cp_max_live, cp_every_instruction) if cancel_points else None
     low = lowering.assemble(search.order if search else None, policy, granularity)
+    if regions:  # planned in [0, size): move every on-chip address into the regions
+        low.program = region.relocate(low.program, regions)
+        low.points = region.relocate_points(low.points, regions)
+        region.check_inside(low.program, regions, cfg)
     base = round_up(low.dram_end, 4096)
     if base + len(low.program) * 32 > cfg.dram_bytes:
         raise CompileError(
@@ -202,5 +240,14 @@ def compile_onnx(
             f"{cfg.dram_bytes} bytes of DRAM on {cfg.name}"
         )
     return CompiledModel(
-        cfg, low, base, model, str(path), time.perf_counter() - t0, search, granularity, prepared.notes
+        cfg,
+        low,
+        base,
+        model,
+        str(path),
+        time.perf_counter() - t0,
+        search,
+        granularity,
+        prepared.notes,
+        regions,
     )

@@ -29,6 +29,7 @@ from npu.timing import bank_stride
 
 from .graph import CompileError
 from .quantize import Act
+from .region import memory_name
 
 
 def channel_align(cfg: NpuConfig) -> int:
@@ -215,9 +216,16 @@ def plan_conv(
                 spad = wbufs * wbytes + 2 * (g.in_rows(rows) * g.wp * cpx + m * co_t)
                 best = (key, ConvPlan(co_t, ci_t, rows, band_mode, est, spad))
     if best is None:
+        # what the smallest tiling (one output row, the narrowest channel tiles) would need
+        co_t, ci_t = co_opts[0], ci_opts[0]
+        m = _conv_m(g, 1, band_mode)
+        w = co_t * bank_stride(cfg, taps * ci_t, cfg.lanes) * (1 if co_t >= cout_p and ci_t >= win else 2)
+        spad = w + 2 * (g.in_rows(1) * g.wp * cpx + m * co_t)
         raise CompileError(
-            f"{where}: no tiling fits the {cfg.spad_bytes}-byte scratchpad: one input row band "
-            f"({g.kh} rows x {g.wp} x {cpx} bytes) is too large; width splitting is not supported"
+            f"{where}: no tiling fits {memory_name(cfg)} and {memory_name(cfg, acc=True)}: the smallest "
+            f"(one output row of {g.ow} pixels, {co_t} output and {ci_t} input channels, an input band of "
+            f"{g.in_rows(1)} rows x {g.wp} x {cpx} bytes) needs {spad} scratchpad and "
+            f"{2 * m * acc_row_stride(cfg, co_t)} accumulator bytes; width splitting is not supported"
         )
     return best[1]
 
@@ -463,7 +471,11 @@ def pool_program(
             best = (ct, rows)
             break
     if best is None:
-        raise CompileError(f"{where}: one pooling row band does not fit the scratchpad (width {g.wp})")
+        need = 2 * (g.in_rows(1) * g.wp * ca + g.ow * ca)
+        raise CompileError(
+            f"{where}: one pooling row band does not fit {memory_name(cfg)}: {ca} channels of one output "
+            f"row (input width {g.wp}) need {need} bytes"
+        )
     ct, rows_max = best
     in_bytes = g.in_rows(rows_max) * g.wp * ct
     out_bytes = rows_max * g.ow * ct

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from .config import PRESETS
+from .config import ACC_BASE, PRESETS, NpuConfig
 from .isa import FORMATS, INSTR_BYTES, OFFSETS, Opcode
 from .tensors import Layout
 
@@ -82,7 +82,13 @@ class HostIO:
 class NpuSegment:
     """Start the device at `pc`; the range ends with END at `end`. `deps`: the segments whose
     results it reads (None: the segment before it). `est_cycles`: the cost model's runtime;
-    `ref_cycles`: the runtime measured alone on a quiet engine (`npu profile`; None until then)."""
+    `ref_cycles`: the runtime measured alone on a quiet engine (`npu profile`; None until then).
+
+    A layer-wise scheduler's inputs (None in older files): `spad_bytes`/`acc_bytes`, the extent of
+    the scratchpad and accumulator bytes the segment touches; `dma_rd_bytes`/`dma_wr_bytes`, the
+    DRAM bytes its LOADs read and its STOREs write; `dma_cycles`/`compute_cycles`, the cost model's
+    busy cycles of the DMA units (load + store) and of the compute units (the busier of matrix and
+    vector)."""
 
     pc: int
     end: int
@@ -90,6 +96,12 @@ class NpuSegment:
     deps: list[int] | None = None
     est_cycles: int | None = None
     ref_cycles: int | None = None
+    spad_bytes: int | None = None
+    acc_bytes: int | None = None
+    dma_rd_bytes: int | None = None
+    dma_wr_bytes: int | None = None
+    dma_cycles: int | None = None
+    compute_cycles: int | None = None
 
 
 @dataclass
@@ -170,6 +182,11 @@ class Manifest:
     #: "segment": NPU operators run back to back in as few segments as host steps allow;
     #: "operator": every operator is its own segment (DRAM in, DRAM out) with its dependencies
     granularity: Literal["segment", "operator"] = "segment"
+    #: the on-chip bytes the program may touch, [start, size]: scratchpad bytes, and accumulator
+    #: bytes as offsets into the accumulator memory (on-chip addresses ACC_BASE + offset); None:
+    #: the whole memory (`npu compile --spad-region/--acc-region`)
+    spad_region: list[int] | None = None
+    acc_region: list[int] | None = None
 
     def to_json(self) -> dict:
         return _encode(self)
@@ -201,6 +218,18 @@ class Manifest:
             list(s.deps) if s.deps is not None else ([i - 1] if i else [])
             for i, s in enumerate(self.segments)
         ]
+
+    def onchip_ranges(self, cfg: NpuConfig) -> list[tuple[int, int]]:
+        """The on-chip [start, end) address ranges the program may touch on `cfg`: its scratchpad
+        region and its accumulator region (at ACC_BASE +); the whole memories when unset."""
+        s0, sn = self.spad_region or (0, cfg.spad_bytes)
+        a0, an = self.acc_region or (0, cfg.acc_bytes)
+        return [(s0, s0 + sn), (ACC_BASE + a0, ACC_BASE + a0 + an)]
+
+    def shares_onchip(self, other: Manifest, cfg: NpuConfig) -> bool:
+        """Whether this model and `other`, both resident on one engine of `cfg`, may touch the same
+        on-chip bytes (their regions overlap)."""
+        return any(a < d and c < b for a, b in self.onchip_ranges(cfg) for c, d in other.onchip_ranges(cfg))
 
     def point_table(self) -> dict[int, CancelPoint]:
         return {p.id: p for p in self.cancel_points}

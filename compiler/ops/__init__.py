@@ -13,8 +13,11 @@ from typing import TYPE_CHECKING
 
 import onnx
 
+from npu.isa import ErrorCode, IsaError
 from npu.program import ProgramBuilder
 
+from ..graph import CompileError
+from ..region import memory_name
 from . import conv, eltwise, gemm, pool, view  # noqa: F401 - each registers its operators
 from .host import lower_host
 from .registry import RULES
@@ -43,5 +46,12 @@ def lower_node(ctx: Lowerer, n: onnx.NodeProto) -> None:
     r = RULES[n.op_type]
     if r.view:
         r.lower(ctx, n)
-    else:
+        return
+    try:
         r.lower(ctx, n, ProgramBuilder(ctx.cfg))
+    except IsaError as e:  # a buffer past the end: the memory (or the region) is too small
+        if e.code != ErrorCode.SPAD_RANGE:
+            raise
+        raise CompileError(
+            f"{ctx.where(n)}: does not fit {memory_name(ctx.cfg)} and {memory_name(ctx.cfg, acc=True)} ({e})"
+        ) from None

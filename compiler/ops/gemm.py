@@ -11,8 +11,9 @@ import onnx
 from npu.program import ProgramBuilder
 
 from ..graph import CompileError, node_attrs
-from ..programs import gemm_program
+from ..programs import acc_row_stride, choose_tiling, gemm_program
 from ..quantize import quant_multiplier
+from ..region import memory_name
 from .registry import rule
 
 if TYPE_CHECKING:
@@ -51,6 +52,17 @@ def lower_gemm(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     w_addr = ctx.const(np.ascontiguousarray(wt, np.int8).tobytes(), f"{where} weights")
     bias_addr = ctx.const(bias.astype("<i4").tobytes(), f"{where} bias")
     y = ctx.place(yq, f"{where} output")
+    try:
+        tiling = choose_tiling(ctx.cfg, m_, n_, wt.shape[1])
+    except ValueError:
+        cfg = ctx.cfg
+        cm, cn, lanes = cfg.clusters, cfg.pes_per_cluster, cfg.lanes
+        raise CompileError(
+            f"{where}: no GEMM tiling of {m_}x{n_}x{wt.shape[1]} fits {memory_name(cfg)} and "
+            f"{memory_name(cfg, acc=True)}: the smallest ({cm} x {cn} outputs, {lanes} deep) needs "
+            f"{2 * (cm * lanes + cn * lanes + cm * cn)} scratchpad and {2 * cm * acc_row_stride(cfg, cn)} "
+            "accumulator bytes"
+        ) from None
     gemm_program(
         ctx.cfg,
         m_,
@@ -63,6 +75,7 @@ def lower_gemm(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         shift=shift,
         zp_out=yq.zero_point,
         bias_addr=bias_addr,
+        tiling=tiling,
         builder=b,
     )
     ctx.op_done(n, b, [m_, n_, k_])

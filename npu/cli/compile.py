@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import PRESETS
-from .common import CliError, input_file, int_in, output_file, positive_float
+from .common import CliError, input_file, int_in, number, output_file, positive_float
 
 HELP = "compile an ONNX model to an .npub container"
 
@@ -67,6 +67,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="segment: NPU operators back to back (default); operator: every operator its own unit "
         "of work (DRAM in, DRAM out) with the operator graph, for scheduling across engines",
     )
+    for mem, what in (("spad", "scratchpad"), ("acc", "accumulator memory")):
+        p.add_argument(
+            f"--{mem}-region",
+            type=region,
+            metavar="START:SIZE",
+            help=f"use only these bytes of the {what} (e.g. 0:128K; numbers decimal or 0x, K = 1024"
+            + (
+                "), so models resident at once never touch each other's on-chip data"
+                if mem == "spad"
+                else ", offsets into it; default: the scratchpad region's share of it)"
+            ),
+        )
+
+
+def region(text: str) -> tuple[int, int]:
+    """An argparse type: START:SIZE, each decimal or 0x hex with an optional K (x 1024) suffix."""
+    start, colon, size = text.partition(":")
+
+    def num(t: str) -> int:
+        t = t.strip()
+        k = t[-1:] in ("k", "K")
+        return number(t[:-1] if k else t) * (1024 if k else 1)
+
+    try:
+        if not colon:
+            raise argparse.ArgumentTypeError("")
+        return num(start), num(size)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not START:SIZE in bytes (decimal or 0x, K = 1024), e.g. 0:128K"
+        ) from None
 
 
 def input_shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -109,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
             cp_max_live=args.cp_max_live,
             granularity=args.granularity,
             input_shapes=shapes,
+            spad_region=args.spad_region,
+            acc_region=args.acc_region,
         )
     except CompileError as e:
         raise CliError(str(e)) from None
@@ -119,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"{args.model} -> {out}: {len(low.program)} instructions, {n_npu} NPU operators, "
         f"{n_host} host operators, {len(low.cancel_points)} cancellation points, config {cm.cfg.name}"
+        + (f", {cm.regions.describe()}" if cm.regions else "")
     )
     if args.report:
         print(cm.report())
