@@ -135,11 +135,12 @@ def _dram_end(man: Manifest) -> int:
 def run_interleaved(models, seed: int, cfg=CFG) -> list[list[np.ndarray]]:
     """Run several compiled models on one golden model with their NPU segments concatenated into
     one instruction stream, as a layer-wise scheduler feeds the command ring: in a random order that
-    respects each model's segment dependencies, in groups of at most one segment per model separated
-    by FENCEs (a segment's inputs are complete, and its model's previous segment is done, once a
-    fence follows them). Within a group nothing orders the models' instructions: one model's DMA
-    runs under another's compute. A host step ends the stream so far and runs on the host. Returns
-    each model's int8 outputs."""
+    respects each model's segment dependencies, in groups of at most one segment per model. A
+    BARRIER and a FENCE separate the groups: the barrier orders a model's segment after its previous
+    one (what the host does by appending it once the fence has completed; a fence alone reports
+    progress but does not order). Within a group nothing orders the models' instructions: one
+    model's DMA runs under another's compute. A host step ends the stream so far and runs on the
+    host. Returns each model's int8 outputs."""
     m = NpuModel(cfg)
     dev = ModelDevice(m)
     placed, off = [], 0
@@ -182,7 +183,7 @@ def run_interleaved(models, seed: int, cfg=CFG) -> list[list[np.ndarray]]:
             host.run(dev, seg, env)
         else:
             if k in group:
-                stream.append(make(Opcode.FENCE))
+                stream += [make(Opcode.BARRIER), make(Opcode.FENCE)]
                 group.clear()
             stream.extend(instrs[seg.pc : seg.end])  # without its END
             group.add(k)
