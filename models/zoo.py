@@ -6,6 +6,7 @@ rebuilds the same files offline.
 * `resnet_small`, `inception_small`: a residual and a branchy (inception-style) network on 32x32.
 * `perception`, `planning`: the preemption scenario's long perception CNN and short planning MLP.
 * `longconv`: one long convolution and a short head (operator runtimes 100x apart, for seed 001).
+* `fc_heavy`: a DMA-bound MLP at batch 1 (0.4 MB of weights), the memory-intensive side of seed 002.
 * `resnet50_like`, `inception_v1_like`, `squeezenet_like`: ImageNet-class topologies at 224x224
   (BatchNorm, Concat, residual Add, Softmax at the end), full widths by default.
 
@@ -243,6 +244,17 @@ def longconv(batch: int = 1) -> ZooModel:
     return ZooModel("longconv", net.model([y]), calib, test)
 
 
+def fc_heavy(batch: int = 1) -> ZooModel:
+    """A memory-intensive MLP at batch 1 (about 0.4 MB of int8 weights, each used once): its layers
+    are bound by DMA, the counterpart of the CNNs in layer-wise scheduling (seed 002)."""
+    net = Net("fc_heavy", (batch, 256), seed=16)
+    h = net.relu(net.gemm(net.input, 512))
+    h = net.relu(net.gemm(h, 512))
+    y = net.gemm(h, 16)
+    calib, test = _random_inputs((batch, 256), 32, 4, 16)
+    return ZooModel("fc_heavy", net.model([y]), calib, test)
+
+
 def resnet50_like(width: int = 64, batch: int = 1) -> ZooModel:
     """ResNet-50's topology (7x7/2 stem, max pool, 3-4-6-3 bottlenecks, GAP, FC, Softmax), widths
     scaled by width/64 (64: the real network's 25.5 M weights)."""
@@ -316,6 +328,7 @@ ZOO = {
     "perception": perception,
     "planning": planning,
     "longconv": longconv,
+    "fc_heavy": fc_heavy,
 }
 IMAGENET = {
     "resnet50_like": resnet50_like,

@@ -28,7 +28,7 @@ from ..transport import Transport
 #: the default mix: one long convolution, a short MLP, a branchy network
 APPS = ("longconv", "planning", "inception_small")
 POLICIES = ("expected-time", "count", "round-robin")
-RTL_DRAM = 8 << 20  # the simulated DRAM of the RTL comparison: every app twice
+RTL_DRAM = 2 << 20  # the simulated DRAM of the RTL comparison: every app twice (1.3 MB) and save areas
 
 
 @dataclass

@@ -1,0 +1,308 @@
+"""Layer-wise scheduling of several models on one engine through the command ring (seed 002).
+
+Every request runs one layer (an NPU segment of a model compiled with `granularity="operator"`) at
+a time; the host keeps `depth` layers in the ring, each followed by a FENCE, so that the loads of
+the next layer (of another model) run under the compute of the current one. Each time a fence
+completes, the scheduler picks the next layer among the candidates: the next layer of every
+request that has none in flight (a model's layers share its on-chip region and read each other's
+outputs, so they never overlap each other).
+
+Policies:
+* `fcfs`: whole models in arrival order (the baseline: no interleaving).
+* `layer-rr`: layers of the requests in turn.
+* `idle-time` (the seed's rule): for every candidate, estimate the idle time it would cause on the
+  compute resource (its DMA not hidden under the compute already queued) and on the DMA resource
+  (DMA stalled because the on-chip memory is full until compute frees it); pick the least total,
+  ties to the least DMA idle; a candidate passed over `starve_limit` times is forced.
+* `order`: a given interleaving (for the exhaustive search over interleavings of small cases).
+
+Requests arrive at any time (their arrival order does not decide, except for `fcfs`). Several
+models can be resident only if they were compiled into disjoint scratchpad regions; the scheduler
+checks that requests that may overlap do not share on-chip memory when the manifest records the
+regions.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from npu.container import Container, HostStep, NpuSegment
+from npu.executor import HostSteps, check_inputs, read_outputs, write_inputs
+from npu.isa import INSTR_BYTES, Opcode, Unit, decode_program, encode, make
+from npu.registers import COUNTERS, Control, Status
+from npu.timing import duration
+
+from ..ring import Ring
+from ..runtime import DriverError, Npu
+
+POLICIES = ("fcfs", "layer-rr", "idle-time")
+RING_SLOTS = 4096  # 128 KiB of ring: a few large layers
+
+
+@dataclass
+class Layer:
+    """One NPU segment with the estimator's inputs."""
+
+    index: int  # segment index in the manifest
+    program: bytes  # its instructions (END dropped), relocated
+    dma: int  # cycles of its LOAD/STORE instructions
+    compute: int  # cycles of its MATMUL/VMAP/VADD/POOL instructions
+    footprint: int  # on-chip bytes it uses
+
+
+def layer_costs(program: bytes, cfg) -> tuple[int, int, int]:
+    """(DMA cycles, compute cycles, on-chip footprint bytes) of a segment's instructions."""
+    from npu.config import ACC_BASE
+    from npu.isa import footprint
+
+    dma = comp = 0
+    lo, hi = None, 0
+    for ins in decode_program(program):
+        if ins.unit is None or ins.op == Opcode.SYNC:
+            continue
+        d = duration(ins, cfg)
+        if ins.unit in (Unit.LOAD, Unit.STORE):
+            dma += d
+        else:
+            comp += d
+        reads, writes = footprint(ins)
+        for sp in reads + writes:
+            if sp.space == "onchip" and sp.end > sp.start and sp.start < ACC_BASE:  # the scratchpad
+                lo = sp.start if lo is None else min(lo, sp.start)
+                hi = max(hi, sp.end)
+    return dma, comp, 0 if lo is None else hi - lo
+
+
+@dataclass(eq=False)
+class Request:
+    id: int
+    name: str
+    arrival: int
+    inputs: list[np.ndarray]
+    manifest: object
+    host: HostSteps
+    layers: list[Layer]
+    steps: list  # the manifest's segments (NPU and host) in order
+    next_step: int = 0
+    inflight: bool = False
+    passed_over: int = 0
+    env: dict = field(default_factory=dict)
+    admitted: bool = False
+    finish: int | None = None
+    outputs: list[np.ndarray] | None = None
+    alone: int | None = None  # its runtime alone (for STP/ANTT)
+    key: int = 0  # its placed model: requests of one model share its DRAM and on-chip region
+
+    @property
+    def done(self) -> bool:
+        return self.finish is not None
+
+    def next_layer(self) -> Layer | None:
+        s = self.steps[self.next_step] if self.next_step < len(self.steps) else None
+        return s if isinstance(s, Layer) else None
+
+
+@dataclass
+class Estimator:
+    """The accelerator state the seed's rule tracks: when DMA and compute are free (their gap), the
+    on-chip memory in use, and what each in-flight layer holds."""
+
+    capacity: int
+    t_dma: int = 0
+    t_compute: int = 0
+    in_use: int = 0
+
+    def idle(self, layer: Layer) -> tuple[int, int]:
+        """(compute idle, DMA idle) that appending `layer` now would cause."""
+        dma_idle = 0
+        if self.in_use + layer.footprint > self.capacity:  # DMA waits for compute to free memory
+            dma_idle = max(0, self.t_compute - self.t_dma)
+        dma_start = self.t_dma + dma_idle
+        compute_idle = max(0, dma_start + layer.dma - self.t_compute)
+        return compute_idle, dma_idle
+
+    def add(self, layer: Layer, now: int) -> None:
+        self.t_dma, self.t_compute = max(self.t_dma, now), max(self.t_compute, now)
+        c_idle, d_idle = self.idle(layer)
+        self.t_dma += d_idle + layer.dma
+        self.t_compute = max(self.t_compute, self.t_dma) + layer.compute
+        self.in_use += layer.footprint
+
+    def remove(self, layer: Layer) -> None:
+        self.in_use = max(0, self.in_use - layer.footprint)
+
+
+class LayerwiseScheduler:
+    """Runs requests on engine 0 of `npu` (its transport) through a command ring."""
+
+    def __init__(self, npu: Npu, policy: str = "idle-time", *, depth: int = 2, window: int = 1,
+                 starve_limit: int = 8, order: list[int] | None = None):  # fmt: skip
+        if policy not in POLICIES and policy != "order":
+            raise DriverError(f"unknown layer-wise policy {policy!r} (one of {', '.join(POLICIES)})")
+        if npu.cfg.engines != 1:
+            raise DriverError("the layer-wise scheduler drives a single engine")
+        self.npu, self.tr, self.cfg = npu, npu.tr, npu.cfg.engine
+        self.policy, self.depth, self.window, self.starve_limit = policy, depth, window, starve_limit
+        self.order = deque(order or [])
+        self.requests: list[Request] = []
+        self._ids = itertools.count()
+        self._placed: dict[int, tuple] = {}
+        base = npu._alloc(RING_SLOTS * INSTR_BYTES)
+        if base is None:
+            raise DriverError("no DRAM left for the command ring")
+        self.ring = Ring(self.tr, base, RING_SLOTS * INSTR_BYTES)
+        self.est = Estimator(self.cfg.spad_bytes)
+        self.timeline: list[tuple[int, str, int, int]] = []  # (request, model, layer, fence time)
+
+    # -- requests ---------------------------------------------------------------------------------
+    def place(self, container: Container, name: str | None = None):
+        """Load a model (once) for requests."""
+        key = id(container)
+        if key not in self._placed:
+            man0 = container.manifest
+            for other in self._placed.values():
+                if man0.shares_onchip(other[1], self.cfg):
+                    raise DriverError(
+                        f"{name or 'the model'} and {other[0].name} share on-chip memory: compile them into "
+                        "disjoint regions (npu compile --spad-region START:SIZE) to schedule them layer-wise"
+                    )
+            lm = self.npu.load(container, name)
+            inst = lm.instances[0]
+            man = inst.manifest
+            steps: list = []
+            for i, s in enumerate(man.segments):
+                if isinstance(s, NpuSegment):
+                    raw = self.tr.read_dram(
+                        inst.program_base + s.pc * INSTR_BYTES, (s.end - s.pc) * INSTR_BYTES
+                    )
+                    if s.dma_cycles is not None and s.compute_cycles is not None and s.spad_bytes is not None:
+                        dma, comp, fp = s.dma_cycles, s.compute_cycles, s.spad_bytes  # the compiler's figures
+                    else:  # an older container: from the instructions
+                        dma, comp, fp = layer_costs(raw, self.cfg)
+                    steps.append(Layer(i, raw, dma, comp, fp))
+                else:
+                    steps.append(s)
+            self._placed[key] = (lm, man, HostSteps(container.blobs, man.segments), steps)
+        return self._placed[key]
+
+    def submit(
+        self, container: Container, inputs: list[np.ndarray], at: int = 0, name: str | None = None
+    ) -> Request:
+        lm, man, host, steps = self.place(container, name)
+        xs = check_inputs(man, inputs)
+        r = Request(next(self._ids), lm.name, at, xs, man, host, [s for s in steps if isinstance(s, Layer)],
+                    list(steps), key=id(container))  # fmt: skip
+        self.requests.append(r)
+        return r
+
+    # -- running ----------------------------------------------------------------------------------
+    def _admit(self, now: int) -> None:
+        """Arrived requests start, one per model at a time (its inputs and activations live in the
+        model's DRAM and on-chip region), in arrival order."""
+        for r in sorted(self.requests, key=lambda r: (r.arrival, r.id)):
+            busy = any(o.admitted and not o.done and o.key == r.key for o in self.requests)
+            if not r.admitted and r.arrival <= now and not busy:
+                write_inputs(r.manifest, self.tr, r.inputs, r.env)
+                r.admitted = True
+                self._advance_host(r, now)
+
+    def _advance_host(self, r: Request, now: int) -> None:
+        """Run the host steps at the head of `r`; finish it when nothing is left."""
+        while r.next_step < len(r.steps) and isinstance(r.steps[r.next_step], HostStep):
+            r.host.run(self.tr, r.steps[r.next_step], r.env)
+            r.next_step += 1
+        if r.next_step >= len(r.steps) and r.finish is None:
+            r.outputs = read_outputs(r.manifest, self.tr, r.env)
+            r.finish = now
+
+    def candidates(self) -> list[Request]:
+        c = [r for r in self.requests if r.admitted and not r.done and not r.inflight and r.next_layer()]
+        return sorted(c, key=lambda r: (r.arrival, r.id))
+
+    def choose(self, cands: list[Request]) -> Request | None:
+        if not cands:
+            return None
+        if self.policy == "fcfs":
+            first = min(
+                (r for r in self.requests if not r.done and r.admitted), key=lambda r: (r.arrival, r.id)
+            )
+            return first if first in cands else None
+        if self.policy == "order":
+            if not self.order:
+                return cands[0]
+            want = self.order[0]
+            for r in cands:
+                if r.id == want:
+                    self.order.popleft()
+                    return r
+            return None  # the next in the order is not ready yet
+        if self.policy == "layer-rr":
+            last = self.timeline[-1][0] if self.timeline else -1
+            after = [r for r in cands if r.id > last]
+            return (after or cands)[0]
+        forced = [r for r in cands if r.passed_over >= self.starve_limit]
+        if forced:
+            pick = max(forced, key=lambda r: r.passed_over)
+        else:
+
+            def score(r: Request):
+                c, d = self.est.idle(r.next_layer())
+                return (c + d, d, r.arrival, r.id)
+
+            pick = min(cands, key=score)
+        for r in cands:
+            r.passed_over = 0 if r is pick else r.passed_over + 1
+        return pick
+
+    def run(self, timeout_cycles: int = 10**10) -> None:
+        """Run every submitted request to completion."""
+        tr, ring = self.tr, self.ring
+        tr.set_reg("CONTROL", int(Control.SOFT_RESET))
+        tr.set_reg("CONTROL", int(Control.IRQ_ENABLE))
+        ring.start()
+        self.t0 = tr.now()
+        inflight: deque[tuple[Request, Layer]] = deque()
+        done_fences = 0
+        base = tr.reg("FENCE_COUNT")
+        while not all(r.done for r in self.requests):
+            now = tr.now()
+            if now - self.t0 > timeout_cycles:
+                raise DriverError(f"layer-wise run did not finish within {timeout_cycles} cycles")
+            self._admit(now)
+            while len(inflight) < self.depth:
+                r = self.choose(self.candidates())
+                if r is None:
+                    break
+                layer = r.next_layer()
+                ring.append(layer.program + encode(make(Opcode.FENCE)))
+                self.est.add(layer, now)
+                r.inflight = True
+                inflight.append((r, layer))
+            st = Status(tr.reg("STATUS"))
+            if st not in (Status.RUNNING, Status.WAITING):
+                raise DriverError(f"the engine stopped running the ring: {st.name} "
+                                  f"(error {tr.reg('ERROR_CODE')} at {tr.reg('ERROR_PC')})")  # fmt: skip
+            pending = [r.arrival for r in self.requests if not r.admitted]
+            tr.set_reg("IRQ", 1)
+            n = (tr.reg("FENCE_COUNT") - base) & 0xFFFFFFFF
+            if n == done_fences:
+                nxt = min(pending) - tr.now() if pending else None
+                if not inflight and nxt is None:
+                    raise DriverError("nothing to run and nothing will arrive")
+                tr.wait(None if nxt is None else max(1, nxt))
+                n = (tr.reg("FENCE_COUNT") - base) & 0xFFFFFFFF
+            while done_fences < n:
+                r, layer = inflight.popleft()
+                done_fences += 1
+                r.inflight = False
+                r.next_step += 1
+                self.est.remove(layer)
+                t = tr.now()
+                self.timeline.append((r.id, r.name, layer.index, t))
+                self._advance_host(r, t)
+        self.makespan = tr.now() - self.t0
+        self.counters = {name: tr.counter(name) for name in COUNTERS}

@@ -1,0 +1,157 @@
+"""`npu bench layerwise`: pairs of a compute-intensive and a memory-intensive model submitted
+together on one engine, each policy's STP, ANTT, makespan and utilisation (Eyerman and Eeckhout's
+multiprogram metrics), the greedy rule against an exhaustive search over interleavings on small
+pairs, and a starvation scenario with and without the guard."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from npu.config import get_config
+
+from ..runtime import Npu
+from .layerwise import POLICIES, LayerwiseScheduler
+
+COMPUTE = ("digits_cnn", "resnet_small", "inception_small", "perception")
+MEMORY = ("fc_heavy", "digits_mlp")
+SMALL = (("digits_cnn", "digits_mlp"), ("digits_cnn", "planning"))
+
+
+@dataclass
+class Prepared:
+    name: str
+    container: object
+    x: np.ndarray
+
+
+def prepare(name: str, config: str, half: int, cache=None) -> Prepared:
+    """`name` compiled one segment per operator into scratchpad half `half` (0 or 1)."""
+    from ..demo import compile_zoo
+
+    cfg = get_config(config).engine
+    size = cfg.spad_bytes // 2
+    c, x = compile_zoo(name, cfg.name, cache, granularity="operator", spad_region=(half * size, size))
+    return Prepared(name, c, x)
+
+
+def run_set(models: list[Prepared], policy: str, config: str, transport=None, arrivals=None, **kw) -> dict:
+    """Submit `models` (at `arrivals`, default all at 0) under `policy`; figures and outputs."""
+    npu = Npu("model", config, transport=transport)
+    s = LayerwiseScheduler(npu, policy, **kw)
+    reqs = [s.submit(m.container, [m.x], at=(arrivals or [0] * len(models))[i]) for i, m in enumerate(models)]
+    s.run()
+    c = s.counters
+    return {
+        "makespan": s.makespan,
+        "turnaround": [r.finish - r.arrival for r in reqs],
+        "compute_util": round(c["BUSY_MATRIX"] / max(1, s.makespan), 4),
+        "dma_util": round((c["BUSY_LOAD"] + c["BUSY_STORE"]) / (2 * max(1, s.makespan)), 4),
+        "outputs": [r.outputs for r in reqs],
+        "timeline": s.timeline,
+    }
+
+
+def metrics(turnaround: list[int], alone: list[int]) -> dict:
+    """STP = sum of alone/shared; ANTT = mean of shared/alone (turnaround from arrival)."""
+    ntt = [t / a for t, a in zip(turnaround, alone, strict=True)]
+    return {"stp": round(sum(1 / n for n in ntt), 4), "antt": round(float(np.mean(ntt)), 4),
+            "max_ntt": round(max(ntt), 4)}  # fmt: skip
+
+
+def bench_pair(pair: tuple[str, str], config: str, transport_fn=None) -> dict:
+    models = [prepare(n, config, i) for i, n in enumerate(pair)]
+    alone = [run_set([m], "fcfs", config)["makespan"] for m in models]
+    refs = [run_set([m], "fcfs", config)["outputs"][0] for m in models]
+    out = {"models": list(pair), "backend": "model", "alone": alone}
+    for policy in POLICIES:
+        r = run_set(models, policy, config)
+        for got, want in zip(r["outputs"], refs, strict=True):
+            for a, b in zip(got, want, strict=True):
+                if not np.array_equal(a, b):
+                    raise AssertionError(f"{pair} under {policy}: outputs differ from running alone")
+        out[policy] = {"makespan": r["makespan"], **metrics(r["turnaround"], alone),
+                       "compute_util": r["compute_util"], "dma_util": r["dma_util"]}  # fmt: skip
+    out["speedup"] = round(out["fcfs"]["makespan"] / out["idle-time"]["makespan"], 4)
+    return out
+
+
+def exhaustive(pair: tuple[str, str], config: str) -> dict:
+    """The best makespan over every interleaving of the two models' layers (run on the model)."""
+    models = [prepare(n, config, i) for i, n in enumerate(pair)]
+    n = [len([s for s in m.container.manifest.segments if s.kind == "npu"]) for m in models]
+    best = None
+    count = 0
+    for pos in itertools.combinations(range(sum(n)), n[0]):
+        order = [0 if i in pos else 1 for i in range(sum(n))]
+        r = run_set(models, "order", config, order=order)
+        count += 1
+        if best is None or r["makespan"] < best:
+            best = r["makespan"]
+    greedy = run_set(models, "idle-time", config)["makespan"]
+    return {"models": list(pair), "layers": n, "interleavings": count, "best": best, "greedy": greedy,
+            "greedy_over_best": round(greedy / best, 4)}  # fmt: skip
+
+
+def starvation(config: str, k: int = 16, limit: int = 8) -> dict:
+    """A memory-bound request (fc_heavy) among `k` compute-bound requests (digits_cnn) submitted
+    together: its layers' DMA does not hide under compute, so the rule passes them over while CNN
+    layers remain; with the guard, a candidate passed over `limit` times is forced."""
+    mem = prepare("fc_heavy", config, 0)
+    cnn = prepare("digits_cnn", config, 1)
+    alone = [run_set([mem], "fcfs", config)["makespan"]] + [run_set([cnn], "fcfs", config)["makespan"]] * k
+    models = [mem] + [cnn] * k
+    out = {"models": [m.name for m in models]}
+    for label, lim in (("without_guard", 10**9), ("with_guard", limit)):
+        r = run_set(models, "idle-time", config, starve_limit=lim)
+        out[label] = {
+            "starve_limit": lim if lim < 10**9 else None,
+            **metrics(r["turnaround"], alone),
+            "starved_ntt": round(r["turnaround"][0] / alone[0], 4),
+            "makespan": r["makespan"],
+        }
+    return out
+
+
+def bench_layerwise(config: str = "default", progress: Callable[[str], None] | None = None) -> dict:
+    say = progress or (lambda _m: None)
+    pairs = []
+    for c, m in itertools.product(COMPUTE, MEMORY):
+        say(f"pair {c} + {m}")
+        pairs.append(bench_pair((c, m), config))
+    gve = []
+    for p in SMALL:
+        say(f"exhaustive {p[0]} + {p[1]}")
+        gve.append(exhaustive(p, config))
+    say("starvation")
+    st = starvation(config)
+    ratio = float(np.mean([p["speedup"] for p in pairs]))
+    return {
+        "config": config,
+        "pairs": pairs,
+        "mean_makespan_fcfs_over_idle_time": round(ratio, 4),
+        "greedy_vs_exhaustive": gve,
+        "starvation": st,
+    }
+
+
+def format_layerwise(res: dict) -> str:
+    lines = [f"{'pair':<34}{'policy':<11}{'makespan':>10}{'STP':>7}{'ANTT':>7}{'compute':>9}{'DMA':>7}"]
+    for p in res["pairs"]:
+        for pol in POLICIES:
+            r = p[pol]
+            lines.append(f"{' + '.join(p['models']):<34}{pol:<11}{r['makespan']:>10}{r['stp']:>7.2f}"
+                         f"{r['antt']:>7.2f}{r['compute_util']:>9.2f}{r['dma_util']:>7.2f}")  # fmt: skip
+    lines.append(f"mean makespan fcfs / idle-time: {res['mean_makespan_fcfs_over_idle_time']:.3f}")
+    for g in res["greedy_vs_exhaustive"]:
+        lines.append(f"greedy vs best of {g['interleavings']} interleavings ({' + '.join(g['models'])}): "
+                     f"{g['greedy']} / {g['best']} = {g['greedy_over_best']:.3f}")  # fmt: skip
+    st = res["starvation"]
+    w, wg = st["without_guard"], st["with_guard"]
+    lines.append(f"starvation: fc_heavy's normalised turnaround {w['starved_ntt']:.2f} without the guard, "
+                 f"{wg['starved_ntt']:.2f} with it (max over all {w['max_ntt']:.2f} / "
+                 f"{wg['max_ntt']:.2f})")  # fmt: skip
+    return "\n".join(lines)
