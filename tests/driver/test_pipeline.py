@@ -343,3 +343,23 @@ def test_example_graph_runs_from_the_command_line(tmp_path, capsys):
     assert tracks & {"prep_det/0", "prep_det/1"}
     assert any(e.get("pid") == 2 and e.get("ph") == "X" for e in trace)  # the NPU's device track
     assert (tmp_path / "pipeline.png").stat().st_size > 1000
+
+
+def test_runners_share_the_engines_of_a_soc():
+    from npu.driver.demo import compile_zoo
+
+    c, x = compile_zoo("planning", "default")
+    npu = Npu("model", "duo")
+    m = npu.load(c, "planning", instances=2)
+    sink, got = collector()
+    p = Pipeline(npu)
+    p.source("src", lambda: iter([x] * 8))
+    p.runner("plan", m, workers=2)
+    p.stage("sink", sink)
+    p.chain("src", "plan", "sink")
+    r = p.run(progress=False)
+    assert r.lost == r.duplicated == 0 and len(got) == 8
+    want = Npu("model").load(c).run(x)[0]
+    assert all(np.array_equal(g, want) for g in got)
+    used = set().union(*(j.engines_used for j in p.stages["plan"].jobs))
+    assert used == {0, 1}  # two runner workers keep both engines busy
