@@ -28,13 +28,13 @@ class Prepared:
     x: np.ndarray
 
 
-def prepare(name: str, config: str, half: int, cache=None) -> Prepared:
-    """`name` compiled one segment per operator into scratchpad half `half` (0 or 1)."""
+def prepare(name: str, config: str, part: int, parts: int = 2, cache=None) -> Prepared:
+    """`name` compiled one segment per operator into scratchpad part `part` of `parts` equal ones."""
     from ..demo import compile_zoo
 
     cfg = get_config(config).engine
-    size = cfg.spad_bytes // 2
-    c, x = compile_zoo(name, cfg.name, cache, granularity="operator", spad_region=(half * size, size))
+    size = cfg.spad_bytes // parts
+    c, x = compile_zoo(name, cfg.name, cache, granularity="operator", spad_region=(part * size, size))
     return Prepared(name, c, x)
 
 
@@ -96,21 +96,23 @@ def exhaustive(pair: tuple[str, str], config: str) -> dict:
             "greedy_over_best": round(greedy / best, 4)}  # fmt: skip
 
 
-def starvation(config: str, k: int = 16, limit: int = 8) -> dict:
-    """A memory-bound request (fc_heavy) among `k` compute-bound requests (digits_cnn) submitted
-    together: its layers' DMA does not hide under compute, so the rule passes them over while CNN
-    layers remain; with the guard, a candidate passed over `limit` times is forced."""
-    mem = prepare("fc_heavy", config, 0)
-    cnn = prepare("digits_cnn", config, 1)
-    alone = [run_set([mem], "fcfs", config)["makespan"]] + [run_set([cnn], "fcfs", config)["makespan"]] * k
-    models = [mem] + [cnn] * k
+def starvation(config: str, k: int = 6, limit: int = 8) -> dict:
+    """A memory-bound request (fc_heavy) submitted with `k` requests of each of three other models
+    (each model in its own quarter of the scratchpad, so three candidates besides it are usually
+    ready): its layers' DMA does not hide under compute, so the rule passes them over while others
+    remain; with the guard, a candidate passed over `limit` times is forced."""
+    names = ["fc_heavy", "digits_cnn", "planning", "digits_mlp"]
+    prep = [prepare(n, config, i, 4) for i, n in enumerate(names)]
+    alone = {m.name: run_set([m], "fcfs", config)["makespan"] for m in prep}
+    models = [prep[0]] + [m for _ in range(k) for m in prep[1:]]
+    base = [alone[m.name] for m in models]
     out = {"models": [m.name for m in models]}
     for label, lim in (("without_guard", 10**9), ("with_guard", limit)):
         r = run_set(models, "idle-time", config, starve_limit=lim)
         out[label] = {
             "starve_limit": lim if lim < 10**9 else None,
-            **metrics(r["turnaround"], alone),
-            "starved_ntt": round(r["turnaround"][0] / alone[0], 4),
+            **metrics(r["turnaround"], base),
+            "starved_ntt": round(r["turnaround"][0] / base[0], 4),
             "makespan": r["makespan"],
         }
     return out
