@@ -157,6 +157,9 @@ class LayerwiseScheduler:
         self.ring = Ring(self.tr, base, RING_SLOTS * INSTR_BYTES)
         self.est = Estimator(self.cfg.spad_bytes)
         self.timeline: list[tuple[int, str, int, int]] = []  # (request, model, layer, fence time)
+        self.placed_layers: list[
+            tuple[int, int, str, int, int]
+        ] = []  # ring counts [lo, hi), model, request, layer
 
     # -- requests ---------------------------------------------------------------------------------
     def place(self, container: Container, name: str | None = None):
@@ -278,7 +281,9 @@ class LayerwiseScheduler:
                 if r is None:
                     break
                 layer = r.next_layer()
+                lo = ring.tail
                 ring.append(layer.program + encode(make(Opcode.FENCE)))
+                self.placed_layers.append((lo, ring.tail, r.name, r.id, layer.index))
                 self.est.add(layer, now)
                 r.inflight = True
                 inflight.append((r, layer))
@@ -306,3 +311,25 @@ class LayerwiseScheduler:
                 self._advance_host(r, t)
         self.makespan = tr.now() - self.t0
         self.counters = {name: tr.counter(name) for name in COUNTERS}
+
+
+def chrome_trace(sched: LayerwiseScheduler, events, clock_mhz: float) -> dict:
+    """A Perfetto (Chrome) trace of a layer-wise run: one track per unit, each instruction named by
+    the model and layer it belongs to (`events`: the golden model's instruction trace, whose pcs
+    are ring counts), so the interleaving of the models shows unit by unit."""
+    import bisect
+
+    los = [p[0] for p in sched.placed_layers]
+    us = 1.0 / clock_mhz
+    out = []
+    for e in events:
+        if e.unit not in ("load", "matrix", "vector", "store") or e.end <= e.start:
+            continue
+        i = bisect.bisect_right(los, e.pc) - 1
+        if i < 0 or e.pc >= sched.placed_layers[i][1]:
+            continue
+        _, _, model, req, layer = sched.placed_layers[i]
+        out.append({"name": f"{model} #{req} layer {layer}", "cat": model, "ph": "X", "pid": 1, "tid": e.unit,
+                    "ts": (e.start - sched.t0) * us, "dur": (e.end - e.start) * us,
+                    "args": {"op": e.op, "count": e.pc}})  # fmt: skip
+    return {"traceEvents": out, "displayTimeUnit": "ms"}

@@ -71,3 +71,20 @@ def test_errors():
         LayerwiseScheduler(Npu("model", CFG), "best")
     with pytest.raises(DriverError, match="single engine"):
         LayerwiseScheduler(Npu("model", "duo"), "fcfs")
+
+
+def test_trace_shows_the_two_models_interleaving_on_the_units(pair):
+    from npu.driver.sched.layerwise import chrome_trace
+
+    npu = Npu("model", CFG)
+    npu.tr.model.trace = []
+    s = LayerwiseScheduler(npu, "idle-time")
+    for m in pair:
+        s.submit(m.container, [m.x], name=m.name)
+    s.run()
+    ev = chrome_trace(s, npu.tr.model.trace, npu.cfg.clock_mhz)["traceEvents"]
+    assert {e["cat"] for e in ev} == {"digits_cnn", "planning"}
+    loads = [e for e in ev if e["tid"] == "load" and e["cat"] == "planning"]
+    mms = [e for e in ev if e["tid"] == "matrix" and e["cat"] == "digits_cnn"]
+    # some of the MLP's loads run while the CNN's matrix unit computes
+    assert any(m["ts"] < ld["ts"] < m["ts"] + m["dur"] for ld in loads for m in mms)
