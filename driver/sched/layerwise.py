@@ -26,15 +26,14 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from npu.container import Container, HostStep, NpuSegment
 from npu.executor import HostSteps, check_inputs, read_outputs, write_inputs
-from npu.isa import INSTR_BYTES, Opcode, Unit, decode_program, encode, make
+from npu.isa import INSTR_BYTES, Opcode, decode_program, encode, make
 from npu.registers import COUNTERS, Control, Status
-from npu.timing import duration
 
 from ..ring import Ring
 from ..runtime import DriverError, Npu
@@ -54,29 +53,6 @@ class Layer:
     footprint: int  # on-chip bytes it uses
 
 
-def layer_costs(program: bytes, cfg) -> tuple[int, int, int]:
-    """(DMA cycles, compute cycles, on-chip footprint bytes) of a segment's instructions."""
-    from npu.config import ACC_BASE
-    from npu.isa import footprint
-
-    dma = comp = 0
-    lo, hi = None, 0
-    for ins in decode_program(program):
-        if ins.unit is None or ins.op == Opcode.SYNC:
-            continue
-        d = duration(ins, cfg)
-        if ins.unit in (Unit.LOAD, Unit.STORE):
-            dma += d
-        else:
-            comp += d
-        reads, writes = footprint(ins)
-        for sp in reads + writes:
-            if sp.space == "onchip" and sp.end > sp.start and sp.start < ACC_BASE:  # the scratchpad
-                lo = sp.start if lo is None else min(lo, sp.start)
-                hi = max(hi, sp.end)
-    return dma, comp, 0 if lo is None else hi - lo
-
-
 @dataclass(eq=False)
 class Request:
     id: int
@@ -85,7 +61,6 @@ class Request:
     inputs: list[np.ndarray]
     manifest: object
     host: HostSteps
-    layers: list[Layer]
     steps: list  # the manifest's segments (NPU and host) in order
     next_step: int = 0
     inflight: bool = False
@@ -94,7 +69,6 @@ class Request:
     admitted: bool = False
     finish: int | None = None
     outputs: list[np.ndarray] | None = None
-    alone: int | None = None  # its runtime alone (for STP/ANTT)
     key: int = 0  # its placed model: requests of one model share its DRAM and on-chip region
 
     @property
@@ -127,7 +101,7 @@ class Estimator:
 
     def add(self, layer: Layer, now: int) -> None:
         self.t_dma, self.t_compute = max(self.t_dma, now), max(self.t_compute, now)
-        c_idle, d_idle = self.idle(layer)
+        _, d_idle = self.idle(layer)
         self.t_dma += d_idle + layer.dma
         self.t_compute = max(self.t_compute, self.t_dma) + layer.compute
         self.in_use += layer.footprint
@@ -139,14 +113,14 @@ class Estimator:
 class LayerwiseScheduler:
     """Runs requests on engine 0 of `npu` (its transport) through a command ring."""
 
-    def __init__(self, npu: Npu, policy: str = "idle-time", *, depth: int = 2, window: int = 1,
+    def __init__(self, npu: Npu, policy: str = "idle-time", *, depth: int = 2,
                  starve_limit: int = 8, order: list[int] | None = None):  # fmt: skip
         if policy not in POLICIES and policy != "order":
             raise DriverError(f"unknown layer-wise policy {policy!r} (one of {', '.join(POLICIES)})")
         if npu.cfg.engines != 1:
             raise DriverError("the layer-wise scheduler drives a single engine")
         self.npu, self.tr, self.cfg = npu, npu.tr, npu.cfg.engine
-        self.policy, self.depth, self.window, self.starve_limit = policy, depth, window, starve_limit
+        self.policy, self.depth, self.starve_limit = policy, depth, starve_limit
         self.order = deque(order or [])
         self.requests: list[Request] = []
         self._ids = itertools.count()
@@ -182,14 +156,15 @@ class LayerwiseScheduler:
                     raw = self.tr.read_dram(
                         inst.program_base + s.pc * INSTR_BYTES, (s.end - s.pc) * INSTR_BYTES
                     )
-                    if s.dma_cycles is not None and s.compute_cycles is not None and s.spad_bytes is not None:
-                        dma, comp, fp = s.dma_cycles, s.compute_cycles, s.spad_bytes  # the compiler's figures
-                    else:  # an older container: from the instructions
-                        dma, comp, fp = layer_costs(raw, self.cfg)
-                    steps.append(Layer(i, raw, dma, comp, fp))
+                    if s.dma_cycles is None or s.compute_cycles is None or s.spad_bytes is None:
+                        # an older container: the compiler's figures, from the instructions
+                        from npu.compiler.assemble import segment_figures
+
+                        s = replace(s, **segment_figures(decode_program(raw), self.cfg))
+                    steps.append(Layer(i, raw, s.dma_cycles, s.compute_cycles, s.spad_bytes))
                 else:
                     steps.append(s)
-            self._placed[key] = (lm, man, HostSteps(container.blobs, man.segments), steps)
+            self._placed[key] = (lm, man, lm.host, steps)
         return self._placed[key]
 
     def submit(
@@ -197,8 +172,7 @@ class LayerwiseScheduler:
     ) -> Request:
         lm, man, host, steps = self.place(container, name)
         xs = check_inputs(man, inputs)
-        r = Request(next(self._ids), lm.name, at, xs, man, host, [s for s in steps if isinstance(s, Layer)],
-                    list(steps), key=id(container))  # fmt: skip
+        r = Request(next(self._ids), lm.name, at, xs, man, host, list(steps), key=id(container))
         self.requests.append(r)
         return r
 
