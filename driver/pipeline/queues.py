@@ -77,6 +77,20 @@ class Queue:
         self.max_depth = max(self.max_depth, d)
         self.depth_log.append((time.perf_counter(), d))
 
+    def _take(self, q: deque[Frame]) -> Frame | None:
+        """Under the lock: the head of `q` once there is one; None at the end of the stream."""
+        while not q:
+            if self.closed:
+                return None
+            self._wait()
+        if self._aborted:
+            raise Cancelled
+        f = q.popleft()
+        self.gets += 1
+        self._log_depth()
+        self._cv.notify_all()
+        return f
+
     # -- interface ----------------------------------------------------------------------------------
     def depth(self) -> int:
         raise NotImplementedError
@@ -111,17 +125,7 @@ class BasicQueue(Queue):
 
     def get(self, consumer: str) -> Frame | None:
         with self._cv:
-            while not self._q:
-                if self.closed:
-                    return None
-                self._wait()
-            if self._aborted:
-                raise Cancelled
-            f = self._q.popleft()
-            self.gets += 1
-            self._log_depth()
-            self._cv.notify_all()
-            return f
+            return self._take(self._q)
 
 
 class CopyQueue(Queue):
@@ -137,10 +141,14 @@ class CopyQueue(Queue):
     def depth(self) -> int:
         return max((len(q) for q in self._qs.values()), default=0)
 
-    def put(self, frame: Frame, producer: str) -> None:
-        if not self._qs:
+    def _buffers(self) -> dict[str, deque[Frame]]:
+        if not self._qs:  # the consumers are known once the pipeline is wired
             self._qs = {c: deque() for c in self.consumers}
+        return self._qs
+
+    def put(self, frame: Frame, producer: str) -> None:
         with self._cv:
+            self._buffers()
             while any(len(q) >= self.maxsize for q in self._qs.values()):
                 self._wait()
             if self._aborted:
@@ -154,20 +162,7 @@ class CopyQueue(Queue):
 
     def get(self, consumer: str) -> Frame | None:
         with self._cv:
-            if not self._qs:
-                self._qs = {c: deque() for c in self.consumers}
-            q = self._qs[consumer]
-            while not q:
-                if self.closed:
-                    return None
-                self._wait()
-            if self._aborted:
-                raise Cancelled
-            f = q.popleft()
-            self.gets += 1
-            self._log_depth()
-            self._cv.notify_all()
-            return f
+            return self._take(self._buffers()[consumer])
 
 
 class SyncQueue(Queue):
@@ -219,23 +214,13 @@ class SyncQueue(Queue):
 
     def get(self, consumer: str) -> Frame | None:
         with self._cv:
-            while not self._ready:
-                if self.closed:
-                    if self.unmatched:
-                        f = self.unmatched[0]
-                        raise PipelineError(
-                            f"sync queue {self.name!r}: {len(self.unmatched)} frame(s) never got a result "
-                            f"from every producer (first: {f.label()} has only {sorted(f.data)} of "
-                            f"{self.producers})"
-                        )
-                    return None
-                self._wait()
-            if self._aborted:
-                raise Cancelled
-            f = self._ready.popleft()
-            self.gets += 1
-            self._log_depth()
-            self._cv.notify_all()
+            f = self._take(self._ready)
+            if f is None and self.unmatched:
+                u = self.unmatched[0]
+                raise PipelineError(
+                    f"sync queue {self.name!r}: {len(self.unmatched)} frame(s) never got a result "
+                    f"from every producer (first: {u.label()} has only {sorted(u.data)} of {self.producers})"
+                )
             return f
 
 
