@@ -9,7 +9,7 @@ import dataclasses
 import hashlib
 import random
 
-from npu.config import ACC_BASE, NpuConfig
+from npu.config import NpuConfig
 from npu.isa import INSTR_BYTES, Opcode, Unit, encode, encode_program, make
 from npu.registers import Control, Status
 
@@ -49,22 +49,14 @@ def _record(tr, ref, t0: int, pauses: list) -> dict:
     }
 
 
-ZEROS = 0xE000  # 4 KiB of zeros in DRAM, and the clearing program after them
-PROG = 0xF000
+PROG = 0xF000  # where the clearing program runs from
 
 
 def _clear_onchip(tr) -> None:
     """Zero the scratchpad and the accumulators (the reference starts from zeroed memories)."""
-    cfg = tr.cfg
-    tr.write_dram(ZEROS, bytes(4096))
-    instrs = []
-    for base, size in ((0, cfg.spad_bytes), (ACC_BASE, cfg.acc_bytes)):
-        rows = size // 4096
-        instrs.append(
-            make("load", spad=base, dram=ZEROS, rows=rows, cols=4096, spad_stride=4096, dram_stride=0)
-        )
-    instrs.append(make(Opcode.END))
-    tr.write_dram(PROG, encode_program(instrs))
+    from .cocotb_bench import clear_program
+
+    tr.write_dram(PROG, clear_program(tr.cfg))
     tr.set_reg("PROGRAM_BASE", PROG)
     tr.set_reg("RESUME_PC", 0)
     tr.set_reg("CONTROL", int(Control.IRQ_ENABLE | Control.START))
