@@ -92,7 +92,7 @@ PUBLIC_VLT = (
     "`verilator_config\n"
     + "".join(
         f'public_flat_rw -module "{top}" -var "{var}"\n'
-        for top in ("npu_core", "npu_soc", "npu_sim_top")
+        for top in ("npu_core", "npu_soc", "npu_sim_top")  # KNOWN_TOPS
         for var in ("clk", "rst", "irq", "irqs", "m_axi_*", "s_axil_*", "fault_*")
     )
     + 'public_flat_rw -module "*" -var "mem"\n'
@@ -101,6 +101,14 @@ PUBLIC_VLT = (
         f'public_flat_rd -module "*" -var "{v}"\n' for v in ("passed_*", "target_valid", "pause_target")
     )
 )
+KNOWN_TOPS = ("npu_core", "npu_soc", "npu_sim_top")
+
+
+def public_vlt(toplevel: str) -> str:
+    """PUBLIC_VLT, plus every port of any other top (a memory adapter's, a board top's) writable."""
+    if toplevel in KNOWN_TOPS:
+        return PUBLIC_VLT
+    return PUBLIC_VLT + f'public_flat_rw -module "{toplevel}" -var "*"\n'
 
 
 def build_and_test(
@@ -124,7 +132,7 @@ def build_and_test(
     """
     sim = simulator()
     (setup_verilator if sim == "verilator" else setup_icarus)()
-    digest = hashlib.sha256((verilog + PUBLIC_VLT).encode()).hexdigest()[:12]
+    digest = hashlib.sha256((verilog + public_vlt(toplevel)).encode()).hexdigest()[:12]
     build_dir = BUILD / f"{name}-{sim}-{digest}{'-waves' if waves else ''}"
     build_dir.mkdir(parents=True, exist_ok=True)
     with _locked(build_dir.with_name(build_dir.name + ".lock")):
@@ -138,7 +146,7 @@ def build_and_test(
     # cocotb rewrites the asserts of every module imported in the simulator by default ("*.py"),
     # which breaks libraries that inspect their own globals (onnx's reference evaluator, which runs
     # the host steps of a driver job): only the test modules
-    env.setdefault("COCOTB_REWRITE_ASSERTION_FILES", "cocotb_bench.py cocotb_soc.py rtl_entry.py")
+    env.setdefault("COCOTB_REWRITE_ASSERTION_FILES", "cocotb_*.py rtl_entry.py")
     results = runner.test(
         hdl_toplevel=toplevel,
         test_module=test_module,
@@ -186,7 +194,7 @@ def _build(verilog: str, toplevel: str, build_dir: Path, sim: str, waves: bool, 
     if sim == "verilator" and os.environ.get("NPU_VERILATOR_PUBLIC", "") != "all":
         _narrow_public(runner)
         vlt = build_dir / "public.vlt"
-        vlt.write_text(PUBLIC_VLT)
+        vlt.write_text(public_vlt(toplevel))
         extra_args.append(str(vlt))
     build_args = (
         ["-Wno-fatal", "-Wno-WIDTH", "-O3", "--x-assign", "fast", "--x-initial", "fast", "--noassert"]
