@@ -61,17 +61,18 @@ class NpuCore(wiring.Component):
         m.d.comb += self.irq.eq(regs.irq_pending & regs.irq_enable)
 
         # ---- memories ----------------------------------------------------------------------------
-        # the scratchpad behind its clients, in priority order per port (hdl/spad.py): the vector
-        # unit's reads before the matrix unit's on port A; on port B the vector unit's writes (never
-        # refused), then the load unit's writes, then the store unit's reads
+        # the scratchpad behind its clients, in priority order per port (hdl/spad.py): port A reads
+        # (the vector unit's, the matrix unit's, then the store unit's), port B writes (the vector
+        # unit's, never refused, then the load unit's) - one read and one write port per bank, the
+        # simple dual-port block RAM every FPGA family has
         WL = W // cfg.lanes
         clients = [
             *[Client(f"vec_{x}{k}", "A", False) for x in "ab" for k in range(2)],
             *[Client(f"mat_a{i}", "A", False) for i in range(CM)],
             *[Client(f"mat_b{j}", "A", False) for j in range(CN)],
+            Client("store", "A", False, lanes=WL),
             *[Client(f"vec_w{k}", "B", True) for k in range(2)],
             Client("load", "B", True, lanes=WL),
-            Client("store", "B", False, lanes=WL),
         ]
         m.submodules.spad = spad = onchip_memory(cfg, "spad", clients)
         # the accumulators, the same way: port A the matrix unit's C reads, then the vector unit's

@@ -164,18 +164,22 @@ class BankedScratchpad(wiring.Component):
         nb = 2 * P
         hb = log2(self.half)
         mul, sh = reciprocal(P, hb)
+        # a port with only readers gets a read port, one with only writers a write port (the core
+        # reads on A and writes on B: each bank is a simple dual-port block RAM, which every FPGA
+        # family has); a port with both reads and writes at one address (true dual-port)
+        used = {p: {c.write for c in self.clients if c.port == p} for p in ("A", "B")}
         banks = []
         for b in range(nb):
             mem = Memory(shape=unsigned(8 * L), depth=self.depth, init=[])
             m.submodules[f"bank{b}"] = mem
-            banks.append(
-                {p: (mem.write_port(granularity=8), mem.read_port(domain="sync")) for p in ("A", "B")}
-            )
-
-        # a port reads and writes at one address, so each bank maps to one true dual-port block RAM
-        for ports in banks:
-            for wp, rp in ports.values():
-                m.d.comb += rp.addr.eq(wp.addr)
+            ports = {}
+            for p in ("A", "B"):
+                wp = mem.write_port(granularity=8) if True in used[p] else None
+                rp = mem.read_port(domain="sync") if False in used[p] else None
+                if wp is not None and rp is not None:
+                    m.d.comb += rp.addr.eq(wp.addr)
+                ports[p] = (wp or rp, wp, rp)  # (the memory port taking the address, write, read)
+            banks.append(ports)
 
         # every client's lane words: bank and row
         lanes = {}
@@ -215,9 +219,9 @@ class BankedScratchpad(wiring.Component):
                 # drive the granted banks' port
                 for k, (bk, row) in enumerate(lanes[c.name]):
                     for b in range(nb):
-                        wp, rp = banks[b][port]
+                        ap, wp, _ = banks[b][port]
                         with m.If(grant & (bk == b)):
-                            m.d.comb += wp.addr.eq(row)
+                            m.d.comb += ap.addr.eq(row)
                             if c.write:
                                 data = getattr(self, c.name).data
                                 be = getattr(self, c.name).be
@@ -236,7 +240,7 @@ class BankedScratchpad(wiring.Component):
                         with m.Switch(sel):
                             for b in range(nb):
                                 with m.Case(b):
-                                    m.d.comb += word.eq(banks[b][port][1].data)
+                                    m.d.comb += word.eq(banks[b][port][2].data)
                         out.append(word)
                     m.d.comb += getattr(self, c.name).data.eq(Cat(*out))
         return m
