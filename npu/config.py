@@ -242,6 +242,45 @@ PRESETS: dict[str, NpuConfig] = {
 PRESETS["banked"] = PRESETS["default"].replace(name="banked", spad_banks=10, spad_banked=True)
 # two `default` engines sharing one DRAM port (hdl/soc.py)
 PRESETS["duo"] = PRESETS["default"].replace(name="duo", engines=2)
+# board presets (hdl/boards/, docs/boards.md): block-RAM (banked) memories sized for the part
+# ULX3S (ECP5-85F): 16 MACs, 64 KiB scratchpad, its 32 MB SDR SDRAM at 50 MHz
+PRESETS["ulx3s"] = NpuConfig(
+    name="ulx3s",
+    clusters=1,
+    pes_per_cluster=2,
+    lanes=8,
+    spad_bytes=64 * 1024,
+    spad_banks=6,
+    spad_banked=True,
+    acc_bytes=16 * 1024,
+    vector_lanes=2,
+    bus_bytes=8,
+    dram_bytes=32 * 1024 * 1024,
+    clock_mhz=50.0,
+    queue_depth=4,
+    dma_latency=16,
+    matrix_latency=3,
+    vector_latency=3,
+)
+# iCEBreaker (iCE40 UP5K): 4 MACs, 8 KiB scratchpad in EBR, the four SPRAMs (128 KiB) as DRAM
+PRESETS["icebreaker"] = NpuConfig(
+    name="icebreaker",
+    clusters=1,
+    pes_per_cluster=1,
+    lanes=4,
+    spad_bytes=8 * 1024,
+    spad_banks=4,
+    spad_banked=True,
+    acc_bytes=1024,
+    vector_lanes=1,
+    bus_bytes=4,
+    dram_bytes=128 * 1024,
+    clock_mhz=12.0,
+    queue_depth=2,
+    dma_latency=8,
+    matrix_latency=3,
+    vector_latency=3,
+)
 
 
 def get_config(name_or_config: str | NpuConfig) -> NpuConfig:
