@@ -1,6 +1,6 @@
 """The `npu` command: assemble, disassemble, run, compile and benchmark NPU programs, generate the
-RTL, and run the preemption demo. One module per command, each with `add_arguments(parser)` and
-`run(args)`."""
+RTL, build board bitstreams, and run the preemption demo. One module per command, each with
+`add_arguments(parser)` and `run(args)`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import warnings
 
 from ..asm import AsmError
 from ..config import ConfigError
-from . import asm, bench, compile, config, demo, disasm, hdl, pipeline, profile
+from . import asm, bench, build, compile, config, demo, disasm, hdl, pipeline, profile
 from . import run as run_cmd
 from .common import CliError
 
@@ -26,6 +26,8 @@ COMMANDS = {
     "demo": demo,
     "profile": profile,
     "pipeline": pipeline,
+    "build": build,
+    "flash": build.Flash,
 }
 
 __all__ = ["CliError", "build_parser", "main"]

@@ -1,0 +1,98 @@
+"""The boards `npu build` knows: platform, part, preset, DRAM, clocks and the UART's baud rate."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Board:
+    name: str
+    #: "module:Class" of the amaranth-boards platform
+    platform_class: str
+    device: str
+    family: str  # "ecp5" or "ice40"
+    #: the `npu config` preset this board builds by default
+    preset: str
+    #: default core clock (MHz), made by the PLL from the board's oscillator
+    clock_mhz: float
+    osc_mhz: float
+    osc: str  # the oscillator's resource name
+    dram: str  # "sdram" (SDR SDRAM through hdl/mem/sdram.py) or "spram" (hdl/mem/spram.py)
+    dram_bytes: int
+    baud: int
+    #: the reset button's resource name
+    reset_button: str
+    #: report names -> nextpnr bel types
+    resource_bels: dict[str, str] = field(default_factory=dict)
+    nextpnr_opts: str = ""
+    synth_opts: str = ""
+    #: how openFPGALoader names the board
+    loader_board: str = ""
+
+    def platform(self):
+        try:
+            module, cls = self.platform_class.split(":")
+            return getattr(importlib.import_module(module), cls)()
+        except ImportError as e:
+            raise RuntimeError(
+                f"board {self.name}: amaranth-boards is not installed ({e}); "
+                '`pip install -e ".[fpga]"` (the README\'s set-up does)'
+            ) from e
+
+
+BOARDS: dict[str, Board] = {
+    "ulx3s": Board(
+        name="ulx3s",
+        platform_class="amaranth_boards.ulx3s:ULX3S_85F_Platform",
+        device="LFE5U-85F-6BG381C",
+        family="ecp5",
+        preset="ulx3s",
+        clock_mhz=50.0,
+        osc_mhz=25.0,
+        osc="clk25",
+        dram="sdram",
+        dram_bytes=32 * 1024 * 1024,
+        baud=115200,
+        reset_button="button_fire",
+        resource_bels={
+            "lut": "TRELLIS_COMB",
+            "ff": "TRELLIS_FF",
+            "bram": "DP16KD",
+            "dsp": "MULT18X18D",
+            "lutram": "TRELLIS_RAMW",
+        },  # fmt: skip
+        # router2: router1 took over 15 minutes on this design without converging
+        nextpnr_opts="--router router2",
+        loader_board="ulx3s",
+    ),
+    "icebreaker": Board(
+        name="icebreaker",
+        platform_class="amaranth_boards.icebreaker:ICEBreakerPlatform",
+        device="iCE40UP5K-SG48",
+        family="ice40",
+        preset="icebreaker",
+        clock_mhz=12.0,
+        osc_mhz=12.0,
+        osc="clk12",
+        dram="spram",
+        dram_bytes=128 * 1024,
+        baud=115200,
+        reset_button="button",
+        resource_bels={
+            "lc": "ICESTORM_LC",
+            "bram": "ICESTORM_RAM",
+            "dsp": "ICESTORM_DSP",
+            "spram": "ICESTORM_SPRAM",
+        },  # fmt: skip
+        synth_opts="-dsp",
+        loader_board="ice40_generic",
+    ),
+}
+
+
+def get_board(name: str) -> Board:
+    if name not in BOARDS:
+        raise KeyError(f"unknown board {name!r}; known boards: {', '.join(BOARDS)}")
+    return BOARDS[name]

