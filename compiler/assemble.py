@@ -16,6 +16,7 @@ from npu.program import Item, ProgramBuilder
 from npu.sim.runner import timing_run
 from npu.timing import dma_bytes, duration
 
+from .dram import DramPlan, Translate, plan
 from .lower import Lowering
 from .points import SPILL_POINTS, Candidate, PointPolicy, choose, dma_cycles, fragment_liveness
 
@@ -31,6 +32,7 @@ class Lowered:
     host_models: dict[str, bytes] = field(default_factory=dict)
     dram_end: int = 0
     order: list[int] = field(default_factory=list)  # fragment indices in program order
+    dram_plan: DramPlan | None = None  # where constants and activations went (compiler/dram.py)
     points: list[CancelPoint] = field(default_factory=list)  # the cancellation point table
     candidates: list[dict] = field(default_factory=list)  # every place a point could have gone
 
@@ -84,11 +86,17 @@ def segment_figures(instrs: list[Instr], cfg: NpuConfig) -> dict[str, int]:
 
 
 def assemble(
-    low: Lowering, order: list[int], policy: PointPolicy | None = SPILL_POINTS, granularity: str = "segment"
+    low: Lowering,
+    order: list[int],
+    policy: PointPolicy | None = SPILL_POINTS,
+    granularity: str = "segment",
+    dram: str = "arena",
 ) -> Lowered:
     """Programs and host steps for one operator order (a topological order of the fragments), with
     cancellation points placed by `policy` (None: no points). `granularity` "operator" makes every
-    operator its own segment and records which segments each one reads from (the operator graph)."""
+    operator its own segment and records which segments each one reads from (the operator graph).
+    `dram`: "arena" (activations share one arena by liveness in this order) or "bump" (every tensor
+    at its own range, the addresses lowering gave)."""
     if granularity not in ("segment", "operator"):
         raise ValueError(f"granularity must be 'segment' or 'operator', not {granularity!r}")
     cfg = low.cfg
@@ -101,7 +109,20 @@ def assemble(
                 raise ValueError(
                     f"operator {f.layer.node} is ordered before its input {low.frags[d].layer.node}"
                 )
-    out = Lowered([], low.dram, low.inputs, low.outputs, [], [], {}, low.dram_end, list(order))
+    dp = plan(low, order, granularity, dram)
+    tr = Translate(low, dp)  # virtual DRAM addresses -> planned ones, applied before building
+    out = Lowered(
+        [],
+        [(tr.addr(a, len(d)), d) for a, d in low.dram],
+        [tr.desc(t) for t in low.inputs],
+        [tr.desc(t) for t in low.outputs],
+        [],
+        [],
+        {},
+        dp.dram_end,
+        list(order),
+        dram_plan=dp,
+    )
     seg: list = []  # items of the NPU segment being collected
     cands: list[Candidate] = []
     spans: list[tuple[dict, int, int]] = []  # layer, first item, end item
@@ -123,7 +144,7 @@ def assemble(
         la = replace(f.layer)
         out.layers.append(la)
         if f.kind == "npu":
-            items = f.placed(k_npu % 2 == 1, cfg)
+            items = tr.items(f.placed(k_npu % 2 == 1, cfg))
             k_npu += 1
             while items and items[-1].kind == "cand":  # the boundary point follows anyway
                 items = items[:-1]
@@ -141,7 +162,7 @@ def assemble(
         elif f.kind == "host":
             close()
             seg_of[idx] = len(out.segments)
-            out.segments.append(replace(f.host))
+            out.segments.append(tr.host(f.host))
             out.host_models[f.host.model] = f.host_model
     close()
     if granularity == "operator":

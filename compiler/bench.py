@@ -49,7 +49,8 @@ def bench_order(cfg: NpuConfig, names: list[str] | None = None, timeout_s: float
         x = z.test[:batch]
         measured = {}
         for label, order in (("default", None), ("searched", part.order)):
-            cm = CompiledModel(cfg, low.assemble(order), round_up(low.dram_end, 4096), qdq, name)
+            lo = low.assemble(order)
+            cm = CompiledModel(cfg, lo, round_up(lo.dram_end, 4096), qdq, name)
             measured[label] = _measured_cycles(cm, x)
         rows.append(
             {

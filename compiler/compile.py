@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,10 +19,11 @@ from npu.isa import encode_program
 from . import region
 from .assemble import Lowered
 from .cleanup import cleanup
+from .dram import DRAM_PLANS, DramPlan
 from .graph import CompileError
 from .load import is_qdq, load
-from .lower import lower
-from .order import SearchResult, search_order
+from .lower import DramFull, lower
+from .order import OBJECTIVES, SearchResult, search_order
 from .points import PointPolicy
 from .quantize import check_calibration, quantize_float_model
 from .region import Regions
@@ -45,6 +47,11 @@ class CompiledModel:
     @property
     def program(self) -> bytes:
         return encode_program(self.lowered.program)
+
+    @property
+    def dram_plan(self) -> DramPlan:
+        """The DRAM plan: arena peak, lower bound, bump total (compiler/dram.py)."""
+        return self.lowered.dram_plan
 
     @property
     def manifest(self) -> Manifest:
@@ -86,8 +93,8 @@ class CompiledModel:
             return ["operator order: ONNX order (--order default)"]
         r = self.search
         lines = [
-            f"operator order: searched in {r.search_s:.2f} s over {len(r.subgraphs)} subgraphs "
-            f"(cut at key nodes), predicted gain {r.predicted_gain} cycles"
+            f"operator order: searched for {r.objective} in {r.search_s:.2f} s over {len(r.subgraphs)} "
+            f"subgraphs (cut at key nodes), predicted gain {r.predicted_gain} cycles"
             + (" (time budget reached: later subgraphs keep the ONNX order)" if r.timed_out else "")
         ]
         for i, s in enumerate(r.subgraphs):
@@ -96,7 +103,8 @@ class CompiledModel:
                 f"  subgraph {i}: {len(s.order)} operators, {s.orders}"
                 f"{'+' if s.method.startswith('sampled') else ''} orders, {s.method}, "
                 f"{s.evaluated} evaluated, "
-                f"{s.default_cycles} -> {s.best_cycles} cycles: "
+                f"{s.default_cycles} -> {s.best_cycles} cycles, peak live {s.default_peak} -> "
+                f"{s.best_peak} bytes: "
                 + " ".join(str(n) for n in names[:12])
                 + (" ..." if len(names) > 12 else "")
             )
@@ -168,7 +176,9 @@ class CompiledModel:
             f"scratchpad peak: {peak} of "
             f"{self.regions.spad_size if self.regions else self.cfg.spad_bytes} bytes",
             *self._segments_report(),
-            f"instructions: {len(low.program)}, DRAM used: {low.dram_end} bytes",
+            *([low.dram_plan.describe()] if low.dram_plan else []),
+            f"instructions: {len(low.program)}, DRAM used: {low.dram_end} bytes (program at "
+            f"0x{self.program_base:x}, {len(low.program) * 32} bytes)",
             f"compile time: {self.compile_s:.2f} s",
         ]
         return "\n".join(lines)
@@ -189,6 +199,8 @@ def compile_onnx(
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     spad_region: tuple[int, int] | None = None,
     acc_region: tuple[int, int] | None = None,
+    order_objective: str = "cycles",
+    dram_plan: str = "arena",
 ) -> CompiledModel:
     """Compile an ONNX model. `order`: "search" (key-node partitioned order search with the golden
     model's timing, at most `order_budget_s` seconds) or "default" (the ONNX order). `granularity`:
@@ -197,9 +209,16 @@ def compile_onnx(
     static shapes for graph inputs with dynamic dimensions, e.g. {"input": (1, 3, 224, 224)}.
     `spad_region`/`acc_region`: (start, size) byte ranges of the scratchpad and of the accumulator
     memory the program may touch (compiler/region.py; default: the whole scratchpad, and the
-    accumulator region proportional to the scratchpad region)."""
+    accumulator region proportional to the scratchpad region). `order_objective`: what the order
+    search minimises, "cycles" (the golden model's timing) or "memory" (the most activation bytes
+    live at once, ties by cycles). `dram_plan`: "arena" (activations share DRAM by liveness in the
+    chosen order, compiler/dram.py) or "bump" (every tensor its own range)."""
     if order not in ("search", "default"):
         raise CompileError(f"order must be 'search' or 'default', not {order!r}")
+    if order_objective not in OBJECTIVES:
+        raise CompileError(f"order_objective must be 'cycles' or 'memory', not {order_objective!r}")
+    if dram_plan not in DRAM_PLANS:
+        raise CompileError(f"dram_plan must be 'arena' or 'bump', not {dram_plan!r}")
     if granularity not in ("segment", "operator"):
         raise CompileError(f"granularity must be 'segment' or 'operator', not {granularity!r}")
     t0 = time.perf_counter()
@@ -214,31 +233,45 @@ def compile_onnx(
             calib = check_calibration(calib, name, list(shape), str(path)).transpose(0, 3, 1, 2)
         model = quantize_float_model(cleanup(model), calib, str(path))
     plan_cfg = region.view(cfg, regions) if regions else cfg  # the passes plan inside the regions
-    lowering = lower(
-        model,
-        plan_cfg,
-        str(path),
-        step=cp_interval,
-        max_live=cp_max_live,
-        nhwc_inputs=set(prepared.nhwc_inputs),
-    )
+    try:
+        lowering = lower(
+            model, plan_cfg, str(path), step=cp_interval, max_live=cp_max_live,
+            nhwc_inputs=set(prepared.nhwc_inputs),
+        )  # fmt: skip
+    except DramFull:
+        if dram_plan == "bump":
+            raise
+        # every tensor at its own range does not fit, the arena may: lower into a virtual DRAM as
+        # large as the address field allows (timing does not depend on it; the planned addresses
+        # are checked against the real DRAM below)
+        lowering = lower(
+            model, dataclasses.replace(plan_cfg, dram_bytes=1 << 32), str(path), step=cp_interval,
+            max_live=cp_max_live, nhwc_inputs=set(prepared.nhwc_inputs),
+        )  # fmt: skip
     search = None
     if order == "search":
         search = search_order(
-            lowering, budget_s=order_budget_s, exhaustive_limit=exhaustive_limit, cancel_points=cancel_points
+            lowering,
+            budget_s=order_budget_s,
+            exhaustive_limit=exhaustive_limit,
+            cancel_points=cancel_points,
+            objective=order_objective,
         )
     policy = PointPolicy(cp_interval, cp_max_live, cp_every_instruction) if cancel_points else None
-    low = lowering.assemble(search.order if search else None, policy, granularity)
+    low = lowering.assemble(search.order if search else None, policy, granularity, dram_plan)
+    base = round_up(low.dram_end, 4096)
+    if base + len(low.program) * 32 > cfg.dram_bytes:
+        dp = low.dram_plan
+        raise CompileError(
+            f"{path}: weights, activations and program need more than the "
+            f"{cfg.dram_bytes} bytes of DRAM on {cfg.name}: {dp.const_bytes} bytes of constants, "
+            f"{dp.arena_bytes} of activations ({dp.mode}; at least {dp.lower_bound} live at once), "
+            f"{len(low.program) * 32} of program"
+        )
     if regions:  # planned in [0, size): move every on-chip address into the regions
         low.program = region.relocate(low.program, regions)
         low.points = region.relocate_points(low.points, regions)
         region.check_inside(low.program, regions, cfg)
-    base = round_up(low.dram_end, 4096)
-    if base + len(low.program) * 32 > cfg.dram_bytes:
-        raise CompileError(
-            f"{path}: weights, activations and program do not fit the "
-            f"{cfg.dram_bytes} bytes of DRAM on {cfg.name}"
-        )
     return CompiledModel(
         cfg,
         low,

@@ -22,6 +22,7 @@ from npu.program import Item, ProgramBuilder
 from npu.tensors import Layout
 from npu.timing import bank_stride
 
+from .dram import Buffer
 from .graph import CompileError, Graph
 from .points import SPILL_POINTS, PointPolicy
 from .quantize import Act, QTensor
@@ -62,30 +63,47 @@ class Lowering:
     inputs: list[TensorDesc]
     outputs: list[TensorDesc | HostTensor]
     dram_end: int
+    # every DRAM range lowering placed (constants and activations), in address order: the virtual
+    # layout that `dram.plan` maps to final addresses once the order is known
+    buffers: list[Buffer] = field(default_factory=list)
+    _buffers: object = field(default=None, repr=False)  # dram.Buffers, computed once
 
     def assemble(
         self,
         order: list[int] | None = None,
         policy: PointPolicy | None = SPILL_POINTS,
         granularity: str = "segment",
+        dram: str = "arena",
     ):
-        """The programs and host steps for `order` (default: ONNX order), an `assemble.Lowered`."""
+        """The programs and host steps for `order` (default: ONNX order), an `assemble.Lowered`;
+        `dram`: "arena" (activations share DRAM by liveness, compiler/dram.py) or "bump" (one range
+        each, at the addresses lowering gave)."""
         from .assemble import assemble
 
-        return assemble(self, list(range(len(self.frags))) if order is None else order, policy, granularity)
+        order = list(range(len(self.frags))) if order is None else order
+        return assemble(self, order, policy, granularity, dram)
 
 
 class DramAllocator:
+    """The virtual DRAM layout: every range one after another (final addresses: compiler/dram.py)."""
+
     def __init__(self, start: int, limit: int):
         self.next = start
         self.limit = limit
+        self.buffers: list[Buffer] = []
 
-    def take(self, n: int, what: str) -> int:
+    def take(self, n: int, what: str, kind: str = "act") -> int:
         addr = self.next
         self.next = round_up(addr + max(n, 1), ALIGN)
         if self.next > self.limit:
-            raise CompileError(f"{what}: the model needs more than the {self.limit} bytes of DRAM")
+            raise DramFull(f"{what}: the model needs more than the {self.limit} bytes of DRAM")
+        self.buffers.append(Buffer(addr, self.next - addr, kind, what))
         return addr
+
+
+class DramFull(CompileError):
+    """The virtual layout (every tensor its own range) outgrew the DRAM: `compile_onnx` lowers again
+    with a larger virtual DRAM and checks the planned layout against the real one."""
 
 
 class Lowerer:
@@ -221,7 +239,7 @@ class Lowerer:
 
     def const(self, data: bytes, what: str) -> int:
         """A constant DRAM image (weights, biases); its address."""
-        addr = self.alloc.take(len(data), what)
+        addr = self.alloc.take(len(data), what, "const")
         self.dram.append((addr, data))
         return addr
 
@@ -280,7 +298,7 @@ class Lowerer:
                 raise CompileError(
                     f"{self.source}: graph output {name!r} must come from a DequantizeLinear or a host step"
                 )
-        return Lowering(self.cfg, self.frags, self.dram, inputs, outputs, self.alloc.next)
+        return Lowering(self.cfg, self.frags, self.dram, inputs, outputs, self.alloc.next, self.alloc.buffers)
 
 
 _ADDR_FIELDS = {

@@ -13,6 +13,13 @@ program builder lets them overlap where their data do not conflict). The search:
    program run alone, timing only);
 4. links the best orders in subgraph sequence (subgraphs run one after another, so each can be
    optimised alone).
+
+With `objective="memory"` the cost is the peak of live activation bytes instead (as Serenity,
+MLSys 2020, schedules for memory): each subgraph's candidate orders are those above plus the order
+with the smallest peak found by dynamic programming over the sets of operators already run
+(`dram.LiveMemory.best_order`). The linked order's lower bound is the largest subgraph peak, so
+the search takes the smallest such bound reachable, then in every subgraph the fewest cycles among
+the orders whose peak stays within it (ties by cycles).
 """
 
 from __future__ import annotations
@@ -28,7 +35,10 @@ from npu.program import ProgramBuilder
 from npu.sim.model import NpuModel
 from npu.sim.runner import timing_run
 
+from .dram import LiveMemory
 from .lower import Lowering
+
+OBJECTIVES = ("cycles", "memory")
 
 
 def key_nodes(deps: list[set[int]]) -> list[int]:
@@ -155,6 +165,8 @@ class SubgraphResult:
     default_cycles: int
     best_cycles: int
     order: list[int]
+    default_peak: int = 0  # most activation bytes live at once in the ONNX order / the chosen one
+    best_peak: int = 0
 
 
 @dataclass
@@ -163,6 +175,12 @@ class SearchResult:
     subgraphs: list[SubgraphResult] = field(default_factory=list)
     search_s: float = 0.0
     timed_out: bool = False
+    objective: str = "cycles"
+
+    @property
+    def peak(self) -> int:
+        """The chosen order's lower bound: the largest subgraph peak."""
+        return max((s.best_peak for s in self.subgraphs), default=0)
 
     @property
     def predicted_gain(self) -> int:
@@ -179,22 +197,32 @@ def search_order(
     budget_s: float | None = 30.0,
     seed: int = 0,
     cancel_points: bool = True,
+    objective: str = "cycles",
+    max_states: int = 50_000,
 ) -> SearchResult:
     """The best operator order found (see the module docstring); `partition=False` searches the
     whole graph as one subgraph; `exhaustive_limit=None` enumerates every order (until the budget).
     With `budget_s`, subgraphs left when time runs out keep their ONNX order (the result says
-    `timed_out`)."""
+    `timed_out`). `objective`: "cycles" or "memory" (peak live activation bytes, ties by cycles;
+    `max_states` bounds its dynamic programming per subgraph)."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be 'cycles' or 'memory', not {objective!r}")
     t0 = time.perf_counter()
     deps = [f.deps for f in low.frags]
     groups = subgraphs(deps, merge_below) if partition else [list(range(len(deps)))]
     cost = CostModel(low, cancel_points)
+    mem = LiveMemory(low)
     rng = random.Random(seed)
+    if objective == "memory":
+        args = (budget_s, exhaustive_limit, samples, max_states)
+        return _search_memory(low, groups, deps, cost, mem, rng, t0, *args)
     res = SearchResult([])
     parity = 0
     for g in groups:
         n_npu = sum(low.frags[v].kind == "npu" for v in g)
         if budget_s is not None and time.perf_counter() - t0 > budget_s:
-            res.subgraphs.append(SubgraphResult(_names(low, g), 0, 0, "budget", 0, 0, g))
+            pk = mem.peak(g, g)
+            res.subgraphs.append(SubgraphResult(_names(low, g), 0, 0, "budget", 0, 0, g, pk, pk))
             res.timed_out = True
             res.order += g
             parity += n_npu
@@ -225,10 +253,88 @@ def search_order(
                 res.timed_out = True
                 method += " (budget)"
                 break
+        window = mem.window(g)
         res.subgraphs.append(
-            SubgraphResult(_names(low, g), seen if n is None else n, evaluated, method, default, best_c, best)
+            SubgraphResult(
+                _names(low, g),
+                seen if n is None else n,
+                evaluated,
+                method,
+                default,
+                best_c,
+                best,
+                mem.peak(g, g, window),
+                mem.peak(g, best, window),
+            )
         )
         res.order += best
+        parity += n_npu
+    res.search_s = time.perf_counter() - t0
+    return res
+
+
+def _search_memory(
+    low, groups, deps, cost, mem, rng, t0, budget_s, exhaustive_limit, samples, max_states
+) -> SearchResult:
+    """The memory objective (module docstring): peaks of every candidate first (cheap), then the
+    golden model's cycles among the candidates within the bound, while the budget lasts."""
+    res = SearchResult([], objective="memory")
+    plans = []  # per subgraph: candidates (the ONNX order first), their peaks, method, order count
+    for g in groups:
+        window = mem.window(g)
+        limit = 10_000 if exhaustive_limit is None else exhaustive_limit
+        head = list(islice(topo_orders(g, deps), limit + 1))
+        if len(head) <= limit:
+            cands, method = head, "exhaustive" if len(head) > 1 else "single"
+        else:
+            cands, method = list(_sampled(g, deps, samples, rng)), "sampled"
+        best = mem.best_order(g, deps, max_states) if len(head) > 1 else None
+        if best is not None and method == "sampled":
+            method = "sampled + min-peak"
+        cands = [g] + [c for c in cands + ([best[0]] if best else []) if c != g]
+        uniq = list(dict.fromkeys(tuple(c) for c in cands))
+        peaks = [mem.peak(g, list(c), window) for c in uniq]
+        plans.append(([list(c) for c in uniq], peaks, method, len(head)))
+    bound = max((min(p) for _, p, _, _ in plans), default=0)
+    parity = 0
+    for g, (cands, peaks, method, n) in zip(groups, plans, strict=True):
+        n_npu = sum(low.frags[v].kind == "npu" for v in g)
+        within = sorted((p, i) for i, p in enumerate(peaks) if p <= bound)
+        out_of_time = budget_s is not None and time.perf_counter() - t0 > budget_s
+        if out_of_time:  # no cycles: the smallest peak
+            res.timed_out = True
+            i = within[0][1]
+            res.subgraphs.append(
+                SubgraphResult(_names(low, g), n, 0, method + " (budget)", 0, 0, cands[i], peaks[0], peaks[i])
+            )
+            res.order += cands[i]
+            parity += n_npu
+            continue
+        default = cost.cycles(g, parity)
+        best_key, best_i, evaluated = None, None, 1
+        for p, i in within:
+            c = default if i == 0 else cost.cycles(cands[i], parity)
+            evaluated += i != 0
+            if best_key is None or (c, p) < best_key:
+                best_key, best_i = (c, p), i
+            if budget_s is not None and time.perf_counter() - t0 > budget_s:
+                res.timed_out = True
+                method += " (budget)"
+                break
+        res.subgraphs.append(
+            SubgraphResult(
+                _names(low, g),
+                n,
+                evaluated,
+                method,
+                default,
+                best_key[0],
+                cands[best_i],
+                peaks[0],
+                peaks[best_i],
+            )
+        )
+        res.order += cands[best_i]
         parity += n_npu
     res.search_s = time.perf_counter() - t0
     return res

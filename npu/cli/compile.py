@@ -30,13 +30,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--report",
         action="store_true",
         help="print placement, splits, subgraphs and chosen orders, cancellation points, cycles, "
-        "scratchpad peak",
+        "scratchpad peak, DRAM plan (arena peak, lower bound, one range per tensor)",
     )
     p.add_argument(
         "--order",
         choices=["search", "default"],
         default="search",
         help="operator order: search (key-node partitioned, golden-model timing) or default (ONNX order)",
+    )
+    p.add_argument(
+        "--order-objective",
+        choices=["cycles", "memory"],
+        default="cycles",
+        help="what the order search minimises: cycles (golden-model timing, default) or memory (the "
+        "most activation bytes live at once, the DRAM arena's lower bound; ties by cycles)",
     )
     p.add_argument(
         "--order-budget",
@@ -136,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
             calib=calib,
             order=args.order,
             order_budget_s=args.order_budget,
+            order_objective=args.order_objective,
             cp_interval=args.cp_interval,
             cp_max_live=args.cp_max_live,
             granularity=args.granularity,
