@@ -262,24 +262,16 @@ PRESETS["ulx3s"] = NpuConfig(
     matrix_latency=3,
     vector_latency=3,
 )
-# iCEBreaker (iCE40 UP5K): 4 MACs, 8 KiB scratchpad in EBR, the four SPRAMs (128 KiB) as DRAM
-PRESETS["icebreaker"] = NpuConfig(
+# iCEBreaker (iCE40 UP5K): `tiny`'s 8 MACs with an 8 KiB scratchpad and 1 KiB of accumulators in
+# EBR, the four SPRAMs (128 KiB) as DRAM (docs/boards.md: the core does not fit the UP5K yet)
+PRESETS["icebreaker"] = PRESETS["tiny"].replace(
     name="icebreaker",
-    clusters=1,
-    pes_per_cluster=1,
-    lanes=4,
     spad_bytes=8 * 1024,
     spad_banks=4,
     spad_banked=True,
     acc_bytes=1024,
-    vector_lanes=1,
-    bus_bytes=4,
     dram_bytes=128 * 1024,
     clock_mhz=12.0,
-    queue_depth=2,
-    dma_latency=8,
-    matrix_latency=3,
-    vector_latency=3,
 )
 
 
