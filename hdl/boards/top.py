@@ -136,7 +136,8 @@ class BoardTop(wiring.Component):
             Ecp5Pll.search(board.osc_mhz, self.clock_mhz).elaborate_into(
                 m, pin(board.osc, "i").i, clk, locked
             )
-            platform.add_clock_constraint(clk, self.clock_mhz * 1e6)
+            # nextpnr derives the PLL output's constraint from the oscillator's (a constraint on
+            # the output net would be lost: synthesis renames it)
         elif self.clock_mhz == board.osc_mhz:  # the oscillator's pin carries its own constraint
             m.d.comb += [clk.eq(pin(board.osc, "i").i), locked.eq(1)]
         else:  # the iCE40 PLL takes the pad itself

@@ -62,6 +62,6 @@ def test_board_top_elaborates_for_its_platform(name, tmp_path):
     assert "\\npu_board" in rtlil
     if board.family == "ecp5":
         assert "EHXPLLL" in rtlil and "ODDRX1F" in rtlil  # PLL, the SDRAM's clock
-        assert f'FREQUENCY NET "clk_core" {board.clock_mhz * 1e6} HZ' in files["npu_board.lpf"]
+        assert f'FREQUENCY PORT "{board.osc}_0__io" {board.osc_mhz * 1e6} HZ' in files["npu_board.lpf"]
     else:
         assert rtlil.count("SB_SPRAM256KA") >= 4

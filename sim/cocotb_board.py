@@ -1,0 +1,143 @@
+"""cocotb: a board's top (`BoardCore` with the vendor primitives swapped for simulation models)
+driven by the host's unchanged driver over the UART.
+
+The host runs in a thread: `Npu` over `SerialTransport`, whose byte stream a coroutine moves to
+and from cocotbext-uart's `UartSource` / `UartSink` on the top's `rx` / `tx` pins. On the ULX3S top
+the SDRAM pins go to the SDRAM model with its timing checks on (a violation fails the test). The
+host loads two compiled zoo models, runs each alone, then the low-priority one again, paused at its
+first cancellation point (the core dumps its live data) and resumed, and compares every output with
+the golden model's, computed beforehand by the pytest side (`BOARD_CASE`, an .npz file).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import threading
+import time
+
+import cocotb
+import numpy as np
+from cocotb.clock import Clock
+from cocotb.triggers import ClockCycles
+from cocotbext.uart import UartSink, UartSource
+
+from npu.sim.cocotb_bridge import QueueStream
+
+CLOCK_MHZ = float(os.environ.get("BOARD_CLOCK_MHZ", 50))
+DIVISOR = int(os.environ.get("BOARD_DIVISOR", 8))
+
+
+def say(msg: str) -> None:
+    print(f"[board {time.monotonic() - T0:7.1f} s] {msg}", file=sys.stderr, flush=True)
+
+
+T0 = time.monotonic()
+
+
+def host(stream: QueueStream, out: dict) -> None:
+    from npu.config import get_config
+    from npu.container import Container
+    from npu.driver.runtime import Npu, Priority
+    from npu.driver.serial import SerialTransport
+
+    case = np.load(os.environ["BOARD_CASE"])
+    cfg = get_config(os.environ["BOARD_CONFIG"])
+    tr = SerialTransport(cfg, stream=stream, timeout_s=float(os.environ.get("BOARD_TIMEOUT", 60)), retries=2)
+    try:
+        npu = Npu(transport=tr, config=cfg)
+        npu.wait_quantum = 2000  # each WAIT short, so a submission from this thread is seen soon
+        say("connected")
+        low = npu.load(Container.load(os.environ["BOARD_LOW"]), "low")
+        urgent = npu.load(Container.load(os.environ["BOARD_URGENT"]), "urgent")
+        say("models loaded")
+        alone = low.run(case["x_low"], int8=True)
+        say("low-priority model run alone")
+        out["urgent"] = urgent.submit(case["x_urgent"], priority=Priority.HIGH, int8=True).result()
+        say("urgent model run alone")
+        # paused at its first cancellation point (its live data dumped), then resumed
+        job = low.submit(case["x_low"], priority=Priority.LOW, int8=True)
+        npu.run_until(lambda: job.state == "running" or job.done())
+        npu.pause(job)
+        npu.run_until(lambda: job.state == "paused" or job.done())
+        out["paused"] = job.state == "paused"
+        npu.resume(job)
+        out["low"] = job.result()
+        out["preemptions"] = len(job.preemptions)
+        say(f"low-priority model paused, resumed and done ({out['preemptions']} preemption)")
+        out["alone"] = alone
+        out["stats"] = tr.stats
+    finally:
+        tr.close()
+
+
+@cocotb.test()
+async def model_with_preemption(dut):
+    period_ps = 2 * round(1e6 / CLOCK_MHZ / 2)
+    cocotb.start_soon(Clock(dut.clk, period_ps, unit="ps").start())
+    sdram = None
+    if os.environ.get("BOARD_DRAM") == "sdram":
+        from npu.hdl.mem.sdram import SdramTiming
+        from npu.sim.sdram_model import SdramModel
+
+        sdram = SdramModel(dut, dut.clk, timing=SdramTiming(), clock_mhz=CLOCK_MHZ, read_delay=-1)
+        sdram.start()
+    baud = CLOCK_MHZ * 1e6 / DIVISOR
+    dut.rx.value = 1
+    src, sink = UartSource(dut.rx, baud=baud), UartSink(dut.tx, baud=baud)
+    dut.rst.value = 1
+    await ClockCycles(dut.clk, 8)
+    dut.rst.value = 0
+
+    stream, out, errors = QueueStream(), {}, []
+
+    def run():
+        try:
+            host(stream, out)
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    th = threading.Thread(target=run, name="host", daemon=True)
+    th.start()
+    cycles, moved = 0, 0
+    while th.is_alive():
+        await ClockCycles(dut.clk, 64)
+        cycles += 64
+        if cycles % (1 << 20) == 0:
+            say(
+                f"{cycles} cycles, {moved} bytes from the board, running {dut.running.value}, "
+                f"error {dut.error.value}"
+            )
+            if os.environ.get("BOARD_DEBUG"):
+                import traceback
+
+                frame = sys._current_frames().get(th.ident)
+                say(
+                    "host at: "
+                    + " <- ".join(f"{f.name}:{f.lineno}" for f in traceback.extract_stack(frame)[-6:])
+                )
+        while True:
+            try:
+                src.write_nowait(stream.to_dev.get_nowait())
+            except queue.Empty:
+                break
+        data = sink.read_nowait()
+        if data:
+            moved += len(data)
+            stream.from_dev.put(bytes(data))
+    if errors:
+        raise errors[0]
+    case = np.load(os.environ["BOARD_CASE"])
+    for name in ("alone", "low"):
+        for k, (a, b) in enumerate(
+            zip(out[name], [case[f"ref_low{i}"] for i in range(len(out[name]))], strict=True)
+        ):
+            assert np.array_equal(a, b), f"{name}: output {k} differs from the golden model"
+    for k, a in enumerate(out["urgent"]):
+        assert np.array_equal(a, case[f"ref_urgent{k}"]), f"urgent: output {k} differs from the golden model"
+    assert out["paused"] and out["preemptions"] == 1, (out["paused"], out["preemptions"])
+    if sdram is not None:
+        sdram.check()
+        dut._log.warning(f"SDRAM: {sdram.commands}, refreshes {sdram.refresh_stats()}")
+    dut._log.warning(f"board run: {out['preemptions']} preemption(s), link {out['stats']}")

@@ -1,0 +1,45 @@
+"""The board tops in simulation: the host's driver talks to the simulated board through the UART and
+runs compiled zoo models bit-exactly, one of them paused at a cancellation point and resumed
+(sim/cocotb_board.py)."""
+
+import numpy as np
+import pytest
+from amaranth.back import verilog
+
+from npu.config import get_config
+from npu.driver.demo import compile_zoo
+from npu.driver.runtime import Npu
+from npu.hdl.axi import FlatPorts
+from npu.hdl.boards.boards import BOARDS
+from npu.hdl.boards.top import BoardCore
+from npu.sim.hdlsim import build_and_test
+
+pytestmark = [pytest.mark.rtl, pytest.mark.xdist_group("rtl-board")]
+
+
+@pytest.mark.parametrize("name", ["icebreaker", "ulx3s"])
+def test_board_runs_zoo_models_and_a_pause_over_the_uart(name, tmp_path):
+    board = BOARDS[name]
+    cfg = get_config(board.preset)
+    low, x_low = compile_zoo("digits_cnn", cfg.name, tmp_path, cp_interval=2000)
+    urgent, x_urgent = compile_zoo("digits_mlp", cfg.name, tmp_path)
+    assert low.manifest.cancel_points, "the low-priority model needs cancellation points"
+    model = Npu("model", cfg)
+    ref_low = model.load(low).run(x_low, int8=True)
+    ref_urgent = model.load(urgent).run(x_urgent, int8=True)
+    case = tmp_path / "case.npz"
+    np.savez(case, x_low=x_low, x_urgent=x_urgent, **{f"ref_low{i}": r for i, r in enumerate(ref_low)},
+             **{f"ref_urgent{i}": r for i, r in enumerate(ref_urgent)})  # fmt: skip
+    low.save(tmp_path / "low.npub")
+    urgent.save(tmp_path / "urgent.npub")
+    top = BoardCore(board, cfg, board.clock_mhz, sim=True)
+    v = verilog.convert(FlatPorts(top, {"sdram": "sdram"}), name="board_top", emit_src=False)
+    env = {
+        "BOARD_CASE": str(case),
+        "BOARD_CONFIG": cfg.name,
+        "BOARD_LOW": str(tmp_path / "low.npub"),
+        "BOARD_URGENT": str(tmp_path / "urgent.npub"),
+        "BOARD_DRAM": board.dram,
+        "BOARD_CLOCK_MHZ": str(board.clock_mhz),
+    }
+    build_and_test(v, "board_top", "npu.sim.cocotb_board", name=f"board-{name}", extra_env=env, quiet=True)
