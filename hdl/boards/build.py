@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -77,10 +78,25 @@ def _run(script: Path, build_dir: Path, env: dict, log: Path, say: Callable[[str
                 phase, last = p, now
     if proc.returncode:
         tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-25:])
+        over = _overused(build_dir / f"{TOP}.tim")
+        if over:  # the design does not fit: say by how much first
+            tail = "the design does not fit the part: " + "; ".join(over) + "\n" + tail
         raise BuildError(
             f"the build failed in {_phase(build_dir)} (exit {proc.returncode}); log {log}:\n{tail}"
         )
     return time.monotonic() - t0
+
+
+def _overused(tim: Path) -> list[str]:
+    """nextpnr's utilisation lines over 100 % ("ICESTORM_LC 31263 / 5280 (592 %)")."""
+    if not tim.exists():
+        return []
+    out = {}
+    for m in re.finditer(r"^Info:\s+(\w+):\s+(\d+)/\s*(\d+)\s+(\d+)%", tim.read_text(errors="replace"), re.M):
+        name, used, avail, pct = m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4))
+        if used > avail:
+            out[name] = f"{name} {used} / {avail} ({pct} %)"  # the last report of each bel type
+    return list(out.values())
 
 
 def _report(board: Board, cfg: NpuConfig, build_dir: Path, clock_mhz: float, seconds: float) -> dict:

@@ -65,3 +65,17 @@ def test_board_top_elaborates_for_its_platform(name, tmp_path):
         assert f'FREQUENCY PORT "{board.osc}_0__io" {board.osc_mhz * 1e6} HZ' in files["npu_board.lpf"]
     else:
         assert rtlil.count("SB_SPRAM256KA") >= 4
+
+
+def test_a_design_too_big_is_reported_by_resource(tmp_path):
+    from npu.hdl.boards.build import _overused
+
+    tim = tmp_path / "npu_board.tim"
+    tim.write_text(
+        "Info: Device utilisation:\n"
+        "Info: \t         ICESTORM_LC:   31263/   5280   592%\n"
+        "Info: \t        ICESTORM_RAM:      20/     30    66%\n"
+        "Info: \t        ICESTORM_DSP:      48/      8   600%\n"
+    )
+    assert _overused(tim) == ["ICESTORM_LC 31263 / 5280 (592 %)", "ICESTORM_DSP 48 / 8 (600 %)"]
+    assert _overused(tmp_path / "missing.tim") == []
