@@ -44,7 +44,8 @@ def host(stream: QueueStream, out: dict) -> None:
 
     case = np.load(os.environ["BOARD_CASE"])
     cfg = get_config(os.environ["BOARD_CONFIG"])
-    tr = SerialTransport(cfg, stream=stream, timeout_s=float(os.environ.get("BOARD_TIMEOUT", 60)), retries=2)
+    # a short timeout: a request lost on the link costs seconds of wall time, not minutes
+    tr = SerialTransport(cfg, stream=stream, timeout_s=float(os.environ.get("BOARD_TIMEOUT", 5)), retries=4)
     try:
         npu = Npu(transport=tr, config=cfg)
         npu.wait_quantum = 2000  # each WAIT short, so a submission from this thread is seen soon
