@@ -200,7 +200,7 @@ def compile_onnx(
     spad_region: tuple[int, int] | None = None,
     acc_region: tuple[int, int] | None = None,
     order_objective: str = "cycles",
-    dram_plan: str = "arena",
+    dram_plan: str | None = None,
 ) -> CompiledModel:
     """Compile an ONNX model. `order`: "search" (key-node partitioned order search with the golden
     model's timing, at most `order_budget_s` seconds) or "default" (the ONNX order). `granularity`:
@@ -212,7 +212,11 @@ def compile_onnx(
     accumulator region proportional to the scratchpad region). `order_objective`: what the order
     search minimises, "cycles" (the golden model's timing) or "memory" (the most activation bytes
     live at once, ties by cycles). `dram_plan`: "arena" (activations share DRAM by liveness in the
-    chosen order, compiler/dram.py) or "bump" (every tensor its own range)."""
+    chosen order, compiler/dram.py) or "bump" (every tensor its own range); by default "arena" for
+    `granularity="segment"` and "bump" for "operator" (the operator graph on the RTL SoC hung with
+    a shared arena: docs/compiler.md)."""
+    if dram_plan is None:
+        dram_plan = "arena" if granularity == "segment" else "bump"
     if order not in ("search", "default"):
         raise CompileError(f"order must be 'search' or 'default', not {order!r}")
     if order_objective not in OBJECTIVES:

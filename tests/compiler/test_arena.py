@@ -259,7 +259,7 @@ def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
 @pytest.mark.parametrize("name", ["inception_small", "resnet_small", "perception", "mixed"])
 @pytest.mark.parametrize("granularity", ["segment", "operator"])
 def test_arena_gives_the_same_bits_as_one_range_per_tensor(build, name, granularity):
-    arena, z = build(name, order="default", granularity=granularity)
+    arena, z = build(name, order="default", granularity=granularity, dram_plan="arena")
     bump, _ = build(name, order="default", granularity=granularity, dram_plan="bump")
     x = z.test[: z.model.graph.input[0].type.tensor_type.shape.dim[0].dim_value]
     assert arena.dram_plan.arena_bytes < bump.dram_plan.arena_bytes == bump.dram_plan.bump_bytes
@@ -276,7 +276,7 @@ def test_arena_gives_the_same_bits_as_one_range_per_tensor(build, name, granular
 
 def test_operator_graph_on_two_engines_with_two_instances(build):
     """Independent operators of one job on two engines at once, two jobs of the model at once."""
-    arena, z = build("mixed", order="default", granularity="operator")
+    arena, z = build("mixed", order="default", granularity="operator", dram_plan="arena")
     bump, _ = build("mixed", order="default", granularity="operator", dram_plan="bump")
     xs = [z.test[i : i + 1] for i in range(2)]
     want = [bump.run_int8(x) for x in xs]
