@@ -26,7 +26,7 @@ from cocotbext.uart import UartSink, UartSource
 from npu.sim.cocotb_bridge import QueueStream
 
 CLOCK_MHZ = float(os.environ.get("BOARD_CLOCK_MHZ", 50))
-DIVISOR = int(os.environ.get("BOARD_DIVISOR", 8))
+DIVISOR = int(os.environ["BOARD_DIVISOR"])  # the top's SIM_DIVISOR
 
 
 def say(msg: str) -> None:

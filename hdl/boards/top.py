@@ -36,6 +36,8 @@ from .pll import Ecp5Pll, Ice40Pll
 
 #: DRAM payload per serial packet on the boards (the bridge's two block RAMs are sized by it)
 MAX_PACKET = 256
+#: clock cycles per UART bit in simulation (a fast link keeps the simulated runs short)
+SIM_DIVISOR = 8
 
 
 class BoardCore(wiring.Component):
@@ -72,7 +74,7 @@ class BoardCore(wiring.Component):
             data_width=W,
             clk_freq=self.clock_mhz * 1e6,
             baud=board.baud if not self.sim else None,
-            divisor=8 if self.sim else None,
+            divisor=SIM_DIVISOR if self.sim else None,
             max_packet=MAX_PACKET,
             reg_addr_width=len(npu.ctrl.awaddr),
             id_width=master.id_width,

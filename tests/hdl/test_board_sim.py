@@ -11,7 +11,7 @@ from npu.driver.demo import compile_zoo
 from npu.driver.runtime import Npu
 from npu.hdl.axi import FlatPorts
 from npu.hdl.boards.boards import BOARDS
-from npu.hdl.boards.top import BoardCore
+from npu.hdl.boards.top import SIM_DIVISOR, BoardCore
 from npu.sim.hdlsim import build_and_test
 
 pytestmark = [pytest.mark.rtl, pytest.mark.xdist_group("rtl-board")]
@@ -41,5 +41,6 @@ def test_board_runs_zoo_models_and_a_pause_over_the_uart(name, tmp_path):
         "BOARD_URGENT": str(tmp_path / "urgent.npub"),
         "BOARD_DRAM": board.dram,
         "BOARD_CLOCK_MHZ": str(board.clock_mhz),
+        "BOARD_DIVISOR": str(SIM_DIVISOR),
     }
     build_and_test(v, "board_top", "npu.sim.cocotb_board", name=f"board-{name}", extra_env=env, quiet=True)
