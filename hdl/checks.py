@@ -1,106 +1,64 @@
-"""Dispatch-time instruction checks in hardware: the same rules, in the same order, as
-`npu.isa.validate` (decode errors, token rules, field rules, alignment, address ranges, operand
-memories, overlaps). Produces the ErrorCode of the first rule broken, or NONE.
+"""Instruction checks in hardware: the same rules, in the same order, as `npu.isa.validate` (decode
+errors, token rules, field rules, alignment, address ranges, operand memories, overlaps), giving the
+ErrorCode of the first rule broken, or NONE.
+
+The checks run as a pipeline of `CHECK_LATENCY` register stages in the fetcher, before an
+instruction enters its buffer, so no stage holds more than one multiplier or one carry chain of
+adds and compares (the combinational version capped the core's clock near 10 MHz on an ECP5):
+
+  0. the instruction word is registered;
+  1. first-level products (a row count times a stride, ...), shared by all opcodes: one multiplier
+     per slot, its operands chosen by the opcode;
+  2. second-level products (POOL's input and output footprints, C * W * rows);
+  3. every rule's condition (sums and compares), selected for the word's opcode;
+  4. the first rule that fires (a priority tree) gives the code.
 """
 
 from __future__ import annotations
 
-from amaranth import Const, Module, Mux, Signal
+from amaranth import Cat, Const, Module, Mux, Signal, Value, signed, unsigned
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
 
 from npu.config import ACC_BASE, NpuConfig
-from npu.isa import FORMATS, HEADER_BITS, INSTR_BITS, MAX_SHIFT, ErrorCode, Opcode
+from npu.isa import FORMATS, HEADER_BITS, INSTR_BITS, MAX_SHIFT, UNIT_OF, ErrorCode, Opcode
 
 from .common import view
 
 E = ErrorCode
+CHECK_LATENCY = 5  # cycles from `word` to `code`
+L1_SLOTS = 4
+L2_SLOTS = 2
 
 
-def _extent(base, rows, width, stride):
-    """(nonempty, start, end) of `rows` rows of `width` bytes `stride` apart."""
+def _level1(op, f) -> list[tuple]:
+    """First-level products of `op`: (a, b) pairs, at most L1_SLOTS."""
+    if op == Opcode.LOAD:
+        tr = f.pad_top + f.rows + f.pad_bottom
+        return [(f.rows - 1, f.dram_stride), (tr - 1, f.spad_stride)]
+    if op == Opcode.STORE:
+        return [(f.rows - 1, f.spad_stride), (f.rows - 1, f.dram_stride)]
+    if op == Opcode.MATMUL:
+        return [(f.m - 1, f.a_stride), (f.n - 1, f.b_stride), (f.m - 1, f.c_stride)]
+    if op == Opcode.VMAP:
+        return [(f.rows - 1, f.src_stride), (f.rows - 1, f.dst_stride)]
+    if op == Opcode.POOL:
+        return [(f.out_w - 1, f.sw), (f.out_h - 1, f.sh), (f.in_w, f.channels), (f.out_h, f.out_w)]
+    return []
+
+
+def _level2(op, f, p1) -> list[tuple]:
+    """Second-level products (of first-level ones), at most L2_SLOTS."""
+    if op == Opcode.POOL:
+        in_rows = p1[1] + f.kh  # (out_h - 1) * sh + kh
+        return [(in_rows, p1[2]), (p1[3], f.channels)]  # in_rows * W * C, out_h * out_w * C
+    return []
+
+
+def _extent(base, rows, width, prod):
+    """(nonempty, start, end) of `rows` rows of `width` bytes; `prod` = (rows - 1) * stride."""
     nonempty = (rows != 0) & (width != 0)
-    end = base + (rows - 1) * stride + width
-    return nonempty, base, end
-
-
-def check_instruction(m: Module, word, cfg: NpuConfig) -> Signal:
-    """An ErrorCode signal for the 256-bit instruction `word` on configuration `cfg`."""
-    code = Signal(8)
-    opv = word[:4]
-    wait = word[4:8]
-    signal = word[8:12]
-
-    # each rule: (condition, code), checked in order
-    for op in Opcode:
-        fields = FORMATS[op]
-        used = HEADER_BITS + sum(f.width for f in fields)
-        rules: list[tuple[object, ErrorCode]] = []
-        f = view(op, word)
-        rules.append((word[12:16] != 0, E.ILLEGAL_FIELD))
-        for fd in fields:
-            if fd.kind == "enum" and (1 << fd.width) > len(fd.choices):
-                rules.append((getattr(f, fd.name).as_value() >= len(fd.choices), E.ILLEGAL_FIELD))
-        if used < INSTR_BITS:
-            rules.append((word[used:] != 0, E.ILLEGAL_FIELD))
-        # tokens
-        if op in (Opcode.END, Opcode.BARRIER, Opcode.FENCE, Opcode.CANCEL_POINT):
-            rules.append(((wait | signal) != 0, E.ILLEGAL_FIELD))
-        else:
-            if op == Opcode.SYNC:
-                unit_bit = Const(1, 4) << f.unit
-            else:
-                from npu.isa import UNIT_OF
-
-                unit_bit = Const(1 << int(UNIT_OF[op]), 4)
-            rules.append((((wait | signal) & unit_bit) != 0, E.ILLEGAL_FIELD))
-        names = {fd.name for fd in fields}
-        if "shift" in names:
-            rules.append((f.shift > MAX_SHIFT, E.ILLEGAL_FIELD))
-        if "lo" in names:
-            rules.append((f.lo > f.hi, E.ILLEGAL_FIELD))
-        if op == Opcode.VMAP:
-            rules.append((f.src_type & (f.zp_in != 0), E.ILLEGAL_FIELD))
-        if op == Opcode.POOL:
-            live = (f.channels != 0) & (f.out_h != 0) & (f.out_w != 0)
-            zero = (f.kh == 0) | (f.kw == 0) | (f.sh == 0) | (f.sw == 0)
-            rules.append((live & zero, E.ILLEGAL_FIELD))
-            rules.append((live & ((f.out_w - 1) * f.sw + f.kw > f.in_w), E.ILLEGAL_FIELD))
-        if op == Opcode.LOAD:
-            tw = f.pad_left + f.cols + f.pad_right
-            tr = f.pad_top + f.rows + f.pad_bottom
-            rules.append(((f.spad_stride < tw) & (tr > 1), E.ILLEGAL_FIELD))
-        # alignment
-        if op == Opcode.MATMUL:
-            for name in ("a", "a_stride", "b", "b_stride"):
-                rules.append((getattr(f, name) % cfg.lanes != 0, E.MISALIGNED))
-            for name in ("c", "c_stride"):
-                rules.append((getattr(f, name) % cfg.acc_row_bytes != 0, E.MISALIGNED))
-        if op == Opcode.VMAP:
-            for name in ("src", "src_stride"):
-                rules.append((f.src_type & (getattr(f, name)[:2] != 0), E.MISALIGNED))
-        # address ranges, in footprint order (reads then writes)
-        spans = _spans(op, f)  # list of (space, nonempty, start, end, required-memory or None)
-        for space, ne, start, end, _req in spans:
-            if space == "dram":
-                rules.append((ne & (end > cfg.dram_bytes), E.DRAM_RANGE))
-            else:
-                rules.append((ne & ~_in_spad(start, end, cfg) & ~_in_acc(start, end, cfg), E.SPAD_RANGE))
-        for _space, ne, start, end, req in _required(op, f):
-            inside = _in_acc(start, end, cfg) if req == "acc" else _in_spad(start, end, cfg)
-            rules.append((ne & ~inside, E.SPAD_RANGE))
-        for cond in _overlaps(op, f):
-            rules.append((cond, E.ILLEGAL_FIELD))
-        # first rule that fires
-        op_code = Const(0, 8)
-        for cond, c in reversed(rules):
-            op_code = Mux(cond, int(c), op_code)
-        with m.If(opv == int(op)):
-            m.d.comb += code.eq(op_code)
-    known = Const(0, 1)
-    for op in Opcode:
-        known = known | (opv == int(op))
-    with m.If(~known):
-        m.d.comb += code.eq(int(E.ILLEGAL_OPCODE))
-    return code
+    return nonempty, base, base + prod + width
 
 
 def _in_spad(start, end, cfg):
@@ -111,88 +69,77 @@ def _in_acc(start, end, cfg):
     return (start >= ACC_BASE) & (end <= ACC_BASE + cfg.acc_bytes)
 
 
-def _spans(op, f):
+def _spans(op, f, p1, p2):
     """Footprint spans in the order npu.isa.footprint lists them (reads, then writes)."""
     if op == Opcode.LOAD:
         tr = f.pad_top + f.rows + f.pad_bottom
         tw = f.pad_left + f.cols + f.pad_right
         return [
-            ("dram", *_extent(f.dram, f.rows, f.cols, f.dram_stride), None),
-            ("onchip", *_extent(f.spad, tr, tw, f.spad_stride), None),
+            ("dram", *_extent(f.dram, f.rows, f.cols, p1[0])),
+            ("onchip", *_extent(f.spad, tr, tw, p1[1])),
         ]
     if op == Opcode.STORE:
         return [
-            ("onchip", *_extent(f.spad, f.rows, f.cols, f.spad_stride), None),
-            ("dram", *_extent(f.dram, f.rows, f.cols, f.dram_stride), None),
+            ("onchip", *_extent(f.spad, f.rows, f.cols, p1[0])),
+            ("dram", *_extent(f.dram, f.rows, f.cols, p1[1])),
         ]
     if op == Opcode.MATMUL:
         kz = f.k != 0
-        a = _extent(f.a, f.m, f.k, f.a_stride)
-        b = _extent(f.b, f.n, f.k, f.b_stride)
-        c = _extent(f.c, f.m, 4 * f.n, f.c_stride)
-        out = [("onchip", a[0] & kz, a[1], a[2], None), ("onchip", b[0] & kz, b[1], b[2], None)]
-        out.append(("onchip", c[0] & f.accumulate, c[1], c[2], None))
-        out.append(("onchip", *c, None))
-        return out
+        a = _extent(f.a, f.m, f.k, p1[0])
+        b = _extent(f.b, f.n, f.k, p1[1])
+        c = _extent(f.c, f.m, 4 * f.n, p1[2])
+        return [("onchip", a[0] & kz, a[1], a[2]), ("onchip", b[0] & kz, b[1], b[2]),
+                ("onchip", c[0] & f.accumulate, c[1], c[2]), ("onchip", *c)]  # fmt: skip
     if op == Opcode.VMAP:
         w = Mux(f.src_type, 4 * f.cols, f.cols)
         return [
-            ("onchip", *_extent(f.src, f.rows, w, f.src_stride), None),
-            ("onchip", *_extent(f.dst, f.rows, f.cols, f.dst_stride), None),
+            ("onchip", *_extent(f.src, f.rows, w, p1[0])),
+            ("onchip", *_extent(f.dst, f.rows, f.cols, p1[1])),
         ]
     if op == Opcode.VADD:
         ne = f.len != 0
-        return [
-            ("onchip", ne, f.a, f.a + f.len, None),
-            ("onchip", ne, f.b, f.b + f.len, None),
-            ("onchip", ne, f.dst, f.dst + f.len, None),
-        ]
+        return [("onchip", ne, f.a, f.a + f.len), ("onchip", ne, f.b, f.b + f.len),
+                ("onchip", ne, f.dst, f.dst + f.len)]  # fmt: skip
     if op == Opcode.POOL:
         live = (f.channels != 0) & (f.out_h != 0) & (f.out_w != 0)
-        in_rows = (f.out_h - 1) * f.sh + f.kh
-        rd_end = f.src + in_rows * f.in_w * f.channels
-        wr_end = f.dst + f.out_h * f.out_w * f.channels
+        rd_end = f.src + p2[0]
+        wr_end = f.dst + p2[1]
         return [
-            ("onchip", live & (rd_end > f.src), f.src, rd_end, None),
-            ("onchip", live & (wr_end > f.dst), f.dst, wr_end, None),
+            ("onchip", live & (rd_end > f.src), f.src, rd_end),
+            ("onchip", live & (wr_end > f.dst), f.dst, wr_end),
         ]
     return []
 
 
-def _required(op, f):
+def _required(op, f, p1, p2):
+    """(nonempty, start, end, memory) of operands that must lie in one memory ("spad" or "acc")."""
     if op == Opcode.MATMUL:
-        a = _extent(f.a, f.m, f.k, f.a_stride)
-        b = _extent(f.b, f.n, f.k, f.b_stride)
-        c = _extent(f.c, f.m, 4 * f.n, f.c_stride)
-        return [
-            ("onchip", a[0] & (f.k != 0), a[1], a[2], "spad"),
-            ("onchip", b[0] & (f.k != 0), b[1], b[2], "spad"),
-            ("onchip", *c, "acc"),
-        ]
+        a, b, _, c = _spans(op, f, p1, p2)
+        return [(a[1], a[2], a[3], "spad"), (b[1], b[2], b[3], "spad"), (c[1], c[2], c[3], "acc")]
     if op == Opcode.VMAP:
         w = Mux(f.src_type, 4 * f.cols, f.cols)
-        s = _extent(f.src, f.rows, w, f.src_stride)
-        d = _extent(f.dst, f.rows, f.cols, f.dst_stride)
+        s = _extent(f.src, f.rows, w, p1[0])
+        d = _extent(f.dst, f.rows, f.cols, p1[1])
         # the source memory depends on src_type: check both variants under their condition
         return [
-            ("onchip", s[0] & f.src_type, s[1], s[2], "acc"),
-            ("onchip", s[0] & ~f.src_type, s[1], s[2], "spad"),
-            ("onchip", *d, "spad"),
+            (s[0] & f.src_type, s[1], s[2], "acc"),
+            (s[0] & ~f.src_type, s[1], s[2], "spad"),
+            (*d, "spad"),
         ]
     if op in (Opcode.VADD, Opcode.POOL):
-        return [(sp, ne, st, en, "spad") for sp, ne, st, en, _ in _spans(op, f)]
+        return [(ne, st, en, "spad") for _, ne, st, en in _spans(op, f, p1, p2)]
     return []
 
 
-def _overlaps(op, f):
+def _overlaps(op, f, p1, p2):
     def ov(a, b):
         (ane, a0, a1), (bne, b0, b1) = a, b
         return ane & bne & (a0 < b1) & (b0 < a1)
 
     if op == Opcode.VMAP:
         same = (f.src == f.dst) & (f.src_stride == f.dst_stride)
-        s = _extent(f.src, f.rows, f.cols, f.src_stride)
-        d = _extent(f.dst, f.rows, f.cols, f.dst_stride)
+        s = _extent(f.src, f.rows, f.cols, p1[0])
+        d = _extent(f.dst, f.rows, f.cols, p1[1])
         return [~f.src_type & ~same & ov(s, d)]
     if op == Opcode.VADD:
         ne = f.len != 0
@@ -202,6 +149,160 @@ def _overlaps(op, f):
             (f.b != f.dst) & ov((ne, f.b, f.b + f.len), d),
         ]
     if op == Opcode.POOL:
-        (_, rne, r0, r1, _), (_, wne, w0, w1, _) = _spans(op, f)
+        (_, rne, r0, r1), (_, wne, w0, w1) = _spans(op, f, p1, p2)
         return [ov((rne, r0, r1), (wne, w0, w1))]
     return []
+
+
+def _rules(op, word, f, p1, p2, cfg: NpuConfig) -> list[tuple[object, ErrorCode]]:
+    """(condition, code) of every rule of `op`, in the order `npu.isa.validate` applies them."""
+    wait, signal = word[4:8], word[8:12]
+    fields = FORMATS[op]
+    used = HEADER_BITS + sum(fd.width for fd in fields)
+    rules: list[tuple[object, ErrorCode]] = [(word[12:16] != 0, E.ILLEGAL_FIELD)]
+    for fd in fields:
+        if fd.kind == "enum" and (1 << fd.width) > len(fd.choices):
+            rules.append((getattr(f, fd.name).as_value() >= len(fd.choices), E.ILLEGAL_FIELD))
+    if used < INSTR_BITS:
+        rules.append((word[used:] != 0, E.ILLEGAL_FIELD))
+    # tokens
+    if op in (Opcode.END, Opcode.BARRIER, Opcode.FENCE, Opcode.CANCEL_POINT):
+        rules.append(((wait | signal) != 0, E.ILLEGAL_FIELD))
+    else:
+        unit_bit = Const(1, 4) << f.unit if op == Opcode.SYNC else Const(1 << int(UNIT_OF[op]), 4)
+        rules.append((((wait | signal) & unit_bit) != 0, E.ILLEGAL_FIELD))
+    names = {fd.name for fd in fields}
+    if "shift" in names:
+        rules.append((f.shift > MAX_SHIFT, E.ILLEGAL_FIELD))
+    if "lo" in names:
+        rules.append((f.lo > f.hi, E.ILLEGAL_FIELD))
+    if op == Opcode.VMAP:
+        rules.append((f.src_type & (f.zp_in != 0), E.ILLEGAL_FIELD))
+    if op == Opcode.POOL:
+        live = (f.channels != 0) & (f.out_h != 0) & (f.out_w != 0)
+        zero = (f.kh == 0) | (f.kw == 0) | (f.sh == 0) | (f.sw == 0)
+        rules.append((live & zero, E.ILLEGAL_FIELD))
+        rules.append((live & (p1[0] + f.kw > f.in_w), E.ILLEGAL_FIELD))  # (out_w - 1) * sw + kw
+    if op == Opcode.LOAD:
+        tw = f.pad_left + f.cols + f.pad_right
+        tr = f.pad_top + f.rows + f.pad_bottom
+        rules.append(((f.spad_stride < tw) & (tr > 1), E.ILLEGAL_FIELD))
+    # alignment
+    if op == Opcode.MATMUL:
+        for name in ("a", "a_stride", "b", "b_stride"):
+            rules.append((getattr(f, name) % cfg.lanes != 0, E.MISALIGNED))
+        for name in ("c", "c_stride"):
+            rules.append((getattr(f, name) % cfg.acc_row_bytes != 0, E.MISALIGNED))
+    if op == Opcode.VMAP:
+        for name in ("src", "src_stride"):
+            rules.append((f.src_type & (getattr(f, name)[:2] != 0), E.MISALIGNED))
+    # address ranges, in footprint order (reads then writes)
+    for space, ne, start, end in _spans(op, f, p1, p2):
+        if space == "dram":
+            rules.append((ne & (end > cfg.dram_bytes), E.DRAM_RANGE))
+        else:
+            rules.append((ne & ~_in_spad(start, end, cfg) & ~_in_acc(start, end, cfg), E.SPAD_RANGE))
+    for ne, start, end, req in _required(op, f, p1, p2):
+        inside = _in_acc(start, end, cfg) if req == "acc" else _in_spad(start, end, cfg)
+        rules.append((ne & ~inside, E.SPAD_RANGE))
+    for cond in _overlaps(op, f, p1, p2):
+        rules.append((cond, E.ILLEGAL_FIELD))
+    return rules
+
+
+def _first(bits: list, codes: list):
+    """(any, code) of the first set bit: a balanced tree, log2(len) multiplexers deep."""
+    if len(bits) == 1:
+        return bits[0], codes[0]
+    h = len(bits) // 2
+    la, lc = _first(bits[:h], codes[:h])
+    ra, rc = _first(bits[h:], codes[h:])
+    return la | ra, Mux(la, lc, rc)
+
+
+class InstructionCheck(wiring.Component):
+    """`word` (with `valid` and an `extra` payload carried alongside) comes out CHECK_LATENCY cycles
+    later as `out_word`/`out_extra`/`out_valid` with its ErrorCode `code`. No back-pressure: every
+    stage moves each cycle. `flush` drops every instruction inside."""
+
+    def __init__(self, cfg: NpuConfig, extra: int = 1):
+        self.cfg = cfg
+        super().__init__(
+            {
+                "word": In(INSTR_BITS),
+                "extra": In(extra),
+                "valid": In(1),
+                "flush": In(1),
+                "out_word": Out(INSTR_BITS),
+                "out_extra": Out(extra),
+                "out_valid": Out(1),
+                "code": Out(ErrorCode),
+            }
+        )
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.cfg
+        n = CHECK_LATENCY
+        words = [Signal(INSTR_BITS, name=f"word{s}") for s in range(n)]
+        extras = [Signal(len(self.extra), name=f"extra{s}") for s in range(n)]
+        valids = [Signal(name=f"valid{s}") for s in range(n)]
+        m.d.sync += [words[0].eq(self.word), extras[0].eq(self.extra), valids[0].eq(self.valid)]
+        for s in range(1, n):
+            m.d.sync += [words[s].eq(words[s - 1]), extras[s].eq(extras[s - 1]), valids[s].eq(valids[s - 1])]
+        with m.If(self.flush):
+            m.d.sync += [v.eq(0) for v in valids]
+        m.d.comb += [
+            self.out_word.eq(words[-1]),
+            self.out_extra.eq(extras[-1]),
+            self.out_valid.eq(valids[-1]),
+        ]
+
+        # stage 1: first-level products of the word in stage 0
+        p1 = [Signal(signed(52), name=f"p1_{k}") for k in range(L1_SLOTS)]
+        ops1 = [(Signal(signed(19), name=f"p1a_{k}"), Signal(32, name=f"p1b_{k}")) for k in range(L1_SLOTS)]
+        with m.Switch(words[0][:4]):
+            for op in Opcode:
+                with m.Case(op):
+                    for k, (a, b) in enumerate(_level1(op, view(op, words[0]))):
+                        m.d.comb += [ops1[k][0].eq(a), ops1[k][1].eq(b)]
+        m.d.sync += [p1[k].eq(a * b) for k, (a, b) in enumerate(ops1)]
+        # stage 2: second-level products (of stage 1's word)
+        p1_2 = [Signal.like(p, name=f"p1_2_{k}") for k, p in enumerate(p1)]
+        m.d.sync += [q.eq(p) for q, p in zip(p1_2, p1, strict=True)]
+        p2 = [Signal(signed(64), name=f"p2_{k}") for k in range(L2_SLOTS)]
+        ops2 = [
+            (Signal(signed(34), name=f"p2a_{k}"), Signal(unsigned(32), name=f"p2b_{k}"))
+            for k in range(L2_SLOTS)
+        ]
+        with m.Switch(words[1][:4]):
+            for op in Opcode:
+                with m.Case(op):
+                    for k, (a, b) in enumerate(_level2(op, view(op, words[1]), p1)):
+                        m.d.comb += [ops2[k][0].eq(a), ops2[k][1].eq(b)]
+        m.d.sync += [p2[k].eq(a * b) for k, (a, b) in enumerate(ops2)]
+        # stage 3: the rules of the word in stage 2, selected by its opcode
+        width = max(len(_rules(op, words[2], view(op, words[2]), p1_2, p2, cfg)) for op in Opcode)
+        fired = Signal(width)
+        known = Signal()
+        codes: dict[Opcode, list[int]] = {}
+        with m.Switch(words[2][:4]):
+            for op in Opcode:
+                with m.Case(op):
+                    rules = _rules(op, words[2], view(op, words[2]), p1_2, p2, cfg)
+                    codes[op] = [int(c) for _, c in rules]
+                    m.d.sync += [fired.eq(Cat(*[Value.cast(c).bool() for c, _ in rules])), known.eq(1)]
+            with m.Default():
+                m.d.sync += [fired.eq(0), known.eq(0)]
+        # stage 4: the first rule that fired (codes per position, chosen by the opcode)
+        op3 = words[3][:4]
+        pos_codes = []
+        for i in range(width):
+            c = Const(0, 8)
+            for op, cs in codes.items():
+                if i < len(cs):
+                    c = Mux(op3 == int(op), cs[i], c)
+            pos_codes.append(c)
+        anyf, first = _first([fired[i] for i in range(width)], pos_codes)
+        m.d.sync += self.code.eq(Mux(~known, int(E.ILLEGAL_OPCODE), Mux(anyf, first, 0)))
+        return m

@@ -7,12 +7,13 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from npu.config import ACC_BASE, NpuConfig
-from npu.isa import INSTR_BITS, Opcode, struct_layout
+from npu.isa import INSTR_BITS, ErrorCode, Opcode, struct_layout
 
 #: one AXI burst request: byte address and AxLEN (beats - 1)
 Burst = data.StructLayout({"addr": 32, "len": 8})
-#: one fetched instruction and its pc; `bad` marks a pc outside DRAM (no instruction)
-Fetched = data.StructLayout({"instr": INSTR_BITS, "pc": 32, "bad": 1, "fault": 1})
+#: one fetched instruction and its pc; `bad` marks a pc outside DRAM (no instruction), `fault` a
+#: fetch the memory answered with an error, `code` the instruction's check result (hdl/checks.py)
+Fetched = data.StructLayout({"instr": INSTR_BITS, "pc": 32, "bad": 1, "fault": 1, "code": ErrorCode})
 
 
 #: an entry of a unit's instruction queue: the instruction, its pc, and the ordinal of the next

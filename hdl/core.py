@@ -254,6 +254,7 @@ class NpuCore(wiring.Component):
         deadlock_cnt = Signal(2)
         m.d.comb += [
             disp.instr.eq(fetch.out.payload.instr),
+            disp.code.eq(fetch.out.payload.code),
             disp.pc.eq(pc),
             disp.valid.eq(fetch.out.valid),
             disp.bad.eq(fetch.out.payload.bad),

@@ -1,5 +1,5 @@
-"""The dispatcher: decodes the fetched instruction, checks it against every rule of the ISA
-(hdl/checks.py) and hands it to the unit queues in program order. A unit instruction (and SYNC) goes
+"""The dispatcher: decodes the fetched instruction, raises the error the fetcher's checks found
+(hdl/checks.py), if any, and hands it to the unit queues in program order. A unit instruction (and SYNC) goes
 to its unit's queue, a cancellation point (carrying its ordinal) and a FENCE to every queue as
 markers; END and BARRIER wait until every queue and unit has drained."""
 
@@ -12,7 +12,6 @@ from amaranth.lib.wiring import In, Out
 from npu.config import NpuConfig
 from npu.isa import INSTR_BITS, UNIT_OF, ErrorCode, Opcode, Unit
 
-from .checks import check_instruction
 from .common import QueueEntry, header, view
 
 
@@ -28,6 +27,7 @@ class Dispatcher(wiring.Component):
         super().__init__(
             {
                 "instr": In(INSTR_BITS),
+                "code": In(ErrorCode),  # the instruction's check result
                 "pc": In(32),
                 "valid": In(1),
                 "bad": In(1),
@@ -49,7 +49,7 @@ class Dispatcher(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         instr = self.instr
-        code = check_instruction(m, instr, self.cfg)
+        code = self.code
         op = header(instr).opcode
         points = Signal(16)  # cancellation points dispatched in this run
         m.d.comb += [self.entry.instr.eq(instr), self.entry.pc.eq(self.pc), self.entry.ordinal.eq(points + 1)]

@@ -12,8 +12,9 @@ from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from npu.config import NpuConfig
-from npu.isa import INSTR_BITS, INSTR_BYTES
+from npu.isa import INSTR_BITS, INSTR_BYTES, ErrorCode
 
+from .checks import CHECK_LATENCY, InstructionCheck
 from .common import Fetched, beat_stream, burst_stream, log2, min_
 
 OUTSTANDING = 8
@@ -57,8 +58,13 @@ class Fetcher(wiring.Component):
         cfg = self.cfg
         W = cfg.bus_bytes
         beats = max(1, INSTR_BYTES // W)
-        buf = fifo.SyncFIFOBuffered(width=INSTR_BITS + 1, depth=self.BUF)  # + the fault bit
+        # + the fault bit and the check's code
+        buf = fifo.SyncFIFOBuffered(width=INSTR_BITS + 1 + ErrorCode.as_shape().width, depth=self.BUF)
         m.submodules.buf = ResetInserter(self.restart)(buf)
+        # instructions are checked on their way into the buffer (a pipeline without back-pressure:
+        # the buffer has room for every instruction requested)
+        m.submodules.check = check = InstructionCheck(cfg)
+        in_check = Signal(range(CHECK_LATENCY + 1))  # instructions inside the check pipeline
         base = Signal(32)
         req_pc = Signal(32)  # next pc to request
         out_pc = Signal(32)  # pc of the buffer head
@@ -72,7 +78,7 @@ class Fetcher(wiring.Component):
         addr = Signal(40)
         m.d.comb += addr.eq(base + ((req_pc & mask) << log2(INSTR_BYTES)))
         room = Signal(range(self.BUF + 1))
-        m.d.comb += room.eq(self.BUF - buf.level - inflight)
+        m.d.comb += room.eq(self.BUF - buf.level - inflight - in_check)
         in_dram = Signal()
         m.d.comb += in_dram.eq(addr + INSTR_BYTES <= cfg.dram_bytes)
         to_4k = Signal(8)
@@ -107,21 +113,27 @@ class Fetcher(wiring.Component):
             with m.Else():
                 if beats == 1:
                     m.d.comb += got.eq(1)
-                    m.d.comb += buf.w_data.eq(Cat(r_data, self.r_err))
+                    m.d.comb += [check.word.eq(r_data), check.extra.eq(self.r_err)]
                 else:
                     m.d.sync += word.eq(Cat(word[8 * W :], r_data))
                     with m.If(beat == beats - 1):
                         m.d.comb += [
                             got.eq(1),
-                            buf.w_data.eq(Cat(word[8 * W :], r_data, word_err | self.r_err)),
+                            check.word.eq(Cat(word[8 * W :], r_data)),
+                            check.extra.eq(word_err | self.r_err),
                         ]
                         m.d.sync += [beat.eq(0), word_err.eq(0)]
                     with m.Else():
                         m.d.sync += [beat.eq(beat + 1), word_err.eq(word_err | self.r_err)]
-        m.d.comb += buf.w_en.eq(got)
+        m.d.comb += [
+            check.valid.eq(got),
+            check.flush.eq(self.restart),
+            buf.w_data.eq(Cat(check.out_word, check.out_extra, check.code)),
+            buf.w_en.eq(check.out_valid),
+        ]
         issued = Signal(range(self.BUF + 1))
         m.d.comb += issued.eq(Mux(self.ar.valid & self.ar.ready, n, 0))
-        m.d.sync += inflight.eq(inflight + issued - got)
+        m.d.sync += [inflight.eq(inflight + issued - got), in_check.eq(in_check + got - check.out_valid)]
 
         # output: head of the buffer, or a "bad" marker once requests ran off DRAM
         head_bad = Signal()
@@ -130,9 +142,12 @@ class Fetcher(wiring.Component):
         m.d.comb += head_bad.eq(bad_base | (head_addr + INSTR_BYTES > cfg.dram_bytes))
         m.d.comb += self.empty.eq(ring & (out_pc == self.tail))
         m.d.comb += [
-            self.out.valid.eq(self.enable & (buf.r_rdy | (head_bad & (inflight == 0) & ~self.empty))),
+            self.out.valid.eq(
+                self.enable & (buf.r_rdy | (head_bad & (inflight == 0) & (in_check == 0) & ~self.empty))
+            ),
             self.out.payload.instr.eq(buf.r_data[:INSTR_BITS]),
             self.out.payload.fault.eq(buf.r_data[INSTR_BITS] & buf.r_rdy),
+            self.out.payload.code.eq(Mux(buf.r_rdy, buf.r_data[INSTR_BITS + 1 :], 0)),
             self.out.payload.pc.eq(out_pc),
             self.out.payload.bad.eq(head_bad & ~buf.r_rdy),
             buf.r_en.eq(self.out.ready & buf.r_rdy),
@@ -162,6 +177,7 @@ class Fetcher(wiring.Component):
                 req_pc.eq(self.start_pc),
                 out_pc.eq(self.start_pc),
                 inflight.eq(0),
+                in_check.eq(0),
                 discard.eq(stale),
                 beat.eq(0),
                 word_err.eq(0),

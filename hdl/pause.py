@@ -40,8 +40,11 @@ class PauseControl(wiring.Component):
         for u in Unit:
             with m.If(self.passing[u]):
                 m.d.sync += passed[u].eq(passed[u] + 1)
-        max_passed = passed[0]
-        for p in passed[1:]:
+        # counting the markers passed in this very cycle: a unit passing the point the target would
+        # name while the request is latched must not leave the others parked at it for ever
+        now = [p + self.passing[u] for u, p in zip(Unit, passed, strict=True)]
+        max_passed = now[0]
+        for p in now[1:]:
             max_passed = Mux(p > max_passed, p, max_passed)
         with m.If(~self.request):
             m.d.sync += valid.eq(0)

@@ -45,6 +45,15 @@ class Client:
     lanes: int = 1  # consecutive lane words per access
 
 
+def _or_tree(values: list):
+    """The OR of `values`, as a balanced tree."""
+    while len(values) > 1:
+        values = [
+            values[i] | values[i + 1] if i + 1 < len(values) else values[i] for i in range(0, len(values), 2)
+        ]
+    return values[0]
+
+
 def reciprocal(divisor: int, bits: int) -> tuple[int, int]:
     """(M, s) with x // divisor == (x * M) >> s for every x < 2**bits (checked)."""
     s = bits + divisor.bit_length()
@@ -190,7 +199,10 @@ class BankedScratchpad(wiring.Component):
             m.d.comb += [local.eq(addr[:hb]), region.eq(addr[hb])]
             row0 = Signal(range(self.depth + 1), name=f"{c.name}_row0")
             bank0 = Signal(range(P), name=f"{c.name}_bank0")
-            m.d.comb += [row0.eq((local * mul) >> sh), bank0.eq(local - row0 * P)]
+            if P & (P - 1) == 0:  # a power of two: bank and row are bit fields
+                m.d.comb += [row0.eq(local >> log2(P)), bank0.eq(local[: log2(P)] if P > 1 else 0)]
+            else:
+                m.d.comb += [row0.eq((local * mul) >> sh), bank0.eq(local - row0 * P)]
             ls = []
             for k in range(c.lanes):
                 wrap = bank0 + k >= P
@@ -206,29 +218,54 @@ class BankedScratchpad(wiring.Component):
         # per port: grant in priority order, all-or-nothing over a client's banks
         for port in ("A", "B"):
             taken = Const(0, nb)
-            for c in (c for c in self.clients if c.port == port):
-                need = Signal(nb, name=f"{c.name}_need")
-                m.d.comb += need.eq(
-                    Cat(*[Cat(*[bk == b for bk, _ in lanes[c.name]]).any() for b in range(nb)])
-                )
+            on_port = [c for c in self.clients if c.port == port]
+            single = all(c.lanes == 1 for c in on_port)
+            # each bank port's inputs: an OR of the granted clients' (grants are exclusive per bank),
+            # a balanced tree rather than a chain of priority multiplexers
+            drive = {b: [] for b in range(nb)}
+            for i, c in enumerate(on_port):
                 grant = getattr(self, c.name).grant
-                m.d.comb += grant.eq(getattr(self, c.name).en & ~(need & taken).any())
-                nxt = Signal(nb, name=f"{c.name}_taken")
-                m.d.comb += nxt.eq(taken | Mux(grant, need, 0))
-                taken = nxt
-                # drive the granted banks' port
+                en = getattr(self, c.name).en
+                if single:
+                    # every client asks for one bank: a higher client asking for the same bank always
+                    # gets it, so the grants are independent compares instead of a chain (Fmax)
+                    bank = lanes[c.name][0][0]
+                    lost = Const(0, 1)
+                    for h in on_port[:i]:
+                        lost = lost | (getattr(self, h.name).en & (lanes[h.name][0][0] == bank))
+                    m.d.comb += grant.eq(en & ~lost)
+                else:
+                    need = Signal(nb, name=f"{c.name}_need")
+                    m.d.comb += need.eq(
+                        Cat(*[Cat(*[bk == b for bk, _ in lanes[c.name]]).any() for b in range(nb)])
+                    )
+                    m.d.comb += grant.eq(en & ~(need & taken).any())
+                    nxt = Signal(nb, name=f"{c.name}_taken")
+                    m.d.comb += nxt.eq(taken | Mux(grant, need, 0))
+                    taken = nxt
                 for k, (bk, row) in enumerate(lanes[c.name]):
                     for b in range(nb):
-                        ap, wp, _ = banks[b][port]
-                        with m.If(grant & (bk == b)):
-                            m.d.comb += ap.addr.eq(row)
-                            if c.write:
-                                data = getattr(self, c.name).data
-                                be = getattr(self, c.name).be
-                                m.d.comb += [
-                                    wp.data.eq(data[8 * L * k : 8 * L * (k + 1)]),
-                                    wp.en.eq(be[L * k : L * (k + 1)]),
-                                ]
+                        sel = Signal(name=f"{c.name}_to{b}_{k}")
+                        m.d.comb += sel.eq(grant & (bk == b))
+                        if c.write:
+                            data = getattr(self, c.name).data[8 * L * k : 8 * L * (k + 1)]
+                            be = getattr(self, c.name).be[L * k : L * (k + 1)]
+                            drive[b].append((sel, row, data, be))
+                        else:
+                            drive[b].append((sel, row, None, None))
+            for b in range(nb):
+                if not drive[b]:
+                    continue
+                ap, wp, _ = banks[b][port]
+                m.d.comb += ap.addr.eq(_or_tree([Mux(s_, r, 0) for s_, r, _, _ in drive[b]]))
+                if wp is not None:
+                    writes = [(s_, d, e) for s_, _, d, e in drive[b] if d is not None]
+                    m.d.comb += [
+                        wp.data.eq(_or_tree([Mux(s_, d, 0) for s_, d, _ in writes])),
+                        wp.en.eq(_or_tree([Mux(s_, e, 0) for s_, _, e in writes])),
+                    ]
+            for c in on_port:
+                grant = getattr(self, c.name).grant
                 # a reader's words arrive the next cycle from the banks it was granted
                 if not c.write:
                     out = []

@@ -2,11 +2,21 @@
 
 Operands are read as two consecutive words (scratchpad lane words, or accumulator words) so that any
 element-aligned group of lanes can be fetched at once; results are written as two lane words for the
-same reason. Stage 0 walks the loops and asks the scratchpad for the step's operands until they are
-all granted (operands that arrive early wait in registers); the cycle after, stage 1 computes and
-writes the step's results (the scratchpad grants the vector unit's writes first, so they never wait). The
-arithmetic is exactly `sim/kernels.py`: 64-bit products, rounding right shift (ties up), zero
-points and an int8 clamp.
+same reason. The arithmetic is exactly `sim/kernels.py`: 64-bit products, rounding right shift (ties
+up), zero points and an int8 clamp.
+
+The unit is a pipeline, so that no cycle holds more than one multiplier or one wide carry chain:
+
+  setup (2 cycles after `go`): the instruction's constant strides and products (POOL's row, pixel
+         and window steps, kh * kw * zp_in);
+  S0  walks the loops with address registers that advance by those steps (no multiplier), and asks
+      the scratchpad for the step's operands until they are all granted;
+  S1  the operand words arrive and are aligned to the lanes;
+  S2  zero points are subtracted, POOL accumulates its window;
+  S3  the products;
+  S4  the rounding shift;
+  S5  the output zero point and the clamp; the results are written (the scratchpad grants the
+      vector unit's writes first, so they never wait and the pipeline never stalls after S0).
 """
 
 from __future__ import annotations
@@ -20,6 +30,11 @@ from npu.isa import INSTR_BITS, Opcode
 
 from .common import exec_signature, log2, low_bytes_mask, min_, view, word_index
 from .spad import gather
+
+#: cycles from `go` to the first operand request, and from a step's operands to its write
+SETUP_CYCLES = 2
+WRITE_STAGE = 5
+AW = 22  # on-chip byte addresses (every checked instruction stays below ACC_BASE + acc_bytes)
 
 
 def rsr(m: Module, v, shift, name: str):
@@ -51,6 +66,10 @@ class VectorUnit(wiring.Component):
         m = Module()
         cfg = self.cfg
         VL = cfg.vector_lanes
+        L = cfg.lanes
+        ll = log2(L)
+        W = cfg.bus_bytes
+        lw = log2(W)
         ins = Signal(INSTR_BITS)
         with m.If(self.exec.go):
             m.d.sync += ins.eq(self.exec.instr)
@@ -60,32 +79,64 @@ class VectorUnit(wiring.Component):
         fp = view(Opcode.POOL, ins)
         active = Signal()
         m.d.comb += self.exec.busy.eq(active)
-        is_map = op == int(Opcode.VMAP)
-        is_add = op == int(Opcode.VADD)
-        is_pool = op == int(Opcode.POOL)
+        is_map = Signal()
+        is_add = Signal()
+        is_pool = Signal()
+        m.d.comb += [
+            is_map.eq(op == int(Opcode.VMAP)),
+            is_add.eq(op == int(Opcode.VADD)),
+            is_pool.eq(op == int(Opcode.POOL)),
+        ]
+        es32 = Signal()
+        m.d.comb += es32.eq(is_map & fm.src_type)
 
-        # loop state: VMAP (row, col group); VADD (group); POOL (oy, ox, group, ty, tx)
+        # ---- setup: the instruction's constant steps ------------------------------------------
+        setup = Signal(range(SETUP_CYCLES + 1))
+        row_c = Signal(32)  # POOL: in_w * C, bytes between input rows
+        ox_step = Signal(32)  # POOL: sw * C, between the windows of neighbouring output pixels
+        oy_step = Signal(40)  # POOL: sh * in_w * C, between the windows of neighbouring output rows
+        khkw = Signal(16)
+        kzp = Signal(signed(26))  # POOL: kh * kw * zp_in, taken off an average's sum
+        with m.If(setup == SETUP_CYCLES):  # first cycle: single products of fields
+            m.d.sync += [
+                row_c.eq(fp.in_w * fp.channels),
+                ox_step.eq(fp.sw * fp.channels),
+                khkw.eq(fp.kh * fp.kw),
+            ]
+        with m.If(setup == SETUP_CYCLES - 1):  # second cycle: products of those
+            m.d.sync += [oy_step.eq(fp.sh * row_c), kzp.eq(khkw * fp.zp_in)]
+        with m.If(setup != 0):
+            m.d.sync += setup.eq(setup - 1)
+
+        # ---- S0: loop state and addresses of this step ----------------------------------------
         i0 = Signal(17)  # VMAP row / POOL oy
         i1 = Signal(17)  # VMAP/VADD element offset (multiple of VL) / POOL ox
         i2 = Signal(17)  # POOL channel offset (multiple of VL)
         ty = Signal(8)
         tx = Signal(8)
-        pool_acc = [Signal(signed(32), name=f"pacc{l}") for l in range(VL)]
+        # address registers: VMAP rows; POOL output row's first window, pixel's window, tap row, tap
+        row_src = Signal(AW)
+        row_dst = Signal(AW)
+        oy_src = Signal(AW)
+        win_src = Signal(AW)
+        tap_row = Signal(AW)
+        tap_src = Signal(AW)
+        pix_dst = Signal(AW)
 
-        # addresses of this step
-        src = Signal(40)
-        src_b = Signal(40)
-        dst = Signal(40)
+        src = Signal(AW)
+        src_b = Signal(AW)
+        dst = Signal(AW)
         n = Signal(range(VL + 1))  # valid elements
         last = Signal()  # last step of the instruction
         write = Signal()  # this step writes results
         first_tap = Signal()
-        es32 = Signal()
-        m.d.comb += es32.eq(is_map & fm.src_type)
+        C = fp.channels
+        tap_last = Signal()
+        m.d.comb += tap_last.eq((ty + 1 >= fp.kh) & (tx + 1 >= fp.kw))
         with m.If(is_map):
             m.d.comb += [
-                src.eq(fm.src + i0 * fm.src_stride + Mux(es32, i1 << 2, i1)),
-                dst.eq(fm.dst + i0 * fm.dst_stride + i1),
+                src.eq(row_src + Mux(es32, i1 << 2, i1)),
+                dst.eq(row_dst + i1),
                 n.eq(min_(VL, fm.cols - i1)),
                 last.eq((i0 + 1 >= fm.rows) & (i1 + VL >= fm.cols)),
                 write.eq(1),
@@ -100,25 +151,14 @@ class VectorUnit(wiring.Component):
                 write.eq(1),
             ]
         with m.Else():
-            C = fp.channels
-            tap_last = (ty + 1 >= fp.kh) & (tx + 1 >= fp.kw)
             m.d.comb += [
-                src.eq(fp.src + ((i0 * fp.sh + ty) * fp.in_w + i1 * fp.sw + tx) * C + i2),
-                dst.eq(fp.dst + (i0 * fp.out_w + i1) * C + i2),
+                src.eq(tap_src + i2),
+                dst.eq(pix_dst + i2),
                 n.eq(min_(VL, C - i2)),
                 write.eq(tap_last),
                 first_tap.eq((ty == 0) & (tx == 0)),
                 last.eq(tap_last & (i2 + VL >= C) & (i1 + 1 >= fp.out_w) & (i0 + 1 >= fp.out_h)),
             ]
-
-        # the step's control, one cycle later (stage 1)
-        v1 = Signal()
-        n1 = Signal.like(n)
-        last1 = Signal()
-        write1 = Signal()
-        first_tap1 = Signal()
-        dst1 = Signal.like(dst)
-        m.d.sync += [n1.eq(n), last1.eq(last), write1.eq(write), first_tap1.eq(first_tap), dst1.eq(dst)]
 
         # an instruction with nothing to do
         empty = Signal()
@@ -130,15 +170,13 @@ class VectorUnit(wiring.Component):
             )
         )
         # scratchpad operands: lane words g, g+1 (the second only when the group crosses into it)
-        L = cfg.lanes
-        ll = log2(L)
-        issuing = Signal()  # stage 0 has steps left to issue
+        issuing = Signal()  # S0 has steps left to issue (after the setup)
+        asking = Signal()
+        m.d.comb += asking.eq(issuing & (setup == 0) & ~empty)
         reads_a = Signal()
-        m.d.comb += reads_a.eq(issuing & ~empty & ~es32)
-        W = cfg.bus_bytes
-        lw = log2(W)
+        m.d.comb += reads_a.eq(asking & ~es32)
         reads_c = Signal()
-        m.d.comb += reads_c.eq(issuing & ~empty & es32)
+        m.d.comb += reads_c.eq(asking & es32)
         ports, need = [], []
         for name, addr, asks in (("a", src, reads_a), ("b", src_b, reads_a & is_add)):
             pa, pb = self.a_ports if name == "a" else self.b_ports
@@ -151,102 +189,159 @@ class VectorUnit(wiring.Component):
         m.d.comb += [c0.addr.eq(cw), c1.addr.eq(cw + 1)]
         ports += [c0, c1]
         need += [reads_c, reads_c & (src[:lw] + 4 * n > W)]
-        step_done, words = gather(m, ports, need, issuing & ~empty)
+        step_done, words = gather(m, ports, need, asking)
+
+        # ---- the step's control down the pipeline ---------------------------------------------
+        S = WRITE_STAGE
+        valid = [step_done] + [Signal(name=f"v{s}") for s in range(1, S + 1)]
+        ctl = {
+            "n": [n] + [Signal.like(n, name=f"n{s}") for s in range(1, S + 1)],
+            "last": [last] + [Signal(name=f"last{s}") for s in range(1, S + 1)],
+            "write": [write] + [Signal(name=f"write{s}") for s in range(1, S + 1)],
+            "first_tap": [first_tap] + [Signal(name=f"first_tap{s}") for s in range(1, S + 1)],
+            "dst": [dst] + [Signal.like(dst, name=f"dst{s}") for s in range(1, S + 1)],
+        }
+        for s in range(1, S + 1):
+            m.d.sync += valid[s].eq(valid[s - 1])
+            for sigs in ctl.values():
+                m.d.sync += sigs[s].eq(sigs[s - 1])
+
+        # ---- S1: operand words, aligned to the lanes -------------------------------------------
         off_a = Signal(ll)
         off_b = Signal(ll)
         off_c = Signal(lw)
         m.d.sync += [off_a.eq(src[:ll]), off_b.eq(src_b[:ll]), off_c.eq(src[:lw])]
-        a_bytes = Signal(16 * L)
-        b_bytes = Signal(16 * L)
-        m.d.comb += [
+        a_bytes = Signal(8 * VL)
+        b_bytes = Signal(8 * VL)
+        c_bytes = Signal(32 * VL)
+        m.d.sync += [
             a_bytes.eq(Cat(words[0], words[1]) >> (off_a * 8)),
             b_bytes.eq(Cat(words[2], words[3]) >> (off_b * 8)),
+            c_bytes.eq(Cat(words[4], words[5]) >> (off_c * 8)),
         ]
-        c_bytes = Signal(16 * W)
-        m.d.comb += c_bytes.eq(Cat(words[4], words[5]) >> (off_c * 8))
 
-        # per-lane arithmetic
+        # ---- S2..S5, per lane ------------------------------------------------------------------
+        shift = Mux(is_map, fm.shift, Mux(is_add, fa.shift, fp.shift))
+        zp_out = Mux(is_map, fm.zp_out, Mux(is_add, fa.zp_out, fp.zp_out))
+        lo = Mux(is_map, fm.lo, Mux(is_add, fa.lo, fp.lo))
+        hi = Mux(is_map, fm.hi, Mux(is_add, fa.hi, fp.hi))
         results = []
         for l in range(VL):
             xa8 = a_bytes[8 * l : 8 * l + 8].as_signed()
             xb8 = b_bytes[8 * l : 8 * l + 8].as_signed()
             x32 = c_bytes[32 * l : 32 * l + 32].as_signed()
-            prod = Signal(signed(72), name=f"prod{l}")
+            # S2: operands less their zero points; POOL's window sum or maximum
+            xa = Signal(signed(34), name=f"xa{l}")
+            xb = Signal(signed(9), name=f"xb{l}")
+            pmax = Signal(signed(8), name=f"pmax{l}")  # the window's maximum so far
+            psum = Signal(signed(32), name=f"psum{l}")  # the window's sum so far
+            first = ctl["first_tap"][2]
+            with m.If(valid[2] & is_pool):
+                m.d.sync += [
+                    psum.eq(Mux(first, 0, psum) + xa8),
+                    pmax.eq(Mux(first | (xa8 > pmax), xa8, pmax)),
+                ]
             with m.If(is_map):
-                x = Mux(fm.src_type, x32, xa8 - fm.zp_in)
-                m.d.comb += prod.eq(x * fm.mult)
+                m.d.sync += xa.eq(Mux(fm.src_type, x32, xa8 - fm.zp_in))
             with m.Elif(is_add):
-                m.d.comb += prod.eq((xa8 - fa.zp_a) * fa.mult_a + (xb8 - fa.zp_b) * fa.mult_b)
+                m.d.sync += [xa.eq(xa8 - fa.zp_a), xb.eq(xb8 - fa.zp_b)]
+            # S3: the products (POOL averages its window's sum, less kh * kw * zp_in)
+            prod = Signal(signed(68), name=f"prod{l}")
+            with m.If(is_map):
+                m.d.sync += prod.eq(xa * fm.mult)
+            with m.Elif(is_add):
+                m.d.sync += prod.eq(xa * fa.mult_a + xb * fa.mult_b)
             with m.Else():
-                total = Signal(signed(32), name=f"ptotal{l}")
-                m.d.comb += total.eq(Mux(first_tap1, 0, pool_acc[l]) + xa8)
-                mx = Signal(signed(32), name=f"pmax{l}")
-                m.d.comb += mx.eq(Mux(first_tap1 | (xa8 > pool_acc[l]), xa8, pool_acc[l]))
-                with m.If(v1):
-                    m.d.sync += pool_acc[l].eq(Mux(fp.mode, total, mx))
-                m.d.comb += prod.eq((total - fp.kh * fp.kw * fp.zp_in) * fp.mult)
-            shift = Mux(is_map, fm.shift, Mux(is_add, fa.shift, fp.shift))
-            zp_out = Mux(is_map, fm.zp_out, Mux(is_add, fa.zp_out, fp.zp_out))
-            lo = Mux(is_map, fm.lo, Mux(is_add, fa.lo, fp.lo))
-            hi = Mux(is_map, fm.hi, Mux(is_add, fa.hi, fp.hi))
-            shifted = rsr(m, prod, shift, f"rsr{l}")
-            val = Signal(signed(73), name=f"val{l}")
-            m.d.comb += val.eq(shifted + zp_out)
-            with m.If(is_pool & ~fp.mode):
-                maxv = Mux(first_tap1 | (xa8 > pool_acc[l]), xa8, pool_acc[l])
-                m.d.comb += val.eq(maxv)
+                m.d.sync += prod.eq((psum - kzp) * fp.mult)
+            # S4: the rounding shift
+            shifted = Signal(signed(68), name=f"shifted{l}")
+            m.d.sync += shifted.eq(rsr(m, prod, shift, f"rsr{l}"))
+            # S5: the output zero point (POOL max: the window's maximum as is) and the clamp
+            pmax4 = Signal(signed(8), name=f"pmax4_{l}")
+            pmax5 = Signal(signed(8), name=f"pmax5_{l}")
+            m.d.sync += [pmax4.eq(pmax), pmax5.eq(pmax4)]
+            val = Signal(signed(69), name=f"val{l}")
+            m.d.comb += val.eq(Mux(is_pool & ~fp.mode, pmax5, shifted + zp_out))
             results.append(clamp8(m, val, lo, hi, f"y{l}"))
 
-        # two-lane-word write of n bytes at dst
+        # S5: two-lane-word write of n bytes at dst
+        n5, dst5 = ctl["n"][S], ctl["dst"][S]
         do_write = Signal()
-        m.d.comb += do_write.eq(v1 & write1 & (n1 != 0))
-        shifted = Signal(16 * L)
-        m.d.comb += shifted.eq(Cat(*results) << (dst1[:ll] * 8))
+        m.d.comb += do_write.eq(valid[S] & ctl["write"][S] & (n5 != 0))
+        wdata = Signal(16 * L)
+        m.d.comb += wdata.eq(Cat(*results) << (dst5[:ll] * 8))
         be = Signal(2 * L)
-        m.d.comb += be.eq(low_bytes_mask(n1, VL) << dst1[:ll])
+        m.d.comb += be.eq(low_bytes_mask(n5, VL) << dst5[:ll])
         w0, w1 = self.w_ports
         m.d.comb += [
-            w0.addr.eq(dst1[ll:]),
-            w1.addr.eq(dst1[ll:] + 1),
-            w0.data.eq(shifted[: 8 * L]),
-            w1.data.eq(shifted[8 * L :]),
+            w0.addr.eq(dst5[ll:]),
+            w1.addr.eq(dst5[ll:] + 1),
+            w0.data.eq(wdata[: 8 * L]),
+            w1.data.eq(wdata[8 * L :]),
             w0.be.eq(be[:L]),
             w1.be.eq(be[L:]),
             w0.en.eq(do_write & be[:L].any()),
             w1.en.eq(do_write & be[L:].any()),
         ]
 
-        m.d.sync += v1.eq(step_done)
-        with m.If(issuing & (empty | (step_done & last))):
+        # ---- S0: advance the loops -------------------------------------------------------------
+        with m.If(issuing & (setup == 0) & (empty | (step_done & last))):
             m.d.sync += issuing.eq(0)
         finished = Signal()
-        m.d.comb += finished.eq(active & ((issuing & empty) | (v1 & last1)))
+        m.d.comb += finished.eq(active & ((issuing & (setup == 0) & empty) | (valid[S] & ctl["last"][S])))
         m.d.comb += self.exec.done.eq(finished)
         with m.If(step_done & ~last):
             with m.If(is_map):
                 with m.If(i1 + VL >= fm.cols):
-                    m.d.sync += [i1.eq(0), i0.eq(i0 + 1)]
+                    m.d.sync += [i1.eq(0), i0.eq(i0 + 1), row_src.eq(row_src + fm.src_stride),
+                                 row_dst.eq(row_dst + fm.dst_stride)]  # fmt: skip
                 with m.Else():
                     m.d.sync += i1.eq(i1 + VL)
             with m.Elif(is_add):
                 m.d.sync += i1.eq(i1 + VL)
             with m.Else():
                 with m.If(tx + 1 < fp.kw):
-                    m.d.sync += tx.eq(tx + 1)
+                    m.d.sync += [tx.eq(tx + 1), tap_src.eq(tap_src + C)]
                 with m.Elif(ty + 1 < fp.kh):
-                    m.d.sync += [tx.eq(0), ty.eq(ty + 1)]
+                    m.d.sync += [
+                        tx.eq(0),
+                        ty.eq(ty + 1),
+                        tap_row.eq(tap_row + row_c),
+                        tap_src.eq(tap_row + row_c),
+                    ]
                 with m.Else():
-                    m.d.sync += [tx.eq(0), ty.eq(0)]
+                    m.d.sync += [tx.eq(0), ty.eq(0), tap_row.eq(win_src), tap_src.eq(win_src)]
                     with m.If(i2 + VL < fp.channels):
                         m.d.sync += i2.eq(i2 + VL)
                     with m.Else():
-                        m.d.sync += i2.eq(0)
+                        m.d.sync += [i2.eq(0), pix_dst.eq(pix_dst + C)]
                         with m.If(i1 + 1 < fp.out_w):
-                            m.d.sync += i1.eq(i1 + 1)
+                            nxt = win_src + ox_step
+                            m.d.sync += [i1.eq(i1 + 1), win_src.eq(nxt), tap_row.eq(nxt), tap_src.eq(nxt)]
                         with m.Else():
-                            m.d.sync += [i1.eq(0), i0.eq(i0 + 1)]
+                            nxt = oy_src + oy_step
+                            m.d.sync += [i1.eq(0), i0.eq(i0 + 1), oy_src.eq(nxt), win_src.eq(nxt),
+                                         tap_row.eq(nxt), tap_src.eq(nxt)]  # fmt: skip
         with m.If(finished):
             m.d.sync += active.eq(0)
         with m.If(self.exec.go):
-            m.d.sync += [active.eq(1), issuing.eq(1), i0.eq(0), i1.eq(0), i2.eq(0), ty.eq(0), tx.eq(0)]
+            nf = view(Opcode.VMAP, self.exec.instr)
+            np_ = view(Opcode.POOL, self.exec.instr)
+            m.d.sync += [
+                active.eq(1),
+                issuing.eq(1),
+                setup.eq(SETUP_CYCLES),
+                i0.eq(0),
+                i1.eq(0),
+                i2.eq(0),
+                ty.eq(0),
+                tx.eq(0),
+                row_src.eq(nf.src),
+                row_dst.eq(nf.dst),
+                oy_src.eq(np_.src),
+                win_src.eq(np_.src),
+                tap_row.eq(np_.src),
+                tap_src.eq(np_.src),
+                pix_dst.eq(np_.dst),
+            ]
         return m

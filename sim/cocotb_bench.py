@@ -171,21 +171,20 @@ UNIT_NAMES = ("load", "matrix", "vector", "store")
 
 async def watch_pause_latch(dut, res: dict) -> None:
     """Record, when the core latches a pause request, how many cancellation points the most advanced
-    unit had passed just before (sampled mid-cycle, when the registers are stable) and the target
-    point the core chose. docs/isa.md: the target is the first point no unit has passed."""
+    unit had passed (sampled mid-cycle, when the registers are stable, in the first cycle the target
+    holds: markers passed in the latching cycle count) and the target point the core chose.
+    docs/isa.md: the target is the first point no unit has passed."""
     # the pause control of NpuCore: the Verilog top wraps the core (dut.core), or the sim top that
     # holds it (dut.core.core)
     core = dut.core if hasattr(dut.core, "pause") else dut.core.core
     core = core.pause
     passed = [getattr(core, f"passed_{u}") for u in UNIT_NAMES]
-    before = 0
     while True:
         await FallingEdge(dut.clk)
         if core.target_valid.value == 1:
-            res["pause_passed"] = before
+            res["pause_passed"] = max(int(p.value) for p in passed)
             res["pause_target"] = int(core.pause_target.value)
             return
-        before = max(int(p.value) for p in passed)
 
 
 @cocotb.test()

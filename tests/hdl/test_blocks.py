@@ -3,35 +3,18 @@
 import random
 
 import pytest
-from amaranth import Module
-from amaranth.lib import wiring
-from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from npu.config import ACC_BASE, get_config
-from npu.hdl.checks import check_instruction
+from npu.hdl.checks import CHECK_LATENCY, InstructionCheck
 from npu.hdl.common import ByteFifo
 from npu.hdl.fetch import ReadArbiter
 from npu.hdl.spad import BankedScratchpad, Client
 from npu.isa import FORMATS, ErrorCode, Instr, IsaError, Opcode, decode, encode, validate
 
 CFGS = [get_config("tiny"), get_config("default")]
-
-
-class CheckDut(wiring.Component):
-    word: In(256)
-    code: Out(8)
-
-    def __init__(self, cfg):
-        self.cfg = cfg
-        super().__init__()
-
-    def elaborate(self, platform):
-        m = Module()
-        m.d.comb += self.code.eq(check_instruction(m, self.word, self.cfg))
-        return m
 
 
 def _near(cfg):
@@ -114,17 +97,32 @@ def python_code(word, cfg) -> int:
 @pytest.mark.parametrize("cfg", CFGS, ids=lambda c: c.name)
 def test_hardware_checks_match_isa_validate(cfg):
     words = plausible_words(cfg, 600, seed=cfg.config_id)
-    dut = CheckDut(cfg)
+    dut = InstructionCheck(cfg)
     got = []
 
     async def bench(ctx):
-        for w in words:
-            ctx.set(dut.word, w)
-            got.append(ctx.get(dut.code))
+        # one word a cycle, with a bubble now and then: every code comes out CHECK_LATENCY later
+        sent = 0
+        for cycle in range(len(words) * 2 + CHECK_LATENCY):
+            bubble = sent < len(words) and cycle % 7 == 3
+            ctx.set(dut.valid, sent < len(words) and not bubble)
+            if sent < len(words) and not bubble:
+                ctx.set(dut.word, words[sent])
+                ctx.set(dut.extra, sent & 1)
+                sent += 1
+            await ctx.tick()
+            if ctx.get(dut.out_valid):
+                assert ctx.get(dut.out_extra) == len(got) & 1
+                got.append((ctx.get(dut.out_word), ctx.get(dut.code)))
+            if len(got) == len(words):
+                break
 
     sim = Simulator(dut)
+    sim.add_clock(1e-6)
     sim.add_testbench(bench)
     sim.run()
+    assert [w for w, _ in got] == words
+    got = [c for _, c in got]
     codes = [python_code(w, cfg) for w in words]
     seen = {ErrorCode(c).name for c in codes}
     assert {"NONE", "ILLEGAL_FIELD", "MISALIGNED", "SPAD_RANGE", "DRAM_RANGE"} <= seen
