@@ -1,5 +1,5 @@
 """Performance counters (the 64-bit registers of npu/registers.py), counted while the core runs and
-cleared when a run starts."""
+cleared when a run starts. Each cycle's events are counted one cycle later."""
 
 from __future__ import annotations
 
@@ -37,16 +37,29 @@ class PerfCounters(wiring.Component):
         cnt = {name: Signal(64, name=f"cnt_{name.lower()}") for name in COUNTER_NAMES}
         for name, s in cnt.items():
             m.d.comb += getattr(self, name.lower()).eq(s)
+        # the events are registered first and counted a cycle later: the 64-bit adds then start at
+        # flip-flops instead of at the end of the core's issue logic (Fmax)
+        busy = Signal.like(self.busy)
+        stalled, retired, running = Signal(), Signal(), Signal()
+        rd_bytes, wr_bytes = Signal.like(self.rd_bytes), Signal.like(self.wr_bytes)
+        m.d.sync += [
+            busy.eq(self.busy),
+            stalled.eq(self.stalled),
+            retired.eq(self.retired),
+            running.eq(self.running & ~self.restart),  # the restart cycle is not counted (as before)
+            rd_bytes.eq(self.rd_bytes),
+            wr_bytes.eq(self.wr_bytes),
+        ]
         events = {
             "CYCLES": 1,
-            **{f"BUSY_{u.name}": self.busy[u] for u in Unit},
-            "STALL_DISPATCH": self.stalled,
-            "INSTRET": self.retired,
-            "DMA_RD_BYTES": self.rd_bytes,
-            "DMA_WR_BYTES": self.wr_bytes,
+            **{f"BUSY_{u.name}": busy[u] for u in Unit},
+            "STALL_DISPATCH": stalled,
+            "INSTRET": retired,
+            "DMA_RD_BYTES": rd_bytes,
+            "DMA_WR_BYTES": wr_bytes,
         }
         assert set(events) == set(cnt), "every counter register has an event"
-        with m.If(self.running):
+        with m.If(running):
             for name, inc in events.items():
                 m.d.sync += cnt[name].eq(cnt[name] + inc)
         with m.If(self.restart):

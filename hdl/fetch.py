@@ -80,7 +80,7 @@ class Fetcher(wiring.Component):
         room = Signal(range(self.BUF + 1))
         m.d.comb += room.eq(self.BUF - buf.level - inflight - in_check)
         in_dram = Signal()
-        m.d.comb += in_dram.eq(addr + INSTR_BYTES <= cfg.dram_bytes)
+        m.d.comb += in_dram.eq(addr <= cfg.dram_bytes - INSTR_BYTES)
         to_4k = Signal(8)
         m.d.comb += to_4k.eq((4096 - addr[:12]) >> log2(INSTR_BYTES))
         left_in_dram = Signal(32)
@@ -90,8 +90,21 @@ class Fetcher(wiring.Component):
         m.d.comb += avail.eq(Mux(ring, self.tail - req_pc, 4))
         to_end = Signal(32)
         m.d.comb += to_end.eq(Mux(ring, mask - (req_pc & mask) + 1, 4))
+        # each limit saturated at 4 first (an OR of its high bits), then the minimum of 3-bit values:
+        # short paths instead of a chain of 32-bit compares (Fmax)
+        limits = []
+        for name, v in (
+            ("room", room),
+            ("to_4k", to_4k),
+            ("left", left_in_dram),
+            ("avail", avail),
+            ("end", to_end),
+        ):
+            s = Signal(3, name=f"upto4_{name}")
+            m.d.comb += s.eq(Mux(v[2:].any(), 4, v[:2]))
+            limits.append(s)
         n = Signal(4)
-        m.d.comb += n.eq(min_(min_(min_(min_(min_(room, 4), to_4k), left_in_dram), avail), to_end))
+        m.d.comb += n.eq(min_(min_(limits[0], limits[1]), min_(min_(limits[2], limits[3]), limits[4])))
         m.d.comb += [
             self.ar.payload.addr.eq(addr),
             self.ar.payload.len.eq(n * beats - 1),

@@ -13,7 +13,7 @@ The unit is a pipeline, so that no cycle holds more than one multiplier or one w
       the scratchpad for the step's operands until they are all granted;
   S1  the operand words arrive and are aligned to the lanes;
   S2  zero points are subtracted, POOL accumulates its window;
-  S3  the products;
+  S3  partial products (no multiplier wider than 34 x 17 bits), S3b their sum;
   S4  the rounding shift;
   S5  the output zero point and the clamp; the results are written (the scratchpad grants the
       vector unit's writes first, so they never wait and the pipeline never stalls after S0).
@@ -33,7 +33,7 @@ from .spad import gather
 
 #: cycles from `go` to the first operand request, and from a step's operands to its write
 SETUP_CYCLES = 2
-WRITE_STAGE = 5
+WRITE_STAGE = 6
 AW = 22  # on-chip byte addresses (every checked instruction stays below ACC_BASE + acc_bytes)
 
 
@@ -97,12 +97,14 @@ class VectorUnit(wiring.Component):
         oy_step = Signal(40)  # POOL: sh * in_w * C, between the windows of neighbouring output rows
         khkw = Signal(16)
         kzp = Signal(signed(26))  # POOL: kh * kw * zp_in, taken off an average's sum
+        mult = Signal(signed(32))  # VMAP / POOL: the multiplier
         with m.If(setup == SETUP_CYCLES):  # first cycle: single products of fields
             m.d.sync += [
                 row_c.eq(fp.in_w * fp.channels),
                 ox_step.eq(fp.sw * fp.channels),
                 khkw.eq(fp.kh * fp.kw),
             ]
+            m.d.sync += mult.eq(Mux(is_map, fm.mult, fp.mult))
         with m.If(setup == SETUP_CYCLES - 1):  # second cycle: products of those
             m.d.sync += [oy_step.eq(fp.sh * row_c), kzp.eq(khkw * fp.zp_in)]
         with m.If(setup != 0):
@@ -230,36 +232,45 @@ class VectorUnit(wiring.Component):
             xa8 = a_bytes[8 * l : 8 * l + 8].as_signed()
             xb8 = b_bytes[8 * l : 8 * l + 8].as_signed()
             x32 = c_bytes[32 * l : 32 * l + 32].as_signed()
-            # S2: operands less their zero points; POOL's window sum or maximum
-            xa = Signal(signed(34), name=f"xa{l}")
+            # S2: operands less their zero points; POOL's window sum (less kh * kw * zp_in) or maximum
+            x = Signal(signed(34), name=f"x{l}")  # VMAP / POOL average: the multiplicand
+            xa = Signal(signed(9), name=f"xa{l}")  # VADD
             xb = Signal(signed(9), name=f"xb{l}")
             pmax = Signal(signed(8), name=f"pmax{l}")  # the window's maximum so far
             psum = Signal(signed(32), name=f"psum{l}")  # the window's sum so far
             first = ctl["first_tap"][2]
+            new_sum = Mux(first, 0, psum) + xa8
             with m.If(valid[2] & is_pool):
-                m.d.sync += [
-                    psum.eq(Mux(first, 0, psum) + xa8),
-                    pmax.eq(Mux(first | (xa8 > pmax), xa8, pmax)),
-                ]
-            with m.If(is_map):
-                m.d.sync += xa.eq(Mux(fm.src_type, x32, xa8 - fm.zp_in))
-            with m.Elif(is_add):
-                m.d.sync += [xa.eq(xa8 - fa.zp_a), xb.eq(xb8 - fa.zp_b)]
-            # S3: the products (POOL averages its window's sum, less kh * kw * zp_in)
+                m.d.sync += [psum.eq(new_sum), pmax.eq(Mux(first | (xa8 > pmax), xa8, pmax))]
+            m.d.sync += [
+                x.eq(Mux(is_map, Mux(fm.src_type, x32, xa8 - fm.zp_in), new_sum - kzp)),
+                xa.eq(xa8 - fa.zp_a),
+                xb.eq(xb8 - fa.zp_b),
+            ]
+            # S3: partial products, each at most 34 x 17 bits (two DSP blocks and one add)
+            p_lo = Signal(signed(52), name=f"p_lo{l}")
+            p_hi = Signal(signed(51), name=f"p_hi{l}")
+            p_a = Signal(signed(42), name=f"p_a{l}")
+            p_b = Signal(signed(42), name=f"p_b{l}")
+            m.d.sync += [
+                p_lo.eq(x * mult[:16]),
+                p_hi.eq(x * mult[16:].as_signed()),
+                p_a.eq(xa * fa.mult_a),
+                p_b.eq(xb * fa.mult_b),
+            ]
+            # S3b: the product
             prod = Signal(signed(68), name=f"prod{l}")
-            with m.If(is_map):
-                m.d.sync += prod.eq(xa * fm.mult)
-            with m.Elif(is_add):
-                m.d.sync += prod.eq(xa * fa.mult_a + xb * fa.mult_b)
-            with m.Else():
-                m.d.sync += prod.eq((psum - kzp) * fp.mult)
+            m.d.sync += prod.eq(Mux(is_add, p_a + p_b, (p_hi << 16) + p_lo))
             # S4: the rounding shift
             shifted = Signal(signed(68), name=f"shifted{l}")
             m.d.sync += shifted.eq(rsr(m, prod, shift, f"rsr{l}"))
             # S5: the output zero point (POOL max: the window's maximum as is) and the clamp
-            pmax4 = Signal(signed(8), name=f"pmax4_{l}")
-            pmax5 = Signal(signed(8), name=f"pmax5_{l}")
-            m.d.sync += [pmax4.eq(pmax), pmax5.eq(pmax4)]
+            pmax_d = [pmax]
+            for k in range(3, S):
+                d = Signal(signed(8), name=f"pmax{k + 1}_{l}")
+                m.d.sync += d.eq(pmax_d[-1])
+                pmax_d.append(d)
+            pmax5 = pmax_d[-1]
             val = Signal(signed(69), name=f"val{l}")
             m.d.comb += val.eq(Mux(is_pool & ~fp.mode, pmax5, shifted + zp_out))
             results.append(clamp8(m, val, lo, hi, f"y{l}"))

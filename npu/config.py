@@ -66,8 +66,8 @@ class NpuConfig:
     dma_latency: int = 16
     #: pipeline latency of one matrix instruction
     matrix_latency: int = 4
-    #: pipeline latency of one vector instruction (hdl/vector.py: two setup cycles, five stages)
-    vector_latency: int = 10
+    #: pipeline latency of one vector instruction (hdl/vector.py: two setup cycles, six stages)
+    vector_latency: int = 11
 
     def __post_init__(self) -> None:
         self.validate()
@@ -217,7 +217,7 @@ PRESETS: dict[str, NpuConfig] = {
         queue_depth=4,
         dma_latency=8,
         matrix_latency=3,
-        vector_latency=9,
+        vector_latency=10,
     ),
     # ECP5-class: 128 MACs per cycle, 128-bit AXI.
     "default": NpuConfig(
@@ -235,7 +235,7 @@ PRESETS: dict[str, NpuConfig] = {
         queue_depth=8,
         dma_latency=16,
         matrix_latency=4,
-        vector_latency=10,
+        vector_latency=11,
     ),
 }
 # `default` with a block-RAM scratchpad: 2 regions x 5 dual-port banks (npu bench banks)
@@ -260,7 +260,7 @@ PRESETS["ulx3s"] = NpuConfig(
     queue_depth=4,
     dma_latency=16,
     matrix_latency=3,
-    vector_latency=9,
+    vector_latency=10,
 )
 # iCEBreaker (iCE40 UP5K): `tiny`'s 8 MACs with an 8 KiB scratchpad and 1 KiB of accumulators in
 # EBR, the four SPRAMs (128 KiB) as DRAM (docs/boards.md: the core does not fit the UP5K yet)
