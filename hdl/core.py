@@ -42,6 +42,34 @@ def regs_signature() -> AxiLiteSignature:
     return AxiLiteSignature(addr_width=ADDR_BITS)
 
 
+def spad_clients(cfg: NpuConfig) -> list[Client]:
+    """The scratchpad's clients in priority order per port (hdl/spad.py): port A reads (the vector
+    unit's, the matrix unit's, then the store unit's), port B writes (the vector unit's, never
+    refused, then the load unit's) - one read and one write port per bank, the simple dual-port
+    block RAM every FPGA family has."""
+    WL = cfg.bus_bytes // cfg.lanes
+    return [
+        *[Client(f"vec_{x}{k}", "A", False) for x in "ab" for k in range(2)],
+        *[Client(f"mat_a{i}", "A", False) for i in range(cfg.clusters)],
+        *[Client(f"mat_b{j}", "A", False) for j in range(cfg.pes_per_cluster)],
+        Client("store", "A", False, lanes=WL),
+        *[Client(f"vec_w{k}", "B", True) for k in range(2)],
+        Client("load", "B", True, lanes=WL),
+    ]
+
+
+def acc_clients(cfg: NpuConfig) -> list[Client]:
+    """The accumulators' clients, the same way: port A the matrix unit's C reads, then the vector
+    unit's and the store's; port B the matrix unit's C writes, then the load's."""
+    return [
+        *[Client(f"mat_c{i}", "A", False) for i in range(cfg.clusters)],
+        *[Client(f"vec_c{k}", "A", False) for k in range(2)],
+        Client("store", "A", False),
+        *[Client(f"mat_w{i}", "B", True) for i in range(cfg.clusters)],
+        Client("load", "B", True),
+    ]
+
+
 class NpuCore(wiring.Component):
     """One engine. `bus`: AXI4 master to DRAM; `ctrl`: AXI4-Lite slave of the register map; `irq`."""
 
@@ -61,30 +89,8 @@ class NpuCore(wiring.Component):
         m.d.comb += self.irq.eq(regs.irq_pending & regs.irq_enable)
 
         # ---- memories ----------------------------------------------------------------------------
-        # the scratchpad behind its clients, in priority order per port (hdl/spad.py): port A reads
-        # (the vector unit's, the matrix unit's, then the store unit's), port B writes (the vector
-        # unit's, never refused, then the load unit's) - one read and one write port per bank, the
-        # simple dual-port block RAM every FPGA family has
-        WL = W // cfg.lanes
-        clients = [
-            *[Client(f"vec_{x}{k}", "A", False) for x in "ab" for k in range(2)],
-            *[Client(f"mat_a{i}", "A", False) for i in range(CM)],
-            *[Client(f"mat_b{j}", "A", False) for j in range(CN)],
-            Client("store", "A", False, lanes=WL),
-            *[Client(f"vec_w{k}", "B", True) for k in range(2)],
-            Client("load", "B", True, lanes=WL),
-        ]
-        m.submodules.spad = spad = onchip_memory(cfg, "spad", clients)
-        # the accumulators, the same way: port A the matrix unit's C reads, then the vector unit's
-        # and the store's; port B the matrix unit's C writes, then the load's
-        acc_clients = [
-            *[Client(f"mat_c{i}", "A", False) for i in range(CM)],
-            *[Client(f"vec_c{k}", "A", False) for k in range(2)],
-            Client("store", "A", False),
-            *[Client(f"mat_w{i}", "B", True) for i in range(CM)],
-            Client("load", "B", True),
-        ]
-        m.submodules.acc = acc = onchip_memory(cfg, "acc", acc_clients)
+        m.submodules.spad = spad = onchip_memory(cfg, "spad", spad_clients(cfg))
+        m.submodules.acc = acc = onchip_memory(cfg, "acc", acc_clients(cfg))
 
         def sp(name):
             return getattr(spad, name)

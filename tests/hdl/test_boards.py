@@ -79,3 +79,18 @@ def test_a_design_too_big_is_reported_by_resource(tmp_path):
     )
     assert _overused(tim) == ["ICESTORM_LC 31263 / 5280 (592 %)", "ICESTORM_DSP 48 / 8 (600 %)"]
     assert _overused(tmp_path / "missing.tim") == []
+
+
+def test_unit_timing_out_of_context(tmp_path, capsys):
+    """`npu build --unit`: one unit placed and routed alone, its Fmax and critical path."""
+    import json
+
+    rc = main(["build", "--board", "ulx3s", "--unit", "store", "-o", str(tmp_path), "--json"])
+    r = json.loads(capsys.readouterr().out)
+    assert r["unit"] == "store" and r["config"] == "ulx3s" and r["target_mhz"] == 50.0
+    assert 5 < r["fmax_mhz"] < 500 and rc == (0 if r["timing_met"] else 1)
+    assert r["resources"]["TRELLIS_FF"] > 100 and r["critical_path"]
+    assert main(["build", "--board", "icebreaker", "--unit", "store"]) != 0
+    assert "--unit needs an ECP5 board" in capsys.readouterr().err
+    assert main(["build", "--board", "ulx3s", "--unit", "nosuchunit", "-o", str(tmp_path)]) != 0
+    assert "unknown unit 'nosuchunit'; units: fetch, load" in capsys.readouterr().err

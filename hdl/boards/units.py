@@ -1,0 +1,164 @@
+"""Out-of-context timing of one unit of the core on an ECP5 part (`npu build --board B --unit U`).
+
+A whole-core build says only that timing fails; this synthesises one unit alone (its ports left
+unplaced, nextpnr's `--out-of-context`), places and routes it and reports its Fmax and critical path
+with the source lines nextpnr names. The on-chip memories are measured with registers on every port
+(`spad`, `acc`), since their paths start and end in the units that use them. Paths that cross units
+(a unit's request through a memory's arbiter back to the unit) show only in the whole core.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from amaranth import Module, Signal, Value
+from amaranth.back import rtlil
+from amaranth.hdl import Elaboratable
+
+from npu.config import NpuConfig
+
+from .boards import Board
+from .build import BuildError, tool_env
+
+UNITS = ("fetch", "load", "store", "matrix", "vector", "spad", "acc")
+
+
+class _Registered(Elaboratable):
+    """`inner` with a register on every port, so its own paths run register to register."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.pairs = []
+        for path, member, v in inner.signature.flatten(inner):
+            v = Value.cast(v)
+            self.pairs.append((member.flow.name, v, Signal(len(v), name="p_" + "_".join(map(str, path)))))
+        self.ports = [o for _, _, o in self.pairs]
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.inner = self.inner
+        for flow, v, outer in self.pairs:
+            m.d.sync += v.eq(outer) if flow == "In" else outer.eq(v)
+        return m
+
+
+def unit_design(name: str, cfg: NpuConfig) -> tuple[Elaboratable, list]:
+    """The unit `name` of `cfg`'s core and its ports (its own and the memory clients it drives)."""
+    from npu.hdl.core import acc_clients, spad_clients
+    from npu.hdl.spad import client_signature, onchip_memory
+
+    L, W = cfg.lanes, cfg.bus_bytes
+    sw, aw = cfg.spad_bytes // L, cfg.acc_bytes // W
+    ext = []
+
+    def clients(words: int, width: int, write: bool, k: int) -> list:
+        out = [client_signature(words, width, write).create() for _ in range(k)]
+        ext.extend(out)
+        return out
+
+    CM, CN = cfg.clusters, cfg.pes_per_cluster
+    if name in ("spad", "acc"):
+        mem = onchip_memory(cfg, name, spad_clients(cfg) if name == "spad" else acc_clients(cfg))
+        top = _Registered(mem)
+        return top, top.ports
+    if name == "vector":
+        from npu.hdl.vector import VectorUnit
+
+        top = VectorUnit(cfg, clients(sw, 8 * L, False, 2), clients(sw, 8 * L, False, 2),
+                         clients(aw, 8 * W, False, 2), clients(sw, 8 * L, True, 2))  # fmt: skip
+    elif name == "matrix":
+        from npu.hdl.matrix import MatrixUnit
+
+        top = MatrixUnit(cfg, clients(sw, 8 * L, False, CM), clients(sw, 8 * L, False, CN),
+                         clients(aw, 8 * W, False, CM), clients(aw, 8 * W, True, CM))  # fmt: skip
+    elif name == "load":
+        from npu.hdl.load import LoadUnit
+
+        top = LoadUnit(cfg, clients(sw, 8 * W, True, 1)[0], clients(aw, 8 * W, True, 1)[0])
+    elif name == "store":
+        from npu.hdl.store import StoreUnit
+
+        top = StoreUnit(cfg, clients(sw, 8 * W, False, 1)[0], clients(aw, 8 * W, False, 1)[0])
+    elif name == "fetch":
+        from npu.hdl.fetch import Fetcher
+
+        top = Fetcher(cfg)
+    else:
+        raise BuildError(f"unknown unit {name!r}; units: {', '.join(UNITS)}")
+    ports = [Value.cast(v) for _, _, v in top.signature.flatten(top)]
+    for p in ext:
+        ports += [Value.cast(v) for _, _, v in p.signature.flatten(p)]
+    return top, ports
+
+
+def _critical_path(report: dict) -> list[dict]:
+    """The critical path's logic steps (cell and the cumulative delay in ns)."""
+    steps = []
+    for cp in report.get("critical_paths", [])[:1]:
+        total = 0.0
+        for e in cp["path"]:
+            total += e["delay"]
+            if e["type"] != "routing" and e["delay"] >= 0.1:
+                steps.append({"type": e["type"], "cell": e["to"]["cell"], "at_ns": round(total, 2)})
+    return steps
+
+
+def _source_lines(log: str) -> list[str]:
+    """The source lines (file:line) nextpnr names along the critical path, in order, once each."""
+    part = log[log.rfind("Critical path report") :] if "Critical path report" in log else ""
+    seen: list[str] = []
+    for m in re.finditer(r"(\S+\.py:\d+)", part):
+        line = m.group(1).split("/hdl/")[-1]
+        if line not in seen:
+            seen.append(line)
+    return seen
+
+
+def unit_timing(board: Board, cfg: NpuConfig, name: str, clock_mhz: float, out: Path,
+                say: Callable[[str], None]) -> dict:  # fmt: skip
+    """Synthesise, place and route unit `name` out of context; its Fmax against `clock_mhz`."""
+    if board.family != "ecp5":
+        raise BuildError(f"--unit needs an ECP5 board (nextpnr-{board.family} has no out-of-context mode)")
+    env = tool_env(board.family)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    top, ports = unit_design(name, cfg)
+    (out / "unit.il").write_text(rtlil.convert(top, name="unit", ports=ports))
+    say(f"[{time.monotonic() - t0:6.0f} s] synthesis (yosys) of {name}")
+    script = "read_rtlil unit.il; synth_ecp5 -top unit -json unit.json"
+    # the WebAssembly tools see the working directory: relative names only
+    cmd = [env["YOSYS"], "-q", "-l", "yosys.log", "-p", script]
+    r = subprocess.run(cmd, cwd=out, capture_output=True, text=True)
+    if r.returncode:
+        raise BuildError(f"yosys failed on {name}: {r.stderr[-2000:]}")
+    say(f"[{time.monotonic() - t0:6.0f} s] place and route (nextpnr) of {name}")
+    dev = re.match(r"LFE5UM?5?G?-(\d+)F-(\d)(\w+?)(\d+)", board.device)
+    size, speed, pkg, pins = dev.group(1), dev.group(2), dev.group(3), dev.group(4)
+    package = {"BG": "CABGA", "MG": "CSFBGA"}.get(pkg, pkg) + pins
+    args = [env["NEXTPNR_ECP5"], f"--{size}k", "--package", package, "--speed", speed, "--out-of-context",
+            "--json", "unit.json", "--router", "router2", "--report", "report.json", "--timing-allow-fail",
+            "--freq", str(clock_mhz), "-l", "nextpnr.log", "-q"]  # fmt: skip
+    r = subprocess.run(args, cwd=out, capture_output=True, text=True)
+    if r.returncode:
+        raise BuildError(f"nextpnr failed on {name}: {r.stderr[-2000:]}")
+    report = json.loads((out / "report.json").read_text())
+    fmax = min(c["achieved"] for c in report["fmax"].values())
+    used = {k: v["used"] for k, v in report["utilization"].items() if v["used"]}
+    log = (out / "nextpnr.log").read_text(errors="replace")
+    return {
+        "unit": name,
+        "config": cfg.name,
+        "device": board.device,
+        "fmax_mhz": round(fmax, 2),
+        "target_mhz": clock_mhz,
+        "timing_met": fmax >= clock_mhz,
+        "resources": used,
+        "critical_path": _critical_path(report),
+        "source_lines": _source_lines(log),
+        "seconds": round(time.monotonic() - t0, 1),
+    }
