@@ -3,15 +3,16 @@ errors, token rules, field rules, alignment, address ranges, operand memories, o
 ErrorCode of the first rule broken, or NONE.
 
 The checks run as a pipeline of `CHECK_LATENCY` register stages in the fetcher, before an
-instruction enters its buffer, so no stage holds more than one multiplier or one carry chain of
-adds and compares (the combinational version capped the core's clock near 10 MHz on an ECP5):
+instruction enters its buffer, so no stage holds more than one multiplier, one sum or one compare
+(the combinational version capped the core's clock near 10 MHz on an ECP5):
 
   0. the instruction word is registered;
   1. first-level products (a row count times a stride, ...), shared by all opcodes: one multiplier
      per slot, its operands chosen by the opcode;
   2. second-level products (POOL's input and output footprints, C * W * rows);
-  3. every rule's condition (sums and compares), selected for the word's opcode;
-  4. the first rule that fires (a priority tree) gives the code.
+  3. the footprints' ends (start + product + width);
+  4. every rule's condition (compares), selected for the word's opcode;
+  5. the first rule that fires (a priority tree) gives the code.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ from npu.isa import FORMATS, HEADER_BITS, INSTR_BITS, MAX_SHIFT, UNIT_OF, ErrorC
 from .common import view
 
 E = ErrorCode
-CHECK_LATENCY = 5  # cycles from `word` to `code`
+CHECK_LATENCY = 6  # cycles from `word` to `code`
 L1_SLOTS = 4
-L2_SLOTS = 2
+L2_SLOTS = 3
+SUM_SLOTS = 3
 
 
 def _level1(op, f) -> list[tuple]:
@@ -50,15 +52,36 @@ def _level1(op, f) -> list[tuple]:
 def _level2(op, f, p1) -> list[tuple]:
     """Second-level products (of first-level ones), at most L2_SLOTS."""
     if op == Opcode.POOL:
-        in_rows = p1[1] + f.kh  # (out_h - 1) * sh + kh
-        return [(in_rows, p1[2]), (p1[3], f.channels)]  # in_rows * W * C, out_h * out_w * C
+        # the input rows ((out_h - 1) * sh + kh) times W * C, as two products the next stage adds
+        return [(p1[1], p1[2]), (p1[3], f.channels), (f.kh, p1[2])]
     return []
 
 
-def _extent(base, rows, width, prod):
-    """(nonempty, start, end) of `rows` rows of `width` bytes; `prod` = (rows - 1) * stride."""
+def _sums(op, f, p1, p2) -> list:
+    """The ends of `op`'s footprints (start + (rows - 1) * stride + width) and POOL's window
+    reach, at most SUM_SLOTS: added in a stage of their own, compared in the next."""
+    if op == Opcode.LOAD:
+        tw = f.pad_left + f.cols + f.pad_right
+        return [f.dram + p1[0] + f.cols, f.spad + p1[1] + tw]
+    if op == Opcode.STORE:
+        return [f.spad + p1[0] + f.cols, f.dram + p1[1] + f.cols]
+    if op == Opcode.MATMUL:
+        return [f.a + p1[0] + f.k, f.b + p1[1] + f.k, f.c + p1[2] + 4 * f.n]
+    if op == Opcode.VMAP:
+        w = Mux(f.src_type, 4 * f.cols, f.cols)
+        return [f.src + p1[0] + w, f.dst + p1[1] + f.cols, f.src + p1[0] + f.cols]
+    if op == Opcode.VADD:
+        return [f.a + f.len, f.b + f.len, f.dst + f.len]
+    if op == Opcode.POOL:
+        # src + in_rows * W * C, dst + out_h * out_w * C, (out_w - 1) * sw + kw
+        return [f.src + p2[0] + p2[2], f.dst + p2[1], p1[0] + f.kw]
+    return []
+
+
+def _extent(base, rows, width, end):
+    """(nonempty, start, end) of `rows` rows of `width` bytes ending (exclusive) at `end`."""
     nonempty = (rows != 0) & (width != 0)
-    return nonempty, base, base + prod + width
+    return nonempty, base, end
 
 
 def _in_spad(start, end, cfg):
@@ -69,41 +92,39 @@ def _in_acc(start, end, cfg):
     return (start >= ACC_BASE) & (end <= ACC_BASE + cfg.acc_bytes)
 
 
-def _spans(op, f, p1, p2):
+def _spans(op, f, e):
     """Footprint spans in the order npu.isa.footprint lists them (reads, then writes)."""
     if op == Opcode.LOAD:
         tr = f.pad_top + f.rows + f.pad_bottom
         tw = f.pad_left + f.cols + f.pad_right
         return [
-            ("dram", *_extent(f.dram, f.rows, f.cols, p1[0])),
-            ("onchip", *_extent(f.spad, tr, tw, p1[1])),
+            ("dram", *_extent(f.dram, f.rows, f.cols, e[0])),
+            ("onchip", *_extent(f.spad, tr, tw, e[1])),
         ]
     if op == Opcode.STORE:
         return [
-            ("onchip", *_extent(f.spad, f.rows, f.cols, p1[0])),
-            ("dram", *_extent(f.dram, f.rows, f.cols, p1[1])),
+            ("onchip", *_extent(f.spad, f.rows, f.cols, e[0])),
+            ("dram", *_extent(f.dram, f.rows, f.cols, e[1])),
         ]
     if op == Opcode.MATMUL:
         kz = f.k != 0
-        a = _extent(f.a, f.m, f.k, p1[0])
-        b = _extent(f.b, f.n, f.k, p1[1])
-        c = _extent(f.c, f.m, 4 * f.n, p1[2])
+        a = _extent(f.a, f.m, f.k, e[0])
+        b = _extent(f.b, f.n, f.k, e[1])
+        c = _extent(f.c, f.m, 4 * f.n, e[2])
         return [("onchip", a[0] & kz, a[1], a[2]), ("onchip", b[0] & kz, b[1], b[2]),
                 ("onchip", c[0] & f.accumulate, c[1], c[2]), ("onchip", *c)]  # fmt: skip
     if op == Opcode.VMAP:
         w = Mux(f.src_type, 4 * f.cols, f.cols)
         return [
-            ("onchip", *_extent(f.src, f.rows, w, p1[0])),
-            ("onchip", *_extent(f.dst, f.rows, f.cols, p1[1])),
+            ("onchip", *_extent(f.src, f.rows, w, e[0])),
+            ("onchip", *_extent(f.dst, f.rows, f.cols, e[1])),
         ]
     if op == Opcode.VADD:
         ne = f.len != 0
-        return [("onchip", ne, f.a, f.a + f.len), ("onchip", ne, f.b, f.b + f.len),
-                ("onchip", ne, f.dst, f.dst + f.len)]  # fmt: skip
+        return [("onchip", ne, f.a, e[0]), ("onchip", ne, f.b, e[1]), ("onchip", ne, f.dst, e[2])]
     if op == Opcode.POOL:
         live = (f.channels != 0) & (f.out_h != 0) & (f.out_w != 0)
-        rd_end = f.src + p2[0]
-        wr_end = f.dst + p2[1]
+        rd_end, wr_end = e[0], e[1]
         return [
             ("onchip", live & (rd_end > f.src), f.src, rd_end),
             ("onchip", live & (wr_end > f.dst), f.dst, wr_end),
@@ -111,15 +132,15 @@ def _spans(op, f, p1, p2):
     return []
 
 
-def _required(op, f, p1, p2):
+def _required(op, f, e):
     """(nonempty, start, end, memory) of operands that must lie in one memory ("spad" or "acc")."""
     if op == Opcode.MATMUL:
-        a, b, _, c = _spans(op, f, p1, p2)
+        a, b, _, c = _spans(op, f, e)
         return [(a[1], a[2], a[3], "spad"), (b[1], b[2], b[3], "spad"), (c[1], c[2], c[3], "acc")]
     if op == Opcode.VMAP:
         w = Mux(f.src_type, 4 * f.cols, f.cols)
-        s = _extent(f.src, f.rows, w, p1[0])
-        d = _extent(f.dst, f.rows, f.cols, p1[1])
+        s = _extent(f.src, f.rows, w, e[0])
+        d = _extent(f.dst, f.rows, f.cols, e[1])
         # the source memory depends on src_type: check both variants under their condition
         return [
             (s[0] & f.src_type, s[1], s[2], "acc"),
@@ -127,19 +148,19 @@ def _required(op, f, p1, p2):
             (*d, "spad"),
         ]
     if op in (Opcode.VADD, Opcode.POOL):
-        return [(ne, st, en, "spad") for _, ne, st, en in _spans(op, f, p1, p2)]
+        return [(ne, st, en, "spad") for _, ne, st, en in _spans(op, f, e)]
     return []
 
 
-def _overlaps(op, f, p1, p2):
+def _overlaps(op, f, e):
     def ov(a, b):
         (ane, a0, a1), (bne, b0, b1) = a, b
         return ane & bne & (a0 < b1) & (b0 < a1)
 
     if op == Opcode.VMAP:
         same = (f.src == f.dst) & (f.src_stride == f.dst_stride)
-        s = _extent(f.src, f.rows, f.cols, p1[0])
-        d = _extent(f.dst, f.rows, f.cols, p1[1])
+        s = _extent(f.src, f.rows, f.cols, e[2])
+        d = _extent(f.dst, f.rows, f.cols, e[1])
         return [~f.src_type & ~same & ov(s, d)]
     if op == Opcode.VADD:
         ne = f.len != 0
@@ -149,12 +170,12 @@ def _overlaps(op, f, p1, p2):
             (f.b != f.dst) & ov((ne, f.b, f.b + f.len), d),
         ]
     if op == Opcode.POOL:
-        (_, rne, r0, r1), (_, wne, w0, w1) = _spans(op, f, p1, p2)
+        (_, rne, r0, r1), (_, wne, w0, w1) = _spans(op, f, e)
         return [ov((rne, r0, r1), (wne, w0, w1))]
     return []
 
 
-def _rules(op, word, f, p1, p2, cfg: NpuConfig) -> list[tuple[object, ErrorCode]]:
+def _rules(op, word, f, e, cfg: NpuConfig) -> list[tuple[object, ErrorCode]]:
     """(condition, code) of every rule of `op`, in the order `npu.isa.validate` applies them."""
     wait, signal = word[4:8], word[8:12]
     fields = FORMATS[op]
@@ -182,7 +203,7 @@ def _rules(op, word, f, p1, p2, cfg: NpuConfig) -> list[tuple[object, ErrorCode]
         live = (f.channels != 0) & (f.out_h != 0) & (f.out_w != 0)
         zero = (f.kh == 0) | (f.kw == 0) | (f.sh == 0) | (f.sw == 0)
         rules.append((live & zero, E.ILLEGAL_FIELD))
-        rules.append((live & (p1[0] + f.kw > f.in_w), E.ILLEGAL_FIELD))  # (out_w - 1) * sw + kw
+        rules.append((live & (e[2] > f.in_w), E.ILLEGAL_FIELD))  # (out_w - 1) * sw + kw > in_w
     if op == Opcode.LOAD:
         tw = f.pad_left + f.cols + f.pad_right
         tr = f.pad_top + f.rows + f.pad_bottom
@@ -197,15 +218,15 @@ def _rules(op, word, f, p1, p2, cfg: NpuConfig) -> list[tuple[object, ErrorCode]
         for name in ("src", "src_stride"):
             rules.append((f.src_type & (getattr(f, name)[:2] != 0), E.MISALIGNED))
     # address ranges, in footprint order (reads then writes)
-    for space, ne, start, end in _spans(op, f, p1, p2):
+    for space, ne, start, end in _spans(op, f, e):
         if space == "dram":
             rules.append((ne & (end > cfg.dram_bytes), E.DRAM_RANGE))
         else:
             rules.append((ne & ~_in_spad(start, end, cfg) & ~_in_acc(start, end, cfg), E.SPAD_RANGE))
-    for ne, start, end, req in _required(op, f, p1, p2):
+    for ne, start, end, req in _required(op, f, e):
         inside = _in_acc(start, end, cfg) if req == "acc" else _in_spad(start, end, cfg)
         rules.append((ne & ~inside, E.SPAD_RANGE))
-    for cond in _overlaps(op, f, p1, p2):
+    for cond in _overlaps(op, f, e):
         rules.append((cond, E.ILLEGAL_FIELD))
     return rules
 
@@ -281,27 +302,33 @@ class InstructionCheck(wiring.Component):
                     for k, (a, b) in enumerate(_level2(op, view(op, words[1]), p1)):
                         m.d.comb += [ops2[k][0].eq(a), ops2[k][1].eq(b)]
         m.d.sync += [p2[k].eq(a * b) for k, (a, b) in enumerate(ops2)]
-        # stage 3: the rules of the word in stage 2, selected by its opcode
-        width = max(len(_rules(op, words[2], view(op, words[2]), p1_2, p2, cfg)) for op in Opcode)
-        fired = Signal(width)
-        known = Signal()
-        codes: dict[Opcode, list[int]] = {}
+        # stage 3: the footprints' ends (of stage 2's word)
+        ends = [Signal(signed(68), name=f"end{k}") for k in range(SUM_SLOTS)]
         with m.Switch(words[2][:4]):
             for op in Opcode:
                 with m.Case(op):
-                    rules = _rules(op, words[2], view(op, words[2]), p1_2, p2, cfg)
+                    m.d.sync += [ends[k].eq(v) for k, v in enumerate(_sums(op, view(op, words[2]), p1_2, p2))]
+        # stage 4: the rules of the word in stage 3 (compares), selected by its opcode
+        width = max(len(_rules(op, words[3], view(op, words[3]), ends, cfg)) for op in Opcode)
+        fired = Signal(width)
+        known = Signal()
+        codes: dict[Opcode, list[int]] = {}
+        with m.Switch(words[3][:4]):
+            for op in Opcode:
+                with m.Case(op):
+                    rules = _rules(op, words[3], view(op, words[3]), ends, cfg)
                     codes[op] = [int(c) for _, c in rules]
                     m.d.sync += [fired.eq(Cat(*[Value.cast(c).bool() for c, _ in rules])), known.eq(1)]
             with m.Default():
                 m.d.sync += [fired.eq(0), known.eq(0)]
-        # stage 4: the first rule that fired (codes per position, chosen by the opcode)
-        op3 = words[3][:4]
+        # stage 5: the first rule that fired (codes per position, chosen by the opcode)
+        op4 = words[4][:4]
         pos_codes = []
         for i in range(width):
             c = Const(0, 8)
             for op, cs in codes.items():
                 if i < len(cs):
-                    c = Mux(op3 == int(op), cs[i], c)
+                    c = Mux(op4 == int(op), cs[i], c)
             pos_codes.append(c)
         anyf, first = _first([fired[i] for i in range(width)], pos_codes)
         m.d.sync += self.code.eq(Mux(~known, int(E.ILLEGAL_OPCODE), Mux(anyf, first, 0)))
