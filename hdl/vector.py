@@ -222,7 +222,7 @@ class VectorUnit(wiring.Component):
             c_bytes.eq(Cat(words[4], words[5]) >> (off_c * 8)),
         ]
 
-        # ---- S2..S5, per lane ------------------------------------------------------------------
+        # ---- S2..S5, per lane (S3b a stage of its own) --------------------------------------
         shift = Mux(is_map, fm.shift, Mux(is_add, fa.shift, fp.shift))
         zp_out = Mux(is_map, fm.zp_out, Mux(is_add, fa.zp_out, fp.zp_out))
         lo = Mux(is_map, fm.lo, Mux(is_add, fa.lo, fp.lo))
@@ -270,23 +270,23 @@ class VectorUnit(wiring.Component):
                 d = Signal(signed(8), name=f"pmax{k + 1}_{l}")
                 m.d.sync += d.eq(pmax_d[-1])
                 pmax_d.append(d)
-            pmax5 = pmax_d[-1]
+            pmax_w = pmax_d[-1]
             val = Signal(signed(69), name=f"val{l}")
-            m.d.comb += val.eq(Mux(is_pool & ~fp.mode, pmax5, shifted + zp_out))
+            m.d.comb += val.eq(Mux(is_pool & ~fp.mode, pmax_w, shifted + zp_out))
             results.append(clamp8(m, val, lo, hi, f"y{l}"))
 
-        # S5: two-lane-word write of n bytes at dst
-        n5, dst5 = ctl["n"][S], ctl["dst"][S]
+        # S5 (cycle WRITE_STAGE after the operands): two-lane-word write of n bytes at dst
+        n_w, dst_w = ctl["n"][S], ctl["dst"][S]
         do_write = Signal()
-        m.d.comb += do_write.eq(valid[S] & ctl["write"][S] & (n5 != 0))
+        m.d.comb += do_write.eq(valid[S] & ctl["write"][S] & (n_w != 0))
         wdata = Signal(16 * L)
-        m.d.comb += wdata.eq(Cat(*results) << (dst5[:ll] * 8))
+        m.d.comb += wdata.eq(Cat(*results) << (dst_w[:ll] * 8))
         be = Signal(2 * L)
-        m.d.comb += be.eq(low_bytes_mask(n5, VL) << dst5[:ll])
+        m.d.comb += be.eq(low_bytes_mask(n_w, VL) << dst_w[:ll])
         w0, w1 = self.w_ports
         m.d.comb += [
-            w0.addr.eq(dst5[ll:]),
-            w1.addr.eq(dst5[ll:] + 1),
+            w0.addr.eq(dst_w[ll:]),
+            w1.addr.eq(dst_w[ll:] + 1),
             w0.data.eq(wdata[: 8 * L]),
             w1.data.eq(wdata[8 * L :]),
             w0.be.eq(be[:L]),
