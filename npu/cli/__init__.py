@@ -11,7 +11,7 @@ import warnings
 
 from ..asm import AsmError
 from ..config import ConfigError
-from . import asm, bench, build, compile, config, demo, disasm, hdl, pipeline, profile
+from . import asm, bench, build, compile, config, demo, disasm, flash, hdl, pipeline, profile
 from . import run as run_cmd
 from .common import CliError
 
@@ -27,7 +27,7 @@ COMMANDS = {
     "profile": profile,
     "pipeline": pipeline,
     "build": build,
-    "flash": build.Flash,
+    "flash": flash,
 }
 
 __all__ = ["CliError", "build_parser", "main"]

