@@ -86,6 +86,16 @@ FRAME_OVERHEAD = 7
 _NONE, _ROM, _VER, _NOW, _WAIT, _REG, _DRAM = range(7)
 
 
+def _address_and_data(m: Module, bus, aw_done, w_done):
+    """One AXI write's address and data handshakes, in either order: offers AW and W until each is
+    taken (`aw_done`, `w_done` remember which already were); true in the cycle both are done."""
+    m.d.comb += [bus.awvalid.eq(~aw_done), bus.wvalid.eq(~w_done)]
+    aw = aw_done | bus.awready
+    w = w_done | bus.wready
+    m.d.sync += [aw_done.eq(aw), w_done.eq(w)]
+    return aw & w
+
+
 class SerialBridge(wiring.Component):
     """Protocol v2 bridge: `rx` / `tx` UART pins, `regs` AXI4-Lite master, `dram` AXI4 master, `irq`
     (optional, the core's interrupt line: ends a WAIT on a completed FENCE).
@@ -496,11 +506,7 @@ class SerialBridge(wiring.Component):
                     with m.Else():
                         reply(m, OK, _REG)
             with m.State("WR_AW"):
-                m.d.comb += [regs.awvalid.eq(~aw_done), regs.wvalid.eq(~w_done)]
-                aw = aw_done | regs.awready
-                w = w_done | regs.wready
-                m.d.sync += [aw_done.eq(aw), w_done.eq(w)]
-                with m.If(aw & w):
+                with m.If(_address_and_data(m, regs, aw_done, w_done)):
                     m.next = "WR_B"
             with m.State("WR_B"):
                 m.d.comb += regs.bready.eq(1)
@@ -547,11 +553,7 @@ class SerialBridge(wiring.Component):
                     m.d.sync += addr[:AW].eq(addr[:AW] + 1)
                     m.next = "WD_FETCH"
             with m.State("WD_AW"):
-                m.d.comb += [dram.awvalid.eq(~aw_done), dram.wvalid.eq(~w_done)]
-                aw = aw_done | dram.awready
-                w = w_done | dram.wready
-                m.d.sync += [aw_done.eq(aw), w_done.eq(w)]
-                with m.If(aw & w):
+                with m.If(_address_and_data(m, dram, aw_done, w_done)):
                     m.next = "WD_B"
             with m.State("WD_B"):
                 m.d.comb += dram.bready.eq(1)
