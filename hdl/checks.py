@@ -231,6 +231,17 @@ def _rules(op, word, f, e, cfg: NpuConfig) -> list[tuple[object, ErrorCode]]:
     return rules
 
 
+def _per_opcode(m: Module, domain: str, word, slots: list, values) -> None:
+    """Drive `slots` (in order) from `values(op, view)` for the opcode of `word`; an opcode with
+    fewer values leaves the rest alone (0 in the comb domain)."""
+    with m.Switch(word[:4]):
+        for op in Opcode:
+            with m.Case(op):
+                vals = values(op, view(op, word))
+                assert len(vals) <= len(slots), (op, len(vals), len(slots))
+                m.d[domain] += [slot.eq(v) for slot, v in zip(slots[: len(vals)], vals, strict=True)]
+
+
 def _first(bits: list, codes: list):
     """(any, code) of the first set bit: a balanced tree, log2(len) multiplexers deep."""
     if len(bits) == 1:
@@ -282,11 +293,8 @@ class InstructionCheck(wiring.Component):
         # stage 1: first-level products of the word in stage 0
         p1 = [Signal(signed(52), name=f"p1_{k}") for k in range(L1_SLOTS)]
         ops1 = [(Signal(signed(19), name=f"p1a_{k}"), Signal(32, name=f"p1b_{k}")) for k in range(L1_SLOTS)]
-        with m.Switch(words[0][:4]):
-            for op in Opcode:
-                with m.Case(op):
-                    for k, (a, b) in enumerate(_level1(op, view(op, words[0]))):
-                        m.d.comb += [ops1[k][0].eq(a), ops1[k][1].eq(b)]
+        _per_opcode(m, "comb", words[0], [x for ab in ops1 for x in ab],
+                    lambda op, f: [x for ab in _level1(op, f) for x in ab])  # fmt: skip
         m.d.sync += [p1[k].eq(a * b) for k, (a, b) in enumerate(ops1)]
         # stage 2: second-level products (of stage 1's word)
         p1_2 = [Signal.like(p, name=f"p1_2_{k}") for k, p in enumerate(p1)]
@@ -296,29 +304,22 @@ class InstructionCheck(wiring.Component):
             (Signal(signed(34), name=f"p2a_{k}"), Signal(unsigned(32), name=f"p2b_{k}"))
             for k in range(L2_SLOTS)
         ]
-        with m.Switch(words[1][:4]):
-            for op in Opcode:
-                with m.Case(op):
-                    for k, (a, b) in enumerate(_level2(op, view(op, words[1]), p1)):
-                        m.d.comb += [ops2[k][0].eq(a), ops2[k][1].eq(b)]
+        _per_opcode(m, "comb", words[1], [x for ab in ops2 for x in ab],
+                    lambda op, f: [x for ab in _level2(op, f, p1) for x in ab])  # fmt: skip
         m.d.sync += [p2[k].eq(a * b) for k, (a, b) in enumerate(ops2)]
         # stage 3: the footprints' ends (of stage 2's word)
         ends = [Signal(signed(68), name=f"end{k}") for k in range(SUM_SLOTS)]
-        with m.Switch(words[2][:4]):
-            for op in Opcode:
-                with m.Case(op):
-                    m.d.sync += [ends[k].eq(v) for k, v in enumerate(_sums(op, view(op, words[2]), p1_2, p2))]
+        _per_opcode(m, "sync", words[2], ends, lambda op, f: _sums(op, f, p1_2, p2))
         # stage 4: the rules of the word in stage 3 (compares), selected by its opcode
-        width = max(len(_rules(op, words[3], view(op, words[3]), ends, cfg)) for op in Opcode)
+        rules = {op: _rules(op, words[3], view(op, words[3]), ends, cfg) for op in Opcode}
+        codes = {op: [int(c) for _, c in r] for op, r in rules.items()}
+        width = max(len(r) for r in rules.values())
         fired = Signal(width)
         known = Signal()
-        codes: dict[Opcode, list[int]] = {}
         with m.Switch(words[3][:4]):
             for op in Opcode:
                 with m.Case(op):
-                    rules = _rules(op, words[3], view(op, words[3]), ends, cfg)
-                    codes[op] = [int(c) for _, c in rules]
-                    m.d.sync += [fired.eq(Cat(*[Value.cast(c).bool() for c, _ in rules])), known.eq(1)]
+                    m.d.sync += [fired.eq(Cat(*[Value.cast(c).bool() for c, _ in rules[op]])), known.eq(1)]
             with m.Default():
                 m.d.sync += [fired.eq(0), known.eq(0)]
         # stage 5: the first rule that fired (codes per position, chosen by the opcode)

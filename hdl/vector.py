@@ -172,9 +172,11 @@ class VectorUnit(wiring.Component):
             )
         )
         # scratchpad operands: lane words g, g+1 (the second only when the group crosses into it)
-        issuing = Signal()  # S0 has steps left to issue (after the setup)
+        issuing = Signal()  # S0 has steps left to issue
+        stepping = Signal()  # ... and the setup is over
+        m.d.comb += stepping.eq(issuing & (setup == 0))
         asking = Signal()
-        m.d.comb += asking.eq(issuing & (setup == 0) & ~empty)
+        m.d.comb += asking.eq(stepping & ~empty)
         reads_a = Signal()
         m.d.comb += reads_a.eq(asking & ~es32)
         reads_c = Signal()
@@ -296,10 +298,10 @@ class VectorUnit(wiring.Component):
         ]
 
         # ---- S0: advance the loops -------------------------------------------------------------
-        with m.If(issuing & (setup == 0) & (empty | (step_done & last))):
+        with m.If(stepping & (empty | (step_done & last))):
             m.d.sync += issuing.eq(0)
         finished = Signal()
-        m.d.comb += finished.eq(active & ((issuing & (setup == 0) & empty) | (valid[S] & ctl["last"][S])))
+        m.d.comb += finished.eq(active & ((stepping & empty) | (valid[S] & ctl["last"][S])))
         m.d.comb += self.exec.done.eq(finished)
         with m.If(step_done & ~last):
             with m.If(is_map):

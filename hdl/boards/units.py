@@ -137,12 +137,13 @@ def unit_timing(board: Board, cfg: NpuConfig, name: str, clock_mhz: float, out: 
     if r.returncode:
         raise BuildError(f"yosys failed on {name}: {r.stderr[-2000:]}")
     say(f"[{time.monotonic() - t0:6.0f} s] place and route (nextpnr) of {name}")
-    dev = re.match(r"LFE5UM?5?G?-(\d+)F-(\d)(\w+?)(\d+)", board.device)
-    size, speed, pkg, pins = dev.group(1), dev.group(2), dev.group(3), dev.group(4)
-    package = {"BG": "CABGA", "MG": "CSFBGA"}.get(pkg, pkg) + pins
-    args = [env["NEXTPNR_ECP5"], f"--{size}k", "--package", package, "--speed", speed, "--out-of-context",
-            "--json", "unit.json", "--router", "router2", "--report", "report.json", "--timing-allow-fail",
-            "--freq", str(clock_mhz), "-l", "nextpnr.log", "-q"]  # fmt: skip
+    # the part's options as the platform's own build script gives them to nextpnr
+    platform = board.platform()
+    package = platform._nextpnr_package_options[platform.package].upper()
+    args = [env["NEXTPNR_ECP5"], platform._nextpnr_device_options[platform.device],
+            "--package", package, "--speed", str(platform.speed),
+            "--out-of-context", "--json", "unit.json", "--report", "report.json", "--timing-allow-fail",
+            "--freq", str(clock_mhz), "-l", "nextpnr.log", "-q", *board.nextpnr_opts.split()]  # fmt: skip
     r = subprocess.run(args, cwd=out, capture_output=True, text=True)
     if r.returncode:
         raise BuildError(f"nextpnr failed on {name}: {r.stderr[-2000:]}")
