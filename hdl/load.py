@@ -75,7 +75,7 @@ class LoadUnit(wiring.Component):
         beats_row = Signal(18)
         m.d.comb += beats_row.eq((ar_addr[:lw] + ar_left + W - 1) >> lw)
         to_4k = Signal(10)
-        m.d.comb += to_4k.eq((4096 - ar_addr[:12]) >> lw)
+        m.d.comb += to_4k.eq((4096 >> lw) - ar_addr[lw:12])
         burst = Signal(9)
         m.d.comb += burst.eq(min_(min_(beats_row, 256), to_4k))
         m.d.comb += [

@@ -109,7 +109,7 @@ class StoreUnit(wiring.Component):
         # ---- burst splitting, shared by AW issuer and W writer ----------------------------------------
         def burst_of(addr, left):
             beats_row = (addr[:lw] + left + W - 1) >> lw
-            to_4k = (4096 - addr[:12]) >> lw
+            to_4k = (4096 >> lw) - addr[lw:12]
             b = Signal(9)
             m.d.comb += b.eq(min_(min_(beats_row, 256), to_4k))
             return b

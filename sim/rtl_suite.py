@@ -118,6 +118,20 @@ def directed_jobs(cfg: NpuConfig) -> list[RtlJob]:
             ],
         )
     )
+    # rows starting inside the last bus word before a 4 KiB boundary: the first burst is one beat
+    # (a burst of zero beats hung both DMA units)
+    jobs.append(
+        _built(
+            cfg,
+            "dma_unaligned_at_4k",
+            [
+                make("load", spad=0, dram=DATA + 0xFFE, rows=2, cols=W + 5, spad_stride=W + 5,
+                     dram_stride=0x1001),  # fmt: skip
+                make("store", spad=0, dram=OUT + 0xFFD, rows=2, cols=W + 5, spad_stride=W + 5,
+                     dram_stride=0x1002),  # fmt: skip
+            ],
+        )
+    )
     # long rows: bursts split at 256 beats and at 4 KiB boundaries
     n = min(cfg.spad_bytes // 2, 256 * W + 3 * W + 5)
     jobs.append(
