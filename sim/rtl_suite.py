@@ -125,10 +125,24 @@ def directed_jobs(cfg: NpuConfig) -> list[RtlJob]:
             cfg,
             "dma_unaligned_at_4k",
             [
-                make("load", spad=0, dram=DATA + 0xFFE, rows=2, cols=W + 5, spad_stride=W + 5,
-                     dram_stride=0x1001),  # fmt: skip
-                make("store", spad=0, dram=OUT + 0xFFD, rows=2, cols=W + 5, spad_stride=W + 5,
-                     dram_stride=0x1002),  # fmt: skip
+                make(
+                    "load",
+                    spad=0,
+                    dram=DATA + 0xFFE,
+                    rows=2,
+                    cols=W + 5,
+                    spad_stride=W + 5,
+                    dram_stride=0x1001,
+                ),
+                make(
+                    "store",
+                    spad=0,
+                    dram=OUT + 0xFFD,
+                    rows=2,
+                    cols=W + 5,
+                    spad_stride=W + 5,
+                    dram_stride=0x1002,
+                ),
             ],
         )
     )
