@@ -25,7 +25,7 @@ from .load import is_qdq, load
 from .lower import DramFull, lower
 from .order import OBJECTIVES, SearchResult, search_order
 from .points import PointPolicy
-from .quantize import check_calibration, quantize_float_model
+from .quantize import check_calibration, per_channel_choice, quantize_float_model
 from .region import Regions
 
 
@@ -201,6 +201,7 @@ def compile_onnx(
     acc_region: tuple[int, int] | None = None,
     order_objective: str = "cycles",
     dram_plan: str | None = None,
+    weight_scales: str = "auto",
 ) -> CompiledModel:
     """Compile an ONNX model. `order`: "search" (key-node partitioned order search with the golden
     model's timing, at most `order_budget_s` seconds) or "default" (the ONNX order). `granularity`:
@@ -214,7 +215,9 @@ def compile_onnx(
     live at once, ties by cycles). `dram_plan`: "arena" (activations share DRAM by liveness in the
     chosen order, compiler/dram.py) or "bump" (every tensor its own range); by default "arena" for
     `granularity="segment"` and "bump" for "operator" (the operator graph on the RTL SoC hung with
-    a shared arena: docs/compiler.md)."""
+    a shared arena: docs/compiler.md). `weight_scales`: how a float model's weights are quantised,
+    "per-channel", "per-tensor" or "auto" (per channel when a per-tensor scale would leave some
+    channel 1/8 of the int8 range or less, compiler/quantize.py); a QDQ model keeps its own."""
     if dram_plan is None:
         dram_plan = "arena" if granularity == "segment" else "bump"
     if order not in ("search", "default"):
@@ -235,7 +238,9 @@ def compile_onnx(
             raise CompileError(f"{path}: a float model needs calibration data (--calib calib.npy)")
         for name, shape in prepared.nhwc_inputs.items():  # calibration comes as the input: NHWC
             calib = check_calibration(calib, name, list(shape), str(path)).transpose(0, 3, 1, 2)
-        model = quantize_float_model(cleanup(model), calib, str(path))
+        model = cleanup(model)
+        per_channel = per_channel_choice(model, weight_scales, str(path))
+        model = quantize_float_model(model, calib, str(path), per_channel=per_channel)
     plan_cfg = region.view(cfg, regions) if regions else cfg  # the passes plan inside the regions
     try:
         lowering = lower(

@@ -173,7 +173,8 @@ class Lowerer:
         return "float"
 
     def dq_source(self, name: str, n: onnx.NodeProto):
-        """('act', Act) or ('const', int array, scale, zp) for a DequantizeLinear output."""
+        """('act', Act) or ('const', int array, scale, zp, axis) for a DequantizeLinear output; a
+        constant quantised per channel has an array of scales along `axis` (else `axis` is None)."""
         p = self.graph.producers.get(name)
         if p is None or p.op_type != "DequantizeLinear":
             raise CompileError(
@@ -181,13 +182,30 @@ class Lowerer:
                 "run the model through the quantiser or give a QDQ model"
             )
         src = p.input[0]
+        if src in self.consts and p.input[1] in self.consts and self.consts[p.input[1]].size > 1:
+            return self._per_channel(p, self.consts[src])
         scale = float(self.scalar(p.input[1], p))
         zp = int(self.scalar(p.input[2], p)) if len(p.input) > 2 and p.input[2] else 0
         if src in self.consts:
-            return ("const", self.consts[src], scale, zp)
+            return ("const", self.consts[src], scale, zp, None)
         if src not in self.acts:
             raise CompileError(f"{self.where(n)}: input {name!r} comes from an unsupported producer")
         return ("act", self.acts[src])
+
+    def _per_channel(self, p: onnx.NodeProto, q: np.ndarray):
+        """A constant dequantised with one scale per slice along the node's `axis`."""
+        where = self.where(p)
+        scale = self.consts[p.input[1]].astype(np.float64).reshape(-1)
+        axis = int(next((a.i for a in p.attribute if a.name == "axis"), 1))
+        axis = axis + q.ndim if axis < 0 else axis
+        if scale.ndim != 1 or not 0 <= axis < q.ndim or q.shape[axis] != scale.size:
+            raise CompileError(
+                f"{where}: {scale.size} scales do not match axis {axis} of the constant {list(q.shape)}"
+            )
+        zp = self.consts[p.input[2]].reshape(-1) if len(p.input) > 2 and p.input[2] else np.zeros(1)
+        if np.any(zp != zp.flat[0]):
+            raise CompileError(f"{where}: per-channel zero points must all be equal")
+        return ("const", q, scale, int(zp.flat[0]), axis)
 
     def act_in(self, name: str, n: onnx.NodeProto) -> Act:
         s = self.dq_source(name, n)
@@ -201,27 +219,37 @@ class Lowerer:
             raise CompileError(f"{self.where(n)}: output {name!r} must feed exactly one QuantizeLinear")
         return self.qt[cs[0].output[0]]
 
-    def weights(self, name: str, n: onnx.NodeProto) -> tuple[np.ndarray, float]:
-        """Symmetric int8 constant weights and their scale."""
+    def weights(self, name: str, n: onnx.NodeProto, out_axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Symmetric int8 constant weights and the scale of each output channel (`out_axis` of the
+        weights: one value repeated when they are quantised per tensor)."""
         s = self.dq_source(name, n)
         if s[0] != "const":
             raise CompileError(f"{self.where(n)}: weights {name!r} must be constant")
-        w, scale, zp = s[1], s[2], s[3]
+        w, scale, zp, axis = s[1:]
         if zp != 0 or w.dtype != np.int8:
             raise CompileError(
                 f"{self.where(n)}: weights must be symmetric int8 (zero point {zp}, {w.dtype})"
             )
+        out_axis = out_axis % w.ndim
+        if axis is None:
+            return w, np.full(w.shape[out_axis], scale)
+        if axis != out_axis:
+            raise CompileError(
+                f"{self.where(n)}: weights {name!r} are quantised per slice of axis {axis}; only per "
+                f"output channel (axis {out_axis}) or per tensor is supported"
+            )
         return w, scale
 
-    def bias(self, n: onnx.NodeProto, index: int, count: int, x: Act, s_w: float) -> np.ndarray:
+    def bias(self, n: onnx.NodeProto, index: int, count: int, x: Act, s_w: np.ndarray) -> np.ndarray:
         """The int32 bias at input `index` (zeros when absent), checked against the scales."""
         if len(n.input) <= index or not n.input[index]:
             return np.zeros(count, np.int64)
         s = self.dq_source(n.input[index], n)
         if s[0] != "const" or s[1].dtype != np.int32:
             raise CompileError(f"{self.where(n)}: bias must be a quantised int32 constant")
-        if abs(s[2] - x.q.scale * s_w) > 1e-3 * x.q.scale * s_w:
-            raise CompileError(f"{self.where(n)}: bias scale {s[2]} is not input scale x weight scale")
+        want = x.q.scale * np.asarray(s_w, np.float64)
+        if np.any(np.abs(np.asarray(s[2], np.float64) - want) > 1e-3 * want):
+            raise CompileError(f"{self.where(n)}: bias scale is not input scale x weight scale")
         return s[1].astype(np.int64).reshape(-1)
 
     # -- writing ----------------------------------------------------------------------------------

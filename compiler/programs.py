@@ -74,6 +74,28 @@ def choose_tiling(cfg: NpuConfig, m: int, n: int, k: int) -> GemmTiling:
     return best[1]
 
 
+def add_requant(b: ProgramBuilder, rq: dict, ch0: int, *, src: int, dst: int, cols: int, **fields) -> None:
+    """VMAP(s) from int32 accumulator columns of channels ch0 .. ch0 + cols - 1 to int8. `rq`: the
+    requantisation fields, with `mult`/`shift` either one value or one per channel (per-channel
+    weight scales): then one VMAP per run of columns that share them. Columns past the arrays'
+    end are padding channels and take the last channel's pair."""
+    mult, shift = rq["mult"], rq["shift"]
+    rest = {k: v for k, v in rq.items() if k not in ("mult", "shift")}
+    if np.ndim(mult) == 0 and np.ndim(shift) == 0:
+        b.add("vmap", src=src, dst=dst, cols=cols, src_type=1, mult=int(mult), shift=int(shift), **rest,
+              **fields)  # fmt: skip
+        return
+    last = len(mult) - 1
+    pairs = [(int(mult[min(ch0 + c, last)]), int(shift[min(ch0 + c, last)])) for c in range(cols)]
+    c0 = 0
+    for c in range(1, cols + 1):
+        if c == cols or pairs[c] != pairs[c0]:
+            m, s = pairs[c0]
+            b.add("vmap", src=src + 4 * c0, dst=dst + c0, cols=c - c0, src_type=1, mult=m, shift=s,
+                  **rest, **fields)  # fmt: skip
+            c0 = c
+
+
 def gemm_program(
     cfg: NpuConfig,
     m: int,
@@ -83,8 +105,8 @@ def gemm_program(
     bt_addr: int,
     c_addr: int,
     *,
-    mult: int = 1,
-    shift: int = 0,
+    mult: int | np.ndarray = 1,
+    shift: int | np.ndarray = 0,
     zp_out: int = 0,
     relu: bool = False,
     tiling: GemmTiling | None = None,
@@ -94,9 +116,9 @@ def gemm_program(
     cp_base: int = 0,
 ) -> BuiltProgram | None:
     """Tiled GEMM + requantise (+ ReLU) program; a cancellation point after every
-    `cancel_every` output tiles (0: none). `bias_addr`: n int32 values in DRAM added to every row
-    (preloaded into the accumulators). With `builder`, the instructions are appended to it and
-    nothing is returned (the caller builds)."""
+    `cancel_every` output tiles (0: none). `mult`/`shift`: one pair, or one per output column.
+    `bias_addr`: n int32 values in DRAM added to every row (preloaded into the accumulators). With
+    `builder`, the instructions are appended to it and nothing is returned (the caller builds)."""
     t = tiling or choose_tiling(cfg, m, n, k)
     b = builder if builder is not None else ProgramBuilder(cfg)
     a_stride_sp = row_stride(cfg, t.tk)
@@ -179,20 +201,16 @@ def gemm_program(
                     label=f"matmul m{m0} n{n0} k{k0}",
                 )
             obuf = o_buf[it % 2]
-            b.add(
-                "vmap",
+            add_requant(
+                b,
+                dict(mult=mult, shift=shift, zp_out=zp_out, lo=lo, hi=127),
+                n0,
                 src=cbuf,
                 dst=obuf,
                 rows=tm,
                 cols=tn,
                 src_stride=c_stride,
                 dst_stride=tn,
-                src_type=1,
-                mult=mult,
-                shift=shift,
-                zp_out=zp_out,
-                lo=lo,
-                hi=127,
                 label=f"requant m{m0} n{n0}",
             )
             b.add(

@@ -1,8 +1,9 @@
 """Quantisation: float models to QDQ int8 with onnxruntime's static quantiser, the quantised tensor
 types of the lowering, and the fixed-point arithmetic of requantisation on the vector unit.
 
-Float models are quantised with int8 activations, symmetric per-tensor int8 weights and int32 biases
-from calibration data; QDQ models are taken as they are.
+Float models are quantised with int8 activations, symmetric int8 weights (one scale per tensor, or per
+output channel where a tensor's channels differ widely in range) and int32 biases from calibration
+data; QDQ models are taken as they are.
 """
 
 from __future__ import annotations
@@ -71,6 +72,17 @@ def quant_multiplier(real: float, where: str) -> tuple[int, int]:
     if shift < 0:
         raise CompileError(f"{where}: requantisation scale {real} is too large for the vector unit")
     return max(mult, 1), shift
+
+
+def channel_requant(x: QTensor, s_w: np.ndarray, y: QTensor, where: str, lo: int = -128) -> dict:
+    """VMAP fields from a GEMM's or convolution's int32 accumulators to `y`: one (mult, shift) pair,
+    or arrays of one per output channel when the weights' per-channel scales give different ones."""
+    pairs = [quant_multiplier(x.scale * float(s) / y.scale, where) for s in np.reshape(s_w, -1)]
+    if len(set(pairs)) == 1:
+        mult, shift = pairs[0]
+    else:
+        mult, shift = np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
+    return dict(mult=mult, shift=shift, zp_out=y.zero_point, lo=lo, hi=127)
 
 
 def add_multipliers(ra: float, rb: float, where: str) -> tuple[int, int, int]:
@@ -148,8 +160,52 @@ class CalibrationWarning(UserWarning):
     """Calibration data that makes a poor quantisation."""
 
 
-def quantize_float_model(model: onnx.ModelProto, calib: np.ndarray, source: str = "model") -> onnx.ModelProto:
-    """Static QDQ int8 quantisation of a float model with onnxruntime, from calibration inputs."""
+#: `weight_scales="auto"` quantises per output channel when per-tensor scales would leave some
+#: channel of a weight with at most this fraction of the int8 range (3 bits lost)
+AUTO_CHANNEL_RANGE = 1 / 8
+WEIGHT_SCALES = ("auto", "per-channel", "per-tensor")
+#: channels below an eighth of one int8 step of their tensor's scale are zero either way (a dead unit)
+DEAD_CHANNEL = 1 / (8 * 127)
+
+
+def narrowest_channel(model: onnx.ModelProto) -> float:
+    """The smallest ratio, over the Conv/Gemm/MatMul weights of a float model, of an output
+    channel's largest magnitude to its tensor's (1.0: every channel uses the whole range); dead
+    channels (DEAD_CHANNEL) do not count."""
+    inits = {t.name: t for t in model.graph.initializer}
+    worst = 1.0
+    for n in model.graph.node:
+        if n.op_type not in ("Conv", "Gemm", "MatMul") or len(n.input) < 2 or n.input[1] not in inits:
+            continue
+        w = np.abs(onnx.numpy_helper.to_array(inits[n.input[1]]).astype(np.float64))
+        if w.ndim < 2 or not w.max() > 0:
+            continue
+        trans_b = any(a.name == "transB" and a.i for a in n.attribute)
+        axis = 0 if n.op_type == "Conv" or trans_b else w.ndim - 1
+        per = np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1).max(axis=1)
+        per = per[per > w.max() * DEAD_CHANNEL]
+        if per.size:
+            worst = min(worst, float(per.min() / w.max()))
+    return worst
+
+
+def per_channel_choice(model: onnx.ModelProto, weight_scales: str, source: str) -> bool:
+    """True when weights are to be quantised per output channel (`weight_scales` auto: when some
+    channel would lose 3 bits or more to a per-tensor scale)."""
+    if weight_scales not in WEIGHT_SCALES:
+        raise CompileError(
+            f"{source}: weight_scales must be one of {', '.join(WEIGHT_SCALES)}, not {weight_scales!r}"
+        )
+    if weight_scales != "auto":
+        return weight_scales == "per-channel"
+    return narrowest_channel(model) <= AUTO_CHANNEL_RANGE
+
+
+def quantize_float_model(
+    model: onnx.ModelProto, calib: np.ndarray, source: str = "model", per_channel: bool = False
+) -> onnx.ModelProto:
+    """Static QDQ int8 quantisation of a float model with onnxruntime, from calibration inputs;
+    weights get one scale per output channel (`per_channel`) or one per tensor."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     g = Graph(model, source)
@@ -180,7 +236,7 @@ def quantize_float_model(model: onnx.ModelProto, calib: np.ndarray, source: str 
             str(dst),
             Reader(),
             quant_format=QuantFormat.QDQ,
-            per_channel=False,
+            per_channel=per_channel,
             activation_type=QuantType.QInt8,
             weight_type=QuantType.QInt8,
             extra_options={"WeightSymmetric": True, "ActivationSymmetric": False},

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from npu.arith import cdiv, round_up
-from npu.compiler.programs import acc_row_stride
+from npu.compiler.programs import acc_row_stride, add_requant
 from npu.config import ACC_BASE, NpuConfig
 from npu.program import ProgramBuilder
 from npu.timing import bank_stride
@@ -247,7 +247,8 @@ def conv_program(
 ) -> dict:
     """Emit a convolution. `weights` int8 (Cout, Cin/groups, kh, kw); `bias` int64 (Cout), the input
     zero point already folded in; `rq` the requantisation fields of the VMAP (mult, shift, zp_out,
-    lo, hi). Returns the plan for the compile report."""
+    lo, hi; mult and shift may be per output channel, see `add_requant`). Returns the plan for the
+    compile report."""
     ca = channel_align(cfg)
     cout, cin_g = weights.shape[:2]
     cpx, cpy = x.layout.cp, y.layout.cp
@@ -386,16 +387,8 @@ def conv_program(
                                         c_stride=c_stride,
                                         accumulate=1,
                                     )
-                b.add(
-                    "vmap",
-                    src=ab,
-                    dst=ob,
-                    rows=m,
-                    cols=t.co_t,
-                    src_stride=c_stride,
-                    dst_stride=t.co_t,
-                    src_type=1,
-                    **rq,
+                add_requant(
+                    b, rq, t.co0, src=ab, dst=ob, rows=m, cols=t.co_t, src_stride=c_stride, dst_stride=t.co_t
                 )
                 wv = g.wp if band_mode else g.ow
                 out = y.addr + ((n * g.oh + y0) * g.ow) * cpy + t.co0

@@ -11,7 +11,7 @@ import onnx
 from npu.program import ProgramBuilder
 
 from ..graph import CompileError, node_attrs
-from ..quantize import quant_multiplier
+from ..quantize import channel_requant
 from ..spatial import conv_program, geometry
 from .registry import rule
 
@@ -43,7 +43,6 @@ def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     yq = ctx.q_out(n.output[0], n)
     y = ctx.place(yq, f"{where} output")
     geo = geometry(x, y, (kh, kw), a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0]), where)
-    mult, shift = quant_multiplier(x.q.scale * s_w / yq.scale, where)
-    rq = dict(mult=mult, shift=shift, zp_out=yq.zero_point, lo=-128, hi=127)
+    rq = channel_requant(x.q, s_w, yq, where)
     info = conv_program(b, ctx.cfg, x, y, w, bias, groups, geo, rq, ctx.const, where, ctx.step, ctx.max_live)
     ctx.op_done(n, b, yq.shape, info)

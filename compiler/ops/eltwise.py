@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 import onnx
 
 from npu.program import ProgramBuilder
@@ -50,7 +51,7 @@ def lower_clip(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
                 v = float(ctx.consts[name].reshape(-1)[0])
             elif ctx.src_kind(name) == "const":
                 s = ctx.dq_source(name, n)
-                v = (float(s[1].reshape(-1)[0]) - s[3]) * s[2]
+                v = (float(s[1].reshape(-1)[0]) - s[3]) * float(np.asarray(s[2]).reshape(-1)[0])
             else:
                 raise CompileError(f"{ctx.where(n)}: Clip bounds must be constants")
             lo, hi = (v, hi) if idx == 1 else (lo, v)

@@ -12,7 +12,7 @@ from npu.program import ProgramBuilder
 
 from ..graph import CompileError, node_attrs
 from ..programs import acc_row_stride, choose_tiling, gemm_program
-from ..quantize import quant_multiplier
+from ..quantize import channel_requant
 from ..region import memory_name
 from .registry import rule
 
@@ -24,8 +24,10 @@ if TYPE_CHECKING:
 def lower_gemm(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     where = ctx.where(n)
     x = ctx.act_in(n.input[0], n)
-    w, s_w = ctx.weights(n.input[1], n)
     a = node_attrs(n)
+    # the output channels: rows of B when transposed, its columns otherwise (MatMul: always columns)
+    w, s_w = ctx.weights(n.input[1], n, out_axis=0 if a.get("transB", 0) else -1)
+
     if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
         raise CompileError(f"{where}: only transA=0, alpha=1, beta=1 are supported")
     if len(x.q.shape) != 2 or w.ndim != 2:
@@ -48,7 +50,7 @@ def lower_gemm(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         wp[:, perm] = wt
         wt = wp
     yq = ctx.q_out(n.output[0], n)
-    mult, shift = quant_multiplier(x.q.scale * s_w / yq.scale, where)
+    rq = channel_requant(x.q, s_w, yq, where)
     w_addr = ctx.const(np.ascontiguousarray(wt, np.int8).tobytes(), f"{where} weights")
     bias_addr = ctx.const(bias.astype("<i4").tobytes(), f"{where} bias")
     y = ctx.place(yq, f"{where} output")
@@ -71,8 +73,8 @@ def lower_gemm(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         x.addr,
         w_addr,
         y.addr,
-        mult=mult,
-        shift=shift,
+        mult=rq["mult"],
+        shift=rq["shift"],
         zp_out=yq.zero_point,
         bias_addr=bias_addr,
         tiling=tiling,

@@ -36,8 +36,11 @@ def lower_host(ctx: Lowerer, n: onnx.NodeProto, reason: str) -> None:
         if name in ctx.consts:
             inits.append(numpy_helper.from_array(ctx.consts[name], name))
         elif kind == "const":
-            _, v, scale, zp = ctx.dq_source(name, n)
-            inits.append(numpy_helper.from_array(((v.astype(np.float32) - zp) * scale), name))
+            _, v, scale, zp, axis = ctx.dq_source(name, n)
+            if axis is not None:  # one scale per slice along `axis`
+                scale = np.asarray(scale).reshape([-1 if d == axis else 1 for d in range(v.ndim)])
+            real = ((v.astype(np.float32) - zp) * scale).astype(np.float32)
+            inits.append(numpy_helper.from_array(real, name))
         elif kind == "act":
             a = ctx.act_in(name, n)
             g_inputs.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, list(a.q.shape)))

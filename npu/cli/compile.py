@@ -46,6 +46,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "most activation bytes live at once, the DRAM arena's lower bound; ties by cycles)",
     )
     p.add_argument(
+        "--weight-scales",
+        choices=["auto", "per-channel", "per-tensor"],
+        default="auto",
+        help="how a float model's weights are quantised: one scale per output channel (accurate; "
+        "one requantisation instruction per run of equal channels), one per tensor, or auto "
+        "(default: per channel when one scale would leave some channel 1/8 of the int8 range or less)",
+    )
+    p.add_argument(
         "--order-budget",
         type=positive_float,
         default=10.0,
@@ -144,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
             order=args.order,
             order_budget_s=args.order_budget,
             order_objective=args.order_objective,
+            weight_scales=args.weight_scales,
             cp_interval=args.cp_interval,
             cp_max_live=args.cp_max_live,
             granularity=args.granularity,
