@@ -18,6 +18,7 @@ from pathlib import Path
 
 import cocotb
 from cocotb.clock import Clock
+from cocotb.handle import Immediate
 from cocotb.triggers import ClockCycles, FallingEdge, First, RisingEdge, Timer
 from cocotbext.axi import AxiBus, AxiLiteBus, AxiLiteMaster, AxiRam
 
@@ -40,8 +41,10 @@ class FastDram:
             bytearray(self.read(a0, a1 - a0)) if (a0, a1) != (addr, addr + len(data)) else bytearray(a1 - a0)
         )
         buf[addr - a0 : addr - a0 + len(data)] = data
+        # written without delay: a scheduled (inertial) write waits for the next ReadWrite phase, and
+        # one issued from a value-change callback (the driver waking on an interrupt) was seen lost
         for i in range(0, len(buf), W):
-            self.mem[(a0 + i) // W].value = int.from_bytes(buf[i : i + W], "little")
+            self.mem[(a0 + i) // W].value = Immediate(int.from_bytes(buf[i : i + W], "little"))
 
     def read(self, addr: int, n: int) -> bytes:
         W = self.W

@@ -67,6 +67,13 @@ def wait_checks(tr) -> dict:
     start(e0, short)
     out["short"] = tr.wait(None)
     out["e0_after_short"] = e0.status().name
+    # DRAM written right after waking on the interrupt reads back at once and later (a host step's
+    # output written then was once lost)
+    spot, data = tr.cfg.dram_bytes - 61, bytes(range(1, 11))
+    tr.write_dram(spot, data)
+    out["written_at_once"] = tr.read_dram(spot, len(data)) == data
+    tr.wait(50)
+    out["written_later"] = tr.read_dram(spot, len(data)) == data
     # engine 1 starts: the combined interrupt is up already, wait must still wait for engine 1
     e1.set_reg("IRQ", 1)
     start(e1, long)
@@ -113,6 +120,7 @@ def test_jobs_on_both_engines_of_the_rtl_soc(operator_model):
     # wait: returns when the engine that was running stops, whatever else is pending
     print(f"wait: {waits}")
     assert waits["e0_after_short"] == "DONE" and 2000 < waits["short"] < 4000, waits
+    assert waits["written_at_once"] and waits["written_later"], waits
     assert 500 <= waits["partial"] < 600 and waits["e1_after_partial"] == "RUNNING", waits
     assert waits["e1_after_long"] == "DONE" and waits["partial"] + waits["long"] > 6 * 2000, waits
     assert waits["irq_status"] == 0b11, waits
