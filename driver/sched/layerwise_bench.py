@@ -1,7 +1,8 @@
 """`npu bench layerwise`: pairs of a compute-intensive and a memory-intensive model submitted
 together on one engine, each policy's STP, ANTT, makespan and utilisation (Eyerman and Eeckhout's
 multiprogram metrics), the greedy rule against an exhaustive search over interleavings on small
-pairs, and a starvation scenario with and without the guard."""
+pairs, and a starvation scenario with and without the guard. With `rtl`, two pairs also run on the
+core's RTL (driver/rtl.py): makespans against the model and outputs against each model alone."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ from .layerwise import POLICIES, LayerwiseScheduler
 COMPUTE = ("digits_cnn", "resnet_small", "inception_small", "perception")
 MEMORY = ("fc_heavy", "digits_mlp")
 SMALL = (("digits_cnn", "digits_mlp"), ("digits_cnn", "planning"))
+RTL_PAIRS = (("digits_cnn", "digits_mlp"), ("digits_cnn", "fc_heavy"))  # the bench's cheapest pairs
+RTL_POLICIES = ("fcfs", "idle-time")
+RTL_DRAM = 1 << 20  # the simulated DRAM: both models, the ring and the driver's area (at most 0.6 MB)
 
 
 @dataclass
@@ -79,6 +83,40 @@ def bench_pair(pair: tuple[str, str], config: str, transport_fn=None) -> dict:
     return out
 
 
+def _rtl_runs(transport, models: list[Prepared], config: str, policies: tuple[str, ...]):
+    """Inside the simulation: each model alone, then the pair under each policy."""
+    alone = [run_set([m], "fcfs", config, transport=transport) for m in models]
+    return alone, {p: run_set(models, p, config, transport=transport) for p in policies}
+
+
+def rtl_pair(pair: tuple[str, str], config: str, policies: tuple[str, ...] = RTL_POLICIES) -> dict:
+    """`pair` on the RTL core and on the golden model: per policy the RTL's figures, the model's
+    makespan and its error, and whether every output is bit-identical to its model run alone (on
+    the RTL and on the golden model)."""
+    from ..rtl import run_on_rtl
+
+    models = [prepare(n, config, i) for i, n in enumerate(pair)]
+    alone_r, runs_r = run_on_rtl(_rtl_runs, models, config, policies, config=config, dram_bytes=RTL_DRAM)
+    alone_m = [run_set([m], "fcfs", config) for m in models]
+    alone = [a["makespan"] for a in alone_r]
+    refs = [a["outputs"][0] for a in alone_m]
+    out = {"models": list(pair), "backend": "rtl", "alone": alone,
+           "alone_model": [a["makespan"] for a in alone_m]}  # fmt: skip
+    for p in policies:
+        r, m = runs_r[p], run_set(models, p, config)
+        exact = all(
+            np.array_equal(a, b)
+            for got in (r["outputs"], [a["outputs"][0] for a in alone_r])
+            for outs, want in zip(got, refs, strict=True)
+            for a, b in zip(outs, want, strict=True)
+        )
+        out[p] = {"makespan": r["makespan"], "model_makespan": m["makespan"],
+                  "makespan_error": round(m["makespan"] / r["makespan"] - 1, 4),
+                  **metrics(r["turnaround"], alone), "compute_util": r["compute_util"],
+                  "dma_util": r["dma_util"], "outputs_as_alone": exact}  # fmt: skip
+    return out
+
+
 def exhaustive(pair: tuple[str, str], config: str) -> dict:
     """The best makespan over every interleaving of the two models' layers (run on the model)."""
     models = [prepare(n, config, i) for i, n in enumerate(pair)]
@@ -118,7 +156,10 @@ def starvation(config: str, k: int = 6, limit: int = 8) -> dict:
     return out
 
 
-def bench_layerwise(config: str = "default", progress: Callable[[str], None] | None = None) -> dict:
+def bench_layerwise(
+    config: str = "default", progress: Callable[[str], None] | None = None, rtl: bool = False
+) -> dict:
+    """Every pair on the model (with `rtl`, RTL_PAIRS also on the RTL core); JSON-ready."""
     say = progress or (lambda _m: None)
     pairs = []
     for c, m in itertools.product(COMPUTE, MEMORY):
@@ -131,13 +172,19 @@ def bench_layerwise(config: str = "default", progress: Callable[[str], None] | N
     say("starvation")
     st = starvation(config)
     ratio = float(np.mean([p["speedup"] for p in pairs]))
-    return {
+    res = {
         "config": config,
         "pairs": pairs,
         "mean_makespan_fcfs_over_idle_time": round(ratio, 4),
         "greedy_vs_exhaustive": gve,
         "starvation": st,
     }
+    if rtl:
+        res["rtl"] = []
+        for p in RTL_PAIRS:
+            say(f"rtl {p[0]} + {p[1]}")
+            res["rtl"].append(rtl_pair(p, config))
+    return res
 
 
 def format_layerwise(res: dict) -> str:
@@ -151,6 +198,12 @@ def format_layerwise(res: dict) -> str:
     for g in res["greedy_vs_exhaustive"]:
         lines.append(f"greedy vs best of {g['interleavings']} interleavings ({' + '.join(g['models'])}): "
                      f"{g['greedy']} / {g['best']} = {g['greedy_over_best']:.3f}")  # fmt: skip
+    for p in res.get("rtl", []):
+        for pol in RTL_POLICIES:
+            r = p[pol]
+            lines.append(f"RTL {' + '.join(p['models'])} {pol}: makespan {r['makespan']} (model "
+                         f"{r['model_makespan']}, {100 * r['makespan_error']:+.1f} %), outputs as alone "
+                         f"{r['outputs_as_alone']}")  # fmt: skip
     st = res["starvation"]
     w, wg = st["without_guard"], st["with_guard"]
     lines.append(f"starvation: fc_heavy's normalised turnaround {w['starved_ntt']:.2f} without the guard, "

@@ -26,7 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "opqueue: operator-queue policies (seed 001) over 2 and 4 engines at 50/80/95 %% load "
         "(--backend rtl adds 2 engines on the RTL against the model); pipeline: loader scaling, stage "
         "overlap and speedup of the pipeline machinery (seed 003); layerwise: pairs of a compute- and a "
-        "memory-intensive model on one engine through the command ring, per policy (seed 002)",
+        "memory-intensive model on one engine through the command ring, per policy (seed 002; "
+        "--backend rtl adds two pairs on the RTL core)",
     )
     p.add_argument("--models", nargs="+", help="order, banks: zoo models (default: a representative set)")
     p.add_argument(
@@ -132,12 +133,12 @@ def _pipeline(cfg: NpuConfig, args: argparse.Namespace):
 def _layerwise(cfg: NpuConfig, args: argparse.Namespace):
     import sys
 
-    if args.backend != "model":
-        raise CliError("bench layerwise runs on the golden model (--backend model)")
     from npu.driver.sched.layerwise_bench import bench_layerwise, format_layerwise
 
     res = bench_layerwise(
-        cfg.engine.name, progress=lambda msg: print(f"bench layerwise: {msg}", file=sys.stderr, flush=True)
+        cfg.engine.name,
+        progress=lambda msg: print(f"bench layerwise: {msg}", file=sys.stderr, flush=True),
+        rtl=args.backend == "rtl",
     )
     return res, format_layerwise
 

@@ -9,7 +9,7 @@ import pytest
 
 from npu.driver import DriverError, Npu
 from npu.driver.sched.layerwise import POLICIES, Estimator, Layer, LayerwiseScheduler
-from npu.driver.sched.layerwise_bench import exhaustive, metrics, prepare, run_set
+from npu.driver.sched.layerwise_bench import RTL_POLICIES, exhaustive, metrics, prepare, rtl_pair, run_set
 
 CFG = "default"
 
@@ -88,3 +88,17 @@ def test_trace_shows_the_two_models_interleaving_on_the_units(pair):
     mms = [e for e in ev if e["tid"] == "matrix" and e["cat"] == "digits_cnn"]
     # some of the MLP's loads run while the CNN's matrix unit computes
     assert any(m["ts"] < ld["ts"] < m["ts"] + m["dur"] for ld in loads for m in mms)
+
+
+@pytest.mark.rtl
+@pytest.mark.xdist_group("rtl-layerwise")
+def test_two_models_through_the_ring_on_the_rtl():
+    """The smallest pair on the core's RTL: each request's outputs bit-identical to its model run
+    alone, under fcfs and idle-time, and the interleaving shortens the RTL's makespan too."""
+    r = rtl_pair(("digits_cnn", "digits_mlp"), CFG)
+    print(f"RTL layer-wise: {r}")
+    for p in RTL_POLICIES:
+        assert r[p]["outputs_as_alone"], p
+        assert r[p]["makespan"] > 0 and r[p]["model_makespan"] > 0
+    assert r["idle-time"]["makespan"] < r["fcfs"]["makespan"]
+    assert r["idle-time"]["compute_util"] > r["fcfs"]["compute_util"]
