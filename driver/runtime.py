@@ -51,6 +51,9 @@ AUX_BYTES = 0x10000  # DRAM reserved at address 0 for the driver's dump and rest
 RUN = Control.START | Control.IRQ_ENABLE
 TIMEOUT_MAX = 0xFFFF_FFFF  # the TIMEOUT register's range; longer budgets are kept by the driver
 PAGE = 4096  # models are placed on DRAM pages
+#: with a wall-clock timeout, no single wait is longer than this many cycles: an engine that never
+#: stops (a hung device) ends in TimeoutError instead of a wait that never returns
+TIMED_WAIT_CYCLES = 1 << 20
 
 
 class Priority(enum.IntEnum):
@@ -318,6 +321,7 @@ class Npu:
         # None: a driver step waits for the next event; N: at most N cycles, so that jobs submitted
         # from other threads (pipeline runners) arrive, and preempt, while a long job runs
         self.wait_quantum: int | None = None
+        self._wait_bound: int | None = None  # set by a run with a wall-clock timeout
         for e in self.engines:
             self._recover_if_needed("open", e)
 
@@ -559,6 +563,7 @@ class Npu:
         self, until: Job | None, timeout_s: float | None, cond: Callable[[], bool] | None = None
     ) -> None:
         t_end = None if timeout_s is None else time.monotonic() + timeout_s
+        bound = None if t_end is None else TIMED_WAIT_CYCLES
         while True:
             left = None if t_end is None else t_end - time.monotonic()
             with self._locked(left):
@@ -569,6 +574,7 @@ class Npu:
                         f"job {until.id if until else '-'} not finished after {timeout_s} s of wall "
                         f"time (device cycle {self.tr.now()})"
                     )
+                self._wait_bound = bound  # this caller's, for the step it takes under the lock
                 if not self._step(until, cond):
                     return
             if self.wait_quantum is not None:
@@ -638,8 +644,9 @@ class Npu:
             if e.unit is not None and e.deadline is not None:
                 nxt = e.deadline if nxt is None else min(nxt, e.deadline)
         limit = None if nxt is None else max(1, nxt - now)
-        if self.wait_quantum is not None:  # let other threads' submissions in while a job runs
-            limit = self.wait_quantum if limit is None else min(limit, self.wait_quantum)
+        for q in (self.wait_quantum, self._wait_bound):  # let other threads' submissions in while a
+            if q is not None:  # job runs; see the wall clock while a hung engine never stops
+                limit = q if limit is None else min(limit, q)
         try:
             self.tr.wait(limit)
         except Exception as err:

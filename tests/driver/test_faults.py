@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from npu.container import HostStep
 from npu.driver import DriverError, JobError, ModelTransport, Npu, Priority, Transport, TransportError
 from npu.driver import runtime as runtime_mod
 from npu.models.builder import Net
+from npu.registers import REG, Control, Status
 
 DRIVER_FILES = ("runtime.py", "executor.py", "trace.py")
 
@@ -350,3 +352,41 @@ def test_load_and_unload_return_dram(small_models, tmp_path):
         for m in ms:
             m.unload()
         assert len(npu._free) == 1
+
+
+class HungTransport(ModelTransport):
+    """The golden model, except that once a run starts its engine never stops: STATUS stays RUNNING
+    and no interrupt comes, so a wait without a cycle bound would never return (it fails the test)."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.hung = False
+        self.waits: list[int] = []
+
+    def write_reg(self, offset, value):
+        if offset == REG["CONTROL"].offset and value & Control.START:
+            self.hung = True
+        super().write_reg(offset, value)
+
+    def read_reg(self, offset):
+        if self.hung and offset == REG["STATUS"].offset:
+            return int(Status.RUNNING)
+        return super().read_reg(offset)
+
+    def wait(self, max_cycles):
+        if self.hung:
+            assert max_cycles is not None, "the driver waited without a bound on an engine that never stops"
+            self.waits.append(max_cycles)
+            time.sleep(0.05)  # a real device takes wall time to run the cycles
+        return super().wait(max_cycles)
+
+
+def test_a_hung_engine_ends_in_a_timeout_not_a_wait_for_ever(small_models):
+    c_small, _, x_small, _ = small_models
+    tr = HungTransport(get_config("tiny"))
+    npu = Npu(transport=tr, config="tiny")
+    npu.load(c_small).submit(x_small)
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="not finished after 1.5 s of wall time"):
+        npu.run_all(timeout_s=1.5)
+    assert time.monotonic() - t0 < 5 and tr.waits and max(tr.waits) <= runtime_mod.TIMED_WAIT_CYCLES
