@@ -150,13 +150,15 @@ def plan_conv(
     g: Geometry,
     cpx: int,
     cout_p: int,
-    win: int,
+    win_of: Callable[[int], int],
     co_step: int,
     where: str,
     max_step: int = 0,
     max_live: int = 0,
 ) -> ConvPlan:
-    """Pick output/input channel tile sizes and the row band height with the cost model."""
+    """Pick output/input channel tile sizes and the row band height with the cost model.
+    `win_of(co_t)`: the input channels (bytes of an input pixel) a tile of co_t output channels
+    reads: all of them, or for a grouped convolution the widest window of its groups."""
     ca = channel_align(cfg)
     if g.wp * cpx > 0xFFFF:
         raise CompileError(
@@ -166,10 +168,11 @@ def plan_conv(
     band_mode = g.sh == 1 and g.sw == 1
     best = None
     co_opts = sorted({min(cout_p, co_step * (1 << j)) for j in range(16)} | {cout_p})
-    ci_opts = sorted({max(ca, round_up(cdiv(win, d), ca)) for d in (1, 2, 3, 4, 6, 8, 16, 32, 64, 128)})
     taps = g.kh * g.kw
     for co_t in co_opts:
         n_co = cdiv(cout_p, co_t)
+        win = win_of(co_t)
+        ci_opts = sorted({max(ca, round_up(cdiv(win, d), ca)) for d in (1, 2, 3, 4, 6, 8, 16, 32, 64, 128)})
         for ci_t in ci_opts:
             n_ci = cdiv(win, ci_t)
             wbytes = co_t * bank_stride(cfg, taps * ci_t, cfg.lanes)
@@ -217,7 +220,9 @@ def plan_conv(
                 best = (key, ConvPlan(co_t, ci_t, rows, band_mode, est, spad))
     if best is None:
         # what the smallest tiling (one output row, the narrowest channel tiles) would need
-        co_t, ci_t = co_opts[0], ci_opts[0]
+        co_t = co_opts[0]
+        win = win_of(co_t)
+        ci_t = max(ca, round_up(cdiv(win, 128), ca))
         m = _conv_m(g, 1, band_mode)
         w = co_t * bank_stride(cfg, taps * ci_t, cfg.lanes) * (1 if co_t >= cout_p and ci_t >= win else 2)
         spad = w + 2 * (g.in_rows(1) * g.wp * cpx + m * co_t)
@@ -263,8 +268,10 @@ def conv_program(
         lo, hi = int(phys.min()) // ca * ca, round_up(int(phys.max()) + 1, ca)
         return lo, hi - lo
 
-    win_max = max(window(c0, co_step)[1] for c0 in range(0, cout, co_step)) if groups > 1 else cpx
-    plan = plan_conv(cfg, g, cpx, cpy, win_max if groups > 1 else cpx, co_step, where, max_step, max_live)
+    def win_of(co_t: int) -> int:
+        return max(window(c0, co_t)[1] for c0 in range(0, cout, co_t)) if groups > 1 else cpx
+
+    plan = plan_conv(cfg, g, cpx, cpy, win_of, co_step, where, max_step, max_live)
     taps = g.kh * g.kw
 
     # weight blocks per (output tile, input chunk): [co_t][kh][kw][chunk], zero where no connection
@@ -417,7 +424,7 @@ def conv_program(
                         )
                 b.candidate()  # between bands: only the resident weights are live
     return {
-        "split": plan.describe(g, cpy, win_max),
+        "split": plan.describe(g, cpy, win_of(plan.co_t)),
         "tile": {"co": plan.co_t, "ci": plan.ci_t, "rows": plan.rows},
         "spad_bytes": plan.spad_bytes,
         "est_cycles": plan.est_cycles,

@@ -48,6 +48,17 @@ def test_conv(tmp_path, config, spec):
     assert [la.op for la in cm.lowered.layers] == ["Conv"]
 
 
+@pytest.mark.parametrize("hw", [7, 14])
+def test_wide_depthwise_conv_plans_its_channel_tiles(tmp_path, hw):
+    """A 5x5 depthwise convolution of 512 channels (MobileNet-style heads): the planner sizes a tile's
+    input window by the channels its output tile reads, as the emitter does (it used to plan 8 input
+    channels for a tile of 512 and fail an assertion in the emitter)."""
+    net = Net("dw", (1, 512, hw, hw), seed=9)
+    y = net.conv(net.input, 512, 5, groups=512, relu=False)
+    cm = check(tmp_path, net, [y], "default")
+    assert cm.lowered.layers[0].tile["ci"] <= 64  # the tiles stay near the groups they read
+
+
 @pytest.mark.parametrize("config", ["tiny", "default", "banked"])
 def test_conv_batchnorm_relu_batch2(tmp_path, config):
     net = Net("bn", (2, 6, 10, 10), seed=4)
