@@ -82,11 +82,10 @@ def add_requant(b: ProgramBuilder, rq: dict, ch0: int, *, src: int, dst: int, co
     mult, shift = rq["mult"], rq["shift"]
     rest = {k: v for k, v in rq.items() if k not in ("mult", "shift")}
     if np.ndim(mult) == 0 and np.ndim(shift) == 0:
-        b.add("vmap", src=src, dst=dst, cols=cols, src_type=1, mult=int(mult), shift=int(shift), **rest,
-              **fields)  # fmt: skip
-        return
-    last = len(mult) - 1
-    pairs = [(int(mult[min(ch0 + c, last)]), int(shift[min(ch0 + c, last)])) for c in range(cols)]
+        pairs = [(int(mult), int(shift))] * cols
+    else:
+        last = len(mult) - 1
+        pairs = [(int(mult[min(ch0 + c, last)]), int(shift[min(ch0 + c, last)])) for c in range(cols)]
     c0 = 0
     for c in range(1, cols + 1):
         if c == cols or pairs[c] != pairs[c0]:

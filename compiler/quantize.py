@@ -168,6 +168,13 @@ WEIGHT_SCALES = ("auto", "per-channel", "per-tensor")
 DEAD_CHANNEL = 1 / (8 * 127)
 
 
+def out_channel_axis(n: onnx.NodeProto) -> int:
+    """The output-channel axis of a Conv/Gemm/MatMul node's weights (input 1): Conv's axis 0, the
+    rows of a transposed Gemm B, else B's columns (the last axis)."""
+    trans_b = any(a.name == "transB" and a.i for a in n.attribute)
+    return 0 if n.op_type == "Conv" or trans_b else -1
+
+
 def narrowest_channel(model: onnx.ModelProto) -> float:
     """The smallest ratio, over the Conv/Gemm/MatMul weights of a float model, of an output
     channel's largest magnitude to its tensor's (1.0: every channel uses the whole range); dead
@@ -180,8 +187,7 @@ def narrowest_channel(model: onnx.ModelProto) -> float:
         w = np.abs(onnx.numpy_helper.to_array(inits[n.input[1]]).astype(np.float64))
         if w.ndim < 2 or not w.max() > 0:
             continue
-        trans_b = any(a.name == "transB" and a.i for a in n.attribute)
-        axis = 0 if n.op_type == "Conv" or trans_b else w.ndim - 1
+        axis = out_channel_axis(n) % w.ndim
         per = np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1).max(axis=1)
         per = per[per > w.max() * DEAD_CHANNEL]
         if per.size:

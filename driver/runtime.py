@@ -321,7 +321,6 @@ class Npu:
         # None: a driver step waits for the next event; N: at most N cycles, so that jobs submitted
         # from other threads (pipeline runners) arrive, and preempt, while a long job runs
         self.wait_quantum: int | None = None
-        self._wait_bound: int | None = None  # set by a run with a wall-clock timeout
         for e in self.engines:
             self._recover_if_needed("open", e)
 
@@ -574,13 +573,12 @@ class Npu:
                         f"job {until.id if until else '-'} not finished after {timeout_s} s of wall "
                         f"time (device cycle {self.tr.now()})"
                     )
-                self._wait_bound = bound  # this caller's, for the step it takes under the lock
-                if not self._step(until, cond):
+                if not self._step(until, cond, bound):
                     return
             if self.wait_quantum is not None:
                 time.sleep(0)  # a thread waiting for the lock (a submission) gets its turn
 
-    def _step(self, until: Job | None, cond: Callable[[], bool] | None) -> bool:
+    def _step(self, until: Job | None, cond: Callable[[], bool] | None, bound: int | None = None) -> bool:
         """One scheduling step (under the lock); False when nothing is left to do."""
         now = self.tr.now()
         self._release(now)
@@ -606,7 +604,7 @@ class Npu:
             return True
         if self.preempt:
             self._preempt_for_waiting()
-        self._wait_running(now)
+        self._wait_running(now, bound)
         return True
 
     def _next_unit(self, e: Engine) -> Operator | None:
@@ -638,13 +636,14 @@ class Npu:
             if busy and top is not None and top.priority > e.unit.priority:
                 self._guarded(e.unit.job, "pause request", self._request_pause, e, top.job, engine=e)
 
-    def _wait_running(self, now: int) -> None:
+    def _wait_running(self, now: int, bound: int | None = None) -> None:
+        """Wait for the running engines (at most `bound` cycles: a run with a wall-clock timeout)."""
         nxt = self._next_event()
         for e in self.engines:
             if e.unit is not None and e.deadline is not None:
                 nxt = e.deadline if nxt is None else min(nxt, e.deadline)
         limit = None if nxt is None else max(1, nxt - now)
-        for q in (self.wait_quantum, self._wait_bound):  # let other threads' submissions in while a
+        for q in (self.wait_quantum, bound):  # let other threads' submissions in while a
             if q is not None:  # job runs; see the wall clock while a hung engine never stops
                 limit = q if limit is None else min(limit, q)
         try:

@@ -12,7 +12,7 @@ from npu.program import ProgramBuilder
 
 from ..graph import CompileError, node_attrs
 from ..programs import acc_row_stride, choose_tiling, gemm_program
-from ..quantize import channel_requant
+from ..quantize import channel_requant, out_channel_axis
 from ..region import memory_name
 from .registry import rule
 
@@ -25,9 +25,7 @@ def lower_gemm(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     where = ctx.where(n)
     x = ctx.act_in(n.input[0], n)
     a = node_attrs(n)
-    # the output channels: rows of B when transposed, its columns otherwise (MatMul: always columns)
-    w, s_w = ctx.weights(n.input[1], n, out_axis=0 if a.get("transB", 0) else -1)
-
+    w, s_w = ctx.weights(n.input[1], n, out_axis=out_channel_axis(n))
     if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
         raise CompileError(f"{where}: only transA=0, alpha=1, beta=1 are supported")
     if len(x.q.shape) != 2 or w.ndim != 2:
