@@ -4,7 +4,9 @@
 * constant folding and shape inference to a fixpoint (`fold.py`: Constant, Shape/Size of static
   tensors and any node whose inputs are all constants, evaluated with `onnx.reference`);
 * Sum of more than two inputs becomes a chain of Adds;
-* BatchNormalization after a Conv is folded into the Conv's weights and bias;
+* BatchNormalization after a Conv is folded into the Conv's weights and bias, and so is an Add, Sub,
+  Mul or Div of a per-channel (or scalar) constant (batch normalisation exported as Mul and Add, or a
+  bias kept apart from its convolution);
 * MatMul of a 2-D activation by a constant, followed by an Add of a constant vector, becomes Gemm.
 
 Activation fusion (Relu/Clip into the preceding Conv/Gemm) is done by the quantiser: onnxruntime
@@ -52,6 +54,7 @@ def cleanup(model: onnx.ModelProto) -> onnx.ModelProto:
         o.name = src(o.name) if o.name in rename else o.name
 
     nodes = _fold_batchnorm(nodes, consts, outputs)
+    nodes = _fold_channel_affine(nodes, consts, outputs)
     _rebuild(model, nodes, consts, outputs)
     # shapes again: folding made Reshape targets constant, so MatMul operands may now be known 2-D
     shapes = Graph(model).static_shapes()
@@ -131,6 +134,61 @@ def _fold_batchnorm(nodes: list, consts: dict, outputs: set[str]) -> list:
         conv.output[0] = bn.output[0]
         drop.add(id(bn))
     return [n for n in nodes if id(n) not in drop]
+
+
+def _channel_vector(c: np.ndarray, channels: int) -> np.ndarray | None:
+    """`c` as one value per output channel of an NCHW convolution (None if it is not that)."""
+    if c.size == 1:
+        return np.full(channels, float(c.reshape(-1)[0]))
+    shape = [d for d in c.shape]
+    while shape and shape[0] == 1 and len(shape) > 3:
+        shape.pop(0)
+    if len(shape) == 3 and shape[0] == channels and shape[1:] == [1, 1]:
+        return c.reshape(-1).astype(np.float64)
+    return None
+
+
+def _fold_channel_affine(nodes: list, consts: dict, outputs: set[str]) -> list:
+    """conv(x) + c, conv(x) - c, conv(x) * c, conv(x) / c with c constant per output channel: the
+    same convolution with scaled weights and a shifted bias (exact in float), until none is left."""
+    while True:
+        cons = _consumers(nodes)
+        producers = {o: n for n in nodes for o in n.output}
+        drop = set()
+        for n in nodes:
+            if n.op_type not in ("Add", "Sub", "Mul", "Div") or len(n.input) != 2 or id(n) in drop:
+                continue
+            for k in (0, 1):
+                conv, c = producers.get(n.input[k]), consts.get(n.input[1 - k])
+                if (
+                    conv is None or c is None or conv.op_type != "Conv" or id(conv) in drop
+                    or len(cons.get(conv.output[0], [])) != 1 or conv.output[0] in outputs
+                    or conv.input[1] not in consts or (len(conv.input) > 2 and conv.input[2] not in consts)
+                    or (k == 1 and n.op_type in ("Sub", "Div"))  # c - conv, c / conv: not affine in conv
+                ):  # fmt: skip
+                    continue
+                w = consts[conv.input[1]].astype(np.float64)
+                v = _channel_vector(np.asarray(c), w.shape[0])
+                if v is None or (n.op_type == "Div" and np.any(v == 0)):
+                    continue
+                b = consts[conv.input[2]].astype(np.float64) if len(conv.input) > 2 and conv.input[2] else 0.0
+                if n.op_type in ("Mul", "Div"):
+                    f = v if n.op_type == "Mul" else 1 / v
+                    w, b = w * f.reshape(-1, 1, 1, 1), b * f
+                else:
+                    b = b + (v if n.op_type == "Add" else -v)
+                wname, bname = n.output[0] + "_fold_w", n.output[0] + "_fold_b"
+                consts[wname] = w.astype(np.float32)
+                consts[bname] = np.broadcast_to(b, (w.shape[0],)).astype(np.float32)
+                data = conv.input[0]
+                del conv.input[:]
+                conv.input.extend([data, wname, bname])
+                conv.output[0] = n.output[0]
+                drop.add(id(n))
+                break
+        if not drop:
+            return nodes
+        nodes = [n for n in nodes if id(n) not in drop]
 
 
 def _matmul_add_to_gemm(nodes: list, consts: dict, shapes: dict, outputs: set[str]) -> list:

@@ -7,7 +7,9 @@ zero point and stays harmless).
 
 from __future__ import annotations
 
+from npu.arith import round_up
 from npu.config import NpuConfig
+from npu.isa import LUT_BYTES
 from npu.program import ProgramBuilder
 
 from .quantize import Act
@@ -39,6 +41,38 @@ def eltwise_program(
         rows, cols = _rows(c, unit)
         b.add("load", spad=buf, dram=src + off, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols)
         b.add("vmap", src=buf, dst=buf, rows=rows, cols=cols, src_stride=cols, dst_stride=cols, **params)
+        b.add("store", spad=buf, dram=dst + off, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols)
+        b.candidate()
+
+
+def lut_program(
+    b: ProgramBuilder,
+    cfg: NpuConfig,
+    src: int,
+    dst: int,
+    n: int,
+    table: int,
+    unit: int,
+    pad_runs: list[tuple[int, int]],
+    zp_out: int,
+    max_step: int = 0,
+) -> None:
+    """A VLUT over n contiguous bytes with the 256-byte table at DRAM `table` (loaded once); the
+    channel-padding runs (offset, width) of each `unit` are then set to the output zero point."""
+    t = round_up(LUT_BYTES, cfg.lanes)
+    room = (cfg.spad_bytes - t) // 2
+    chunk = max(unit, min(room, 0xFFFF * unit, _step_bytes(cfg, max_step)) // unit * unit)
+    b.add("load", spad=0, dram=table, rows=1, cols=LUT_BYTES, spad_stride=LUT_BYTES, dram_stride=LUT_BYTES)
+    bufs = [t, t + chunk]
+    for i, (off, c) in enumerate(_chunks(n, chunk)):
+        buf = bufs[i % 2]
+        rows, cols = _rows(c, unit)
+        b.add("load", spad=buf, dram=src + off, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols)
+        b.add("vlut", src=buf, dst=buf, rows=rows, cols=cols, src_stride=cols, dst_stride=cols, table=0)
+        for start, width in pad_runs:
+            p = buf + start
+            b.add("vmap", src=p, dst=p, rows=c // unit, cols=width, src_stride=unit, dst_stride=unit,
+                  mult=0, zp_out=zp_out)  # fmt: skip
         b.add("store", spad=buf, dram=dst + off, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols)
         b.candidate()
 

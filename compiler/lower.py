@@ -17,7 +17,7 @@ import onnx
 from npu.arith import round_up
 from npu.config import ACC_BASE, NpuConfig
 from npu.container import HostStep, HostTensor, Layer, TensorDesc
-from npu.isa import Instr, Opcode, footprint
+from npu.isa import ONCHIP_ADDR_FIELDS, Instr, footprint
 from npu.program import Item, ProgramBuilder
 from npu.tensors import Layout
 from npu.timing import bank_stride
@@ -329,14 +329,6 @@ class Lowerer:
         return Lowering(self.cfg, self.frags, self.dram, inputs, outputs, self.alloc.next, self.alloc.buffers)
 
 
-_ADDR_FIELDS = {
-    Opcode.LOAD: ("spad",),
-    Opcode.STORE: ("spad",),
-    Opcode.MATMUL: ("a", "b", "c"),
-    Opcode.VMAP: ("src", "dst"),
-    Opcode.VADD: ("a", "b", "dst"),
-    Opcode.POOL: ("src", "dst"),
-}
 
 
 def _relocate_top(items: list[Item], cfg: NpuConfig) -> list[Item]:
@@ -365,9 +357,9 @@ def _relocate_top(items: list[Item], cfg: NpuConfig) -> list[Item]:
         return items
     out = []
     for it in items:
-        if it.kind == "instr" and it.instr.op in _ADDR_FIELDS:
+        if it.kind == "instr" and it.instr.op in ONCHIP_ADDR_FIELDS:
             f = dict(it.instr.fields)
-            for name in _ADDR_FIELDS[it.instr.op]:
+            for name in ONCHIP_ADDR_FIELDS[it.instr.op]:
                 if f[name] >= ACC_BASE:
                     f[name] += da
                 else:

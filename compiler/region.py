@@ -14,19 +14,9 @@ from dataclasses import dataclass
 
 from npu.config import ACC_BASE, NpuConfig
 from npu.container import CancelPoint
-from npu.isa import Instr, IsaError, footprint, validate
+from npu.isa import ONCHIP_ADDR_FIELDS, Instr, IsaError, footprint, validate
 
 from .graph import CompileError
-
-#: the on-chip address fields of each opcode (lower._ADDR_FIELDS moves the same ones)
-_ADDR_FIELDS = {
-    "LOAD": ("spad",),
-    "STORE": ("spad",),
-    "MATMUL": ("a", "b", "c"),
-    "VMAP": ("src", "dst"),
-    "VADD": ("a", "b", "dst"),
-    "POOL": ("src", "dst"),
-}
 
 
 @dataclass(frozen=True)
@@ -137,7 +127,7 @@ def relocate(instrs: list[Instr], r: Regions) -> list[Instr]:
     """The program with every on-chip address moved from the region view's [0, size) to the regions."""
     out = []
     for ins in instrs:
-        names = _ADDR_FIELDS.get(ins.op.name)
+        names = ONCHIP_ADDR_FIELDS.get(ins.op)
         if names:
             f = dict(ins.fields)
             for name in names:

@@ -22,7 +22,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from npu.config import ACC_BASE, NpuConfig
-from npu.isa import FORMATS, HEADER_BITS, INSTR_BITS, MAX_SHIFT, UNIT_OF, ErrorCode, Opcode
+from npu.isa import FORMATS, HEADER_BITS, INSTR_BITS, LUT_BYTES, MAX_SHIFT, UNIT_OF, ErrorCode, Opcode
 
 from .common import view
 
@@ -42,7 +42,7 @@ def _level1(op, f) -> list[tuple]:
         return [(f.rows - 1, f.spad_stride), (f.rows - 1, f.dram_stride)]
     if op == Opcode.MATMUL:
         return [(f.m - 1, f.a_stride), (f.n - 1, f.b_stride), (f.m - 1, f.c_stride)]
-    if op == Opcode.VMAP:
+    if op in (Opcode.VMAP, Opcode.VLUT):
         return [(f.rows - 1, f.src_stride), (f.rows - 1, f.dst_stride)]
     if op == Opcode.POOL:
         return [(f.out_w - 1, f.sw), (f.out_h - 1, f.sh), (f.in_w, f.channels), (f.out_h, f.out_w)]
@@ -70,6 +70,8 @@ def _sums(op, f, p1, p2) -> list:
     if op == Opcode.VMAP:
         w = Mux(f.src_type, 4 * f.cols, f.cols)
         return [f.src + p1[0] + w, f.dst + p1[1] + f.cols, f.src + p1[0] + f.cols]
+    if op == Opcode.VLUT:
+        return [f.src + p1[0] + f.cols, f.dst + p1[1] + f.cols, f.table + LUT_BYTES]
     if op == Opcode.VADD:
         return [f.a + f.len, f.b + f.len, f.dst + f.len]
     if op == Opcode.POOL:
@@ -119,6 +121,9 @@ def _spans(op, f, e):
             ("onchip", *_extent(f.src, f.rows, w, e[0])),
             ("onchip", *_extent(f.dst, f.rows, f.cols, e[1])),
         ]
+    if op == Opcode.VLUT:
+        live = (f.rows != 0) & (f.cols != 0)
+        return [("onchip", live, f.src, e[0]), ("onchip", live, f.table, e[2]), ("onchip", live, f.dst, e[1])]
     if op == Opcode.VADD:
         ne = f.len != 0
         return [("onchip", ne, f.a, e[0]), ("onchip", ne, f.b, e[1]), ("onchip", ne, f.dst, e[2])]
@@ -147,7 +152,7 @@ def _required(op, f, e):
             (s[0] & ~f.src_type, s[1], s[2], "spad"),
             (*d, "spad"),
         ]
-    if op in (Opcode.VADD, Opcode.POOL):
+    if op in (Opcode.VADD, Opcode.POOL, Opcode.VLUT):
         return [(ne, st, en, "spad") for _, ne, st, en in _spans(op, f, e)]
     return []
 
@@ -162,6 +167,10 @@ def _overlaps(op, f, e):
         s = _extent(f.src, f.rows, f.cols, e[2])
         d = _extent(f.dst, f.rows, f.cols, e[1])
         return [~f.src_type & ~same & ov(s, d)]
+    if op == Opcode.VLUT:
+        same = (f.src == f.dst) & (f.src_stride == f.dst_stride)
+        live = (f.rows != 0) & (f.cols != 0)
+        return [~same & ov((live, f.src, e[0]), (live, f.dst, e[1]))]
     if op == Opcode.VADD:
         ne = f.len != 0
         d = (ne, f.dst, f.dst + f.len)

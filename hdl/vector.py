@@ -1,4 +1,5 @@
-"""Vector unit: VMAP (requantise/rescale/clamp), VADD and POOL on `vector_lanes` elements a cycle.
+"""Vector unit: VMAP (requantise/rescale/clamp), VADD, POOL and VLUT (a 256-entry int8 table) on
+`vector_lanes` elements a cycle.
 
 Operands are read as two consecutive words (scratchpad lane words, or accumulator words) so that any
 element-aligned group of lanes can be fetched at once; results are written as two lane words for the
@@ -17,16 +18,21 @@ The unit is a pipeline, so that no cycle holds more than one multiplier or one w
   S4  the rounding shift;
   S5  the output zero point and the clamp; the results are written (the scratchpad grants the
       vector unit's writes first, so they never wait and the pipeline never stalls after S0).
+
+VLUT first walks 256 / vector_lanes table steps through S0-S2 that copy its table into a small
+memory of the unit (one read port per lane), then its element steps look their bytes up in it at S2
+(the read is registered: the byte arrives at S3) and bypass the arithmetic.
 """
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Module, Mux, Signal, signed
+from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In
 
 from npu.config import NpuConfig
-from npu.isa import INSTR_BITS, Opcode
+from npu.isa import INSTR_BITS, LUT_BYTES, OFFSETS, Opcode
 
 from .common import exec_signature, log2, low_bytes_mask, min_, view, word_index
 from .spad import gather
@@ -35,6 +41,9 @@ from .spad import gather
 SETUP_CYCLES = 2
 WRITE_STAGE = 6
 AW = 22  # on-chip byte addresses (every checked instruction stays below ACC_BASE + acc_bytes)
+# VLUT's element loop reads VMAP's views of these fields: they sit at the same bits
+assert all(OFFSETS[Opcode.VLUT][f] == OFFSETS[Opcode.VMAP][f]
+           for f in ("src", "dst", "rows", "cols", "src_stride", "dst_stride"))  # fmt: skip
 
 
 def rsr(m: Module, v, shift, name: str):
@@ -82,7 +91,9 @@ class VectorUnit(wiring.Component):
         is_map = Signal()
         is_add = Signal()
         is_pool = Signal()
+        is_lut = Signal()
         m.d.comb += [
+            is_lut.eq(op == int(Opcode.VLUT)),
             is_map.eq(op == int(Opcode.VMAP)),
             is_add.eq(op == int(Opcode.VADD)),
             is_pool.eq(op == int(Opcode.POOL)),
@@ -111,6 +122,11 @@ class VectorUnit(wiring.Component):
             m.d.sync += setup.eq(setup - 1)
 
         # ---- S0: loop state and addresses of this step ----------------------------------------
+        t_steps = LUT_BYTES // VL
+        t_left = Signal(range(t_steps + 1))  # VLUT: table steps still to issue
+        t_src = Signal(AW)  # ... and the address of the next
+        in_table = Signal()
+        m.d.comb += in_table.eq(is_lut & (t_left != 0))
         i0 = Signal(17)  # VMAP row / POOL oy
         i1 = Signal(17)  # VMAP/VADD element offset (multiple of VL) / POOL ox
         i2 = Signal(17)  # POOL channel offset (multiple of VL)
@@ -135,7 +151,9 @@ class VectorUnit(wiring.Component):
         C = fp.channels
         tap_last = Signal()
         m.d.comb += tap_last.eq((ty + 1 >= fp.kh) & (tx + 1 >= fp.kw))
-        with m.If(is_map):
+        with m.If(in_table):
+            m.d.comb += [src.eq(t_src), n.eq(VL)]  # no write, never the last step
+        with m.Elif(is_map | is_lut):  # VLUT's element loop is VMAP's (int8 source)
             m.d.comb += [
                 src.eq(row_src + Mux(es32, i1 << 2, i1)),
                 dst.eq(row_dst + i1),
@@ -166,7 +184,7 @@ class VectorUnit(wiring.Component):
         empty = Signal()
         m.d.comb += empty.eq(
             Mux(
-                is_map,
+                is_map | is_lut,
                 (fm.rows == 0) | (fm.cols == 0),
                 Mux(is_add, fa.len == 0, (fp.channels == 0) | (fp.out_h == 0) | (fp.out_w == 0)),
             )
@@ -204,6 +222,7 @@ class VectorUnit(wiring.Component):
             "write": [write] + [Signal(name=f"write{s}") for s in range(1, S + 1)],
             "first_tap": [first_tap] + [Signal(name=f"first_tap{s}") for s in range(1, S + 1)],
             "dst": [dst] + [Signal.like(dst, name=f"dst{s}") for s in range(1, S + 1)],
+            "table": [in_table] + [Signal(name=f"table{s}") for s in range(1, S + 1)],
         }
         for s in range(1, S + 1):
             m.d.sync += valid[s].eq(valid[s - 1])
@@ -223,6 +242,17 @@ class VectorUnit(wiring.Component):
             b_bytes.eq(Cat(words[2], words[3]) >> (off_b * 8)),
             c_bytes.eq(Cat(words[4], words[5]) >> (off_c * 8)),
         ]
+
+        # ---- VLUT's table: written by the table steps at S2, read by the element steps at S2 ----
+        tw = log2(VL)
+        lut = m.submodules.lut = Memory(shape=unsigned(8 * VL), depth=t_steps, init=[])
+        t_wr = lut.write_port()
+        t_addr = Signal(range(t_steps))
+        m.d.comb += [t_wr.addr.eq(t_addr), t_wr.data.eq(a_bytes), t_wr.en.eq(valid[2] & ctl["table"][2])]
+        with m.If(t_wr.en):
+            m.d.sync += t_addr.eq(t_addr + 1)
+        with m.If(self.exec.go):
+            m.d.sync += t_addr.eq(0)
 
         # ---- S2..S5, per lane (S3b a stage of its own) --------------------------------------
         shift = Mux(is_map, fm.shift, Mux(is_add, fa.shift, fp.shift))
@@ -275,7 +305,20 @@ class VectorUnit(wiring.Component):
             pmax_w = pmax_d[-1]
             val = Signal(signed(69), name=f"val{l}")
             m.d.comb += val.eq(Mux(is_pool & ~fp.mode, pmax_w, shifted + zp_out))
-            results.append(clamp8(m, val, lo, hi, f"y{l}"))
+            # VLUT: the lane's byte (x + 128) picks a table word at S2 and its byte at S3
+            idx = Signal(8, name=f"idx{l}")
+            m.d.comb += idx.eq(xa8.as_unsigned() ^ 0x80)
+            rd = lut.read_port()
+            m.d.comb += rd.addr.eq(idx[tw:])
+            sel = Signal(max(1, tw), name=f"sel{l}")
+            m.d.sync += sel.eq(idx[:tw] if tw else 0)
+            looked = [Signal(signed(8), name=f"lut3_{l}")]
+            m.d.comb += looked[0].eq(rd.data.word_select(sel, 8) if tw else rd.data)
+            for k in range(3, S):
+                d = Signal(signed(8), name=f"lut{k + 1}_{l}")
+                m.d.sync += d.eq(looked[-1])
+                looked.append(d)
+            results.append(Mux(is_lut, looked[-1], clamp8(m, val, lo, hi, f"y{l}")))
 
         # S5 (cycle WRITE_STAGE after the operands): two-lane-word write of n bytes at dst
         n_w, dst_w = ctl["n"][S], ctl["dst"][S]
@@ -304,7 +347,9 @@ class VectorUnit(wiring.Component):
         m.d.comb += finished.eq(active & ((stepping & empty) | (valid[S] & ctl["last"][S])))
         m.d.comb += self.exec.done.eq(finished)
         with m.If(step_done & ~last):
-            with m.If(is_map):
+            with m.If(in_table):
+                m.d.sync += [t_left.eq(t_left - 1), t_src.eq(t_src + VL)]
+            with m.Elif(is_map | is_lut):
                 with m.If(i1 + VL >= fm.cols):
                     m.d.sync += [i1.eq(0), i0.eq(i0 + 1), row_src.eq(row_src + fm.src_stride),
                                  row_dst.eq(row_dst + fm.dst_stride)]  # fmt: skip
@@ -340,7 +385,10 @@ class VectorUnit(wiring.Component):
         with m.If(self.exec.go):
             nf = view(Opcode.VMAP, self.exec.instr)
             np_ = view(Opcode.POOL, self.exec.instr)
+            nl = view(Opcode.VLUT, self.exec.instr)
             m.d.sync += [
+                t_left.eq(Mux(self.exec.instr[:4] == int(Opcode.VLUT), t_steps, 0)),
+                t_src.eq(nl.table),
                 active.eq(1),
                 issuing.eq(1),
                 setup.eq(SETUP_CYCLES),

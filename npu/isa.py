@@ -43,6 +43,7 @@ class Opcode(enum.IntEnum, shape=4):
     BARRIER = 0x9
     SYNC = 0xA
     FENCE = 0xB
+    VLUT = 0xC
 
 
 class Unit(enum.IntEnum, shape=2):
@@ -175,6 +176,15 @@ FORMATS: dict[Opcode, tuple[Field, ...]] = {
         Field("src_type", 1, kind="enum", choices=("i8", "i32"), doc="source element type"),
         *_requant_fields(),
     ),
+    Opcode.VLUT: (
+        _addr("src", "int8 source in the scratchpad"),
+        _addr("dst", "int8 destination in the scratchpad"),
+        Field("rows", 16, doc="rows"),
+        Field("cols", 16, doc="elements per row"),
+        Field("src_stride", 20, doc="bytes between source rows"),
+        Field("dst_stride", 20, doc="bytes between destination rows"),
+        _addr("table", "256 int8 outputs in the scratchpad, for inputs -128..127 in order"),
+    ),
     Opcode.VADD: (
         _addr("a", "first int8 operand"),
         _addr("b", "second int8 operand"),
@@ -215,6 +225,7 @@ UNIT_OF: dict[Opcode, Unit | None] = {
     Opcode.MATMUL: Unit.MATRIX,
     Opcode.VMAP: Unit.VECTOR,
     Opcode.VADD: Unit.VECTOR,
+    Opcode.VLUT: Unit.VECTOR,
     Opcode.POOL: Unit.VECTOR,
     Opcode.SYNC: None,  # decided by its `unit` field
     Opcode.END: None,
@@ -238,6 +249,14 @@ def _offsets() -> dict[Opcode, dict[str, int]]:
 
 
 OFFSETS = _offsets()
+#: the on-chip address fields of each opcode (what moves when a program's buffers are relocated)
+ONCHIP_ADDR_FIELDS: dict[Opcode, tuple[str, ...]] = {
+    op: names
+    for op, fields in FORMATS.items()
+    if (names := tuple(f.name for f in fields if f.kind == "addr" and f.width == A))
+}
+#: bytes of a VLUT table: one int8 output per int8 input
+LUT_BYTES = 256
 FIELD_BY_NAME = {op: {f.name: f for f in fields} for op, fields in FORMATS.items()}
 
 
@@ -428,6 +447,11 @@ def footprint(i: Instr) -> tuple[list[Span], list[Span]]:
         es = 4 if f["src_type"] else 1
         r.append(("onchip", extent(f["src"], f["rows"], es * f["cols"], f["src_stride"])))
         w.append(("onchip", extent(f["dst"], f["rows"], f["cols"], f["dst_stride"])))
+    elif op == Opcode.VLUT:
+        if f["rows"] and f["cols"]:
+            r.append(("onchip", extent(f["src"], f["rows"], f["cols"], f["src_stride"])))
+            r.append(("onchip", (f["table"], f["table"] + LUT_BYTES)))
+            w.append(("onchip", extent(f["dst"], f["rows"], f["cols"], f["dst_stride"])))
     elif op == Opcode.VADD:
         n = f["len"]
         r.append(("onchip", (f["a"], f["a"] + n)))
@@ -561,7 +585,7 @@ def _required_memories(i: Instr):
             )
         )
         out.append((extent(f["dst"], f["rows"], f["cols"], f["dst_stride"]), "spad", "dst"))
-    elif op in (Opcode.VADD, Opcode.POOL):
+    elif op in (Opcode.VADD, Opcode.POOL, Opcode.VLUT):
         reads, writes = footprint(i)
         for s in reads + writes:
             out.append(((s.start, s.end), "spad", "operands"))
@@ -572,7 +596,7 @@ def _check_overlap(i: Instr) -> None:
     """A destination may not overlap a source unless it is the identical element-wise operand."""
     f = i.fields
     spans: list[tuple[tuple[int, int], tuple[int, int]]] = []
-    if i.op == Opcode.VMAP and f["src_type"] == 0:
+    if (i.op == Opcode.VMAP and f["src_type"] == 0) or i.op == Opcode.VLUT:
         if not (f["src"] == f["dst"] and f["src_stride"] == f["dst_stride"]):
             spans.append(
                 (

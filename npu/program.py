@@ -45,6 +45,11 @@ class _Hist:
     item: int  # index of the builder item (stable across passes); -1 for a SYNC
     signal: int = 0
 
+    def __post_init__(self) -> None:
+        # (space, start, end) tuples: the conflict scan compares them inline (its hot loop)
+        self.w = [(x.space, x.start, x.end) for x in self.writes]
+        self.rw = [(x.space, x.start, x.end) for x in self.reads] + self.w
+
 
 @dataclass
 class BuiltProgram:
@@ -197,14 +202,19 @@ class ProgramBuilder:
 
     @staticmethod
     def _latest_conflict(hist: list[_Hist], floor: int, reads: list[Span], writes: list[Span]) -> int:
+        """The latest entry after `floor` that writes what this reads or touches what this writes."""
+        ws = [(x.space, x.start, x.end) for x in writes]
+        rs = [(x.space, x.start, x.end) for x in reads]
         for j in range(len(hist) - 1, floor, -1):
             h = hist[j]
-            for w in writes:
-                if any(w.overlaps(x) for x in h.reads) or any(w.overlaps(x) for x in h.writes):
-                    return j
-            for r in reads:
-                if any(r.overlaps(x) for x in h.writes):
-                    return j
+            for sp, a, b in ws:
+                for s2, c, d in h.rw:
+                    if a < d and c < b and sp == s2:
+                        return j
+            for sp, a, b in rs:
+                for s2, c, d in h.w:
+                    if a < d and c < b and sp == s2:
+                        return j
         return -1
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from npu.config import ACC_BASE, NpuConfig
-from npu.isa import Instr, Opcode
+from npu.isa import LUT_BYTES, Instr, Opcode
 
 from .arith import cdiv
 
@@ -115,6 +115,9 @@ def duration(i: Instr, cfg: NpuConfig) -> int:
         return cfg.matrix_latency + max(1, steps)
     if op == Opcode.VMAP:
         return cfg.vector_latency + max(1, f["rows"] * cdiv(f["cols"], cfg.vector_lanes))
+    if op == Opcode.VLUT:  # the table's steps, then the elements'
+        steps = f["rows"] * cdiv(f["cols"], cfg.vector_lanes)
+        return cfg.vector_latency + (LUT_BYTES // cfg.vector_lanes + steps if steps else 1)  # as VMAP
     if op == Opcode.VADD:
         if cfg.spad_banked and f["len"]:
             return cfg.vector_latency + banked_vadd_steps(f, cfg)

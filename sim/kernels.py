@@ -10,7 +10,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from npu.config import ACC_BASE, NpuConfig
-from npu.isa import Instr, Opcode
+from npu.isa import LUT_BYTES, Instr, Opcode
 
 
 class OnChip:
@@ -118,6 +118,16 @@ def exec_vmap(chip: OnChip, f: dict) -> None:
     _put_rows(chip.spad, f["dst"], f["dst_stride"], y.view(np.uint8))
 
 
+def exec_vlut(chip: OnChip, f: dict) -> None:
+    rows, cols = f["rows"], f["cols"]
+    if rows == 0 or cols == 0:
+        return
+    table = chip.spad[f["table"] : f["table"] + LUT_BYTES].copy()  # read whole before any write
+    x = rows_view(chip.spad, f["src"], rows, cols, f["src_stride"])
+    y = table[x ^ np.uint8(0x80)]  # int8 x (its byte u) indexes entry x + 128 = u ^ 0x80
+    _put_rows(chip.spad, f["dst"], f["dst_stride"], y)
+
+
 def exec_vadd(chip: OnChip, f: dict) -> None:
     n = f["len"]
     if n == 0:
@@ -161,5 +171,7 @@ def execute(chip: OnChip, dram: np.ndarray, i: Instr) -> None:
         exec_vmap(chip, f)
     elif op == Opcode.VADD:
         exec_vadd(chip, f)
+    elif op == Opcode.VLUT:
+        exec_vlut(chip, f)
     elif op == Opcode.POOL:
         exec_pool(chip, f)

@@ -60,6 +60,7 @@ def random_program(cfg: NpuConfig, seed: int, n_instrs: int = 24, cp_prob: float
                 "vmap",
                 "vmap8",
                 "vadd",
+                "vlut",
                 "pool",
                 "store",
                 "store_acc",
@@ -167,6 +168,23 @@ def random_program(cfg: NpuConfig, seed: int, n_instrs: int = 24, cp_prob: float
                     zp_out=rng.randint(-128, 127),
                 )
             )
+        elif kind == "vlut":
+            # any int8 source (unwritten bytes are zeros) and table; in place or into another buffer
+            # (which may hold the table: the table is read whole before the first write)
+            if buf < 256 + 8:
+                continue
+            cols, rows = rng.randint(0, 40), rng.randint(0, 6)
+            ss = cols + rng.randint(0, 4)
+            rows = min(rows, (buf - 3) // max(ss, 1))
+            src = rng.choice(sp)
+            table = rng.choice(sp) + rng.randrange(0, buf - 255)
+            if rng.random() < 0.3:
+                src += rng.randint(0, 3)
+                dst, ds = src, ss
+            else:
+                dst, ds = rng.choice([x for x in sp if x != src]), cols
+            b.add(make("vlut", src=src, dst=dst, rows=rows, cols=cols, src_stride=ss, dst_stride=ds,
+                       table=table))  # fmt: skip
         elif kind == "pool":
             c = rng.randint(1, 8)
             kh, kw, sh, sw = rng.randint(1, 3), rng.randint(1, 3), rng.randint(1, 2), rng.randint(1, 2)

@@ -285,6 +285,22 @@ def directed_jobs(cfg: NpuConfig) -> list[RtlJob]:
             ],
         )
     )
+    # VLUT: every input value through a random table (both unaligned); in place, with the table
+    # overwritten by its own output (read whole first); empty
+    jobs.append(
+        _built(
+            cfg,
+            "vlut_all_values",
+            [
+                make("load", spad=0, dram=DATA, rows=1, cols=1024, spad_stride=1024, dram_stride=1024),
+                make("vlut", src=3, dst=700, rows=4, cols=64, src_stride=70, dst_stride=64, table=301),
+                make("vlut", src=5, dst=5, rows=3, cols=19, src_stride=21, dst_stride=21, table=600),
+                make("vlut", src=40, dst=610, rows=2, cols=33, src_stride=33, dst_stride=33, table=600),
+                make("vlut", src=0, dst=0, rows=0, cols=9, src_stride=9, dst_stride=9, table=0),
+                store_all(0, 1024),
+            ],
+        )
+    )
     jobs.append(
         _built(
             cfg,
@@ -409,6 +425,8 @@ def error_jobs(cfg: NpuConfig) -> list[RtlJob]:
         ),
         _raw("err_self_token", [ok, make("load", rows=1, cols=4, wait=[Unit.LOAD]), end]),
         _raw("err_lo_hi", [make("vmap", rows=1, cols=1, lo=3, hi=2), end]),
+        _raw("err_vlut_overlap", [make("vlut", src=0, dst=4, rows=1, cols=8, table=64), end]),
+        _raw("err_vlut_table_range", [make("vlut", rows=1, cols=8, dst=8, table=cfg.spad_bytes - 255), end]),
         _raw("err_misaligned", [ok, make("matmul", a=2, m=1, n=1, k=1, c=ACC_BASE), end]),
         _raw("err_spad_range", [ok, make("load", spad=cfg.spad_bytes - 2, rows=1, cols=4), end]),
         _raw("err_acc_wrong_mem", [make("matmul", m=1, n=1, k=8, c=0), end]),

@@ -1,7 +1,9 @@
 """Operator lowering, one module per family behind one registry (`registry.RULES`):
 
 * `gemm`: Gemm, MatMul;  `conv`: Conv;  `pool`: MaxPool, AveragePool, GlobalAveragePool;
-* `eltwise`: Relu, Clip, Add, Sum, Concat;  `view`: Flatten, Reshape (no data moved);
+* `eltwise`: Relu, Clip, Add, Sum, Concat, and (`lut`) every element-wise function of one
+  activation through a 256-entry table (Sigmoid, Tanh, HardSwish, SiLU, Mul by a scalar, ...);
+* `view`: Flatten, Reshape (no data moved);
 * `host`: every other standard operator, evaluated on the host by `onnx.reference`.
 
 `placement` decides where a node runs and `lower_node` lowers it there.
@@ -20,6 +22,7 @@ from ..graph import CompileError
 from ..region import memory_name
 from . import conv, eltwise, gemm, pool, view  # noqa: F401 - each registers its operators
 from .host import lower_host
+from .lut import is_absorbed
 from .registry import RULES
 
 if TYPE_CHECKING:
@@ -39,6 +42,8 @@ def placement(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
 
 
 def lower_node(ctx: Lowerer, n: onnx.NodeProto) -> None:
+    if is_absorbed(ctx, n):  # a step of a table function that later tables compute from its source
+        return
     reason = placement(ctx, n)
     if reason is not None:
         lower_host(ctx, n, reason)

@@ -1,5 +1,6 @@
 """Element-wise operators on the vector unit: Relu and Clip (a requantising clamp), Add/Sum of two
-activations, and Concat along channels (a copy with per-input rescale)."""
+activations (or a table function of one, `lut`), Concat along channels (a copy with per-input
+rescale), and every other element-wise function of one activation through a table (`lut`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from npu.timing import bank_stride
 from ..elementwise import add_program, concat_program, eltwise_program
 from ..graph import CompileError, node_attrs
 from ..quantize import add_multipliers, requant_params
+from . import lut
 from .registry import rule
 
 if TYPE_CHECKING:
@@ -67,8 +69,17 @@ def add_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
     return None
 
 
-@rule("Add", "Sum", check=add_check)
+def add_or_table_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
+    why = add_check(ctx, n)
+    return None if why is None or lut.check(ctx, n) is None else why
+
+
+@rule("Add", "Sum", check=add_or_table_check)
 def lower_add(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
+    """The sum of two activations of one shape (VADD), else a function of one (a table)."""
+    if add_check(ctx, n) is not None:
+        lut.lower(ctx, n, b)
+        return
     where = ctx.where(n)
     xa, xb = (ctx.act_in(i, n) for i in n.input if i)
     yq = ctx.q_out(n.output[0], n)
@@ -111,3 +122,6 @@ def lower_concat(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     y = ctx.place(yq, f"{ctx.where(n)} output", layout)
     concat_program(b, ctx.cfg, parts, y, pixels, ctx.step)
     ctx.op_done(n, b, yq.shape)
+
+
+rule(*sorted((lut.UNARY | lut.BINARY) - {"Relu", "Clip", "Identity", "Add"}), check=lut.check)(lut.lower)

@@ -70,3 +70,35 @@ def test_cleanup_folds_exported_idioms(tmp_path):
     assert [la.op for la in cm.lowered.layers] == ["Conv", "Reshape", "Gemm"]
     assert cm.lowered.layers[1].placement == "view"
     compare_int8(cm, x)
+
+
+def test_channel_affine_after_conv_folds_into_it():
+    """Batch normalisation exported as Mul and Add of per-channel constants, a bias kept apart
+    ([1, C, 1, 1]) and a scalar Div: one Conv, the same function. A constant minus the convolution
+    is not folded (it negates), nor is a constant that varies over pixels."""
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array(rng.normal(size=(6, 4, 3, 3)).astype(np.float32), "w")
+    gam = numpy_helper.from_array(rng.uniform(0.5, 2, (1, 6, 1, 1)).astype(np.float32), "gam")
+    bet = numpy_helper.from_array(rng.normal(size=(6, 1, 1)).astype(np.float32), "bet")
+    two = numpy_helper.from_array(np.array(2.0, np.float32), "two")
+    pix = numpy_helper.from_array(rng.normal(size=(1, 6, 6, 6)).astype(np.float32), "pix")
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Mul", ["c", "gam"], ["m"]),
+        helper.make_node("Add", ["bet", "m"], ["a"]),
+        helper.make_node("Div", ["a", "two"], ["d"]),
+        helper.make_node("Sub", ["two", "d"], ["s"]),  # not affine in the conv's direction: stays
+        helper.make_node("Conv", ["s", "w2"], ["c2"]),
+        helper.make_node("Add", ["c2", "pix"], ["y"]),  # per pixel: stays
+    ]
+    w2 = numpy_helper.from_array(rng.normal(size=(6, 6, 1, 1)).astype(np.float32), "w2")
+    g = helper.make_graph(
+        nodes, "affine", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 6, 6])], [w, gam, bet, two, pix, w2],
+    )  # fmt: skip
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    c = cleanup(m)
+    assert [n.op_type for n in c.graph.node] == ["Conv", "Sub", "Conv", "Add"]
+    x = rng.normal(size=(1, 4, 6, 6)).astype(np.float32)
+    assert np.allclose(ort_outputs(m, x)[0], ort_outputs(c, x)[0], atol=1e-4)
