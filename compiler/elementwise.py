@@ -102,6 +102,51 @@ def add_program(
         b.candidate()
 
 
+def mul_program(
+    b: ProgramBuilder,
+    cfg: NpuConfig,
+    a: int,
+    bb: int,
+    dst: int,
+    n: int,
+    params: dict,
+    unit: int,
+    row: int = 0,
+    pad_runs: tuple[tuple[int, int], ...] = (),
+    max_step: int = 0,
+) -> None:
+    """VMUL over n contiguous int8 elements of a and, with `row` = 0, as many of b; else b is one
+    row of `row` bytes multiplied into every `unit` bytes of a (a per-channel gate: the first `row`
+    bytes of each pixel). `pad_runs` (offset, width) of each unit are then set to the output zero
+    point (bytes the product does not cover)."""
+    t = round_up(row, cfg.lanes)
+    room = (cfg.spad_bytes - t) // 2 if row else cfg.spad_bytes // 4
+    chunk = max(unit, min(room, 0xFFFF * unit, _step_bytes(cfg, max_step)) // unit * unit)
+    if row:
+        b.add("load", spad=0, dram=bb, rows=1, cols=row, spad_stride=row, dram_stride=row)
+        bufs = [t, t + chunk]
+    for i, (off, c) in enumerate(_chunks(n, chunk)):
+        rows, cols = _rows(c, unit)
+        if row:
+            buf = bufs[i % 2]
+            b.add("load", spad=buf, dram=a + off, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols)
+            b.add("vmul", a=buf, b=0, dst=buf, rows=c // unit, cols=row, a_stride=unit, b_stride=0,
+                  dst_stride=unit, **params)  # fmt: skip
+        else:
+            buf = (i % 2) * 2 * chunk
+            for at, src in ((buf, a), (buf + chunk, bb)):
+                b.add("load", spad=at, dram=src + off, rows=rows, cols=cols, spad_stride=cols,
+                      dram_stride=cols)  # fmt: skip
+            b.add("vmul", a=buf, b=buf + chunk, dst=buf, rows=rows, cols=cols, a_stride=cols, b_stride=cols,
+                  dst_stride=cols, **params)  # fmt: skip
+        for start, width in pad_runs:
+            p = buf + start
+            b.add("vmap", src=p, dst=p, rows=c // unit, cols=width, src_stride=unit, dst_stride=unit,
+                  mult=0, zp_out=params["zp_out"])  # fmt: skip
+        b.add("store", spad=buf, dram=dst + off, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols)
+        b.candidate()
+
+
 def concat_program(
     b: ProgramBuilder,
     cfg: NpuConfig,

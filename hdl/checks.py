@@ -44,6 +44,8 @@ def _level1(op, f) -> list[tuple]:
         return [(f.m - 1, f.a_stride), (f.n - 1, f.b_stride), (f.m - 1, f.c_stride)]
     if op in (Opcode.VMAP, Opcode.VLUT):
         return [(f.rows - 1, f.src_stride), (f.rows - 1, f.dst_stride)]
+    if op == Opcode.VMUL:
+        return [(f.rows - 1, f.a_stride), (f.rows - 1, f.b_stride), (f.rows - 1, f.dst_stride)]
     if op == Opcode.POOL:
         return [(f.out_w - 1, f.sw), (f.out_h - 1, f.sh), (f.in_w, f.channels), (f.out_h, f.out_w)]
     return []
@@ -72,6 +74,8 @@ def _sums(op, f, p1, p2) -> list:
         return [f.src + p1[0] + w, f.dst + p1[1] + f.cols, f.src + p1[0] + f.cols]
     if op == Opcode.VLUT:
         return [f.src + p1[0] + f.cols, f.dst + p1[1] + f.cols, f.table + LUT_BYTES]
+    if op == Opcode.VMUL:
+        return [f.a + p1[0] + f.cols, f.b + p1[1] + f.cols, f.dst + p1[2] + f.cols]
     if op == Opcode.VADD:
         return [f.a + f.len, f.b + f.len, f.dst + f.len]
     if op == Opcode.POOL:
@@ -124,6 +128,9 @@ def _spans(op, f, e):
     if op == Opcode.VLUT:
         live = (f.rows != 0) & (f.cols != 0)
         return [("onchip", live, f.src, e[0]), ("onchip", live, f.table, e[2]), ("onchip", live, f.dst, e[1])]
+    if op == Opcode.VMUL:
+        live = (f.rows != 0) & (f.cols != 0)
+        return [("onchip", live, f.a, e[0]), ("onchip", live, f.b, e[1]), ("onchip", live, f.dst, e[2])]
     if op == Opcode.VADD:
         ne = f.len != 0
         return [("onchip", ne, f.a, e[0]), ("onchip", ne, f.b, e[1]), ("onchip", ne, f.dst, e[2])]
@@ -152,7 +159,7 @@ def _required(op, f, e):
             (s[0] & ~f.src_type, s[1], s[2], "spad"),
             (*d, "spad"),
         ]
-    if op in (Opcode.VADD, Opcode.POOL, Opcode.VLUT):
+    if op in (Opcode.VADD, Opcode.POOL, Opcode.VLUT, Opcode.VMUL):
         return [(ne, st, en, "spad") for _, ne, st, en in _spans(op, f, e)]
     return []
 
@@ -171,6 +178,13 @@ def _overlaps(op, f, e):
         same = (f.src == f.dst) & (f.src_stride == f.dst_stride)
         live = (f.rows != 0) & (f.cols != 0)
         return [~same & ov((live, f.src, e[0]), (live, f.dst, e[1]))]
+    if op == Opcode.VMUL:
+        live = (f.rows != 0) & (f.cols != 0)
+        d = (live, f.dst, e[2])
+        return [
+            ~((f.a == f.dst) & (f.a_stride == f.dst_stride)) & ov((live, f.a, e[0]), d),
+            ~((f.b == f.dst) & (f.b_stride == f.dst_stride)) & ov((live, f.b, e[1]), d),
+        ]
     if op == Opcode.VADD:
         ne = f.len != 0
         d = (ne, f.dst, f.dst + f.len)

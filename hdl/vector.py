@@ -1,5 +1,5 @@
-"""Vector unit: VMAP (requantise/rescale/clamp), VADD, POOL and VLUT (a 256-entry int8 table) on
-`vector_lanes` elements a cycle.
+"""Vector unit: VMAP (requantise/rescale/clamp), VADD, VMUL (product of two int8 tensors, one may be
+a broadcast row), POOL and VLUT (a 256-entry int8 table) on `vector_lanes` elements a cycle.
 
 Operands are read as two consecutive words (scratchpad lane words, or accumulator words) so that any
 element-aligned group of lanes can be fetched at once; results are written as two lane words for the
@@ -13,7 +13,8 @@ The unit is a pipeline, so that no cycle holds more than one multiplier or one w
   S0  walks the loops with address registers that advance by those steps (no multiplier), and asks
       the scratchpad for the step's operands until they are all granted;
   S1  the operand words arrive and are aligned to the lanes;
-  S2  zero points are subtracted, POOL accumulates its window;
+  S2  zero points are subtracted (VMUL: and the operands multiplied, 9 x 9 bits), POOL accumulates
+      its window;
   S3  partial products (no multiplier wider than 34 x 17 bits), S3b their sum;
   S4  the rounding shift;
   S5  the output zero point and the clamp; the results are written (the scratchpad grants the
@@ -44,6 +45,7 @@ AW = 22  # on-chip byte addresses (every checked instruction stays below ACC_BAS
 # VLUT's element loop reads VMAP's views of these fields: they sit at the same bits
 assert all(OFFSETS[Opcode.VLUT][f] == OFFSETS[Opcode.VMAP][f]
            for f in ("src", "dst", "rows", "cols", "src_stride", "dst_stride"))  # fmt: skip
+assert OFFSETS[Opcode.VMUL]["a"] == OFFSETS[Opcode.VMAP]["src"]  # the row register starts from either
 
 
 def rsr(m: Module, v, shift, name: str):
@@ -86,13 +88,16 @@ class VectorUnit(wiring.Component):
         fm = view(Opcode.VMAP, ins)
         fa = view(Opcode.VADD, ins)
         fp = view(Opcode.POOL, ins)
+        fv = view(Opcode.VMUL, ins)
         active = Signal()
         m.d.comb += self.exec.busy.eq(active)
         is_map = Signal()
         is_add = Signal()
         is_pool = Signal()
         is_lut = Signal()
+        is_mul = Signal()
         m.d.comb += [
+            is_mul.eq(op == int(Opcode.VMUL)),
             is_lut.eq(op == int(Opcode.VLUT)),
             is_map.eq(op == int(Opcode.VMAP)),
             is_add.eq(op == int(Opcode.VADD)),
@@ -115,7 +120,7 @@ class VectorUnit(wiring.Component):
                 ox_step.eq(fp.sw * fp.channels),
                 khkw.eq(fp.kh * fp.kw),
             ]
-            m.d.sync += mult.eq(Mux(is_map, fm.mult, fp.mult))
+            m.d.sync += mult.eq(Mux(is_map, fm.mult, Mux(is_mul, fv.mult, fp.mult)))
         with m.If(setup == SETUP_CYCLES - 1):  # second cycle: products of those
             m.d.sync += [oy_step.eq(fp.sh * row_c), kzp.eq(khkw * fp.zp_in)]
         with m.If(setup != 0):
@@ -134,6 +139,7 @@ class VectorUnit(wiring.Component):
         tx = Signal(8)
         # address registers: VMAP rows; POOL output row's first window, pixel's window, tap row, tap
         row_src = Signal(AW)
+        row_b = Signal(AW)  # VMUL's b row
         row_dst = Signal(AW)
         oy_src = Signal(AW)
         win_src = Signal(AW)
@@ -161,6 +167,15 @@ class VectorUnit(wiring.Component):
                 last.eq((i0 + 1 >= fm.rows) & (i1 + VL >= fm.cols)),
                 write.eq(1),
             ]
+        with m.Elif(is_mul):
+            m.d.comb += [
+                src.eq(row_src + i1),
+                src_b.eq(row_b + i1),
+                dst.eq(row_dst + i1),
+                n.eq(min_(VL, fv.cols - i1)),
+                last.eq((i0 + 1 >= fv.rows) & (i1 + VL >= fv.cols)),
+                write.eq(1),
+            ]
         with m.Elif(is_add):
             m.d.comb += [
                 src.eq(fa.a + i1),
@@ -186,7 +201,11 @@ class VectorUnit(wiring.Component):
             Mux(
                 is_map | is_lut,
                 (fm.rows == 0) | (fm.cols == 0),
-                Mux(is_add, fa.len == 0, (fp.channels == 0) | (fp.out_h == 0) | (fp.out_w == 0)),
+                Mux(
+                    is_mul,
+                    (fv.rows == 0) | (fv.cols == 0),
+                    Mux(is_add, fa.len == 0, (fp.channels == 0) | (fp.out_h == 0) | (fp.out_w == 0)),
+                ),
             )
         )
         # scratchpad operands: lane words g, g+1 (the second only when the group crosses into it)
@@ -200,7 +219,7 @@ class VectorUnit(wiring.Component):
         reads_c = Signal()
         m.d.comb += reads_c.eq(asking & es32)
         ports, need = [], []
-        for name, addr, asks in (("a", src, reads_a), ("b", src_b, reads_a & is_add)):
+        for name, addr, asks in (("a", src, reads_a), ("b", src_b, reads_a & (is_add | is_mul))):
             pa, pb = self.a_ports if name == "a" else self.b_ports
             m.d.comb += [pa.addr.eq(addr[ll:]), pb.addr.eq(addr[ll:] + 1)]
             ports += [pa, pb]
@@ -255,10 +274,11 @@ class VectorUnit(wiring.Component):
             m.d.sync += t_addr.eq(0)
 
         # ---- S2..S5, per lane (S3b a stage of its own) --------------------------------------
-        shift = Mux(is_map, fm.shift, Mux(is_add, fa.shift, fp.shift))
-        zp_out = Mux(is_map, fm.zp_out, Mux(is_add, fa.zp_out, fp.zp_out))
-        lo = Mux(is_map, fm.lo, Mux(is_add, fa.lo, fp.lo))
-        hi = Mux(is_map, fm.hi, Mux(is_add, fa.hi, fp.hi))
+        def pick(name: str):
+            return Mux(is_map, getattr(fm, name), Mux(is_add, getattr(fa, name),
+                       Mux(is_mul, getattr(fv, name), getattr(fp, name))))  # fmt: skip
+
+        shift, zp_out, lo, hi = pick("shift"), pick("zp_out"), pick("lo"), pick("hi")
         results = []
         for l in range(VL):
             xa8 = a_bytes[8 * l : 8 * l + 8].as_signed()
@@ -275,7 +295,13 @@ class VectorUnit(wiring.Component):
             with m.If(valid[2] & is_pool):
                 m.d.sync += [psum.eq(new_sum), pmax.eq(Mux(first | (xa8 > pmax), xa8, pmax))]
             m.d.sync += [
-                x.eq(Mux(is_map, Mux(fm.src_type, x32, xa8 - fm.zp_in), new_sum - kzp)),
+                x.eq(
+                    Mux(
+                        is_map,
+                        Mux(fm.src_type, x32, xa8 - fm.zp_in),
+                        Mux(is_mul, (xa8 - fv.zp_a) * (xb8 - fv.zp_b), new_sum - kzp),
+                    )
+                ),  # fmt: skip
                 xa.eq(xa8 - fa.zp_a),
                 xb.eq(xb8 - fa.zp_b),
             ]
@@ -349,6 +375,12 @@ class VectorUnit(wiring.Component):
         with m.If(step_done & ~last):
             with m.If(in_table):
                 m.d.sync += [t_left.eq(t_left - 1), t_src.eq(t_src + VL)]
+            with m.Elif(is_mul):
+                with m.If(i1 + VL >= fv.cols):
+                    m.d.sync += [i1.eq(0), i0.eq(i0 + 1), row_src.eq(row_src + fv.a_stride)]
+                    m.d.sync += [row_b.eq(row_b + fv.b_stride), row_dst.eq(row_dst + fv.dst_stride)]
+                with m.Else():
+                    m.d.sync += i1.eq(i1 + VL)
             with m.Elif(is_map | is_lut):
                 with m.If(i1 + VL >= fm.cols):
                     m.d.sync += [i1.eq(0), i0.eq(i0 + 1), row_src.eq(row_src + fm.src_stride),
@@ -386,6 +418,8 @@ class VectorUnit(wiring.Component):
             nf = view(Opcode.VMAP, self.exec.instr)
             np_ = view(Opcode.POOL, self.exec.instr)
             nl = view(Opcode.VLUT, self.exec.instr)
+            nv = view(Opcode.VMUL, self.exec.instr)
+            go_mul = self.exec.instr[:4] == int(Opcode.VMUL)
             m.d.sync += [
                 t_left.eq(Mux(self.exec.instr[:4] == int(Opcode.VLUT), t_steps, 0)),
                 t_src.eq(nl.table),
@@ -398,7 +432,8 @@ class VectorUnit(wiring.Component):
                 ty.eq(0),
                 tx.eq(0),
                 row_src.eq(nf.src),
-                row_dst.eq(nf.dst),
+                row_b.eq(nv.b),
+                row_dst.eq(Mux(go_mul, nv.dst, nf.dst)),
                 oy_src.eq(np_.src),
                 win_src.eq(np_.src),
                 tap_row.eq(np_.src),

@@ -44,6 +44,7 @@ class Opcode(enum.IntEnum, shape=4):
     SYNC = 0xA
     FENCE = 0xB
     VLUT = 0xC
+    VMUL = 0xD
 
 
 class Unit(enum.IntEnum, shape=2):
@@ -185,6 +186,23 @@ FORMATS: dict[Opcode, tuple[Field, ...]] = {
         Field("dst_stride", 20, doc="bytes between destination rows"),
         _addr("table", "256 int8 outputs in the scratchpad, for inputs -128..127 in order"),
     ),
+    Opcode.VMUL: (
+        _addr("a", "first int8 operand: rows x cols"),
+        _addr("b", "second int8 operand (b_stride 0: one row for every row of a)"),
+        _addr("dst", "int8 result"),
+        Field("rows", 16, doc="rows"),
+        Field("cols", 16, doc="elements per row"),
+        Field("a_stride", 20, doc="bytes between rows of a"),
+        Field("b_stride", 20, doc="bytes between rows of b (0: broadcast)"),
+        Field("dst_stride", 20, doc="bytes between rows of dst"),
+        Field("mult", 32, signed=True, default=1, doc="int32 multiplier of the product"),
+        Field("shift", 6, default=0, doc="rounding right shift, 0..62"),
+        Field("zp_a", 8, signed=True, doc="zero point of a"),
+        Field("zp_b", 8, signed=True, doc="zero point of b"),
+        Field("zp_out", 8, signed=True, doc="output zero point"),
+        Field("lo", 8, signed=True, default=-128, doc="clamp low bound"),
+        Field("hi", 8, signed=True, default=127, doc="clamp high bound"),
+    ),
     Opcode.VADD: (
         _addr("a", "first int8 operand"),
         _addr("b", "second int8 operand"),
@@ -226,6 +244,7 @@ UNIT_OF: dict[Opcode, Unit | None] = {
     Opcode.VMAP: Unit.VECTOR,
     Opcode.VADD: Unit.VECTOR,
     Opcode.VLUT: Unit.VECTOR,
+    Opcode.VMUL: Unit.VECTOR,
     Opcode.POOL: Unit.VECTOR,
     Opcode.SYNC: None,  # decided by its `unit` field
     Opcode.END: None,
@@ -452,6 +471,11 @@ def footprint(i: Instr) -> tuple[list[Span], list[Span]]:
             r.append(("onchip", extent(f["src"], f["rows"], f["cols"], f["src_stride"])))
             r.append(("onchip", (f["table"], f["table"] + LUT_BYTES)))
             w.append(("onchip", extent(f["dst"], f["rows"], f["cols"], f["dst_stride"])))
+    elif op == Opcode.VMUL:
+        if f["rows"] and f["cols"]:
+            r.append(("onchip", extent(f["a"], f["rows"], f["cols"], f["a_stride"])))
+            r.append(("onchip", extent(f["b"], f["rows"], f["cols"], f["b_stride"])))
+            w.append(("onchip", extent(f["dst"], f["rows"], f["cols"], f["dst_stride"])))
     elif op == Opcode.VADD:
         n = f["len"]
         r.append(("onchip", (f["a"], f["a"] + n)))
@@ -585,7 +609,7 @@ def _required_memories(i: Instr):
             )
         )
         out.append((extent(f["dst"], f["rows"], f["cols"], f["dst_stride"]), "spad", "dst"))
-    elif op in (Opcode.VADD, Opcode.POOL, Opcode.VLUT):
+    elif op in (Opcode.VADD, Opcode.POOL, Opcode.VLUT, Opcode.VMUL):
         reads, writes = footprint(i)
         for s in reads + writes:
             out.append(((s.start, s.end), "spad", "operands"))
@@ -604,6 +628,11 @@ def _check_overlap(i: Instr) -> None:
                     extent(f["dst"], f["rows"], f["cols"], f["dst_stride"]),
                 )
             )
+    elif i.op == Opcode.VMUL:
+        d = extent(f["dst"], f["rows"], f["cols"], f["dst_stride"])
+        for x in ("a", "b"):
+            if not (f[x] == f["dst"] and f[f"{x}_stride"] == f["dst_stride"]):
+                spans.append((extent(f[x], f["rows"], f["cols"], f[f"{x}_stride"]), d))
     elif i.op == Opcode.VADD:
         for x in ("a", "b"):
             if f[x] != f["dst"]:

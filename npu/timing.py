@@ -79,18 +79,23 @@ def banked_matmul_steps(f: dict, cfg: NpuConfig) -> int:
     return total
 
 
-def banked_vadd_steps(f: dict, cfg: NpuConfig) -> int:
-    """Cycles of a VADD's steps on a banked scratchpad: a step reads one or two lane words of each
-    operand and takes as many cycles as the most of them one bank serves."""
+def banked_vector_steps(
+    a: int, b: int, rows: int, cols: int, a_stride: int, b_stride: int, cfg: NpuConfig
+) -> int:
+    """Cycles of the steps of a two-operand vector instruction (VADD: one row; VMUL) on a banked
+    scratchpad: a step reads one or two lane words of each operand and takes as many cycles as the
+    most of them one bank serves."""
     VL, L = cfg.vector_lanes, cfg.lanes
-    steps = cdiv(f["len"], VL)
-    off = np.arange(steps) * VL
-    n = np.minimum(VL, f["len"] - off)
+    per_row = cdiv(cols, VL)
+    off = np.tile(np.arange(per_row) * VL, rows)
+    row = np.repeat(np.arange(rows), per_row)
+    n = np.minimum(VL, cols - off)
     words, valid = [], []
-    for base in (f["a"], f["b"]):
-        g = (base + off) // L
+    for base, stride in ((a, a_stride), (b, b_stride)):
+        addr = base + row * stride + off
+        g = addr // L
         words += [g, g + 1]
-        valid += [np.ones(steps, bool), (base + off) % L + n > L]
+        valid += [np.ones(len(off), bool), addr % L + n > L]
     return int(_most_per_bank(spad_bank(np.stack(words, 1), cfg), np.stack(valid, 1), cfg.spad_banks).sum())
 
 
@@ -118,9 +123,14 @@ def duration(i: Instr, cfg: NpuConfig) -> int:
     if op == Opcode.VLUT:  # the table's steps, then the elements'
         steps = f["rows"] * cdiv(f["cols"], cfg.vector_lanes)
         return cfg.vector_latency + (LUT_BYTES // cfg.vector_lanes + steps if steps else 1)  # as VMAP
+    if op == Opcode.VMUL:
+        if cfg.spad_banked and f["rows"] and f["cols"]:
+            rc = (f["rows"], f["cols"], f["a_stride"], f["b_stride"])
+            return cfg.vector_latency + banked_vector_steps(f["a"], f["b"], *rc, cfg)
+        return cfg.vector_latency + max(1, f["rows"] * cdiv(f["cols"], cfg.vector_lanes))
     if op == Opcode.VADD:
         if cfg.spad_banked and f["len"]:
-            return cfg.vector_latency + banked_vadd_steps(f, cfg)
+            return cfg.vector_latency + banked_vector_steps(f["a"], f["b"], 1, f["len"], 0, 0, cfg)
         return cfg.vector_latency + max(1, cdiv(f["len"], cfg.vector_lanes))
     if op == Opcode.POOL:
         steps = f["out_h"] * f["out_w"] * f["kh"] * f["kw"] * cdiv(f["channels"], cfg.vector_lanes)

@@ -128,6 +128,16 @@ def exec_vlut(chip: OnChip, f: dict) -> None:
     _put_rows(chip.spad, f["dst"], f["dst_stride"], y)
 
 
+def exec_vmul(chip: OnChip, f: dict) -> None:
+    rows, cols = f["rows"], f["cols"]
+    if rows == 0 or cols == 0:
+        return
+    a = rows_view(chip.spad, f["a"], rows, cols, f["a_stride"]).view(np.int8).astype(np.int64) - f["zp_a"]
+    b = rows_view(chip.spad, f["b"], rows, cols, f["b_stride"]).view(np.int8).astype(np.int64) - f["zp_b"]
+    y = requant(a * b, f["mult"], f["shift"], f["zp_out"], f["lo"], f["hi"])
+    _put_rows(chip.spad, f["dst"], f["dst_stride"], y.view(np.uint8))
+
+
 def exec_vadd(chip: OnChip, f: dict) -> None:
     n = f["len"]
     if n == 0:
@@ -173,5 +183,7 @@ def execute(chip: OnChip, dram: np.ndarray, i: Instr) -> None:
         exec_vadd(chip, f)
     elif op == Opcode.VLUT:
         exec_vlut(chip, f)
+    elif op == Opcode.VMUL:
+        exec_vmul(chip, f)
     elif op == Opcode.POOL:
         exec_pool(chip, f)

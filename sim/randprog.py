@@ -12,7 +12,7 @@ import numpy as np
 
 from npu.arith import round_up
 from npu.config import ACC_BASE, NpuConfig
-from npu.isa import make
+from npu.isa import IsaError, make, validate
 from npu.program import BuiltProgram, ProgramBuilder
 
 from .kernels import OnChip, execute
@@ -61,6 +61,7 @@ def random_program(cfg: NpuConfig, seed: int, n_instrs: int = 24, cp_prob: float
                 "vmap8",
                 "vadd",
                 "vlut",
+                "vmul",
                 "pool",
                 "store",
                 "store_acc",
@@ -185,6 +186,31 @@ def random_program(cfg: NpuConfig, seed: int, n_instrs: int = 24, cp_prob: float
                 dst, ds = rng.choice([x for x in sp if x != src]), cols
             b.add(make("vlut", src=src, dst=dst, rows=rows, cols=cols, src_stride=ss, dst_stride=ds,
                        table=table))  # fmt: skip
+        elif kind == "vmul":
+            # b a full tensor or one broadcast row; the result in place of a or of b, or apart
+            cols, rows = rng.randint(0, 40), rng.randint(0, 6)
+            sa, sb = cols + rng.randint(0, 4), rng.choice([0, cols + rng.randint(0, 4)])
+            rows = min(rows, (buf - 3) // max(sa, sb, 1))
+            a, bb = rng.choice(sp) + rng.randint(0, 3), rng.choice(sp) + rng.randint(0, 3)
+            mode = rng.random()
+            if mode < 0.25:
+                dst, ds = a, sa
+            elif mode < 0.4 and sb:
+                dst, ds = bb, sb
+            else:
+                free = [x for x in sp if x // buf not in (a // buf, bb // buf)]
+                if not free:
+                    continue
+                dst, ds = rng.choice(free), cols
+            zps = {k: rng.randint(-128, 127) for k in ("zp_a", "zp_b", "zp_out")}
+            ins = make("vmul", a=a, b=bb, dst=dst, rows=rows, cols=cols, a_stride=sa, b_stride=sb,
+                       dst_stride=ds, mult=rng.randint(-(2**31), 2**31 - 1), shift=rng.randint(0, 40),
+                       lo=rng.randint(-128, 0), hi=rng.randint(0, 127), **zps)  # fmt: skip
+            try:
+                validate(ins, cfg)
+            except IsaError:  # in place over one operand while the other shares its buffer
+                continue
+            b.add(ins)
         elif kind == "pool":
             c = rng.randint(1, 8)
             kh, kw, sh, sw = rng.randint(1, 3), rng.randint(1, 3), rng.randint(1, 2), rng.randint(1, 2)

@@ -285,6 +285,23 @@ def directed_jobs(cfg: NpuConfig) -> list[RtlJob]:
             ],
         )
     )
+    # VMUL: a broadcast row (squeeze-excite gating), a full second operand, in place, empty
+    jobs.append(
+        _built(
+            cfg,
+            "vmul_broadcast_full_inplace",
+            [
+                make("load", spad=0, dram=DATA, rows=1, cols=1024, spad_stride=1024, dram_stride=1024),
+                make("vmul", a=1, b=900, dst=1100, rows=5, cols=37, a_stride=40, b_stride=0, dst_stride=37,
+                     mult=1 << 20, shift=27, zp_a=-5, zp_b=100, zp_out=3),
+                make("vmul", a=300, b=503, dst=300, rows=4, cols=45, a_stride=50, b_stride=50, dst_stride=50,
+                     mult=-(1 << 30) - 7, shift=36, zp_a=127, zp_b=-128, zp_out=-2, lo=-100, hi=90),
+                make("vmul", a=0, b=0, dst=0, rows=3, cols=0, a_stride=9, b_stride=9, dst_stride=9),
+                store_all(0, 1024),
+                store_all(1024, 512, OUT + 1024),
+            ],
+        )
+    )
     # VLUT: every input value through a random table (both unaligned); in place, with the table
     # overwritten by its own output (read whole first); empty
     jobs.append(
@@ -425,6 +442,7 @@ def error_jobs(cfg: NpuConfig) -> list[RtlJob]:
         ),
         _raw("err_self_token", [ok, make("load", rows=1, cols=4, wait=[Unit.LOAD]), end]),
         _raw("err_lo_hi", [make("vmap", rows=1, cols=1, lo=3, hi=2), end]),
+        _raw("err_vmul_overlap", [make("vmul", b=64, dst=66, rows=2, cols=8, a_stride=8, dst_stride=8), end]),
         _raw("err_vlut_overlap", [make("vlut", src=0, dst=4, rows=1, cols=8, table=64), end]),
         _raw("err_vlut_table_range", [make("vlut", rows=1, cols=8, dst=8, table=cfg.spad_bytes - 255), end]),
         _raw("err_misaligned", [ok, make("matmul", a=2, m=1, n=1, k=1, c=ACC_BASE), end]),

@@ -1,6 +1,7 @@
 """Element-wise operators on the vector unit: Relu and Clip (a requantising clamp), Add/Sum of two
 activations (or a table function of one, `lut`), Concat along channels (a copy with per-input
-rescale), and every other element-wise function of one activation through a table (`lut`)."""
+rescale), Mul of two activations (VMUL: same shape, or a per-channel gate), and every other
+element-wise function of one activation through a table (`lut`)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from npu.program import ProgramBuilder
 from npu.tensors import Layout
 from npu.timing import bank_stride
 
-from ..elementwise import add_program, concat_program, eltwise_program
+from ..elementwise import add_program, concat_program, eltwise_program, mul_program
 from ..graph import CompileError, node_attrs
-from ..quantize import add_multipliers, requant_params
+from ..quantize import add_multipliers, quant_multiplier, requant_params
 from . import lut
 from .registry import rule
 
@@ -92,6 +93,57 @@ def lower_add(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     ctx.op_done(n, b, yq.shape)
 
 
+def _mul_operands(ctx: Lowerer, n: onnx.NodeProto):
+    """(a, b, row, pad_runs) of a product of two activations the vector unit runs, else why not:
+    the same layout (row 0), or b one value per channel of a (a gate: [1, C, 1, 1] against
+    [1, C, H, W], or [1, C] against [R, C]), multiplied into each pixel's first `row` bytes."""
+    ins = [i for i in n.input if i]
+    if len(ins) != 2 or any(ctx.src_kind(i) != "act" for i in ins):
+        return "only a product of two activations (or a function of one) runs on the NPU"
+    xa, xb = (ctx.act_in(i, n) for i in ins)
+    if xa.layout == xb.layout:
+        return xa, xb, 0, ()
+    if xa.nbytes < xb.nbytes:
+        xa, xb = xb, xa
+    la, lb = xa.layout, xb.layout
+    sa, sb = xa.q.shape, xb.q.shape
+    if la.kind == "hwc" and len(sb) == 4 and sb[0] == sa[0] == 1 and sb[1] == sa[1] and sb[2:] == (1, 1):
+        if lb.kind == "hwc" and lb.cp == la.cp and lb.chan == la.chan:
+            return xa, xb, la.cp, ()
+        c = sa[1]
+        if lb.kind == "dense" and la.chan == tuple(range(c)):
+            return xa, xb, c, ((c, la.cp - c),) if la.cp > c else ()
+    if la.kind == lb.kind == "dense" and len(sa) == len(sb) == 2 and sb == (1, sa[1]):
+        return xa, xb, sa[1], ()
+    return f"a product of shapes {list(sa)} and {list(sb)} that is not a per-channel gate"
+
+
+def mul_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
+    if lut.check(ctx, n) is None:
+        return None
+    r = _mul_operands(ctx, n)
+    return r if isinstance(r, str) else None
+
+
+@rule("Mul", check=mul_check)
+def lower_mul(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
+    """A function of one activation (a table, `lut`), else a product of two (VMUL)."""
+    if lut.check(ctx, n) is None:
+        lut.lower(ctx, n, b)
+        return
+    xa, xb, row, pad_runs = _mul_operands(ctx, n)
+    yq = ctx.q_out(n.output[0], n)
+    y = ctx.place(yq, f"{ctx.where(n)} output", xa.layout)
+    mult, shift = quant_multiplier(xa.q.scale * xb.q.scale / yq.scale, ctx.where(n))
+    params = dict(mult=mult, shift=shift, zp_a=xa.q.zero_point, zp_b=xb.q.zero_point, zp_out=yq.zero_point)
+    if not row:
+        unit = _unit(xa.layout)
+    else:
+        unit = xa.layout.cp if xa.layout.kind == "hwc" else row
+    mul_program(b, ctx.cfg, xa.addr, xb.addr, y.addr, xa.nbytes, params, unit, row, pad_runs, ctx.step)
+    ctx.op_done(n, b, yq.shape)
+
+
 def concat_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
     ins = [ctx.act_in(i, n) for i in n.input]
     rank = len(ins[0].q.shape)
@@ -124,4 +176,5 @@ def lower_concat(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     ctx.op_done(n, b, yq.shape)
 
 
-rule(*sorted((lut.UNARY | lut.BINARY) - {"Relu", "Clip", "Identity", "Add"}), check=lut.check)(lut.lower)
+_OWN = {"Relu", "Clip", "Identity", "Add", "Mul"}  # rules above (or cleanup's) that try a table themselves
+rule(*sorted((lut.UNARY | lut.BINARY) - _OWN), check=lut.check)(lut.lower)
