@@ -24,6 +24,7 @@ from .graph import CompileError
 from .load import is_qdq, load
 from .lower import DramFull, lower
 from .order import OBJECTIVES, SearchResult, search_order
+from .placement import Placement, placement
 from .points import PointPolicy
 from .quantize import check_calibration, per_channel_choice, quantize_float_model
 from .region import Regions
@@ -47,6 +48,11 @@ class CompiledModel:
     @property
     def program(self) -> bytes:
         return encode_program(self.lowered.program)
+
+    @property
+    def placement(self) -> Placement:
+        """Operators and MACs of the quantised graph on the NPU and on the host."""
+        return placement(self.qdq, self.lowered.layers)
 
     @property
     def dram_plan(self) -> DramPlan:
@@ -168,6 +174,8 @@ class CompiledModel:
             *(f"front end: {note}" for note in self.frontend),
             f"operators: {n_npu} on the NPU, {n_host} on the host, "
             f"{sum(la.placement == 'view' for la in low.layers)} views (no data moved)",
+            self.placement.describe() + " (ONNX operators of the quantised graph; steps of a table "
+            "function count as NPU work)",
             f"segments: {len(low.segments)} (" + ", ".join(s.kind for s in low.segments) + ")",
             *self._order_report(),
             *self._points_report(),
@@ -202,6 +210,7 @@ def compile_onnx(
     order_objective: str = "cycles",
     dram_plan: str | None = None,
     weight_scales: str = "auto",
+    calib_method: str = "minmax",
 ) -> CompiledModel:
     """Compile an ONNX model. `order`: "search" (key-node partitioned order search with the golden
     model's timing, at most `order_budget_s` seconds) or "default" (the ONNX order). `granularity`:
@@ -217,7 +226,9 @@ def compile_onnx(
     `granularity="segment"` and "bump" for "operator" (the operator graph on the RTL SoC hung with
     a shared arena: docs/compiler.md). `weight_scales`: how a float model's weights are quantised,
     "per-channel", "per-tensor" or "auto" (per channel when a per-tensor scale would leave some
-    channel 1/8 of the int8 range or less, compiler/quantize.py); a QDQ model keeps its own."""
+    channel 1/8 of the int8 range or less, compiler/quantize.py); a QDQ model keeps its own.
+    `calib_method`: how activation ranges come from the calibration inputs, "minmax", "percentile"
+    or "entropy" (onnxruntime's calibrators)."""
     if dram_plan is None:
         dram_plan = "arena" if granularity == "segment" else "bump"
     if order not in ("search", "default"):
@@ -240,7 +251,9 @@ def compile_onnx(
             calib = check_calibration(calib, name, list(shape), str(path)).transpose(0, 3, 1, 2)
         model = cleanup(model)
         per_channel = per_channel_choice(model, weight_scales, str(path))
-        model = quantize_float_model(model, calib, str(path), per_channel=per_channel)
+        model = quantize_float_model(
+            model, calib, str(path), per_channel=per_channel, calib_method=calib_method
+        )
     plan_cfg = region.view(cfg, regions) if regions else cfg  # the passes plan inside the regions
     try:
         lowering = lower(

@@ -27,6 +27,10 @@ def load(path: str | Path, input_shapes: Mapping[str, Sequence[int]] | None = No
     except onnx.checker.ValidationError as e:
         raise CompileError(f"{p}: invalid ONNX model: {str(e).splitlines()[0]}") from None
     check_supported(model, str(p))
+    taken = {n.name for n in model.graph.node}
+    for i, n in enumerate(model.graph.node):  # the report and errors name every node
+        if not n.name:
+            n.name = next(x for x in (f"{n.op_type}#{i}", f"{n.op_type}#{i}_") if x not in taken)
     prepared = prepare(model, str(p), input_shapes)
     check_sizes(prepared.model, str(p))
     return prepared

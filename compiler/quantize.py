@@ -207,12 +207,33 @@ def per_channel_choice(model: onnx.ModelProto, weight_scales: str, source: str) 
     return narrowest_channel(model) <= AUTO_CHANNEL_RANGE
 
 
+#: `--calib-method`: how onnxruntime's calibrator picks each activation's range
+CALIB_METHODS = ("minmax", "percentile", "entropy")
+
+
 def quantize_float_model(
-    model: onnx.ModelProto, calib: np.ndarray, source: str = "model", per_channel: bool = False
+    model: onnx.ModelProto,
+    calib: np.ndarray,
+    source: str = "model",
+    per_channel: bool = False,
+    calib_method: str = "minmax",
 ) -> onnx.ModelProto:
     """Static QDQ int8 quantisation of a float model with onnxruntime, from calibration inputs;
-    weights get one scale per output channel (`per_channel`) or one per tensor."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    weights get one scale per output channel (`per_channel`) or one per tensor; activation ranges
+    from `calib_method`: the extremes seen (minmax), the 99.999th percentile of magnitudes
+    (percentile) or the range that keeps the histogram's entropy (entropy)."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    methods = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile,
+               "entropy": CalibrationMethod.Entropy}  # fmt: skip
+    if calib_method not in methods:
+        raise CompileError(f"calib_method must be one of {', '.join(CALIB_METHODS)}, not {calib_method!r}")
 
     g = Graph(model, source)
     if len(g.inputs) != 1:
@@ -243,6 +264,7 @@ def quantize_float_model(
             Reader(),
             quant_format=QuantFormat.QDQ,
             per_channel=per_channel,
+            calibrate_method=methods[calib_method],
             activation_type=QuantType.QInt8,
             weight_type=QuantType.QInt8,
             extra_options={"WeightSymmetric": True, "ActivationSymmetric": False},

@@ -54,6 +54,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(default: per channel when one scale would leave some channel 1/8 of the int8 range or less)",
     )
     p.add_argument(
+        "--calib-method",
+        choices=["minmax", "percentile", "entropy"],
+        default="minmax",
+        help="how a float model's activation ranges come from the calibration inputs (onnxruntime's "
+        "calibrators): the extremes seen (default), the 99.999th percentile, or entropy",
+    )
+    p.add_argument(
         "--order-budget",
         type=positive_float,
         default=10.0,
@@ -153,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
             order_budget_s=args.order_budget,
             order_objective=args.order_objective,
             weight_scales=args.weight_scales,
+            calib_method=args.calib_method,
             cp_interval=args.cp_interval,
             cp_max_live=args.cp_max_live,
             granularity=args.granularity,

@@ -1,0 +1,82 @@
+"""Where a compiled model's work runs: operators and multiply-accumulates on the NPU and on the host
+(the report's placement summary and the real-model test set's figures)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from npu.container import Layer
+
+from .graph import Graph
+
+#: operators that multiply and accumulate (the rest count as no MACs)
+MAC_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+
+def node_macs(g: Graph, n: onnx.NodeProto) -> int:
+    """Multiply-accumulates of one node from its static shapes (0 where unknown or not a MAC op)."""
+    shapes = g.static_shapes()
+    out = shapes.get(n.output[0]) if n.output else None
+    if n.op_type not in MAC_OPS or out is None:
+        return 0
+    w = g.consts[n.input[1]].shape if n.input[1] in g.consts else shapes.get(n.input[1])
+    if n.input[1] not in g.consts:  # the weights are the output of a DequantizeLinear
+        p = g.producers.get(n.input[1])
+        if p is not None and p.op_type == "DequantizeLinear" and p.input[0] in g.consts:
+            w = g.consts[p.input[0]].shape
+    if w is None:
+        return 0
+    if n.op_type in ("Conv", "ConvTranspose"):  # each output element: Cin/group * kernel taps
+        taps = int(np.prod(w[1:]))
+        if n.op_type == "ConvTranspose":  # each input element scatters over Cout/group * taps
+            return int(np.prod(shapes.get(n.input[0], out))) * int(w[1]) * int(np.prod(w[2:]))
+        return int(np.prod(out)) * taps
+    a = shapes.get(n.input[0])
+    k = a[-1] if a else w[0]
+    if n.op_type == "Gemm" and a and any(x.name == "transA" and x.i for x in n.attribute):
+        k = a[0]
+    return int(np.prod(out)) * int(k)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Operators (absorbed table steps count as NPU work) and MACs by where they run."""
+
+    nodes_npu: int
+    nodes_host: int
+    macs_npu: int
+    macs_host: int
+
+    @property
+    def node_share(self) -> float:
+        return self.nodes_npu / max(1, self.nodes_npu + self.nodes_host)
+
+    @property
+    def mac_share(self) -> float:
+        total = self.macs_npu + self.macs_host
+        return self.macs_npu / total if total else 1.0
+
+    def describe(self) -> str:
+        return (
+            f"placement: {self.nodes_npu} of {self.nodes_npu + self.nodes_host} operators "
+            f"({100 * self.node_share:.1f} %) and {self.macs_npu:,} of {self.macs_npu + self.macs_host:,} "
+            f"MACs ({100 * self.mac_share:.1f} %) on the NPU"
+        )
+
+
+def placement(qdq: onnx.ModelProto, layers: list[Layer]) -> Placement:
+    """The quantised graph's operators (QuantizeLinear/DequantizeLinear left out) by placement:
+    host if a host step runs them, else NPU (views and absorbed table steps included)."""
+    g = Graph(qdq)
+    host = {la.node for la in layers if la.placement == "host"}
+    counts = {"npu": [0, 0], "host": [0, 0]}
+    for n in g.nodes:
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        c = counts["host" if n.name in host else "npu"]
+        c[0] += 1
+        c[1] += node_macs(g, n)
+    return Placement(counts["npu"][0], counts["host"][0], counts["npu"][1], counts["host"][1])

