@@ -30,11 +30,25 @@ def _rows(c: int, width: int) -> tuple[int, int]:
     return (c // width, width) if c > 0xFFFF else (1, c)
 
 
+def _chunk(cfg: NpuConfig, unit: int, room: int, max_step: int) -> int:
+    """Bytes per chunk: whole units, at most `room` and a DMA row's 65535 units."""
+    return max(unit, min(room, 0xFFFF * unit, _step_bytes(cfg, max_step)) // unit * unit)
+
+
+def _reset_padding(b: ProgramBuilder, buf: int, c: int, unit: int, pad_runs, zp_out: int) -> None:
+    """Set the (offset, width) runs of each `unit` bytes of a chunk to the output zero point (the
+    channel padding's value, elementwise.py's invariant)."""
+    for start, width in pad_runs:
+        p = buf + start
+        b.add("vmap", src=p, dst=p, rows=c // unit, cols=width, src_stride=unit, dst_stride=unit,
+              mult=0, zp_out=zp_out)  # fmt: skip
+
+
 def eltwise_program(
     b: ProgramBuilder, cfg: NpuConfig, src: int, dst: int, n: int, params: dict, unit: int, max_step: int = 0
 ) -> None:
     """An int8 VMAP over n contiguous bytes (`unit` divides n and every chunk)."""
-    chunk = max(unit, min(cfg.spad_bytes // 2, 0xFFFF * unit, _step_bytes(cfg, max_step)) // unit * unit)
+    chunk = _chunk(cfg, unit, cfg.spad_bytes // 2, max_step)
     bufs = [0, chunk]
     for i, (off, c) in enumerate(_chunks(n, chunk)):
         buf = bufs[i % 2]
@@ -60,8 +74,7 @@ def lut_program(
     """A VLUT over n contiguous bytes with the 256-byte table at DRAM `table` (loaded once); the
     channel-padding runs (offset, width) of each `unit` are then set to the output zero point."""
     t = round_up(LUT_BYTES, cfg.lanes)
-    room = (cfg.spad_bytes - t) // 2
-    chunk = max(unit, min(room, 0xFFFF * unit, _step_bytes(cfg, max_step)) // unit * unit)
+    chunk = _chunk(cfg, unit, (cfg.spad_bytes - t) // 2, max_step)
     b.add("load", spad=0, dram=table, rows=1, cols=LUT_BYTES, spad_stride=LUT_BYTES, dram_stride=LUT_BYTES)
     bufs = [t, t + chunk]
     for i, (off, c) in enumerate(_chunks(n, chunk)):
@@ -69,10 +82,7 @@ def lut_program(
         rows, cols = _rows(c, unit)
         b.add("load", spad=buf, dram=src + off, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols)
         b.add("vlut", src=buf, dst=buf, rows=rows, cols=cols, src_stride=cols, dst_stride=cols, table=0)
-        for start, width in pad_runs:
-            p = buf + start
-            b.add("vmap", src=p, dst=p, rows=c // unit, cols=width, src_stride=unit, dst_stride=unit,
-                  mult=0, zp_out=zp_out)  # fmt: skip
+        _reset_padding(b, buf, c, unit, pad_runs, zp_out)
         b.add("store", spad=buf, dram=dst + off, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols)
         b.candidate()
 
@@ -89,7 +99,7 @@ def add_program(
     max_step: int = 0,
 ) -> None:
     """VADD over n contiguous int8 elements of two tensors."""
-    chunk = max(unit, min(cfg.spad_bytes // 4, 0xFFFF * unit, _step_bytes(cfg, max_step)) // unit * unit)
+    chunk = _chunk(cfg, unit, cfg.spad_bytes // 4, max_step)
     for i, (off, c) in enumerate(_chunks(n, chunk)):
         base = (i % 2) * 2 * chunk
         rows, cols = _rows(c, unit)
@@ -120,8 +130,7 @@ def mul_program(
     bytes of each pixel). `pad_runs` (offset, width) of each unit are then set to the output zero
     point (bytes the product does not cover)."""
     t = round_up(row, cfg.lanes)
-    room = (cfg.spad_bytes - t) // 2 if row else cfg.spad_bytes // 4
-    chunk = max(unit, min(room, 0xFFFF * unit, _step_bytes(cfg, max_step)) // unit * unit)
+    chunk = _chunk(cfg, unit, (cfg.spad_bytes - t) // 2 if row else cfg.spad_bytes // 4, max_step)
     if row:
         b.add("load", spad=0, dram=bb, rows=1, cols=row, spad_stride=row, dram_stride=row)
         bufs = [t, t + chunk]
@@ -139,10 +148,7 @@ def mul_program(
                       dram_stride=cols)  # fmt: skip
             b.add("vmul", a=buf, b=buf + chunk, dst=buf, rows=rows, cols=cols, a_stride=cols, b_stride=cols,
                   dst_stride=cols, **params)  # fmt: skip
-        for start, width in pad_runs:
-            p = buf + start
-            b.add("vmap", src=p, dst=p, rows=c // unit, cols=width, src_stride=unit, dst_stride=unit,
-                  mult=0, zp_out=params["zp_out"])  # fmt: skip
+        _reset_padding(b, buf, c, unit, pad_runs, params["zp_out"])
         b.add("store", spad=buf, dram=dst + off, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols)
         b.candidate()
 

@@ -126,6 +126,15 @@ def _requant_fields(zp_in: str = "zp_in") -> list[Field]:
     ]
 
 
+def _rows_fields(*operands: str) -> list[Field]:
+    """rows, cols and a row stride per operand: an element-wise instruction's 2-D walk."""
+    return [
+        Field("rows", 16, doc="rows"),
+        Field("cols", 16, doc="elements per row"),
+        *(Field(f"{o}_stride", 20, doc=f"bytes between rows of {o}") for o in operands),
+    ]
+
+
 FORMATS: dict[Opcode, tuple[Field, ...]] = {
     Opcode.END: (),
     Opcode.BARRIER: (),
@@ -170,31 +179,21 @@ FORMATS: dict[Opcode, tuple[Field, ...]] = {
     Opcode.VMAP: (
         _addr("src", "source: int8 in the scratchpad or int32 in the accumulators"),
         _addr("dst", "destination int8 in the scratchpad"),
-        Field("rows", 16, doc="rows"),
-        Field("cols", 16, doc="elements per row"),
-        Field("src_stride", 20, doc="bytes between source rows"),
-        Field("dst_stride", 20, doc="bytes between destination rows"),
+        *_rows_fields("src", "dst"),
         Field("src_type", 1, kind="enum", choices=("i8", "i32"), doc="source element type"),
         *_requant_fields(),
     ),
     Opcode.VLUT: (
         _addr("src", "int8 source in the scratchpad"),
         _addr("dst", "int8 destination in the scratchpad"),
-        Field("rows", 16, doc="rows"),
-        Field("cols", 16, doc="elements per row"),
-        Field("src_stride", 20, doc="bytes between source rows"),
-        Field("dst_stride", 20, doc="bytes between destination rows"),
+        *_rows_fields("src", "dst"),
         _addr("table", "256 int8 outputs in the scratchpad, for inputs -128..127 in order"),
     ),
     Opcode.VMUL: (
         _addr("a", "first int8 operand: rows x cols"),
         _addr("b", "second int8 operand (b_stride 0: one row for every row of a)"),
         _addr("dst", "int8 result"),
-        Field("rows", 16, doc="rows"),
-        Field("cols", 16, doc="elements per row"),
-        Field("a_stride", 20, doc="bytes between rows of a"),
-        Field("b_stride", 20, doc="bytes between rows of b (0: broadcast)"),
-        Field("dst_stride", 20, doc="bytes between rows of dst"),
+        *_rows_fields("a", "b", "dst"),  # b_stride 0: b is one row, broadcast
         Field("mult", 32, signed=True, default=1, doc="int32 multiplier of the product"),
         Field("shift", 6, default=0, doc="rounding right shift, 0..62"),
         Field("zp_a", 8, signed=True, doc="zero point of a"),
