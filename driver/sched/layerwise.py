@@ -49,7 +49,7 @@ class Layer:
     index: int  # segment index in the manifest
     program: bytes  # its instructions (END dropped), relocated
     dma: int  # cycles of its LOAD/STORE instructions
-    compute: int  # cycles of its MATMUL/VMAP/VADD/POOL instructions
+    compute: int  # cycles of its matrix and vector instructions
     footprint: int  # on-chip bytes it uses
 
 
