@@ -25,6 +25,7 @@ from npu.timing import bank_stride
 from .dram import Buffer
 from .graph import CompileError, Graph
 from .points import SPILL_POINTS, PointPolicy
+from .programs import per_column_table
 from .quantize import Act, QTensor
 from .spatial import channel_align
 
@@ -251,6 +252,18 @@ class Lowerer:
         if np.any(np.abs(np.asarray(s[2], np.float64) - want) > 1e-3 * want):
             raise CompileError(f"{self.where(n)}: bias scale is not input scale x weight scale")
         return s[1].astype(np.int64).reshape(-1)
+
+    def per_column(self, b: ProgramBuilder, rq: dict, where: str) -> tuple[NpuConfig, dict]:
+        """Per-channel requantisation through a table (programs.per_column_table): its LOAD into
+        the top of the scratchpad, the configuration to plan the operator with and `rq` naming the
+        table. Unchanged when one pair serves every channel (or the scratchpad is banked)."""
+        plan_cfg, pc, data = per_column_table(self.cfg, rq["mult"], rq["shift"])
+        if pc is None:
+            return self.cfg, rq
+        addr = self.const(data, f"{where} requantisation table")
+        n = len(data)
+        b.add("load", spad=pc.base, dram=addr, rows=1, cols=n, spad_stride=n, dram_stride=n)
+        return plan_cfg, {**rq, "per_col": pc}
 
     # -- writing ----------------------------------------------------------------------------------
     def place(self, q: QTensor, what: str, layout: Layout | None = None) -> Act:

@@ -13,6 +13,7 @@ import numpy as np
 
 from npu.arith import round_up
 from npu.config import ACC_BASE, NpuConfig
+from npu.isa import PER_COL_MAX
 from npu.program import BuiltProgram, ProgramBuilder
 from npu.sim.kernels import requant
 from npu.timing import bank_stride
@@ -74,13 +75,58 @@ def choose_tiling(cfg: NpuConfig, m: int, n: int, k: int) -> GemmTiling:
     return best[1]
 
 
+#: channels past the last one a per-column table covers (padding channels of an output tile)
+PER_COL_SLACK = 64
+
+
+@dataclass(frozen=True)
+class PerColumn:
+    """A per-channel requantisation table at `base` in the scratchpad: `n` int32 multipliers, then
+    `n` shifts (docs/isa.md, per-column VMAP)."""
+
+    base: int
+    n: int
+
+
+def per_column_table(cfg: NpuConfig, mult, shift) -> tuple[NpuConfig, PerColumn | None, bytes]:
+    """For per-channel scales with more than one (mult, shift) pair: the configuration to plan the
+    operator with (the scratchpad less the table, which sits at its top), the table's place and
+    its bytes (channels past the last take its pair). Otherwise (`cfg`, None, b""): one VMAP per
+    run of equal columns. A banked scratchpad keeps fixed halves and uses runs."""
+    if np.ndim(mult) == 0 or cfg.spad_banked or len(set(zip(mult, shift, strict=True))) < 2:
+        return cfg, None, b""
+    from .region import RegionView  # the planners' view of a smaller scratchpad
+
+    c = len(mult)
+    n = round_up(c, 64) + PER_COL_SLACK
+    m = np.full(n, int(mult[-1]), np.int64)
+    sh = np.full(n, int(shift[-1]), np.int64)
+    m[:c], sh[:c] = mult, shift
+    data = m.astype("<i4").tobytes() + sh.astype(np.uint8).tobytes()
+    base = cfg.spad_bytes - round_up(len(data), cfg.lanes)
+    if base < cfg.spad_bytes // 2:  # a small scratchpad: the table would take too much of it
+        return cfg, None, b""
+    fields = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__}
+    return RegionView(**{**fields, "spad_bytes": base}), PerColumn(base, n), data
+
+
 def add_requant(b: ProgramBuilder, rq: dict, ch0: int, *, src: int, dst: int, cols: int, **fields) -> None:
     """VMAP(s) from int32 accumulator columns of channels ch0 .. ch0 + cols - 1 to int8. `rq`: the
     requantisation fields, with `mult`/`shift` either one value or one per channel (per-channel
-    weight scales): then one VMAP per run of columns that share them. Columns past the arrays'
-    end are padding channels and take the last channel's pair."""
+    weight scales): then, with a table (`per_col`, a PerColumn), per-column VMAPs of at most
+    PER_COL_MAX columns, else one VMAP per run of columns that share them. Columns past the
+    arrays' end are padding channels and take the last channel's pair."""
     mult, shift = rq["mult"], rq["shift"]
-    rest = {k: v for k, v in rq.items() if k not in ("mult", "shift")}
+    rest = {k: v for k, v in rq.items() if k not in ("mult", "shift", "per_col")}
+    pc: PerColumn | None = rq.get("per_col")
+    if pc is not None:
+        assert ch0 + cols <= pc.n, (ch0, cols, pc.n)
+        for c0 in range(0, cols, PER_COL_MAX):
+            w = min(PER_COL_MAX, cols - c0)
+            at = ch0 + c0
+            b.add("vmap", src=src + 4 * c0, dst=dst + c0, cols=w, src_type=1, per_col=1,
+                  mults=pc.base + 4 * at, shifts=pc.base + 4 * pc.n + at, **rest, **fields)  # fmt: skip
+        return
     if np.ndim(mult) == 0 and np.ndim(shift) == 0:
         pairs = [(int(mult), int(shift))] * cols
     else:
@@ -113,11 +159,14 @@ def gemm_program(
     bias_addr: int | None = None,
     builder: ProgramBuilder | None = None,
     cp_base: int = 0,
+    per_col: PerColumn | None = None,
 ) -> BuiltProgram | None:
     """Tiled GEMM + requantise (+ ReLU) program; a cancellation point after every
     `cancel_every` output tiles (0: none). `mult`/`shift`: one pair, or one per output column.
     `bias_addr`: n int32 values in DRAM added to every row (preloaded into the accumulators). With
-    `builder`, the instructions are appended to it and nothing is returned (the caller builds)."""
+    `builder`, the instructions are appended to it and nothing is returned (the caller builds).
+    `per_col`: per-channel `mult`/`shift` from a table already in the scratchpad
+    (`per_column_table`; plan with the configuration it returns)."""
     t = tiling or choose_tiling(cfg, m, n, k)
     b = builder if builder is not None else ProgramBuilder(cfg)
     a_stride_sp = row_stride(cfg, t.tk)
@@ -202,7 +251,7 @@ def gemm_program(
             obuf = o_buf[it % 2]
             add_requant(
                 b,
-                dict(mult=mult, shift=shift, zp_out=zp_out, lo=lo, hi=127),
+                dict(mult=mult, shift=shift, zp_out=zp_out, lo=lo, hi=127, per_col=per_col),
                 n0,
                 src=cbuf,
                 dst=obuf,

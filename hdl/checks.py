@@ -22,7 +22,17 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from npu.config import ACC_BASE, NpuConfig
-from npu.isa import FORMATS, HEADER_BITS, INSTR_BITS, LUT_BYTES, MAX_SHIFT, UNIT_OF, ErrorCode, Opcode
+from npu.isa import (
+    FORMATS,
+    HEADER_BITS,
+    INSTR_BITS,
+    LUT_BYTES,
+    MAX_SHIFT,
+    PER_COL_MAX,
+    UNIT_OF,
+    ErrorCode,
+    Opcode,
+)
 
 from .common import view
 
@@ -30,7 +40,7 @@ E = ErrorCode
 CHECK_LATENCY = 6  # cycles from `word` to `code`
 L1_SLOTS = 4
 L2_SLOTS = 3
-SUM_SLOTS = 3
+SUM_SLOTS = 4
 
 
 def _level1(op, f) -> list[tuple]:
@@ -71,7 +81,7 @@ def _sums(op, f, p1, p2) -> list:
         return [f.a + p1[0] + f.k, f.b + p1[1] + f.k, f.c + p1[2] + 4 * f.n]
     if op == Opcode.VMAP:
         w = Mux(f.src_type, 4 * f.cols, f.cols)
-        return [f.src + p1[0] + w, f.dst + p1[1] + f.cols, f.src + p1[0] + f.cols]
+        return [f.src + p1[0] + w, f.dst + p1[1] + f.cols, f.src + p1[0] + f.cols, f.mults + 4 * f.cols]
     if op == Opcode.VLUT:
         return [f.src + p1[0] + f.cols, f.dst + p1[1] + f.cols, f.table + LUT_BYTES]
     if op == Opcode.VMUL:
@@ -121,8 +131,11 @@ def _spans(op, f, e):
                 ("onchip", c[0] & f.accumulate, c[1], c[2]), ("onchip", *c)]  # fmt: skip
     if op == Opcode.VMAP:
         w = Mux(f.src_type, 4 * f.cols, f.cols)
+        pc = f.per_col & (f.rows != 0) & (f.cols != 0)
         return [
             ("onchip", *_extent(f.src, f.rows, w, e[0])),
+            ("onchip", pc, f.mults, e[3]),
+            ("onchip", pc, f.shifts, f.shifts + f.cols),
             ("onchip", *_extent(f.dst, f.rows, f.cols, e[1])),
         ]
     if op == Opcode.VLUT:
@@ -154,10 +167,13 @@ def _required(op, f, e):
         s = _extent(f.src, f.rows, w, e[0])
         d = _extent(f.dst, f.rows, f.cols, e[1])
         # the source memory depends on src_type: check both variants under their condition
+        pc = f.per_col & (f.rows != 0) & (f.cols != 0)
         return [
             (s[0] & f.src_type, s[1], s[2], "acc"),
             (s[0] & ~f.src_type, s[1], s[2], "spad"),
             (*d, "spad"),
+            (pc, f.mults, e[3], "spad"),
+            (pc, f.shifts, f.shifts + f.cols, "spad"),
         ]
     if op in (Opcode.VADD, Opcode.POOL, Opcode.VLUT, Opcode.VMUL):
         return [(ne, st, en, "spad") for _, ne, st, en in _spans(op, f, e)]
@@ -222,6 +238,7 @@ def _rules(op, word, f, e, cfg: NpuConfig) -> list[tuple[object, ErrorCode]]:
         rules.append((f.lo > f.hi, E.ILLEGAL_FIELD))
     if op == Opcode.VMAP:
         rules.append((f.src_type & (f.zp_in != 0), E.ILLEGAL_FIELD))
+        rules.append((f.per_col & (f.cols > PER_COL_MAX), E.ILLEGAL_FIELD))
     if op == Opcode.POOL:
         live = (f.channels != 0) & (f.out_h != 0) & (f.out_w != 0)
         zero = (f.kh == 0) | (f.kw == 0) | (f.sh == 0) | (f.sw == 0)

@@ -20,6 +20,10 @@ The unit is a pipeline, so that no cycle holds more than one multiplier or one w
   S5  the output zero point and the clamp; the results are written (the scratchpad grants the
       vector unit's writes first, so they never wait and the pipeline never stalls after S0).
 
+A per-column VMAP (`per_col`) first walks parameter steps through S0-S2 that copy its multipliers
+and shifts into two memories of the unit (one entry: vector_lanes columns); its element steps read
+the multipliers of their columns at S2 (used at S3) and the shifts at S4 (used at S5).
+
 VLUT first walks 256 / vector_lanes table steps through S0-S2 that copy its table into a small
 memory of the unit (one read port per lane), then its element steps look their bytes up in it at S2
 (the read is registered: the byte arrives at S3) and bypass the arithmetic.
@@ -33,7 +37,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In
 
 from npu.config import NpuConfig
-from npu.isa import INSTR_BITS, LUT_BYTES, OFFSETS, Opcode
+from npu.isa import INSTR_BITS, LUT_BYTES, MAX_SHIFT, OFFSETS, PER_COL_MAX, Opcode
 
 from .common import exec_signature, log2, low_bytes_mask, min_, view, word_index
 from .spad import gather
@@ -103,8 +107,16 @@ class VectorUnit(wiring.Component):
             is_add.eq(op == int(Opcode.VADD)),
             is_pool.eq(op == int(Opcode.POOL)),
         ]
+        # per-column VMAP: parameter steps (multipliers, then shifts) before the element steps
+        per_col = Signal()
+        m.d.comb += per_col.eq(is_map & fm.per_col)
+        p_rem = Signal(19)  # bytes of the current parameter phase still to read
+        p_mults = Signal()  # the phase: 1 multipliers, 0 shifts
+        p_src = Signal(AW)
+        in_pre = Signal()
+        m.d.comb += in_pre.eq(per_col & (p_rem != 0))
         es32 = Signal()
-        m.d.comb += es32.eq(is_map & fm.src_type)
+        m.d.comb += es32.eq(is_map & fm.src_type & ~in_pre)
 
         # ---- setup: the instruction's constant steps ------------------------------------------
         setup = Signal(range(SETUP_CYCLES + 1))
@@ -159,6 +171,8 @@ class VectorUnit(wiring.Component):
         m.d.comb += tap_last.eq((ty + 1 >= fp.kh) & (tx + 1 >= fp.kw))
         with m.If(in_table):
             m.d.comb += [src.eq(t_src), n.eq(VL)]  # no write, never the last step
+        with m.Elif(in_pre):
+            m.d.comb += [src.eq(p_src), n.eq(min_(VL, p_rem))]
         with m.Elif(is_map | is_lut):  # VLUT's element loop is VMAP's (int8 source)
             m.d.comb += [
                 src.eq(row_src + Mux(es32, i1 << 2, i1)),
@@ -242,6 +256,9 @@ class VectorUnit(wiring.Component):
             "first_tap": [first_tap] + [Signal(name=f"first_tap{s}") for s in range(1, S + 1)],
             "dst": [dst] + [Signal.like(dst, name=f"dst{s}") for s in range(1, S + 1)],
             "table": [in_table] + [Signal(name=f"table{s}") for s in range(1, S + 1)],
+            "pm": [in_pre & p_mults] + [Signal(name=f"pm{s}") for s in range(1, S + 1)],
+            "ps": [in_pre & ~p_mults] + [Signal(name=f"ps{s}") for s in range(1, S + 1)],
+            "col": [i1] + [Signal.like(i1, name=f"col{s}") for s in range(1, S + 1)],
         }
         for s in range(1, S + 1):
             m.d.sync += valid[s].eq(valid[s - 1])
@@ -272,6 +289,35 @@ class VectorUnit(wiring.Component):
             m.d.sync += t_addr.eq(t_addr + 1)
         with m.If(self.exec.go):
             m.d.sync += t_addr.eq(0)
+
+        # ---- per-column parameters: written by the parameter steps at S2 ----------------------
+        vw = log2(VL)
+        depth = PER_COL_MAX // VL
+        mults = m.submodules.mults = Memory(shape=unsigned(32 * VL), depth=depth, init=[])
+        shifts = m.submodules.shifts = Memory(shape=unsigned(8 * VL), depth=depth, init=[])
+        m_wr = mults.write_port(granularity=8)
+        s_wr = shifts.write_port()
+        m_step = Signal(range(4 * depth + 1))  # multiplier steps written (VL bytes each)
+        s_step = Signal(range(depth + 1))
+        quarter = m_step[:2]  # an entry holds 4 * VL bytes: four steps
+        m.d.comb += [
+            m_wr.addr.eq(m_step[2:]),
+            m_wr.data.eq(a_bytes << (quarter * 8 * VL)),
+            m_wr.en.eq(Mux(valid[2] & ctl["pm"][2], Const((1 << VL) - 1, 4 * VL) << (quarter * VL), 0)),
+            s_wr.addr.eq(s_step),
+            s_wr.data.eq(a_bytes),
+            s_wr.en.eq(valid[2] & ctl["ps"][2]),
+        ]
+        with m.If(valid[2] & ctl["pm"][2]):
+            m.d.sync += m_step.eq(m_step + 1)
+        with m.If(valid[2] & ctl["ps"][2]):
+            m.d.sync += s_step.eq(s_step + 1)
+        with m.If(self.exec.go):
+            m.d.sync += [m_step.eq(0), s_step.eq(0)]
+        # element steps: their columns' multipliers arrive at S3, their shifts at S5
+        m_rd = mults.read_port()
+        s_rd = shifts.read_port()
+        m.d.comb += [m_rd.addr.eq(ctl["col"][2][vw:]), s_rd.addr.eq(ctl["col"][4][vw:])]
 
         # ---- S2..S5, per lane (S3b a stage of its own) --------------------------------------
         def pick(name: str):
@@ -310,9 +356,11 @@ class VectorUnit(wiring.Component):
             p_hi = Signal(signed(51), name=f"p_hi{l}")
             p_a = Signal(signed(42), name=f"p_a{l}")
             p_b = Signal(signed(42), name=f"p_b{l}")
+            mult_l = Signal(signed(32), name=f"mult{l}")
+            m.d.comb += mult_l.eq(Mux(per_col, m_rd.data[32 * l : 32 * l + 32], mult))
             m.d.sync += [
-                p_lo.eq(x * mult[:16]),
-                p_hi.eq(x * mult[16:].as_signed()),
+                p_lo.eq(x * mult_l[:16]),
+                p_hi.eq(x * mult_l[16:].as_signed()),
                 p_a.eq(xa * fa.mult_a),
                 p_b.eq(xb * fa.mult_b),
             ]
@@ -321,7 +369,10 @@ class VectorUnit(wiring.Component):
             m.d.sync += prod.eq(Mux(is_add, p_a + p_b, (p_hi << 16) + p_lo))
             # S4: the rounding shift
             shifted = Signal(signed(68), name=f"shifted{l}")
-            m.d.sync += shifted.eq(rsr(m, prod, shift, f"rsr{l}"))
+            s_raw = s_rd.data[8 * l : 8 * l + 6]
+            shift_l = Signal(6, name=f"shift{l}")
+            m.d.comb += shift_l.eq(Mux(per_col, Mux(s_raw > MAX_SHIFT, MAX_SHIFT, s_raw), shift))
+            m.d.sync += shifted.eq(rsr(m, prod, shift_l, f"rsr{l}"))
             # S5: the output zero point (POOL max: the window's maximum as is) and the clamp
             pmax_d = [pmax]
             for k in range(3, S):
@@ -375,6 +426,13 @@ class VectorUnit(wiring.Component):
         with m.If(step_done & ~last):
             with m.If(in_table):
                 m.d.sync += [t_left.eq(t_left - 1), t_src.eq(t_src + VL)]
+            with m.Elif(in_pre):
+                with m.If(p_rem > VL):
+                    m.d.sync += [p_rem.eq(p_rem - VL), p_src.eq(p_src + VL)]
+                with m.Elif(p_mults):  # the multipliers are read: the shifts next
+                    m.d.sync += [p_mults.eq(0), p_rem.eq(fm.cols), p_src.eq(fm.shifts)]
+                with m.Else():
+                    m.d.sync += p_rem.eq(0)
             with m.Elif(is_mul):
                 with m.If(i1 + VL >= fv.cols):
                     m.d.sync += [i1.eq(0), i0.eq(i0 + 1), row_src.eq(row_src + fv.a_stride)]
@@ -422,6 +480,9 @@ class VectorUnit(wiring.Component):
             go_mul = self.exec.instr[:4] == int(Opcode.VMUL)
             m.d.sync += [
                 t_left.eq(Mux(self.exec.instr[:4] == int(Opcode.VLUT), t_steps, 0)),
+                p_rem.eq(Mux((self.exec.instr[:4] == int(Opcode.VMAP)) & nf.per_col, nf.cols << 2, 0)),
+                p_mults.eq(1),
+                p_src.eq(nf.mults),
                 t_src.eq(nl.table),
                 active.eq(1),
                 issuing.eq(1),

@@ -29,6 +29,8 @@ INSTR_BYTES = INSTR_BITS // 8
 HEADER_BITS = 16
 #: Requantisation shifts above this could overflow the 64-bit intermediate.
 MAX_SHIFT = 62
+#: the most columns a per-column VMAP requantises (the vector unit's parameter memories)
+PER_COL_MAX = 256
 
 
 class Opcode(enum.IntEnum, shape=4):
@@ -182,6 +184,9 @@ FORMATS: dict[Opcode, tuple[Field, ...]] = {
         *_rows_fields("src", "dst"),
         Field("src_type", 1, kind="enum", choices=("i8", "i32"), doc="source element type"),
         *_requant_fields(),
+        Field("per_col", 1, doc="1: column c uses mults[c] and shifts[c] instead of mult and shift"),
+        _addr("mults", "per_col: cols int32 multipliers (little endian) in the scratchpad"),
+        _addr("shifts", "per_col: cols rounding shifts (bytes, 0..62) in the scratchpad"),
     ),
     Opcode.VLUT: (
         _addr("src", "int8 source in the scratchpad"),
@@ -464,6 +469,9 @@ def footprint(i: Instr) -> tuple[list[Span], list[Span]]:
     elif op == Opcode.VMAP:
         es = 4 if f["src_type"] else 1
         r.append(("onchip", extent(f["src"], f["rows"], es * f["cols"], f["src_stride"])))
+        if f["per_col"] and f["rows"] and f["cols"]:
+            r.append(("onchip", (f["mults"], f["mults"] + 4 * f["cols"])))
+            r.append(("onchip", (f["shifts"], f["shifts"] + f["cols"])))
         w.append(("onchip", extent(f["dst"], f["rows"], f["cols"], f["dst_stride"])))
     elif op == Opcode.VLUT:
         if f["rows"] and f["cols"]:
@@ -523,6 +531,10 @@ def validate(i: Instr, cfg: NpuConfig) -> None:
         raise _err(ErrorCode.ILLEGAL_FIELD, i, f"clamp lo={f['lo']} > hi={f['hi']}")
     if op == Opcode.VMAP and f["src_type"] == 1 and f["zp_in"] != 0:
         raise _err(ErrorCode.ILLEGAL_FIELD, i, "zp_in must be 0 for an int32 source")
+    if op == Opcode.VMAP and f["per_col"] and f["cols"] > PER_COL_MAX:
+        raise _err(
+            ErrorCode.ILLEGAL_FIELD, i, f"per_col requantises at most {PER_COL_MAX} columns, cols={f['cols']}"
+        )
     if op == Opcode.POOL and f["channels"] and f["out_h"] and f["out_w"]:
         if min(f["kh"], f["kw"], f["sh"], f["sw"]) == 0:
             raise _err(ErrorCode.ILLEGAL_FIELD, i, "pool window and strides must be >= 1")
@@ -608,6 +620,9 @@ def _required_memories(i: Instr):
             )
         )
         out.append((extent(f["dst"], f["rows"], f["cols"], f["dst_stride"]), "spad", "dst"))
+        if f["per_col"] and f["rows"] and f["cols"]:
+            out.append(((f["mults"], f["mults"] + 4 * f["cols"]), "spad", "mults"))
+            out.append(((f["shifts"], f["shifts"] + f["cols"]), "spad", "shifts"))
     elif op in (Opcode.VADD, Opcode.POOL, Opcode.VLUT, Opcode.VMUL):
         reads, writes = footprint(i)
         for s in reads + writes:

@@ -119,7 +119,10 @@ def duration(i: Instr, cfg: NpuConfig) -> int:
         steps = cdiv(f["m"], cfg.clusters) * cdiv(f["n"], cfg.pes_per_cluster) * cdiv(f["k"], cfg.lanes)
         return cfg.matrix_latency + max(1, steps)
     if op == Opcode.VMAP:
-        return cfg.vector_latency + max(1, f["rows"] * cdiv(f["cols"], cfg.vector_lanes))
+        steps = f["rows"] * cdiv(f["cols"], cfg.vector_lanes)
+        if f["per_col"] and steps:  # the multipliers' and shifts' steps come first
+            steps += cdiv(4 * f["cols"], cfg.vector_lanes) + cdiv(f["cols"], cfg.vector_lanes)
+        return cfg.vector_latency + max(1, steps)
     if op == Opcode.VLUT:  # the table's steps, then the elements'
         steps = f["rows"] * cdiv(f["cols"], cfg.vector_lanes)
         return cfg.vector_latency + (LUT_BYTES // cfg.vector_lanes + steps if steps else 1)  # as VMAP

@@ -10,7 +10,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from npu.config import ACC_BASE, NpuConfig
-from npu.isa import LUT_BYTES, Instr, Opcode
+from npu.isa import LUT_BYTES, MAX_SHIFT, Instr, Opcode
 
 
 class OnChip:
@@ -52,15 +52,21 @@ def _put_rows(buf: np.ndarray, off: int, stride: int, data: np.ndarray) -> None:
             buf[off + r * stride : off + r * stride + width] = data[r]
 
 
-def rshift_round(x: np.ndarray, shift: int) -> np.ndarray:
-    """Rounding arithmetic right shift on int64: (x + 2**(shift-1)) >> shift; ties go up."""
+def rshift_round(x: np.ndarray, shift: int | np.ndarray) -> np.ndarray:
+    """Rounding arithmetic right shift on int64: (x + 2**(shift-1)) >> shift; ties go up. `shift`
+    may be an array (one per column)."""
+    if np.ndim(shift):
+        s = np.asarray(shift, np.int64)
+        return (x + np.where(s > 0, np.left_shift(np.int64(1), np.maximum(s - 1, 0)), 0)) >> s
     if shift == 0:
         return x
     return (x + np.int64(1 << (shift - 1))) >> np.int64(shift)
 
 
-def requant(x: np.ndarray, mult: int, shift: int, zp_out: int, lo: int, hi: int) -> np.ndarray:
-    y = rshift_round(x.astype(np.int64) * np.int64(mult), shift) + np.int64(zp_out)
+def requant(x: np.ndarray, mult, shift, zp_out: int, lo: int, hi: int) -> np.ndarray:
+    """clamp(zp_out + rsr(x * mult, shift), lo, hi) as int8; `mult` and `shift` may be per-column
+    arrays (broadcast over the rows of x)."""
+    y = rshift_round(x.astype(np.int64) * np.asarray(mult, np.int64), shift) + np.int64(zp_out)
     return np.clip(y, lo, hi).astype(np.int8)
 
 
@@ -114,7 +120,11 @@ def exec_vmap(chip: OnChip, f: dict) -> None:
     else:
         x = rows_view(buf, off, rows, cols, f["src_stride"]).view(np.int8).astype(np.int64)
         x = x - f["zp_in"]
-    y = requant(x, f["mult"], f["shift"], f["zp_out"], f["lo"], f["hi"])
+    mult, shift = f["mult"], f["shift"]
+    if f["per_col"]:  # per column, read whole before any write; shifts above 62 act as 62
+        mult = chip.spad[f["mults"] : f["mults"] + 4 * cols].copy().view("<i4").astype(np.int64)
+        shift = np.minimum(chip.spad[f["shifts"] : f["shifts"] + cols] & 63, MAX_SHIFT).astype(np.int64)
+    y = requant(x, mult, shift, f["zp_out"], f["lo"], f["hi"])
     _put_rows(chip.spad, f["dst"], f["dst_stride"], y.view(np.uint8))
 
 

@@ -133,9 +133,15 @@ def random_program(cfg: NpuConfig, seed: int, n_instrs: int = 24, cp_prob: float
             rows = rng.randint(1, 6)
             rows = min(rows, (abuf if i32 else buf) // ss)
             src, dst = (rng.choice(ac), rng.choice(sp)) if i32 else rng.sample(sp, 2)
+            # per-column multipliers and shifts: any bytes of any buffer (read before the writes)
+            per_col = {}
+            if rng.random() < 0.4:
+                per_col = dict(per_col=1, mults=rng.choice(sp) + rng.randrange(0, buf - 4 * cols),
+                               shifts=rng.choice(sp) + rng.randrange(0, buf - cols))  # fmt: skip
             b.add(
                 make(
                     "vmap",
+                    **per_col,
                     src=src,
                     dst=dst,
                     rows=rows,

@@ -285,6 +285,22 @@ def directed_jobs(cfg: NpuConfig) -> list[RtlJob]:
             ],
         )
     )
+    # per-column VMAP: int32 accumulators with one multiplier and shift per column (shifts past 62
+    # act as 62), unaligned parameters; an int8 source in place
+    mults = np.random.default_rng(5).integers(-(2**20), 2**20, 40).astype("<i4")
+    shifts = np.random.default_rng(6).integers(14, 30, 40).astype(np.uint8)
+    mults[:3] = (-(2**31), 2**31 - 1, 0)
+    shifts[:6] = (63, 63, 62, 62, 0, 40)  # 63 acts as 62 (visible with the extreme multipliers)
+    jobs.append(
+        RtlJob(
+            "vmap_per_column",
+            encode_program(_per_col_program(cfg, A)),
+            PROG,
+            {DATA: np.random.default_rng(7).integers(0, 256, 0x1000, dtype=np.uint8).tobytes(),
+             DATA + 0x1000: mults.tobytes() + shifts.tobytes()},
+            window=WINDOW,
+        )
+    )
     # VMUL: a broadcast row (squeeze-excite gating), a full second operand, in place, empty
     jobs.append(
         _built(
@@ -430,6 +446,20 @@ def directed_jobs(cfg: NpuConfig) -> list[RtlJob]:
     return jobs
 
 
+def _per_col_program(cfg: NpuConfig, acc: int) -> list[Instr]:
+    b = ProgramBuilder(cfg)
+    b.add(make("load", spad=acc, dram=DATA, rows=1, cols=1024, spad_stride=1024, dram_stride=1024))
+    b.add(make("load", spad=1001, dram=DATA + 0x1000, rows=1, cols=200, spad_stride=200, dram_stride=200))
+    b.add(make("load", spad=0, dram=DATA, rows=1, cols=512, spad_stride=512, dram_stride=512))
+    b.add(make("vmap", src=acc + 8, dst=600, rows=5, cols=37, src_stride=160, dst_stride=37, src_type=1,
+               per_col=1, mults=1001, shifts=1001 + 160, zp_out=-3))  # fmt: skip
+    b.add(make("vmap", src=3, dst=3, rows=4, cols=40, src_stride=50, dst_stride=50, zp_in=11,
+               per_col=1, mults=1005, shifts=1160, lo=-90, hi=100))  # fmt: skip
+    b.add(make("vmap", src=0, dst=0, rows=0, cols=9, per_col=1, mults=0, shifts=0))
+    b.add(make("store", spad=0, dram=OUT, rows=1, cols=1024, spad_stride=1024, dram_stride=1024))
+    return b.build().instrs
+
+
 def error_jobs(cfg: NpuConfig) -> list[RtlJob]:
     """One program per error code (and per place an error can come from)."""
     ok = make("load", spad=0, dram=DATA, rows=1, cols=32, spad_stride=32, dram_stride=32)
@@ -443,6 +473,7 @@ def error_jobs(cfg: NpuConfig) -> list[RtlJob]:
         _raw("err_self_token", [ok, make("load", rows=1, cols=4, wait=[Unit.LOAD]), end]),
         _raw("err_lo_hi", [make("vmap", rows=1, cols=1, lo=3, hi=2), end]),
         _raw("err_vmul_overlap", [make("vmul", b=64, dst=66, rows=2, cols=8, a_stride=8, dst_stride=8), end]),
+        _raw("err_vmap_per_col_wide", [make("vmap", rows=1, cols=257, dst=512, per_col=1), end]),
         _raw("err_vlut_overlap", [make("vlut", src=0, dst=4, rows=1, cols=8, table=64), end]),
         _raw("err_vlut_table_range", [make("vlut", rows=1, cols=8, dst=8, table=cfg.spad_bytes - 255), end]),
         _raw("err_misaligned", [ok, make("matmul", a=2, m=1, n=1, k=1, c=ACC_BASE), end]),

@@ -43,6 +43,6 @@ def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     yq = ctx.q_out(n.output[0], n)
     y = ctx.place(yq, f"{where} output")
     geo = geometry(x, y, (kh, kw), a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0]), where)
-    rq = channel_requant(x.q, s_w, yq, where)
-    info = conv_program(b, ctx.cfg, x, y, w, bias, groups, geo, rq, ctx.const, where, ctx.step, ctx.max_live)
+    plan_cfg, rq = ctx.per_column(b, channel_requant(x.q, s_w, yq, where), where)
+    info = conv_program(b, plan_cfg, x, y, w, bias, groups, geo, rq, ctx.const, where, ctx.step, ctx.max_live)
     ctx.op_done(n, b, yq.shape, info)

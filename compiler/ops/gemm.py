@@ -48,14 +48,13 @@ def lower_gemm(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         wp[:, perm] = wt
         wt = wp
     yq = ctx.q_out(n.output[0], n)
-    rq = channel_requant(x.q, s_w, yq, where)
+    cfg, rq = ctx.per_column(b, channel_requant(x.q, s_w, yq, where), where)
     w_addr = ctx.const(np.ascontiguousarray(wt, np.int8).tobytes(), f"{where} weights")
     bias_addr = ctx.const(bias.astype("<i4").tobytes(), f"{where} bias")
     y = ctx.place(yq, f"{where} output")
     try:
-        tiling = choose_tiling(ctx.cfg, m_, n_, wt.shape[1])
+        tiling = choose_tiling(cfg, m_, n_, wt.shape[1])
     except ValueError:
-        cfg = ctx.cfg
         cm, cn, lanes = cfg.clusters, cfg.pes_per_cluster, cfg.lanes
         raise CompileError(
             f"{where}: no GEMM tiling of {m_}x{n_}x{wt.shape[1]} fits {memory_name(cfg)} and "
@@ -64,7 +63,7 @@ def lower_gemm(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
             "accumulator bytes"
         ) from None
     gemm_program(
-        ctx.cfg,
+        cfg,
         m_,
         n_,
         wt.shape[1],
@@ -77,5 +76,6 @@ def lower_gemm(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         bias_addr=bias_addr,
         tiling=tiling,
         builder=b,
+        per_col=rq.get("per_col"),
     )
     ctx.op_done(n, b, [m_, n_, k_])

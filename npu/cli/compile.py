@@ -50,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=["auto", "per-channel", "per-tensor"],
         default="auto",
         help="how a float model's weights are quantised: one scale per output channel (accurate; "
-        "one requantisation instruction per run of equal channels), one per tensor, or auto "
+        "requantised through a per-column table, a few %% more cycles), one per tensor, or auto "
         "(default: per channel when one scale would leave some channel 1/8 of the int8 range or less)",
     )
     p.add_argument(
