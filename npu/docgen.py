@@ -51,7 +51,8 @@ def errors_table() -> str:
         ErrorCode.ILLEGAL_OPCODE: "opcode not in the table above",
         ErrorCode.ILLEGAL_FIELD: "reserved bit set, enum out of range, token rule broken (tokens on a "
         "control instruction, a unit's own bit), shift > 62, lo > hi, int32 source with zp_in != 0, "
-        "pool window wider than in_w or zero, LOAD rows overlapping, destination overlapping a source",
+        "per_col with cols > 256, pool window wider than in_w or zero, LOAD rows overlapping, "
+        "destination overlapping a source",
         ErrorCode.MISALIGNED: "MATMUL a/b/strides not multiples of `lanes`, c/c_stride not multiples "
         "of the accumulator row; VMAP int32 source not 4-byte aligned",
         ErrorCode.SPAD_RANGE: "on-chip range outside the scratchpad and the accumulators, straddling "
