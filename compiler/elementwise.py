@@ -7,12 +7,20 @@ zero point and stays harmless).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from npu.arith import round_up
 from npu.config import NpuConfig
 from npu.isa import LUT_BYTES
 from npu.program import ProgramBuilder
+from npu.tensors import Layout
 
 from .quantize import Act
+
+
+def step_unit(lay: Layout) -> int:
+    """The vector step an element-wise program may split at: a pixel's channels, or a row."""
+    return lay.cp if lay.kind != "dense" else (lay.shape[-1] if lay.shape and lay.shape[-1] <= 4096 else 1)
 
 
 def _step_bytes(cfg: NpuConfig, max_step: int) -> int:
@@ -44,19 +52,49 @@ def _reset_padding(b: ProgramBuilder, buf: int, c: int, unit: int, pad_runs, zp_
               mult=0, zp_out=zp_out)  # fmt: skip
 
 
+def _chunked(
+    b: ProgramBuilder,
+    cfg: NpuConfig,
+    srcs: tuple[int, ...],
+    dst: int,
+    n: int,
+    unit: int,
+    max_step: int,
+    op: Callable[[list[int], int, int, int], None],
+    head: int = 0,
+) -> None:
+    """Walk n bytes in chunks of whole `unit`s, double-buffered above `head` resident bytes at the
+    bottom of the scratchpad: each chunk of every source is loaded, `op(bufs, c, rows, cols)`
+    computes into the first buffer in place, and that is stored to `dst`."""
+    k = len(srcs)
+    chunk = _chunk(cfg, unit, (cfg.spad_bytes - head) // (2 * k), max_step)
+    for i, (off, c) in enumerate(_chunks(n, chunk)):
+        bufs = [head + (i % 2) * k * chunk + j * chunk for j in range(k)]
+        rows, cols = _rows(c, unit)
+        for buf, src in zip(bufs, srcs, strict=True):
+            b.add("load", spad=buf, dram=src + off, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols)
+        op(bufs, c, rows, cols)
+        b.add("store", spad=bufs[0], dram=dst + off, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols)
+        b.candidate()
+
+
+def _load_resident(b: ProgramBuilder, cfg: NpuConfig, dram: int, n: int) -> int:
+    """LOAD n bytes from `dram` to the bottom of the scratchpad (kept for the whole operator); the
+    bytes they take, lanes-aligned."""
+    b.add("load", spad=0, dram=dram, rows=1, cols=n, spad_stride=n, dram_stride=n)
+    return round_up(n, cfg.lanes)
+
+
 def eltwise_program(
     b: ProgramBuilder, cfg: NpuConfig, src: int, dst: int, n: int, params: dict, unit: int, max_step: int = 0
 ) -> None:
     """An int8 VMAP over n contiguous bytes (`unit` divides n and every chunk)."""
-    chunk = _chunk(cfg, unit, cfg.spad_bytes // 2, max_step)
-    bufs = [0, chunk]
-    for i, (off, c) in enumerate(_chunks(n, chunk)):
-        buf = bufs[i % 2]
-        rows, cols = _rows(c, unit)
-        b.add("load", spad=buf, dram=src + off, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols)
-        b.add("vmap", src=buf, dst=buf, rows=rows, cols=cols, src_stride=cols, dst_stride=cols, **params)
-        b.add("store", spad=buf, dram=dst + off, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols)
-        b.candidate()
+
+    def op(bufs: list[int], c: int, rows: int, cols: int) -> None:
+        x = bufs[0]
+        b.add("vmap", src=x, dst=x, rows=rows, cols=cols, src_stride=cols, dst_stride=cols, **params)
+
+    _chunked(b, cfg, (src,), dst, n, unit, max_step, op)
 
 
 def lut_program(
@@ -73,18 +111,14 @@ def lut_program(
 ) -> None:
     """A VLUT over n contiguous bytes with the 256-byte table at DRAM `table` (loaded once); the
     channel-padding runs (offset, width) of each `unit` are then set to the output zero point."""
-    t = round_up(LUT_BYTES, cfg.lanes)
-    chunk = _chunk(cfg, unit, (cfg.spad_bytes - t) // 2, max_step)
-    b.add("load", spad=0, dram=table, rows=1, cols=LUT_BYTES, spad_stride=LUT_BYTES, dram_stride=LUT_BYTES)
-    bufs = [t, t + chunk]
-    for i, (off, c) in enumerate(_chunks(n, chunk)):
-        buf = bufs[i % 2]
-        rows, cols = _rows(c, unit)
-        b.add("load", spad=buf, dram=src + off, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols)
-        b.add("vlut", src=buf, dst=buf, rows=rows, cols=cols, src_stride=cols, dst_stride=cols, table=0)
-        _reset_padding(b, buf, c, unit, pad_runs, zp_out)
-        b.add("store", spad=buf, dram=dst + off, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols)
-        b.candidate()
+
+    def op(bufs: list[int], c: int, rows: int, cols: int) -> None:
+        x = bufs[0]
+        b.add("vlut", src=x, dst=x, rows=rows, cols=cols, src_stride=cols, dst_stride=cols, table=0)
+        _reset_padding(b, x, c, unit, pad_runs, zp_out)
+
+    head = _load_resident(b, cfg, table, LUT_BYTES)
+    _chunked(b, cfg, (src,), dst, n, unit, max_step, op, head)
 
 
 def add_program(
@@ -99,17 +133,11 @@ def add_program(
     max_step: int = 0,
 ) -> None:
     """VADD over n contiguous int8 elements of two tensors."""
-    chunk = _chunk(cfg, unit, cfg.spad_bytes // 4, max_step)
-    for i, (off, c) in enumerate(_chunks(n, chunk)):
-        base = (i % 2) * 2 * chunk
-        rows, cols = _rows(c, unit)
-        b.add("load", spad=base, dram=a + off, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols)
-        b.add(
-            "load", spad=base + chunk, dram=bb + off, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols
-        )
-        b.add("vadd", a=base, b=base + chunk, dst=base, len=c, **params)
-        b.add("store", spad=base, dram=dst + off, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols)
-        b.candidate()
+
+    def op(bufs: list[int], c: int, rows: int, cols: int) -> None:
+        b.add("vadd", a=bufs[0], b=bufs[1], dst=bufs[0], len=c, **params)
+
+    _chunked(b, cfg, (a, bb), dst, n, unit, max_step, op)
 
 
 def mul_program(
@@ -129,28 +157,21 @@ def mul_program(
     row of `row` bytes multiplied into every `unit` bytes of a (a per-channel gate: the first `row`
     bytes of each pixel). `pad_runs` (offset, width) of each unit are then set to the output zero
     point (bytes the product does not cover)."""
-    t = round_up(row, cfg.lanes)
-    chunk = _chunk(cfg, unit, (cfg.spad_bytes - t) // 2 if row else cfg.spad_bytes // 4, max_step)
-    if row:
-        b.add("load", spad=0, dram=bb, rows=1, cols=row, spad_stride=row, dram_stride=row)
-        bufs = [t, t + chunk]
-    for i, (off, c) in enumerate(_chunks(n, chunk)):
-        rows, cols = _rows(c, unit)
+
+    def op(bufs: list[int], c: int, rows: int, cols: int) -> None:
+        x = bufs[0]
         if row:
-            buf = bufs[i % 2]
-            b.add("load", spad=buf, dram=a + off, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols)
-            b.add("vmul", a=buf, b=0, dst=buf, rows=c // unit, cols=row, a_stride=unit, b_stride=0,
+            b.add("vmul", a=x, b=0, dst=x, rows=c // unit, cols=row, a_stride=unit, b_stride=0,
                   dst_stride=unit, **params)  # fmt: skip
         else:
-            buf = (i % 2) * 2 * chunk
-            for at, src in ((buf, a), (buf + chunk, bb)):
-                b.add("load", spad=at, dram=src + off, rows=rows, cols=cols, spad_stride=cols,
-                      dram_stride=cols)  # fmt: skip
-            b.add("vmul", a=buf, b=buf + chunk, dst=buf, rows=rows, cols=cols, a_stride=cols, b_stride=cols,
+            b.add("vmul", a=x, b=bufs[1], dst=x, rows=rows, cols=cols, a_stride=cols, b_stride=cols,
                   dst_stride=cols, **params)  # fmt: skip
-        _reset_padding(b, buf, c, unit, pad_runs, params["zp_out"])
-        b.add("store", spad=buf, dram=dst + off, rows=rows, cols=cols, spad_stride=cols, dram_stride=cols)
-        b.candidate()
+        _reset_padding(b, x, c, unit, pad_runs, params["zp_out"])
+
+    if row:
+        _chunked(b, cfg, (a,), dst, n, unit, max_step, op, _load_resident(b, cfg, bb, row))
+    else:
+        _chunked(b, cfg, (a, bb), dst, n, unit, max_step, op)
 
 
 def concat_program(

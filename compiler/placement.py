@@ -16,9 +16,9 @@ from .graph import Graph
 MAC_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
 
-def node_macs(g: Graph, n: onnx.NodeProto) -> int:
-    """Multiply-accumulates of one node from its static shapes (0 where unknown or not a MAC op)."""
-    shapes = g.static_shapes()
+def node_macs(g: Graph, n: onnx.NodeProto, shapes: dict[str, tuple[int, ...]]) -> int:
+    """Multiply-accumulates of one node from the graph's static shapes (`Graph.static_shapes`; 0
+    where unknown or not a MAC op)."""
     out = shapes.get(n.output[0]) if n.output else None
     if n.op_type not in MAC_OPS or out is None:
         return 0
@@ -72,11 +72,12 @@ def placement(qdq: onnx.ModelProto, layers: list[Layer]) -> Placement:
     host if a host step runs them, else NPU (views and absorbed table steps included)."""
     g = Graph(qdq)
     host = {la.node for la in layers if la.placement == "host"}
+    shapes = g.static_shapes()
     counts = {"npu": [0, 0], "host": [0, 0]}
     for n in g.nodes:
         if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
             continue
         c = counts["host" if n.name in host else "npu"]
         c[0] += 1
-        c[1] += node_macs(g, n)
+        c[1] += node_macs(g, n, shapes)
     return Placement(counts["npu"][0], counts["host"][0], counts["npu"][1], counts["host"][1])

@@ -95,7 +95,7 @@ def per_column_table(cfg: NpuConfig, mult, shift) -> tuple[NpuConfig, PerColumn 
     run of equal columns. A banked scratchpad keeps fixed halves and uses runs."""
     if np.ndim(mult) == 0 or cfg.spad_banked or len(set(zip(mult, shift, strict=True))) < 2:
         return cfg, None, b""
-    from .region import RegionView  # the planners' view of a smaller scratchpad
+    from .region import planning_view  # the planners' view of a smaller scratchpad
 
     c = len(mult)
     n = round_up(c, 64) + PER_COL_SLACK
@@ -106,8 +106,7 @@ def per_column_table(cfg: NpuConfig, mult, shift) -> tuple[NpuConfig, PerColumn 
     base = cfg.spad_bytes - round_up(len(data), cfg.lanes)
     if base < cfg.spad_bytes // 2:  # a small scratchpad: the table would take too much of it
         return cfg, None, b""
-    fields = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__}
-    return RegionView(**{**fields, "spad_bytes": base}), PerColumn(base, n), data
+    return planning_view(cfg, spad_bytes=base), PerColumn(base, n), data
 
 
 def add_requant(b: ProgramBuilder, rq: dict, ch0: int, *, src: int, dst: int, cols: int, **fields) -> None:

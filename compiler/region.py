@@ -116,11 +116,16 @@ def resolve(
 
 def view(cfg: NpuConfig, r: Regions) -> RegionView:
     """The configuration the passes plan with inside `r`."""
-    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(NpuConfig)}
-    fields.update(
-        spad_bytes=r.spad_size, acc_bytes=r.acc_size, spad_start=r.spad_start, acc_start=r.acc_start
+    return planning_view(
+        cfg, spad_bytes=r.spad_size, acc_bytes=r.acc_size, spad_start=r.spad_start, acc_start=r.acc_start
     )
-    return RegionView(**fields)
+
+
+def planning_view(cfg: NpuConfig, **changes) -> RegionView:
+    """`cfg` as the passes see it with `changes` (smaller memories, a region's start): a RegionView,
+    so sizes need not be powers of two. A view of a view keeps its region's start."""
+    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    return RegionView(**{**fields, **changes})
 
 
 def relocate(instrs: list[Instr], r: Regions) -> list[Instr]:

@@ -128,6 +128,19 @@ def _requant_fields(zp_in: str = "zp_in") -> list[Field]:
     ]
 
 
+def _two_operand_requant() -> list[Field]:
+    """The rescale of VADD and VMUL after their multipliers: shift, the operands' and the output's
+    zero points and the clamp."""
+    return [
+        Field("shift", 6, default=0, doc="rounding right shift, 0..62"),
+        Field("zp_a", 8, signed=True, doc="zero point of a"),
+        Field("zp_b", 8, signed=True, doc="zero point of b"),
+        Field("zp_out", 8, signed=True, doc="output zero point"),
+        Field("lo", 8, signed=True, default=-128, doc="clamp low bound"),
+        Field("hi", 8, signed=True, default=127, doc="clamp high bound"),
+    ]
+
+
 def _rows_fields(*operands: str) -> list[Field]:
     """rows, cols and a row stride per operand: an element-wise instruction's 2-D walk."""
     return [
@@ -200,12 +213,7 @@ FORMATS: dict[Opcode, tuple[Field, ...]] = {
         _addr("dst", "int8 result"),
         *_rows_fields("a", "b", "dst"),  # b_stride 0: b is one row, broadcast
         Field("mult", 32, signed=True, default=1, doc="int32 multiplier of the product"),
-        Field("shift", 6, default=0, doc="rounding right shift, 0..62"),
-        Field("zp_a", 8, signed=True, doc="zero point of a"),
-        Field("zp_b", 8, signed=True, doc="zero point of b"),
-        Field("zp_out", 8, signed=True, doc="output zero point"),
-        Field("lo", 8, signed=True, default=-128, doc="clamp low bound"),
-        Field("hi", 8, signed=True, default=127, doc="clamp high bound"),
+        *_two_operand_requant(),
     ),
     Opcode.VADD: (
         _addr("a", "first int8 operand"),
@@ -214,12 +222,7 @@ FORMATS: dict[Opcode, tuple[Field, ...]] = {
         Field("len", 20, doc="elements"),
         Field("mult_a", 32, signed=True, default=1, doc="int32 multiplier of a"),
         Field("mult_b", 32, signed=True, default=1, doc="int32 multiplier of b"),
-        Field("shift", 6, default=0, doc="rounding right shift, 0..62"),
-        Field("zp_a", 8, signed=True, doc="zero point of a"),
-        Field("zp_b", 8, signed=True, doc="zero point of b"),
-        Field("zp_out", 8, signed=True, doc="output zero point"),
-        Field("lo", 8, signed=True, default=-128, doc="clamp low bound"),
-        Field("hi", 8, signed=True, default=127, doc="clamp high bound"),
+        *_two_operand_requant(),
     ),
     Opcode.POOL: (
         _addr("src", "input, int8 HWC with row pitch in_w * channels"),

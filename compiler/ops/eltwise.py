@@ -14,7 +14,7 @@ from npu.program import ProgramBuilder
 from npu.tensors import Layout
 from npu.timing import bank_stride
 
-from ..elementwise import add_program, concat_program, eltwise_program, mul_program
+from ..elementwise import add_program, concat_program, eltwise_program, mul_program, step_unit
 from ..graph import CompileError, node_attrs
 from ..quantize import add_multipliers, quant_multiplier, requant_params
 from . import lut
@@ -24,17 +24,12 @@ if TYPE_CHECKING:
     from ..lower import Lowerer
 
 
-def _unit(lay: Layout) -> int:
-    """The vector step an element-wise program may split at: a pixel's channels, or a row."""
-    return lay.cp if lay.kind != "dense" else (lay.shape[-1] if lay.shape and lay.shape[-1] <= 4096 else 1)
-
-
 def _clamp(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder, lo: float | None, hi: float | None) -> None:
     x = ctx.act_in(n.input[0], n)
     yq = ctx.q_out(n.output[0], n)
     y = ctx.place(yq, f"{ctx.where(n)} output", x.layout)
     params = requant_params(x.q, yq, ctx.where(n), lo, hi)
-    eltwise_program(b, ctx.cfg, x.addr, y.addr, x.nbytes, params, _unit(x.layout), ctx.step)
+    eltwise_program(b, ctx.cfg, x.addr, y.addr, x.nbytes, params, step_unit(x.layout), ctx.step)
     ctx.op_done(n, b, yq.shape)
 
 
@@ -89,7 +84,7 @@ def lower_add(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     params = dict(
         mult_a=ma, mult_b=mb, shift=shift, zp_a=xa.q.zero_point, zp_b=xb.q.zero_point, zp_out=yq.zero_point
     )
-    add_program(b, ctx.cfg, xa.addr, xb.addr, y.addr, xa.nbytes, params, _unit(xa.layout), ctx.step)
+    add_program(b, ctx.cfg, xa.addr, xb.addr, y.addr, xa.nbytes, params, step_unit(xa.layout), ctx.step)
     ctx.op_done(n, b, yq.shape)
 
 
@@ -137,7 +132,7 @@ def lower_mul(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     mult, shift = quant_multiplier(xa.q.scale * xb.q.scale / yq.scale, ctx.where(n))
     params = dict(mult=mult, shift=shift, zp_a=xa.q.zero_point, zp_b=xb.q.zero_point, zp_out=yq.zero_point)
     if not row:
-        unit = _unit(xa.layout)
+        unit = step_unit(xa.layout)
     else:
         unit = xa.layout.cp if xa.layout.kind == "hwc" else row
     mul_program(b, ctx.cfg, xa.addr, xb.addr, y.addr, xa.nbytes, params, unit, row, pad_runs, ctx.step)

@@ -27,7 +27,7 @@ from onnx.reference import ReferenceEvaluator
 from npu.isa import LUT_BYTES
 from npu.program import ProgramBuilder
 
-from ..elementwise import lut_program
+from ..elementwise import lut_program, step_unit
 from ..graph import node_attrs
 
 if TYPE_CHECKING:
@@ -63,9 +63,8 @@ def _dequant(scale: float, zp: int) -> np.ndarray:
 
 def _fake_quant(v: np.ndarray, scale: float, zp: int) -> np.ndarray:
     """QuantizeLinear then DequantizeLinear, as the int8 graph rounds (half to even, saturating)."""
-    q = np.clip(np.rint(v.astype(np.float32) / np.float32(scale)) + zp, -128, 127)
-    q = np.where(np.isnan(v), zp, q)
-    return ((q - zp).astype(np.float32) * np.float32(scale)).astype(np.float32)
+    q = table(v, scale, zp).astype(np.int64)
+    return (q - zp).astype(np.float32) * np.float32(scale)
 
 
 class _Tracer:
@@ -259,7 +258,7 @@ def lower(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     lay = x.layout
     y = ctx.place(yq, f"{ctx.where(n)} output", lay)
     t = table(lut.values, yq.scale, yq.zero_point)
-    unit = lay.cp if lay.kind != "dense" else (lay.shape[-1] if lay.shape and lay.shape[-1] <= 4096 else 1)
+    unit = step_unit(lay)
     pad_runs: list[tuple[int, int]] = []
     # padding channels hold the input's zero point and must hold the output's: fix them unless the
     # table already maps one to the other
