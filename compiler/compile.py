@@ -22,8 +22,9 @@ from .cleanup import cleanup
 from .dram import DRAM_PLANS, DramPlan
 from .graph import CompileError
 from .load import is_qdq, load
-from .lower import DramFull, lower
+from .lower import DramFull, Lowering, lower
 from .order import OBJECTIVES, SearchResult, search_order
+from .outputs import OUTPUT_PRECISIONS, clamped_by_quantisation, keep_output_precision
 from .placement import Placement, placement
 from .points import PointPolicy
 from .quantize import check_calibration, per_channel_choice, quantize_float_model
@@ -211,6 +212,7 @@ def compile_onnx(
     dram_plan: str | None = None,
     weight_scales: str = "auto",
     calib_method: str = "minmax",
+    output_precision: str = "int32",
 ) -> CompiledModel:
     """Compile an ONNX model. `order`: "search" (key-node partitioned order search with the golden
     model's timing, at most `order_budget_s` seconds) or "default" (the ONNX order). `granularity`:
@@ -228,7 +230,9 @@ def compile_onnx(
     "per-channel", "per-tensor" or "auto" (per channel when a per-tensor scale would leave some
     channel 1/8 of the int8 range or less, compiler/quantize.py); a QDQ model keeps its own.
     `calib_method`: how activation ranges come from the calibration inputs, "minmax", "percentile"
-    or "entropy" (onnxruntime's calibrators)."""
+    or "entropy" (onnxruntime's calibrators). `output_precision`: "int32" keeps a float model's
+    Gemm/MatMul outputs that only the host reads as int32 accumulators (compiler/outputs.py),
+    "int8" gives them their calibrated int8 scale; a QDQ model keeps its own."""
     if dram_plan is None:
         dram_plan = "arena" if granularity == "segment" else "bump"
     if order not in ("search", "default"):
@@ -237,6 +241,8 @@ def compile_onnx(
         raise CompileError(f"order_objective must be 'cycles' or 'memory', not {order_objective!r}")
     if dram_plan not in DRAM_PLANS:
         raise CompileError(f"dram_plan must be 'arena' or 'bump', not {dram_plan!r}")
+    if output_precision not in OUTPUT_PRECISIONS:
+        raise CompileError(f"output_precision must be 'int32' or 'int8', not {output_precision!r}")
     if granularity not in ("segment", "operator"):
         raise CompileError(f"granularity must be 'segment' or 'operator', not {granularity!r}")
     t0 = time.perf_counter()
@@ -244,32 +250,48 @@ def compile_onnx(
     regions = region.resolve(cfg, spad_region, acc_region)
     prepared = load(path, input_shapes)
     model = prepared.model
-    if not is_qdq(model):
+    float_model = not is_qdq(model)
+    if float_model:
         if calib is None:
             raise CompileError(f"{path}: a float model needs calibration data (--calib calib.npy)")
         for name, shape in prepared.nhwc_inputs.items():  # calibration comes as the input: NHWC
             calib = check_calibration(calib, name, list(shape), str(path)).transpose(0, 3, 1, 2)
         model = cleanup(model)
         per_channel = per_channel_choice(model, weight_scales, str(path))
+        clamped = clamped_by_quantisation(model)
         model = quantize_float_model(
             model, calib, str(path), per_channel=per_channel, calib_method=calib_method
         )
+        if output_precision == "int32":
+            kept = keep_output_precision(model, str(path), clamped=clamped)
+            prepared.notes += [f"{what}: {how}" for what, how in kept]
     plan_cfg = region.view(cfg, regions) if regions else cfg  # the passes plan inside the regions
-    try:
-        lowering = lower(
-            model, plan_cfg, str(path), step=cp_interval, max_live=cp_max_live,
-            nhwc_inputs=set(prepared.nhwc_inputs),
-        )  # fmt: skip
-    except DramFull:
-        if dram_plan == "bump":
-            raise
-        # every tensor at its own range does not fit, the arena may: lower into a virtual DRAM as
-        # large as the address field allows (timing does not depend on it; the planned addresses
-        # are checked against the real DRAM below)
-        lowering = lower(
-            model, dataclasses.replace(plan_cfg, dram_bytes=1 << 32), str(path), step=cp_interval,
-            max_live=cp_max_live, nhwc_inputs=set(prepared.nhwc_inputs),
-        )  # fmt: skip
+
+    def lower_model(reasons: dict[str, str] | None = None) -> Lowering:
+        try:
+            return lower(
+                model, plan_cfg, str(path), step=cp_interval, max_live=cp_max_live,
+                nhwc_inputs=set(prepared.nhwc_inputs), reasons=reasons,
+            )  # fmt: skip
+        except DramFull:
+            if dram_plan == "bump":
+                raise
+            # every tensor at its own range does not fit, the arena may: lower into a virtual DRAM
+            # as large as the address field allows (timing does not depend on it; the planned
+            # addresses are checked against the real DRAM below)
+            return lower(
+                model, dataclasses.replace(plan_cfg, dram_bytes=1 << 32), str(path), step=cp_interval,
+                max_live=cp_max_live, nhwc_inputs=set(prepared.nhwc_inputs), reasons=reasons,
+            )  # fmt: skip
+
+    lowering = lower_model()
+    if output_precision == "int32" and float_model:
+        # host operators placed so by their lowering's conditions (not known before lowering)
+        host = {f.layer.node: f.layer.reason or "" for f in lowering.frags if f.kind == "host"}
+        kept = keep_output_precision(model, str(path), set(host), clamped)
+        if kept:
+            prepared.notes += [f"{what}: {how}" for what, how in kept]
+            lowering = lower_model(host)
     search = None
     if order == "search":
         search = search_order(

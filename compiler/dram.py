@@ -108,7 +108,8 @@ class Buffers:
             for b in self._frag_buffers(f):
                 self.users[b].add(f.index)
         for t in low.inputs:
-            self.users[self.find(t.addr, t.layout.nbytes)].add(START)
+            if isinstance(t, TensorDesc):
+                self.users[self.find(t.addr, t.layout.nbytes)].add(START)
         for t in low.outputs:
             if isinstance(t, TensorDesc):
                 self.users[self.find(t.addr, t.layout.nbytes)].add(END)

@@ -61,7 +61,7 @@ class Lowering:
     cfg: NpuConfig
     frags: list[Frag]
     dram: list[tuple[int, bytes]]
-    inputs: list[TensorDesc]
+    inputs: list[TensorDesc | HostTensor]
     outputs: list[TensorDesc | HostTensor]
     dram_end: int
     # every DRAM range lowering placed (constants and activations), in address order: the virtual
@@ -118,8 +118,10 @@ class Lowerer:
         step: int = 0,
         max_live: int = 0,
         nhwc_inputs: set[str] = frozenset(),
+        reasons: dict[str, str] | None = None,
     ):
         self.graph, self.cfg, self.source = graph, cfg, graph.source
+        self.reasons = reasons or {}  # node -> why an earlier lowering placed it on the host
         self.nhwc_inputs = nhwc_inputs  # graph inputs the caller gives channels-last
         self.input_acts: dict[str, Act] = {}  # graph input -> its quantised placement
         self.max_live = max_live or cfg.spad_bytes // 4
@@ -278,6 +280,28 @@ class Lowerer:
         self.acts[q.name] = a
         return a
 
+    def place_wide(self, name: str, shape: tuple[int, ...], scales: np.ndarray, what: str) -> Act:
+        """Allocate DRAM for a node's int32 accumulator values (dense for a Gemm, HWC for a Conv;
+        one scale per column or channel, compiler/outputs.py), read by host steps and as a graph
+        output under `name`."""
+        if len(shape) == 4:
+            cp = bank_stride(self.cfg, round_up(shape[1], self.ca), self.ca)
+            lay = Layout.hwc(shape, self.ca, cp=cp, elem=4)
+        else:
+            lay = Layout.dense(shape, elem=4)
+        a = Act(QTensor(name, tuple(shape), 1.0, 0), self.alloc.take(lay.nbytes, what), lay, scales)
+        self.acts[name] = a
+        return a
+
+    def quantised(self, name: str) -> bool:
+        """True when a QuantizeLinear reads the float tensor `name`."""
+        return any(c.op_type == "QuantizeLinear" for c in self.graph.consumers.get(name, []))
+
+    def wide_output(self, name: str) -> bool:
+        """True when the node's float output `name` is kept as int32 accumulators (no QuantizeLinear
+        reads it: compiler/outputs.py removed the pair)."""
+        return not self.quantised(name)
+
     def const(self, data: bytes, what: str) -> int:
         """A constant DRAM image (weights, biases); its address."""
         addr = self.alloc.take(len(data), what, "const")
@@ -314,6 +338,9 @@ class Lowerer:
         inputs = []
         for name in g.inputs:
             qs = [c for c in g.consumers.get(name, []) if c.op_type == "QuantizeLinear"]
+            if not qs:  # read by operators the quantiser left float (a Slice): the host's input
+                inputs.append(HostTensor(name, list(g.shape(name, self.source))))
+                continue
             if len(qs) != 1:
                 raise CompileError(
                     f"{self.source}: graph input {name!r} must feed exactly one QuantizeLinear"
@@ -333,6 +360,8 @@ class Lowerer:
             p = g.producers.get(name)
             if p is not None and p.op_type == "DequantizeLinear" and p.input[0] in self.acts:
                 outputs.append(self.acts[p.input[0]].desc(name))
+            elif name in self.acts:  # int32 accumulators of a Gemm (compiler/outputs.py)
+                outputs.append(self.acts[name].desc(name))
             elif name in self.host_float:
                 outputs.append(HostTensor(name, list(self.shape(name, p))))
             else:
@@ -389,8 +418,10 @@ def lower(
     step: int = 0,
     max_live: int | None = None,
     nhwc_inputs: set[str] = frozenset(),
+    reasons: dict[str, str] | None = None,
 ) -> Lowering:
     """Lower every operator of a QDQ model (in ONNX order; `Lowering.assemble` orders them). `step`:
     split operators so that no step between cancellation point candidates exceeds it (0: no limit).
-    `nhwc_inputs`: NCHW graph inputs that the compiled model takes channels-last."""
-    return Lowerer(Graph(model, source), cfg, step, max_live or 0, nhwc_inputs).run()
+    `nhwc_inputs`: NCHW graph inputs that the compiled model takes channels-last. `reasons`: why an
+    earlier lowering placed nodes on the host (kept for those whose results then stay float)."""
+    return Lowerer(Graph(model, source), cfg, step, max_live or 0, nhwc_inputs, reasons).run()

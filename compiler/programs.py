@@ -159,13 +159,15 @@ def gemm_program(
     builder: ProgramBuilder | None = None,
     cp_base: int = 0,
     per_col: PerColumn | None = None,
+    out_i32: bool = False,
 ) -> BuiltProgram | None:
     """Tiled GEMM + requantise (+ ReLU) program; a cancellation point after every
     `cancel_every` output tiles (0: none). `mult`/`shift`: one pair, or one per output column.
     `bias_addr`: n int32 values in DRAM added to every row (preloaded into the accumulators). With
     `builder`, the instructions are appended to it and nothing is returned (the caller builds).
     `per_col`: per-channel `mult`/`shift` from a table already in the scratchpad
-    (`per_column_table`; plan with the configuration it returns)."""
+    (`per_column_table`; plan with the configuration it returns). `out_i32`: C is stored as it is
+    (m x n int32, no requantisation)."""
     t = tiling or choose_tiling(cfg, m, n, k)
     b = builder if builder is not None else ProgramBuilder(cfg)
     a_stride_sp = row_stride(cfg, t.tk)
@@ -247,29 +249,41 @@ def gemm_program(
                     accumulate=int(k0 > 0 or bias_addr is not None),
                     label=f"matmul m{m0} n{n0} k{k0}",
                 )
-            obuf = o_buf[it % 2]
-            add_requant(
-                b,
-                dict(mult=mult, shift=shift, zp_out=zp_out, lo=lo, hi=127, per_col=per_col),
-                n0,
-                src=cbuf,
-                dst=obuf,
-                rows=tm,
-                cols=tn,
-                src_stride=c_stride,
-                dst_stride=tn,
-                label=f"requant m{m0} n{n0}",
-            )
-            b.add(
-                "store",
-                spad=obuf,
-                dram=c_addr + m0 * n + n0,
-                rows=tm,
-                cols=tn,
-                spad_stride=tn,
-                dram_stride=n,
-                label=f"store m{m0} n{n0}",
-            )
+            if out_i32:  # the accumulator rows go to DRAM as they are
+                b.add(
+                    "store",
+                    spad=cbuf,
+                    dram=c_addr + 4 * (m0 * n + n0),
+                    rows=tm,
+                    cols=4 * tn,
+                    spad_stride=c_stride,
+                    dram_stride=4 * n,
+                    label=f"store C m{m0} n{n0}",
+                )
+            else:
+                obuf = o_buf[it % 2]
+                add_requant(
+                    b,
+                    dict(mult=mult, shift=shift, zp_out=zp_out, lo=lo, hi=127, per_col=per_col),
+                    n0,
+                    src=cbuf,
+                    dst=obuf,
+                    rows=tm,
+                    cols=tn,
+                    src_stride=c_stride,
+                    dst_stride=tn,
+                    label=f"requant m{m0} n{n0}",
+                )
+                b.add(
+                    "store",
+                    spad=obuf,
+                    dram=c_addr + m0 * n + n0,
+                    rows=tm,
+                    cols=tn,
+                    spad_stride=tn,
+                    dram_stride=n,
+                    label=f"store m{m0} n{n0}",
+                )
             it += 1
             tiles += 1
             last = n0 + t.tn >= n and m0 + t.tm >= m

@@ -41,11 +41,13 @@ class QTensor:
 
 @dataclass
 class Act:
-    """A quantised activation placed in DRAM: `layout` says where each element lives."""
+    """A quantised activation placed in DRAM: `layout` says where each element lives. With
+    `scales`, int32 accumulator values (real = scales[c] x q, c the column: compiler/outputs.py)."""
 
     q: QTensor
     addr: int
     layout: Layout
+    scales: np.ndarray | None = None
 
     @property
     def nbytes(self) -> int:
@@ -53,7 +55,10 @@ class Act:
 
     def desc(self, name: str) -> TensorDesc:
         """The container's description of this tensor under `name`."""
-        return TensorDesc(name, list(self.q.shape), self.q.scale, self.q.zero_point, self.addr, self.layout)
+        scales = None if self.scales is None else [float(s) for s in self.scales]
+        return TensorDesc(
+            name, list(self.q.shape), self.q.scale, self.q.zero_point, self.addr, self.layout, scales
+        )
 
 
 # ---- requantisation arithmetic (the vector unit's multiplier / shift / zero points) ----------------

@@ -67,6 +67,21 @@ class Geometry:
     def in_rows(self, rows_out: int) -> int:
         return (rows_out - 1) * self.sh + self.kh
 
+    def strip(self, x0: int, cols: int) -> tuple[Geometry, int]:
+        """The geometry of output columns [x0, x0 + cols) and the first input column it reads: the
+        strip's own input columns, its left/right padding where it meets the border."""
+        left = x0 * self.sw - self.pl
+        right = left + (cols - 1) * self.sw + self.kw
+        c0, c1 = max(left, 0), min(right, self.w)
+        s = Geometry(self.n, self.h, c1 - c0, self.oh, cols, self.kh, self.kw, self.sh, self.sw,
+                     self.pt, c0 - left, self.pb, right - c1)  # fmt: skip
+        return s, c0
+
+    def widest_strip(self, cols: int) -> Geometry:
+        """A strip of `cols` output columns without border padding: the largest one (for planning)."""
+        return Geometry(self.n, self.h, (cols - 1) * self.sw + self.kw, self.oh, cols, self.kh, self.kw,
+                        self.sh, self.sw, self.pt, 0, self.pb, 0)  # fmt: skip
+
 
 def geometry(x: Act, y: Act, kernel, strides, pads, where: str) -> Geometry:
     n, _, h, w = x.layout.nchw
@@ -83,10 +98,21 @@ def geometry(x: Act, y: Act, kernel, strides, pads, where: str) -> Geometry:
 
 
 def _load_band(
-    b: ProgramBuilder, x: Act, g: Geometry, n: int, y0: int, rows_out: int, buf: int, fill: int, label: str
+    b: ProgramBuilder,
+    x: Act,
+    g: Geometry,
+    n: int,
+    y0: int,
+    rows_out: int,
+    buf: int,
+    fill: int,
+    label: str,
+    col0: int = 0,
 ) -> None:
-    """Padded input rows for output rows [y0, y0 + rows_out) of frame n, all channels, at `buf`."""
+    """Padded input rows for output rows [y0, y0 + rows_out) of frame n, all channels, at `buf`;
+    `g` may be a strip of the tensor's width starting at input column `col0` (Geometry.strip)."""
     cp = x.layout.cp
+    width = x.layout.nchw[3]  # the tensor's row, of which the band reads g.w columns
     top = y0 * g.sh - g.pt  # first input row (may be negative: padding)
     bottom = top + g.in_rows(rows_out)
     r0, r1 = max(top, 0), min(bottom, g.h)
@@ -96,11 +122,11 @@ def _load_band(
     b.add(
         "load",
         spad=buf,
-        dram=x.addr + ((n * g.h + r0) * g.w) * cp,
+        dram=x.addr + ((n * g.h + r0) * width + col0) * cp,
         rows=r1 - r0,
         cols=g.w * cp if r1 > r0 else 0,
         spad_stride=g.wp * cp,
-        dram_stride=g.w * cp,
+        dram_stride=width * cp,
         pad_top=pad_top,
         pad_bottom=pad_bottom,
         pad_left=g.pl * cp,
@@ -127,6 +153,7 @@ class ConvPlan:
     band_mode: bool
     est_cycles: int
     spad_bytes: int
+    cols: int = 0  # output columns per strip (width splitting; 0: the whole width)
 
     def describe(self, g: Geometry, cout_p: int, cin_win: int) -> str:
         parts = []
@@ -138,6 +165,8 @@ class ConvPlan:
             parts.append(f"in-channel x{cdiv(cin_win, self.ci_t)}")
         if self.rows < g.oh:
             parts.append(f"height x{cdiv(g.oh, self.rows)} (halo {max(g.kh - g.sh, 0)})")
+        if self.cols:
+            parts.append(f"width x{cdiv(g.ow, self.cols)} (halo {max(g.kw - g.sw, 0)})")
         return ", ".join(parts) or "none"
 
 
@@ -161,10 +190,7 @@ def plan_conv(
     reads: all of them, or for a grouped convolution the widest window of its groups."""
     ca = channel_align(cfg)
     if g.wp * cpx > 0xFFFF:
-        raise CompileError(
-            f"{where}: an input row of {g.wp} x {cpx} bytes exceeds one DMA row (65535); "
-            "width splitting is not supported"
-        )
+        raise CompileError(f"{where}: an input row of {g.wp} x {cpx} bytes exceeds one DMA row (65535)")
     band_mode = g.sh == 1 and g.sw == 1
     best = None
     co_opts = sorted({min(cout_p, co_step * (1 << j)) for j in range(16)} | {cout_p})
@@ -230,9 +256,44 @@ def plan_conv(
             f"{where}: no tiling fits {memory_name(cfg)} and {memory_name(cfg, acc=True)}: the smallest "
             f"(one output row of {g.ow} pixels, {co_t} output and {ci_t} input channels, an input band of "
             f"{g.in_rows(1)} rows x {g.wp} x {cpx} bytes) needs {spad} scratchpad and "
-            f"{2 * m * acc_row_stride(cfg, co_t)} accumulator bytes; width splitting is not supported"
+            f"{2 * m * acc_row_stride(cfg, co_t)} accumulator bytes"
         )
     return best[1]
+
+
+def plan_conv_strips(
+    cfg: NpuConfig,
+    g: Geometry,
+    cpx: int,
+    cout_p: int,
+    win_of: Callable[[int], int],
+    co_step: int,
+    where: str,
+    max_step: int = 0,
+    max_live: int = 0,
+) -> tuple[ConvPlan, Geometry]:
+    """`plan_conv` over the whole width, else over strips of the output width (halo `kw - sw`
+    input columns shared by neighbours), the widest that fits; returns the plan and the geometry it
+    was made for (the widest strip)."""
+    try:
+        return plan_conv(cfg, g, cpx, cout_p, win_of, co_step, where, max_step, max_live), g
+    except CompileError as e:
+        error = e
+    widths, parts = set(), 2
+    while parts < g.ow:
+        widths.add(cdiv(g.ow, parts))
+        parts = parts + 1 if parts < 8 else parts * 3 // 2
+    for cols in sorted(widths | {1}, reverse=True):  # the widest strips first, one column last
+        gs = g.widest_strip(cols)
+        try:
+            plan = plan_conv(cfg, gs, cpx, cout_p, win_of, co_step, where, max_step, max_live)
+        except CompileError as e:
+            error = e
+        else:
+            strips = cdiv(g.ow, cols)
+            plan.cols, plan.est_cycles = cols, plan.est_cycles * strips
+            return plan, gs
+    raise CompileError(f"{error} (also split into strips of the width, down to one output column)")
 
 
 def conv_program(
@@ -252,8 +313,9 @@ def conv_program(
 ) -> dict:
     """Emit a convolution. `weights` int8 (Cout, Cin/groups, kh, kw); `bias` int64 (Cout), the input
     zero point already folded in; `rq` the requantisation fields of the VMAP (mult, shift, zp_out,
-    lo, hi; mult and shift may be per output channel, see `add_requant`). Returns the plan for the
-    compile report."""
+    lo, hi; mult and shift may be per output channel, see `add_requant`), or None: `y` holds the
+    int32 accumulators (4-byte elements, stored from the accumulator memory as they are). Returns
+    the plan for the compile report."""
     ca = channel_align(cfg)
     cout, cin_g = weights.shape[:2]
     cpx, cpy = x.layout.cp, y.layout.cp
@@ -271,7 +333,10 @@ def conv_program(
     def win_of(co_t: int) -> int:
         return max(window(c0, co_t)[1] for c0 in range(0, cout, co_t)) if groups > 1 else cpx
 
-    plan = plan_conv(cfg, g, cpx, cpy, win_of, co_step, where, max_step, max_live)
+    plan, gp = plan_conv_strips(cfg, g, cpx, cpy, win_of, co_step, where, max_step, max_live)
+    strips = [(g, 0, 0)]  # (geometry, first input column, first output column) of each strip
+    if plan.cols:
+        strips = [g.strip(x0, min(plan.cols, g.ow - x0)) + (x0,) for x0 in range(0, g.ow, plan.cols)]
     taps = g.kh * g.kw
 
     # weight blocks per (output tile, input chunk): [co_t][kh][kw][chunk], zero where no connection
@@ -296,8 +361,8 @@ def conv_program(
 
     # on-chip buffers
     band_mode = plan.band_mode
-    m_max = _conv_m(g, plan.rows, band_mode)
-    in_bytes = g.in_rows(plan.rows) * g.wp * cpx
+    m_max = _conv_m(gp, plan.rows, band_mode)
+    in_bytes = gp.in_rows(plan.rows) * gp.wp * cpx
     wbytes = plan.co_t * bank_stride(cfg, taps * plan.ci_t, cfg.lanes)
     single_w = len(tiles) == 1 and len(tiles[0].chunks) == 1
     act_bytes, w_base = spad_regions(cfg)
@@ -330,13 +395,13 @@ def conv_program(
                 dram_stride=row,
                 label=f"weights co{t.co0}",
             )
-        for n in range(g.n):
+        for n, (gs, col0, x0) in ((n, s) for n in range(g.n) for s in strips):
             for y0 in range(0, g.oh, plan.rows):
                 rows = min(plan.rows, g.oh - y0)
-                m = _conv_m(g, rows, band_mode)
+                m = _conv_m(gs, rows, band_mode)
                 ib, ob, ab = in_bufs[k % 2], out_bufs[k % 2], acc_bufs[k % 2]
                 k += 1
-                _load_band(b, x, g, n, y0, rows, ib, zpx, f"input n{n} y{y0}")
+                _load_band(b, x, gs, n, y0, rows, ib, zpx, f"input n{n} y{y0} x{x0}", col0)
                 b.add(
                     "load",
                     spad=ab,
@@ -368,7 +433,7 @@ def conv_program(
                             if band_mode:
                                 b.add(
                                     "matmul",
-                                    a=ib + ky * g.wp * cpx + chan,
+                                    a=ib + ky * gs.wp * cpx + chan,
                                     b=bw,
                                     c=ab,
                                     m=m,
@@ -383,10 +448,10 @@ def conv_program(
                                 for r in range(rows):
                                     b.add(
                                         "matmul",
-                                        a=ib + (r * g.sh + ky) * g.wp * cpx + chan,
+                                        a=ib + (r * g.sh + ky) * gs.wp * cpx + chan,
                                         b=bw,
-                                        c=ab + r * g.ow * c_stride,
-                                        m=g.ow,
+                                        c=ab + r * gs.ow * c_stride,
+                                        m=gs.ow,
                                         n=t.co_t,
                                         k=cl,
                                         a_stride=g.sw * cpx,
@@ -394,18 +459,33 @@ def conv_program(
                                         c_stride=c_stride,
                                         accumulate=1,
                                     )
+                wv = gs.wp if band_mode else gs.ow
+                if rq is None:  # int32 results: each output row's pixels straight from the accumulators
+                    out = y.addr + (((n * g.oh + y0) * g.ow + x0) * cpy + t.co0) * 4
+                    for r in range(rows):
+                        b.add(
+                            "store",
+                            spad=ab + r * wv * c_stride,
+                            dram=out + r * g.ow * cpy * 4,
+                            rows=gs.ow,
+                            cols=4 * t.co_t,
+                            spad_stride=c_stride,
+                            dram_stride=4 * cpy,
+                            label="output (int32)",
+                        )
+                    b.candidate()
+                    continue
                 add_requant(
                     b, rq, t.co0, src=ab, dst=ob, rows=m, cols=t.co_t, src_stride=c_stride, dst_stride=t.co_t
                 )
-                wv = g.wp if band_mode else g.ow
-                out = y.addr + ((n * g.oh + y0) * g.ow) * cpy + t.co0
+                out = y.addr + ((n * g.oh + y0) * g.ow + x0) * cpy + t.co0
                 if t.co_t == cpy:
                     b.add(
                         "store",
                         spad=ob,
                         dram=out,
                         rows=rows,
-                        cols=g.ow * cpy,
+                        cols=gs.ow * cpy,
                         spad_stride=wv * cpy,
                         dram_stride=g.ow * cpy,
                         label="output",
@@ -416,7 +496,7 @@ def conv_program(
                             "store",
                             spad=ob + r * wv * t.co_t,
                             dram=out + r * g.ow * cpy,
-                            rows=g.ow,
+                            rows=gs.ow,
                             cols=t.co_t,
                             spad_stride=t.co_t,
                             dram_stride=cpy,
@@ -484,26 +564,27 @@ def pool_program(
     out_bufs = [o0, o0 + round_up(out_bytes, cfg.lanes)]
     k = 0
     for c0 in range(0, cp, ct):
+        cl = min(ct, cp - c0)  # the last channel tile may be narrower
         for n in range(g.n):
             for y0 in range(0, g.oh, rows_max):
                 rows = min(rows_max, g.oh - y0)
                 ib, ob = in_bufs[k % 2], out_bufs[k % 2]
                 k += 1
-                if ct == cp:
+                if cl == cp:
                     _load_band(b, x, g, n, y0, rows, ib, fill, f"input n{n} y{y0}")
                 else:  # a channel slice: one DMA row per pixel, padding pixels as pad rows
                     top = y0 * g.sh - g.pt
                     for i in range(g.in_rows(rows)):
                         h = top + i
-                        dst = ib + i * g.wp * ct
+                        dst = ib + i * g.wp * cl
                         if 0 <= h < g.h:
                             b.add(
                                 "load",
                                 spad=dst,
                                 dram=x.addr + ((n * g.h + h) * g.w) * cp + c0,
                                 rows=g.w,
-                                cols=ct,
-                                spad_stride=ct,
+                                cols=cl,
+                                spad_stride=cl,
                                 dram_stride=cp,
                                 pad_top=g.pl,
                                 pad_bottom=g.wp - g.w - g.pl,
@@ -516,7 +597,7 @@ def pool_program(
                                 rows=0,
                                 cols=0,
                                 pad_top=1,
-                                pad_left=g.wp * ct,
+                                pad_left=g.wp * cl,
                                 spad_stride=0,
                                 pad_value=fill,
                             )
@@ -524,7 +605,7 @@ def pool_program(
                     "pool",
                     src=ib,
                     dst=ob,
-                    channels=ct,
+                    channels=cl,
                     in_w=g.wp,
                     out_h=rows,
                     out_w=g.ow,
@@ -535,17 +616,17 @@ def pool_program(
                     mode=mode,
                     **rq,
                 )
-                row = g.ow * ct
+                row = g.ow * cl
                 if rescale is not None:
                     b.add(
                         "vmap", src=ob, dst=ob, rows=rows, cols=row, src_stride=row, dst_stride=row, **rescale
                     )
                 out = y.addr + ((n * g.oh + y0) * g.ow) * cp + c0
-                if ct == cp:
+                if cl == cp:
                     b.add("store", spad=ob, dram=out, rows=rows, cols=row, spad_stride=row, dram_stride=row)
                 else:
                     b.add(
-                        "store", spad=ob, dram=out, rows=rows * g.ow, cols=ct, spad_stride=ct, dram_stride=cp
+                        "store", spad=ob, dram=out, rows=rows * g.ow, cols=cl, spad_stride=cl, dram_stride=cp
                     )
                 b.candidate()
     parts = ([f"frame x{g.n}"] if g.n > 1 else []) + ([f"channel x{cdiv(cp, ct)}"] if ct < cp else [])

@@ -49,8 +49,9 @@ class ContainerError(ValueError):
 
 @dataclass
 class TensorDesc:
-    """An int8 tensor in DRAM at `addr`; real value = scale x (q - zero_point), elements placed by
-    `layout`."""
+    """A quantised tensor in DRAM at `addr`, elements placed by `layout`: int8 with real value =
+    scale x (q - zero_point), or (with `scales`) int32 accumulator values with real value =
+    scales[c] x q, c the index along axis 1 (a Gemm's output column)."""
 
     name: str
     shape: list[int]
@@ -58,11 +59,13 @@ class TensorDesc:
     zero_point: int
     addr: int
     layout: Layout
+    scales: list[float] | None = None
 
 
 @dataclass
 class HostTensor:
-    """A float model output computed by a host step (never in DRAM)."""
+    """A float model output computed by a host step, or a float model input only host steps read
+    (never in DRAM)."""
 
     name: str
     shape: list[int]
@@ -174,7 +177,7 @@ class Manifest:
     config: str  # configuration name (informative; the header's id decides)
     program: ProgramInfo
     dram: list[DramImage]
-    inputs: list[TensorDesc]
+    inputs: list[TensorDesc | HostTensor]  # HostTensor: a float input only host steps read
     outputs: list[TensorDesc | HostTensor]
     segments: list[Segment]
     layers: list[Layer]

@@ -41,17 +41,24 @@ def dequantize(q: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
 
 def write_tensor(dev: Device, desc: TensorDesc, x: np.ndarray) -> None:
     lay = desc.layout
+    if desc.scales is not None:
+        raise ValueError(f"tensor {desc.name}: int32 accumulator values are written by the NPU only")
     q = quantize(np.asarray(x, np.float32).reshape(lay.shape), desc.scale, desc.zero_point)
     dev.write_dram(desc.addr, lay.pack(q, desc.zero_point))
 
 
 def read_tensor_int8(dev: Device, desc: TensorDesc) -> np.ndarray:
+    """The raw values: int8, or int32 for a tensor of accumulator values (`desc.scales`)."""
     lay = desc.layout
     return lay.unpack(dev.read_dram(desc.addr, lay.nbytes)).reshape(desc.shape)
 
 
 def read_tensor(dev: Device, desc: TensorDesc) -> np.ndarray:
-    return dequantize(read_tensor_int8(dev, desc), desc.scale, desc.zero_point)
+    q = read_tensor_int8(dev, desc)
+    if desc.scales is not None:  # int32 accumulators, one scale per column (axis 1)
+        s = np.asarray(desc.scales, np.float64).reshape([-1 if d == 1 else 1 for d in range(q.ndim)])
+        return (q.astype(np.float64) * s).astype(np.float32)
+    return dequantize(q, desc.scale, desc.zero_point)
 
 
 class HostStepError(RuntimeError):
@@ -113,14 +120,16 @@ def check_inputs(
 def write_inputs(manifest: Manifest, dev: Device, xs: list[np.ndarray], env: dict[str, np.ndarray]) -> None:
     """Quantise the (checked) float inputs into DRAM; host steps may read them from `env` too."""
     for t, x in zip(manifest.inputs, xs, strict=True):
-        write_tensor(dev, t, x)
+        if isinstance(t, TensorDesc):  # else an input only host steps read
+            write_tensor(dev, t, x)
         env[t.name] = x
 
 
 def read_outputs(
     manifest: Manifest, dev: Device, env: dict[str, np.ndarray], int8: bool = False
 ) -> list[np.ndarray]:
-    """The outputs: from DRAM (dequantised, or int8 with `int8`) or from a host step's results."""
+    """The outputs: from DRAM (dequantised, or raw with `int8`: int8, or int32 accumulator values
+    for an output kept at full precision) or from a host step's results."""
     outs = []
     for t in manifest.outputs:
         if isinstance(t, TensorDesc):

@@ -8,6 +8,9 @@ runtime reads (and the `.npub` manifest records).
 * `flat`: the 2-D view (N, C*H*W) of an `hwc` tensor (ONNX Flatten/Reshape), no data moved.
 * `nhwc`: the channels-last view (N, H, W, C) of an `hwc` tensor: a model input given channels-last
   (its Transpose to NCHW folded by the compiler), no data moved.
+
+Elements are `elem` bytes: 1 (int8), or 4 (int32 little-endian: accumulator values a Gemm or Conv
+stores for a result only the host reads, compiler/outputs.py); offsets and sizes count bytes.
 """
 
 from __future__ import annotations
@@ -26,37 +29,46 @@ class Layout:
     nchw: tuple[int, int, int, int] | None = None  # hwc and flat: the 4-D tensor
     cp: int = 0
     chan: tuple[int, ...] = ()
+    elem: int = 1  # bytes per element: 1 int8, 4 int32 (dense and hwc)
 
     @staticmethod
-    def dense(shape: tuple[int, ...]) -> Layout:
-        return Layout("dense", tuple(int(s) for s in shape))
+    def dense(shape: tuple[int, ...], elem: int = 1) -> Layout:
+        if elem not in (1, 4):
+            raise ValueError(f"a dense tensor has 1- or 4-byte elements, not {elem}")
+        return Layout("dense", tuple(int(s) for s in shape), elem=elem)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(np.int8 if self.elem == 1 else "<i4")
 
     @staticmethod
-    def hwc(nchw: tuple[int, ...], align: int, chan: tuple[int, ...] | None = None, cp: int = 0) -> Layout:
+    def hwc(
+        nchw: tuple[int, ...], align: int, chan: tuple[int, ...] | None = None, cp: int = 0, elem: int = 1
+    ) -> Layout:
         n, c, h, w = (int(s) for s in nchw)
         chan = tuple(range(c)) if chan is None else tuple(int(x) for x in chan)
         cp = max(cp, round_up((max(chan, default=-1) + 1), align))
-        return Layout("hwc", (n, c, h, w), (n, c, h, w), cp, chan)
+        return Layout("hwc", (n, c, h, w), (n, c, h, w), cp, chan, elem)
 
     def flatten(self) -> Layout:
         if self.kind != "hwc":
             raise ValueError("only an hwc tensor has a flat view")
         n, c, h, w = self.nchw
-        return Layout("flat", (n, c * h * w), self.nchw, self.cp, self.chan)
+        return Layout("flat", (n, c * h * w), self.nchw, self.cp, self.chan, self.elem)
 
     def channels_last(self) -> Layout:
         """The same bytes seen as an (N, H, W, C) tensor."""
         if self.kind != "hwc":
             raise ValueError("only an hwc tensor has a channels-last view")
         n, c, h, w = self.nchw
-        return Layout("nhwc", (n, h, w, c), self.nchw, self.cp, self.chan)
+        return Layout("nhwc", (n, h, w, c), self.nchw, self.cp, self.chan, self.elem)
 
     @property
     def nbytes(self) -> int:
         if self.kind == "dense":
-            return int(np.prod(self.shape))
+            return int(np.prod(self.shape)) * self.elem
         n, _, h, w = self.nchw
-        return n * h * w * self.cp
+        return n * h * w * self.cp * self.elem
 
     @property
     def pixels(self) -> int:
@@ -66,15 +78,18 @@ class Layout:
     def offsets(self) -> np.ndarray:
         """Byte offset of every logical element, an int64 array of the logical shape."""
         if self.kind == "dense":
-            return np.arange(int(np.prod(self.shape)), dtype=np.int64).reshape(self.shape)
+            n = int(np.prod(self.shape))
+            return np.arange(0, n * self.elem, self.elem, dtype=np.int64).reshape(self.shape)
         n, c, h, w = self.nchw
         pix = np.arange(n * h * w, dtype=np.int64).reshape(n, 1, h, w) * self.cp
-        off = pix + np.asarray(self.chan, np.int64).reshape(1, c, 1, 1)
+        off = (pix + np.asarray(self.chan, np.int64).reshape(1, c, 1, 1)) * self.elem
         if self.kind == "nhwc":
             return off.transpose(0, 2, 3, 1)
         return off.reshape(self.shape)
 
     def pack(self, q: np.ndarray, fill: int) -> bytes:
+        if self.elem != 1:  # int32 tensors are only ever written by the NPU
+            raise ValueError("only int8 tensors are packed by the host")
         q = np.asarray(q, np.int8)
         if q.shape != self.shape:
             raise ValueError(f"tensor shape {q.shape}, the layout holds {self.shape}")
@@ -83,6 +98,9 @@ class Layout:
         return buf.tobytes()
 
     def unpack(self, data: bytes) -> np.ndarray:
+        """The tensor's values (int8, or int32 for 4-byte elements) from its DRAM bytes."""
+        if self.elem == 4:
+            return np.frombuffer(data, "<i4", count=self.nbytes // 4)[self.offsets() // 4].astype(np.int32)
         buf = np.frombuffer(data, np.int8, count=self.nbytes)
         return buf[self.offsets()].copy()
 
@@ -90,13 +108,16 @@ class Layout:
         d = {"kind": self.kind, "shape": list(self.shape)}
         if self.kind != "dense":
             d.update(nchw=list(self.nchw), cp=self.cp, chan=list(self.chan))
+        if self.elem != 1:
+            d["elem"] = self.elem
         return d
 
     @staticmethod
     def from_json(d: dict) -> Layout:
         if d["kind"] == "dense":
-            return Layout.dense(tuple(d["shape"]))
+            return Layout.dense(tuple(d["shape"]), int(d.get("elem", 1)))
         if d["kind"] not in ("hwc", "flat", "nhwc"):
             raise ValueError(f"unknown tensor layout kind {d['kind']!r}")
-        lay = Layout("hwc", tuple(d["nchw"]), tuple(d["nchw"]), int(d["cp"]), tuple(d["chan"]))
+        nchw, elem = tuple(d["nchw"]), int(d.get("elem", 1))
+        lay = Layout("hwc", nchw, nchw, int(d["cp"]), tuple(d["chan"]), elem)
         return {"flat": lay.flatten, "nhwc": lay.channels_last}.get(d["kind"], lambda: lay)()

@@ -19,6 +19,7 @@ from npu.isa import ErrorCode, IsaError
 from npu.program import ProgramBuilder
 
 from ..graph import CompileError
+from ..outputs import WIDE_OPS
 from ..region import memory_name
 from . import conv, eltwise, gemm, pool, view  # noqa: F401 - each registers its operators
 from .host import lower_host
@@ -36,6 +37,9 @@ def placement(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
     if any(i in ctx.host_float for i in n.input if i):
         return "its input is computed on the host"
     r = RULES.get(n.op_type)
+    if n.op_type not in WIDE_OPS and not all(ctx.quantised(o) for o in n.output if o):
+        # a result kept float (compiler/outputs.py): why an earlier lowering put it on the host
+        return ctx.reasons.get(n.name, "its result is not quantised (a float output, or read by the host)")
     if r is None:
         return "no NPU lowering for this operator"
     return r.check(ctx, n) if r.check else None

@@ -40,9 +40,14 @@ def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     bias = ctx.bias(n, 2, cout, x, s_w) - x.q.zero_point * w.astype(np.int64).sum(axis=(1, 2, 3))
     if np.abs(bias).max(initial=0) >= 2**31:
         raise CompileError(f"{where}: folded bias overflows int32")
-    yq = ctx.q_out(n.output[0], n)
-    y = ctx.place(yq, f"{where} output")
+    if ctx.wide_output(n.output[0]):  # the accumulators themselves are the result (compiler/outputs.py)
+        shape = ctx.shape(n.output[0], n)
+        y = ctx.place_wide(n.output[0], shape, x.q.scale * np.asarray(s_w, np.float64), f"{where} output")
+        plan_cfg, rq = ctx.cfg, None
+    else:
+        yq = ctx.q_out(n.output[0], n)
+        y = ctx.place(yq, f"{where} output")
+        plan_cfg, rq = ctx.per_column(b, channel_requant(x.q, s_w, yq, where), where)
     geo = geometry(x, y, (kh, kw), a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0]), where)
-    plan_cfg, rq = ctx.per_column(b, channel_requant(x.q, s_w, yq, where), where)
     info = conv_program(b, plan_cfg, x, y, w, bias, groups, geo, rq, ctx.const, where, ctx.step, ctx.max_live)
-    ctx.op_done(n, b, yq.shape, info)
+    ctx.op_done(n, b, y.q.shape, info)

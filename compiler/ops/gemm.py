@@ -47,11 +47,17 @@ def lower_gemm(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         wp = np.zeros((n_, k_phys), np.int8)
         wp[:, perm] = wt
         wt = wp
-    yq = ctx.q_out(n.output[0], n)
-    cfg, rq = ctx.per_column(b, channel_requant(x.q, s_w, yq, where), where)
     w_addr = ctx.const(np.ascontiguousarray(wt, np.int8).tobytes(), f"{where} weights")
     bias_addr = ctx.const(bias.astype("<i4").tobytes(), f"{where} bias")
-    y = ctx.place(yq, f"{where} output")
+    wide = ctx.wide_output(n.output[0])
+    if wide:  # the accumulators themselves are the output (compiler/outputs.py)
+        cfg, rq, zp_out = ctx.cfg, {"mult": 1, "shift": 0}, 0
+        y = ctx.place_wide(n.output[0], (m_, n_), x.q.scale * np.asarray(s_w, np.float64), f"{where} output")
+    else:
+        yq = ctx.q_out(n.output[0], n)
+        cfg, rq = ctx.per_column(b, channel_requant(x.q, s_w, yq, where), where)
+        zp_out = yq.zero_point
+        y = ctx.place(yq, f"{where} output")
     try:
         tiling = choose_tiling(cfg, m_, n_, wt.shape[1])
     except ValueError:
@@ -72,10 +78,11 @@ def lower_gemm(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         y.addr,
         mult=rq["mult"],
         shift=rq["shift"],
-        zp_out=yq.zero_point,
+        zp_out=zp_out,
         bias_addr=bias_addr,
         tiling=tiling,
         builder=b,
         per_col=rq.get("per_col"),
+        out_i32=wide,
     )
     ctx.op_done(n, b, [m_, n_, k_])

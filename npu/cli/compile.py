@@ -61,6 +61,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "calibrators): the extremes seen (default), the 99.999th percentile, or entropy",
     )
     p.add_argument(
+        "--output-precision",
+        choices=["int32", "int8"],
+        default="int32",
+        help="a float model's outputs: int32 (default: a Gemm/MatMul read only as a graph output or "
+        "by host operators such as Softmax stores its int32 accumulators, dequantised on the host "
+        "with one scale per column, so logits are neither clipped nor rounded to the calibrated "
+        "int8 scale) or int8 (the calibrated output scale)",
+    )
+    p.add_argument(
         "--order-budget",
         type=positive_float,
         default=10.0,
@@ -161,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
             order_objective=args.order_objective,
             weight_scales=args.weight_scales,
             calib_method=args.calib_method,
+            output_precision=args.output_precision,
             cp_interval=args.cp_interval,
             cp_max_live=args.cp_max_live,
             granularity=args.granularity,

