@@ -2,6 +2,7 @@
 
 * `gemm`: Gemm, MatMul;  `conv`: Conv;  `pool`: MaxPool, AveragePool, GlobalAveragePool;
 * `resize`: Resize with nearest-neighbour sampling by integer factors (a DMA program);
+* `split`: Split along channels (a DMA copy per output);
 * `eltwise`: Relu, Clip, Add, Sum, Concat, and (`lut`) every element-wise function of one
   activation through a 256-entry table (Sigmoid, Tanh, HardSwish, SiLU, Mul by a scalar, ...);
 * `view`: Flatten, Reshape (no data moved);
@@ -22,7 +23,7 @@ from npu.program import ProgramBuilder
 from ..graph import CompileError
 from ..outputs import WIDE_OPS
 from ..region import memory_name
-from . import conv, eltwise, gemm, pool, resize, view  # noqa: F401 - each registers its operators
+from . import conv, eltwise, gemm, pool, resize, split, view  # noqa: F401 - each registers its operators
 from .host import lower_host
 from .lut import is_absorbed
 from .registry import RULES
