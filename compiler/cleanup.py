@@ -4,9 +4,9 @@
 * constant folding and shape inference to a fixpoint (`fold.py`: Constant, Shape/Size of static
   tensors and any node whose inputs are all constants, evaluated with `onnx.reference`);
 * Sum of more than two inputs becomes a chain of Adds;
-* BatchNormalization after a Conv is folded into the Conv's weights and bias, and so is an Add, Sub,
-  Mul or Div of a per-channel (or scalar) constant (batch normalisation exported as Mul and Add, or a
-  bias kept apart from its convolution);
+* BatchNormalization after a Conv (or a ConvTranspose) is folded into its weights and bias, and so
+  is an Add, Sub, Mul or Div of a per-channel (or scalar) constant after a Conv (batch normalisation
+  exported as Mul and Add, or a bias kept apart from its convolution);
 * MatMul of a 2-D activation by a constant, followed by an Add of a constant vector, becomes Gemm.
 
 Activation fusion (Relu/Clip into the preceding Conv/Gemm) is done by the quantiser: onnxruntime
@@ -55,6 +55,7 @@ def cleanup(model: onnx.ModelProto) -> onnx.ModelProto:
 
     nodes = _fold_batchnorm(nodes, consts, outputs)
     nodes = _fold_channel_affine(nodes, consts, outputs)
+    nodes = _fold_batchnorm(nodes, consts, outputs)  # a BatchNormalization after a folded bias Add
     _rebuild(model, nodes, consts, outputs)
     # shapes again: folding made Reshape targets constant, so MatMul operands may now be known 2-D
     shapes = Graph(model).static_shapes()
@@ -114,7 +115,8 @@ def _fold_batchnorm(nodes: list, consts: dict, outputs: set[str]) -> list:
         conv = producers.get(bn.input[0])
         if (
             conv is None
-            or conv.op_type != "Conv"
+            or conv.op_type not in ("Conv", "ConvTranspose")
+            or node_attrs(conv).get("group", 1) != 1 and conv.op_type == "ConvTranspose"
             or len(cons.get(conv.output[0], [])) != 1
             or conv.output[0] in outputs
             or not all(x in consts for x in list(bn.input[1:5]) + [conv.input[1]])
@@ -126,7 +128,8 @@ def _fold_batchnorm(nodes: list, consts: dict, outputs: set[str]) -> list:
         b = consts[conv.input[2]].astype(np.float64) if len(conv.input) > 2 and conv.input[2] else 0.0
         f = gamma / np.sqrt(var + eps)
         wname, bname = conv.input[1] + "_bnfold", conv.output[0] + "_bnfold_bias"
-        consts[wname] = (w * f.reshape(-1, 1, 1, 1)).astype(np.float32)
+        axis = (1, -1, 1, 1) if conv.op_type == "ConvTranspose" else (-1, 1, 1, 1)  # output channels
+        consts[wname] = (w * f.reshape(axis)).astype(np.float32)
         consts[bname] = ((b - mean) * f + beta).astype(np.float32)
         data = conv.input[0]
         del conv.input[:]
@@ -149,8 +152,9 @@ def _channel_vector(c: np.ndarray, channels: int) -> np.ndarray | None:
 
 
 def _fold_channel_affine(nodes: list, consts: dict, outputs: set[str]) -> list:
-    """conv(x) + c, conv(x) - c, conv(x) * c, conv(x) / c with c constant per output channel: the
-    same convolution with scaled weights and a shifted bias (exact in float), until none is left."""
+    """conv(x) + c, conv(x) - c, conv(x) * c, conv(x) / c with c constant per output channel (conv a
+    Conv or an ungrouped ConvTranspose): the same convolution with scaled weights and a shifted bias
+    (exact in float), until none is left."""
     while True:
         cons = _consumers(nodes)
         producers = {o: n for n in nodes for o in n.output}
@@ -161,25 +165,28 @@ def _fold_channel_affine(nodes: list, consts: dict, outputs: set[str]) -> list:
             for k in (0, 1):
                 conv, c = producers.get(n.input[k]), consts.get(n.input[1 - k])
                 if (
-                    conv is None or c is None or conv.op_type != "Conv" or id(conv) in drop
+                    conv is None or c is None or id(conv) in drop
+                    or conv.op_type not in ("Conv", "ConvTranspose")
+                    or (conv.op_type == "ConvTranspose" and node_attrs(conv).get("group", 1) != 1)
                     or len(cons.get(conv.output[0], [])) != 1 or conv.output[0] in outputs
                     or conv.input[1] not in consts or (len(conv.input) > 2 and conv.input[2] not in consts)
                     or (k == 1 and n.op_type in ("Sub", "Div"))  # c - conv, c / conv: not affine in conv
                 ):  # fmt: skip
                     continue
                 w = consts[conv.input[1]].astype(np.float64)
-                v = _channel_vector(np.asarray(c), w.shape[0])
+                axis = 1 if conv.op_type == "ConvTranspose" else 0  # the weights' output channels
+                v = _channel_vector(np.asarray(c), w.shape[axis])
                 if v is None or (n.op_type == "Div" and np.any(v == 0)):
                     continue
                 b = consts[conv.input[2]].astype(np.float64) if len(conv.input) > 2 and conv.input[2] else 0.0
                 if n.op_type in ("Mul", "Div"):
                     f = v if n.op_type == "Mul" else 1 / v
-                    w, b = w * f.reshape(-1, 1, 1, 1), b * f
+                    w, b = w * f.reshape([-1 if d == axis else 1 for d in range(4)]), b * f
                 else:
                     b = b + (v if n.op_type == "Add" else -v)
                 wname, bname = n.output[0] + "_fold_w", n.output[0] + "_fold_b"
                 consts[wname] = w.astype(np.float32)
-                consts[bname] = np.broadcast_to(b, (w.shape[0],)).astype(np.float32)
+                consts[bname] = np.broadcast_to(b, (w.shape[axis],)).astype(np.float32)
                 data = conv.input[0]
                 del conv.input[:]
                 conv.input.extend([data, wname, bname])

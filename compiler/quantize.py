@@ -174,8 +174,10 @@ DEAD_CHANNEL = 1 / (8 * 127)
 
 
 def out_channel_axis(n: onnx.NodeProto) -> int:
-    """The output-channel axis of a Conv/Gemm/MatMul node's weights (input 1): Conv's axis 0, the
-    rows of a transposed Gemm B, else B's columns (the last axis)."""
+    """The output-channel axis of a Conv/ConvTranspose/Gemm/MatMul node's weights (input 1): Conv's
+    axis 0, ConvTranspose's axis 1, the rows of a transposed Gemm B, else B's columns (the last)."""
+    if n.op_type == "ConvTranspose":
+        return 1
     trans_b = any(a.name == "transB" and a.i for a in n.attribute)
     return 0 if n.op_type == "Conv" or trans_b else -1
 

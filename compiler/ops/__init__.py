@@ -1,6 +1,7 @@
 """Operator lowering, one module per family behind one registry (`registry.RULES`):
 
 * `gemm`: Gemm, MatMul;  `conv`: Conv;  `pool`: MaxPool, AveragePool, GlobalAveragePool;
+* `convtranspose`: ConvTranspose with stride = kernel (a GEMM per input row and kernel row);
 * `resize`: Resize with nearest-neighbour sampling by integer factors (a DMA program);
 * `split`: Split along channels (a DMA copy per output);
 * `eltwise`: Relu, Clip, Add, Sum, Concat, and (`lut`) every element-wise function of one
@@ -23,7 +24,7 @@ from npu.program import ProgramBuilder
 from ..graph import CompileError
 from ..outputs import WIDE_OPS
 from ..region import memory_name
-from . import conv, eltwise, gemm, pool, resize, split, view  # noqa: F401 - each registers its operators
+from . import conv, convtranspose, eltwise, gemm, pool, resize, split, view  # noqa: F401 - each registers its operators
 from .host import lower_host
 from .lut import is_absorbed
 from .registry import RULES
