@@ -60,8 +60,65 @@ def cleanup(model: onnx.ModelProto) -> onnx.ModelProto:
     # shapes again: folding made Reshape targets constant, so MatMul operands may now be known 2-D
     shapes = Graph(model).static_shapes()
     nodes = _matmul_add_to_gemm(list(model.graph.node), consts, shapes, outputs)
+    nodes = _channel_gathers(nodes, consts, shapes, outputs)
     _rebuild(model, nodes, consts, outputs)
     return model
+
+
+def _channel_slice(n: onnx.NodeProto, consts: dict, c: int) -> np.ndarray | None:
+    """The channels a Slice of a 4-D tensor keeps, when it slices only channels with constant bounds
+    and step 1 (None otherwise)."""
+    if not all(i in consts for i in n.input[1:] if i):
+        return None
+    starts, ends = (consts[i].reshape(-1) for i in n.input[1:3])
+    axes = consts[n.input[3]].reshape(-1) if len(n.input) > 3 and n.input[3] else np.arange(len(starts))
+    steps = consts[n.input[4]].reshape(-1) if len(n.input) > 4 and n.input[4] else np.ones(len(starts))
+    if list(axes % 4) != [1] or steps[0] != 1:
+        return None
+    idx = np.arange(c)[int(np.clip(starts[0], -c, c)) : int(np.clip(ends[0], -c, c))]
+    return idx if len(idx) else None
+
+
+def _channel_gathers(nodes: list, consts: dict, shapes: dict, outputs: set[str]) -> list:
+    """A channel shuffle (Reshape (N, C, H, W) -> (N, g, C/g, H, W), Transpose of the middle axes,
+    Reshape back) and a Slice of channels (constant bounds, step 1) become a Gather of channels with
+    constant indices: a new view of the same bytes on the NPU (compiler/ops/view.py)."""
+    cons = _consumers(nodes)
+    out, drop = [], set()
+
+    def gather(x: str, idx: np.ndarray, y: str, name: str) -> onnx.NodeProto:
+        consts[y + "_channels"] = idx.astype(np.int64)
+        return helper.make_node("Gather", [x, y + "_channels"], [y], axis=1, name=name)
+
+    def only(t: str) -> onnx.NodeProto | None:
+        c = cons.get(t, [])
+        return c[0] if len(c) == 1 and t not in outputs else None
+
+    for n in nodes:
+        if id(n) in drop:
+            continue
+        x = shapes.get(n.input[0]) if n.input else None
+        if n.op_type == "Reshape" and x is not None and len(x) == 4 and n.output[0] in shapes:
+            mid = shapes[n.output[0]]
+            t = only(n.output[0])
+            r = only(t.output[0]) if t is not None and t.op_type == "Transpose" else None
+            perm = list(node_attrs(t).get("perm", [])) if t is not None else []
+            if (
+                r is not None and r.op_type == "Reshape" and shapes.get(r.output[0]) == x
+                and len(mid) > 4 and mid[0] == x[0] and mid[-2:] == x[2:] and int(np.prod(mid[1:-2])) == x[1]
+                and perm[0] == 0 and perm[-2:] == [len(mid) - 2, len(mid) - 1]
+            ):  # fmt: skip
+                idx = np.arange(x[1]).reshape(mid[1:-2]).transpose([p - 1 for p in perm[1:-2]]).reshape(-1)
+                out.append(gather(n.input[0], idx, r.output[0], r.name or n.name))
+                drop |= {id(t), id(r)}
+                continue
+        if n.op_type == "Slice" and x is not None and len(x) == 4:
+            idx = _channel_slice(n, consts, x[1])
+            if idx is not None:
+                out.append(gather(n.input[0], idx, n.output[0], n.name))
+                continue
+        out.append(n)
+    return out
 
 
 def _split_sums(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:

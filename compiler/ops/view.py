@@ -1,5 +1,6 @@
-"""Flatten and Reshape: new views of an activation's bytes (no program, no data moved) where the
-layout allows it: any reshape of a dense tensor, and the flat view of an HWC tensor."""
+"""Flatten, Reshape and Gather of channels: new views of an activation's bytes (no program, no data
+moved) where the layout allows it: any reshape of a dense tensor, the flat view of an HWC tensor,
+and an HWC tensor's channels selected or permuted (its channel map, `Layout.chan`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import onnx
 
 from npu.tensors import Layout
 
+from ..graph import node_attrs
 from ..quantize import Act
 from .registry import rule
 
@@ -39,4 +41,28 @@ def lower_view(ctx: Lowerer, n: onnx.NodeProto) -> None:
     elif tuple(out.shape) != tuple(lay.shape):
         lay = lay.flatten()
     ctx.acts[out.name] = Act(out, x.addr, lay)
+    ctx.new_frag(n, "view", out.shape)
+
+
+def gather_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
+    """A Gather of channels with constant, distinct indices is a view: the same bytes with the
+    channels mapped anew (channel shuffles and channel slices, compiler/cleanup.py)."""
+    axis = node_attrs(n).get("axis", 0)
+    idx = ctx.consts.get(n.input[1])
+    if idx is None or idx.ndim != 1 or axis not in (1, -3) or len(set(idx.tolist())) != idx.size:
+        return "a gather other than of channels by constant, distinct indices"
+    x = ctx.act_in(n.input[0], n)
+    out = ctx.q_out(n.output[0], n)
+    if x.layout.kind != "hwc" or (out.scale, out.zero_point) != (x.q.scale, x.q.zero_point):
+        return "a gather of channels that changes quantisation, or of a tensor that is not NCHW"
+    return None
+
+
+@rule("Gather", check=gather_check, view=True)
+def lower_gather(ctx: Lowerer, n: onnx.NodeProto) -> None:
+    x = ctx.act_in(n.input[0], n)
+    out = ctx.q_out(n.output[0], n)
+    c = x.q.shape[1]
+    chan = tuple(x.layout.chan[int(i) % c] for i in ctx.consts[n.input[1]])
+    ctx.acts[out.name] = Act(out, x.addr, Layout.hwc(out.shape, ctx.ca, chan, x.layout.cp))
     ctx.new_frag(n, "view", out.shape)

@@ -1,0 +1,52 @@
+"""Channel shuffles and channel slices (compiler/cleanup.py -> Gather of channels) run as views on the
+NPU: the same bytes with a new channel map (compiler/ops/view.py), exact against onnxruntime."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from npu.compiler.cleanup import cleanup
+from tests.compiler.helpers import compare_int8, compile_model, ort_outputs
+
+
+def block(kind: str, shape=(1, 6, 5, 7)) -> onnx.ModelProto:
+    """Conv (12 channels) -> a channel shuffle in 3 groups, or a Slice of channels 2..9 -> Conv."""
+    rng = np.random.default_rng(7)
+    n, _, h, w = shape
+    inits = [numpy_helper.from_array(rng.normal(0, 0.4, (12, shape[1], 3, 3)).astype(np.float32), "w0")]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1], name="conv0")]
+    if kind == "shuffle":
+        inits += [numpy_helper.from_array(np.array([n, 3, 4, h, w], np.int64), "s5"),
+                  numpy_helper.from_array(np.array([n, 12, h, w], np.int64), "s4")]  # fmt: skip
+        nodes += [helper.make_node("Reshape", ["a", "s5"], ["r5"], name="r5"),
+                  helper.make_node("Transpose", ["r5"], ["t5"], perm=[0, 2, 1, 3, 4], name="t5"),
+                  helper.make_node("Reshape", ["t5", "s4"], ["b"], name="r4")]  # fmt: skip
+        cb = 12
+    else:
+        inits += [numpy_helper.from_array(np.array([v], np.int64), k)
+                  for k, v in (("st", 2), ("en", 9), ("ax", 1))]  # fmt: skip
+        nodes.append(helper.make_node("Slice", ["a", "st", "en", "ax"], ["b"], name="slice"))
+        cb = 7
+    inits.append(numpy_helper.from_array(rng.normal(0, 0.4, (4, cb, 1, 1)).astype(np.float32), "w1"))
+    nodes.append(helper.make_node("Conv", ["b", "w1"], ["y"], name="conv1"))
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, 4, h, w])
+    g = helper.make_graph(nodes, kind, [x], [y], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("kind", ["shuffle", "slice"])
+@pytest.mark.parametrize("config", ["tiny", "default"])
+def test_channel_shuffle_and_slice_are_views(tmp_path, kind, config):
+    m = block(kind)
+    x = np.random.default_rng(2).normal(0, 1, (1, 6, 5, 7)).astype(np.float32)
+    # the rewrite is exact in float
+    np.testing.assert_allclose(ort_outputs(cleanup(m), x)[0], ort_outputs(m, x)[0], rtol=1e-5, atol=1e-5)
+    calib = np.random.default_rng(1).normal(0, 1, (8, 6, 5, 7)).astype(np.float32)
+    cm = compile_model(tmp_path, m, config, calib)
+    la = {la.op: la for la in cm.lowered.layers}
+    assert la["Gather"].placement == "view" and not {"Transpose", "Slice", "Reshape"} & set(la), la
+    compare_int8(cm, x)
