@@ -7,7 +7,9 @@
 * BatchNormalization after a Conv (or a ConvTranspose) is folded into its weights and bias, and so
   is an Add, Sub, Mul or Div of a per-channel (or scalar) constant after a Conv (batch normalisation
   exported as Mul and Add, or a bias kept apart from its convolution);
-* MatMul of a 2-D activation by a constant, followed by an Add of a constant vector, becomes Gemm.
+* MatMul of a 2-D activation by a constant, followed by an Add of a constant vector, becomes Gemm;
+* a Pad of zeros over height and width before a Conv becomes the Conv's padding; a channel shuffle
+  or a Slice of channels becomes a Gather of channels (a view on the NPU).
 
 Activation fusion (Relu/Clip into the preceding Conv/Gemm) is done by the quantiser: onnxruntime
 drops a Relu/Clip whose clamp the output quantisation range already gives. A Relu/Clip it keeps runs
@@ -61,8 +63,43 @@ def cleanup(model: onnx.ModelProto) -> onnx.ModelProto:
     shapes = Graph(model).static_shapes()
     nodes = _matmul_add_to_gemm(list(model.graph.node), consts, shapes, outputs)
     nodes = _channel_gathers(nodes, consts, shapes, outputs)
+    nodes = _pads_into_convs(nodes, consts, outputs)
     _rebuild(model, nodes, consts, outputs)
     return model
+
+
+def _pads_into_convs(nodes: list, consts: dict, outputs: set[str]) -> list:
+    """A Pad of zeros over height and width whose only reader is a Conv (explicit asymmetric or
+    'same' padding of PyTorch and TensorFlow exports) becomes the Conv's own padding."""
+    cons = _consumers(nodes)
+    drop = set()
+    for n in nodes:
+        readers = cons.get(n.output[0], []) if n.op_type == "Pad" else []
+        if len(readers) != 1 or readers[0].op_type != "Conv" or n.output[0] in outputs:
+            continue
+        conv, a = readers[0], node_attrs(n)
+        if a.get("mode", b"constant") not in (b"constant", "constant") or len(n.input) < 2:
+            continue
+        if n.input[1] not in consts or (len(n.input) > 2 and n.input[2] and n.input[2] not in consts):
+            continue
+        if len(n.input) > 3 and n.input[3]:  # axes (opset 18)
+            continue
+        pads = consts[n.input[1]].reshape(-1).astype(int)
+        value = float(consts[n.input[2]].reshape(-1)[0]) if len(n.input) > 2 and n.input[2] else 0.0
+        ca = node_attrs(conv)
+        if value != 0 or len(pads) != 8 or any(pads[[0, 1, 4, 5]]) or (pads < 0).any():
+            continue
+        if ca.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+            continue
+        old = list(ca.get("pads", [0, 0, 0, 0]))
+        new = [old[0] + pads[2], old[1] + pads[3], old[2] + pads[6], old[3] + pads[7]]
+        for attr in list(conv.attribute):
+            if attr.name == "pads":
+                conv.attribute.remove(attr)
+        conv.attribute.append(helper.make_attribute("pads", [int(p) for p in new]))
+        conv.input[0] = n.input[0]
+        drop.add(id(n))
+    return [n for n in nodes if id(n) not in drop]
 
 
 def _channel_slice(n: onnx.NodeProto, consts: dict, c: int) -> np.ndarray | None:

@@ -44,9 +44,30 @@ def test_channel_shuffle_and_slice_are_views(tmp_path, kind, config):
     m = block(kind)
     x = np.random.default_rng(2).normal(0, 1, (1, 6, 5, 7)).astype(np.float32)
     # the rewrite is exact in float
-    np.testing.assert_allclose(ort_outputs(cleanup(m), x)[0], ort_outputs(m, x)[0], rtol=1e-5, atol=1e-5)
+    want = ort_outputs(m, x)[0]
+    np.testing.assert_allclose(ort_outputs(cleanup(m), x)[0], want, rtol=1e-5, atol=1e-5)
     calib = np.random.default_rng(1).normal(0, 1, (8, 6, 5, 7)).astype(np.float32)
     cm = compile_model(tmp_path, m, config, calib)
     la = {la.op: la for la in cm.lowered.layers}
     assert la["Gather"].placement == "view" and not {"Transpose", "Slice", "Reshape"} & set(la), la
     compare_int8(cm, x)
+
+
+def test_zero_pad_before_a_convolution_becomes_its_padding(tmp_path):
+    """An explicit asymmetric Pad (as TensorFlow's 'same' exports it) merges into the Conv."""
+    rng = np.random.default_rng(8)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.4, (8, 6, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array([0, 0, 0, 1, 0, 0, 1, 2], np.int64), "pads")]  # fmt: skip
+    nodes = [helper.make_node("Pad", ["x", "pads"], ["p"], mode="constant", name="pad"),
+             helper.make_node("Conv", ["p", "w"], ["y"], pads=[1, 0, 0, 0], strides=[2, 2])]  # fmt: skip
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 9, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 5, 5])
+    g = helper.make_graph(nodes, "pad", [x], [y], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    xs = rng.normal(0, 1, (8, 6, 9, 8)).astype(np.float32)
+    want = ort_outputs(m, xs[:1])[0]
+    np.testing.assert_allclose(ort_outputs(cleanup(m), xs[:1])[0], want, rtol=1e-5, atol=1e-5)
+    cm = compile_model(tmp_path, m, "tiny", xs)
+    assert [la.op for la in cm.lowered.layers] == ["Conv"]
+    compare_int8(cm, xs[:1])
