@@ -45,6 +45,7 @@ class CompiledModel:
     granularity: str = "segment"
     frontend: list[str] = field(default_factory=list)  # what the front end did (opset, pads, layouts)
     regions: Regions | None = None  # the on-chip regions the program keeps to (None: whole memories)
+    quantisation: str = "the model's own (QDQ)"  # how a float model was quantised (report)
 
     @property
     def program(self) -> bytes:
@@ -170,6 +171,11 @@ class CompiledModel:
             lines.append(f"{i:>3}  {str(la.node)[:28]:<28} {la.op:<18} {la.placement:<5} {est:>10}  {note}")
         n_npu = sum(la.placement == "npu" for la in low.layers)
         n_host = sum(la.placement == "host" for la in low.layers)
+        steps = sum(s.kind == "host" for s in low.segments)
+        host = "nothing"
+        if n_host:
+            macs = self.placement.macs_host
+            host = f"{n_host} operators in {steps} steps, {macs:,} MACs (numpy, not predicted)"
         lines += [
             "",
             *(f"front end: {note}" for note in self.frontend),
@@ -180,7 +186,8 @@ class CompiledModel:
             f"segments: {len(low.segments)} (" + ", ".join(s.kind for s in low.segments) + ")",
             *self._order_report(),
             *self._points_report(),
-            f"predicted cycles: {total} (cost model, NPU operators)",
+            f"quantisation: {self.quantisation}",
+            f"predicted cycles: {total} on the NPU (cost model); host: {host}",
             *([f"on-chip: {self.regions.describe()}"] if self.regions else []),
             f"scratchpad peak: {peak} of "
             f"{self.regions.spad_size if self.regions else self.cfg.spad_bytes} bytes",
@@ -259,6 +266,10 @@ def compile_onnx(
         model = cleanup(model)
         per_channel = per_channel_choice(model, weight_scales, str(path))
         clamped = clamped_by_quantisation(model)
+        quantisation = (
+            f"int8 activations ({calib_method} calibration, {len(calib)} samples), weights per "
+            f"{'channel' if per_channel else 'tensor'} ({weight_scales}), outputs {output_precision}"
+        )
         model = quantize_float_model(
             model, calib, str(path), per_channel=per_channel, calib_method=calib_method
         )
@@ -327,4 +338,5 @@ def compile_onnx(
         granularity,
         prepared.notes,
         regions,
+        quantisation if float_model else "the model's own (QDQ)",
     )

@@ -140,3 +140,12 @@ def test_activation_the_quantiser_removed_keeps_its_clamp(tmp_path):
     got = cm.run(calib[:4])[0]
     assert got.min() >= 0 and (got == 0).any()
     compare_int8(cm, calib[:4])
+
+
+def test_report_names_the_quantisation_and_the_host_share(tmp_path):
+    path, _ = classifier(tmp_path / "s.onnx", softmax=True)
+    calib = np.random.default_rng(2).normal(0, 0.5, (32, 32)).astype(np.float32)
+    report = compile_onnx(path, "tiny", calib=calib, calib_method="percentile").report()
+    assert "quantisation: int8 activations (percentile calibration, 32 samples), weights per" in report
+    assert "outputs int32" in report
+    assert "host: 1 operators in 1 steps, 0 MACs" in report

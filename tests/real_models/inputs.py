@@ -1,4 +1,5 @@
-"""Inputs of the real-model test set, normalised as each model's package does before inference.
+"""Inputs of the real-model test set, normalised as each model's package does before inference (pages
+are resized to the input; ddddocr's detector would letterbox them on grey 114 instead).
 
 * Calibration: documents rendered with Pillow's built-in font (random English words, sizes, ink and
   paper shades, the four orientations for pages, upright and upside down for text lines): a user's
