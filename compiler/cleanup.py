@@ -9,7 +9,9 @@
   exported as Mul and Add, or a bias kept apart from its convolution);
 * MatMul of a 2-D activation by a constant, followed by an Add of a constant vector, becomes Gemm;
 * a Pad of zeros over height and width before a Conv becomes the Conv's padding; a channel shuffle
-  or a Slice of channels becomes a Gather of channels (a view on the NPU).
+  or a Slice of channels becomes a Gather of channels (a view on the NPU);
+* a BatchNormalization or a per-channel Mul/Add/Sub/Div that no convolution precedes becomes a
+  depthwise 1x1 Conv (consecutive ones fold into one).
 
 Activation fusion (Relu/Clip into the preceding Conv/Gemm) is done by the quantiser: onnxruntime
 drops a Relu/Clip whose clamp the output quantisation range already gives. A Relu/Clip it keeps runs
@@ -58,6 +60,11 @@ def cleanup(model: onnx.ModelProto) -> onnx.ModelProto:
     nodes = _fold_batchnorm(nodes, consts, outputs)
     nodes = _fold_channel_affine(nodes, consts, outputs)
     nodes = _fold_batchnorm(nodes, consts, outputs)  # a BatchNormalization after a folded bias Add
+    _rebuild(model, nodes, consts, outputs)
+    shapes = Graph(model).static_shapes()
+    nodes = _channel_affine_convs(list(model.graph.node), consts, shapes, first=True)
+    nodes = _fold_channel_affine(nodes, consts, outputs)  # the rest of a chain folds into its first
+    nodes = _channel_affine_convs(nodes, consts, shapes, first=False)
     _rebuild(model, nodes, consts, outputs)
     # shapes again: folding made Reshape targets constant, so MatMul operands may now be known 2-D
     shapes = Graph(model).static_shapes()
@@ -243,6 +250,48 @@ def _channel_vector(c: np.ndarray, channels: int) -> np.ndarray | None:
     if len(shape) == 3 and shape[0] == channels and shape[1:] == [1, 1]:
         return c.reshape(-1).astype(np.float64)
     return None
+
+
+def _channel_affine_convs(nodes: list, consts: dict, shapes: dict, first: bool) -> list:
+    """A BatchNormalization, or a Mul/Add/Sub/Div of an activation by a per-channel constant, that
+    no convolution precedes: a depthwise 1x1 Conv (weight and bias per channel; exact in float),
+    which the NPU runs (a scalar constant stays a table function, compiler/ops/lut.py). With
+    `first`, only the first of a chain (the rest then folds into it), else every one left."""
+    producers = {o: n.op_type for n in nodes for o in n.output}
+    chain = ("Conv", "ConvTranspose", "BatchNormalization", "Mul", "Add", "Sub", "Div")
+    out = []
+    for n in nodes:
+        x = n.input[0] if n.input else ""
+        if first and producers.get(x) in chain:
+            out.append(n)
+            continue
+        shape = shapes.get(x)
+        if shape is None or len(shape) != 4 or x in consts:
+            out.append(n)
+            continue
+        c = shape[1]
+        scale = shift = None
+        params = n.input[1:5]
+        if n.op_type == "BatchNormalization" and len(n.output) == 1 and all(i in consts for i in params):
+            gamma, beta, mean, var = (consts[i].astype(np.float64).reshape(-1) for i in params)
+            scale = gamma / np.sqrt(var + node_attrs(n).get("epsilon", 1e-5))
+            shift = beta - mean * scale
+        elif n.op_type in ("Mul", "Add", "Sub", "Div") and len(n.input) == 2 and n.input[1] in consts:
+            v = consts[n.input[1]]
+            vec = _channel_vector(np.asarray(v), c) if v.size > 1 else None
+            if vec is not None and not (n.op_type == "Div" and np.any(vec == 0)):
+                ones, zeros = np.ones(c), np.zeros(c)
+                scale, shift = {"Mul": (vec, zeros), "Div": (1 / vec, zeros),
+                                "Add": (ones, vec), "Sub": (ones, -vec)}[n.op_type]  # fmt: skip
+        if scale is None:
+            out.append(n)
+            continue
+        w, b = n.output[0] + "_dw_w", n.output[0] + "_dw_b"
+        consts[w] = scale.reshape(c, 1, 1, 1).astype(np.float32)
+        consts[b] = np.asarray(shift, np.float64).reshape(-1).astype(np.float32)
+        out.append(helper.make_node("Conv", [x, w, b], [n.output[0]], group=c, kernel_shape=[1, 1],
+                                    name=n.name or n.output[0]))  # fmt: skip
+    return out
 
 
 def _fold_channel_affine(nodes: list, consts: dict, outputs: set[str]) -> list:

@@ -135,6 +135,7 @@ class Lowerer:
         self.acts: dict[str, Act] = {}  # Q output name -> placed tensor
         self.qt: dict[str, QTensor] = {}
         self.host_float: set[str] = set()  # float tensors computed by host steps
+        self.input_float: set[str] = set()  # graph inputs without a QuantizeLinear (host steps read them)
         self.frags: list[Frag] = []
         self.frag_of: dict[str, int] = {}  # float tensor name -> producing fragment
         for n in graph.nodes:
@@ -340,6 +341,7 @@ class Lowerer:
             qs = [c for c in g.consumers.get(name, []) if c.op_type == "QuantizeLinear"]
             if not qs:  # read by operators the quantiser left float (a Slice): the host's input
                 inputs.append(HostTensor(name, list(g.shape(name, self.source))))
+                self.input_float.add(name)
                 continue
             if len(qs) != 1:
                 raise CompileError(

@@ -39,6 +39,8 @@ def placement(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
         return f"custom domain {n.domain}"
     if any(i in ctx.host_float for i in n.input if i):
         return "its input is computed on the host"
+    if any(i in ctx.input_float for i in n.input if i):
+        return "its input is a float graph input (not quantised)"
     r = RULES.get(n.op_type)
     if n.op_type not in WIDE_OPS and not all(ctx.quantised(o) for o in n.output if o):
         # a result kept float (compiler/outputs.py): why an earlier lowering put it on the host

@@ -71,3 +71,36 @@ def test_zero_pad_before_a_convolution_becomes_its_padding(tmp_path):
     cm = compile_model(tmp_path, m, "tiny", xs)
     assert [la.op for la in cm.lowered.layers] == ["Conv"]
     compare_int8(cm, xs[:1])
+
+
+@pytest.mark.parametrize("kind", ["bn", "affine"])
+def test_per_channel_affine_without_a_convolution_runs_as_a_depthwise_conv(tmp_path, kind):
+    """A BatchNormalization (or a per-channel Mul then Add) after a MaxPool: no Conv to fold it into,
+    so it becomes a depthwise 1x1 Conv on the NPU (the Mul and Add fold into one)."""
+    rng = np.random.default_rng(11)
+    c = 6
+    inits = [numpy_helper.from_array(rng.normal(0, 0.4, (c, c, 3, 3)).astype(np.float32), "w")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("MaxPool", ["a"], ["p"], kernel_shape=[2, 2], strides=[2, 2])]  # fmt: skip
+    if kind == "bn":
+        for name, v in (("g", rng.uniform(0.5, 1.5, c)), ("be", rng.normal(0, 0.2, c)),
+                        ("mu", rng.normal(0, 0.2, c)), ("var", rng.uniform(0.5, 2, c))):  # fmt: skip
+            inits.append(numpy_helper.from_array(v.astype(np.float32), name))
+        nodes.append(helper.make_node("BatchNormalization", ["p", "g", "be", "mu", "var"], ["y"], name="bn"))
+    else:
+        for name, v in (("s", rng.uniform(0.5, 2, (1, c, 1, 1))), ("t", rng.normal(0, 0.5, (1, c, 1, 1)))):
+            inits.append(numpy_helper.from_array(v.astype(np.float32), name))
+        nodes += [helper.make_node("Mul", ["p", "s"], ["q"], name="mul"),
+                  helper.make_node("Add", ["q", "t"], ["y"], name="add")]  # fmt: skip
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 8, 6])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, 4, 3])
+    g = helper.make_graph(nodes, kind, [x], [y], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    xs = rng.normal(0, 1, (8, c, 8, 6)).astype(np.float32)
+    want = ort_outputs(m, xs[:1])[0]
+    np.testing.assert_allclose(ort_outputs(cleanup(m), xs[:1])[0], want, rtol=1e-5, atol=1e-5)
+    cm = compile_model(tmp_path, m, "tiny", xs)
+    ops = [(la.op, la.placement) for la in cm.lowered.layers]
+    assert ops == [("Conv", "npu"), ("MaxPool", "npu"), ("Conv", "npu")], ops
+    compare_int8(cm, xs[:1])
