@@ -238,8 +238,9 @@ def compile_onnx(
     channel 1/8 of the int8 range or less, compiler/quantize.py); a QDQ model keeps its own.
     `calib_method`: how activation ranges come from the calibration inputs, "minmax", "percentile"
     or "entropy" (onnxruntime's calibrators). `output_precision`: "int32" keeps a float model's
-    Gemm/MatMul outputs that only the host reads as int32 accumulators (compiler/outputs.py),
-    "int8" gives them their calibrated int8 scale; a QDQ model keeps its own."""
+    Gemm/MatMul/Conv results that only the host reads as int32 accumulators and host results as
+    float (compiler/outputs.py), "int8" gives them their calibrated int8 scale; a QDQ model keeps
+    its own."""
     if dram_plan is None:
         dram_plan = "arena" if granularity == "segment" else "bump"
     if order not in ("search", "default"):

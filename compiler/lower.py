@@ -362,7 +362,7 @@ class Lowerer:
             p = g.producers.get(name)
             if p is not None and p.op_type == "DequantizeLinear" and p.input[0] in self.acts:
                 outputs.append(self.acts[p.input[0]].desc(name))
-            elif name in self.acts:  # int32 accumulators of a Gemm (compiler/outputs.py)
+            elif name in self.acts:  # int32 accumulators of a Gemm or Conv (compiler/outputs.py)
                 outputs.append(self.acts[name].desc(name))
             elif name in self.host_float:
                 outputs.append(HostTensor(name, list(self.shape(name, p))))

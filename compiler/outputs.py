@@ -1,8 +1,9 @@
-"""Graph outputs at full precision: a Gemm or MatMul whose quantised result is read only as a graph
-output or by host operators (a classifier's logits before a host Softmax, a detector's box
+"""Graph outputs at full precision: a Gemm, MatMul or Conv whose quantised result is read only as a
+graph output or by host operators (a classifier's logits before a host Softmax, a detector's box
 regression) stores its int32 accumulators instead of int8, dequantised on the host with one scale
-per column (input scale x weight scale of the column); a host operator's result read the same way
-(the Softmax's probabilities) stays float instead of going through int8.
+per column or channel (input scale x weight scale); a host operator's result read the same way
+(the Softmax's probabilities) stays float instead of going through int8, and so does a Concat's,
+which moves to the host so that branches of different scales keep their own.
 
 An int8 output scale is calibrated on sample inputs: values beyond the calibrated range saturate
 and every value is rounded to 1/255 of the range, which moves softmax probabilities where logits

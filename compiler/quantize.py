@@ -115,6 +115,14 @@ def requant_params(
     return dict(mult=mult, shift=shift, zp_in=x.zero_point, zp_out=y.zero_point, lo=lo_q, hi=hi_q)
 
 
+def rescale_params(x: QTensor, y: QTensor, where: str) -> dict | None:
+    """The VMAP fields of a copy from `x` to `y` (`requant_params`), None when both are quantised
+    alike and the bytes copy as they are."""
+    if (x.scale, x.zero_point) == (y.scale, y.zero_point):
+        return None
+    return requant_params(x, y, where)
+
+
 # ---- the quantiser ----------------------------------------------------------------------------------
 
 

@@ -15,6 +15,7 @@ and tap. Borders are the padding of the LOAD (the input zero point), so they add
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -261,22 +262,12 @@ def plan_conv(
     return best[1]
 
 
-def plan_conv_strips(
-    cfg: NpuConfig,
-    g: Geometry,
-    cpx: int,
-    cout_p: int,
-    win_of: Callable[[int], int],
-    co_step: int,
-    where: str,
-    max_step: int = 0,
-    max_live: int = 0,
-) -> tuple[ConvPlan, Geometry]:
-    """`plan_conv` over the whole width, else over strips of the output width (halo `kw - sw`
-    input columns shared by neighbours), the widest that fits; returns the plan and the geometry it
-    was made for (the widest strip)."""
+def plan_conv_strips(g: Geometry, plan_for: Callable[[Geometry], ConvPlan]) -> tuple[ConvPlan, Geometry]:
+    """`plan_for` (a `plan_conv`) over the whole width, else over strips of the output width (halo
+    `kw - sw` input columns shared by neighbours), the widest that fits; returns the plan and the
+    geometry it was made for (the widest strip)."""
     try:
-        return plan_conv(cfg, g, cpx, cout_p, win_of, co_step, where, max_step, max_live), g
+        return plan_for(g), g
     except CompileError as e:
         error = e
     widths, parts = set(), 2
@@ -286,7 +277,7 @@ def plan_conv_strips(
     for cols in sorted(widths | {1}, reverse=True):  # the widest strips first, one column last
         gs = g.widest_strip(cols)
         try:
-            plan = plan_conv(cfg, gs, cpx, cout_p, win_of, co_step, where, max_step, max_live)
+            plan = plan_for(gs)
         except CompileError as e:
             error = e
         else:
@@ -333,7 +324,9 @@ def conv_program(
     def win_of(co_t: int) -> int:
         return max(window(c0, co_t)[1] for c0 in range(0, cout, co_t)) if groups > 1 else cpx
 
-    plan, gp = plan_conv_strips(cfg, g, cpx, cpy, win_of, co_step, where, max_step, max_live)
+    plan, gp = plan_conv_strips(
+        g, lambda geo: plan_conv(cfg, geo, cpx, cpy, win_of, co_step, where, max_step, max_live)
+    )
     strips = [(g, 0, 0)]  # (geometry, first input column, first output column) of each strip
     if plan.cols:
         strips = [g.strip(x0, min(plan.cols, g.ow - x0)) + (x0,) for x0 in range(0, g.ow, plan.cols)]
@@ -395,7 +388,7 @@ def conv_program(
                 dram_stride=row,
                 label=f"weights co{t.co0}",
             )
-        for n, (gs, col0, x0) in ((n, s) for n in range(g.n) for s in strips):
+        for n, (gs, col0, x0) in itertools.product(range(g.n), strips):
             for y0 in range(0, g.oh, plan.rows):
                 rows = min(plan.rows, g.oh - y0)
                 m = _conv_m(gs, rows, band_mode)

@@ -16,7 +16,7 @@ from npu.timing import bank_stride
 
 from ..elementwise import add_program, concat_program, eltwise_program, mul_program, step_unit
 from ..graph import CompileError, node_attrs
-from ..quantize import add_multipliers, quant_multiplier, requant_params
+from ..quantize import add_multipliers, quant_multiplier, requant_params, rescale_params
 from . import lut
 from .registry import rule
 
@@ -153,9 +153,7 @@ def lower_concat(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     yq = ctx.q_out(n.output[0], n)
     parts, off, chan = [], 0, []
     for x in xs:
-        rescale = None
-        if (x.q.scale, x.q.zero_point) != (yq.scale, yq.zero_point):
-            rescale = requant_params(x.q, yq, ctx.where(n))
+        rescale = rescale_params(x.q, yq, ctx.where(n))
         width = x.layout.cp if x.layout.kind == "hwc" else x.q.shape[1]
         if x.layout.kind == "hwc":
             chan.extend(off + c for c in x.layout.chan)

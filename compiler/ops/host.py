@@ -50,7 +50,7 @@ def lower_host(ctx: Lowerer, n: onnx.NodeProto, reason: str) -> None:
             a = ctx.input_acts[name]
             g_inputs.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, list(a.q.shape)))
             inputs.append(HostIO(name, a.desc(a.q.name)))
-        elif name in ctx.acts:  # a Gemm's int32 accumulators (compiler/outputs.py)
+        elif name in ctx.acts:  # a Gemm's or Conv's int32 accumulators (compiler/outputs.py)
             a = ctx.acts[name]
             g_inputs.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, list(a.q.shape)))
             inputs.append(HostIO(name, a.desc(name)))

@@ -11,7 +11,7 @@ from npu.program import ProgramBuilder
 from npu.tensors import Layout
 
 from ..graph import CompileError, node_attrs
-from ..quantize import quant_multiplier, requant_params
+from ..quantize import quant_multiplier, rescale_params
 from ..spatial import geometry, pool_program
 from .registry import rule
 
@@ -39,8 +39,7 @@ def _pool(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder, kernel, strides, p
     rescale = None
     if mode == 0:
         rq = dict(mult=1, shift=0, zp_in=0, zp_out=0, lo=-128, hi=127)
-        if (x.q.scale, x.q.zero_point) != (yq.scale, yq.zero_point):
-            rescale = requant_params(x.q, yq, where)
+        rescale = rescale_params(x.q, yq, where)
     else:
         mult, shift = quant_multiplier(x.q.scale / (yq.scale * kernel[0] * kernel[1]), where)
         rq = dict(mult=mult, shift=shift, zp_in=x.q.zero_point, zp_out=yq.zero_point, lo=-128, hi=127)

@@ -20,7 +20,7 @@ from npu.program import ProgramBuilder
 from npu.tensors import Layout
 
 from ..graph import CompileError
-from ..quantize import requant_params
+from ..quantize import rescale_params
 from ..spatial import spad_regions
 from .registry import rule
 
@@ -84,8 +84,7 @@ def lower_resize(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     y = ctx.place(yq, f"{where} output", Layout.hwc(yq.shape, ctx.ca, lay.chan, lay.cp))
     bn, _, h, w = lay.nchw
     cp, row = lay.cp, lay.nchw[3] * lay.cp
-    same = (x.q.scale, x.q.zero_point) == (yq.scale, yq.zero_point)
-    rescale = None if same else requant_params(x.q, yq, where)
+    rescale = rescale_params(x.q, yq, where)
     rows = max(1, min(h, spad_regions(ctx.cfg)[0] // 2 // round_up(row, ctx.cfg.lanes)))
     if rows * row > spad_regions(ctx.cfg)[0] // 2:
         raise CompileError(f"{where}: one input row ({row} bytes) does not fit half the scratchpad")

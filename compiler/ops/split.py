@@ -14,7 +14,7 @@ from npu.tensors import Layout
 from npu.timing import bank_stride
 
 from ..graph import node_attrs
-from ..quantize import requant_params
+from ..quantize import rescale_params
 from .registry import rule
 
 if TYPE_CHECKING:
@@ -56,8 +56,7 @@ def lower_split(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         yq = ctx.q_out(o, n)
         cp = bank_stride(ctx.cfg, round_up(c, ctx.ca), ctx.ca)
         y = ctx.place(yq, f"{where} output {o}", Layout.hwc(yq.shape, ctx.ca, cp=cp))
-        same = (x.q.scale, x.q.zero_point) == (yq.scale, yq.zero_point)
-        rescale = None if same else requant_params(x.q, yq, where)
+        rescale = rescale_params(x.q, yq, where)
         per = max(1, min(0xFFFF, half // cp))
         for q0 in range(0, pixels, per):
             pc = min(per, pixels - q0)
