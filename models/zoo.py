@@ -7,6 +7,8 @@ rebuilds the same files offline.
 * `perception`, `planning`: the preemption scenario's long perception CNN and short planning MLP.
 * `longconv`: one long convolution and a short head (operator runtimes 100x apart, for seed 001).
 * `fc_heavy`: a DMA-bound MLP at batch 1 (0.4 MB of weights), the memory-intensive side of seed 002.
+* `fc_deep`: a deeper DMA-bound MLP at batch 1 (16 layers of 256 x 256, 1 MB of weights): layers of
+  the size of a small CNN's, so layer-wise pairs with the zoo's CNNs are of comparable length.
 * `resnet50_like`, `inception_v1_like`, `squeezenet_like`: ImageNet-class topologies at 224x224
   (BatchNorm, Concat, residual Add, Softmax at the end), full widths by default.
 
@@ -255,6 +257,18 @@ def fc_heavy(batch: int = 1) -> ZooModel:
     return ZooModel("fc_heavy", net.model([y]), calib, test)
 
 
+def fc_deep(batch: int = 1, layers: int = 16, width: int = 256) -> ZooModel:
+    """A memory-intensive MLP of `layers` equal layers at batch 1: every weight is used once, so each
+    layer is bound by DMA (64 KiB of weights a layer by default, a few thousand cycles each)."""
+    net = Net("fc_deep", (batch, width), seed=17)
+    h = net.input
+    for _ in range(layers):
+        h = net.relu(net.gemm(h, width))
+    y = net.gemm(h, 16)
+    calib, test = _random_inputs((batch, width), 32, 4, 17)
+    return ZooModel("fc_deep", net.model([y]), calib, test)
+
+
 def resnet50_like(width: int = 64, batch: int = 1) -> ZooModel:
     """ResNet-50's topology (7x7/2 stem, max pool, 3-4-6-3 bottlenecks, GAP, FC, Softmax), widths
     scaled by width/64 (64: the real network's 25.5 M weights)."""
@@ -329,6 +343,7 @@ ZOO = {
     "planning": planning,
     "longconv": longconv,
     "fc_heavy": fc_heavy,
+    "fc_deep": fc_deep,
 }
 IMAGENET = {
     "resnet50_like": resnet50_like,

@@ -24,7 +24,7 @@ def test_digits_cnn_accuracy(tmp_path, capsys):
     assert abs(float_acc - npu_acc) <= 0.01
 
 
-@pytest.mark.parametrize("name", ["resnet_small", "inception_small", "perception", "planning"])
+@pytest.mark.parametrize("name", ["resnet_small", "inception_small", "perception", "planning", "fc_deep"])
 def test_zoo_models_match_onnxruntime(tmp_path, name):
     z = zoo.ZOO[name]()
     cm = compile_model(tmp_path, z.model, "default", z.calib)
