@@ -109,3 +109,23 @@ class Ring:
         if n:
             self.tr.set_reg("RING_TAIL", self.tail)
         return n
+
+    def rewind(self, count: int) -> bytes:
+        """Take back the instructions from `count` to the tail (the core must be stopped, e.g. PAUSED
+        with RESUME_PC = `count`): returns them and makes `count` the tail, so the host can append
+        something else first and then these again (preemption inside the ring)."""
+        if self.tr.status() in (Status.RUNNING, Status.WAITING):
+            raise RingError("the core still runs from the ring; pause it first")
+        n = (self.tail - count) & MASK
+        if n > self.slots:
+            raise RingError(f"count {count} is not between the completed part and the tail {self.tail}")
+        out = bytearray()
+        k = 0
+        while k < n:  # in at most two pieces, as appended
+            slot = (count + k) % self.slots
+            m = min(n - k, self.slots - slot)
+            out += self.tr.read_dram(self.base + slot * INSTR_BYTES, m * INSTR_BYTES)
+            k += m
+        self.tail = count & MASK
+        self.fences = [f for f in self.fences if ((f - 1 - count) & MASK) >= n]  # fences before count
+        return bytes(out)

@@ -16,6 +16,12 @@ Policies:
   ties to the least DMA idle; a candidate passed over `starve_limit` times is forced.
 * `order`: a given interleaving (for the exhaustive search over interleavings of small cases).
 
+Priorities (seed 000): candidates of the highest priority present go first, each policy choosing
+among them. A request of higher priority than every layer in the ring does not wait behind it: the
+scheduler pauses the engine at its next cancellation point, takes back the rest of the ring, appends
+the urgent layer and then the rest again, and resumes. The models' on-chip regions are disjoint, so
+nothing needs dumping: the paused layer's live data stays where it is.
+
 Requests arrive at any time (their arrival order does not decide, except for `fcfs`). Several
 models can be resident only if they were compiled into disjoint scratchpad regions; the scheduler
 checks that requests that may overlap do not share on-chip memory when the manifest records the
@@ -36,7 +42,7 @@ from npu.isa import INSTR_BYTES, Opcode, decode_program, encode, make
 from npu.registers import COUNTERS, Control, Status
 
 from ..ring import Ring
-from ..runtime import DriverError, Npu
+from ..runtime import DriverError, Npu, Priority
 
 POLICIES = ("fcfs", "layer-rr", "idle-time")
 RING_SLOTS = 4096  # 128 KiB of ring: a few large layers
@@ -70,6 +76,7 @@ class Request:
     finish: int | None = None
     outputs: list[np.ndarray] | None = None
     key: int = 0  # its placed model: requests of one model share its DRAM and on-chip region
+    priority: int = Priority.NORMAL
 
     @property
     def done(self) -> bool:
@@ -114,13 +121,17 @@ class LayerwiseScheduler:
     """Runs requests on engine 0 of `npu` (its transport) through a command ring."""
 
     def __init__(self, npu: Npu, policy: str = "idle-time", *, depth: int = 2,
-                 starve_limit: int = 8, order: list[int] | None = None):  # fmt: skip
+                 starve_limit: int = 8, order: list[int] | None = None, preempt: bool = True):  # fmt: skip
         if policy not in POLICIES and policy != "order":
             raise DriverError(f"unknown layer-wise policy {policy!r} (one of {', '.join(POLICIES)})")
         if npu.cfg.engines != 1:
             raise DriverError("the layer-wise scheduler drives a single engine")
         self.npu, self.tr, self.cfg = npu, npu.tr, npu.cfg.engine
         self.policy, self.depth, self.starve_limit = policy, depth, starve_limit
+        self.preempt = preempt
+        self.preemptions: list[dict] = []  # request, cycle asked, cycle paused, point id, ring count
+        self._pausing: tuple[Request, int] | None = None
+        self._counts = dict.fromkeys(COUNTERS, 0)  # counters of the runs before a restart (START clears them)
         self.order = deque(order or [])
         self.requests: list[Request] = []
         self._ids = itertools.count()
@@ -168,11 +179,21 @@ class LayerwiseScheduler:
         return self._placed[key]
 
     def submit(
-        self, container: Container, inputs: list[np.ndarray], at: int = 0, name: str | None = None
+        self,
+        container: Container,
+        inputs: list[np.ndarray],
+        at: int = 0,
+        name: str | None = None,
+        priority: int = Priority.NORMAL,
     ) -> Request:
+        if isinstance(priority, bool) or not isinstance(priority, int) or priority not in set(Priority):
+            raise DriverError(f"priority must be one of {[p.name for p in Priority]}, got {priority!r}")
+        if isinstance(at, bool) or not isinstance(at, int | np.integer) or at < 0:
+            raise DriverError(f"arrival time 'at' must be an integer >= 0, got {at!r}")
         lm, man, host, steps = self.place(container, name)
         xs = check_inputs(man, inputs)
-        r = Request(next(self._ids), lm.name, at, xs, man, host, list(steps), key=id(container))
+        r = Request(next(self._ids), lm.name, at, xs, man, host, list(steps), key=id(container),
+                    priority=int(priority))  # fmt: skip
         self.requests.append(r)
         return r
 
@@ -198,6 +219,9 @@ class LayerwiseScheduler:
 
     def candidates(self) -> list[Request]:
         c = [r for r in self.requests if r.admitted and not r.done and not r.inflight and r.next_layer()]
+        if c:  # the highest priority present goes first
+            top = max(r.priority for r in c)
+            c = [r for r in c if r.priority == top]
         return sorted(c, key=lambda r: (r.arrival, r.id))
 
     def choose(self, cands: list[Request]) -> Request | None:
@@ -205,7 +229,8 @@ class LayerwiseScheduler:
             return None
         if self.policy == "fcfs":
             first = min(
-                (r for r in self.requests if not r.done and r.admitted), key=lambda r: (r.arrival, r.id)
+                (r for r in self.requests if not r.done and r.admitted and r.priority == cands[0].priority),
+                key=lambda r: (r.arrival, r.id),
             )
             return first if first in cands else None
         if self.policy == "order":
@@ -250,7 +275,12 @@ class LayerwiseScheduler:
             if now - self.t0 > timeout_cycles:
                 raise DriverError(f"layer-wise run did not finish within {timeout_cycles} cycles")
             self._admit(now)
-            while len(inflight) < self.depth:
+            if self.preempt and self._pausing is None and inflight:
+                top = max(r.priority for r, _ in inflight)
+                if any(r.priority > top for r in self.candidates()):
+                    tr.set_reg("CONTROL", int(Control.PAUSE | Control.IRQ_ENABLE))
+                    self._pausing = (self.candidates()[0], now)
+            while self._pausing is None and len(inflight) < self.depth:
                 r = self.choose(self.candidates())
                 if r is None:
                     break
@@ -262,6 +292,15 @@ class LayerwiseScheduler:
                 r.inflight = True
                 inflight.append((r, layer))
             st = Status(tr.reg("STATUS"))
+            if self._pausing is not None and st in (Status.PAUSED, Status.WAITING):
+                n = (tr.reg("FENCE_COUNT") - base) & 0xFFFFFFFF
+                done_fences = self._retire(inflight, done_fences, n)
+                if st == Status.PAUSED:
+                    self._insert_urgent(inflight)
+                else:  # the ring ran dry before a point: nothing to jump ahead of
+                    tr.set_reg("CONTROL", int(Control.IRQ_ENABLE))
+                self._pausing = None
+                continue
             if st not in (Status.RUNNING, Status.WAITING):
                 raise DriverError(f"the engine stopped running the ring: {st.name} "
                                   f"(error {tr.reg('ERROR_CODE')} at {tr.reg('ERROR_PC')})")  # fmt: skip
@@ -274,17 +313,61 @@ class LayerwiseScheduler:
                     raise DriverError("nothing to run and nothing will arrive")
                 tr.wait(None if nxt is None else max(1, nxt))
                 n = (tr.reg("FENCE_COUNT") - base) & 0xFFFFFFFF
-            while done_fences < n:
-                r, layer = inflight.popleft()
-                done_fences += 1
-                r.inflight = False
-                r.next_step += 1
-                self.est.remove(layer)
-                t = tr.now()
-                self.timeline.append((r.id, r.name, layer.index, t))
-                self._advance_host(r, t)
+            done_fences = self._retire(inflight, done_fences, n)
         self.makespan = tr.now() - self.t0
-        self.counters = {name: tr.counter(name) for name in COUNTERS}
+        self.counters = {name: self._counts[name] + tr.counter(name) for name in COUNTERS}
+
+    def _retire(self, inflight: deque, done_fences: int, n: int) -> int:
+        """Account for the fences that completed (`n` since the start, `done_fences` seen)."""
+        while done_fences < n:
+            r, layer = inflight.popleft()
+            done_fences += 1
+            r.inflight = False
+            r.next_step += 1
+            self.est.remove(layer)
+            t = self.tr.now()
+            self.timeline.append((r.id, r.name, layer.index, t))
+            self._advance_host(r, t)
+        return done_fences
+
+    def _insert_urgent(self, inflight: deque) -> None:
+        """The engine is PAUSED at a cancellation point: the urgent candidate's next layer goes into
+        the ring there, ahead of the rest of what was in it, and the engine resumes."""
+        tr, ring = self.tr, self.ring
+        asked = self._pausing[1]
+        for name in COUNTERS:  # START clears the counters: keep what this run counted
+            self._counts[name] += tr.counter(name)
+        cands = self.candidates()
+        if not cands:  # it finished meanwhile
+            tr.set_reg("CONTROL", int(Control.START | Control.IRQ_ENABLE))
+            return
+        r = self.choose(cands)
+        if r is None:
+            tr.set_reg("CONTROL", int(Control.START | Control.IRQ_ENABLE))
+            return
+        p = tr.reg("RESUME_PC")
+        rest = ring.rewind(p)
+        layer = r.next_layer()
+        urgent = layer.program + encode(make(Opcode.FENCE))
+        k = len(urgent) // INSTR_BYTES
+        moved = []
+        for lo, hi, name, rid, li in self.placed_layers:  # trace bookkeeping: what follows p moves by k
+            if hi <= p:
+                moved.append((lo, hi, name, rid, li))
+            elif lo >= p:
+                moved.append((lo + k, hi + k, name, rid, li))
+            else:  # the paused layer: its part after the point runs after the urgent one
+                moved += [(lo, p, name, rid, li), (p + k, hi + k, name, rid, li)]
+        moved.append((p, p + k, r.name, r.id, layer.index))
+        self.placed_layers = sorted(moved)
+        ring.append(urgent + rest)
+        now = tr.now()
+        self.est.add(layer, now)
+        r.inflight = True
+        inflight.appendleft((r, layer))
+        self.preemptions.append({"request": r.id, "asked": asked, "paused": now, "latency": now - asked,
+                                 "point": tr.reg("CP_ID"), "count": p})  # fmt: skip
+        tr.set_reg("CONTROL", int(Control.START | Control.IRQ_ENABLE))
 
 
 def chrome_trace(sched: LayerwiseScheduler, events, clock_mhz: float) -> dict:

@@ -102,3 +102,42 @@ def test_two_models_through_the_ring_on_the_rtl():
         assert r[p]["makespan"] > 0 and r[p]["model_makespan"] > 0
     assert r["idle-time"]["makespan"] < r["fcfs"]["makespan"]
     assert r["idle-time"]["compute_util"] > r["fcfs"]["compute_util"]
+
+
+def test_an_urgent_request_jumps_ahead_of_the_ring():
+    """A HIGH request arriving while LOW layers fill the ring pauses the engine at its next
+    cancellation point and runs first; every output stays bit-identical to its model run alone."""
+    from npu.driver import Priority
+
+    low, high = prepare("resnet_small", CFG, 0), prepare("planning", CFG, 1)
+    alone = [run_set([m], "fcfs", CFG)["outputs"][0] for m in (low, high)]
+    turnaround, behind = {}, {}
+    for preempt in (False, True):
+        s = LayerwiseScheduler(Npu("model", CFG), "idle-time", preempt=preempt)
+        a = s.submit(low.container, [low.x], priority=Priority.LOW)
+        b = s.submit(high.container, [high.x], at=30_000, priority=Priority.HIGH)
+        s.run()
+        for r, want in ((a, alone[0]), (b, alone[1])):
+            for got, w in zip(r.outputs, want, strict=True):
+                np.testing.assert_array_equal(got, w)
+        turnaround[preempt] = b.finish - b.arrival
+        # LOW layers that completed while the urgent request waited or ran
+        behind[preempt] = sum(1 for rid, _, _, t in s.timeline if rid == a.id and b.arrival < t < b.finish)
+        if preempt:
+            assert s.preemptions and all(p["request"] == b.id for p in s.preemptions)
+        else:
+            assert not s.preemptions
+    assert turnaround[True] < turnaround[False]
+    assert behind[True] < behind[False]
+
+
+def test_priority_and_arrival_are_checked():
+    from npu.driver import Priority
+
+    m = prepare("planning", CFG, 1)
+    s = LayerwiseScheduler(Npu("model", CFG), "idle-time")
+    with pytest.raises(DriverError, match="priority must be one of"):
+        s.submit(m.container, [m.x], priority=7)
+    with pytest.raises(DriverError, match="arrival time"):
+        s.submit(m.container, [m.x], at=-1)
+    assert s.submit(m.container, [m.x], priority=Priority.URGENT).priority == Priority.URGENT
