@@ -6,6 +6,8 @@ rebuilds the same files offline.
 * `resnet_small`, `inception_small`: a residual and a branchy (inception-style) network on 32x32.
 * `perception`, `planning`: the preemption scenario's long perception CNN and short planning MLP.
 * `longconv`: one long convolution and a short head (operator runtimes 100x apart, for seed 001).
+* `multipath`: blocks of eight parallel short convolutions (many short operators ready at once, the
+  other side of seed 001's mix).
 * `fc_heavy`: a DMA-bound MLP at batch 1 (0.4 MB of weights), the memory-intensive side of seed 002.
 * `fc_deep`: a deeper DMA-bound MLP at batch 1 (16 layers of 256 x 256, 1 MB of weights): layers of
   the size of a small CNN's, so layer-wise pairs with the zoo's CNNs are of comparable length.
@@ -246,6 +248,21 @@ def longconv(batch: int = 1) -> ZooModel:
     return ZooModel("longconv", net.model([y]), calib, test)
 
 
+def multipath(batch: int = 1) -> ZooModel:
+    """Four split-transform-merge blocks of eight parallel 3x3 convolutions (explicit paths, concat,
+    1x1 merge) on 16x16x16 features: the counterpart of `longconv` for seed 001. Every operator is
+    short (about 8k cycles on `default`, 40x shorter than longconv's convolution) and eight become
+    ready at once, so a policy that counts operators spreads them over every queue, behind a long
+    one too; a job's work (335k cycles) is about longconv's, so neither makes up the whole load."""
+    net = Net("multipath", (batch, 16, 16, 16), seed=18)
+    x = net.input
+    for _ in range(4):
+        x = net.conv(net.concat([net.conv(x, 16, 3) for _ in range(8)]), 16, 1)
+    y = net.gemm(net.flatten(net.gap(x)), 10)
+    calib, test = _random_inputs((batch, 16, 16, 16), 8, 4, 18)
+    return ZooModel("multipath", net.model([y]), calib, test)
+
+
 def fc_heavy(batch: int = 1) -> ZooModel:
     """A memory-intensive MLP at batch 1 (about 0.4 MB of int8 weights, each used once): its layers
     are bound by DMA, the counterpart of the CNNs in layer-wise scheduling (seed 002)."""
@@ -342,6 +359,7 @@ ZOO = {
     "perception": perception,
     "planning": planning,
     "longconv": longconv,
+    "multipath": multipath,
     "fc_heavy": fc_heavy,
     "fc_deep": fc_deep,
 }

@@ -48,13 +48,15 @@ class Operator:
 class EngineQueue:
     index: int
     initial_wait: int = 0
-    waiting: list[Operator] = field(default_factory=list)  # a heap by Operator.key
+    waiting: list[Operator] = field(default_factory=list)  # kept as a heap of _Entry by Operator.key
     running: list[Operator] = field(default_factory=list)  # taken by the engine, not yet executed
     expected: int = 0  # initial wait + reference runtimes of the operators in the queue
 
     def __post_init__(self) -> None:
+        # operators given here become heap entries like enqueued ones (Operator has no order)
+        self.waiting = [_Entry(op) for op in self.waiting]
         heapq.heapify(self.waiting)
-        self.expected = self.initial_wait + sum(op.ref_cycles for op in self.waiting)
+        self.expected = self.initial_wait + sum(e.op.ref_cycles for e in self.waiting)
 
     def __len__(self) -> int:
         """Operators in the queue: waiting, or running and not yet executed."""
