@@ -20,9 +20,9 @@ from .layerwise import POLICIES, LayerwiseScheduler
 COMPUTE = ("digits_cnn", "resnet_small", "inception_small", "perception")
 MEMORY = ("fc_heavy", "fc_deep")  # 0.4 MB in 3 layers, 1 MB in 17: layers like the CNNs' in length
 SMALL = (("digits_cnn", "digits_mlp"), ("digits_cnn", "planning"))
-RTL_PAIRS = (("digits_cnn", "digits_mlp"), ("digits_cnn", "fc_heavy"))  # the bench's cheapest pairs
+RTL_PAIRS = (("digits_cnn", "fc_heavy"), ("digits_cnn", "fc_deep"))  # the bench's two shortest pairs
 RTL_POLICIES = ("fcfs", "idle-time")
-RTL_DRAM = 1 << 20  # the simulated DRAM: both models, the ring and the driver's area (at most 0.6 MB)
+RTL_DRAM = 2 << 20  # the simulated DRAM: both models, the ring and the driver's area (at most 1.2 MB)
 
 
 @dataclass
