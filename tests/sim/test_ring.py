@@ -198,3 +198,34 @@ def test_ring_host_errors():
     with pytest.raises(RingError, match="still runs"):
         ring.stop_using()
     assert np.all(np.frombuffer(tr.read_dram(RING_BASE, 64), np.uint8) == 0)
+
+
+@pytest.mark.parametrize("start", [0, 50])  # 50: the counts wrap around the 64 slots
+def test_rewind_takes_back_what_follows_a_pause_and_the_run_ends_as_before(start):
+    """Preemption inside the ring: at a pause the host takes back the instructions after the point
+    (`Ring.rewind`), may append other work first, then appends them again; the result is unchanged."""
+    instrs, ref, want = layers([31, 32], cp_prob=0.3)
+    tr = device(ref)
+    ring = Ring(tr, RING_BASE, 64 * INSTR_BYTES)
+    ring.start(start)
+    blob = encode_program(instrs)
+    assert ring.append(blob) == len(instrs)
+    with pytest.raises(RingError, match="pause it first"):
+        ring.rewind(start)
+    tr.model.advance(30)
+    tr.model.request_pause()
+    tr.model.run(None)
+    assert tr.status() == Status.PAUSED
+    p = tr.reg("RESUME_PC")
+    rest = ring.rewind(p)
+    assert rest == blob[(p - start) * INSTR_BYTES :] and ring.tail == p
+    assert 0 < len(rest) < len(blob)  # the pause fell inside the program
+    # only the fences before the point are still awaited
+    assert all(((f - 1 - p) & 0xFFFFFFFF) >= len(rest) // INSTR_BYTES for f in ring.fences)
+    assert ring.append(rest) == len(rest) // INSTR_BYTES
+    tr.model.start()
+    while tr.status() == Status.RUNNING:
+        tr.wait(None)
+    assert tr.status() == Status.WAITING and ring.head == start + len(instrs)
+    assert tr.reg("FENCE_COUNT") == 2
+    assert out(tr, ref) == want[ref.out_base : ref.out_base + ref.out_bytes].tobytes()
