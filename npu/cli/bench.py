@@ -60,6 +60,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--rtl-jobs", type=int_in(1, 100), default=3, help="opqueue: jobs per application on the RTL"
     )
     p.add_argument("--seed", type=int_in(0), default=1, help="opqueue: seed of the Poisson arrivals")
+    p.add_argument(
+        "--seeds",
+        type=int_in(1, 100),
+        default=1,
+        help="opqueue: run the model part for this many seeds from --seed on (p99_cut_mean: the cuts' mean)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -114,6 +120,7 @@ def _opqueue(cfg: NpuConfig, args: argparse.Namespace):
         cfg.engine.name,
         jobs=args.jobs,
         seed=args.seed,
+        seeds=args.seeds,
         rtl=args.backend == "rtl",
         rtl_jobs=args.rtl_jobs,
         progress=lambda msg: print(f"bench opqueue: {msg}", file=sys.stderr, flush=True),

@@ -7,7 +7,7 @@ import onnx
 
 from npu.cli import main
 from npu.container import Container, NpuSegment
-from npu.driver.sched.bench import bench_opqueue, poisson_arrivals
+from npu.driver.sched.bench import bench_opqueue, format_opqueue, poisson_arrivals
 from npu.models import zoo
 
 
@@ -61,3 +61,13 @@ def test_bench_opqueue_figures_are_consistent(tmp_path):
     s = r["scaling"]["engines"]
     assert s["1"]["speedup"] == 1 and s["4"]["speedup"] > s["2"]["speedup"] > 1
     json.dumps(r)
+
+
+def test_bench_opqueue_over_several_seeds_reports_each_cut_and_their_mean(tmp_path):
+    r = bench_opqueue("default", engines=(2,), loads=(0.8,), policies=("expected-time", "count"), jobs=4,
+                      seed=3, seeds=2, cache=tmp_path)  # fmt: skip
+    assert r["seeds"] == [3, 4] and {x["seed"] for x in r["runs"]} == {3, 4}
+    (m,) = r["p99_cut_mean"]
+    assert len(m["cuts"]) == 2 and m["cuts"][0] == r["p99_cut"][0]["cut"]
+    assert m["cut"] == round(sum(m["cuts"]) / 2, 4)
+    assert "mean over seeds 3-4" in format_opqueue(r)
