@@ -97,14 +97,8 @@ class Ring:
         for i in range(n):  # remember where the fences are: they free the slots before them
             if program[i * INSTR_BYTES] & 0xF == Opcode.FENCE:
                 self.fences.append((self.tail + i + 1) & MASK)
-        k = 0
-        while k < n:  # in at most two pieces: up to the end of the ring, then from its start
-            slot = (self.tail + k) % self.slots
-            m = min(n - k, self.slots - slot)
-            self.tr.write_dram(
-                self.base + slot * INSTR_BYTES, program[k * INSTR_BYTES : (k + m) * INSTR_BYTES]
-            )
-            k += m
+        for addr, k, m in self._pieces(self.tail, n):
+            self.tr.write_dram(addr, program[k * INSTR_BYTES : (k + m) * INSTR_BYTES])
         self.tail = (self.tail + n) & MASK
         if n:
             self.tr.set_reg("RING_TAIL", self.tail)
@@ -119,13 +113,17 @@ class Ring:
         n = (self.tail - count) & MASK
         if n > self.slots:
             raise RingError(f"count {count} is not between the completed part and the tail {self.tail}")
-        out = bytearray()
-        k = 0
-        while k < n:  # in at most two pieces, as appended
-            slot = (count + k) % self.slots
-            m = min(n - k, self.slots - slot)
-            out += self.tr.read_dram(self.base + slot * INSTR_BYTES, m * INSTR_BYTES)
-            k += m
+        out = b"".join(self.tr.read_dram(addr, m * INSTR_BYTES) for addr, _, m in self._pieces(count, n))
         self.tail = count & MASK
         self.fences = [f for f in self.fences if ((f - 1 - count) & MASK) >= n]  # fences before count
-        return bytes(out)
+        return out
+
+    def _pieces(self, count: int, n: int):
+        """The `n` slots from `count` on as (DRAM address, offset, length) in at most two pieces: up to
+        the end of the ring, then from its start."""
+        k = 0
+        while k < n:
+            slot = (count + k) % self.slots
+            m = min(n - k, self.slots - slot)
+            yield self.base + slot * INSTR_BYTES, k, m
+            k += m

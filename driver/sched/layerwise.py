@@ -130,7 +130,7 @@ class LayerwiseScheduler:
         self.policy, self.depth, self.starve_limit = policy, depth, starve_limit
         self.preempt = preempt
         self.preemptions: list[dict] = []  # request, cycle asked, cycle paused, point id, ring count
-        self._pausing: tuple[Request, int] | None = None
+        self._pause_asked: int | None = None  # cycle the pending pause was requested
         self._counts = dict.fromkeys(COUNTERS, 0)  # counters of the runs before a restart (START clears them)
         self.order = deque(order or [])
         self.requests: list[Request] = []
@@ -275,12 +275,12 @@ class LayerwiseScheduler:
             if now - self.t0 > timeout_cycles:
                 raise DriverError(f"layer-wise run did not finish within {timeout_cycles} cycles")
             self._admit(now)
-            if self.preempt and self._pausing is None and inflight:
+            if self.preempt and self._pause_asked is None and inflight:
                 top = max(r.priority for r, _ in inflight)
                 if any(r.priority > top for r in self.candidates()):
                     tr.set_reg("CONTROL", int(Control.PAUSE | Control.IRQ_ENABLE))
-                    self._pausing = (self.candidates()[0], now)
-            while self._pausing is None and len(inflight) < self.depth:
+                    self._pause_asked = now
+            while self._pause_asked is None and len(inflight) < self.depth:
                 r = self.choose(self.candidates())
                 if r is None:
                     break
@@ -292,14 +292,14 @@ class LayerwiseScheduler:
                 r.inflight = True
                 inflight.append((r, layer))
             st = Status(tr.reg("STATUS"))
-            if self._pausing is not None and st in (Status.PAUSED, Status.WAITING):
+            if self._pause_asked is not None and st in (Status.PAUSED, Status.WAITING):
                 n = (tr.reg("FENCE_COUNT") - base) & 0xFFFFFFFF
                 done_fences = self._retire(inflight, done_fences, n)
                 if st == Status.PAUSED:
                     self._insert_urgent(inflight)
                 else:  # the ring ran dry before a point: nothing to jump ahead of
                     tr.set_reg("CONTROL", int(Control.IRQ_ENABLE))
-                self._pausing = None
+                self._pause_asked = None
                 continue
             if st not in (Status.RUNNING, Status.WAITING):
                 raise DriverError(f"the engine stopped running the ring: {st.name} "
@@ -334,15 +334,10 @@ class LayerwiseScheduler:
         """The engine is PAUSED at a cancellation point: the urgent candidate's next layer goes into
         the ring there, ahead of the rest of what was in it, and the engine resumes."""
         tr, ring = self.tr, self.ring
-        asked = self._pausing[1]
         for name in COUNTERS:  # START clears the counters: keep what this run counted
             self._counts[name] += tr.counter(name)
-        cands = self.candidates()
-        if not cands:  # it finished meanwhile
-            tr.set_reg("CONTROL", int(Control.START | Control.IRQ_ENABLE))
-            return
-        r = self.choose(cands)
-        if r is None:
+        r = self.choose(self.candidates())
+        if r is None:  # nothing urgent is ready any more: resume as it was
             tr.set_reg("CONTROL", int(Control.START | Control.IRQ_ENABLE))
             return
         p = tr.reg("RESUME_PC")
@@ -365,6 +360,7 @@ class LayerwiseScheduler:
         self.est.add(layer, now)
         r.inflight = True
         inflight.appendleft((r, layer))
+        asked = self._pause_asked
         self.preemptions.append({"request": r.id, "asked": asked, "paused": now, "latency": now - asked,
                                  "point": tr.reg("CP_ID"), "count": p})  # fmt: skip
         tr.set_reg("CONTROL", int(Control.START | Control.IRQ_ENABLE))
