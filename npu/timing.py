@@ -12,6 +12,12 @@ from npu.isa import LUT_BYTES, Instr, Opcode
 
 from .arith import cdiv
 
+#: Channel cycles a write burst takes besides its beats: the memory takes the next burst's address
+#: only once this one's response has been taken (hdl/simdram.py), so bursts do not overlap.
+WRITE_BURST_CYCLES = 2
+#: A STORE's cycles besides its bursts: issuing the first address, taking the last response.
+STORE_CYCLES = 2
+
 
 def dma_beats(addr: int, rows: int, cols: int, stride: int, bus: int) -> int:
     """AXI beats to move `rows` rows of `cols` bytes: each row covers the bus words it touches."""
@@ -22,6 +28,25 @@ def dma_beats(addr: int, rows: int, cols: int, stride: int, bus: int) -> int:
     total = 0
     for r in range(rows):
         total += cdiv((addr + r * stride) % bus + cols, bus)
+    return total
+
+
+def dma_bursts(addr: int, rows: int, cols: int, stride: int, bus: int) -> int:
+    """AXI bursts the load and store units split a transfer into: each row's bus words, split at
+    256 beats and at 4 KiB boundaries (hdl/load.py, hdl/store.py)."""
+    if rows == 0 or cols == 0:
+        return 0
+    if cdiv(bus - 1 + cols, bus) <= 256 and cols <= 4096:
+        # a row is one burst, or two when it crosses a 4 KiB boundary
+        a = (addr + np.arange(rows, dtype=np.int64) * stride) % 4096
+        return rows + int(np.count_nonzero(a - a % bus + cdiv(a % bus + cols, bus) * bus > 4096))
+    total = 0
+    for r in range(rows):
+        a = addr + r * stride
+        start, end = a - a % bus, a + cols
+        while start < end:
+            start += min(cdiv(end - start, bus), 256, (4096 - start % 4096) // bus) * bus
+            total += 1
     return total
 
 
@@ -111,8 +136,9 @@ def duration(i: Instr, cfg: NpuConfig) -> int:
         data = cfg.dma_latency + beats if beats else 0
         return max(1, data + cdiv(pad_bytes, cfg.bus_bytes))
     if op == Opcode.STORE:
-        beats = dma_beats(f["dram"], f["rows"], f["cols"], f["dram_stride"], cfg.bus_bytes)
-        return max(1, cfg.dma_latency + beats if beats else 1)
+        args = (f["dram"], f["rows"], f["cols"], f["dram_stride"], cfg.bus_bytes)
+        beats = dma_beats(*args)
+        return STORE_CYCLES + beats + WRITE_BURST_CYCLES * dma_bursts(*args) if beats else 1
     if op == Opcode.MATMUL:
         if cfg.spad_banked and f["m"] and f["n"]:
             return cfg.matrix_latency + max(1, banked_matmul_steps(f, cfg))

@@ -517,8 +517,10 @@ class NpuModel:
         if faulted:
             self.dram[lo:hi] = kept  # the faulting beats of a STORE are dropped
         d = duration(ins, self.cfg)
+        xfer = None
         if self.port is not None and ins.op in (Opcode.LOAD, Opcode.STORE):
-            d += self.port.transfer(ins, t)  # waiting for the shared channel
+            xfer = self.port.transfer(self, ins, t)  # other engines' bursts on the shared channel
+            d += xfer.delay if xfer is not None else 0
         end = t + d
         run.starts[u].append(t)
         run.busy_until[u] = end
@@ -527,18 +529,43 @@ class NpuModel:
         rd, wr = dma_bytes(ins)
         self.counters["DMA_RD_BYTES"] += rd
         self.counters["DMA_WR_BYTES"] += wr
+        ev = None
         if self.trace is not None:
-            self.trace.append(TraceEvent(u.name.lower(), pc, ins.op.name.lower(), t, end))
+            ev = TraceEvent(u.name.lower(), pc, ins.op.name.lower(), t, end)
+            self.trace.append(ev)
         if faulted:
             self._error_after_drain(run, end, ErrorCode.BUS, pc)
             return
-        for c in UNITS:
-            if ins.signal >> c & 1:
-                ch = run.tokens[(u, c)]
-                if len(ch) >= self.cfg.token_depth:
-                    self._error_after_drain(run, end, ErrorCode.TOKEN, pc)
-                    return
-                ch.append(end)
+        signalled = [c for c in UNITS if ins.signal >> c & 1]
+        for c in signalled:
+            ch = run.tokens[(u, c)]
+            if len(ch) >= self.cfg.token_depth:
+                self._error_after_drain(run, end, ErrorCode.TOKEN, pc)
+                return
+            ch.append(end)
+        if xfer is not None:
+            xfer.retime = lambda extra, now: self._retime(run, u, end, extra, now, signalled, ev)
+
+    def _retime(
+        self, run: _Run, u: Unit, end: int, extra: int, now: int, signalled: list[Unit], ev: TraceEvent | None
+    ) -> bool:
+        """Move the end of unit `u`'s instruction that ends at `end` (its latest) by `extra` cycles:
+        another engine's transfer, starting at `now`, slows its transfer down. False when the
+        instruction is over (or the run is) and nothing moved."""
+        if run is not self._run or run.busy_until[u] <= now:
+            return False
+        cur = run.busy_until[u]
+        new = cur + extra
+        run.busy_until[u] = new
+        run.last_end = max(run.last_end, new)
+        self.counters[_BUSY[u]] += extra
+        for c in signalled:
+            ch = run.tokens[(u, c)]
+            if ch and ch[-1] == cur:
+                ch[-1] = new
+        if ev is not None:
+            ev.end = new
+        return True
 
     def _faults(self, ins: Instr) -> bool:
         """A LOAD or STORE with a bus beat in the faulting range."""

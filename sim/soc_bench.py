@@ -68,9 +68,9 @@ def contended_round(cfg: NpuConfig) -> Round:
     return rnd
 
 
-def model_round(cfg: NpuConfig, rnd: Round, starts: dict[int, int]) -> NpuSystem:
+def model_round(cfg: NpuConfig, rnd: Round, starts: dict[int, int], trace: bool = False) -> NpuSystem:
     """The round on the SoC model, each engine started at `starts[e]`."""
-    s = NpuSystem(cfg)
+    s = NpuSystem(cfg, trace=trace)
     for job in rnd.values():
         for a, v in job.memory().items():
             s.write_dram(a, v)

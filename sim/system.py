@@ -2,46 +2,158 @@
 and one AXI port, behind the SoC's register map (npu/registers.py).
 
 Timing rule of the shared port (docs/isa.md, "Several engines"): AXI reads and writes are separate
-channels, each moving one bus word per cycle for all engines together. A LOAD's (STORE's) data beats
-begin `dma_latency` cycles after it starts, or when the read (write) channel has finished the beats
-of the transfers started before it, whichever is later; the wait adds to the instruction's duration.
-The engines' events are processed in time order, so transfers claim the channel in the order they
-start. One engine alone never waits (its load unit and its store unit each move one transfer at a
-time), so the single-engine timing is unchanged.
+channels, each moving one bus word per cycle for all engines together. The interconnect grants bursts
+round-robin, one per engine per turn, so engines whose transfers overlap share a channel in
+proportion to their burst lengths: a transfer is slowed by the other engines' bursts served between
+its own. A transfer that starts while others run first waits for the bursts the memory has already
+accepted (its read queue; one write burst). The model follows each channel's transfers as a fluid
+(rounds of one burst per engine) and, when a transfer starts, projects when every running transfer
+will finish; the delay against finishing alone adds to the instruction's duration, and a transfer
+that a later one slows down has its end moved (`NpuModel._retime`). Events are processed in time
+order, so nothing that depends on an end has happened yet when it moves. One engine alone never waits
+(its load and store units each move one transfer at a time), so the single-engine timing is
+unchanged.
 """
 
 from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 from npu.config import NpuConfig, get_config
 from npu.isa import Instr, Opcode
 from npu.registers import ISA_VERSION, SOC_MAGIC, SOC_REG, WINDOW_BYTES, Status
-from npu.timing import dma_beats
+from npu.timing import WRITE_BURST_CYCLES, dma_beats, dma_bursts
 
 from .model import NpuModel
 
 
+@dataclass(eq=False)
+class Transfer:
+    """One LOAD's or STORE's data on a channel."""
+
+    owner: object  # the engine
+    bursts: int
+    occupancy: int  # channel cycles alone: beats plus per-burst overhead
+    join: float  # when its bursts start to be served (after the bursts already accepted)
+    alone_done: int  # when it would be done alone
+    left: float = 0.0  # bursts not yet served
+    delay: int = 0  # cycles added to the instruction so far
+    #: moves the instruction's end: retime(extra cycles, now) -> False when it is already over
+    retime: Callable[[int, int], bool] | None = None
+
+    @property
+    def per_burst(self) -> float:
+        return self.occupancy / self.bursts
+
+
+class Channel:
+    """The read or the write channel of the shared port (one bus word per cycle).
+
+    `accepted`: bursts the memory holds at once (the one being served included); a starting transfer
+    waits for the ones other engines have queued. `overhead`: channel cycles per burst besides its
+    beats (a write burst's address and response handshakes). `lead`: cycles from an instruction's
+    start to its first burst request."""
+
+    def __init__(self, accepted: int, overhead: int, lead: int):
+        self.accepted, self.overhead, self.lead = accepted, overhead, lead
+        self.now = 0.0
+        self.xfers: list[Transfer] = []
+        self.waited = 0  # cycles transfers were slowed down in total
+
+    @staticmethod
+    def _run(xfers: list[Transfer], t: float, until: float | None) -> tuple[dict, float]:
+        """Serve `xfers` (changed in place; finished ones removed) from `t` to `until` (None: until
+        all are done): the transfers that have joined share the channel in rounds of one burst each.
+        Returns the finish time of each transfer that finished, and the time reached."""
+        done: dict[int, float] = {}
+        while xfers and (until is None or t < until):
+            sharing = [x for x in xfers if x.join <= t]
+            nxt = min((x.join for x in xfers if x.join > t), default=None)
+            if not sharing:
+                t = nxt if until is None else min(nxt, until)
+                continue
+            rnd = sum(x.per_burst for x in sharing)  # cycles per round
+            least = min(x.left for x in sharing)
+            t_next = t + least * rnd  # the first of them finishes
+            finishing = True
+            if nxt is not None and nxt < t_next:
+                t_next, finishing = nxt, False
+            if until is not None and until < t_next:
+                t_next, finishing = until, False
+            rounds = least if finishing else (t_next - t) / rnd
+            for x in sharing:
+                if finishing and x.left <= least:
+                    # on average half of the others' bursts of the last round come after its own
+                    done[id(x)] = t_next - (rnd - x.per_burst) / 2
+                    xfers.remove(x)
+                else:
+                    x.left -= rounds
+            t = t_next
+        return done, t if until is None else max(t, until)
+
+    def transfer(self, owner: object, bursts: int, beats: int, t: int) -> Transfer:
+        """A transfer of `owner` starting at `t` (its engine's previous one on this channel is over):
+        returns it with the delay it sees now, and moves the ends of the running ones it slows."""
+        _, self.now = self._run(self.xfers, self.now, t)
+        self.xfers = [x for x in self.xfers if x.owner is not owner]
+        others = [x for x in self.xfers if x.join <= t]
+        queued = 0.0  # the others' bursts the memory has accepted before this one's request
+        if others:
+            mean = sum(x.per_burst for x in others) / len(others)
+            queued = min(self.accepted - 0.5, sum(x.left for x in others)) * mean
+        occ = beats + bursts * self.overhead
+        ready = t + self.lead
+        x = Transfer(owner, bursts, occ, ready + queued, ready + occ, left=float(bursts))
+        self.xfers.append(x)
+        twins = [copy.copy(y) for y in self.xfers]
+        done, _ = self._run(list(twins), t, None)
+        for y, z in zip(self.xfers, twins, strict=True):
+            delay = max(y.delay, round(done[id(z)] - y.alone_done))
+            if delay <= y.delay:
+                continue
+            if y is not x:
+                if y.retime is None or not y.retime(delay - y.delay, t):
+                    y.retime = None  # its instruction is over: the rest of its bursts only hold the channel
+                    continue
+            self.waited += delay - y.delay
+            y.delay = delay
+        return x
+
+
 class DramPort:
-    """Bookkeeping of the shared AXI port: the cycle each channel has moved all claimed beats by."""
+    """The shared AXI port of the SoC as the SoC's simulation memory (hdl/simdram.py) serves it behind
+    the interconnect (hdl/soc.py): reads stream back to back, with four bursts queued behind the one
+    being served; a write burst is accepted only when the previous one's response has been taken
+    (two cycles per burst)."""
+
+    READ_ACCEPTED = 5
+    WRITE_ACCEPTED = 1
+    LEAD = 2
 
     def __init__(self, cfg: NpuConfig):
         self.cfg = cfg
-        self.free = {Opcode.LOAD: 0, Opcode.STORE: 0}
-        self.waited = {Opcode.LOAD: 0, Opcode.STORE: 0}  # cycles transfers waited for the channel
+        self.channels = {
+            Opcode.LOAD: Channel(self.READ_ACCEPTED, 0, self.LEAD),
+            Opcode.STORE: Channel(self.WRITE_ACCEPTED, WRITE_BURST_CYCLES, self.LEAD),
+        }
 
-    def transfer(self, ins: Instr, t: int) -> int:
-        """Claim the channel for the data beats of LOAD/STORE `ins` started at `t`; the cycles it
-        waits for the channel."""
+    @property
+    def waited(self) -> dict[Opcode, int]:
+        """Cycles LOADs and STOREs were slowed down by other engines' transfers."""
+        return {op: ch.waited for op, ch in self.channels.items()}
+
+    def transfer(self, owner: object, ins: Instr, t: int) -> Transfer | None:
+        """The data of LOAD/STORE `ins` of engine `owner` starting at `t` (None: it moves no data)."""
         f = ins.fields
-        beats = dma_beats(f["dram"], f["rows"], f["cols"], f["dram_stride"], self.cfg.bus_bytes)
+        args = (f["dram"], f["rows"], f["cols"], f["dram_stride"], self.cfg.bus_bytes)
+        beats = dma_beats(*args)
         if not beats:
-            return 0
-        first = t + self.cfg.dma_latency
-        begin = max(first, self.free[ins.op])
-        self.free[ins.op] = begin + beats
-        self.waited[ins.op] += begin - first
-        return begin - first
+            return None
+        return self.channels[ins.op].transfer(owner, dma_bursts(*args), beats, t)
 
 
 class NpuSystem:

@@ -8,6 +8,7 @@ from npu.sim.rtl import run_model
 from npu.sim.rtl_suite import random_jobs
 from npu.sim.soc import offset_job
 from npu.sim.soc_bench import contended_round, model_round, stream_job
+from npu.sim.system import Channel
 
 
 def soc(n):
@@ -84,3 +85,51 @@ def test_a_model_for_one_engine_runs_on_every_engine_of_a_soc_preset():
     duo = get_config("duo")
     assert NpuModel(duo).cfg == get_config("default")
     assert NpuModel(duo).read_reg(REG["CONFIG_ID"].offset) == get_config("default").config_id
+
+
+def _pair(bursts_a, beats_a, bursts_b, beats_b, t_b=0):
+    """Two engines' transfers on a channel without overhead; the delays each ends up with."""
+    ch = Channel(accepted=1, overhead=0, lead=0)
+    moved = []
+    a = ch.transfer("A", bursts_a, bursts_a * beats_a, 0)
+    a.retime = lambda extra, now: moved.append((extra, now)) or True
+    b = ch.transfer("B", bursts_b, bursts_b * beats_b, t_b)
+    return a, b, moved
+
+
+def test_channel_shares_equal_bursts_evenly():
+    # 10 bursts of 8 beats each, started together: each waits for about the other's 80 beats
+    a, b, moved = _pair(10, 8, 10, 8)
+    assert 70 <= a.delay <= 80 and 70 <= b.delay <= 84
+    assert moved and moved[0][1] == 0  # the running transfer's end was moved when B started
+
+
+def test_channel_shares_by_burst_length():
+    # 8 bursts of 4 beats next to a stream of 32-beat bursts: one short burst per long one
+    a, b, _ = _pair(64, 32, 8, 4)
+    assert 7 * 32 <= b.delay <= 9 * 32  # about one long burst per short one
+    assert 28 <= a.delay <= 36  # the stream waits for the short bursts only
+
+
+def test_channel_transfer_alone_and_after_the_owners_last_does_not_wait():
+    ch = Channel(accepted=5, overhead=2, lead=2)
+    assert ch.transfer("A", 16, 512, 0).delay == 0
+    # the engine's next transfer replaces its previous one, whatever the channel still held of it
+    assert ch.transfer("A", 16, 512, 100).delay == 0
+    assert ch.waited == 0
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_moved_ends_stay_consistent(n):
+    """Ends moved by later transfers keep each unit's instructions in order, and the trace's
+    durations add up to the busy counters."""
+    cfg = soc(n)
+    rnd = contended_round(cfg)
+    s = model_round(cfg, rnd, dict.fromkeys(rnd, 0), trace=True)
+    assert sum(s.port.waited.values()) > 0
+    for e in s.engines:
+        for unit, counter in (("load", "BUSY_LOAD"), ("store", "BUSY_STORE"), ("matrix", "BUSY_MATRIX")):
+            evs = [ev for ev in e.trace if ev.unit == unit and not ev.op.startswith("pass")]
+            assert sum(ev.end - ev.start for ev in evs) == e.counters[counter]
+            for prev, nxt in zip(evs, evs[1:], strict=False):
+                assert nxt.start >= prev.end, (unit, prev, nxt)
