@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from npu.config import NpuConfig, get_config
-from npu.registers import REG, Status, engine_window
+from npu.registers import REG, WINDOW_BYTES, Control, Status, engine_window
 
 from .transport import Transport, TransportError
 
@@ -108,20 +108,53 @@ class SocRtlTransport(RtlTransport):
     #: uncleared IRQ.PENDING hides its stop; the driver clears it before every start)
     POLL_CYCLES = 256
 
-    def _status_of(self, engine: int):
-        return self.bench.regs.read_dword(engine_window(engine) + REG["STATUS"].offset)
+    def __init__(self, bench, dram_bytes: int):
+        super().__init__(bench, dram_bytes)
+        #: engines the host last saw running (a STATUS read, or a START written since): a stop of
+        #: one of them that happened while the host was busy elsewhere ends the next `wait` at once
+        self._seen_running: set[int] = set()
+
+    def _note(self, engine: int, status: int) -> None:
+        if status == Status.RUNNING:
+            self._seen_running.add(engine)
+        else:
+            self._seen_running.discard(engine)
+
+    def read_reg(self, offset: int) -> int:
+        value = super().read_reg(offset)
+        k, rel = divmod(offset, WINDOW_BYTES)
+        if k >= 1 and rel == REG["STATUS"].offset:
+            self._note(k - 1, value)
+        return value
+
+    def write_reg(self, offset: int, value: int) -> None:
+        super().write_reg(offset, value)
+        k, rel = divmod(offset, WINDOW_BYTES)
+        if k >= 1 and rel == REG["CONTROL"].offset and value & (Control.START | Control.SOFT_RESET):
+            self._note(k - 1, Status.RUNNING if not value & Control.SOFT_RESET else Status.IDLE)
+
+    async def _status_of(self, engine: int) -> int:
+        value = await self.bench.regs.read_dword(engine_window(engine) + REG["STATUS"].offset)
+        self._note(engine, value)
+        return value
 
     async def _wait_async(self, max_cycles: int | None) -> int:
         """Watch the per-engine interrupt lines (`irqs`), not the combined `irq`: other engines'
         interrupts may be pending and uncleared. Engines are running if STATUS says so when `wait`
-        is called (one register read per engine)."""
+        is called (one register read per engine); one the host last saw running that has stopped
+        meanwhile ends the wait at once."""
         from cocotb.triggers import ClockCycles, First, ValueChange
 
         t0 = self.now()
         deadline = None if max_cycles is None else t0 + max_cycles
         clk, irqs = self.dut.clk, self.dut.irqs
         n = self.cfg.engines
+        seen = set(self._seen_running)
         running = [e for e in range(n) if Status(await self._status_of(e)) == Status.RUNNING]
+        if seen - set(running):
+            # an engine the host last saw running has stopped since (while the host served another,
+            # or during the reads above): that is a stop it is waiting for
+            return self.now() - t0
         if not running:
             if max_cycles and self.now() < deadline:
                 await ClockCycles(clk, deadline - self.now())
@@ -138,6 +171,11 @@ class SocRtlTransport(RtlTransport):
             else:
                 watch |= 1 << e
         while True:
+            risen = int(irqs.value) & watch  # (a line may rise during a register read: no change then)
+            if risen:
+                # reported now: the host learns of the stop from this return, not from STATUS
+                self._seen_running -= {e for e in running if risen >> e & 1}
+                break
             left = None if deadline is None else deadline - self.now()
             if left is not None and left <= 0:
                 break
@@ -148,8 +186,6 @@ class SocRtlTransport(RtlTransport):
             if step is not None:
                 triggers.append(ClockCycles(clk, step))
             await (First(*triggers) if len(triggers) > 1 else triggers[0])
-            if int(irqs.value) & watch:
-                break
             if stale and (left is None or self.now() < deadline):
                 for e in stale:
                     if Status(await self._status_of(e)) != Status.RUNNING:

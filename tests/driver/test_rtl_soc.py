@@ -86,6 +86,16 @@ def wait_checks(tr) -> dict:
     start(e0, long)
     out["stale"] = tr.wait(None)
     out["e0_after_stale"] = e0.status().name
+    # engine 1 stops while the host is busy with other registers: the next wait returns at once
+    # (the host last saw it running), not after its bound
+    e1.set_reg("IRQ", 1)
+    start(e1, short)
+    t = tr.now()
+    while tr.now() - t < 4000:
+        tr.read_reg(SOC_REG["SOC_ID"].offset)
+    out["stopped_meanwhile"] = tr.read_reg(SOC_REG["IRQ_STATUS"].offset) >> 1 & 1
+    out["meanwhile"] = tr.wait(100_000)
+    out["e1_after_meanwhile"] = e1.status().name
     # nothing running: max_cycles pass
     out["idle"] = tr.wait(1000)
     for e in (e0, e1):
@@ -125,4 +135,6 @@ def test_jobs_on_both_engines_of_the_rtl_soc(operator_model):
     assert waits["e1_after_long"] == "DONE" and waits["partial"] + waits["long"] > 6 * 2000, waits
     assert waits["irq_status"] == 0b11, waits
     assert waits["e0_after_stale"] == "DONE" and waits["stale"] > 6 * 2000, waits
+    assert waits["stopped_meanwhile"] and waits["meanwhile"] < 100, waits
+    assert waits["e1_after_meanwhile"] == "DONE", waits
     assert 1000 <= waits["idle"] < 1100, waits
