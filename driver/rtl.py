@@ -123,15 +123,19 @@ class SocRtlTransport(RtlTransport):
     def read_reg(self, offset: int) -> int:
         value = super().read_reg(offset)
         k, rel = divmod(offset, WINDOW_BYTES)
-        if k >= 1 and rel == REG["STATUS"].offset:
+        if 1 <= k <= self.cfg.engines and rel == REG["STATUS"].offset:
             self._note(k - 1, value)
         return value
 
     def write_reg(self, offset: int, value: int) -> None:
         super().write_reg(offset, value)
         k, rel = divmod(offset, WINDOW_BYTES)
-        if k >= 1 and rel == REG["CONTROL"].offset and value & (Control.START | Control.SOFT_RESET):
+        if not 1 <= k <= self.cfg.engines:
+            return
+        if rel == REG["CONTROL"].offset and value & (Control.START | Control.SOFT_RESET):
             self._note(k - 1, Status.RUNNING if not value & Control.SOFT_RESET else Status.IDLE)
+        elif rel == REG["RING_TAIL"].offset:  # the doorbell: a waiting engine runs again
+            self._note(k - 1, Status.RUNNING)
 
     async def _status_of(self, engine: int) -> int:
         value = await self.bench.regs.read_dword(engine_window(engine) + REG["STATUS"].offset)
@@ -171,10 +175,9 @@ class SocRtlTransport(RtlTransport):
             else:
                 watch |= 1 << e
         while True:
-            risen = int(irqs.value) & watch  # (a line may rise during a register read: no change then)
-            if risen:
-                # reported now: the host learns of the stop from this return, not from STATUS
-                self._seen_running -= {e for e in running if risen >> e & 1}
+            # a line may rise during a register read: no change would trigger then (the engine stays
+            # noted as running: a FENCE raises its line too, and the host's STATUS read tells)
+            if int(irqs.value) & watch:
                 break
             left = None if deadline is None else deadline - self.now()
             if left is not None and left <= 0:

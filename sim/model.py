@@ -544,15 +544,23 @@ class NpuModel:
                 return
             ch.append(end)
         if xfer is not None:
-            xfer.retime = lambda extra, now: self._retime(run, u, end, extra, now, signalled, ev)
+            ordinal = len(run.starts[u])  # the unit's instructions so far: this one is the latest
+            xfer.retime = lambda extra, now: self._retime(run, u, ordinal, extra, now, signalled, ev)
 
     def _retime(
-        self, run: _Run, u: Unit, end: int, extra: int, now: int, signalled: list[Unit], ev: TraceEvent | None
+        self,
+        run: _Run,
+        u: Unit,
+        ordinal: int,
+        extra: int,
+        now: int,
+        signalled: list[Unit],
+        ev: TraceEvent | None,
     ) -> bool:
-        """Move the end of unit `u`'s instruction that ends at `end` (its latest) by `extra` cycles:
-        another engine's transfer, starting at `now`, slows its transfer down. False when the
-        instruction is over (or the run is) and nothing moved."""
-        if run is not self._run or run.busy_until[u] <= now:
+        """Move the end of unit `u`'s `ordinal`-th instruction by `extra` cycles: another engine's
+        transfer, starting at `now`, slows its transfer down. Only while it is the unit's latest
+        instruction and has not ended (nor the run); False when nothing moved."""
+        if run is not self._run or len(run.starts[u]) != ordinal or run.busy_until[u] <= now:
             return False
         cur = run.busy_until[u]
         new = cur + extra

@@ -98,6 +98,9 @@ class Channel:
     def transfer(self, owner: object, bursts: int, beats: int, t: int) -> Transfer:
         """A transfer of `owner` starting at `t` (its engine's previous one on this channel is over):
         returns it with the delay it sees now, and moves the ends of the running ones it slows."""
+        # an instruction started late by the host (a pause withdrawn) may start before the channel's
+        # clock: nothing that ended before that clock may move
+        now = max(t, self.now)
         _, self.now = self._run(self.xfers, self.now, t)
         self.xfers = [x for x in self.xfers if x.owner is not owner]
         others = [x for x in self.xfers if x.join <= t]
@@ -116,7 +119,7 @@ class Channel:
             if delay <= y.delay:
                 continue
             if y is not x:
-                if y.retime is None or not y.retime(delay - y.delay, t):
+                if y.retime is None or not y.retime(delay - y.delay, now):
                     y.retime = None  # its instruction is over: the rest of its bursts only hold the channel
                     continue
             self.waited += delay - y.delay

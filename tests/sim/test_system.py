@@ -133,3 +133,37 @@ def test_moved_ends_stay_consistent(n):
             assert sum(ev.end - ev.start for ev in evs) == e.counters[counter]
             for prev, nxt in zip(evs, evs[1:], strict=False):
                 assert nxt.start >= prev.end, (unit, prev, nxt)
+
+
+def test_a_transfer_is_retimed_only_while_its_instruction_is_the_units_latest():
+    """A later instruction on the same unit has started: the earlier one's end can no longer move."""
+    from npu.isa import encode_program, make
+    from npu.program import ProgramBuilder
+    from npu.sim.model import NpuModel
+    from npu.sim.system import Transfer
+
+    class Port:  # hands out transfers without delays, keeps them
+        def __init__(self):
+            self.xfers = []
+
+        def transfer(self, owner, ins, t):
+            self.xfers.append(Transfer(owner, 1, 1, t, t))
+            return self.xfers[-1]
+
+    cfg = get_config("tiny")
+    b = ProgramBuilder(cfg)
+    for k in range(2):
+        b.add(make("store", spad=0, dram=0x1000 + 256 * k, rows=4, cols=64, dram_stride=64, spad_stride=64))
+    m = NpuModel(cfg)
+    m.port = Port()
+    m.load_program(encode_program(b.build().instrs), 0x4000)
+    m.start(pc=0)
+    while len(m.port.xfers) < 2:
+        t, action = m.next_event()
+        action()
+    first, second = m.port.xfers
+    end = m.counters["BUSY_STORE"]
+    assert not first.retime(50, t)  # the second store runs: the first is over
+    assert second.retime(50, t) and m.counters["BUSY_STORE"] == end + 50
+    m.run()
+    assert m.status == Status.DONE
