@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from npu.config import NpuConfig, get_config
-from npu.registers import REG, WINDOW_BYTES, Control, Status, engine_window
+from npu.registers import REG, Control, Status, engine_window, window_of
 
 from .transport import Transport, TransportError
 
@@ -122,20 +122,20 @@ class SocRtlTransport(RtlTransport):
 
     def read_reg(self, offset: int) -> int:
         value = super().read_reg(offset)
-        k, rel = divmod(offset, WINDOW_BYTES)
-        if 1 <= k <= self.cfg.engines and rel == REG["STATUS"].offset:
-            self._note(k - 1, value)
+        e, rel = window_of(offset)
+        if 0 <= e < self.cfg.engines and rel == REG["STATUS"].offset:
+            self._note(e, value)
         return value
 
     def write_reg(self, offset: int, value: int) -> None:
         super().write_reg(offset, value)
-        k, rel = divmod(offset, WINDOW_BYTES)
-        if not 1 <= k <= self.cfg.engines:
+        e, rel = window_of(offset)
+        if not 0 <= e < self.cfg.engines:
             return
         if rel == REG["CONTROL"].offset and value & (Control.START | Control.SOFT_RESET):
-            self._note(k - 1, Status.RUNNING if not value & Control.SOFT_RESET else Status.IDLE)
+            self._note(e, Status.RUNNING if not value & Control.SOFT_RESET else Status.IDLE)
         elif rel == REG["RING_TAIL"].offset:  # the doorbell: a waiting engine runs again
-            self._note(k - 1, Status.RUNNING)
+            self._note(e, Status.RUNNING)
 
     async def _status_of(self, engine: int) -> int:
         value = await self.bench.regs.read_dword(engine_window(engine) + REG["STATUS"].offset)

@@ -103,3 +103,10 @@ SOC_REG = {r.name: r for r in SOC_REGISTERS}
 def engine_window(i: int) -> int:
     """Byte offset of engine `i`'s register window on the SoC's AXI4-Lite port."""
     return WINDOW_BYTES * (i + 1)
+
+
+def window_of(offset: int) -> tuple[int, int]:
+    """The inverse of `engine_window`: (engine index, offset within its window) of a SoC register
+    offset; engine -1 is the SoC block."""
+    k, rel = divmod(offset, WINDOW_BYTES)
+    return k - 1, rel

@@ -25,7 +25,7 @@ import numpy as np
 
 from npu.config import NpuConfig, get_config
 from npu.isa import Instr, Opcode
-from npu.registers import ISA_VERSION, SOC_MAGIC, SOC_REG, WINDOW_BYTES, Status
+from npu.registers import ISA_VERSION, SOC_MAGIC, SOC_REG, Status, window_of
 from npu.timing import WRITE_BURST_CYCLES, dma_beats, dma_bursts
 
 from .model import NpuModel
@@ -195,11 +195,11 @@ class NpuSystem:
 
     # -- registers ---------------------------------------------------------------------------------
     def _window(self, off: int) -> tuple[NpuModel | None, int]:
-        k, rel = divmod(off, WINDOW_BYTES)
-        if k == 0:
+        i, rel = window_of(off)
+        if i < 0:
             return None, rel
-        if k - 1 < len(self.engines):
-            e = self.engines[k - 1]
+        if i < len(self.engines):
+            e = self.engines[i]
             e.now = max(e.now, self.now)  # the engine sees the host's clock
             return e, rel
         return None, -1  # unmapped
