@@ -9,7 +9,15 @@ import pytest
 
 from npu.driver import DriverError, Npu
 from npu.driver.sched.layerwise import POLICIES, Estimator, Layer, LayerwiseScheduler
-from npu.driver.sched.layerwise_bench import RTL_POLICIES, exhaustive, metrics, prepare, rtl_pair, run_set
+from npu.driver.sched.layerwise_bench import (
+    RTL_POLICIES,
+    exhaustive,
+    lower_bound,
+    metrics,
+    prepare,
+    rtl_pair,
+    run_set,
+)
 
 CFG = "default"
 
@@ -37,6 +45,20 @@ def test_interleaving_overlaps_dma_with_compute(pair):
     assert idle["compute_util"] > fcfs["compute_util"]
     models = [t[1] for t in idle["timeline"]]
     assert any(a != b for a, b in zip(models, models[1:], strict=False))  # the trace interleaves the models
+
+
+def test_no_interleaving_beats_the_busiest_units_bound(pair):
+    alone = [run_set([m], "fcfs", CFG) for m in pair]
+    bound, unit = lower_bound([a["busy"] for a in alone])
+    assert bound == max(sum(a["busy"][u] for a in alone) for u in ("load", "matrix", "vector", "store"))
+    assert bound == sum(a["busy"][unit] for a in alone)
+    shared = [run_set(pair, p, CFG) for p in POLICIES]
+    for r in shared:
+        assert r["makespan"] >= bound
+        # an instruction takes as long interleaved as alone: the units' busy cycles add up
+        assert r["busy"] == {u: sum(a["busy"][u] for a in alone) for u in r["busy"]}
+    g = exhaustive(("digits_cnn", "planning"), CFG)
+    assert g["best"] >= bound
 
 
 def test_exhaustive_search_is_at_least_as_good_as_the_greedy_rule():
