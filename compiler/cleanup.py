@@ -166,12 +166,13 @@ def _channel_gathers(nodes: list, consts: dict, shapes: dict, outputs: set[str])
 
 
 def _split_sums(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
-    """Sum of one input is an Identity, of more than two a chain of Adds (the NPU adds two tensors;
-    each Add gets its own quantisation)."""
+    """Sum of one input is an Identity, of two an Add, of more a chain of Adds (the NPU adds two
+    tensors; each Add gets its own quantisation; onnxruntime's quantiser quantises Add, not Sum, so
+    a Sum left as it is would stay float on the host, as old opsets' residual connections did)."""
     out = []
     for n in nodes:
         ins = [x for x in n.input if x]
-        if n.op_type != "Sum" or len(ins) == 2:
+        if n.op_type != "Sum":
             out.append(n)
             continue
         if len(ins) == 1:

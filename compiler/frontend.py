@@ -1,6 +1,7 @@
 """The front end: an ONNX model as toolchains export it, made into what the compiler's passes read.
 
-In order: opsets older than the supported one are converted (`onnx.version_converter`); graph inputs
+In order: initializers listed as graph inputs (IR 3) are taken as constants; opsets older than the
+supported one are converted (`onnx.version_converter`); graph inputs
 get the static shapes the user gives (`input_shapes`, `--input-shape NAME=1x3x224x224`) and every
 input must then be static; constant subgraphs and shapes are folded to a fixpoint (`fold.py`);
 `auto_pad` becomes explicit pads; a channels-last graph input transposed to NCHW is taken as it is
@@ -46,6 +47,7 @@ def prepare(
 ) -> Prepared:
     """Every front-end step on a loaded, checked model (see the module docstring)."""
     p = Prepared(model)
+    constant_inputs(p.model, p.notes)
     p.model = convert_opset(p.model, source, p.notes)
     set_input_shapes(p.model, input_shapes or {}, source)
     check_static_inputs(p.model, source)
@@ -57,6 +59,26 @@ def prepare(
     p.model = refresh_shapes(p.model)
     check_reshapes(p.model, source)
     return p
+
+
+# ---- initializers listed as inputs ------------------------------------------------------------------
+
+
+def constant_inputs(model: onnx.ModelProto, notes: list[str]) -> None:
+    """Graph inputs that have an initializer are constants here: IR 3 (the ONNX model zoo's older
+    models, Caffe2 exports) lists every initializer as a graph input, and from IR 4 on such an input
+    is an overridable default the NPU program fixes at compile time. They leave the input list, so
+    later passes that fold or drop initializers (batch normalisation into a convolution) leave no
+    dangling inputs behind, and the user feeds only the real inputs."""
+    inits = {i.name for i in model.graph.initializer}
+    listed = [i for i in model.graph.input if i.name in inits]
+    if not listed:
+        return
+    keep = [i for i in model.graph.input if i.name not in inits]
+    del model.graph.input[:]
+    model.graph.input.extend(keep)
+    model.ir_version = max(model.ir_version, 4)  # IR 3 requires initializers among the inputs
+    notes.append(f"{len(listed)} initializers listed as graph inputs taken as constants")
 
 
 # ---- opsets -----------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@ graph output or by host operators (a classifier's logits before a host Softmax, 
 regression) stores its int32 accumulators instead of int8, dequantised on the host with one scale
 per column or channel (input scale x weight scale); a host operator's result read the same way
 (the Softmax's probabilities) stays float instead of going through int8, and so does a Concat's,
-which moves to the host so that branches of different scales keep their own.
+which moves to the host so that branches of different scales keep their own, and a Reshape's (or
+Flatten's, Squeeze's, Unsqueeze's) of such a result on its way to the output.
 
 An int8 output scale is calibrated on sample inputs: values beyond the calibrated range saturate
 and every value is rounded to 1/255 of the range, which moves softmax probabilities where logits
@@ -21,8 +22,10 @@ from .graph import Graph
 OUTPUT_PRECISIONS = ("int32", "int8")
 WIDE_OPS = {"Gemm": 2, "MatMul": 2, "Conv": 4}  # the rank of the results that can stay int32
 # operators without MACs that move to the host when only the host reads their result, so that
-# their inputs can stay int32 (a detector's Concat of box and class branches of different scales)
-MOVABLE = ("Concat",)
+# their inputs can stay int32 or float (a detector's Concat of box and class branches of different
+# scales; a classifier's Softmax -> Reshape or Flatten as the graph output)
+MOVABLE = ("Concat", "Reshape", "Flatten", "Squeeze", "Unsqueeze")
+VIEWS = MOVABLE[1:]  # these move only when what they reshape can then stay wide or float
 
 
 def _host_only(op: onnx.NodeProto) -> bool:
@@ -45,6 +48,15 @@ def clamped_by_quantisation(model: onnx.ModelProto) -> set[str]:
         for n in model.graph.node
         if n.output and len(r := readers.get(n.output[0], [])) == 1 and r[0].op_type in ("Relu", "Clip")
     }
+
+
+def _widens(g: Graph, view: onnx.NodeProto, on_host) -> bool:
+    """Whether moving a reshaping `view` to the host lets its input stay wide or float: the input
+    is a dequantised result of a host operator or of a Gemm/MatMul/Conv."""
+    dq = g.producers.get(view.input[0])
+    q = g.producers.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+    p = g.producers.get(q.input[0]) if q is not None and q.op_type == "QuantizeLinear" else None
+    return p is not None and (on_host(p) or p.op_type in WIDE_OPS)
 
 
 def keep_output_precision(
@@ -95,6 +107,8 @@ def keep_output_precision(
                     continue
             except Exception:  # no static shape: leave the node as it is
                 continue
+        if kind == "movable" and n.op_type in VIEWS and not _widens(g, n, on_host):
+            continue
         if kind == "movable":
             moved.add(n.name)
         n.output[0] = val  # the node now computes the dequantised value itself

@@ -1,4 +1,5 @@
-"""The front end on models as toolchains export them: old opsets, dynamic dimensions, shape
+"""The front end on models as toolchains export them: old opsets, initializers listed as inputs
+(IR 3), dynamic dimensions, shape
 arithmetic, auto_pad, n-ary Sum, several QuantizeLinear per tensor, channels-last inputs, integer
 inputs. Each model is compiled, run on the golden model and compared with onnxruntime."""
 
@@ -94,6 +95,30 @@ def test_old_opsets_are_converted_and_reported(tmp_path, opset):
     assert f"front end: opset {opset} converted to opset 13" in cm.report()
     assert [la.placement for la in cm.lowered.layers].count("npu") == 3  # Conv, MaxPool, Gemm
     x = normal((1, 3, 8, 8), seed=5)
+    check_float(cm, m, x)
+    compare_int8(cm, x)
+
+
+def test_initializers_listed_as_inputs_are_constants(tmp_path):
+    """IR 3 (the ONNX model zoo's older models) lists every initializer as a graph input; batch
+    normalisation folded into the convolution must not leave its parameters behind as inputs."""
+    bn = [weights("bn_s", (8,), 0.2), weights("bn_b", (8,), 0.1), weights("bn_m", (8,), 0.1)]
+    bn.append(const("bn_v", np.linspace(0.5, 1.5, 8)))
+    m = small_cnn(9)
+    g = m.graph
+    conv = g.node[0]
+    conv.output[0] = "c0"
+    g.node.insert(1, helper.make_node("BatchNormalization", ["c0", "bn_s", "bn_b", "bn_m", "bn_v"], ["c"]))
+    g.initializer.extend(bn)
+    g.input.extend(tensor(i.name, list(i.dims)) for i in g.initializer)
+    m.ir_version = 3
+    onnx.checker.check_model(m)
+    with pytest.warns(OpsetWarning):
+        cm = compile_saved(tmp_path, m, normal((16, 3, 8, 8)))
+    assert [t.name for t in cm.manifest.inputs] == ["x"]
+    assert "front end: 8 initializers listed as graph inputs taken as constants" in cm.report()
+    assert all(la.placement != "host" for la in cm.lowered.layers)
+    x = normal((1, 3, 8, 8), seed=6)
     check_float(cm, m, x)
     compare_int8(cm, x)
 
@@ -290,7 +315,7 @@ def test_auto_pad_on_conv_and_pooling(tmp_path, mode):
     compare_int8(cm, x)
 
 
-@pytest.mark.parametrize("count", [1, 3, 4])
+@pytest.mark.parametrize("count", [1, 2, 3, 4])
 def test_sum_of_any_number_of_inputs(tmp_path, count):
     names = [f"c{i}" for i in range(count)]
     nodes = [helper.make_node("Conv", ["x", f"w{i}"], [c], pads=[1, 1, 1, 1]) for i, c in enumerate(names)]

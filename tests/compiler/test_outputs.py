@@ -14,8 +14,10 @@ from npu.sim.runner import run_container
 from tests.compiler.helpers import compare_int8, cosine, ort_outputs
 
 
-def classifier(path, softmax: bool, extra_reader: bool = False, hidden: bool = True, seed: int = 3):
-    """x (4 x 32) [-> Gemm -> Relu] -> Gemm (logits, 10) [-> Softmax] [and logits -> Gemm]."""
+def classifier(
+    path, softmax: bool, extra_reader: bool = False, hidden: bool = True, seed: int = 3, reshape: bool = False
+):
+    """x (4 x 32) [-> Gemm -> Relu] -> Gemm (logits, 10) [-> Softmax [-> Reshape]] [and logits -> Gemm]."""
     rng = np.random.default_rng(seed)
     inits = [
         numpy_helper.from_array(rng.normal(0, 0.25, (32, 48)).astype(np.float32), "w0"),
@@ -36,6 +38,10 @@ def classifier(path, softmax: bool, extra_reader: bool = False, hidden: bool = T
     if softmax:
         nodes.append(helper.make_node("Softmax", ["logits"], ["p"], name="softmax", axis=1))
         outs = [helper.make_tensor_value_info("p", TensorProto.FLOAT, [4, 10])]
+    if softmax and reshape:  # as old classifiers end: the probabilities reshaped to N x C x 1 x 1
+        inits.append(numpy_helper.from_array(np.array([4, 10, 1, 1], np.int64), "shape"))
+        nodes.append(helper.make_node("Reshape", ["p", "shape"], ["prob"], name="reshape"))
+        outs = [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [4, 10, 1, 1])]
     if extra_reader:  # an NPU operator reads the logits too: they must stay int8
         nodes.append(helper.make_node("MatMul", ["logits", "w2"], ["z"], name="fc2"))
         outs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [4, 6]))
@@ -87,6 +93,24 @@ def test_host_softmax_reads_the_accumulators(tmp_path):
     got = cm.run(x)[0]
     np.testing.assert_allclose(got.sum(axis=1), 1.0, rtol=1e-5)
     assert cosine(got, float_out(m, x)[0]) > 0.999
+
+
+def test_probabilities_reshaped_as_the_output_stay_float(tmp_path):
+    """Softmax -> Reshape as the graph output: the Reshape moves to the host with the Softmax, so
+    the probabilities are not rounded to int8 (steps of 1/255: the small ones became 0)."""
+    path, m = classifier(tmp_path / "r.onnx", softmax=True, reshape=True)
+    calib = np.random.default_rng(2).normal(0, 0.5, (32, 32)).astype(np.float32)
+    cm = compile_onnx(path, "default", calib=calib)
+    assert isinstance(cm.lowered.outputs[0], HostTensor)
+    host = [s for s in cm.lowered.segments if s.kind == "host"]
+    assert host and host[0].inputs[0].tensor.scales is not None  # Softmax reads int32
+    x = calib[:4]
+    got, want = cm.run(x)[0], float_out(m, x)[0]
+    assert got.shape == (4, 10, 1, 1)
+    steps = got * 255  # int8 probabilities (scale 1/255) would all be whole steps
+    assert np.abs(steps - np.round(steps)).max() > 0.1
+    assert cosine(got, want) > 0.999
+    assert "output prob: float (host)" in cm.report()
 
 
 def test_logits_read_by_the_npu_stay_int8(tmp_path):
