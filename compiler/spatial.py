@@ -29,7 +29,7 @@ from npu.program import ProgramBuilder
 from npu.timing import bank_stride
 
 from .graph import CompileError
-from .quantize import Act
+from .quantize import Act, quant_multiplier
 from .region import memory_name
 
 
@@ -630,3 +630,75 @@ def pool_program(
         "tile": {"c": ct, "rows": rows_max},
         "spad_bytes": 2 * (in_bytes + out_bytes),
     }
+
+
+def global_pool_program(b: ProgramBuilder, cfg: NpuConfig, x: Act, y: Act, where: str) -> dict:
+    """GlobalAveragePool of a map whose rows do not fit the scratchpad at once (or are more than a
+    POOL window's 255): the mean of every group of `g` rows (one row unless the map is taller than
+    255 rows; `g` divides the height, so every group weighs the same) is kept on chip as int8 at the
+    input's quantisation, then the groups' means are averaged and requantised to the output's. The
+    rows come in bands of `r` rows (a multiple of `g` that divides the height), as many as fit.
+    The mean of equal groups' means is the mean; the price is one extra rounding per group, half a
+    step of the input's scale at most, which averages out over the groups (the error of the result
+    shrinks with the square root of their number)."""
+    ca = channel_align(cfg)
+    n_frames, _, h, w = x.layout.nchw
+    cp, cpy = x.layout.cp, y.layout.cp
+    if w > 255:
+        raise CompileError(f"{where}: global pooling over rows of {w} pixels exceeds a POOL window's 255")
+    g = next(d for d in range(1, h + 1) if h % d == 0 and h // d <= 255)  # rows per group
+    ng = h // g
+    act = spad_regions(cfg)[0]
+    best = None
+    tiles = {cp} | {max(ca, round_up(cdiv(cp, d), ca)) for d in (2, 4, 8, 16, 32, 64)}
+    for ct in sorted(tiles, reverse=True):
+        for r in sorted((d for d in range(g, h + 1, g) if h % d == 0), reverse=True):
+            if 2 * round_up(r * w * ct, cfg.lanes) + round_up(ng * ct, cfg.lanes) + 2 * ct <= act:
+                best = (ct, r)
+                break
+        if best:
+            break
+    if best is None:
+        raise CompileError(
+            f"{where}: global pooling of {h} x {w} pixels does not fit {memory_name(cfg)} even in bands "
+            f"of {g} rows and {ca} channels"
+        )
+    ct, r = best
+    zx = x.q.zero_point
+    group = dict(zip(("mult", "shift"), quant_multiplier(1 / (g * w), where), strict=True))
+    group.update(zp_in=zx, zp_out=zx, lo=-128, hi=127)
+    final = dict(zip(("mult", "shift"), quant_multiplier(x.q.scale / (y.q.scale * ng), where), strict=True))
+    final.update(zp_in=zx, zp_out=y.q.zero_point, lo=-128, hi=127)
+    step = round_up(r * w * ct, cfg.lanes)
+    in_bufs = [0, step]
+    part = 2 * step
+    o0 = part + round_up(ng * ct, cfg.lanes)
+    out_bufs = [o0, o0 + round_up(ct, cfg.lanes)]
+    k = t = 0
+    for c0 in range(0, cp, ct):
+        cl = min(ct, cp - c0)
+        for n in range(n_frames):
+            for y0 in range(0, h, r):
+                ib = in_bufs[k % 2]
+                k += 1
+                first = x.addr + ((n * h + y0) * w) * cp
+                if cl == cp:
+                    b.add("load", spad=ib, dram=first, rows=r, cols=w * cp, spad_stride=w * cp,
+                          dram_stride=w * cp, label=f"input n{n} rows {y0}")  # fmt: skip
+                else:  # a channel slice: one DMA row per pixel
+                    b.add("load", spad=ib, dram=first + c0, rows=r * w, cols=cl, spad_stride=cl,
+                          dram_stride=cp, label=f"input n{n} rows {y0} c{c0}")  # fmt: skip
+                # one POOL per band: out_h groups of g rows, each averaged over its g x w pixels
+                b.add("pool", src=ib, dst=part + (y0 // g) * cl, channels=cl, in_w=w, out_h=r // g, out_w=1,
+                      kh=g, kw=w, sh=g, sw=1, mode=1, **group)  # fmt: skip
+            ob = out_bufs[t % 2]
+            t += 1
+            b.add("pool", src=part, dst=ob, channels=cl, in_w=1, out_h=1, out_w=1, kh=ng, kw=1, sh=1,
+                  sw=1, mode=1, **final)  # fmt: skip
+            b.add("store", spad=ob, dram=y.addr + n * cpy + c0, rows=1, cols=cl, spad_stride=cl,
+                  dram_stride=cl)  # fmt: skip
+            b.candidate()  # between tiles: nothing on chip is live
+    parts = [f"frame x{n_frames}"] if n_frames > 1 else []
+    parts += [f"channel x{cdiv(cp, ct)}"] if ct < cp else []
+    parts.append(f"height x{h // r}, means of {ng} row groups on chip")
+    return {"split": ", ".join(parts), "tile": {"c": ct, "rows": r}, "spad_bytes": out_bufs[1] + ct}

@@ -12,7 +12,7 @@ from npu.tensors import Layout
 
 from ..graph import CompileError, node_attrs
 from ..quantize import quant_multiplier, rescale_params
-from ..spatial import geometry, pool_program
+from ..spatial import geometry, global_pool_program, pool_program
 from .registry import rule
 
 if TYPE_CHECKING:
@@ -56,5 +56,18 @@ def lower_pool(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
 
 @rule("GlobalAveragePool")
 def lower_global_average_pool(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
-    _, _, h, w = ctx.act_in(n.input[0], n).q.shape
-    _pool(ctx, n, b, [h, w], [1, 1], [0, 0, 0, 0], 1)
+    x = ctx.act_in(n.input[0], n)
+    _, _, h, w = x.q.shape
+    try:
+        _pool(ctx, n, b, [h, w], [1, 1], [0, 0, 0, 0], 1)
+        return
+    except CompileError:  # the whole height does not fit at once (or exceeds a window): row bands
+        if x.layout.kind != "hwc" or w > 255:
+            raise
+    where = ctx.where(n)
+    yq = ctx.q_out(n.output[0], n)
+    y = ctx.acts.get(yq.name) or ctx.place(
+        yq, f"{where} output", Layout.hwc(yq.shape, ctx.ca, x.layout.chan, x.layout.cp)
+    )
+    info = global_pool_program(b, ctx.cfg, x, y, where)
+    ctx.op_done(n, b, yq.shape, info)
