@@ -7,7 +7,8 @@
 * BatchNormalization after a Conv (or a ConvTranspose) is folded into its weights and bias, and so
   is an Add, Sub, Mul or Div of a per-channel (or scalar) constant after a Conv (batch normalisation
   exported as Mul and Add, or a bias kept apart from its convolution);
-* MatMul of a 2-D activation by a constant, followed by an Add of a constant vector, becomes Gemm;
+* MatMul of an activation by a constant, followed by an Add of a constant vector, becomes Gemm (an
+  activation of more than two dimensions reshaped to rows and back);
 * a Pad of zeros over height and width before a Conv becomes the Conv's padding; a channel shuffle
   or a Slice of channels becomes a Gather of channels (a view on the NPU);
 * a BatchNormalization or a per-channel Mul/Add/Sub/Div that no convolution precedes becomes a
@@ -352,23 +353,34 @@ def _matmul_add_to_gemm(nodes: list, consts: dict, shapes: dict, outputs: set[st
         if n.op_type == "MatMul" and n.input[1] in consts and consts[n.input[1]].ndim == 2:
             a_shape = shapes.get(n.input[0])
             users = cons.get(n.output[0], [])
-            if a_shape is not None and len(a_shape) == 2 and len(users) == 1 and n.output[0] not in outputs:
+            static = a_shape is not None and len(a_shape) >= 2
+            static = static and all(isinstance(d, int) and d > 0 for d in a_shape)
+            if static and len(users) == 1 and n.output[0] not in outputs:
                 add = users[0]
-                other = add.input[1] if add.input[0] == n.output[0] else add.input[0]
+                other = ""
+                if add.op_type == "Add":
+                    other = add.input[1] if add.input[0] == n.output[0] else add.input[0]
                 if (
                     add.op_type == "Add"
                     and other in consts
                     and consts[other].size == consts[n.input[1]].shape[1]
                 ):
                     consts[other + "_gemm_bias"] = consts[other].reshape(-1).astype(np.float32)
-                    gemm = helper.make_node(
-                        "Gemm",
-                        [n.input[0], n.input[1], other + "_gemm_bias"],
-                        [add.output[0]],
-                        name=n.name or add.name,
-                    )
+                    name = n.name or add.name
+                    a, y = n.input[0], add.output[0]
+                    if len(a_shape) > 2:  # Gemm is 2-D: the leading dimensions as rows, reshaped back
+                        k, cols = a_shape[-1], consts[n.input[1]].shape[1]
+                        consts[f"{name}_rows"] = np.array([-1, k], np.int64)
+                        consts[f"{name}_back"] = np.array([*a_shape[:-1], cols], np.int64)
+                        flat = f"{name}_2d"
+                        out.append(helper.make_node("Reshape", [a, f"{name}_rows"], [flat], name=flat))
+                        a, y = flat, f"{name}_gemm"
+                    bias = other + "_gemm_bias"
+                    out.append(helper.make_node("Gemm", [a, n.input[1], bias], [y], name=name))
+                    if y != add.output[0]:
+                        out.append(helper.make_node("Reshape", [y, f"{name}_back"], [add.output[0]],
+                                                    name=f"{name}_back"))  # fmt: skip
                     drop.add(id(add))
-                    out.append(gemm)
                     continue
         out.append(n)
     return [n for n in out if id(n) not in drop]

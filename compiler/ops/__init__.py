@@ -41,6 +41,9 @@ def placement(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
         return "its input is computed on the host"
     if any(i in ctx.input_float for i in n.input if i):
         return "its input is a float graph input (not quantised)"
+    if any(i in ctx.acts and ctx.acts[i].scales is not None for i in n.input if i):
+        # (the reason the first lowering put it on the host, which made its input stay wide)
+        return ctx.reasons.get(n.name, "its input is int32 accumulators kept for the host (outputs.py)")
     r = RULES.get(n.op_type)
     if n.op_type not in WIDE_OPS and not all(ctx.quantised(o) for o in n.output if o):
         # a result kept float (compiler/outputs.py): why an earlier lowering put it on the host

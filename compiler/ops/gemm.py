@@ -20,18 +20,37 @@ if TYPE_CHECKING:
     from ..lower import Lowerer
 
 
-@rule("Gemm", "MatMul")
+def gemm_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
+    """The NPU multiplies an activation by constant 2-D weights; anything else runs on the host."""
+    a = node_attrs(n)
+    if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
+        return "transA, alpha or beta other than 0, 1, 1"
+    p = ctx.graph.producers.get(n.input[1])
+    if p is None or p.op_type != "DequantizeLinear" or p.input[0] not in ctx.consts:
+        return "the second operand is not a constant (a product of two activations)"
+    if ctx.consts[p.input[0]].ndim != 2:
+        return "weights of more than two dimensions (a batched MatMul)"
+    rank = len(ctx.shape(n.input[0], n))
+    if rank < 2 or (n.op_type == "Gemm" and rank != 2):
+        return "an activation of one dimension"
+    src = ctx.graph.producers.get(n.input[0])
+    x = ctx.acts.get(src.input[0]) if src is not None and src.op_type == "DequantizeLinear" else None
+    if rank > 2 and x is not None and x.layout.kind != "dense":
+        return f"a {rank}-D activation laid out as {x.layout.kind}"
+    return None
+
+
+@rule("Gemm", "MatMul", check=gemm_check)
 def lower_gemm(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     where = ctx.where(n)
     x = ctx.act_in(n.input[0], n)
     a = node_attrs(n)
     w, s_w = ctx.weights(n.input[1], n, out_axis=out_channel_axis(n))
-    if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
-        raise CompileError(f"{where}: only transA=0, alpha=1, beta=1 are supported")
-    if len(x.q.shape) != 2 or w.ndim != 2:
-        raise CompileError(f"{where}: activation must be 2-D, has shape {x.q.shape}")
     wt = w if a.get("transB", 0) else w.T  # B^T: n x k
-    m_, k_ = x.q.shape
+    # a MatMul of an N-D activation by 2-D weights multiplies every row of its last axis: one GEMM
+    # over the leading dimensions flattened (the row-major bytes are the same)
+    *lead, k_ = x.q.shape
+    m_ = int(np.prod(lead))
     n_ = wt.shape[0]
     if wt.shape[1] != k_:
         raise CompileError(f"{where}: inner dimensions {k_} and {wt.shape[1]} differ")

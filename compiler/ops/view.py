@@ -1,6 +1,8 @@
 """Flatten, Reshape and Gather of channels: new views of an activation's bytes (no program, no data
 moved) where the layout allows it: any reshape of a dense tensor, the flat view of an HWC tensor,
-and an HWC tensor's channels selected or permuted (its channel map, `Layout.chan`)."""
+and an HWC tensor's channels selected or permuted (its channel map, `Layout.chan`). A reshape of a
+dense tensor whose output is quantised differently (the quantiser folds a following Relu into it)
+is one requantising VMAP over its bytes."""
 
 from __future__ import annotations
 
@@ -8,10 +10,12 @@ from typing import TYPE_CHECKING
 
 import onnx
 
+from npu.program import ProgramBuilder
 from npu.tensors import Layout
 
+from ..elementwise import eltwise_program, step_unit
 from ..graph import node_attrs
-from ..quantize import Act
+from ..quantize import Act, requant_params
 from .registry import rule
 
 if TYPE_CHECKING:
@@ -21,9 +25,11 @@ if TYPE_CHECKING:
 def view_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
     x = ctx.act_in(n.input[0], n)
     out = ctx.q_out(n.output[0], n)
-    if (out.scale, out.zero_point) != (x.q.scale, x.q.zero_point):
-        return "a reshape that changes quantisation"
     lay = x.layout
+    if (out.scale, out.zero_point) != (x.q.scale, x.q.zero_point):
+        # a dense tensor's bytes in order, requantised (a Relu the quantiser folded into the
+        # reshape's output range): one VMAP over them
+        return None if lay.kind == "dense" else "a reshape that changes quantisation of a tensor not dense"
     if lay.kind == "dense" or tuple(out.shape) == tuple(lay.shape):
         return None
     if lay.kind == "hwc" and tuple(out.shape) == lay.flatten().shape:
@@ -35,6 +41,14 @@ def view_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
 def lower_view(ctx: Lowerer, n: onnx.NodeProto) -> None:
     x = ctx.act_in(n.input[0], n)
     out = ctx.q_out(n.output[0], n)
+    if (out.scale, out.zero_point) != (x.q.scale, x.q.zero_point):  # dense (view_check): requantise
+        where = ctx.where(n)
+        y = ctx.place(out, f"{where} output", Layout.dense(out.shape))
+        b = ProgramBuilder(ctx.cfg)
+        params = requant_params(x.q, out, where, None, None)
+        eltwise_program(b, ctx.cfg, x.addr, y.addr, x.nbytes, params, step_unit(x.layout), ctx.step)
+        ctx.op_done(n, b, out.shape)
+        return
     lay = x.layout
     if lay.kind == "dense":
         lay = Layout.dense(out.shape)

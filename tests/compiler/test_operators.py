@@ -189,3 +189,64 @@ def test_global_pooling_of_a_map_too_large_for_one_band(tmp_path, config, shape)
     assert "row groups on chip" in cm.lowered.layers[1].split, cm.lowered.layers[1].split
     assert [la.placement for la in cm.lowered.layers] == ["npu", "npu"]
     compare_int8(cm, np.random.default_rng(5).normal(0, 1, shape).astype(np.float32))
+
+
+def _matmul_model(shape, bias: bool, relu: bool, second_constant: bool = True):
+    """x (shape, last axis 32) @ W (32 x 16) [+ b] [-> Relu]; or, when not `second_constant`,
+    (x @ W1) @ (x @ W2), a product of two activations (x square, 32 x 32)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(11)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.2, s).astype(np.float32), name)
+             for name, s in (("w", (32, 16)), ("w1", (32, 32)), ("w2", (32, 32)))]  # fmt: skip
+    inits.append(numpy_helper.from_array(rng.normal(0, 0.1, 16).astype(np.float32), "b"))
+    out_shape = [*shape[:-1], 16]
+    if second_constant:
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["m"])]
+    else:
+        nodes = [helper.make_node("MatMul", ["x", w], [a]) for w, a in (("w1", "a1"), ("w2", "a2"))]
+        nodes.append(helper.make_node("MatMul", ["a1", "a2"], ["m"], name="attention"))
+        out_shape, bias = list(shape), False
+    outs = ["m"]
+    if bias:
+        nodes.append(helper.make_node("Add", ["m", "b"], ["a"]))
+        outs.append("a")
+    if relu:
+        nodes.append(helper.make_node("Relu", [outs[-1]], ["r"]))
+        outs.append("r")
+    nodes[-1].output[0] = "y"
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)
+    g = helper.make_graph(nodes, "mm", [x], [y], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("shape", [(1, 6, 32), (4, 6, 32)])
+@pytest.mark.parametrize("bias, relu", [(False, False), (True, False), (True, True)])
+def test_matmul_of_an_activation_with_more_than_two_dimensions(tmp_path, shape, bias, relu):
+    """A linear layer over a sequence (or any leading dimensions): one GEMM over the rows, the
+    bias folded in (MatMul + Add -> Gemm between reshapes), a Relu folded into the output range."""
+    from tests.compiler.helpers import compile_model, cosine, ort_outputs
+
+    m = _matmul_model(shape, bias, relu)
+    cm = compile_model(tmp_path, m, "default", calib_for(shape))
+    assert cm.placement.mac_share == 1.0
+    assert {la.op for la in cm.lowered.layers if la.placement == "npu"} & {"Gemm", "MatMul"}
+    host = [la.op for la in cm.lowered.layers if la.placement == "host"]
+    assert not {"Gemm", "MatMul", "Add"} & set(host), host
+    x = np.random.default_rng(2).normal(0, 1, shape).astype(np.float32)
+    compare_int8(cm, x)
+    assert cosine(cm.run(x)[0], ort_outputs(m, x)[0]) > 0.99
+
+
+def test_matmul_of_two_activations_runs_on_the_host(tmp_path):
+    from tests.compiler.helpers import compile_model, cosine, ort_outputs
+
+    m = _matmul_model((1, 32, 32), False, False, second_constant=False)
+    cm = compile_model(tmp_path, m, "default", calib_for((1, 32, 32)))
+    mm = [la for la in cm.lowered.layers if la.node == "attention"]
+    assert mm and mm[0].placement == "host" and "two activations" in mm[0].reason, mm
+    x = np.random.default_rng(3).normal(0, 1, (1, 32, 32)).astype(np.float32)
+    assert cosine(cm.run(x)[0], ort_outputs(m, x)[0]) > 0.99
