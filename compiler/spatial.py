@@ -60,38 +60,49 @@ class Geometry:
     pl: int
     pb: int
     pr: int
+    dh: int = 1  # dilation: kernel taps dh rows and dw columns apart
+    dw: int = 1
 
     @property
     def wp(self) -> int:
         return self.w + self.pl + self.pr
 
+    @property
+    def ekh(self) -> int:
+        """Rows one output row reads (the dilated kernel's extent)."""
+        return (self.kh - 1) * self.dh + 1
+
+    @property
+    def ekw(self) -> int:
+        return (self.kw - 1) * self.dw + 1
+
     def in_rows(self, rows_out: int) -> int:
-        return (rows_out - 1) * self.sh + self.kh
+        return (rows_out - 1) * self.sh + self.ekh
 
     def strip(self, x0: int, cols: int) -> tuple[Geometry, int]:
         """The geometry of output columns [x0, x0 + cols) and the first input column it reads: the
         strip's own input columns, its left/right padding where it meets the border."""
         left = x0 * self.sw - self.pl
-        right = left + (cols - 1) * self.sw + self.kw
+        right = left + (cols - 1) * self.sw + self.ekw
         c0, c1 = max(left, 0), min(right, self.w)
         s = Geometry(self.n, self.h, c1 - c0, self.oh, cols, self.kh, self.kw, self.sh, self.sw,
-                     self.pt, c0 - left, self.pb, right - c1)  # fmt: skip
+                     self.pt, c0 - left, self.pb, right - c1, self.dh, self.dw)  # fmt: skip
         return s, c0
 
     def widest_strip(self, cols: int) -> Geometry:
         """A strip of `cols` output columns without border padding: the largest one (for planning)."""
-        return Geometry(self.n, self.h, (cols - 1) * self.sw + self.kw, self.oh, cols, self.kh, self.kw,
-                        self.sh, self.sw, self.pt, 0, self.pb, 0)  # fmt: skip
+        return Geometry(self.n, self.h, (cols - 1) * self.sw + self.ekw, self.oh, cols, self.kh, self.kw,
+                        self.sh, self.sw, self.pt, 0, self.pb, 0, self.dh, self.dw)  # fmt: skip
 
 
-def geometry(x: Act, y: Act, kernel, strides, pads, where: str) -> Geometry:
+def geometry(x: Act, y: Act, kernel, strides, pads, where: str, dilations=(1, 1)) -> Geometry:
     n, _, h, w = x.layout.nchw
     _, _, oh, ow = y.q.shape
     kh, kw = kernel
     sh, sw = strides
     pt, pl, pb, pr = pads[0], pads[1], pads[2], pads[3]
-    g = Geometry(n, h, w, oh, ow, kh, kw, sh, sw, pt, pl, pb, pr)
-    if (h + pt + pb - kh) // sh + 1 != oh or (w + pl + pr - kw) // sw + 1 != ow:
+    g = Geometry(n, h, w, oh, ow, kh, kw, sh, sw, pt, pl, pb, pr, *dilations)
+    if (h + pt + pb - g.ekh) // sh + 1 != oh or (w + pl + pr - g.ekw) // sw + 1 != ow:
         raise CompileError(f"{where}: output shape {y.q.shape} does not follow from the attributes")
     if max(pt, pb) > 255:
         raise CompileError(f"{where}: vertical padding {max(pt, pb)} exceeds the DMA's 255 rows")
@@ -165,9 +176,9 @@ class ConvPlan:
         if self.ci_t < cin_win:
             parts.append(f"in-channel x{cdiv(cin_win, self.ci_t)}")
         if self.rows < g.oh:
-            parts.append(f"height x{cdiv(g.oh, self.rows)} (halo {max(g.kh - g.sh, 0)})")
+            parts.append(f"height x{cdiv(g.oh, self.rows)} (halo {max(g.ekh - g.sh, 0)})")
         if self.cols:
-            parts.append(f"width x{cdiv(g.ow, self.cols)} (halo {max(g.kw - g.sw, 0)})")
+            parts.append(f"width x{cdiv(g.ow, self.cols)} (halo {max(g.ekw - g.sw, 0)})")
         return ", ".join(parts) or "none"
 
 
@@ -422,11 +433,11 @@ def conv_program(
                     for ky in range(g.kh):
                         for kx in range(g.kw):
                             bw = wb + (ky * g.kw + kx) * cl
-                            chan = t.win0 + c0 + kx * cpx
+                            chan = t.win0 + c0 + kx * g.dw * cpx
                             if band_mode:
                                 b.add(
                                     "matmul",
-                                    a=ib + ky * gs.wp * cpx + chan,
+                                    a=ib + ky * g.dh * gs.wp * cpx + chan,
                                     b=bw,
                                     c=ab,
                                     m=m,
@@ -441,7 +452,7 @@ def conv_program(
                                 for r in range(rows):
                                     b.add(
                                         "matmul",
-                                        a=ib + (r * g.sh + ky) * gs.wp * cpx + chan,
+                                        a=ib + (r * g.sh + ky * g.dh) * gs.wp * cpx + chan,
                                         b=bw,
                                         c=ab + r * gs.ow * c_stride,
                                         m=gs.ow,

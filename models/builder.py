@@ -51,16 +51,19 @@ class Net:
         relu: bool = True,
         weight: np.ndarray | None = None,
         bias: np.ndarray | None = None,
+        dilation: int = 1,
     ) -> str:
         n, cin, h, w = self.shapes[x]
         kh, kw = (k, k) if isinstance(k, int) else k
-        ph, pw = (kh // 2, kw // 2) if pad is None else (pad, pad)
+        ekh, ekw = (kh - 1) * dilation + 1, (kw - 1) * dilation + 1  # the dilated kernel's extent
+        ph, pw = (ekh // 2, ekw // 2) if pad is None else (pad, pad)
         if weight is None:
             fan_in = cin // groups * kh * kw
             weight = self.rng.normal(0, np.sqrt(2.0 / fan_in), (cout, cin // groups, kh, kw))
         if bias is None:
             bias = self.rng.normal(0, 0.05, cout) if not bn else np.zeros(cout)
-        oh, ow = (h + 2 * ph - kh) // stride + 1, (w + 2 * pw - kw) // stride + 1
+        oh, ow = (h + 2 * ph - ekh) // stride + 1, (w + 2 * pw - ekw) // stride + 1
+        extra = {"dilations": [dilation, dilation]} if dilation != 1 else {}
         y = self.node(
             "Conv",
             [x, self.const(weight.astype(np.float32)), self.const(bias.astype(np.float32), "b")],
@@ -69,6 +72,7 @@ class Net:
             strides=[stride, stride],
             pads=[ph, pw, ph, pw],
             group=groups,
+            **extra,
         )
         if bn:
             scale = self.rng.uniform(0.5, 1.5, cout).astype(np.float32)

@@ -1,4 +1,4 @@
-"""Conv: 2-D convolution (strides, padding, groups, depthwise) as per-tap MATMULs over row bands,
+"""Conv: 2-D convolution (strides, padding, dilation, groups, depthwise) as per-tap MATMULs over row bands,
 split by frame, output channel, input channel or height to fit the scratchpad (compiler/spatial.py)."""
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     w, s_w = ctx.weights(n.input[1], n)
     if w.ndim != 4 or x.layout.kind != "hwc":
         raise CompileError(f"{where}: only 2-D convolutions (NCHW) are supported")
-    if any(d != 1 for d in a.get("dilations", [1, 1])):
-        raise CompileError(f"{where}: dilated convolution is not supported")
     if a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
         raise CompileError(f"{where}: auto_pad is not supported; give explicit pads")
     groups = a.get("group", 1)
@@ -48,6 +46,7 @@ def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         yq = ctx.q_out(n.output[0], n)
         y = ctx.place(yq, f"{where} output")
         plan_cfg, rq = ctx.per_column(b, channel_requant(x.q, s_w, yq, where), where)
-    geo = geometry(x, y, (kh, kw), a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0]), where)
+    dil = a.get("dilations", [1, 1])
+    geo = geometry(x, y, (kh, kw), a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0]), where, dil)
     info = conv_program(b, plan_cfg, x, y, w, bias, groups, geo, rq, ctx.const, where, ctx.step, ctx.max_live)
     ctx.op_done(n, b, y.q.shape, info)

@@ -49,6 +49,30 @@ def test_conv(tmp_path, config, spec):
     assert [la.op for la in cm.lowered.layers] == ["Conv"]
 
 
+@pytest.mark.parametrize("config", ["tiny", "default", "banked"])
+@pytest.mark.parametrize(
+    "spec", [(8, 16, 3, 1, 2, 1, 13, 12), (8, 8, 3, 2, 3, 1, 17, 15), (16, 16, 3, 1, 4, 16, 12, 12)],
+    ids=["d2", "d3-s2", "d4-depthwise"],
+)
+def test_dilated_conv(tmp_path, config, spec):
+    """Dilated (atrous) convolution, as segmentation networks use it: the taps `dilation` pixels apart."""
+    cin, cout, k, s, d, g, h, w = spec
+    net = Net("dil", (1, cin, h, w), seed=d)
+    y = net.conv(net.input, cout, k, stride=s, groups=g, relu=False, dilation=d)
+    cm = check(tmp_path, net, [y], config)
+    assert [(la.op, la.placement) for la in cm.lowered.layers] == [("Conv", "npu")]
+
+
+def test_dilated_conv_split_into_row_bands(tmp_path):
+    """The band's halo is the dilated kernel's: (k - 1) * dilation rows shared with the next band."""
+    shape = (1, 32, 128, 128)
+    net = Net("dilbig", shape, seed=3)
+    y = net.conv(net.input, 32, 3, relu=False, dilation=6)
+    cm = compile_model(tmp_path, net.model([y]), "default", calib_for(shape, n=2))
+    assert "halo 12" in cm.lowered.layers[0].split, cm.lowered.layers[0].split
+    compare_int8(cm, np.random.default_rng(4).normal(0, 1, shape).astype(np.float32))
+
+
 @pytest.mark.parametrize("hw", [7, 14])
 def test_wide_depthwise_conv_plans_its_channel_tiles(tmp_path, hw):
     """A 5x5 depthwise convolution of 512 channels (MobileNet-style heads): the planner sizes a tile's
