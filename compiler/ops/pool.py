@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 def pool_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
     a = node_attrs(n)
+    if len(ctx.shape(n.input[0], n)) != 4:
+        return "a 1-D or 3-D pooling (the NPU's are 2-D)"
     if a.get("ceil_mode", 0) or any(d != 1 for d in a.get("dilations", [1, 1])):
         return "ceil_mode or dilation"
     if n.op_type == "AveragePool" and any(a.get("pads", [0])) and not a.get("count_include_pad", 0):
@@ -54,7 +56,7 @@ def lower_pool(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     _pool(ctx, n, b, a["kernel_shape"], a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0]), mode)
 
 
-@rule("GlobalAveragePool")
+@rule("GlobalAveragePool", check=lambda ctx, n: pool_check(ctx, n))
 def lower_global_average_pool(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     x = ctx.act_in(n.input[0], n)
     _, _, h, w = x.q.shape

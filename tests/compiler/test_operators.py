@@ -274,3 +274,33 @@ def test_matmul_of_two_activations_runs_on_the_host(tmp_path):
     assert mm and mm[0].placement == "host" and "two activations" in mm[0].reason, mm
     x = np.random.default_rng(3).normal(0, 1, (1, 32, 32)).astype(np.float32)
     assert cosine(cm.run(x)[0], ort_outputs(m, x)[0]) > 0.99
+
+
+def test_one_dimensional_convolution_runs_on_the_host(tmp_path):
+    """A Conv1d (audio, sequences) and its pooling go to the host with their reason; the model
+    compiles and the rest (the classifier's Gemm) stays on the NPU."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tests.compiler.helpers import cosine, ort_outputs
+
+    rng = np.random.default_rng(6)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, s).astype(np.float32), name)
+             for name, s in (("w", (16, 8, 3)), ("b", (16,)), ("fw", (10, 16)))]  # fmt: skip
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("GlobalAveragePool", ["r"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("Gemm", ["f", "fw"], ["y"], transB=1),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 50])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])
+    g = helper.make_graph(nodes, "c1d", [x], [y], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    cm = compile_model(tmp_path, m, "default", rng.normal(0, 1, (8, 8, 50)).astype(np.float32))
+    place = {la.op: (la.placement, la.reason) for la in cm.lowered.layers}
+    assert place["Conv"] == ("host", "a 1-D convolution (the NPU's are 2-D)")
+    assert place["GlobalAveragePool"][0] == "host" and place["Gemm"] == ("npu", None)
+    xs = rng.normal(0, 1, (1, 8, 50)).astype(np.float32)
+    assert cosine(cm.run(xs)[0], ort_outputs(m, xs)[0]) > 0.99
