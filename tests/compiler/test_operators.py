@@ -304,3 +304,49 @@ def test_one_dimensional_convolution_runs_on_the_host(tmp_path):
     assert place["GlobalAveragePool"][0] == "host" and place["Gemm"] == ("npu", None)
     xs = rng.normal(0, 1, (1, 8, 50)).astype(np.float32)
     assert cosine(cm.run(xs)[0], ort_outputs(m, xs)[0]) > 0.99
+
+
+def test_transformer_block_compiles_with_its_linear_layers_on_the_npu(tmp_path):
+    """A pre-norm transformer block over a sequence (1 x 8 x 32): the Q/K/V, output and MLP
+    projections (MatMul + bias on a 3-D activation) run on the NPU, the attention's products of two
+    activations, LayerNormalization and Softmax on the host; the result follows onnxruntime."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tests.compiler.helpers import cosine, ort_outputs
+
+    rng = np.random.default_rng(12)
+    d, t = 32, 8
+
+    def w(name, shape, s=0.2):
+        return numpy_helper.from_array(rng.normal(0, s, shape).astype(np.float32), name)
+
+    inits = [w(f"w{p}", (d, d)) for p in "qkvo"] + [w(f"b{p}", (d,), 0.1) for p in "qkvo"]
+    inits += [w("w1", (d, 64)), w("b1", (64,), 0.1), w("w2", (64, d)), w("b2", (d,), 0.1)]
+    norm = (("g", np.ones(d, np.float32)), ("bt", np.zeros(d, np.float32)), ("sc", np.float32(d**-0.5)))
+    inits += [numpy_helper.from_array(v, k) for k, v in norm]
+    n = helper.make_node
+    nodes = [n("LayerNormalization", ["x", "g", "bt"], ["ln"], axis=-1)]
+    for p in "qkv":
+        nodes += [n("MatMul", ["ln", f"w{p}"], [f"{p}0"]), n("Add", [f"{p}0", f"b{p}"], [p])]
+    nodes += [
+        n("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+        n("MatMul", ["q", "kt"], ["s0"], name="scores"),
+        n("Mul", ["s0", "sc"], ["s"]),
+        n("Softmax", ["s"], ["p"], axis=-1),
+        n("MatMul", ["p", "v"], ["a"], name="mix"),
+        n("MatMul", ["a", "wo"], ["o0"]), n("Add", ["o0", "bo"], ["o"]), n("Add", ["o", "x"], ["r"]),
+        n("MatMul", ["r", "w1"], ["h0"]), n("Add", ["h0", "b1"], ["h1"]), n("Relu", ["h1"], ["h"]),
+        n("MatMul", ["h", "w2"], ["f0"]), n("Add", ["f0", "b2"], ["f"]), n("Add", ["f", "r"], ["y"]),
+    ]  # fmt: skip
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, t, d])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, t, d])
+    g = helper.make_graph(nodes, "block", [x], [y], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    cm = compile_model(tmp_path, m, "default", rng.normal(0, 1, (16, t, d)).astype(np.float32))
+    layers = {la.node: la for la in cm.lowered.layers}
+    assert layers["scores"].placement == layers["mix"].placement == "host"
+    assert sum(la.op == "Gemm" and la.placement == "npu" for la in cm.lowered.layers) == 6  # q k v o, MLP
+    assert cm.placement.mac_share > 0.9
+    xs = rng.normal(0, 1, (1, t, d)).astype(np.float32)
+    assert cosine(cm.run(xs)[0], ort_outputs(m, xs)[0]) > 0.99
