@@ -203,7 +203,7 @@ class CompiledModel:
 def compile_onnx(
     path: str | Path,
     config: str | NpuConfig = "default",
-    calib: np.ndarray | None = None,
+    calib: np.ndarray | Mapping[str, np.ndarray] | None = None,
     cancel_points: bool = True,
     order: str = "search",
     cp_interval: int = 0,
@@ -263,12 +263,18 @@ def compile_onnx(
         if calib is None:
             raise CompileError(f"{path}: a float model needs calibration data (--calib calib.npy)")
         for name, shape in prepared.nhwc_inputs.items():  # calibration comes as the input: NHWC
-            calib = check_calibration(calib, name, list(shape), str(path)).transpose(0, 3, 1, 2)
+            if isinstance(calib, Mapping):
+                if name in calib:
+                    nhwc = check_calibration(calib[name], name, list(shape), str(path))
+                    calib = {**calib, name: nhwc.transpose(0, 3, 1, 2)}
+            else:
+                calib = check_calibration(calib, name, list(shape), str(path)).transpose(0, 3, 1, 2)
         model = cleanup(model)
         per_channel = per_channel_choice(model, weight_scales, str(path))
         clamped = clamped_by_quantisation(model)
+        n_samples = min(len(a) for a in calib.values()) if isinstance(calib, Mapping) else len(calib)
         quantisation = (
-            f"int8 activations ({calib_method} calibration, {len(calib)} samples), weights per "
+            f"int8 activations ({calib_method} calibration, {n_samples} samples), weights per "
             f"{'channel' if per_channel else 'tensor'} ({weight_scales}), outputs {output_precision}"
         )
         model = quantize_float_model(

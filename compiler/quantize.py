@@ -13,7 +13,7 @@ import logging
 import math
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,6 +169,28 @@ def check_calibration(calib: object, name: str, shape: list[int], source: str) -
     return a
 
 
+def calibration_feeds(calib: object, g: Graph, source: str) -> dict[str, np.ndarray]:
+    """The checked calibration samples of every graph input: `calib` is one array for a model of
+    one input, or a mapping from input name to array (an .npz file's arrays) for any number."""
+    if isinstance(calib, Mapping):
+        unknown = sorted(set(calib) - set(g.inputs))
+        missing = [n for n in g.inputs if n not in calib]
+        if unknown or missing:
+            what = (f"; missing {missing}" if missing else "") + (f"; unknown {unknown}" if unknown else "")
+            raise CompileError(
+                f"{source}: calibration data are given for {sorted(calib)}, the graph inputs are "
+                f"{g.inputs}{what}"
+            )
+        return {n: check_calibration(calib[n], n, g.shape(n, source), source) for n in g.inputs}
+    if len(g.inputs) != 1:
+        raise CompileError(
+            f"{source}: the model has {len(g.inputs)} graph inputs {g.inputs}: give calibration data for "
+            "each (a mapping from input name to samples, or an .npz file with one array per input name)"
+        )
+    name = g.inputs[0]
+    return {name: check_calibration(calib, name, g.shape(name, source), source)}
+
+
 class CalibrationWarning(UserWarning):
     """Calibration data that makes a poor quantisation."""
 
@@ -251,23 +273,33 @@ def quantize_float_model(
         raise CompileError(f"calib_method must be one of {', '.join(CALIB_METHODS)}, not {calib_method!r}")
 
     g = Graph(model, source)
-    if len(g.inputs) != 1:
-        raise CompileError(f"{source}: quantisation needs exactly one graph input, found {g.inputs}")
-    name = g.inputs[0]
-    shape = g.shape(name, source)
-    batch = shape[0]
-    calib = check_calibration(calib, name, shape, source)
+    feeds = calibration_feeds(calib, g, source)
+    batches = {name: len(a) // g.shape(name, source)[0] for name, a in feeds.items()}
+    for name, a in feeds.items():
+        batch = g.shape(name, source)[0]
+        if len(a) < batch:
+            raise CompileError(
+                f"{source}: calibration data for {name!r} has {len(a)} samples, the batch is {batch}"
+            )
+    if len(set(batches.values())) > 1:
+        raise CompileError(
+            f"{source}: the inputs' calibration data make different numbers of batches ({batches}); "
+            "give the same number of samples for every input"
+        )
+    count = min(batches.values())
 
     class Reader(CalibrationDataReader):
         def __init__(self):
-            self.it = iter(range(0, len(calib) - batch + 1, batch))
+            self.it = iter(range(count))
 
         def get_next(self):
             i = next(self.it, None)
-            return None if i is None else {name: calib[i : i + batch]}
+            if i is None:
+                return None
+            return {
+                name: a[i * (b := g.shape(name, source)[0]) : (i + 1) * b] for name, a in feeds.items()
+            }
 
-    if len(calib) < batch:
-        raise CompileError(f"{source}: calibration data has {len(calib)} samples, the batch is {batch}")
     with tempfile.TemporaryDirectory() as d, _quiet_quantiser():
         src, dst = Path(d) / "float.onnx", Path(d) / "qdq.onnx"
         model = onnx.ModelProto.FromString(model.SerializeToString())

@@ -17,7 +17,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="ONNX model (float with --calib, or QDQ int8)")
     p.add_argument("-o", "--output", help="output .npub (default: MODEL with .npub)")
     p.add_argument("--config", default="default", help=f"hardware preset: {', '.join(PRESETS)}")
-    p.add_argument("--calib", metavar="CALIB.npy", help="calibration inputs for a float model")
+    p.add_argument(
+        "--calib",
+        metavar="CALIB.npy",
+        help="calibration inputs for a float model: an .npy of samples stacked on the first axis, or "
+        "for a model of several inputs an .npz with one such array per input name",
+    )
     p.add_argument(
         "--input-shape",
         action="append",
@@ -154,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
         input_file(args.calib)
         try:
             calib = np.load(args.calib)
+            if isinstance(calib, np.lib.npyio.NpzFile):  # one array per graph input, by name
+                calib = {name: calib[name] for name in calib.files}
         except (OSError, ValueError) as e:
             raise CliError(f"--calib {args.calib}: cannot read: {e}") from None
     shapes = dict(args.input_shape)

@@ -1,10 +1,11 @@
 """The front end on models as toolchains export them: old opsets, initializers listed as inputs
-(IR 3), dynamic dimensions, shape
+(IR 3), several graph inputs, dynamic dimensions, shape
 arithmetic, auto_pad, n-ary Sum, several QuantizeLinear per tensor, channels-last inputs, integer
 inputs. Each model is compiled, run on the golden model and compared with onnxruntime."""
 
 from __future__ import annotations
 
+import re
 import zlib
 
 import numpy as np
@@ -421,3 +422,51 @@ def test_integer_input_is_refused_by_name(tmp_path):
     )
     with pytest.raises(CompileError, match=r"graph input 'ids' is int64; the NPU takes float inputs"):
         compile_saved(tmp_path, m, np.zeros((4, 4), np.int64))
+
+
+# ---- several graph inputs -------------------------------------------------------------------------
+
+
+def two_input_model() -> onnx.ModelProto:
+    """Two images, a convolution each, their sum: a model of two graph inputs."""
+    nodes = [
+        helper.make_node("Conv", ["a", "wa"], ["ca"], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["b", "wb"], ["cb"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["ca", "cb"], ["s"]),
+        helper.make_node("Relu", ["s"], ["y"]),
+    ]
+    inputs = [tensor("a", [1, 3, 8, 8]), tensor("b", [1, 3, 8, 8])]
+    inits = [weights("wa", (8, 3, 3, 3)), weights("wb", (8, 3, 3, 3))]
+    return model(nodes, inputs, [tensor("y", [1, 8, 8, 8])], inits)
+
+
+def test_model_of_two_inputs_calibrates_each(tmp_path, capsys):
+    m = two_input_model()
+    calib = {"a": normal((8, 3, 8, 8), 1), "b": 2 * normal((8, 3, 8, 8), 2)}
+    cm = compile_saved(tmp_path, m, calib)
+    assert [t.name for t in cm.manifest.inputs] == ["a", "b"]
+    assert all(la.placement == "npu" for la in cm.lowered.layers)
+    xa, xb = normal((1, 3, 8, 8), 3), 2 * normal((1, 3, 8, 8), 4)
+    got, want = cm.run(xa, xb)[0], ort_outputs(m, xa, xb)[0]
+    assert cosine(got, want) >= 0.99
+    compare_int8(cm, xa, xb)
+    # the command line takes an .npz with one array per input name
+    onnx.save(m, str(tmp_path / "two.onnx"))
+    np.savez(tmp_path / "c.npz", **calib)
+    assert main(["compile", str(tmp_path / "two.onnx"), "--calib", str(tmp_path / "c.npz"), "-o",
+                 str(tmp_path / "two.npub")]) == 0  # fmt: skip
+    assert [t.name for t in Container.load(tmp_path / "two.npub").manifest.inputs] == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    "calib, msg",
+    [
+        (normal((8, 3, 8, 8)), "the model has 2 graph inputs ['a', 'b']: give calibration data for each"),
+        ({"a": normal((8, 3, 8, 8))}, "missing ['b']"),
+        ({"a": normal((8, 3, 8, 8)), "b": normal((8, 3, 8, 8)), "c": normal((2,))}, "unknown ['c']"),
+        ({"a": normal((8, 3, 8, 8)), "b": normal((4, 3, 8, 8))}, "different numbers of batches"),
+    ],
+)
+def test_calibration_of_several_inputs_errors_name_the_inputs(tmp_path, calib, msg):
+    with pytest.raises(CompileError, match=re.escape(msg)):
+        compile_saved(tmp_path, two_input_model(), calib)
