@@ -56,7 +56,7 @@ def lower_pool(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     _pool(ctx, n, b, a["kernel_shape"], a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0]), mode)
 
 
-@rule("GlobalAveragePool", check=lambda ctx, n: pool_check(ctx, n))
+@rule("GlobalAveragePool", check=pool_check)
 def lower_global_average_pool(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     x = ctx.act_in(n.input[0], n)
     _, _, h, w = x.q.shape
