@@ -274,13 +274,13 @@ def quantize_float_model(
 
     g = Graph(model, source)
     feeds = calibration_feeds(calib, g, source)
-    batches = {name: len(a) // g.shape(name, source)[0] for name, a in feeds.items()}
+    batch = {name: g.shape(name, source)[0] for name in feeds}  # each input's batch dimension
     for name, a in feeds.items():
-        batch = g.shape(name, source)[0]
-        if len(a) < batch:
+        if len(a) < batch[name]:
             raise CompileError(
-                f"{source}: calibration data for {name!r} has {len(a)} samples, the batch is {batch}"
+                f"{source}: calibration data for {name!r} has {len(a)} samples, the batch is {batch[name]}"
             )
+    batches = {name: len(a) // batch[name] for name, a in feeds.items()}
     if len(set(batches.values())) > 1:
         raise CompileError(
             f"{source}: the inputs' calibration data make different numbers of batches ({batches}); "
@@ -296,9 +296,7 @@ def quantize_float_model(
             i = next(self.it, None)
             if i is None:
                 return None
-            return {
-                name: a[i * (b := g.shape(name, source)[0]) : (i + 1) * b] for name, a in feeds.items()
-            }
+            return {name: a[i * batch[name] : (i + 1) * batch[name]] for name, a in feeds.items()}
 
     with tempfile.TemporaryDirectory() as d, _quiet_quantiser():
         src, dst = Path(d) / "float.onnx", Path(d) / "qdq.onnx"

@@ -22,11 +22,11 @@ if TYPE_CHECKING:
 def conv_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
     """The NPU convolves 2-D maps by constant weights; 1-D and 3-D convolutions, and weights
     computed at run time, run on the host."""
-    p = ctx.graph.producers.get(n.input[1])
-    if p is None or p.op_type != "DequantizeLinear" or p.input[0] not in ctx.consts:
+    if ctx.src_kind(n.input[1]) != "const":
         return "weights computed at run time"
-    if ctx.consts[p.input[0]].ndim != 4 or len(ctx.shape(n.input[0], n)) != 4:
-        return f"a {ctx.consts[p.input[0]].ndim - 2}-D convolution (the NPU's are 2-D)"
+    w = ctx.dq_source(n.input[1], n)[1]
+    if w.ndim != 4 or len(ctx.shape(n.input[0], n)) != 4:
+        return f"a {w.ndim - 2}-D convolution (the NPU's are 2-D)"
     return None
 
 

@@ -25,18 +25,17 @@ def gemm_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
     a = node_attrs(n)
     if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
         return "transA, alpha or beta other than 0, 1, 1"
-    p = ctx.graph.producers.get(n.input[1])
-    if p is None or p.op_type != "DequantizeLinear" or p.input[0] not in ctx.consts:
+    if ctx.src_kind(n.input[1]) != "const":
         return "the second operand is not a constant (a product of two activations)"
-    if ctx.consts[p.input[0]].ndim != 2:
+    if ctx.dq_source(n.input[1], n)[1].ndim != 2:
         return "weights of more than two dimensions (a batched MatMul)"
     rank = len(ctx.shape(n.input[0], n))
     if rank < 2 or (n.op_type == "Gemm" and rank != 2):
         return "an activation of one dimension"
-    src = ctx.graph.producers.get(n.input[0])
-    x = ctx.acts.get(src.input[0]) if src is not None and src.op_type == "DequantizeLinear" else None
-    if rank > 2 and x is not None and x.layout.kind != "dense":
-        return f"a {rank}-D activation laid out as {x.layout.kind}"
+    if rank > 2 and ctx.src_kind(n.input[0]) == "act":
+        kind = ctx.act_in(n.input[0], n).layout.kind
+        if kind != "dense":
+            return f"a {rank}-D activation laid out as {kind}"
     return None
 
 

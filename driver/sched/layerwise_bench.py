@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from npu.config import get_config
+from npu.isa import Unit
 
 from ..runtime import Npu
 from .layerwise import POLICIES, LayerwiseScheduler
@@ -22,7 +23,7 @@ MEMORY = ("fc_heavy", "fc_deep")  # 0.4 MB in 3 layers, 1 MB in 17: layers like 
 SMALL = (("digits_cnn", "digits_mlp"), ("digits_cnn", "planning"))
 RTL_PAIRS = (("digits_cnn", "fc_heavy"), ("digits_cnn", "fc_deep"))  # the bench's two shortest pairs
 RTL_POLICIES = ("fcfs", "idle-time")
-UNITS = ("load", "matrix", "vector", "store")
+UNITS = tuple(u.name.lower() for u in Unit)  # busy counters BUSY_LOAD ... BUSY_STORE
 RTL_DRAM = 2 << 20  # the simulated DRAM: both models, the ring and the driver's area (at most 1.2 MB)
 
 
