@@ -27,8 +27,9 @@ from .order import OBJECTIVES, SearchResult, search_order
 from .outputs import OUTPUT_PRECISIONS, clamped_by_quantisation, keep_output_precision
 from .placement import Placement, placement
 from .points import PointPolicy
-from .quantize import check_calibration, per_channel_choice, quantize_float_model
+from .quantize import calibration_batches, check_calibration, per_channel_choice, quantize_float_model
 from .region import Regions
+from .rounding import ROUNDINGS, round_weights
 
 
 @dataclass
@@ -220,6 +221,7 @@ def compile_onnx(
     weight_scales: str = "auto",
     calib_method: str = "minmax",
     output_precision: str = "int32",
+    weight_rounding: str = "auto",
 ) -> CompiledModel:
     """Compile an ONNX model. `order`: "search" (key-node partitioned order search with the golden
     model's timing, at most `order_budget_s` seconds) or "default" (the ONNX order). `granularity`:
@@ -240,7 +242,9 @@ def compile_onnx(
     or "entropy" (onnxruntime's calibrators). `output_precision`: "int32" keeps a float model's
     Gemm/MatMul/Conv results that only the host reads as int32 accumulators and host results as
     float (compiler/outputs.py), "int8" gives them their calibrated int8 scale; a QDQ model keeps
-    its own."""
+    its own. `weight_rounding`: "nearest" (the quantiser's), "gptq" (each layer's int8 weights
+    chosen to lower its output error on the calibration data, compiler/rounding.py) or "auto"
+    (GPTQ's if the model's outputs on the calibration inputs come out closer to the float model's)."""
     if dram_plan is None:
         dram_plan = "arena" if granularity == "segment" else "bump"
     if order not in ("search", "default"):
@@ -251,6 +255,8 @@ def compile_onnx(
         raise CompileError(f"dram_plan must be 'arena' or 'bump', not {dram_plan!r}")
     if output_precision not in OUTPUT_PRECISIONS:
         raise CompileError(f"output_precision must be 'int32' or 'int8', not {output_precision!r}")
+    if weight_rounding not in ROUNDINGS:
+        raise CompileError(f"weight_rounding must be one of {', '.join(ROUNDINGS)}, not {weight_rounding!r}")
     if granularity not in ("segment", "operator"):
         raise CompileError(f"granularity must be 'segment' or 'operator', not {granularity!r}")
     t0 = time.perf_counter()
@@ -277,9 +283,14 @@ def compile_onnx(
             f"int8 activations ({calib_method} calibration, {n_samples} samples), weights per "
             f"{'channel' if per_channel else 'tensor'} ({weight_scales}), outputs {output_precision}"
         )
+        float_clean = model
         model = quantize_float_model(
             model, calib, str(path), per_channel=per_channel, calib_method=calib_method
         )
+        if weight_rounding != "nearest":
+            batches = calibration_batches(float_clean, calib, str(path))
+            model, rounded = round_weights(model, float_clean, batches, str(path), weight_rounding)
+            quantisation += f"; {rounded.describe()}"
         if output_precision == "int32":
             kept = keep_output_precision(model, str(path), clamped=clamped)
             prepared.notes += [f"{what}: {how}" for what, how in kept]

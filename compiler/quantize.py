@@ -248,6 +248,28 @@ def per_channel_choice(model: onnx.ModelProto, weight_scales: str, source: str) 
 CALIB_METHODS = ("minmax", "percentile", "entropy")
 
 
+def calibration_batches(model: onnx.ModelProto, calib: object, source: str) -> list[dict[str, np.ndarray]]:
+    """The calibration samples as feeds of the model's batch size (each input's batch dimension)."""
+    g = Graph(model, source)
+    feeds = calibration_feeds(calib, g, source)
+    batch = {name: g.shape(name, source)[0] for name in feeds}  # each input's batch dimension
+    for name, a in feeds.items():
+        if len(a) < batch[name]:
+            raise CompileError(
+                f"{source}: calibration data for {name!r} has {len(a)} samples, the batch is {batch[name]}"
+            )
+    batches = {name: len(a) // batch[name] for name, a in feeds.items()}
+    if len(set(batches.values())) > 1:
+        raise CompileError(
+            f"{source}: the inputs' calibration data make different numbers of batches ({batches}); "
+            "give the same number of samples for every input"
+        )
+    return [
+        {name: a[i * batch[name] : (i + 1) * batch[name]] for name, a in feeds.items()}
+        for i in range(min(batches.values()))
+    ]
+
+
 def quantize_float_model(
     model: onnx.ModelProto,
     calib: np.ndarray,
@@ -272,31 +294,14 @@ def quantize_float_model(
     if calib_method not in methods:
         raise CompileError(f"calib_method must be one of {', '.join(CALIB_METHODS)}, not {calib_method!r}")
 
-    g = Graph(model, source)
-    feeds = calibration_feeds(calib, g, source)
-    batch = {name: g.shape(name, source)[0] for name in feeds}  # each input's batch dimension
-    for name, a in feeds.items():
-        if len(a) < batch[name]:
-            raise CompileError(
-                f"{source}: calibration data for {name!r} has {len(a)} samples, the batch is {batch[name]}"
-            )
-    batches = {name: len(a) // batch[name] for name, a in feeds.items()}
-    if len(set(batches.values())) > 1:
-        raise CompileError(
-            f"{source}: the inputs' calibration data make different numbers of batches ({batches}); "
-            "give the same number of samples for every input"
-        )
-    count = min(batches.values())
+    batches = calibration_batches(model, calib, source)
 
     class Reader(CalibrationDataReader):
         def __init__(self):
-            self.it = iter(range(count))
+            self.it = iter(batches)
 
         def get_next(self):
-            i = next(self.it, None)
-            if i is None:
-                return None
-            return {name: a[i * batch[name] : (i + 1) * batch[name]] for name, a in feeds.items()}
+            return next(self.it, None)
 
     with tempfile.TemporaryDirectory() as d, _quiet_quantiser():
         src, dst = Path(d) / "float.onnx", Path(d) / "qdq.onnx"

@@ -66,6 +66,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "calibrators): the extremes seen (default), the 99.999th percentile, or entropy",
     )
     p.add_argument(
+        "--weight-rounding",
+        choices=["auto", "nearest", "gptq"],
+        default="auto",
+        help="which int8 value each of a float model's weights takes: nearest; gptq: per layer, "
+        "the rounding that lowers its output error on the calibration inputs (GPTQ; a layer keeps "
+        "the nearest where that is better); auto (default): gptq's if the whole model's outputs on "
+        "the calibration inputs come out closer to the float model's, else nearest",
+    )
+    p.add_argument(
         "--output-precision",
         choices=["int32", "int8"],
         default="int32",
@@ -178,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
             weight_scales=args.weight_scales,
             calib_method=args.calib_method,
             output_precision=args.output_precision,
+            weight_rounding=args.weight_rounding,
             cp_interval=args.cp_interval,
             cp_max_live=args.cp_max_live,
             granularity=args.granularity,

@@ -1,0 +1,337 @@
+"""Weight rounding that minimises each layer's output error on the calibration data (GPTQ/OPTQ:
+Frantar et al., "GPTQ: Accurate Post-Training Quantization for Generative Pre-trained Transformers",
+ICLR 2023; the Optimal Brain Surgeon update of Hassibi and Stork).
+
+Rounding every weight to its nearest int8 step minimises the error of each weight alone. What a layer
+computes is X.W for the inputs X it sees, so the error that matters is ||X (W - Wq)||^2 = tr(E H E^T)
+with H = X^T X from the calibration inputs. GPTQ rounds the weights of an output channel one input
+column at a time and spreads each rounding error over the columns not yet rounded, in proportion to
+how their inputs correlate (the inverse of H). The scales stay the quantiser's, so nothing else in the
+model changes: only which int8 value each weight takes.
+
+A layer keeps its nearest rounding if GPTQ does not lower its output error on the calibration data
+(a depthwise convolution's tiny H can make the spread overshoot), or if the calibration data give it
+too few input vectors to estimate H (a classifier's head). With "auto" (the compiler's default), the
+model keeps GPTQ's rounding only if the whole model's outputs on the calibration inputs come out
+closer to the float model's: layer by layer gains need not add up through a network, and a model
+whose outputs barely change either way keeps the quantiser's rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from .graph import CompileError
+
+ROUNDINGS = ("auto", "nearest", "gptq")
+#: "auto" keeps GPTQ's rounding when the model's output error on the calibration inputs is at most
+#: this fraction of nearest rounding's (a per-layer gain that does not carry through the model, or
+#: is within the noise of a few samples, is not worth departing from the quantiser)
+AUTO_MARGIN = 0.9
+#: Hessian damping: this fraction of its mean diagonal is added (the GPTQ paper's 1 %)
+DAMP = 0.01
+#: columns rounded together before the rest of the layer is updated (one BLAS product per block)
+BLOCK = 128
+#: bytes of float32 Hessians gathered in one pass over the calibration data
+HESSIAN_BUDGET = 256 << 20
+QMIN, QMAX = -128, 127
+#: a layer is rounded by GPTQ only if the calibration data give it at least this many input vectors
+#: per weight column: a head Gemm sees one vector per sample, and GPTQ would move its rounding errors
+#: into the directions those few vectors leave out, where other inputs have their energy
+MIN_SAMPLES = 4
+
+
+@dataclass
+class _Layer:
+    node: onnx.NodeProto  # the Conv / Gemm / MatMul of the QDQ model
+    act: str  # the float tensor its input is quantised from
+    weight: onnx.TensorProto  # its int8 weight initializer (QDQ model)
+    scale: np.ndarray  # per output row (float64)
+    float_w: np.ndarray  # the float weights, as the float model has them
+    groups: int  # Conv groups (1 otherwise)
+
+    @property
+    def cols(self) -> int:
+        """Columns of the per-group weight matrix (inputs of one output)."""
+        w = self.float_w
+        return int(np.prod(w.shape[1:])) if self.node.op_type == "Conv" else self.rows_matrix().shape[1]
+
+    def rows_matrix(self, w: np.ndarray | None = None) -> np.ndarray:
+        """Weights (the float ones by default) as output rows x inputs (Conv: Cout x Cin/g*kh*kw)."""
+        w = self.float_w if w is None else w
+        if self.node.op_type == "Conv":
+            return w.reshape(w.shape[0], -1)
+        return w if self.trans_b else w.T
+
+    def from_rows(self, q: np.ndarray) -> np.ndarray:
+        """The inverse of `rows_matrix`: rows x inputs back to the initializer's shape."""
+        if self.node.op_type == "Conv":
+            return q.reshape(self.float_w.shape)
+        return q if self.trans_b else np.ascontiguousarray(q.T)
+
+    @property
+    def trans_b(self) -> bool:
+        return self.node.op_type == "Gemm" and bool(_attrs(self.node).get("transB", 0))
+
+
+@dataclass
+class RoundingReport:
+    layers: int  # layers whose weights GPTQ considered
+    changed: int  # layers that took the GPTQ rounding
+    error_ratio: float  # the layers' summed output error on the calibration data, GPTQ over nearest
+    model_ratio: float | None = None  # "auto": the model's output error, GPTQ over nearest
+    kept: bool = True  # "auto": GPTQ's rounding was kept
+
+    def describe(self) -> str:
+        layers = (
+            f"GPTQ in {self.changed} of {self.layers} layers (their output error on the calibration "
+            f"inputs {self.error_ratio:.2f}x of nearest rounding's"
+        )
+        if self.model_ratio is None:
+            return f"weights rounded by {layers})"
+        if self.kept:
+            return f"weights rounded by {layers}; the model's {self.model_ratio:.2f}x)"
+        return (
+            f"weights rounded to nearest: {layers}) left the model's output error on them "
+            f"{self.model_ratio:.2f}x"
+        )
+
+
+def _attrs(node: onnx.NodeProto) -> dict:
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _layers(qdq: onnx.ModelProto, float_model: onnx.ModelProto) -> list[_Layer]:
+    """The QDQ model's Conv/Gemm/MatMul nodes with an int8 weight initializer of zero point 0 read
+    by them alone, an input quantised from a float tensor, and float weights of the same shape in
+    the float model's node of the same name."""
+    producer = {o: n for n in qdq.graph.node for o in n.output}
+    readers: dict[str, int] = {}
+    for n in qdq.graph.node:
+        for i in n.input:
+            readers[i] = readers.get(i, 0) + 1
+    inits = {t.name: t for t in qdq.graph.initializer}
+    finits = {t.name: t for t in float_model.graph.initializer}
+    fnodes = {n.name: n for n in float_model.graph.node if n.name}
+    out = []
+    for n in qdq.graph.node:
+        if n.op_type not in ("Conv", "Gemm", "MatMul") or len(n.input) < 2 or n.name not in fnodes:
+            continue
+        dq_x, dq_w = producer.get(n.input[0]), producer.get(n.input[1])
+        if not (_is(dq_x, "DequantizeLinear") and _is(dq_w, "DequantizeLinear")):
+            continue
+        q_x, w = producer.get(dq_x.input[0]), inits.get(dq_w.input[0])
+        if not _is(q_x, "QuantizeLinear") or w is None or w.data_type != onnx.TensorProto.INT8:
+            continue
+        if readers.get(w.name, 0) != 1 or readers.get(dq_w.output[0], 0) != 1:
+            continue  # shared weights: one rounding cannot suit every reader
+        scale, zp = (inits.get(i) for i in (list(dq_w.input[1:3]) + [""])[:2])
+        if scale is None or (zp is not None and numpy_helper.to_array(zp).any()):
+            continue
+        fn = fnodes[n.name]
+        fw = finits.get(fn.input[1]) if fn.op_type == n.op_type and len(fn.input) > 1 else None
+        if fw is None or tuple(fw.dims) != tuple(w.dims):
+            continue
+        a = _attrs(n)
+        conv = n.op_type == "Conv"
+        if len(w.dims) != (4 if conv else 2) or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+            continue  # 1-D/3-D convolutions and implicit padding: left as they are
+        float_w = numpy_helper.to_array(fw).astype(np.float64)
+        layer = _Layer(n, q_x.input[0], w, np.zeros(0), float_w, int(a.get("group", 1)) if conv else 1)
+        rows = layer.rows_matrix().shape[0]
+        scale = numpy_helper.to_array(scale).astype(np.float64).reshape(-1)
+        if scale.size not in (1, rows):
+            continue
+        layer.scale = np.broadcast_to(scale, (rows,)).copy()
+        out.append(layer)
+    return out
+
+
+def _is(node: onnx.NodeProto | None, op: str) -> bool:
+    return node is not None and node.op_type == op
+
+
+def _columns(layer: _Layer, x: np.ndarray) -> np.ndarray:
+    """The layer's input `x` as (groups, samples, columns) float32: im2col for a convolution."""
+    if layer.node.op_type != "Conv":
+        return x.reshape(1, -1, x.shape[-1]).astype(np.float32, copy=False)
+    a = _attrs(layer.node)
+    _, cig, kh, kw = layer.float_w.shape
+    sh, sw = a.get("strides", [1, 1])
+    dh, dw = a.get("dilations", [1, 1])
+    pt, pl, pb, pr = a.get("pads", [0, 0, 0, 0])
+    n, c, h, w = x.shape
+    xp = np.pad(x.astype(np.float32, copy=False), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    cols = np.empty((n, c, kh, kw, oh, ow), np.float32)
+    for i in range(kh):
+        for j in range(kw):
+            cols[:, :, i, j] = xp[:, :, i * dh : i * dh + sh * oh : sh, j * dw : j * dw + sw * ow : sw]
+    g = layer.groups
+    # weight column order is (Cin/g, kh, kw) within a group
+    return cols.reshape(n, g, cig * kh * kw, oh * ow).transpose(1, 0, 3, 2).reshape(g, -1, cig * kh * kw)
+
+
+def _hessians(
+    layers: list[_Layer], float_model: onnx.ModelProto, batches: Iterable[dict[str, np.ndarray]]
+) -> tuple[list[np.ndarray], list[int]]:
+    """H = X^T X per layer and group from the float model's inputs of each layer, and the number of
+    input vectors each sums, gathered in as few passes over the calibration data as the memory
+    budget allows."""
+    batches = list(batches)
+    hs: list[np.ndarray] = [None] * len(layers)  # type: ignore[list-item]
+    counts = [0] * len(layers)
+    chunks, cur, size = [], [], 0
+    for i, la in enumerate(layers):
+        b = 4 * la.groups * la.cols**2
+        if cur and size + b > HESSIAN_BUDGET:
+            chunks.append(cur)
+            cur, size = [], 0
+        cur.append(i)
+        size += b
+    if cur:
+        chunks.append(cur)
+    for chunk in chunks:
+        m = onnx.ModelProto.FromString(float_model.SerializeToString())
+        outs = list(dict.fromkeys(layers[i].act for i in chunk))
+        have = {o.name for o in m.graph.output}
+        inputs = {i.name for i in m.graph.input}
+        for name in outs:
+            if name not in have and name not in inputs:
+                m.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+        sess = _session(m)
+        fetch = [n for n in outs if n not in inputs]
+        for feed in batches:
+            got = dict(zip(fetch, sess.run(fetch, feed), strict=True)) if fetch else {}
+            got.update({k: v for k, v in feed.items() if k in outs})
+            for i in chunk:
+                cols = _columns(layers[i], got[layers[i].act])
+                h = np.matmul(cols.transpose(0, 2, 1), cols)
+                hs[i] = h if hs[i] is None else hs[i] + h
+                counts[i] += cols.shape[1]
+    return hs, counts
+
+
+def gptq(w: np.ndarray, scale: np.ndarray, h: np.ndarray, damp: float = DAMP) -> np.ndarray:
+    """int8 rounding of `w` (rows x columns, float) at per-row `scale` that lowers tr(E H E^T),
+    E = w - scale * q, by GPTQ's column-by-column error feedback in blocks of BLOCK columns."""
+    w = w.astype(np.float64).copy()
+    h = h.astype(np.float64).copy()
+    d = w.shape[1]
+    dead = np.diag(h) == 0  # inputs never non-zero in calibration: rounded to nearest, no spread
+    h[dead, dead] = 1.0
+    h += damp * np.mean(np.diag(h)) * np.eye(d)
+    try:
+        u = np.linalg.cholesky(np.linalg.inv(h)).T  # upper: H^-1 = U^T U
+    except np.linalg.LinAlgError:
+        return np.clip(np.round(w / scale[:, None]), QMIN, QMAX).astype(np.int8)
+    q = np.empty_like(w)
+    for b0 in range(0, d, BLOCK):
+        b1 = min(b0 + BLOCK, d)
+        wb = w[:, b0:b1].copy()
+        err = np.empty_like(wb)
+        for j in range(b1 - b0):
+            c = b0 + j
+            qc = np.clip(np.round(wb[:, j] / scale), QMIN, QMAX)
+            q[:, c] = qc
+            e = (wb[:, j] - qc * scale) / u[c, c]
+            err[:, j] = e
+            wb[:, j + 1 :] -= np.outer(e, u[c, c + 1 : b1])
+        w[:, b1:] -= err @ u[b0:b1, b1:]
+    return q.astype(np.int8)
+
+
+def _error(w: np.ndarray, scale: np.ndarray, q: np.ndarray, h: np.ndarray) -> float:
+    e = w - q.astype(np.float64) * scale[:, None]
+    return float(np.einsum("rd,de,re->", e, h, e))
+
+
+def _session(model: onnx.ModelProto):
+    import onnxruntime as ort
+
+    from .quantize import ORT_MAX_IR
+
+    m = onnx.ModelProto.FromString(model.SerializeToString())
+    m.ir_version = min(m.ir_version, ORT_MAX_IR)
+    so = ort.SessionOptions()
+    so.add_session_config_entry("session.x64quantprecision", "1")  # exact int8 GEMMs on any x86
+    return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def output_errors(
+    models: list[onnx.ModelProto], float_model: onnx.ModelProto, batches: list[dict[str, np.ndarray]]
+) -> list[float]:
+    """Per model: the squared error of its outputs against the float model's over the batches,
+    relative to the float outputs' energy, summed over the outputs (each output counts alike)."""
+    ref = _session(float_model)
+    want = [ref.run(None, feed) for feed in batches]
+    outs = range(len(want[0]))
+    energy = [sum(float(np.sum(np.square(w[k], dtype=np.float64))) for w in want) for k in outs]
+    errs = []
+    for m in models:
+        sess = _session(m)
+        err = [0.0] * len(energy)
+        for feed, w in zip(batches, want, strict=True):
+            for k, (g, r) in enumerate(zip(sess.run(None, feed), w, strict=True)):
+                err[k] += float(np.sum(np.square(g.astype(np.float64) - r)))
+        errs.append(sum(e / max(en, 1e-30) for e, en in zip(err, energy, strict=True)))
+    return errs
+
+
+def round_weights(
+    qdq: onnx.ModelProto,
+    float_model: onnx.ModelProto,
+    batches: list[dict[str, np.ndarray]],
+    source: str = "model",
+    mode: str = "gptq",
+) -> tuple[onnx.ModelProto, RoundingReport]:
+    """`qdq` (quantised from `float_model` by onnxruntime) with its int8 weights rounded by GPTQ on
+    the calibration `batches` (feeds of the float model) in each layer where that lowers the layer's
+    output error. `mode` "auto": only if the whole model's output error on the calibration inputs
+    falls too (by AUTO_MARGIN), else `qdq` as it is."""
+    if mode not in ("gptq", "auto"):
+        raise CompileError(f"weight_rounding must be one of {', '.join(ROUNDINGS)}, not {mode!r}")
+    nearest_model = qdq
+    qdq = onnx.ModelProto.FromString(qdq.SerializeToString())
+    layers = _layers(qdq, float_model)
+    if not layers:
+        return nearest_model, RoundingReport(0, 0, 1.0)
+    try:
+        hs, counts = _hessians(layers, float_model, batches)
+    except Exception as e:  # onnxruntime's errors name the node; keep ours naming the model
+        raise CompileError(f"{source}: gathering the layers' inputs for GPTQ rounding failed: {e}") from e
+    changed, err_g, err_n = 0, 0.0, 0.0
+    for la, h, count in zip(layers, hs, counts, strict=True):
+        if count < MIN_SAMPLES * la.cols:
+            continue  # too few inputs to know the layer's input correlations: nearest rounding
+        w = la.rows_matrix()
+        rows = w.shape[0]
+        per = rows // la.groups
+        nearest = la.rows_matrix(numpy_helper.to_array(la.weight))  # the quantiser's rounding
+        best = nearest.copy()
+        for g in range(la.groups):
+            r = slice(g * per, (g + 1) * per)
+            hg = h[g].astype(np.float64)
+            cand = gptq(w[r], la.scale[r], hg)
+            eg, en = _error(w[r], la.scale[r], cand, hg), _error(w[r], la.scale[r], nearest[r], hg)
+            if eg < en:
+                best[r] = cand
+            err_g += min(eg, en)
+            err_n += en
+        if not np.array_equal(best, nearest):
+            changed += 1
+        la.weight.CopyFrom(numpy_helper.from_array(la.from_rows(best), la.weight.name))
+    report = RoundingReport(len(layers), changed, err_g / err_n if err_n > 0 else 1.0)
+    if mode == "auto" and changed:
+        e_near, e_gptq = output_errors([nearest_model, qdq], float_model, batches)
+        report.model_ratio = e_gptq / max(e_near, 1e-30)
+        report.kept = report.model_ratio <= AUTO_MARGIN
+        if not report.kept:
+            return nearest_model, report
+    return qdq, report
