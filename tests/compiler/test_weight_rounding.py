@@ -113,7 +113,8 @@ def test_auto_keeps_gptq_only_when_the_model_gains(rounded, monkeypatch):
 
 def test_unknown_rounding_is_refused(rounded):
     _model, path, _cms, held = rounded
-    with pytest.raises(CompileError, match="weight_rounding must be one of auto, nearest, gptq, not 'adaround'"):
+    msg = "weight_rounding must be one of auto, nearest, gptq, not 'adaround'"
+    with pytest.raises(CompileError, match=msg):
         compile_onnx(path, "tiny", calib=held, weight_rounding="adaround")
 
 
