@@ -86,8 +86,11 @@ class RoundingReport:
     error_ratio: float  # the layers' summed output error on the calibration data, GPTQ over nearest
     model_ratio: float | None = None  # "auto": the model's output error, GPTQ over nearest
     kept: bool = True  # "auto": GPTQ's rounding was kept
+    skipped: str | None = None  # "auto": why GPTQ was not tried
 
     def describe(self) -> str:
+        if self.skipped:
+            return f"weights rounded to nearest ({self.skipped})"
         layers = (
             f"GPTQ in {self.changed} of {self.layers} layers (their output error on the calibration "
             f"inputs {self.error_ratio:.2f}x of nearest rounding's"
@@ -118,6 +121,8 @@ def _layers(qdq: onnx.ModelProto, float_model: onnx.ModelProto) -> list[_Layer]:
     inits = {t.name: t for t in qdq.graph.initializer}
     finits = {t.name: t for t in float_model.graph.initializer}
     fnodes = {n.name: n for n in float_model.graph.node if n.name}
+    ftensors = {o for n in float_model.graph.node for o in n.output}
+    ftensors |= {i.name for i in float_model.graph.input}
     out = []
     for n in qdq.graph.node:
         if n.op_type not in ("Conv", "Gemm", "MatMul") or len(n.input) < 2 or n.name not in fnodes:
@@ -127,6 +132,9 @@ def _layers(qdq: onnx.ModelProto, float_model: onnx.ModelProto) -> list[_Layer]:
             continue
         q_x, w = producer.get(dq_x.input[0]), inits.get(dq_w.input[0])
         if not _is(q_x, "QuantizeLinear") or w is None or w.data_type != onnx.TensorProto.INT8:
+            continue
+        act = _float_name(q_x.input[0], ftensors)
+        if act is None:
             continue
         if readers.get(w.name, 0) != 1 or readers.get(dq_w.output[0], 0) != 1:
             continue  # shared weights: one rounding cannot suit every reader
@@ -142,7 +150,7 @@ def _layers(qdq: onnx.ModelProto, float_model: onnx.ModelProto) -> list[_Layer]:
         if len(w.dims) != (4 if conv else 2) or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
             continue  # 1-D/3-D convolutions and implicit padding: left as they are
         float_w = numpy_helper.to_array(fw).astype(np.float64)
-        layer = _Layer(n, q_x.input[0], w, np.zeros(0), float_w, int(a.get("group", 1)) if conv else 1)
+        layer = _Layer(n, act, w, np.zeros(0), float_w, int(a.get("group", 1)) if conv else 1)
         rows = layer.rows_matrix().shape[0]
         scale = numpy_helper.to_array(scale).astype(np.float64).reshape(-1)
         if scale.size not in (1, rows):
@@ -150,6 +158,15 @@ def _layers(qdq: onnx.ModelProto, float_model: onnx.ModelProto) -> list[_Layer]:
         layer.scale = np.broadcast_to(scale, (rows,)).copy()
         out.append(layer)
     return out
+
+
+def _float_name(name: str, ftensors: set[str]) -> str | None:
+    """The float model's name of a tensor of the QDQ model (the quantiser renames a graph output
+    it quantises to NAME_QuantizeLinear_Input), None if it has none."""
+    if name in ftensors:
+        return name
+    base = name.removesuffix("_QuantizeLinear_Input")
+    return base if base in ftensors else None
 
 
 def _is(node: onnx.NodeProto | None, op: str) -> bool:
@@ -307,7 +324,10 @@ def round_weights(
     try:
         hs, counts = _hessians(layers, float_model, batches)
     except Exception as e:  # onnxruntime's errors name the node; keep ours naming the model
-        raise CompileError(f"{source}: gathering the layers' inputs for GPTQ rounding failed: {e}") from e
+        why = f"gathering the layers' inputs for GPTQ rounding failed: {e}"
+        if mode == "auto":  # the default: the quantiser's rounding is a fine answer
+            return nearest_model, RoundingReport(len(layers), 0, 1.0, kept=False, skipped=why)
+        raise CompileError(f"{source}: {why}") from e
     changed, err_g, err_n = 0, 0.0, 0.0
     for la, h, count in zip(layers, hs, counts, strict=True):
         if count < MIN_SAMPLES * la.cols:

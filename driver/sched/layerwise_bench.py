@@ -84,6 +84,8 @@ def bench_pair(pair: tuple[str, str], config: str, transport_fn=None) -> dict:
     alone = [r["makespan"] for r in runs]
     refs = [r["outputs"][0] for r in runs]
     bound, unit = lower_bound([r["busy"] for r in runs])
+    if max(alone) > bound:  # neither model finishes sooner than it does alone
+        bound, unit = max(alone), f"alone: {pair[alone.index(max(alone))]}"
     out = {"models": list(pair), "backend": "model", "alone": alone,
            "busy_alone": [r["busy"] for r in runs], "makespan_bound": bound, "bound_unit": unit}  # fmt: skip
     for policy in POLICIES:
@@ -96,6 +98,7 @@ def bench_pair(pair: tuple[str, str], config: str, transport_fn=None) -> dict:
                        "compute_util": r["compute_util"], "dma_util": r["dma_util"]}  # fmt: skip
     out["speedup"] = round(out["fcfs"]["makespan"] / out["idle-time"]["makespan"], 4)
     # the most any interleaving could gain over fcfs: how far the pair's mix allows the seed's rule to go
+    # (the busiest unit's summed busy cycles, or the longer model alone, whichever is larger)
     out["speedup_bound"] = round(out["fcfs"]["makespan"] / bound, 4)
     return out
 
@@ -213,7 +216,7 @@ def format_layerwise(res: dict) -> str:
             lines.append(f"{' + '.join(p['models']):<34}{pol:<11}{r['makespan']:>10}{r['stp']:>7.2f}"
                          f"{r['antt']:>7.2f}{r['compute_util']:>9.2f}{r['dma_util']:>7.2f}")  # fmt: skip
     lines.append(f"mean makespan fcfs / idle-time: {res['mean_makespan_fcfs_over_idle_time']:.3f} "
-                 f"(the pairs' busiest units allow at most {res['mean_speedup_bound']:.3f})")  # fmt: skip
+                 f"(no interleaving does better than {res['mean_speedup_bound']:.3f})")  # fmt: skip
     for g in res["greedy_vs_exhaustive"]:
         lines.append(f"greedy vs best of {g['interleavings']} interleavings ({' + '.join(g['models'])}): "
                      f"{g['greedy']} / {g['best']} = {g['greedy_over_best']:.3f}")  # fmt: skip

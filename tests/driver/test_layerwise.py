@@ -55,6 +55,7 @@ def test_no_interleaving_beats_the_busiest_units_bound(pair):
     shared = [run_set(pair, p, CFG) for p in POLICIES]
     for r in shared:
         assert r["makespan"] >= bound
+        assert r["makespan"] >= max(a["makespan"] for a in alone)  # no model runs faster than alone
         # an instruction takes as long interleaved as alone: the units' busy cycles add up
         assert r["busy"] == {u: sum(a["busy"][u] for a in alone) for u in r["busy"]}
     g = exhaustive(("digits_cnn", "planning"), CFG)
