@@ -91,14 +91,20 @@ def assemble(
     policy: PointPolicy | None = SPILL_POINTS,
     granularity: str = "segment",
     dram: str = "arena",
+    step_cycles: int = 0,
 ) -> Lowered:
     """Programs and host steps for one operator order (a topological order of the fragments), with
     cancellation points placed by `policy` (None: no points). `granularity` "operator" makes every
-    operator its own segment and records which segments each one reads from (the operator graph).
+    operator its own segment and records which segments each one reads from (the operator graph);
+    "step" also cuts each operator, between its steps, into segments of about `step_cycles` (cost
+    model): a segment after a cut is `chained`, it continues on the on-chip data of the one before,
+    whose end point records that data as live.
     `dram`: "arena" (activations share one arena by liveness in this order) or "bump" (every tensor
     at its own range, the addresses lowering gave)."""
-    if granularity not in ("segment", "operator"):
-        raise ValueError(f"granularity must be 'segment' or 'operator', not {granularity!r}")
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity must be one of {', '.join(GRANULARITIES)}, not {granularity!r}")
+    if granularity == "step" and step_cycles <= 0:
+        raise ValueError(f"granularity 'step' needs step_cycles > 0, not {step_cycles}")
     cfg = low.cfg
     pos = {f: i for i, f in enumerate(order)}
     if sorted(order) != list(range(len(low.frags))):
@@ -127,16 +133,18 @@ def assemble(
     cands: list[Candidate] = []
     spans: list[tuple[dict, int, int]] = []  # layer, first item, end item
     k_npu = 0
-    seg_of: dict[int, int] = {}  # fragment -> segment holding it
+    seg_of: dict[int, int] = {}  # fragment -> segment holding it (its last, when cut into steps)
+    first_of: dict[int, int] = {}  # fragment -> its first segment (granularity "step")
     pending: list[int] = []  # fragments of the NPU segment being collected
 
-    def close() -> None:
+    def close(chained: bool = False) -> None:
         nonlocal seg, cands, spans, pending
         if not seg:
             return
         for i in pending:
             seg_of[i] = len(out.segments)
         _emit_segment(cfg, out, seg, cands, spans, policy)
+        out.segments[-1].chained = chained
         seg, cands, spans, pending = [], [], [], []
 
     for idx in order:
@@ -149,6 +157,21 @@ def assemble(
             while items and items[-1].kind == "cand":  # the boundary point follows anyway
                 items = items[:-1]
             live = fragment_liveness(items, cfg)
+            if granularity == "step":  # segments cut between steps; each but the last ends on a
+                # boundary point whose live ranges are the on-chip data the next one continues on
+                first_of[idx] = len(out.segments)
+                start = 0
+                for cut in [*_step_cuts(items, cfg, step_cycles), len(items)]:
+                    seg.extend(it for it in items[start:cut] if it.kind != "cand")
+                    spans.append((la, 0, len(seg)))
+                    last = cut == len(items)
+                    cands.append(Candidate(len(seg), 0, True, [] if last else live[cut]))
+                    if last:
+                        pending.append(idx)
+                    close(chained=len(out.segments) > first_of[idx])
+                    start = cut + 1
+                _merge_layer(out, la, first_of[idx], cfg)
+                continue
             base = len(seg)
             for i, it in enumerate(items):
                 if it.kind == "cand":
@@ -165,13 +188,47 @@ def assemble(
             out.segments.append(tr.host(f.host))
             out.host_models[f.host.model] = f.host_model
     close()
-    if granularity == "operator":
-        _link_segments(low, out, seg_of)
+    if granularity in ("operator", "step"):
+        _link_segments(low, out, seg_of, first_of)
     return out
 
 
-def _link_segments(low: Lowering, out: Lowered, seg_of: dict[int, int]) -> None:
-    """Each segment's `deps`: the segments producing what its operators read (through views)."""
+GRANULARITIES = ("segment", "operator", "step")
+
+
+def _step_cuts(items: list[Item], cfg: NpuConfig, step_cycles: int) -> list[int]:
+    """Candidate positions to cut an operator at, packing its steps into segments of at most
+    `step_cycles` estimated cycles (the busiest unit's summed durations) where the steps allow."""
+    busy = [0, 0, 0, 0]
+    t_at = []
+    for it in items:
+        t_at.append(max(busy))
+        if it.kind == "instr":
+            busy[int(it.instr.unit)] += duration(it.instr, cfg)
+    marks = [i for i, it in enumerate(items) if it.kind == "cand"]
+    if not marks:
+        return []
+    ends = [t_at[i] for i in marks[1:]] + [max(busy)]  # when the step after each candidate ends
+    last, cuts = 0, []
+    for i, t_next in zip(marks, ends, strict=True):
+        if t_next - last > step_cycles and t_at[i] > last:
+            cuts.append(i)
+            last = t_at[i]
+    return cuts
+
+
+def _merge_layer(out: Lowered, la: Layer, first: int, cfg: NpuConfig) -> None:
+    """A layer cut into several segments: its pc range and cost figures cover all of them."""
+    segs = out.segments[first:]
+    if len(segs) > 1:
+        la.pc = [segs[0].pc, la.pc[1]]
+        la.compute_cycles, la.dma_cycles, la.est_cycles = _estimate(out.program[segs[0].pc : la.pc[1]], cfg)
+
+
+def _link_segments(low: Lowering, out: Lowered, seg_of: dict[int, int], first_of: dict[int, int]) -> None:
+    """Each segment's `deps`: the segments producing what its operators read (through views); an
+    operator cut into steps reads them in its first segment, and each later one follows the one
+    before."""
 
     def producers(f: int) -> set[int]:
         if f in seg_of:
@@ -180,8 +237,11 @@ def _link_segments(low: Lowering, out: Lowered, seg_of: dict[int, int]) -> None:
 
     deps: list[set[int]] = [set() for _ in out.segments]
     for f, s in seg_of.items():
+        first = first_of.get(f, s)
         for d in low.frags[f].deps:
-            deps[s] |= producers(d)
+            deps[first] |= producers(d)
+        for k in range(first + 1, s + 1):
+            deps[k].add(k - 1)
     for i, (s, d) in enumerate(zip(out.segments, deps, strict=True)):
         s.deps = sorted(d - {i})
 

@@ -17,7 +17,7 @@ from npu.container import Container, DramImage, Manifest, NpuSegment, ProgramInf
 from npu.isa import encode_program
 
 from . import region
-from .assemble import Lowered
+from .assemble import GRANULARITIES, Lowered
 from .cleanup import cleanup
 from .dram import DRAM_PLANS, DramPlan
 from .graph import CompileError
@@ -222,11 +222,15 @@ def compile_onnx(
     calib_method: str = "minmax",
     output_precision: str = "int32",
     weight_rounding: str = "auto",
+    step_cycles: int = 20_000,
 ) -> CompiledModel:
     """Compile an ONNX model. `order`: "search" (key-node partitioned order search with the golden
     model's timing, at most `order_budget_s` seconds) or "default" (the ONNX order). `granularity`:
     "segment" (NPU operators back to back) or "operator" (each operator its own segment reading and
-    writing DRAM, with the operator graph: units of work for the engines of a SoC). `input_shapes`:
+    writing DRAM, with the operator graph: units of work for the engines of a SoC) or "step" (as
+    "operator", with each operator also cut between its steps into segments of about `step_cycles`
+    cost-model cycles, chained on chip: layers short enough for a layer-wise scheduler to
+    interleave with another model's, docs/driver.md). `input_shapes`:
     static shapes for graph inputs with dynamic dimensions, e.g. {"input": (1, 3, 224, 224)}.
     `spad_region`/`acc_region`: (start, size) byte ranges of the scratchpad and of the accumulator
     memory the program may touch (compiler/region.py; default: the whole scratchpad, and the
@@ -257,8 +261,12 @@ def compile_onnx(
         raise CompileError(f"output_precision must be 'int32' or 'int8', not {output_precision!r}")
     if weight_rounding not in ROUNDINGS:
         raise CompileError(f"weight_rounding must be one of {', '.join(ROUNDINGS)}, not {weight_rounding!r}")
-    if granularity not in ("segment", "operator"):
-        raise CompileError(f"granularity must be 'segment' or 'operator', not {granularity!r}")
+    if granularity not in GRANULARITIES:
+        raise CompileError(f"granularity must be one of {', '.join(GRANULARITIES)}, not {granularity!r}")
+    if granularity == "step" and step_cycles < 1:
+        raise CompileError(f"step_cycles must be a positive number of cycles, not {step_cycles}")
+    # operators are split into steps of at most half this (lower.py); "step" cuts between them
+    step = min((c for c in (cp_interval, step_cycles if granularity == "step" else 0) if c > 0), default=0)
     t0 = time.perf_counter()
     cfg = get_config(config).engine  # a model runs on one engine (of a SoC preset: its engine)
     regions = region.resolve(cfg, spad_region, acc_region)
@@ -299,7 +307,7 @@ def compile_onnx(
     def lower_model(reasons: dict[str, str] | None = None) -> Lowering:
         try:
             return lower(
-                model, plan_cfg, str(path), step=cp_interval, max_live=cp_max_live,
+                model, plan_cfg, str(path), step=step, max_live=cp_max_live,
                 nhwc_inputs=set(prepared.nhwc_inputs), reasons=reasons,
             )  # fmt: skip
         except DramFull:
@@ -309,7 +317,7 @@ def compile_onnx(
             # as large as the address field allows (timing does not depend on it; the planned
             # addresses are checked against the real DRAM below)
             return lower(
-                model, dataclasses.replace(plan_cfg, dram_bytes=1 << 32), str(path), step=cp_interval,
+                model, dataclasses.replace(plan_cfg, dram_bytes=1 << 32), str(path), step=step,
                 max_live=cp_max_live, nhwc_inputs=set(prepared.nhwc_inputs), reasons=reasons,
             )  # fmt: skip
 
@@ -331,7 +339,7 @@ def compile_onnx(
             objective=order_objective,
         )
     policy = PointPolicy(cp_interval, cp_max_live, cp_every_instruction) if cancel_points else None
-    low = lowering.assemble(search.order if search else None, policy, granularity, dram_plan)
+    low = lowering.assemble(search.order if search else None, policy, granularity, dram_plan, step_cycles)
     base = round_up(low.dram_end, 4096)
     if base + len(low.program) * 32 > cfg.dram_bytes:
         dp = low.dram_plan

@@ -75,6 +75,7 @@ class Lowering:
         policy: PointPolicy | None = SPILL_POINTS,
         granularity: str = "segment",
         dram: str = "arena",
+        step_cycles: int = 0,
     ):
         """The programs and host steps for `order` (default: ONNX order), an `assemble.Lowered`;
         `dram`: "arena" (activations share DRAM by liveness, compiler/dram.py) or "bump" (one range
@@ -82,7 +83,7 @@ class Lowering:
         from .assemble import assemble
 
         order = list(range(len(self.frags))) if order is None else order
-        return assemble(self, order, policy, granularity, dram)
+        return assemble(self, order, policy, granularity, dram, step_cycles)
 
 
 class DramAllocator:

@@ -48,10 +48,13 @@ def _sources_digest() -> str:
     return h.hexdigest()
 
 
-def compile_zoo(name: str, config: str, cache: Path | None = None, **opts) -> tuple[Container, np.ndarray]:
-    """A zoo model compiled with `opts` and one test input. The compiled container is cached in
-    `cache`, keyed by a digest of everything it is built from: the ONNX model, the calibration data,
-    the configuration, the options and the compiler's sources."""
+def compile_zoo(
+    name: str, config: str, cache: Path | None = None, params: dict | None = None, **opts
+) -> tuple[Container, np.ndarray]:
+    """A zoo model (built with `params`, e.g. {"layers": 26}) compiled with `opts` and one test
+    input. The compiled container is cached in `cache`, keyed by a digest of everything it is built
+    from: the ONNX model, the calibration data, the configuration, the options and the compiler's
+    sources."""
     import onnx
 
     from npu.compiler import compile_onnx
@@ -60,7 +63,7 @@ def compile_zoo(name: str, config: str, cache: Path | None = None, **opts) -> tu
 
     cache = cache or Path("build") / "demo"
     cache.mkdir(parents=True, exist_ok=True)
-    z = zoo.ZOO[name]()
+    z = zoo.ZOO[name](**(params or {}))
     h = hashlib.sha256(z.model.SerializeToString(deterministic=True))
     h.update(np.ascontiguousarray(z.calib, np.float32).tobytes())
     h.update(f"{get_config(config).config_id} {sorted(opts.items())} {_sources_digest()}".encode())

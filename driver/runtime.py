@@ -461,6 +461,13 @@ class Npu:
             raise DriverError(f"model {model.name} was loaded on another device")
         if not model.loaded:
             raise DriverError(f"model {model.name} was unloaded")
+        if model.manifest.granularity == "step":
+            raise DriverError(
+                f"model {model.name} was compiled with granularity 'step': its segments continue on each "
+                "other's on-chip data, which this runtime does not keep between segments; run it with "
+                "the layer-wise scheduler (npu.driver.sched.layerwise), or compile it with granularity "
+                "'segment' or 'operator'"
+            )
         if isinstance(priority, bool) or not isinstance(priority, numbers.Integral):
             raise DriverError(f"priority must be a Priority or an integer, got {priority!r}")
         if at is not None:

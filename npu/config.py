@@ -240,6 +240,10 @@ PRESETS: dict[str, NpuConfig] = {
 }
 # `default` with a block-RAM scratchpad: 2 regions x 5 dual-port banks (npu bench banks)
 PRESETS["banked"] = PRESETS["default"].replace(name="banked", spad_banks=10, spad_banked=True)
+# `default` with 64-entry unit queues, for several models on one engine (layer-wise scheduling,
+# docs/driver.md): the dispatcher runs ahead of a long layer's compute, so the loads of the next
+# model's layer, queued behind it in the ring, reach the load queue and run under that compute
+PRESETS["multi"] = PRESETS["default"].replace(name="multi", queue_depth=64)
 # two `default` engines sharing one DRAM port (hdl/soc.py)
 PRESETS["duo"] = PRESETS["default"].replace(name="duo", engines=2)
 # board presets (hdl/boards/, docs/boards.md): block-RAM (banked) memories sized for the part

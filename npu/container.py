@@ -91,7 +91,11 @@ class NpuSegment:
     the scratchpad and accumulator bytes the segment touches; `dma_rd_bytes`/`dma_wr_bytes`, the
     DRAM bytes its LOADs read and its STOREs write; `dma_cycles`/`compute_cycles`, the cost model's
     busy cycles of the DMA units (load + store) and of the compute units (the busier of matrix and
-    vector)."""
+    vector).
+
+    `chained` (granularity "step"): the segment continues an operator cut into steps on the on-chip
+    data the segment before it left (recorded as live at that segment's end point), so it must run
+    right after it on the same engine with that data in place."""
 
     pc: int
     end: int
@@ -105,6 +109,7 @@ class NpuSegment:
     dma_wr_bytes: int | None = None
     dma_cycles: int | None = None
     compute_cycles: int | None = None
+    chained: bool = False
 
 
 @dataclass
@@ -183,8 +188,9 @@ class Manifest:
     layers: list[Layer]
     cancel_points: list[CancelPoint]
     #: "segment": NPU operators run back to back in as few segments as host steps allow;
-    #: "operator": every operator is its own segment (DRAM in, DRAM out) with its dependencies
-    granularity: Literal["segment", "operator"] = "segment"
+    #: "operator": every operator is its own segment (DRAM in, DRAM out) with its dependencies;
+    #: "step": as "operator", with operators cut between steps into chained segments
+    granularity: Literal["segment", "operator", "step"] = "segment"
     #: the on-chip bytes the program may touch, [start, size]: scratchpad bytes, and accumulator
     #: bytes as offsets into the accumulator memory (on-chip addresses ACC_BASE + offset); None:
     #: the whole memory (`npu compile --spad-region/--acc-region`)

@@ -18,13 +18,27 @@ from npu.isa import Unit
 from ..runtime import Npu
 from .layerwise import POLICIES, LayerwiseScheduler
 
-COMPUTE = ("digits_cnn", "resnet_small", "inception_small", "perception")
-MEMORY = ("fc_heavy", "fc_deep")  # 0.4 MB in 3 layers, 1 MB in 17: layers like the CNNs' in length
+# Each compute-bound CNN of the zoo against memory-bound MLPs at batch 1 that take about as long
+# alone (on `multi`): no interleaving can beat the longer model alone, so a pair of very unequal
+# lengths shows nothing of the rule. Two MLP shapes: 64 KiB layers (256 x 256, one weight tile, a
+# layer loads then computes) and 256 KiB layers (512 x 512, tiled: loads stream under compute).
+PAIRS = (
+    ("digits_cnn", "planning"),
+    ("resnet_small", "fc_deep(layers=26)"),
+    ("resnet_small", "fc_deep(layers=8,width=512)"),
+    ("inception_small", "fc_deep(layers=55)"),
+    ("inception_small", "fc_deep(layers=17,width=512)"),
+    ("multipath", "fc_deep(layers=51)"),
+    ("multipath", "fc_deep(layers=16,width=512)"),
+    ("longconv", "fc_deep(layers=72)"),
+    ("longconv", "fc_deep(layers=23,width=512)"),
+)
 SMALL = (("digits_cnn", "digits_mlp"), ("digits_cnn", "planning"))
-RTL_PAIRS = (("digits_cnn", "fc_heavy"), ("digits_cnn", "fc_deep"))  # the bench's two shortest pairs
+RTL_PAIRS = (("digits_cnn", "planning"), ("resnet_small", "fc_deep(layers=26)"))
 RTL_POLICIES = ("fcfs", "idle-time")
 UNITS = tuple(u.name.lower() for u in Unit)  # busy counters BUSY_LOAD ... BUSY_STORE
-RTL_DRAM = 2 << 20  # the simulated DRAM: both models, the ring and the driver's area (at most 1.2 MB)
+STEP_CYCLES = 10_000  # the longest segment of a cut operator: about a memory-bound MLP layer's DMA
+RTL_DRAM = 4 << 20  # the simulated DRAM: both models, the ring and the driver's area (at most 2.3 MB)
 
 
 @dataclass
@@ -34,14 +48,31 @@ class Prepared:
     x: np.ndarray
 
 
-def prepare(name: str, config: str, part: int, parts: int = 2, cache=None) -> Prepared:
-    """`name` compiled one segment per operator into scratchpad part `part` of `parts` equal ones."""
+def zoo_spec(spec: str) -> tuple[str, dict[str, int]]:
+    """"fc_deep(layers=26)" -> ("fc_deep", {"layers": 26}): a zoo model and its builder's parameters."""
+    name, _, args = spec.partition("(")
+    params = {}
+    for kv in filter(None, args.rstrip(")").split(",")):
+        k, _, v = kv.partition("=")
+        params[k.strip()] = int(v)
+    return name, params
+
+
+def prepare(
+    spec: str, config: str, part: int, parts: int = 2, cache=None, step_cycles: int = STEP_CYCLES
+) -> Prepared:
+    """Zoo model `spec` compiled into scratchpad part `part` of `parts` equal ones, one segment per
+    operator, operators cut between their steps into segments of at most `step_cycles`."""
     from ..demo import compile_zoo
 
     cfg = get_config(config).engine
     size = cfg.spad_bytes // parts
-    c, x = compile_zoo(name, cfg.name, cache, granularity="operator", spad_region=(part * size, size))
-    return Prepared(name, c, x)
+    name, params = zoo_spec(spec)
+    c, x = compile_zoo(
+        name, cfg.name, cache, params, granularity="step", step_cycles=step_cycles,
+        spad_region=(part * size, size),
+    )  # fmt: skip
+    return Prepared(spec, c, x)
 
 
 def run_set(models: list[Prepared], policy: str, config: str, transport=None, arrivals=None, **kw) -> dict:
@@ -177,12 +208,12 @@ def starvation(config: str, k: int = 6, limit: int = 8) -> dict:
 
 
 def bench_layerwise(
-    config: str = "default", progress: Callable[[str], None] | None = None, rtl: bool = False
+    config: str = "multi", progress: Callable[[str], None] | None = None, rtl: bool = False
 ) -> dict:
     """Every pair on the model (with `rtl`, RTL_PAIRS also on the RTL core); JSON-ready."""
     say = progress or (lambda _m: None)
     pairs = []
-    for c, m in itertools.product(COMPUTE, MEMORY):
+    for c, m in PAIRS:
         say(f"pair {c} + {m}")
         pairs.append(bench_pair((c, m), config))
     gve = []

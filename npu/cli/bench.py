@@ -37,7 +37,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="order: time limit of the unpartitioned search (s)",
     )
     p.add_argument("--backend", choices=["model", "rtl"], default="model", help="where to measure")
-    p.add_argument("--config", default="default", help=f"hardware preset: {', '.join(PRESETS)}")
+    p.add_argument(
+        "--config",
+        help=f"hardware preset: {', '.join(PRESETS)} (default: default; layerwise: multi, whose deep "
+        "unit queues let one model's loads run under another's compute)",
+    )
     p.add_argument("--size", type=int_in(1, 4096), default=256, help="model GEMM m = n = k (default 256)")
     p.add_argument("--sizes", type=int_in(1, 4096), nargs="+", help="RTL GEMM sizes (default 64 128 256)")
     p.add_argument(
@@ -180,7 +184,7 @@ BENCHES: dict[str, Bench] = {
 def run(args: argparse.Namespace) -> int:
     from npu.compiler import CompileError
 
-    cfg = get_config(args.config)
+    cfg = get_config(args.config or ("multi" if args.what == "layerwise" else "default"))
     try:
         result, text = BENCHES[args.what](cfg, args)
     except CompileError as e:  # an unknown or uncompilable zoo model

@@ -107,10 +107,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--granularity",
-        choices=["segment", "operator"],
+        choices=["segment", "operator", "step"],
         default="segment",
         help="segment: NPU operators back to back (default); operator: every operator its own unit "
-        "of work (DRAM in, DRAM out) with the operator graph, for scheduling across engines",
+        "of work (DRAM in, DRAM out) with the operator graph, for scheduling across engines; step: "
+        "as operator, with operators also cut into chained segments of about --step-cycles, for "
+        "the layer-wise scheduler of several models on one engine",
+    )
+    p.add_argument(
+        "--step-cycles",
+        type=int_in(1),
+        default=20_000,
+        metavar="CYCLES",
+        help="--granularity step: cost-model cycles per segment of a cut operator (default 20000)",
     )
     for mem, what in (("spad", "scratchpad"), ("acc", "accumulator memory")):
         p.add_argument(
@@ -191,6 +200,7 @@ def run(args: argparse.Namespace) -> int:
             cp_interval=args.cp_interval,
             cp_max_live=args.cp_max_live,
             granularity=args.granularity,
+            step_cycles=args.step_cycles,
             input_shapes=shapes,
             spad_region=args.spad_region,
             acc_region=args.acc_region,

@@ -1,5 +1,6 @@
 """`--granularity operator`: every operator its own segment, DRAM in and DRAM out, with the operator
-graph; the same results as the default granularity."""
+graph; the same results as the default granularity. `--granularity step`: long operators also cut
+between their steps into chained segments that continue on each other's on-chip data."""
 
 import numpy as np
 import onnx
@@ -55,5 +56,58 @@ def test_default_granularity_keeps_the_chain_and_old_files_read_as_chains(both):
 def test_an_unknown_granularity_is_refused(tmp_path):
     z = zoo.planning()
     onnx.save(z.model, str(tmp_path / "p.onnx"))
-    with pytest.raises(CompileError, match="granularity must be 'segment' or 'operator', not 'layer'"):
+    with pytest.raises(CompileError, match="granularity must be one of segment, operator, step, not 'layer'"):
         compile_onnx(tmp_path / "p.onnx", "default", calib=z.calib, granularity="layer")
+
+
+@pytest.fixture(scope="module")
+def stepped(tmp_path_factory):
+    d = tmp_path_factory.mktemp("step")
+    z = zoo.resnet_small()
+    onnx.save(z.model, str(d / "m.onnx"))
+    op = compile_onnx(d / "m.onnx", "default", calib=z.calib, granularity="operator")
+    st = compile_onnx(d / "m.onnx", "default", calib=z.calib, granularity="step", step_cycles=5000)
+    return op, st, z.test[:1]
+
+
+def test_step_cuts_long_operators_into_chained_segments(stepped):
+    op, st, _ = stepped
+    man = Container.from_bytes(st.to_container().to_bytes()).manifest
+    assert man.granularity == "step"
+    segs = [s for s in man.segments if isinstance(s, NpuSegment)]
+    chained = [i for i, s in enumerate(man.segments) if isinstance(s, NpuSegment) and s.chained]
+    assert len(segs) > len([s for s in op.lowered.segments if s.kind == "npu"]) and chained
+    deps = man.segment_deps()
+    for i in chained:
+        assert deps[i] == [i - 1]  # a chained segment follows the one it continues, nothing else
+    npu_layers = [la for la in man.layers if la.placement == "npu"]
+    for la in npu_layers:  # every segment belongs to exactly one layer, whose pc range covers it
+        assert sum(la.pc[0] <= s.pc < la.pc[1] for s in segs) >= 1
+    for s in segs:
+        assert sum(la.pc[0] <= s.pc < la.pc[1] for la in npu_layers) == 1
+        if not s.chained:
+            continue
+        # the cost model's runtime of a cut: at most the limit, unless one step alone exceeds it
+        assert s.est_cycles <= 5000 or s.compute_cycles > 2500, s
+    # the point ending a segment that the next one continues records the on-chip data it leaves
+    ends = {p.pc: p for p in man.cancel_points}
+    for i in chained:
+        prev = man.segments[i - 1]
+        point = ends.get(prev.end - 1)
+        assert point is not None and point.live_bytes > 0, (i, prev)
+
+
+def test_step_results_equal_the_operator_granularity(stepped):
+    op, st, x = stepped
+    for a, b in zip(op.run_int8(x), st.run_int8(x), strict=True):
+        assert np.array_equal(a, b)
+
+
+def test_the_runtime_refuses_chained_segments(stepped):
+    from npu.driver.runtime import DriverError, Npu
+
+    _, st, x = stepped
+    npu = Npu("model", "default")
+    m = npu.load(st.to_container(), "resnet_small")
+    with pytest.raises(DriverError, match="granularity 'step'.*layer-wise scheduler"):
+        m.submit(x)

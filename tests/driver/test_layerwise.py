@@ -113,6 +113,25 @@ def test_trace_shows_the_two_models_interleaving_on_the_units(pair):
     assert any(m["ts"] < ld["ts"] < m["ts"] + m["dur"] for ld in loads for m in mms)
 
 
+def test_a_pair_of_equal_length_interleaves_on_the_multi_preset():
+    """A CNN against an MLP that takes as long alone, each cut into steps of at most 10,000 cycles,
+    on `multi` (64-entry unit queues): the seed's rule cuts the makespan by more than a quarter
+    (measured 1.43x), every output stays bit-identical, and the same pair with 8-entry queues
+    (`default`) gains less: its dispatcher stalls behind the CNN's queued matrix work, so the MLP's
+    loads reach the load queue late."""
+    makespans = {}
+    for cfg in ("multi", "default"):
+        models = [prepare("resnet_small", cfg, 0), prepare("fc_deep(layers=26)", cfg, 1)]
+        alone = [run_set([m], "fcfs", cfg) for m in models]
+        fcfs, idle = (run_set(models, p, cfg) for p in ("fcfs", "idle-time"))
+        for got, a in zip(idle["outputs"], alone, strict=True):
+            assert all(np.array_equal(x, y) for x, y in zip(got, a["outputs"][0], strict=True))
+        makespans[cfg] = (fcfs["makespan"], idle["makespan"])
+    fcfs, idle = makespans["multi"]
+    assert fcfs / idle >= 1.3, makespans
+    assert idle < makespans["default"][1], makespans
+
+
 @pytest.mark.rtl
 @pytest.mark.xdist_group("rtl-layerwise")
 def test_two_models_through_the_ring_on_the_rtl():
