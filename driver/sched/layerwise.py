@@ -86,6 +86,15 @@ class Request:
         s = self.steps[self.next_step] if self.next_step < len(self.steps) else None
         return s if isinstance(s, Layer) else None
 
+    def upcoming(self, k: int) -> list[Layer]:
+        """Its next `k` NPU layers in order (fewer before a host step or the end)."""
+        out = []
+        for s in self.steps[self.next_step : self.next_step + k]:
+            if not isinstance(s, Layer):
+                break
+            out.append(s)
+        return out
+
 
 @dataclass
 class Estimator:
@@ -120,14 +129,16 @@ class Estimator:
 class LayerwiseScheduler:
     """Runs requests on engine 0 of `npu` (its transport) through a command ring."""
 
-    def __init__(self, npu: Npu, policy: str = "idle-time", *, depth: int = 2,
+    def __init__(self, npu: Npu, policy: str = "idle-time", *, depth: int = 2, window: int = 1,
                  starve_limit: int = 8, order: list[int] | None = None, preempt: bool = True):  # fmt: skip
         if policy not in POLICIES and policy != "order":
             raise DriverError(f"unknown layer-wise policy {policy!r} (one of {', '.join(POLICIES)})")
         if npu.cfg.engines != 1:
             raise DriverError("the layer-wise scheduler drives a single engine")
         self.npu, self.tr, self.cfg = npu, npu.tr, npu.cfg.engine
-        self.policy, self.depth, self.starve_limit = policy, depth, starve_limit
+        if window < 1:
+            raise DriverError(f"window must be at least 1 layer, not {window}")
+        self.policy, self.depth, self.starve_limit, self.window = policy, depth, starve_limit, window
         self.preempt = preempt
         self.preemptions: list[dict] = []  # request, cycle asked, cycle paused, point id, ring count
         self._pause_asked: int | None = None  # cycle the pending pause was requested
@@ -252,7 +263,12 @@ class LayerwiseScheduler:
         else:
 
             def score(r: Request):
-                c, d = self.est.idle(r.next_layer())
+                # the idle time of appending its next `window` layers one after another
+                est, c, d = replace(self.est), 0, 0
+                for layer in r.upcoming(self.window):
+                    lc, ld = est.idle(layer)
+                    c, d = c + lc, d + ld
+                    est.add(layer, 0)
                 return (c + d, d, r.arrival, r.id)
 
             pick = min(cands, key=score)

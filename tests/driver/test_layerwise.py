@@ -78,6 +78,28 @@ def test_estimator_follows_the_seed():
     assert est.idle(Layer(0, b"", 10, 10, 100))[1] == 100  # memory full: DMA waits for compute
 
 
+def test_a_window_of_layers_looks_past_the_next_one():
+    """With `window=2` the rule scores a request by the idle time of its next two layers appended
+    in turn: a request whose first layer is a little cheaper but whose second layer's DMA cannot
+    hide loses to one whose second layer hides under its first's compute."""
+    from npu.driver.sched.layerwise import Request
+
+    def req(i, layers):
+        steps = [Layer(k, b"", dma, compute, 100) for k, (dma, compute) in enumerate(layers)]
+        return Request(i, f"r{i}", 0, [], None, None, steps)
+
+    a = req(0, [(100, 10), (10, 500)])  # its second layer computes long, loads little
+    b = req(1, [(90, 10), (500, 10)])  # its second layer is all DMA
+    picks = {}
+    for w in (1, 2):
+        s = LayerwiseScheduler(Npu("model", CFG), "idle-time", window=w)
+        picks[w] = s.choose([a, b]).id
+        a.passed_over = b.passed_over = 0
+    assert picks == {1: 1, 2: 0}
+    with pytest.raises(DriverError, match="window must be at least 1"):
+        LayerwiseScheduler(Npu("model", CFG), "idle-time", window=0)
+
+
 def test_starvation_guard_forces_a_passed_over_candidate(pair):
     npu = Npu("model", CFG)
     s = LayerwiseScheduler(npu, "idle-time", starve_limit=0)
