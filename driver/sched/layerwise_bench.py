@@ -76,10 +76,13 @@ def prepare(
 
 
 def run_set(models: list[Prepared], policy: str, config: str, transport=None, arrivals=None, **kw) -> dict:
-    """Submit `models` (at `arrivals`, default all at 0) under `policy`; figures and outputs."""
+    """Submit `models` (at `arrivals` cycles from now, default all now) under `policy`; figures and
+    outputs. (A given transport, such as an RTL simulation, may have run other sets before.)"""
     npu = Npu("model", config, transport=transport)
     s = LayerwiseScheduler(npu, policy, **kw)
-    reqs = [s.submit(m.container, [m.x], at=(arrivals or [0] * len(models))[i]) for i, m in enumerate(models)]
+    t0 = npu.tr.now()
+    arrivals = arrivals or [0] * len(models)
+    reqs = [s.submit(m.container, [m.x], at=t0 + arrivals[i]) for i, m in enumerate(models)]
     s.run()
     c = s.counters
     return {

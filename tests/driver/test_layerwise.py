@@ -191,6 +191,21 @@ def test_two_models_through_the_ring_on_the_rtl():
     assert r["idle-time"]["compute_util"] > r["fcfs"]["compute_util"]
 
 
+@pytest.mark.slow
+@pytest.mark.rtl
+@pytest.mark.xdist_group("rtl-layerwise-multi")
+def test_a_bench_pair_on_the_multi_rtl_matches_the_model():
+    """The bench's smallest pair on the RTL of preset `multi` (64-entry unit queues): outputs
+    bit-identical to each model alone, and the golden model's makespan within 5 % of the RTL's
+    under both policies (`npu bench layerwise --backend rtl` adds resnet_small + fc_deep(26))."""
+    r = rtl_pair(("digits_cnn", "planning"), "multi")
+    print(f"RTL layer-wise on multi: {r}")
+    for p in RTL_POLICIES:
+        assert r[p]["outputs_as_alone"], p
+        assert abs(r[p]["makespan_error"]) <= 0.05, (p, r[p])
+    assert r["idle-time"]["makespan"] < r["fcfs"]["makespan"]
+
+
 def test_an_urgent_request_jumps_ahead_of_the_ring():
     """A HIGH request arriving while LOW layers fill the ring pauses the engine at its next
     cancellation point and runs first; every output stays bit-identical to its model run alone."""
