@@ -19,6 +19,7 @@ whose outputs barely change either way keeps the quantiser's rounding.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -44,6 +45,8 @@ QMIN, QMAX = -128, 127
 #: per weight column: a head Gemm sees one vector per sample, and GPTQ would move its rounding errors
 #: into the directions those few vectors leave out, where other inputs have their energy
 MIN_SAMPLES = 4
+#: output positions per sample a convolution's H is gathered from (a coarser grid on larger maps)
+MAX_POSITIONS = 4096
 
 
 @dataclass
@@ -186,22 +189,28 @@ def _columns(layer: _Layer, x: np.ndarray) -> np.ndarray:
     xp = np.pad(x.astype(np.float32, copy=False), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
     oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
     ow = (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    # a large map: the output positions of a coarser grid (neighbouring windows overlap, so H's
+    # estimate loses little, and gathering it costs a fraction)
+    g = max(1, math.ceil(math.sqrt(oh * ow / MAX_POSITIONS)))
+    oh, ow, sh, sw = -(-oh // g), -(-ow // g), sh * g, sw * g
     cols = np.empty((n, c, kh, kw, oh, ow), np.float32)
     for i in range(kh):
         for j in range(kw):
-            cols[:, :, i, j] = xp[:, :, i * dh : i * dh + sh * oh : sh, j * dw : j * dw + sw * ow : sw]
-    g = layer.groups
-    # weight column order is (Cin/g, kh, kw) within a group
-    return cols.reshape(n, g, cig * kh * kw, oh * ow).transpose(1, 0, 3, 2).reshape(g, -1, cig * kh * kw)
+            y0, x0 = i * dh, j * dw
+            cols[:, :, i, j] = xp[:, :, y0 : y0 + sh * (oh - 1) + 1 : sh, x0 : x0 + sw * (ow - 1) + 1 : sw]
+    g, k = layer.groups, cig * kh * kw  # weight column order is (Cin/g, kh, kw) within a group
+    return cols.reshape(n, g, k, oh * ow).transpose(1, 0, 3, 2).reshape(g, -1, k)
 
 
 def _hessians(
     layers: list[_Layer], float_model: onnx.ModelProto, batches: Iterable[dict[str, np.ndarray]]
-) -> tuple[list[np.ndarray], list[int]]:
-    """H = X^T X per layer and group from the float model's inputs of each layer, and the number of
+) -> tuple[list[np.ndarray], list[int], list[list[np.ndarray]]]:
+    """H = X^T X per layer and group from the float model's inputs of each layer, the number of
     input vectors each sums, gathered in as few passes over the calibration data as the memory
-    budget allows."""
+    budget allows, and the float model's outputs for each batch (taken in the first pass)."""
     batches = list(batches)
+    graph_outs = [o.name for o in float_model.graph.output]
+    float_outs: list[list[np.ndarray]] = []
     hs: list[np.ndarray] = [None] * len(layers)  # type: ignore[list-item]
     counts = [0] * len(layers)
     chunks, cur, size = [], [], 0
@@ -224,15 +233,18 @@ def _hessians(
                 m.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
         sess = _session(m)
         fetch = [n for n in outs if n not in inputs]
+        fetch += [o for o in graph_outs if o not in fetch] if not float_outs else []
         for feed in batches:
             got = dict(zip(fetch, sess.run(fetch, feed), strict=True)) if fetch else {}
             got.update({k: v for k, v in feed.items() if k in outs})
+            if len(float_outs) < len(batches):
+                float_outs.append([got[o] for o in graph_outs])
             for i in chunk:
                 cols = _columns(layers[i], got[layers[i].act])
                 h = np.matmul(cols.transpose(0, 2, 1), cols)
                 hs[i] = h if hs[i] is None else hs[i] + h
                 counts[i] += cols.shape[1]
-    return hs, counts
+    return hs, counts, float_outs
 
 
 def gptq(w: np.ndarray, scale: np.ndarray, h: np.ndarray, damp: float = DAMP) -> np.ndarray:
@@ -266,7 +278,7 @@ def gptq(w: np.ndarray, scale: np.ndarray, h: np.ndarray, damp: float = DAMP) ->
 
 def _error(w: np.ndarray, scale: np.ndarray, q: np.ndarray, h: np.ndarray) -> float:
     e = w - q.astype(np.float64) * scale[:, None]
-    return float(np.einsum("rd,de,re->", e, h, e))
+    return float(np.sum((e @ h) * e))  # tr(E H E^T) through one BLAS product
 
 
 def _session(model: onnx.ModelProto):
@@ -284,12 +296,11 @@ def _session(model: onnx.ModelProto):
 
 
 def output_errors(
-    models: list[onnx.ModelProto], float_model: onnx.ModelProto, batches: list[dict[str, np.ndarray]]
+    models: list[onnx.ModelProto], want: list[list[np.ndarray]], batches: list[dict[str, np.ndarray]]
 ) -> list[float]:
-    """Per model: the squared error of its outputs against the float model's over the batches,
-    relative to the float outputs' energy, summed over the outputs (each output counts alike)."""
-    ref = _session(float_model)
-    want = [ref.run(None, feed) for feed in batches]
+    """Per model: the squared error of its outputs against the float model's (`want`, per batch)
+    over the batches, relative to the float outputs' energy, summed over the outputs (each output
+    counts alike)."""
     outs = range(len(want[0]))
     energy = [sum(float(np.sum(np.square(w[k], dtype=np.float64))) for w in want) for k in outs]
     errs = []
@@ -322,7 +333,7 @@ def round_weights(
     if not layers:
         return nearest_model, RoundingReport(0, 0, 1.0)
     try:
-        hs, counts = _hessians(layers, float_model, batches)
+        hs, counts, want = _hessians(layers, float_model, batches)
     except Exception as e:  # onnxruntime's errors name the node; keep ours naming the model
         why = f"gathering the layers' inputs for GPTQ rounding failed: {e}"
         if mode == "auto":  # the default: the quantiser's rounding is a fine answer
@@ -351,7 +362,7 @@ def round_weights(
         la.weight.CopyFrom(numpy_helper.from_array(la.from_rows(best), la.weight.name))
     report = RoundingReport(len(layers), changed, err_g / err_n if err_n > 0 else 1.0)
     if mode == "auto" and changed:
-        e_near, e_gptq = output_errors([nearest_model, qdq], float_model, batches)
+        e_near, e_gptq = output_errors([nearest_model, qdq], want, batches)
         report.model_ratio = e_gptq / max(e_near, 1e-30)
         report.kept = report.model_ratio <= AUTO_MARGIN
         if not report.kept:
