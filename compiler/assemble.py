@@ -196,19 +196,27 @@ def assemble(
 GRANULARITIES = ("segment", "operator", "step")
 
 
-def _step_cuts(items: list[Item], cfg: NpuConfig, step_cycles: int) -> list[int]:
-    """Candidate positions to cut an operator at, packing its steps into segments of at most
-    `step_cycles` estimated cycles (the busiest unit's summed durations) where the steps allow."""
+def _busy_times(items: list[Item], cfg: NpuConfig) -> list[int]:
+    """Estimated time at each item position and at the end (one entry more than `items`): the
+    busiest unit's summed durations so far."""
     busy = [0, 0, 0, 0]
     t_at = []
     for it in items:
         t_at.append(max(busy))
         if it.kind == "instr":
             busy[int(it.instr.unit)] += duration(it.instr, cfg)
+    t_at.append(max(busy))
+    return t_at
+
+
+def _step_cuts(items: list[Item], cfg: NpuConfig, step_cycles: int) -> list[int]:
+    """Candidate positions to cut an operator at, packing its steps into segments of at most
+    `step_cycles` estimated cycles (the busiest unit's summed durations) where the steps allow."""
+    t_at = _busy_times(items, cfg)
     marks = [i for i, it in enumerate(items) if it.kind == "cand"]
     if not marks:
         return []
-    ends = [t_at[i] for i in marks[1:]] + [max(busy)]  # when the step after each candidate ends
+    ends = [t_at[i] for i in marks[1:]] + [t_at[-1]]  # when the step after each candidate ends
     last, cuts = 0, []
     for i, t_next in zip(marks, ends, strict=True):
         if t_next - last > step_cycles and t_at[i] > last:
@@ -272,14 +280,7 @@ def _simulated_times(cfg: NpuConfig, seg: list[Item]) -> list[int]:
 def _emit_segment(
     cfg: NpuConfig, out: Lowered, seg: list[Item], cands: list[Candidate], spans, policy: PointPolicy | None
 ) -> None:
-    # estimated time at each item position: the busiest unit's cumulative duration
-    busy = [0, 0, 0, 0]
-    t_at = []
-    for it in seg:
-        t_at.append(max(busy))
-        if it.kind == "instr":
-            busy[int(it.instr.unit)] += duration(it.instr, cfg)
-    t_at.append(max(busy))
+    t_at = _busy_times(seg, cfg)
     if policy is not None and policy.every_instruction:
         whole = [(0, cfg.spad_bytes), (ACC_BASE, ACC_BASE + cfg.acc_bytes)]
         cands = [Candidate(i, 0, False, whole) for i, it in enumerate(seg) if it.kind == "instr" and i > 0]

@@ -276,7 +276,7 @@ class LayerwiseScheduler:
                     lc, ld = est.idle(layer)
                     c, d = c + lc, d + ld
                     est.add(layer, 0)
-                return (c + d, d, r.arrival, r.id)
+                return c + d, d
 
             scores = {r.id: score(r) for r in cands}
             least = min(s[0] for s in scores.values())

@@ -75,20 +75,26 @@ def test_the_greedy_rule_is_within_10_percent_of_the_best_interleaving(cfg):
         assert g["greedy_over_best"] <= 1.1, g
 
 
-def test_near_ties_go_to_the_earlier_arrival():
-    """Estimates within the tolerance of the least are ties: the least DMA idle, then arrival."""
+def _request(i: int, layers: list[tuple[int, int]]):
+    """A request of layers (DMA cycles, compute cycles), 100 on-chip bytes each, arrived at 0."""
     from npu.driver.sched.layerwise import Request
 
-    def req(i, dma):
-        return Request(i, f"r{i}", 0, [], None, None, [Layer(0, b"", dma, 400, 100)])
+    steps = [Layer(k, b"", dma, compute, 100) for k, (dma, compute) in enumerate(layers)]
+    return Request(i, f"r{i}", 0, [], None, None, steps)
 
-    first, cheaper = req(0, 344), req(1, 332)  # 3.5 % apart: no idle-time estimate is that exact
-    picks = {}
-    for tol in (0.0, 0.05):
-        s = LayerwiseScheduler(Npu("model", CFG), "idle-time", tie_tolerance=tol)
-        picks[tol] = s.choose([first, cheaper]).id
-        first.passed_over = cheaper.passed_over = 0
-    assert picks == {0.0: 1, 0.05: 0}
+
+def _pick(reqs, **kw) -> int:
+    """The id the idle-time rule of a fresh scheduler (options `kw`) picks among `reqs`."""
+    for r in reqs:
+        r.passed_over = 0
+    return LayerwiseScheduler(Npu("model", CFG), "idle-time", **kw).choose(reqs).id
+
+
+def test_near_ties_go_to_the_earlier_arrival():
+    """Estimates within the tolerance of the least are ties: the least DMA idle, then arrival."""
+    # 3.5 % apart: no idle-time estimate is that exact
+    first, cheaper = _request(0, [(344, 400)]), _request(1, [(332, 400)])
+    assert {tol: _pick([first, cheaper], tie_tolerance=tol) for tol in (0.0, 0.05)} == {0.0: 1, 0.05: 0}
 
 
 def test_estimator_follows_the_seed():
@@ -105,20 +111,9 @@ def test_a_window_of_layers_looks_past_the_next_one():
     """With `window=2` the rule scores a request by the idle time of its next two layers appended
     in turn: a request whose first layer is a little cheaper but whose second layer's DMA cannot
     hide loses to one whose second layer hides under its first's compute."""
-    from npu.driver.sched.layerwise import Request
-
-    def req(i, layers):
-        steps = [Layer(k, b"", dma, compute, 100) for k, (dma, compute) in enumerate(layers)]
-        return Request(i, f"r{i}", 0, [], None, None, steps)
-
-    a = req(0, [(100, 10), (10, 500)])  # its second layer computes long, loads little
-    b = req(1, [(90, 10), (500, 10)])  # its second layer is all DMA
-    picks = {}
-    for w in (1, 2):
-        s = LayerwiseScheduler(Npu("model", CFG), "idle-time", window=w)
-        picks[w] = s.choose([a, b]).id
-        a.passed_over = b.passed_over = 0
-    assert picks == {1: 1, 2: 0}
+    a = _request(0, [(100, 10), (10, 500)])  # its second layer computes long, loads little
+    b = _request(1, [(90, 10), (500, 10)])  # its second layer is all DMA
+    assert {w: _pick([a, b], window=w) for w in (1, 2)} == {1: 1, 2: 0}
     with pytest.raises(DriverError, match="window must be at least 1"):
         LayerwiseScheduler(Npu("model", CFG), "idle-time", window=0)
 
