@@ -78,18 +78,41 @@ def low_bytes_mask(n, width_bytes: int):
     return ((Const(1, width_bytes + 1) << n) - 1)[:width_bytes]
 
 
+def burst_plan(m: Module, addr, left, W: int, name: str) -> tuple[Signal, Signal, Signal]:
+    """The AXI burst at byte address `addr` with `left` bytes of the row still to move over a bus
+    of `W` bytes: (beats, bytes it covers from `addr`, whether it ends the row). Bursts stop at 256
+    beats and at 4 KiB boundaries."""
+    lw = log2(W)
+    beats_row = (addr[:lw] + left + W - 1) >> lw
+    to_4k = (4096 >> lw) - addr[lw:12]
+    beats = Signal(9, name=f"{name}_beats")
+    nbytes = Signal(18, name=f"{name}_bytes")
+    last = Signal(name=f"{name}_row_end")
+    m.d.comb += [
+        beats.eq(min_(min_(beats_row, 256), to_4k)),
+        nbytes.eq((beats << lw) - addr[:lw]),
+        last.eq(nbytes >= left),
+    ]
+    return beats, nbytes, last
+
+
 class ByteFifo(wiring.Component):
     """A byte queue: push up to W bytes per cycle, look at / pop up to W bytes per cycle.
 
     Used to realign DMA data between DRAM beats and on-chip words. `data` holds the oldest bytes
-    (byte 0 first); `count` how many are valid. Push is accepted when `push_ready` (room for W).
-    It holds `cap_words` words.
+    (byte 0 first; bytes past `count` are unspecified); `count` how many are valid. Push is accepted
+    when `push_ready` (room for W). It holds `cap_words` words.
+
+    A ring of byte slots with read and write pointers rather than a shift register: `data` and
+    `count` come from registers alone, and a pop or push only moves a pointer and enables slots, so
+    no path runs from the consumer's `pop_n` through a wide shifter into the queue (Fmax). The ring
+    is the next power of two of bytes; flow control uses `cap`.
     """
 
     def __init__(self, width_bytes: int, cap_words: int = 2):
         self.W = width_bytes
-        cap = cap_words * width_bytes
-        self.cap = cap
+        self.cap = cap_words * width_bytes
+        self.slots = 1 << (self.cap - 1).bit_length()  # ring size: a power of two
         super().__init__(
             {
                 "push_valid": In(1),
@@ -98,24 +121,36 @@ class ByteFifo(wiring.Component):
                 "push_ready": Out(1),
                 "pop_n": In(range(width_bytes + 1)),
                 "data": Out(8 * width_bytes),
-                "count": Out(range(cap + 1)),
+                "count": Out(range(self.cap + 1)),
             }
         )
 
     def elaborate(self, platform):
         m = Module()
-        W, cap = self.W, self.cap
-        buf = Signal(8 * cap)
-        m.d.comb += [self.data.eq(buf[: 8 * W]), self.push_ready.eq(self.count + W <= cap)]
+        W, cap, S = self.W, self.cap, self.slots
+        sb = log2(S)
+        slots = [Signal(8, name=f"slot{s}") for s in range(S)]
+        rptr = Signal(sb)
+        wptr = Signal(sb)
+        m.d.comb += self.push_ready.eq(self.count + W <= cap)
+        for j in range(W):  # the oldest W bytes, read from the ring at rptr
+            with m.Switch((rptr + j)[:sb]):
+                for s in range(S):
+                    with m.Case(s):
+                        m.d.comb += self.data[8 * j : 8 * j + 8].eq(slots[s])
         push = self.push_valid & self.push_ready
         n_in = Mux(push, self.push_n, 0)
-        after_pop = Signal(8 * cap)
-        m.d.comb += after_pop.eq(buf >> (self.pop_n * 8))
-        keep = Signal(range(cap + 1))
-        m.d.comb += keep.eq(self.count - self.pop_n)
-        incoming = Signal(8 * cap)
-        m.d.comb += incoming.eq(
-            (self.push_data & ((Const(1, 8 * W + 1) << (n_in * 8)) - 1)[: 8 * W]) << (keep * 8)
-        )
-        m.d.sync += [buf.eq(after_pop | incoming), self.count.eq(keep + n_in)]
+        for s in range(S):  # slot s takes input byte (s - wptr) mod S when that is below n_in
+            i = Signal(sb, name=f"slot{s}_in")
+            m.d.comb += i.eq(s - wptr)
+            with m.If(i < n_in):
+                with m.Switch(i):
+                    for k in range(min(W, S)):
+                        with m.Case(k):
+                            m.d.sync += slots[s].eq(self.push_data[8 * k : 8 * k + 8])
+        m.d.sync += [
+            rptr.eq(rptr + self.pop_n),
+            wptr.eq(wptr + n_in),
+            self.count.eq(self.count - self.pop_n + n_in),
+        ]
         return m

@@ -19,6 +19,7 @@ from npu.isa import INSTR_BITS, Opcode
 from .common import (
     ByteFifo,
     beat_stream,
+    burst_plan,
     burst_stream,
     exec_signature,
     is_acc,
@@ -57,97 +58,133 @@ class LoadUnit(wiring.Component):
         with m.If(self.exec.go):
             m.d.sync += ins.eq(self.exec.instr)
 
-        tr = Signal(18)
+        tr = Signal(18)  # padded rows and row bytes, registered at go
         tw = Signal(18)
-        m.d.comb += [
-            tr.eq(f.pad_top + f.rows + f.pad_bottom),
-            tw.eq(f.pad_left + f.cols + f.pad_right),
-        ]
         active = Signal()
         m.d.comb += self.exec.busy.eq(active)
 
         # ---- AR issuer --------------------------------------------------------------------------
+        # The burst at the current address (`cur`) and the first burst of the next row are worked
+        # out from registers a cycle ahead, so no burst arithmetic feeds the handshake (Fmax). A new
+        # row's burst is ready at once (one-burst rows go out one per cycle); a row split into
+        # several bursts (256 beats, 4 KiB) waits a cycle for each further burst's length.
         ar_row = Signal(16)
         ar_addr = Signal(33)  # next byte address of the current row still to request
         ar_left = Signal(17)  # bytes of the current row still to request (from ar_addr)
         ar_active = Signal()
-        row_addr = Signal(48)  # DRAM address of row ar_row
-        beats_row = Signal(18)
-        m.d.comb += beats_row.eq((ar_addr[:lw] + ar_left + W - 1) >> lw)
-        to_4k = Signal(10)
-        m.d.comb += to_4k.eq((4096 >> lw) - ar_addr[lw:12])
-        burst = Signal(9)
-        m.d.comb += burst.eq(min_(min_(beats_row, 256), to_4k))
+        ar_more = Signal()  # rows are left to request
+        nrow_addr = Signal(33)  # DRAM address of the row after the current one
+        cur_ok = Signal()  # cur_* hold the burst at ar_addr
+        cur_beats, cur_bytes, cur_end = Signal(9), Signal(18), Signal()
+        here = burst_plan(m, ar_addr, ar_left, W, "ar_here")
+        nrow = burst_plan(m, nrow_addr, f.cols, W, "ar_nrow")
         m.d.comb += [
             self.ar.payload.addr.eq(ar_addr[lw:32] << lw),
-            self.ar.payload.len.eq(burst - 1),
-            self.ar.valid.eq(ar_active & (ar_left != 0)),
+            self.ar.payload.len.eq(cur_beats - 1),
+            self.ar.valid.eq(ar_active & ar_more & cur_ok & (f.cols != 0)),
         ]
-        burst_bytes = Signal(18)
-        m.d.comb += burst_bytes.eq((burst << lw) - ar_addr[:lw])
+        with m.If(~cur_ok):
+            m.d.sync += [cur_ok.eq(1), cur_beats.eq(here[0]), cur_bytes.eq(here[1]), cur_end.eq(here[2])]
         with m.If(self.ar.valid & self.ar.ready):
-            with m.If(burst_bytes >= ar_left):
+            with m.If(cur_end):
                 # row fully requested: next row
                 m.d.sync += [
                     ar_row.eq(ar_row + 1),
-                    row_addr.eq(row_addr + f.dram_stride),
-                    ar_addr.eq(row_addr + f.dram_stride),
-                    ar_left.eq(Mux(ar_row + 1 < f.rows, f.cols, 0)),
+                    ar_more.eq(ar_row + 1 < f.rows),
+                    ar_addr.eq(nrow_addr),
+                    ar_left.eq(f.cols),
+                    nrow_addr.eq(nrow_addr + f.dram_stride),
+                    cur_beats.eq(nrow[0]),
+                    cur_bytes.eq(nrow[1]),
+                    cur_end.eq(nrow[2]),
                 ]
             with m.Else():
-                m.d.sync += [ar_addr.eq(ar_addr + burst_bytes), ar_left.eq(ar_left - burst_bytes)]
+                m.d.sync += [ar_addr.eq(ar_addr + cur_bytes), ar_left.eq(ar_left - cur_bytes), cur_ok.eq(0)]
 
         # ---- generator: padded byte stream into the FIFO ---------------------------------------------
-        g_row = Signal(18)  # output row being generated
-        g_col = Signal(18)  # byte position within the padded row
+        # Each row is a run of segments (pad rows: one pad segment of tw bytes; data rows: pad_left,
+        # cols of data, pad_right, empty ones skipped); each cycle moves at most one segment's bytes.
+        # The row phase (top pad, data, bottom pad), the segment and the bytes left in it are
+        # registers, so no adder or comparison of instruction fields sits before the FIFO (Fmax).
+        TOP, DATA, BOTTOM, DONE = range(4)
+        PAD_L, SEG_DATA, PAD_R = range(3)
         g_active = Signal()
-        g_dram = Signal(48)  # DRAM byte address of the next data byte (for the R beat offset)
-        in_data_row = Signal()
-        m.d.comb += in_data_row.eq((g_row >= f.pad_top) & (g_row < f.pad_top + f.rows))
-        seg_data = Signal()
+        g_phase = Signal(2)  # the current row's phase
+        g_rows = Signal(16)  # rows of the phase left, the current one included
+        g_seg = Signal(2)  # the segment within the row (a pad row is one PAD_R segment of tw bytes)
         seg_left = Signal(18)  # bytes left in the current segment
-        with m.If(in_data_row & (g_col >= f.pad_left) & (g_col < f.pad_left + f.cols)):
-            m.d.comb += [seg_data.eq(1), seg_left.eq(f.pad_left + f.cols - g_col)]
-        with m.Elif(in_data_row & (g_col < f.pad_left)):
-            m.d.comb += seg_left.eq(f.pad_left - g_col)
-        with m.Else():
-            m.d.comb += seg_left.eq(tw - g_col)
+        g_dram = Signal(48)  # DRAM byte address of the next data byte (for the R beat offset)
+        g_row_dram = Signal(48)  # DRAM address of the current data row
+        seg_data = Signal()
+        m.d.comb += seg_data.eq((g_phase == DATA) & (g_seg == SEG_DATA))
+
+        def row_start(phase, fl) -> list:
+            """Assignments that start a row of `phase` (fields `fl`: the running or a new instruction)."""
+            tw_ = fl.pad_left + fl.cols + fl.pad_right
+            first_seg = Mux(fl.pad_left != 0, PAD_L, Mux(fl.cols != 0, SEG_DATA, PAD_R))
+            first_len = Mux(fl.pad_left != 0, fl.pad_left, Mux(fl.cols != 0, fl.cols, fl.pad_right))
+            return [
+                g_seg.eq(Mux(phase == DATA, first_seg, PAD_R)),
+                seg_left.eq(Mux(phase == DATA, first_len, tw_)),
+            ]
+
+        def next_phase(after, fl):
+            """The first phase after `after` that has rows (DONE if none)."""
+            from_top = Mux(fl.rows != 0, DATA, Mux(fl.pad_bottom != 0, BOTTOM, DONE))
+            return Mux(after == TOP, from_top, Mux((after == DATA) & (fl.pad_bottom != 0), BOTTOM, DONE))
+
+        def phase_rows(phase, fl):
+            return Mux(phase == TOP, fl.pad_top, Mux(phase == DATA, fl.rows, fl.pad_bottom))
+
         off = Signal(lw)
         m.d.comb += off.eq(g_dram[:lw])
-        n_data = Signal(range(W + 1))
-        m.d.comb += n_data.eq(min_(W - off, seg_left))
-        n_pad = Signal(range(W + 1))
-        m.d.comb += n_pad.eq(min_(W, seg_left))
+        lim = Signal(range(W + 1))  # the most bytes this cycle: to the beat's end, or a bus word of pad
+        m.d.comb += lim.eq(Mux(seg_data, W - off, W))
+        last = Signal()  # the segment ends this cycle if it moves
+        m.d.comb += last.eq(seg_left <= lim)
+        n = Signal(range(W + 1))
+        m.d.comb += n.eq(Mux(last, seg_left, lim))
         pad_word = Signal(8 * W)
         m.d.comb += pad_word.eq(f.pad_value.as_unsigned().replicate(W))
-        advance = Signal(range(W + 1))
-        with m.If(g_active & (g_row < tr)):
+        moved = Signal()
+        with m.If(g_active & (g_phase != DONE)):
             with m.If(seg_data):
                 m.d.comb += [
                     self.r.ready.eq(fifo.push_ready),
                     fifo.push_valid.eq(self.r.valid),
                     fifo.push_data.eq(self.r.payload >> (off * 8)),
-                    fifo.push_n.eq(n_data),
+                    fifo.push_n.eq(n),
+                    moved.eq(self.r.valid & fifo.push_ready),
                 ]
                 with m.If(self.r.valid & fifo.push_ready):
-                    m.d.comb += advance.eq(n_data)
-                    m.d.sync += g_dram.eq(g_dram + n_data)
+                    m.d.sync += g_dram.eq(g_dram + n)
             with m.Else():
                 m.d.comb += [
                     fifo.push_valid.eq(1),
                     fifo.push_data.eq(pad_word),
-                    fifo.push_n.eq(n_pad),
+                    fifo.push_n.eq(n),
+                    moved.eq(fifo.push_ready),
                 ]
-                with m.If(fifo.push_ready):
-                    m.d.comb += advance.eq(n_pad)
-        with m.If(advance != 0):
-            with m.If(g_col + advance >= tw):
-                m.d.sync += [g_col.eq(0), g_row.eq(g_row + 1)]
-                with m.If(in_data_row):
-                    # next data row starts at the next row's DRAM address
-                    m.d.sync += g_dram.eq(g_dram + advance * seg_data - f.cols + f.dram_stride)
+        row_end = Signal()  # the row's last segment ends this cycle
+        data_row = g_phase == DATA
+        with m.If(moved):
+            with m.If(~last):
+                m.d.sync += seg_left.eq(seg_left - n)
+            with m.Elif(data_row & (g_seg == PAD_L) & (f.cols != 0)):
+                m.d.sync += [g_seg.eq(SEG_DATA), seg_left.eq(f.cols)]
+            with m.Elif(data_row & (g_seg != PAD_R) & (f.pad_right != 0)):
+                m.d.sync += [g_seg.eq(PAD_R), seg_left.eq(f.pad_right)]
             with m.Else():
-                m.d.sync += g_col.eq(g_col + advance)
+                m.d.comb += row_end.eq(1)
+        with m.If(row_end):
+            with m.If(data_row):  # the next data row starts at the next row's DRAM address
+                m.d.sync += [g_dram.eq(g_row_dram + f.dram_stride), g_row_dram.eq(g_row_dram + f.dram_stride)]
+            with m.If(g_rows > 1):
+                m.d.sync += [g_rows.eq(g_rows - 1), *row_start(g_phase, f)]
+            with m.Else():
+                nxt = Signal(2)
+                m.d.comb += nxt.eq(next_phase(g_phase, f))
+                m.d.sync += [g_phase.eq(nxt), g_rows.eq(phase_rows(nxt, f)), *row_start(nxt, f)]
 
         # ---- writer: FIFO -> on-chip words ----------------------------------------------------------
         w_row = Signal(18)
@@ -161,7 +198,8 @@ class LoadUnit(wiring.Component):
         need = Signal(range(W + 1))
         m.d.comb += need.eq(min_(W - wo, w_left))
         ready = Signal()  # a word is ready to write
-        m.d.comb += ready.eq(w_active & (w_row < tr) & (need != 0) & (fifo.count >= need))
+        w_more = Signal()  # rows are left to write (registered)
+        m.d.comb += ready.eq(w_active & w_more & (need != 0) & (fifo.count >= need))
         sp, ap = self.spad_port, self.acc_port
         write = Signal()  # it is written this cycle (the memory may refuse it)
         m.d.comb += write.eq(ready & Mux(to_acc, ap.grant, sp.grant))
@@ -183,6 +221,7 @@ class LoadUnit(wiring.Component):
             m.d.comb += fifo.pop_n.eq(need)
             with m.If(need == w_left):
                 m.d.sync += [
+                    w_more.eq(w_row + 1 < tr),
                     w_row.eq(w_row + 1),
                     w_row_addr.eq(w_row_addr + f.spad_stride),
                     w_addr.eq(w_row_addr + f.spad_stride),
@@ -193,24 +232,41 @@ class LoadUnit(wiring.Component):
 
         # ---- control ------------------------------------------------------------------------------
         finished = Signal()
-        m.d.comb += finished.eq(active & ((w_row >= tr) | (tw == 0)))
+        m.d.comb += finished.eq(active & ~w_more)
         m.d.comb += self.exec.done.eq(finished)
         with m.If(finished):
             m.d.sync += [active.eq(0), ar_active.eq(0), g_active.eq(0), w_active.eq(0)]
         with m.If(self.exec.go):
             nf = view(Opcode.LOAD, self.exec.instr)
+            ntr = nf.pad_top + nf.rows + nf.pad_bottom
+            ntw = nf.pad_left + nf.cols + nf.pad_right
+            fb = burst_plan(m, nf.dram, nf.cols, W, "ar_first")
+            first = Signal(2)
+            m.d.comb += first.eq(Mux(nf.pad_top != 0, TOP, next_phase(TOP, nf)))
+            m.d.sync += [
+                g_phase.eq(Mux(ntw != 0, first, DONE)),
+                g_rows.eq(phase_rows(first, nf)),
+                *row_start(first, nf),
+            ]
             m.d.sync += [
                 active.eq(1),
                 ar_active.eq(1),
                 g_active.eq(1),
                 w_active.eq(1),
                 ar_row.eq(0),
-                row_addr.eq(nf.dram),
+                ar_more.eq(nf.rows != 0),
                 ar_addr.eq(nf.dram),
-                ar_left.eq(Mux(nf.rows != 0, nf.cols, 0)),
-                g_row.eq(0),
-                g_col.eq(0),
+                ar_left.eq(nf.cols),
+                nrow_addr.eq(nf.dram + nf.dram_stride),
+                cur_ok.eq(1),
+                cur_beats.eq(fb[0]),
+                cur_bytes.eq(fb[1]),
+                cur_end.eq(fb[2]),
                 g_dram.eq(nf.dram),
+                g_row_dram.eq(nf.dram),
+                tr.eq(ntr),
+                tw.eq(ntw),
+                w_more.eq((ntr != 0) & (ntw != 0)),
                 w_row.eq(0),
                 w_left.eq(nf.pad_left + nf.cols + nf.pad_right),
                 w_addr.eq(nf.spad),

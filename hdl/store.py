@@ -17,6 +17,7 @@ from npu.isa import INSTR_BITS, Opcode
 
 from .common import (
     ByteFifo,
+    burst_plan,
     burst_stream,
     exec_signature,
     is_acc,
@@ -106,39 +107,41 @@ class StoreUnit(wiring.Component):
             with m.Else():
                 m.d.sync += [r_addr.eq(r_addr + rn), r_left.eq(r_left - rn)]
 
-        # ---- burst splitting, shared by AW issuer and W writer ----------------------------------------
-        def burst_of(addr, left):
-            beats_row = (addr[:lw] + left + W - 1) >> lw
-            to_4k = (4096 >> lw) - addr[lw:12]
-            b = Signal(9)
-            m.d.comb += b.eq(min_(min_(beats_row, 256), to_4k))
-            return b
-
         # ---- AW issuer ----------------------------------------------------------------------------
+        # The next burst's length and bytes are worked out the cycle after the address moves and
+        # held in registers (`aw_calc`), so the burst arithmetic does not feed the handshake (Fmax).
+        # The memory takes a write burst's address only after the previous burst's response, so the
+        # cycle this costs after each accepted address is never one the memory would have used.
         aw_row = Signal(17)
         aw_addr = Signal(48)
         aw_left = Signal(17)
         aw_row_addr = Signal(48)
-        aw_burst = burst_of(aw_addr, aw_left)
-        aw_bytes = Signal(18)
-        m.d.comb += aw_bytes.eq((aw_burst << lw) - aw_addr[:lw])
+        aw_calc = Signal()  # aw_burst_r, aw_bytes_r and aw_row_end hold the burst at aw_addr
+        aw_burst_r = Signal(9)
+        aw_bytes_r = Signal(18)
+        aw_row_end = Signal()  # the burst ends the row
+        aw_more = Signal()  # rows are left to request
+        here = burst_plan(m, aw_addr, aw_left, W, "aw_here")
+        m.d.sync += [aw_burst_r.eq(here[0]), aw_bytes_r.eq(here[1]), aw_row_end.eq(here[2])]
+        m.d.sync += aw_calc.eq(active)
         m.d.comb += [
             self.aw.payload.addr.eq(aw_addr[lw:32] << lw),
-            self.aw.payload.len.eq(aw_burst - 1),
-            self.aw.valid.eq(active & ~empty & (aw_row < f.rows)),
+            self.aw.payload.len.eq(aw_burst_r - 1),
+            self.aw.valid.eq(active & ~empty & aw_more & aw_calc),
         ]
         aw_sent = Signal(24)  # bursts whose address was accepted
         with m.If(self.aw.valid & self.aw.ready):
-            m.d.sync += aw_sent.eq(aw_sent + 1)
-            with m.If(aw_bytes >= aw_left):
+            m.d.sync += [aw_sent.eq(aw_sent + 1), aw_calc.eq(0)]
+            with m.If(aw_row_end):
                 m.d.sync += [
+                    aw_more.eq(aw_row + 1 < f.rows),
                     aw_row.eq(aw_row + 1),
                     aw_row_addr.eq(aw_row_addr + f.dram_stride),
                     aw_addr.eq(aw_row_addr + f.dram_stride),
                     aw_left.eq(f.cols),
                 ]
             with m.Else():
-                m.d.sync += [aw_addr.eq(aw_addr + aw_bytes), aw_left.eq(aw_left - aw_bytes)]
+                m.d.sync += [aw_addr.eq(aw_addr + aw_bytes_r), aw_left.eq(aw_left - aw_bytes_r)]
 
         # ---- W writer -----------------------------------------------------------------------------
         w_row = Signal(17)
@@ -147,7 +150,11 @@ class StoreUnit(wiring.Component):
         w_row_addr = Signal(48)
         w_burst_left = Signal(9)  # beats left in the current burst (0: start a new one)
         w_bursts = Signal(24)  # bursts completed
-        new_burst = burst_of(w_addr, w_left)
+        # the burst a new W burst starts with, from the registers of the cycle before (as for AW);
+        # a burst starts only after its address was accepted, which is after this settles
+        w_calc = Signal()
+        new_burst = Signal(9)
+        m.d.sync += [new_burst.eq(burst_plan(m, w_addr, w_left, W, "w_next")[0]), w_calc.eq(active)]
         beats_left = Signal(9)
         m.d.comb += beats_left.eq(Mux(w_burst_left == 0, new_burst, w_burst_left))
         wo = Signal(lw)
@@ -155,7 +162,9 @@ class StoreUnit(wiring.Component):
         wn = Signal(range(W + 1))
         m.d.comb += wn.eq(min_(W - wo, w_left))
         can_w = Signal()
-        m.d.comb += can_w.eq(active & ~empty & (w_row < f.rows) & (fifo.count >= wn) & (w_bursts < aw_sent))
+        w_more = Signal()  # rows are left to write
+        settled = w_calc | (w_burst_left != 0)  # a new burst's length is known
+        m.d.comb += can_w.eq(active & ~empty & w_more & (fifo.count >= wn) & (w_bursts < aw_sent) & settled)
         m.d.comb += [
             self.w.valid.eq(can_w),
             self.w.payload.data.eq(fifo.data << (wo * 8)),
@@ -164,11 +173,13 @@ class StoreUnit(wiring.Component):
         ]
         with m.If(can_w & self.w.ready):
             m.d.comb += fifo.pop_n.eq(wn)
+            m.d.sync += w_calc.eq(0)
             m.d.sync += w_burst_left.eq(beats_left - 1)
             with m.If(beats_left == 1):
                 m.d.sync += w_bursts.eq(w_bursts + 1)
             with m.If(wn == w_left):
                 m.d.sync += [
+                    w_more.eq(w_row + 1 < f.rows),
                     w_row.eq(w_row + 1),
                     w_row_addr.eq(w_row_addr + f.dram_stride),
                     w_addr.eq(w_row_addr + f.dram_stride),
@@ -183,12 +194,13 @@ class StoreUnit(wiring.Component):
         with m.If(self.b_valid):
             m.d.sync += b_count.eq(b_count + 1)
         finished = Signal()
-        m.d.comb += finished.eq(active & (empty | ((w_row >= f.rows) & (b_count + self.b_valid == aw_sent))))
+        m.d.comb += finished.eq(active & (empty | (~w_more & (b_count + self.b_valid == aw_sent))))
         m.d.comb += self.exec.done.eq(finished)
         with m.If(finished):
             m.d.sync += active.eq(0)
         with m.If(self.exec.go):
             nf = view(Opcode.STORE, self.exec.instr)
+            first = burst_plan(m, nf.dram, nf.cols, W, "aw_first")
             m.d.sync += [
                 active.eq(1),
                 r_row.eq(0),
@@ -201,11 +213,19 @@ class StoreUnit(wiring.Component):
                 aw_row_addr.eq(nf.dram),
                 aw_left.eq(nf.cols),
                 aw_sent.eq(0),
+                # the first burst straight from the instruction: the store starts as soon as before
+                aw_calc.eq(1),
+                aw_burst_r.eq(first[0]),
+                aw_bytes_r.eq(first[1]),
+                aw_row_end.eq(first[2]),
+                aw_more.eq(nf.rows != 0),
                 w_row.eq(0),
                 w_addr.eq(nf.dram),
                 w_row_addr.eq(nf.dram),
                 w_left.eq(nf.cols),
                 w_burst_left.eq(0),
+                w_more.eq(nf.rows != 0),
+                w_calc.eq(0),
                 w_bursts.eq(0),
                 b_count.eq(0),
             ]

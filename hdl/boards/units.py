@@ -4,7 +4,8 @@ A whole-core build says only that timing fails; this synthesises one unit alone 
 unplaced, nextpnr's `--out-of-context`), places and routes it and reports its Fmax and critical path
 with the source lines nextpnr names. The on-chip memories are measured with registers on every port
 (`spad`, `acc`), since their paths start and end in the units that use them. Paths that cross units
-(a unit's request through a memory's arbiter back to the unit) show only in the whole core.
+(a unit's request through a memory's arbiter back to the unit) show in `core`: the whole core with
+a register on each of its ports, without the board's DRAM controller and serial bridge.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from npu.config import NpuConfig
 from .boards import Board
 from .build import BuildError, tool_env
 
-UNITS = ("fetch", "load", "store", "matrix", "vector", "spad", "acc")
+UNITS = ("fetch", "load", "store", "matrix", "vector", "spad", "acc", "core")
 
 
 class _Registered(Elaboratable):
@@ -62,6 +63,11 @@ def unit_design(name: str, cfg: NpuConfig) -> tuple[Elaboratable, list]:
         return out
 
     CM, CN = cfg.clusters, cfg.pes_per_cluster
+    if name == "core":  # every unit with its memories: the paths that cross units
+        from npu.hdl.core import NpuCore
+
+        top = _Registered(NpuCore(cfg))
+        return top, top.ports
     if name in ("spad", "acc"):
         mem = onchip_memory(cfg, name, spad_clients(cfg) if name == "spad" else acc_clients(cfg))
         top = _Registered(mem)

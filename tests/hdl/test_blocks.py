@@ -130,21 +130,22 @@ def test_hardware_checks_match_isa_validate(cfg):
     assert not mismatches, mismatches[:5]
 
 
+@pytest.mark.parametrize("W,cap_words", [(8, 2), (8, 3), (16, 2)])  # the load's, the store's, a wide bus
 @settings(max_examples=30)
 @given(
     st.lists(
-        st.tuples(st.integers(0, 8), st.integers(0, 8), st.binary(min_size=8, max_size=8)),
+        st.tuples(st.integers(0, 16), st.integers(0, 16), st.binary(min_size=16, max_size=16)),
         min_size=1,
         max_size=60,
     )
 )
-def test_byte_fifo_is_a_byte_queue(ops):
-    W = 8
-    dut = ByteFifo(W)
+def test_byte_fifo_is_a_byte_queue(W, cap_words, ops):
+    dut = ByteFifo(W, cap_words)
     model: list[int] = []
 
     async def bench(ctx):
         for push_n, pop_n, data in ops:
+            push_n, data = min(push_n, W), data[:W]
             count = ctx.get(dut.count)
             assert count == len(model)
             assert ctx.get(dut.data).to_bytes(W, "little")[: min(count, W)] == bytes(model[:W])
