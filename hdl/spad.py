@@ -215,6 +215,13 @@ class BankedScratchpad(wiring.Component):
                 ls.append((bank, row))
             lanes[c.name] = ls
 
+        onehot = {}  # a single-bank client's bank, one-hot
+        for c in self.clients:
+            if c.lanes == 1:
+                oh = Signal(nb, name=f"{c.name}_onehot")
+                m.d.comb += oh.eq(Cat(*[lanes[c.name][0][0] == b for b in range(nb)]))
+                onehot[c.name] = oh
+
         # per port: grant in priority order, all-or-nothing over a client's banks
         for port in ("A", "B"):
             taken = Const(0, nb)
@@ -239,6 +246,12 @@ class BankedScratchpad(wiring.Component):
                     m.d.comb += need.eq(
                         Cat(*[Cat(*[bk == b for bk, _ in lanes[c.name]]).any() for b in range(nb)])
                     )
+                    if all(h.lanes == 1 for h in on_port[:i]):
+                        # behind single-bank clients only: the banks they take are the banks they
+                        # ask for (one refused asks for a bank a client before it holds), an OR of
+                        # requests rather than a chain of grants (Fmax)
+                        asked = [Mux(getattr(self, h.name).en, onehot[h.name], 0) for h in on_port[:i]]
+                        taken = _or_tree(asked) if asked else Const(0, nb)
                     m.d.comb += grant.eq(en & ~(need & taken).any())
                     nxt = Signal(nb, name=f"{c.name}_taken")
                     m.d.comb += nxt.eq(taken | Mux(grant, need, 0))
