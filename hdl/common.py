@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from amaranth import Const, Module, Mux, Signal, unsigned
+from amaranth import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -103,16 +103,15 @@ class ByteFifo(wiring.Component):
     (byte 0 first; bytes past `count` are unspecified); `count` how many are valid. Push is accepted
     when `push_ready` (room for W). It holds `cap_words` words.
 
-    A ring of byte slots with read and write pointers rather than a shift register: `data` and
-    `count` come from registers alone, and a pop or push only moves a pointer and enables slots, so
-    no path runs from the consumer's `pop_n` through a wide shifter into the queue (Fmax). The ring
-    is the next power of two of bytes; flow control uses `cap`.
+    A ring of `cap` bytes with read and write pointers rather than a shift register: `data` (the
+    ring rotated by the read pointer) and `count` come from registers alone, so the consumer's
+    `pop_n` only moves a pointer and never runs through a shifter into the queue (Fmax); a push
+    writes its bytes rotated to the write pointer under a byte mask.
     """
 
     def __init__(self, width_bytes: int, cap_words: int = 2):
         self.W = width_bytes
         self.cap = cap_words * width_bytes
-        self.slots = 1 << (self.cap - 1).bit_length()  # ring size: a power of two
         super().__init__(
             {
                 "push_valid": In(1),
@@ -127,30 +126,30 @@ class ByteFifo(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        W, cap, S = self.W, self.cap, self.slots
-        sb = log2(S)
-        slots = [Signal(8, name=f"slot{s}") for s in range(S)]
-        rptr = Signal(sb)
-        wptr = Signal(sb)
-        m.d.comb += self.push_ready.eq(self.count + W <= cap)
-        for j in range(W):  # the oldest W bytes, read from the ring at rptr
-            with m.Switch((rptr + j)[:sb]):
-                for s in range(S):
-                    with m.Case(s):
-                        m.d.comb += self.data[8 * j : 8 * j + 8].eq(slots[s])
+        W, S = self.W, self.cap
+        ring = Signal(8 * S)
+        rptr = Signal(range(S))
+        wptr = Signal(range(S))
+        m.d.comb += self.push_ready.eq(self.count + W <= S)
+        # the oldest W bytes: the ring read from rptr on, wrapping
+        m.d.comb += self.data.eq((Cat(ring, ring) >> (rptr * 8))[: 8 * W])
         push = self.push_valid & self.push_ready
         n_in = Mux(push, self.push_n, 0)
-        for s in range(S):  # slot s takes input byte (s - wptr) mod S when that is below n_in
-            i = Signal(sb, name=f"slot{s}_in")
-            m.d.comb += i.eq(s - wptr)
-            with m.If(i < n_in):
-                with m.Switch(i):
-                    for k in range(min(W, S)):
-                        with m.Case(k):
-                            m.d.sync += slots[s].eq(self.push_data[8 * k : 8 * k + 8])
+        # the pushed bytes and their byte mask, rotated to wptr (the part past the end wraps)
+        dd = Signal(16 * S)
+        mm = Signal(2 * S)
+        m.d.comb += [dd.eq(self.push_data << (wptr * 8)), mm.eq(low_bytes_mask(n_in, W) << wptr)]
+        mask = mm[:S] | mm[S:]
+        bits = Cat(*[mask[k].replicate(8) for k in range(S)])
+        m.d.sync += ring.eq((ring & ~bits) | ((dd[: 8 * S] | dd[8 * S :]) & bits))
+
+        def advance(ptr, n):
+            nxt = ptr + n
+            return Mux(nxt >= S, nxt - S, nxt) if S & (S - 1) else nxt[: len(ptr)]
+
         m.d.sync += [
-            rptr.eq(rptr + self.pop_n),
-            wptr.eq(wptr + n_in),
+            rptr.eq(advance(rptr, self.pop_n)),
+            wptr.eq(advance(wptr, n_in)),
             self.count.eq(self.count - self.pop_n + n_in),
         ]
         return m
