@@ -118,14 +118,14 @@ class LoadUnit(wiring.Component):
         seg_data = Signal()
         m.d.comb += seg_data.eq((g_phase == DATA) & (g_seg == SEG_DATA))
 
-        def row_start(phase, fl) -> list:
-            """Assignments that start a row of `phase` (fields `fl`: the running or a new instruction)."""
-            tw_ = fl.pad_left + fl.cols + fl.pad_right
+        def row_start(phase, fl, width) -> list:
+            """Assignments that start a row of `phase` (fields `fl` and padded row bytes `width`: the
+            running or a new instruction's)."""
             first_seg = Mux(fl.pad_left != 0, PAD_L, Mux(fl.cols != 0, SEG_DATA, PAD_R))
             first_len = Mux(fl.pad_left != 0, fl.pad_left, Mux(fl.cols != 0, fl.cols, fl.pad_right))
             return [
                 g_seg.eq(Mux(phase == DATA, first_seg, PAD_R)),
-                seg_left.eq(Mux(phase == DATA, first_len, tw_)),
+                seg_left.eq(Mux(phase == DATA, first_len, width)),
             ]
 
         def next_phase(after, fl):
@@ -178,13 +178,14 @@ class LoadUnit(wiring.Component):
                 m.d.comb += row_end.eq(1)
         with m.If(row_end):
             with m.If(data_row):  # the next data row starts at the next row's DRAM address
-                m.d.sync += [g_dram.eq(g_row_dram + f.dram_stride), g_row_dram.eq(g_row_dram + f.dram_stride)]
+                next_row = g_row_dram + f.dram_stride
+                m.d.sync += [g_dram.eq(next_row), g_row_dram.eq(next_row)]
             with m.If(g_rows > 1):
-                m.d.sync += [g_rows.eq(g_rows - 1), *row_start(g_phase, f)]
+                m.d.sync += [g_rows.eq(g_rows - 1), *row_start(g_phase, f, tw)]
             with m.Else():
                 nxt = Signal(2)
                 m.d.comb += nxt.eq(next_phase(g_phase, f))
-                m.d.sync += [g_phase.eq(nxt), g_rows.eq(phase_rows(nxt, f)), *row_start(nxt, f)]
+                m.d.sync += [g_phase.eq(nxt), g_rows.eq(phase_rows(nxt, f)), *row_start(nxt, f, tw)]
 
         # ---- writer: FIFO -> on-chip words ----------------------------------------------------------
         w_row = Signal(18)
@@ -246,7 +247,7 @@ class LoadUnit(wiring.Component):
             m.d.sync += [
                 g_phase.eq(Mux(ntw != 0, first, DONE)),
                 g_rows.eq(phase_rows(first, nf)),
-                *row_start(first, nf),
+                *row_start(first, nf, ntw),
             ]
             m.d.sync += [
                 active.eq(1),
@@ -268,7 +269,7 @@ class LoadUnit(wiring.Component):
                 tw.eq(ntw),
                 w_more.eq((ntr != 0) & (ntw != 0)),
                 w_row.eq(0),
-                w_left.eq(nf.pad_left + nf.cols + nf.pad_right),
+                w_left.eq(ntw),
                 w_addr.eq(nf.spad),
                 w_row_addr.eq(nf.spad),
                 to_acc.eq(is_acc(nf.spad)),
