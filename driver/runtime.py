@@ -6,8 +6,11 @@ Scheduling is event driven in device time (cycles). A job is a graph of program 
 or with `--granularity operator` one segment per operator and the operator graph); a segment whose
 inputs exist is a unit of work (`sched.Operator`) handed to the dispatcher: one shared priority queue
 (`dispatch="shared"`, the default) or one operator queue per engine with a policy (seed 001:
-`expected-time`, `count`, `round-robin`). A free engine starts what its queue holds first; a unit
-that waits with a higher priority than the one an engine runs preempts it:
+`expected-time`, `count`, `round-robin`). With `enqueue="submit"` (seed 001's setting) every NPU
+segment of a job goes to a queue when the job starts, in dependency order, and a queue whose head
+still waits for its inputs holds its engine (the synchronisation between queues the seed describes).
+A free engine starts what its queue holds first; a unit that waits with a higher priority than the
+one an engine runs preempts it:
 
 1. the driver sets PAUSE on that engine; it stops at its next cancellation point (a segment that
    reaches END first is simply waited for);
@@ -54,6 +57,8 @@ PAGE = 4096  # models are placed on DRAM pages
 #: with a wall-clock timeout, no single wait is longer than this many cycles: an engine that never
 #: stops (a hung device) ends in TimeoutError instead of a wait that never returns
 TIMED_WAIT_CYCLES = 1 << 20
+#: when a job's NPU segments reach the operator queues: once their inputs exist, or all at its start
+ENQUEUE_MODES = ("ready", "submit")
 
 
 class Priority(enum.IntEnum):
@@ -250,9 +255,11 @@ class Npu:
 
     `config` a SoC preset (`duo`) or `engines=N` gives N engines; `dispatch` chooses how ready units
     of work reach them: "shared" (one priority queue) or an operator-queue policy ("expected-time",
-    "count", "round-robin"). Thread-safe: every public method and `Job.result` may be called from any
-    thread (one lock serialises device access; a scheduling step is atomic). Usable as a context
-    manager (closes the transport)."""
+    "count", "round-robin"); `enqueue` when a job's segments are queued: "ready" (once their inputs
+    exist) or "submit" (all of them when the job starts; a queue's head waits for its inputs, the
+    seed's synchronisation between queues). Thread-safe: every public method and `Job.result` may be
+    called from any thread (one lock serialises device access; a scheduling step is atomic). Usable
+    as a context manager (closes the transport)."""
 
     def __init__(
         self,
@@ -264,6 +271,7 @@ class Npu:
         trace: Trace | None = None,
         engines: int | None = None,
         dispatch: str = "shared",
+        enqueue: str = "ready",
         **transport_args,
     ):
         cfg = get_config(config)
@@ -305,6 +313,11 @@ class Npu:
             self.dispatch = make_dispatch(dispatch, self.cfg.engines)
         except ValueError as e:
             raise DriverError(f"dispatch: {e}; or 'shared'") from None
+        if enqueue not in ENQUEUE_MODES:
+            raise DriverError(f"enqueue must be one of {', '.join(ENQUEUE_MODES)}, got {enqueue!r}")
+        if enqueue == "submit" and dispatch == "shared":
+            raise DriverError("enqueue='submit' needs per-engine operator queues: choose a dispatch policy")
+        self.enqueue = enqueue
         self.dram_bytes = min(self.cfg.dram_bytes, getattr(self.tr, "dram_bytes", self.cfg.dram_bytes))
         self.models: list[LoadedModel] = []
         self.jobs: list[Job] = []
@@ -617,10 +630,17 @@ class Npu:
     def _next_unit(self, e: Engine) -> Operator | None:
         """The unit `e` starts next (units of jobs that ended meanwhile are dropped)."""
         while True:
+            head = self.dispatch.peek(e.index)
+            if head is not None and not head.job.done() and not self._inputs_exist(head):
+                return None  # enqueued at submission: the head holds its queue until its inputs exist
             op = self.dispatch.next_for(e.index)
             if op is None or not op.job.done():
                 return op
             self.dispatch.finished(op, e.index)
+
+    def _inputs_exist(self, op: Operator) -> bool:
+        job = op.job
+        return all(d in job.done_segs for d in job.model.deps[op.payload])
 
     def _preempt_for_waiting(self) -> None:
         """Pause engines running a lower priority than a unit waiting for them (one engine at a
@@ -640,7 +660,7 @@ class Npu:
         for e in self.engines:
             top = self.dispatch.peek(e.index)
             busy = e.unit is not None and e.pause_req is None
-            if busy and top is not None and top.priority > e.unit.priority:
+            if busy and top is not None and top.priority > e.unit.priority and self._inputs_exist(top):
                 self._guarded(e.unit.job, "pause request", self._request_pause, e, top.job, engine=e)
 
     def _wait_running(self, now: int, bound: int | None = None) -> None:
@@ -745,7 +765,18 @@ class Npu:
 
     def _start(self, job: Job) -> None:
         write_inputs(job.manifest, self.tr, job.inputs, job.env)
+        if self.enqueue == "submit":
+            segs = job.manifest.segments
+            for i in _topological(job.model.deps):
+                if isinstance(segs[i], NpuSegment):
+                    self._submit_segment(job, i)
         self._advance(job)
+
+    def _submit_segment(self, job: Job, i: int) -> None:
+        job.queued.add(i)
+        seg = job.manifest.segments[i]
+        name = f"{job.model.name}#{job.id}:{i}"
+        self.dispatch.submit(Operator(name, self._ref_cycles(seg), job, i, job.priority))
 
     def _ref_cycles(self, seg: NpuSegment) -> int:
         if seg.ref_cycles is not None:
@@ -769,11 +800,7 @@ class Npu:
                 job.done_segs.add(i)
             for i in ready:
                 if i not in host:
-                    job.queued.add(i)
-                    op = Operator(
-                        f"{job.model.name}#{job.id}:{i}", self._ref_cycles(segs[i]), job, i, job.priority
-                    )
-                    self.dispatch.submit(op)
+                    self._submit_segment(job, i)
             if not host:
                 break
         if len(job.done_segs) == len(segs):
@@ -965,3 +992,25 @@ class Npu:
     def utilization(self) -> list[int]:
         """Cycles each engine has run jobs' segments so far."""
         return [e.busy_cycles for e in self.engines]
+
+
+def _topological(deps: list[list[int]]) -> list[int]:
+    """Segment indices with every segment after the ones it reads from (index order where free)."""
+    indeg = [len(set(d)) for d in deps]
+    users: list[list[int]] = [[] for _ in deps]
+    for i, ds in enumerate(deps):
+        for d in set(ds):
+            users[d].append(i)
+    heap = [i for i, n in enumerate(indeg) if n == 0]
+    heapq.heapify(heap)
+    out = []
+    while heap:
+        i = heapq.heappop(heap)
+        out.append(i)
+        for u in users[i]:
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                heapq.heappush(heap, u)
+    if len(out) != len(deps):
+        raise DriverError("the segments' dependencies form a cycle")
+    return out

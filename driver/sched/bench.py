@@ -90,10 +90,11 @@ def run_once(
     arrivals: list[tuple[int, int]],
     policy: str,
     instances: int,
+    enqueue: str = "ready",
 ) -> dict:
     """One run: submit every job at its arrival, drive the device to the end, collect the figures.
     Module level, so `run_on_rtl` can run it inside the simulation (`transport` None: the model)."""
-    npu = Npu("model", cfg, transport=transport, dispatch=policy, preempt=False)
+    npu = Npu("model", cfg, transport=transport, dispatch=policy, preempt=False, enqueue=enqueue)
     models = [npu.load(a.container, a.name, instances=instances) for a in apps]
     t0 = npu.tr.now() + 1
     jobs = [(i, models[i].submit(apps[i].x, at=t0 + t, int8=True)) for t, i in arrivals]
