@@ -13,8 +13,11 @@ The mix makes the seed's case common: `longconv`'s one long convolution (352k cy
 same work per job, and `planning`, a short MLP. Counting puts part of such a burst behind the long
 operator; the expected time does not. With `inception_small` as the third app (operators of up to
 78k cycles, four branches at a time, half of the load) every queue is deep with its own operators and
-counting does about as well (docs/driver.md). At 100 jobs per application the p99 is about the
-second-largest latency, so one seed's cut varies by about +-10 points: compare several `--seed`s.
+counting does about as well (docs/driver.md). Each model is loaded once per engine by default, so
+few jobs are in flight and a queue holds few operators of very different sizes (the seed's case);
+with more copies every queue fills with operators of every application and counting follows the
+work (`--instances`). At 100 jobs per application the p99 is about the second-largest latency, so
+one seed's cut varies by about +-10 points: compare several `--seed`s.
 
 Everything talks to an `Npu` through a transport, so the same run executes on the golden model and
 (inside the simulation, `driver/rtl.py`) on the SoC's RTL.
@@ -36,7 +39,7 @@ from ..transport import Transport
 #: the default mix: one long convolution, a short MLP, bursts of short convolutions (seed 001's case)
 APPS = ("longconv", "planning", "multipath")
 POLICIES = ("expected-time", "count", "round-robin")
-RTL_DRAM = 2 << 20  # the simulated DRAM of the RTL comparison: every app twice (1.4 MB) and save areas
+RTL_DRAM = 2 << 20  # simulated DRAM of the RTL comparison per copy per engine: every app twice (1.4 MB)
 
 
 @dataclass
@@ -140,6 +143,7 @@ def bench_opqueue(
     rtl_config: str = "default",
     rtl_load: float = 0.8,
     rtl_jobs: int = 4,
+    instances: int = 1,
     apps: tuple[str, ...] = APPS,
     cache: Path | None = None,
     progress=None,
@@ -147,7 +151,9 @@ def bench_opqueue(
     """Every policy at every load for each engine count on the model, for `seeds` seeds of the
     arrivals from `seed` on (`p99_cut_mean`: each cut's mean over them; with 100 jobs per application
     one seed's p99 is about its second-largest latency); optionally 2 engines on the RTL at one load
-    (`rtl_jobs` jobs per application, models compiled for `rtl_config`, seed `seed`). JSON-ready."""
+    (`rtl_jobs` jobs per application, models compiled for `rtl_config`, seed `seed`). Each model is
+    loaded `instances` times per engine: that many of its jobs per engine may be in flight, later
+    arrivals wait for a free copy. JSON-ready."""
     say = progress or (lambda msg: None)
     base = get_config(config)
     built = build_apps(base.name, apps, cache)
@@ -161,7 +167,7 @@ def bench_opqueue(
                 arr = poisson_arrivals(built, n, load, jobs, s)
                 for policy in policies:
                     say(f"model: seed {s}, {n} engines, load {load}, {policy}")
-                    r = run_once(None, cfg, built, arr, policy, instances=2 * n)
+                    r = run_once(None, cfg, built, arr, policy, instances=instances * n)
                     r.pop("outputs")
                     runs_s.append({"backend": "model", "load": load, **r, "seed": s})
         cuts.append(_p99_cuts(runs_s))
@@ -179,6 +185,7 @@ def bench_opqueue(
             for a in built
         ],  # fmt: skip
         "jobs_per_app": jobs,
+        "instances_per_engine": instances,
         "seed": seed,
         "seeds": list(range(seed, seed + seeds)),
         "runs": runs,
@@ -194,7 +201,9 @@ def bench_opqueue(
         "scaling": scaling(built, base, seed, jobs=max(4, jobs // 4), say=say),
     }
     if rtl:
-        result["rtl"] = rtl_compare(rtl_config, rtl_load, rtl_jobs, seed, policies, apps, cache, say)
+        result["rtl"] = rtl_compare(
+            rtl_config, rtl_load, rtl_jobs, seed, policies, apps, cache, say, instances
+        )
         runs += result["rtl"]["runs"]
         result["p99_cut"] += _p99_cuts(result["rtl"]["runs"])
     return result
@@ -235,7 +244,9 @@ def scaling(apps: list[App], base: NpuConfig, seed: int, jobs: int, say=lambda m
     return out
 
 
-def rtl_compare(config: str, load: float, jobs: int, seed: int, policies, apps, cache, say) -> dict:
+def rtl_compare(
+    config: str, load: float, jobs: int, seed: int, policies, apps, cache, say, instances: int = 1
+) -> dict:
     """2 engines at one load on the SoC's RTL and on its golden model: the same arrivals."""
     from ..rtl import run_on_rtl
 
@@ -245,8 +256,9 @@ def rtl_compare(config: str, load: float, jobs: int, seed: int, policies, apps, 
     runs, agree = [], True
     for policy in policies:
         say(f"rtl: 2 engines, load {load}, {policy} (model, then RTL)")
-        m = run_once(None, cfg, built, arr, policy, instances=2)
-        r = run_on_rtl(run_once, cfg, built, arr, policy, 2, config=cfg, dram_bytes=RTL_DRAM)
+        m = run_once(None, cfg, built, arr, policy, instances=2 * instances)
+        r = run_on_rtl(run_once, cfg, built, arr, policy, 2 * instances, config=cfg,
+                       dram_bytes=RTL_DRAM * instances)  # fmt: skip
         agree &= m.pop("outputs") == r.pop("outputs")
         runs.append({"backend": "rtl", "load": load, **r})
         runs.append({"backend": "model-vs-rtl", "load": load, **m,

@@ -49,7 +49,7 @@ class Prepared:
 
 
 def zoo_spec(spec: str) -> tuple[str, dict[str, int]]:
-    """"fc_deep(layers=26)" -> ("fc_deep", {"layers": 26}): a zoo model and its builder's parameters."""
+    """ "fc_deep(layers=26)" -> ("fc_deep", {"layers": 26}): a zoo model and its builder's parameters."""
     name, _, args = spec.partition("(")
     params = {}
     for kv in filter(None, args.rstrip(")").split(",")):

@@ -65,6 +65,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int_in(0), default=1, help="opqueue: seed of the Poisson arrivals")
     p.add_argument(
+        "--instances",
+        type=int_in(1, 8),
+        default=1,
+        help="opqueue: copies of each model per engine (how many of an application's jobs per engine "
+        "may be in flight; later arrivals wait for a copy)",
+    )
+    p.add_argument(
         "--seeds",
         type=int_in(1, 100),
         default=1,
@@ -127,6 +134,7 @@ def _opqueue(cfg: NpuConfig, args: argparse.Namespace):
         seeds=args.seeds,
         rtl=args.backend == "rtl",
         rtl_jobs=args.rtl_jobs,
+        instances=args.instances,
         progress=lambda msg: print(f"bench opqueue: {msg}", file=sys.stderr, flush=True),
     )
     return result, format_opqueue

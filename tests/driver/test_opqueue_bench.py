@@ -58,6 +58,7 @@ def test_bench_opqueue_figures_are_consistent(tmp_path):
         assert all(0 < u <= 1 for u in x["engine_utilization"]) and x["imbalance"] >= 1
         assert all(a["p99_latency"] >= a["mean_latency"] > 0 for a in x["apps"])
     assert len(r["p99_cut"]) == 1
+    assert r["instances_per_engine"] == 1
     s = r["scaling"]["engines"]
     assert s["1"]["speedup"] == 1 and s["4"]["speedup"] > s["2"]["speedup"] > 1
     json.dumps(r)
