@@ -2,11 +2,12 @@
 
 Stage 0 asks the scratchpad for one step's operands, `clusters` A lane words and `pes_per_cluster`
 B^T lane words (rows past m or n are not read); a banked scratchpad may grant them over several
-cycles (operands that arrive early wait in registers). The cycle after the last grant, stage 1 has
-them all and every PE (i, j) adds the `lanes`-long dot product of A row i and B^T row j to its int32
-accumulator. After the last k step of an output tile each cluster writes its
-row of `pes_per_cluster` int32 results (added to the old C row when accumulating) to the
-accumulator memory, while the next tile starts. Loop order: m tiles, n tiles, k steps.
+cycles (operands that arrive early wait in registers). The cycle after the last grant, stage P has
+them all and registers the products of every PE's lanes (the block-RAM read and the multiplies take
+a cycle of their own: Fmax); then stage 1 adds each PE (i, j)'s `lanes` products, the dot product of
+A row i and B^T row j, to its int32 accumulator. After the last k step of an output tile each
+cluster writes its row of `pes_per_cluster` int32 results (added to the old C row when accumulating)
+to the accumulator memory, while the next tile starts. Loop order: m tiles, n tiles, k steps.
 """
 
 from __future__ import annotations
@@ -64,11 +65,12 @@ class MatrixUnit(wiring.Component):
         # stage 0 asks for one step's operands (and, at the last k step of an accumulating MATMUL,
         # the C rows) until all are granted; stage 1 computes the cycle after, and at the last k step
         # writes the C rows, holding until the accumulators have taken every row
+        vp = Signal()  # stage P holds a step (its operands in gather's registers)
         v1 = Signal()  # stage 1 holds a step
         s1_done = Signal()  # ... and finishes with it this cycle
-        kb0_1 = Signal()
-        last_k1 = Signal()
-        last1 = Signal()  # the instruction's last step
+        kb0_p, kb0_1 = Signal(), Signal()
+        last_kp, last_k1 = Signal(), Signal()
+        last_p, last1 = Signal(), Signal()  # the instruction's last step
         issuing = Signal()  # stage 0 has steps left to issue
         last_k = Signal()
         m.d.comb += last_k.eq(kb == KB - 1)
@@ -94,9 +96,13 @@ class MatrixUnit(wiring.Component):
                 m.d.comb += nd.eq(issuing & ~empty & last_k & f.accumulate & (mb * CM + i < f.m))
                 c_addr.append(addr)
             need.append(nd)
-        s1_free = Signal()  # stage 1 can take a step (its operand registers are free)
+        s1_free = Signal()  # stage 1 can take a step (its product registers are free)
         m.d.comb += s1_free.eq(~v1 | s1_done)
-        step_done, vals = gather(m, ports, need, issuing & ~empty, s1_free)
+        xfer = Signal()  # stage P hands its products to stage 1
+        m.d.comb += xfer.eq(vp & s1_free)
+        p_free = Signal()  # stage P can take a step (gather's registers may be refilled)
+        m.d.comb += p_free.eq(~vp | s1_free)
+        step_done, vals = gather(m, ports, need, issuing & ~empty, p_free)
         a_vals, b_vals, c_vals = vals[:CM], vals[CM : CM + CN], vals[CM + CN :]
         # lanes past k read as zero
         lane_ok = [Signal(name=f"lane_ok{t}") for t in range(L)]
@@ -109,10 +115,20 @@ class MatrixUnit(wiring.Component):
 
         accs = [[Signal(signed(32), name=f"acc{i}_{j}") for j in range(CN)] for i in range(CM)]
         sums = [[Signal(signed(32), name=f"sum{i}_{j}") for j in range(CN)] for i in range(CM)]
+        # stage P: the products, registered as stage 1 takes the step; the old C rows go along
+        old_c = [Signal(len(v), name=f"old_c{i}") for i, v in enumerate(c_vals)]
+        for i, v in enumerate(c_vals):
+            with m.If(xfer):
+                m.d.sync += old_c[i].eq(v)
         for i in range(CM):
             for j in range(CN):
-                dot = sum(lane(a_vals[i], t) * b_vals[j][8 * t : 8 * t + 8].as_signed() for t in range(L))
-                m.d.comb += sums[i][j].eq(Mux(kb0_1, 0, accs[i][j]) + dot)
+                prods = []
+                for t in range(L):
+                    pr = Signal(signed(16), name=f"prod{i}_{j}_{t}")
+                    with m.If(xfer):
+                        m.d.sync += pr.eq(lane(a_vals[i], t) * b_vals[j][8 * t : 8 * t + 8].as_signed())
+                    prods.append(pr)
+                m.d.comb += sums[i][j].eq(Mux(kb0_1, 0, accs[i][j]) + sum(prods))
                 with m.If(v1 & s1_done):
                     m.d.sync += accs[i][j].eq(sums[i][j])
 
@@ -123,13 +139,20 @@ class MatrixUnit(wiring.Component):
             wp = self.c_wports[i]
             row_ok = Signal(name=f"c_row_ok{i}")
             col_ok = [Signal(name=f"c_col_ok{i}_{j}") for j in range(CN)]
+            waddr_p = Signal(len(wp.addr), name=f"c_waddr_p{i}")
+            row_ok_p = Signal(name=f"c_row_ok_p{i}")
+            col_ok_p = [Signal(name=f"c_col_ok_p{i}_{j}") for j in range(CN)]
             with m.If(step_done):
-                m.d.sync += [wp.addr.eq(c_addr[i][lw:]), row_ok.eq(mb * CM + i < f.m)]
+                m.d.sync += [waddr_p.eq(c_addr[i][lw:]), row_ok_p.eq(mb * CM + i < f.m)]
+            with m.If(xfer):
+                m.d.sync += [wp.addr.eq(waddr_p), row_ok.eq(row_ok_p)]
             new = []
             for j in range(CN):
                 with m.If(step_done):
-                    m.d.sync += col_ok[j].eq((nb * CN + j) < f.n)
-                old = c_vals[i][32 * j : 32 * j + 32].as_signed()
+                    m.d.sync += col_ok_p[j].eq((nb * CN + j) < f.n)
+                with m.If(xfer):
+                    m.d.sync += col_ok[j].eq(col_ok_p[j])
+                old = old_c[i][32 * j : 32 * j + 32].as_signed()
                 new.append((Mux(f.accumulate, old, 0) + sums[i][j])[:32])
             wn = Signal(name=f"c_wneed{i}")
             m.d.comb += wn.eq(v1 & last_k1 & row_ok)
@@ -149,9 +172,11 @@ class MatrixUnit(wiring.Component):
         # loop counters (stage 0) and the hand-over to stage 1
         last_step = Signal()
         m.d.comb += last_step.eq(last_k & (nb == NB - 1) & (mb == MB - 1))
-        m.d.sync += v1.eq(step_done | (v1 & ~s1_done))
+        m.d.sync += [vp.eq(step_done | (vp & ~s1_free)), v1.eq(xfer | (v1 & ~s1_done))]
         with m.If(step_done):
-            m.d.sync += [kb0_1.eq(kb == 0), last_k1.eq(last_k), last1.eq(last_step)]
+            m.d.sync += [kb0_p.eq(kb == 0), last_kp.eq(last_k), last_p.eq(last_step)]
+        with m.If(xfer):
+            m.d.sync += [kb0_1.eq(kb0_p), last_k1.eq(last_kp), last1.eq(last_p)]
         with m.If(issuing & (empty | (step_done & last_step))):
             m.d.sync += issuing.eq(0)
         finished = Signal()
