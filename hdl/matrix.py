@@ -63,8 +63,9 @@ class MatrixUnit(wiring.Component):
         m.d.comb += empty.eq((f.m == 0) | (f.n == 0))
 
         # stage 0 asks for one step's operands (and, at the last k step of an accumulating MATMUL,
-        # the C rows) until all are granted; stage 1 computes the cycle after, and at the last k step
-        # writes the C rows, holding until the accumulators have taken every row
+        # the C rows) until all are granted; stage P multiplies the cycle after (holding while stage
+        # 1 is busy); stage 1 accumulates, and at the last k step writes the C rows, holding until
+        # the accumulators have taken every row
         vp = Signal()  # stage P holds a step (its operands in gather's registers)
         v1 = Signal()  # stage 1 holds a step
         s1_done = Signal()  # ... and finishes with it this cycle
