@@ -301,7 +301,7 @@ def gemm_reference(
     """numpy reference of `gemm_program` (int8 in, int8 out)."""
     acc = a.astype(np.int64) @ bt.astype(np.int64).T
     acc = acc.astype(np.int32).astype(np.int64)
-    return requant(acc, mult, shift, zp_out, zp_out if relu else -128, 127)
+    return requant(acc, mult, shift, zp_out, zp_out if relu else -128, 127).astype(np.int8)
 
 
 def requant_params(k: int) -> tuple[int, int]:

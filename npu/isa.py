@@ -141,6 +141,30 @@ def _two_operand_requant() -> list[Field]:
     ]
 
 
+def _i16(operand: str, doc: str) -> Field:
+    """A flag that makes an operand's elements int16 (docs/isa.md, "int16 activations")."""
+    return Field(f"{operand}_i16", 1, doc=doc)
+
+
+def _i16_operands(*operands: str) -> list[Field]:
+    return [_i16(o, f"{o} is int16" + ("; lo and hi bound its high byte" if o == "dst" else ""))
+            for o in operands]  # fmt: skip
+
+
+def elem_bytes(f: dict, operand: str) -> int:
+    """Bytes of one element of `operand` ("a", "src", "dst", ...) of a decoded instruction's fields:
+    2 when its `<operand>_i16` flag is set, else 1 (int32 accumulator sources are not counted here)."""
+    return 2 if f.get(f"{operand}_i16", 0) else 1
+
+
+def clamp_bounds(f: dict) -> tuple[int, int]:
+    """The clamp bounds of a requantising instruction: `lo`, `hi` for an int8 destination; for an
+    int16 one they bound its high byte: lo * 256 .. hi * 256 + 255."""
+    if f.get("dst_i16", 0):
+        return f["lo"] * 256, f["hi"] * 256 + 255
+    return f["lo"], f["hi"]
+
+
 def _rows_fields(*operands: str) -> list[Field]:
     """rows, cols and a row stride per operand: an element-wise instruction's 2-D walk."""
     return [
@@ -170,6 +194,7 @@ FORMATS: dict[Opcode, tuple[Field, ...]] = {
         Field("pad_left", 16, doc="bytes of pad_value before each row"),
         Field("pad_right", 16, doc="bytes of pad_value after each row"),
         Field("pad_value", 8, signed=True, doc="int8 fill value of the padding"),
+        _i16("pad", "int16 padding: elements of pad_value * 256 (pad_left, pad_right even)"),
     ),
     Opcode.STORE: (
         _addr("spad", "on-chip source (scratchpad or accumulator bytes)"),
@@ -190,6 +215,7 @@ FORMATS: dict[Opcode, tuple[Field, ...]] = {
         Field("b_stride", 20, doc="bytes between rows of B^T"),
         Field("c_stride", 20, doc="bytes between rows of C"),
         Field("accumulate", 1, doc="0: C = A.B; 1: C += A.B"),
+        _i16("a", "A is int16 (2 bytes an element, little endian)"),
     ),
     Opcode.VMAP: (
         _addr("src", "source: int8 in the scratchpad or int32 in the accumulators"),
@@ -200,6 +226,8 @@ FORMATS: dict[Opcode, tuple[Field, ...]] = {
         Field("per_col", 1, doc="1: column c uses mults[c] and shifts[c] instead of mult and shift"),
         _addr("mults", "per_col: cols int32 multipliers (little endian) in the scratchpad"),
         _addr("shifts", "per_col: cols rounding shifts (bytes, 0..62) in the scratchpad"),
+        _i16("src", "the scratchpad source is int16 (src_type=i8 only)"),
+        _i16("dst", "dst is int16; lo and hi bound its high byte"),
     ),
     Opcode.VLUT: (
         _addr("src", "int8 source in the scratchpad"),
@@ -214,6 +242,7 @@ FORMATS: dict[Opcode, tuple[Field, ...]] = {
         *_rows_fields("a", "b", "dst"),  # b_stride 0: b is one row, broadcast
         Field("mult", 32, signed=True, default=1, doc="int32 multiplier of the product"),
         *_two_operand_requant(),
+        *_i16_operands("a", "b", "dst"),
     ),
     Opcode.VADD: (
         _addr("a", "first int8 operand"),
@@ -223,6 +252,7 @@ FORMATS: dict[Opcode, tuple[Field, ...]] = {
         Field("mult_a", 32, signed=True, default=1, doc="int32 multiplier of a"),
         Field("mult_b", 32, signed=True, default=1, doc="int32 multiplier of b"),
         *_two_operand_requant(),
+        *_i16_operands("a", "b", "dst"),
     ),
     Opcode.POOL: (
         _addr("src", "input, int8 HWC with row pitch in_w * channels"),
@@ -237,6 +267,7 @@ FORMATS: dict[Opcode, tuple[Field, ...]] = {
         Field("sw", 8, doc="horizontal stride"),
         Field("mode", 1, kind="enum", choices=("max", "avg"), doc="max or average"),
         *_requant_fields(),
+        *_i16_operands("src", "dst"),
     ),
 }
 
@@ -463,19 +494,19 @@ def footprint(i: Instr) -> tuple[list[Span], list[Span]]:
     elif op == Opcode.MATMUL:
         m, n, k = f["m"], f["n"], f["k"]
         if k > 0:
-            r.append(("onchip", extent(f["a"], m, k, f["a_stride"])))
+            r.append(("onchip", extent(f["a"], m, elem_bytes(f, "a") * k, f["a_stride"])))
             r.append(("onchip", extent(f["b"], n, k, f["b_stride"])))
         c = ("onchip", extent(f["c"], m, 4 * n, f["c_stride"]))
         w.append(c)
         if f["accumulate"]:
             r.append(c)
     elif op == Opcode.VMAP:
-        es = 4 if f["src_type"] else 1
+        es = 4 if f["src_type"] else elem_bytes(f, "src")
         r.append(("onchip", extent(f["src"], f["rows"], es * f["cols"], f["src_stride"])))
         if f["per_col"] and f["rows"] and f["cols"]:
             r.append(("onchip", (f["mults"], f["mults"] + 4 * f["cols"])))
             r.append(("onchip", (f["shifts"], f["shifts"] + f["cols"])))
-        w.append(("onchip", extent(f["dst"], f["rows"], f["cols"], f["dst_stride"])))
+        w.append(("onchip", extent(f["dst"], f["rows"], elem_bytes(f, "dst") * f["cols"], f["dst_stride"])))
     elif op == Opcode.VLUT:
         if f["rows"] and f["cols"]:
             r.append(("onchip", extent(f["src"], f["rows"], f["cols"], f["src_stride"])))
@@ -483,20 +514,21 @@ def footprint(i: Instr) -> tuple[list[Span], list[Span]]:
             w.append(("onchip", extent(f["dst"], f["rows"], f["cols"], f["dst_stride"])))
     elif op == Opcode.VMUL:
         if f["rows"] and f["cols"]:
-            r.append(("onchip", extent(f["a"], f["rows"], f["cols"], f["a_stride"])))
-            r.append(("onchip", extent(f["b"], f["rows"], f["cols"], f["b_stride"])))
-            w.append(("onchip", extent(f["dst"], f["rows"], f["cols"], f["dst_stride"])))
+            for x, spans in (("a", r), ("b", r), ("dst", w)):
+                spans.append(
+                    ("onchip", extent(f[x], f["rows"], elem_bytes(f, x) * f["cols"], f[f"{x}_stride"]))
+                )
     elif op == Opcode.VADD:
         n = f["len"]
-        r.append(("onchip", (f["a"], f["a"] + n)))
-        r.append(("onchip", (f["b"], f["b"] + n)))
-        w.append(("onchip", (f["dst"], f["dst"] + n)))
+        r.append(("onchip", (f["a"], f["a"] + elem_bytes(f, "a") * n)))
+        r.append(("onchip", (f["b"], f["b"] + elem_bytes(f, "b") * n)))
+        w.append(("onchip", (f["dst"], f["dst"] + elem_bytes(f, "dst") * n)))
     elif op == Opcode.POOL:
         c, oh, ow = f["channels"], f["out_h"], f["out_w"]
         if c and oh and ow:
             in_rows = (oh - 1) * f["sh"] + f["kh"]
-            r.append(("onchip", (f["src"], f["src"] + in_rows * f["in_w"] * c)))
-            w.append(("onchip", (f["dst"], f["dst"] + oh * ow * c)))
+            r.append(("onchip", (f["src"], f["src"] + in_rows * f["in_w"] * c * elem_bytes(f, "src"))))
+            w.append(("onchip", (f["dst"], f["dst"] + oh * ow * c * elem_bytes(f, "dst"))))
     spans = lambda xs: [Span(s, a, b) for s, (a, b) in xs if b > a]  # noqa: E731
     return spans(r), spans(w)
 
@@ -534,6 +566,10 @@ def validate(i: Instr, cfg: NpuConfig) -> None:
         raise _err(ErrorCode.ILLEGAL_FIELD, i, f"clamp lo={f['lo']} > hi={f['hi']}")
     if op == Opcode.VMAP and f["src_type"] == 1 and f["zp_in"] != 0:
         raise _err(ErrorCode.ILLEGAL_FIELD, i, "zp_in must be 0 for an int32 source")
+    if op == Opcode.VMAP and f["src_type"] == 1 and f["src_i16"]:
+        raise _err(ErrorCode.ILLEGAL_FIELD, i, "src_i16 is for a scratchpad source (src_type=i8)")
+    if op == Opcode.LOAD and f["pad_i16"] and (f["pad_left"] % 2 or f["pad_right"] % 2):
+        raise _err(ErrorCode.ILLEGAL_FIELD, i, "int16 padding needs even pad_left and pad_right (bytes)")
     if op == Opcode.VMAP and f["per_col"] and f["cols"] > PER_COL_MAX:
         raise _err(
             ErrorCode.ILLEGAL_FIELD, i, f"per_col requantises at most {PER_COL_MAX} columns, cols={f['cols']}"
@@ -609,20 +645,22 @@ def _required_memories(i: Instr):
     out = []
     if op == Opcode.MATMUL:
         if f["k"] and f["m"]:
-            out.append((extent(f["a"], f["m"], f["k"], f["a_stride"]), "spad", "A"))
+            out.append((extent(f["a"], f["m"], elem_bytes(f, "a") * f["k"], f["a_stride"]), "spad", "A"))
         if f["k"] and f["n"]:
             out.append((extent(f["b"], f["n"], f["k"], f["b_stride"]), "spad", "B"))
         out.append((extent(f["c"], f["m"], 4 * f["n"], f["c_stride"]), "acc", "C"))
     elif op == Opcode.VMAP:
-        es = 4 if f["src_type"] else 1
+        es = 4 if f["src_type"] else elem_bytes(f, "src")
         out.append(
             (
                 extent(f["src"], f["rows"], es * f["cols"], f["src_stride"]),
                 "acc" if f["src_type"] else "spad",
-                "an int32 source" if f["src_type"] else "an int8 source",
+                "an int32 source" if f["src_type"] else "a scratchpad source",
             )
         )
-        out.append((extent(f["dst"], f["rows"], f["cols"], f["dst_stride"]), "spad", "dst"))
+        out.append(
+            (extent(f["dst"], f["rows"], elem_bytes(f, "dst") * f["cols"], f["dst_stride"]), "spad", "dst")
+        )
         if f["per_col"] and f["rows"] and f["cols"]:
             out.append(((f["mults"], f["mults"] + 4 * f["cols"]), "spad", "mults"))
             out.append(((f["shifts"], f["shifts"] + f["cols"]), "spad", "shifts"))
@@ -637,23 +675,33 @@ def _check_overlap(i: Instr) -> None:
     """A destination may not overlap a source unless it is the identical element-wise operand."""
     f = i.fields
     spans: list[tuple[tuple[int, int], tuple[int, int]]] = []
+
+    # "identical" includes the element type: an operand read as int8 and written as int16 in place
+    # would be overwritten before it is read
+    def same(x: str, stride: bool = True) -> bool:
+        return (f[x] == f["dst"] and (not stride or f[f"{x}_stride"] == f["dst_stride"])
+                and elem_bytes(f, x) == elem_bytes(f, "dst"))  # fmt: skip
+
     if (i.op == Opcode.VMAP and f["src_type"] == 0) or i.op == Opcode.VLUT:
-        if not (f["src"] == f["dst"] and f["src_stride"] == f["dst_stride"]):
+        if not same("src"):
             spans.append(
                 (
-                    extent(f["src"], f["rows"], f["cols"], f["src_stride"]),
-                    extent(f["dst"], f["rows"], f["cols"], f["dst_stride"]),
+                    extent(f["src"], f["rows"], elem_bytes(f, "src") * f["cols"], f["src_stride"]),
+                    extent(f["dst"], f["rows"], elem_bytes(f, "dst") * f["cols"], f["dst_stride"]),
                 )
             )
     elif i.op == Opcode.VMUL:
-        d = extent(f["dst"], f["rows"], f["cols"], f["dst_stride"])
+        d = extent(f["dst"], f["rows"], elem_bytes(f, "dst") * f["cols"], f["dst_stride"])
         for x in ("a", "b"):
-            if not (f[x] == f["dst"] and f[f"{x}_stride"] == f["dst_stride"]):
-                spans.append((extent(f[x], f["rows"], f["cols"], f[f"{x}_stride"]), d))
+            if not same(x):
+                spans.append((extent(f[x], f["rows"], elem_bytes(f, x) * f["cols"], f[f"{x}_stride"]), d))
     elif i.op == Opcode.VADD:
+        n = f["len"]
         for x in ("a", "b"):
-            if f[x] != f["dst"]:
-                spans.append(((f[x], f[x] + f["len"]), (f["dst"], f["dst"] + f["len"])))
+            if not same(x, stride=False):
+                spans.append(
+                    ((f[x], f[x] + elem_bytes(f, x) * n), (f["dst"], f["dst"] + elem_bytes(f, "dst") * n))
+                )
     elif i.op == Opcode.POOL:
         reads, writes = footprint(i)
         if reads and writes:

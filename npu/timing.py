@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from npu.config import ACC_BASE, NpuConfig
-from npu.isa import LUT_BYTES, Instr, Opcode
+from npu.isa import LUT_BYTES, Instr, Opcode, elem_bytes
 
 from .arith import cdiv
 
@@ -75,52 +75,81 @@ def _most_per_bank(banks: np.ndarray, valid: np.ndarray, nbanks: int) -> np.ndar
     return onehot.sum(axis=-2).max(axis=-1)
 
 
+def matmul_k_steps(f: dict, cfg: NpuConfig) -> int:
+    """k steps of one MATMUL tile: `lanes` elements a step, `lanes / 2` with int16 A (a step reads
+    one A word of `lanes` bytes either way)."""
+    return max(1, cdiv(elem_bytes(f, "a") * f["k"], cfg.lanes))
+
+
 def banked_matmul_steps(f: dict, cfg: NpuConfig) -> int:
     """Cycles of a MATMUL's steps on banked memories: each step takes as many cycles as the most
-    operand reads one scratchpad bank serves (rows past m or n are not read); the bank pattern of a
-    tile shifts by one bank per k step, so it is counted at k step 0 for every tile. At a tile's last
+    operand reads one scratchpad bank serves (rows past m or n are not read). A step reads A word
+    a0 + s and B word b0 + s (b0 + s // 2 with int16 A), so the banks' pattern repeats with the
+    banks per region: it is counted at k steps 0 .. P - 1 (P - 1 at most) and weighted. At a tile's last
     k step the C rows are read (when accumulating) and written, one per accumulator bank a cycle."""
     CM, CN, L = cfg.clusters, cfg.pes_per_cluster, cfg.lanes
-    MB, NB, KB = cdiv(f["m"], CM), cdiv(f["n"], CN), max(1, cdiv(f["k"], L))
+    MB, NB, KB = cdiv(f["m"], CM), cdiv(f["n"], CN), matmul_k_steps(f, cfg)
     nbanks = cfg.spad_banks
+    P = nbanks // 2
     ra = np.arange(MB)[:, None] * CM + np.arange(CM)
     rb = np.arange(NB)[:, None] * CN + np.arange(CN)
-    ba = spad_bank((f["a"] + ra * f["a_stride"]) // L, cfg)
-    bb = spad_bank((f["b"] + rb * f["b_stride"]) // L, cfg)
-    ca = ((ba[..., None] == np.arange(nbanks)) & (ra < f["m"])[..., None]).sum(axis=1).astype(np.int32)
-    cb = ((bb[..., None] == np.arange(nbanks)) & (rb < f["n"])[..., None]).sum(axis=1).astype(np.int32)
+    wide = elem_bytes(f, "a") == 2
+    steps = range(min(KB, 2 * P)) if wide else range(1)
+
+    def per_bank(words: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        """Reads of each tile row group in each bank: (tiles, banks)."""
+        hits = (spad_bank(words, cfg)[..., None] == np.arange(nbanks)) & valid[..., None]
+        return hits.sum(axis=1).astype(np.int32)
+
+    wa, wb = (f["a"] + ra * f["a_stride"]) // L, (f["b"] + rb * f["b_stride"]) // L
+    ca = [per_bank(wa + s, ra < f["m"]) for s in steps]
+    cb = [per_bank(wb + (s // 2 if wide else s), rb < f["n"]) for s in steps]
+    # how many of the KB steps share each counted step's pattern (period 2P with int16 A)
+    weight = [len(range(s, KB, 2 * P)) for s in steps] if wide else [KB]
     # C rows (accumulators): written at the last k step, each bank taking one a cycle (stage 1 holds
     # for the rest); read at that step too when accumulating
     W = cfg.bus_bytes
     rc = (f["c"] - ACC_BASE) // W + ra * (f["c_stride"] // W)  # (MB, CM) word of each C row at nb = 0
     total = 0
+    last_s = steps.index((KB - 1) % (2 * P)) if wide else 0  # the pattern of the last k step
     for m0 in range(0, MB, 256):  # bounded memory for very tall MATMULs
-        step = (ca[m0 : m0 + 256, None, :] + cb[None, :, :]).max(axis=2)  # (mb, nb)
+        pats = [
+            (a[m0 : m0 + 256, None, :] + b[None, :, :]).max(axis=2) for a, b in zip(ca, cb, strict=True)
+        ]  # (mb, nb)
         words = rc[m0 : m0 + 256, None, :] + np.arange(NB)[None, :, None]  # (mb, nb, CM)
         valid = np.broadcast_to((ra[m0 : m0 + 256] < f["m"])[:, None, :], words.shape)
         cmult = _most_per_bank(spad_bank(words, cfg, "acc"), valid, nbanks)
+        step = pats[last_s]
         last = np.maximum(step, cmult) if f["accumulate"] else step
-        total += int(step.sum()) * (KB - 1) + int(last.sum()) + int((cmult - 1).clip(0).sum())
+        total += sum(int(p.sum()) * w for p, w in zip(pats, weight, strict=True)) - int(step.sum())
+        total += int(last.sum()) + int((cmult - 1).clip(0).sum())
     return total
 
 
+def vector_elems(f: dict, cfg: NpuConfig, *operands: str) -> int:
+    """Elements a vector step takes: `vector_lanes`, half that when one of the operands (or dst) is
+    int16 (a step reads and writes at most `vector_lanes` bytes of each)."""
+    return cfg.vector_lanes // max(elem_bytes(f, o) for o in (*operands, "dst"))
+
+
 def banked_vector_steps(
-    a: int, b: int, rows: int, cols: int, a_stride: int, b_stride: int, cfg: NpuConfig
-) -> int:
+    a: int, b: int, rows: int, cols: int, a_stride: int, b_stride: int, cfg: NpuConfig,
+    es: tuple[int, int] = (1, 1), per_step: int | None = None,
+) -> int:  # fmt: skip
     """Cycles of the steps of a two-operand vector instruction (VADD: one row; VMUL) on a banked
     scratchpad: a step reads one or two lane words of each operand and takes as many cycles as the
-    most of them one bank serves."""
-    VL, L = cfg.vector_lanes, cfg.lanes
+    most of them one bank serves. `es`: the operands' element bytes; `per_step`: elements a step."""
+    VL, L = per_step or cfg.vector_lanes, cfg.lanes
     per_row = cdiv(cols, VL)
     off = np.tile(np.arange(per_row) * VL, rows)
     row = np.repeat(np.arange(rows), per_row)
     n = np.minimum(VL, cols - off)
     words, valid = [], []
-    for base, stride in ((a, a_stride), (b, b_stride)):
-        addr = base + row * stride + off
+    for base, stride, e in ((a, a_stride, es[0]), (b, b_stride, es[1])):
+        addr = base + row * stride + off * e
         g = addr // L
         words += [g, g + 1]
-        valid += [np.ones(len(off), bool), addr % L + n > L]
+        valid += [np.ones(len(off), bool), addr % L + n * e > L]
     return int(_most_per_bank(spad_bank(np.stack(words, 1), cfg), np.stack(valid, 1), cfg.spad_banks).sum())
 
 
@@ -142,27 +171,32 @@ def duration(i: Instr, cfg: NpuConfig) -> int:
     if op == Opcode.MATMUL:
         if cfg.spad_banked and f["m"] and f["n"]:
             return cfg.matrix_latency + max(1, banked_matmul_steps(f, cfg))
-        steps = cdiv(f["m"], cfg.clusters) * cdiv(f["n"], cfg.pes_per_cluster) * cdiv(f["k"], cfg.lanes)
+        steps = (
+            cdiv(f["m"], cfg.clusters)
+            * cdiv(f["n"], cfg.pes_per_cluster)
+            * cdiv(elem_bytes(f, "a") * f["k"], cfg.lanes)
+        )
         return cfg.matrix_latency + max(1, steps)
     if op == Opcode.VMAP:
-        steps = f["rows"] * cdiv(f["cols"], cfg.vector_lanes)
+        steps = f["rows"] * cdiv(f["cols"], vector_elems(f, cfg, "src"))
         if f["per_col"] and steps:  # the multipliers' and shifts' steps come first
             steps += cdiv(4 * f["cols"], cfg.vector_lanes) + cdiv(f["cols"], cfg.vector_lanes)
         return cfg.vector_latency + max(1, steps)
     if op == Opcode.VLUT:  # the table's steps, then the elements'
         steps = f["rows"] * cdiv(f["cols"], cfg.vector_lanes)
         return cfg.vector_latency + (LUT_BYTES // cfg.vector_lanes + steps if steps else 1)  # as VMAP
-    if op == Opcode.VMUL:
-        if cfg.spad_banked and f["rows"] and f["cols"]:
+    if op in (Opcode.VMUL, Opcode.VADD):
+        e = vector_elems(f, cfg, "a", "b")
+        es = (elem_bytes(f, "a"), elem_bytes(f, "b"))
+        if op == Opcode.VMUL:
             rc = (f["rows"], f["cols"], f["a_stride"], f["b_stride"])
-            return cfg.vector_latency + banked_vector_steps(f["a"], f["b"], *rc, cfg)
-        return cfg.vector_latency + max(1, f["rows"] * cdiv(f["cols"], cfg.vector_lanes))
-    if op == Opcode.VADD:
-        if cfg.spad_banked and f["len"]:
-            return cfg.vector_latency + banked_vector_steps(f["a"], f["b"], 1, f["len"], 0, 0, cfg)
-        return cfg.vector_latency + max(1, cdiv(f["len"], cfg.vector_lanes))
+        else:
+            rc = (1, f["len"], 0, 0)
+        if cfg.spad_banked and rc[0] and rc[1]:
+            return cfg.vector_latency + banked_vector_steps(f["a"], f["b"], *rc, cfg, es, e)
+        return cfg.vector_latency + max(1, rc[0] * cdiv(rc[1], e))
     if op == Opcode.POOL:
-        steps = f["out_h"] * f["out_w"] * f["kh"] * f["kw"] * cdiv(f["channels"], cfg.vector_lanes)
+        steps = f["out_h"] * f["out_w"] * f["kh"] * f["kw"] * cdiv(f["channels"], vector_elems(f, cfg, "src"))
         return cfg.vector_latency + max(1, steps)
     if op == Opcode.SYNC:
         return 1

@@ -10,7 +10,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from npu.config import ACC_BASE, NpuConfig
-from npu.isa import LUT_BYTES, MAX_SHIFT, Instr, Opcode
+from npu.isa import LUT_BYTES, MAX_SHIFT, Instr, Opcode, clamp_bounds, elem_bytes
 
 
 class OnChip:
@@ -40,6 +40,18 @@ def rows_view(buf: np.ndarray, off: int, rows: int, width: int, stride: int, dty
     return as_strided(base, shape=(rows, width), strides=(stride, es), writeable=True)
 
 
+def read_elems(buf: np.ndarray, off: int, rows: int, cols: int, stride: int, es: int) -> np.ndarray:
+    """rows x cols int8 (es 1) or little-endian int16 (es 2) elements as int64, a copy."""
+    raw = rows_view(buf, off, rows, es * cols, stride).copy()
+    return (raw.view(np.int8) if es == 1 else raw.view("<i2")).astype(np.int64)
+
+
+def to_bytes(y: np.ndarray, es: int) -> np.ndarray:
+    """Elements already clamped to their type as a byte array with rows of `es * cols` bytes."""
+    y = y.astype(np.int8 if es == 1 else "<i2")
+    return y.view(np.uint8).reshape(*y.shape[:-1], es * y.shape[-1])
+
+
 def _put_rows(buf: np.ndarray, off: int, stride: int, data: np.ndarray) -> None:
     """Write a 2-D byte array row by row in order (defined even when rows overlap)."""
     rows, width = data.shape
@@ -64,10 +76,10 @@ def rshift_round(x: np.ndarray, shift: int | np.ndarray) -> np.ndarray:
 
 
 def requant(x: np.ndarray, mult, shift, zp_out: int, lo: int, hi: int) -> np.ndarray:
-    """clamp(zp_out + rsr(x * mult, shift), lo, hi) as int8; `mult` and `shift` may be per-column
+    """clamp(zp_out + rsr(x * mult, shift), lo, hi) as int64; `mult` and `shift` may be per-column
     arrays (broadcast over the rows of x)."""
     y = rshift_round(x.astype(np.int64) * np.asarray(mult, np.int64), shift) + np.int64(zp_out)
-    return np.clip(y, lo, hi).astype(np.int8)
+    return np.clip(y, lo, hi)
 
 
 def exec_load(chip: OnChip, dram: np.ndarray, f: dict) -> None:
@@ -77,6 +89,8 @@ def exec_load(chip: OnChip, dram: np.ndarray, f: dict) -> None:
     if tr == 0 or tw == 0:
         return
     img = np.full((tr, tw), np.uint8(f["pad_value"] & 0xFF), np.uint8)
+    if f["pad_i16"]:  # int16 elements pad_value * 256: low bytes (even columns) zero
+        img[:, 0::2] = 0
     if rows and cols:
         img[pt : pt + rows, pl : pl + cols] = rows_view(dram, f["dram"], rows, cols, f["dram_stride"])
     buf, off = chip.mem(f["spad"])
@@ -99,9 +113,9 @@ def exec_matmul(chip: OnChip, f: dict) -> None:
     acc, coff = chip.mem(f["c"])
     c = rows_view(acc, coff, m, n, f["c_stride"], np.int32)
     if k:
-        a = rows_view(chip.spad, f["a"], m, k, f["a_stride"]).view(np.int8)
+        a = read_elems(chip.spad, f["a"], m, k, f["a_stride"], elem_bytes(f, "a"))
         b = rows_view(chip.spad, f["b"], n, k, f["b_stride"]).view(np.int8)
-        # float64 BLAS is exact here: |sum| <= 65535 * 2**14 < 2**53
+        # float64 BLAS is exact here: |sum| <= 65535 * 2**22 < 2**53
         p = (a.astype(np.float64) @ b.T.astype(np.float64)).astype(np.int64)
     else:
         p = np.zeros((m, n), np.int64)
@@ -118,14 +132,13 @@ def exec_vmap(chip: OnChip, f: dict) -> None:
     if f["src_type"]:
         x = rows_view(buf, off, rows, cols, f["src_stride"], np.int32).astype(np.int64)
     else:
-        x = rows_view(buf, off, rows, cols, f["src_stride"]).view(np.int8).astype(np.int64)
-        x = x - f["zp_in"]
+        x = read_elems(buf, off, rows, cols, f["src_stride"], elem_bytes(f, "src")) - f["zp_in"]
     mult, shift = f["mult"], f["shift"]
     if f["per_col"]:  # per column, read whole before any write; shifts above 62 act as 62
         mult = chip.spad[f["mults"] : f["mults"] + 4 * cols].copy().view("<i4").astype(np.int64)
         shift = np.minimum(chip.spad[f["shifts"] : f["shifts"] + cols] & 63, MAX_SHIFT).astype(np.int64)
-    y = requant(x, mult, shift, f["zp_out"], f["lo"], f["hi"])
-    _put_rows(chip.spad, f["dst"], f["dst_stride"], y.view(np.uint8))
+    y = requant(x, mult, shift, f["zp_out"], *clamp_bounds(f))
+    _put_rows(chip.spad, f["dst"], f["dst_stride"], to_bytes(y, elem_bytes(f, "dst")))
 
 
 def exec_vlut(chip: OnChip, f: dict) -> None:
@@ -142,21 +155,22 @@ def exec_vmul(chip: OnChip, f: dict) -> None:
     rows, cols = f["rows"], f["cols"]
     if rows == 0 or cols == 0:
         return
-    a = rows_view(chip.spad, f["a"], rows, cols, f["a_stride"]).view(np.int8).astype(np.int64) - f["zp_a"]
-    b = rows_view(chip.spad, f["b"], rows, cols, f["b_stride"]).view(np.int8).astype(np.int64) - f["zp_b"]
-    y = requant(a * b, f["mult"], f["shift"], f["zp_out"], f["lo"], f["hi"])
-    _put_rows(chip.spad, f["dst"], f["dst_stride"], y.view(np.uint8))
+    a = read_elems(chip.spad, f["a"], rows, cols, f["a_stride"], elem_bytes(f, "a")) - f["zp_a"]
+    b = read_elems(chip.spad, f["b"], rows, cols, f["b_stride"], elem_bytes(f, "b")) - f["zp_b"]
+    y = requant(a * b, f["mult"], f["shift"], f["zp_out"], *clamp_bounds(f))
+    _put_rows(chip.spad, f["dst"], f["dst_stride"], to_bytes(y, elem_bytes(f, "dst")))
 
 
 def exec_vadd(chip: OnChip, f: dict) -> None:
     n = f["len"]
     if n == 0:
         return
-    a = chip.spad[f["a"] : f["a"] + n].view(np.int8).astype(np.int64) - f["zp_a"]
-    b = chip.spad[f["b"] : f["b"] + n].view(np.int8).astype(np.int64) - f["zp_b"]
+    a = read_elems(chip.spad, f["a"], 1, n, 0, elem_bytes(f, "a"))[0] - f["zp_a"]
+    b = read_elems(chip.spad, f["b"], 1, n, 0, elem_bytes(f, "b"))[0] - f["zp_b"]
     s = a * f["mult_a"] + b * f["mult_b"]
-    y = np.clip(rshift_round(s, f["shift"]) + f["zp_out"], f["lo"], f["hi"]).astype(np.int8)
-    chip.spad[f["dst"] : f["dst"] + n] = y.view(np.uint8)
+    y = np.clip(rshift_round(s, f["shift"]) + f["zp_out"], *clamp_bounds(f))
+    es = elem_bytes(f, "dst")
+    chip.spad[f["dst"] : f["dst"] + es * n] = to_bytes(y, es)
 
 
 def exec_pool(chip: OnChip, f: dict) -> None:
@@ -165,16 +179,18 @@ def exec_pool(chip: OnChip, f: dict) -> None:
         return
     kh, kw, sh, sw = f["kh"], f["kw"], f["sh"], f["sw"]
     in_rows = (oh - 1) * sh + kh
-    x = chip.spad[f["src"] : f["src"] + in_rows * W * C].view(np.int8).reshape(in_rows, W, C)
+    ei, eo = elem_bytes(f, "src"), elem_bytes(f, "dst")
+    x = read_elems(chip.spad, f["src"], 1, in_rows * W * C, 0, ei).reshape(in_rows, W, C)
     # windows: (oh, ow, kh, kw, C) strided view, no copy
     s0, s1, s2 = x.strides
     win = as_strided(x, shape=(oh, ow, kh, kw, C), strides=(s0 * sh, s1 * sw, s0, s1, s2))
+    lo, hi = clamp_bounds(f)
     if f["mode"] == 0:
-        y = np.clip(win.max(axis=(2, 3)).astype(np.int64), f["lo"], f["hi"]).astype(np.int8)
+        y = np.clip(win.max(axis=(2, 3)), lo, hi)
     else:
-        s = win.astype(np.int64).sum(axis=(2, 3)) - kh * kw * f["zp_in"]
-        y = requant(s, f["mult"], f["shift"], f["zp_out"], f["lo"], f["hi"])
-    chip.spad[f["dst"] : f["dst"] + oh * ow * C] = y.reshape(-1).view(np.uint8)
+        s = win.sum(axis=(2, 3)) - kh * kw * f["zp_in"]
+        y = requant(s, f["mult"], f["shift"], f["zp_out"], lo, hi)
+    chip.spad[f["dst"] : f["dst"] + eo * oh * ow * C] = to_bytes(y.reshape(1, -1), eo)[0]
 
 
 def execute(chip: OnChip, dram: np.ndarray, i: Instr) -> None:
