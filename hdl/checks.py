@@ -10,7 +10,8 @@ instruction enters its buffer, so no stage holds more than one multiplier, one s
   1. first-level products (a row count times a stride, ...), shared by all opcodes: one multiplier
      per slot, its operands chosen by the opcode;
   2. second-level products (POOL's input and output footprints, C * W * rows);
-  3. the footprints' ends (start + product + width);
+  3. the footprints' ends (start + product + width; an int16 operand's width in bytes is its
+     count shifted left by its `*_i16` flag, so element sizes cost no multiplier);
   4. every rule's condition (compares), selected for the word's opcode;
   5. the first rule that fires (a priority tree) gives the code.
 """
@@ -57,37 +58,59 @@ def _level1(op, f) -> list[tuple]:
     if op == Opcode.VMUL:
         return [(f.rows - 1, f.a_stride), (f.rows - 1, f.b_stride), (f.rows - 1, f.dst_stride)]
     if op == Opcode.POOL:
-        return [(f.out_w - 1, f.sw), (f.out_h - 1, f.sh), (f.in_w, f.channels), (f.out_h, f.out_w)]
+        # in_w times the bytes of an input pixel (C elements of 1 or 2 bytes)
+        return [
+            (f.out_w - 1, f.sw),
+            (f.out_h - 1, f.sh),
+            (f.in_w, f.channels << f.src_i16),
+            (f.out_h, f.out_w),
+        ]
     return []
 
 
 def _level2(op, f, p1) -> list[tuple]:
     """Second-level products (of first-level ones), at most L2_SLOTS."""
     if op == Opcode.POOL:
-        # the input rows ((out_h - 1) * sh + kh) times W * C, as two products the next stage adds
-        return [(p1[1], p1[2]), (p1[3], f.channels), (f.kh, p1[2])]
+        # the input rows ((out_h - 1) * sh + kh) times the row bytes, as two products the next stage
+        # adds; the output pixels times the bytes of an output pixel
+        return [(p1[1], p1[2]), (p1[3], f.channels << f.dst_i16), (f.kh, p1[2])]
     return []
 
 
+def _bytes(count, i16):
+    """Bytes of `count` elements, int16 when the 1-bit flag `i16` is set (a shift, no multiplier)."""
+    return count << i16
+
+
+def _src_width(f):
+    """VMAP: bytes of a source row (int32 accumulators, int16 or int8 scratchpad elements)."""
+    return Mux(f.src_type, 4 * f.cols, _bytes(f.cols, f.src_i16))
+
+
 def _sums(op, f, p1, p2) -> list:
-    """The ends of `op`'s footprints (start + (rows - 1) * stride + width) and POOL's window
-    reach, at most SUM_SLOTS: added in a stage of their own, compared in the next."""
+    """The ends of `op`'s footprints (start + (rows - 1) * stride + width, widths in bytes of the
+    operands' element sizes) and POOL's window reach, at most SUM_SLOTS: added in a stage of their
+    own, compared in the next."""
     if op == Opcode.LOAD:
         tw = f.pad_left + f.cols + f.pad_right
         return [f.dram + p1[0] + f.cols, f.spad + p1[1] + tw]
     if op == Opcode.STORE:
         return [f.spad + p1[0] + f.cols, f.dram + p1[1] + f.cols]
     if op == Opcode.MATMUL:
-        return [f.a + p1[0] + f.k, f.b + p1[1] + f.k, f.c + p1[2] + 4 * f.n]
+        return [f.a + p1[0] + _bytes(f.k, f.a_i16), f.b + p1[1] + f.k, f.c + p1[2] + 4 * f.n]
     if op == Opcode.VMAP:
-        w = Mux(f.src_type, 4 * f.cols, f.cols)
-        return [f.src + p1[0] + w, f.dst + p1[1] + f.cols, f.src + p1[0] + f.cols, f.mults + 4 * f.cols]
+        return [
+            f.src + p1[0] + _src_width(f),
+            f.dst + p1[1] + _bytes(f.cols, f.dst_i16),
+            f.mults + 4 * f.cols,
+        ]
     if op == Opcode.VLUT:
         return [f.src + p1[0] + f.cols, f.dst + p1[1] + f.cols, f.table + LUT_BYTES]
     if op == Opcode.VMUL:
-        return [f.a + p1[0] + f.cols, f.b + p1[1] + f.cols, f.dst + p1[2] + f.cols]
+        return [f.a + p1[0] + _bytes(f.cols, f.a_i16), f.b + p1[1] + _bytes(f.cols, f.b_i16),
+                f.dst + p1[2] + _bytes(f.cols, f.dst_i16)]  # fmt: skip
     if op == Opcode.VADD:
-        return [f.a + f.len, f.b + f.len, f.dst + f.len]
+        return [f.a + _bytes(f.len, f.a_i16), f.b + _bytes(f.len, f.b_i16), f.dst + _bytes(f.len, f.dst_i16)]
     if op == Opcode.POOL:
         # src + in_rows * W * C, dst + out_h * out_w * C, (out_w - 1) * sw + kw
         return [f.src + p2[0] + p2[2], f.dst + p2[1], p1[0] + f.kw]
@@ -124,17 +147,16 @@ def _spans(op, f, e):
         ]
     if op == Opcode.MATMUL:
         kz = f.k != 0
-        a = _extent(f.a, f.m, f.k, e[0])
+        a = _extent(f.a, f.m, f.k, e[0])  # 2k bytes with int16 A: nonempty alike
         b = _extent(f.b, f.n, f.k, e[1])
         c = _extent(f.c, f.m, 4 * f.n, e[2])
         return [("onchip", a[0] & kz, a[1], a[2]), ("onchip", b[0] & kz, b[1], b[2]),
                 ("onchip", c[0] & f.accumulate, c[1], c[2]), ("onchip", *c)]  # fmt: skip
     if op == Opcode.VMAP:
-        w = Mux(f.src_type, 4 * f.cols, f.cols)
         pc = f.per_col & (f.rows != 0) & (f.cols != 0)
         return [
-            ("onchip", *_extent(f.src, f.rows, w, e[0])),
-            ("onchip", pc, f.mults, e[3]),
+            ("onchip", *_extent(f.src, f.rows, f.cols, e[0])),
+            ("onchip", pc, f.mults, e[2]),
             ("onchip", pc, f.shifts, f.shifts + f.cols),
             ("onchip", *_extent(f.dst, f.rows, f.cols, e[1])),
         ]
@@ -163,8 +185,7 @@ def _required(op, f, e):
         a, b, _, c = _spans(op, f, e)
         return [(a[1], a[2], a[3], "spad"), (b[1], b[2], b[3], "spad"), (c[1], c[2], c[3], "acc")]
     if op == Opcode.VMAP:
-        w = Mux(f.src_type, 4 * f.cols, f.cols)
-        s = _extent(f.src, f.rows, w, e[0])
+        s = _extent(f.src, f.rows, f.cols, e[0])
         d = _extent(f.dst, f.rows, f.cols, e[1])
         # the source memory depends on src_type: check both variants under their condition
         pc = f.per_col & (f.rows != 0) & (f.cols != 0)
@@ -172,7 +193,7 @@ def _required(op, f, e):
             (s[0] & f.src_type, s[1], s[2], "acc"),
             (s[0] & ~f.src_type, s[1], s[2], "spad"),
             (*d, "spad"),
-            (pc, f.mults, e[3], "spad"),
+            (pc, f.mults, e[2], "spad"),
             (pc, f.shifts, f.shifts + f.cols, "spad"),
         ]
     if op in (Opcode.VADD, Opcode.POOL, Opcode.VLUT, Opcode.VMUL):
@@ -185,9 +206,10 @@ def _overlaps(op, f, e):
         (ane, a0, a1), (bne, b0, b1) = a, b
         return ane & bne & (a0 < b1) & (b0 < a1)
 
+    # an operand may be its destination in place only with the same element type
     if op == Opcode.VMAP:
-        same = (f.src == f.dst) & (f.src_stride == f.dst_stride)
-        s = _extent(f.src, f.rows, f.cols, e[2])
+        same = (f.src == f.dst) & (f.src_stride == f.dst_stride) & (f.src_i16 == f.dst_i16)
+        s = _extent(f.src, f.rows, f.cols, e[0])  # an int8 or int16 source (src_type=0)
         d = _extent(f.dst, f.rows, f.cols, e[1])
         return [~f.src_type & ~same & ov(s, d)]
     if op == Opcode.VLUT:
@@ -198,15 +220,17 @@ def _overlaps(op, f, e):
         live = (f.rows != 0) & (f.cols != 0)
         d = (live, f.dst, e[2])
         return [
-            ~((f.a == f.dst) & (f.a_stride == f.dst_stride)) & ov((live, f.a, e[0]), d),
-            ~((f.b == f.dst) & (f.b_stride == f.dst_stride)) & ov((live, f.b, e[1]), d),
+            ~((f.a == f.dst) & (f.a_stride == f.dst_stride) & (f.a_i16 == f.dst_i16))
+            & ov((live, f.a, e[0]), d),
+            ~((f.b == f.dst) & (f.b_stride == f.dst_stride) & (f.b_i16 == f.dst_i16))
+            & ov((live, f.b, e[1]), d),
         ]
     if op == Opcode.VADD:
         ne = f.len != 0
-        d = (ne, f.dst, f.dst + f.len)
+        d = (ne, f.dst, e[2])
         return [
-            (f.a != f.dst) & ov((ne, f.a, f.a + f.len), d),
-            (f.b != f.dst) & ov((ne, f.b, f.b + f.len), d),
+            ~((f.a == f.dst) & (f.a_i16 == f.dst_i16)) & ov((ne, f.a, e[0]), d),
+            ~((f.b == f.dst) & (f.b_i16 == f.dst_i16)) & ov((ne, f.b, e[1]), d),
         ]
     if op == Opcode.POOL:
         (_, rne, r0, r1), (_, wne, w0, w1) = _spans(op, f, e)
@@ -225,11 +249,6 @@ def _rules(op, word, f, e, cfg: NpuConfig) -> list[tuple[object, ErrorCode]]:
             rules.append((getattr(f, fd.name).as_value() >= len(fd.choices), E.ILLEGAL_FIELD))
     if used < INSTR_BITS:
         rules.append((word[used:] != 0, E.ILLEGAL_FIELD))
-    # int16 operands (docs/isa.md, "int16 activations") are not built in this RTL yet: refused
-    # like reserved bits rather than run as int8
-    for fd in fields:
-        if fd.name.endswith("_i16"):
-            rules.append((getattr(f, fd.name) != 0, E.ILLEGAL_FIELD))
     # tokens
     if op in (Opcode.END, Opcode.BARRIER, Opcode.FENCE, Opcode.CANCEL_POINT):
         rules.append(((wait | signal) != 0, E.ILLEGAL_FIELD))
@@ -243,6 +262,10 @@ def _rules(op, word, f, e, cfg: NpuConfig) -> list[tuple[object, ErrorCode]]:
         rules.append((f.lo > f.hi, E.ILLEGAL_FIELD))
     if op == Opcode.VMAP:
         rules.append((f.src_type & (f.zp_in != 0), E.ILLEGAL_FIELD))
+        rules.append((f.src_type & f.src_i16, E.ILLEGAL_FIELD))
+    if op == Opcode.LOAD:
+        rules.append((f.pad_i16 & (f.pad_left[0] | f.pad_right[0]), E.ILLEGAL_FIELD))
+    if op == Opcode.VMAP:
         rules.append((f.per_col & (f.cols > PER_COL_MAX), E.ILLEGAL_FIELD))
     if op == Opcode.POOL:
         live = (f.channels != 0) & (f.out_h != 0) & (f.out_w != 0)

@@ -2,14 +2,15 @@
 
 Three processes run concurrently on one LOAD instruction:
   * the AR issuer requests each data row's DRAM words as AXI bursts (split at 256 beats and 4 KiB);
-  * the generator produces the padded image byte stream row by row (pad bytes from pad_value, data
-    bytes from the R beats, realigned) into a byte FIFO;
+  * the generator produces the padded image byte stream row by row (pad bytes from pad_value, or
+    int16 elements pad_value * 256 with `pad_i16`; data bytes from the R beats, realigned) into a
+    byte FIFO;
   * the writer drains the FIFO into on-chip words with byte enables, one word per cycle.
 """
 
 from __future__ import annotations
 
-from amaranth import Module, Mux, Signal
+from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -144,8 +145,21 @@ class LoadUnit(wiring.Component):
         m.d.comb += last.eq(seg_left <= lim)
         n = Signal(range(W + 1))
         m.d.comb += n.eq(Mux(last, seg_left, lim))
+        # int16 padding (pad_i16): elements pad_value * 256, a zero byte at every even column of the
+        # padded row. A pad segment starts at an even column except a data row's right padding after
+        # an odd number of data bytes (pad_left is even), and moves whole bus words (W even), so its
+        # words all start at the same column parity
+        pv = f.pad_value.as_unsigned()
+        odd = Signal()
+        m.d.comb += odd.eq((g_phase == DATA) & (g_seg == PAD_R) & f.cols[0])
         pad_word = Signal(8 * W)
-        m.d.comb += pad_word.eq(f.pad_value.as_unsigned().replicate(W))
+        m.d.comb += pad_word.eq(
+            Mux(
+                f.pad_i16,
+                Mux(odd, Cat(pv, Const(0, 8)), Cat(Const(0, 8), pv)).replicate(W // 2),
+                pv.replicate(W),
+            )
+        )
         moved = Signal()
         with m.If(g_active & (g_phase != DONE)):
             with m.If(seg_data):

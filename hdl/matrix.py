@@ -8,6 +8,12 @@ a cycle of their own: Fmax); then stage 1 adds each PE (i, j)'s `lanes` products
 A row i and B^T row j, to its int32 accumulator. After the last k step of an output tile each
 cluster writes its row of `pes_per_cluster` int32 results (added to the old C row when accumulating)
 to the accumulator memory, while the next tile starts. Loop order: m tiles, n tiles, k steps.
+
+An int16 A (`a_i16`) keeps the lane words and the multipliers: a step reads one A word (lanes / 2
+int16 elements) and B^T word kb // 2, whose lower or upper half holds the matching int8 elements.
+Each lane multiplies one A byte by its element's B^T byte, the low byte unsigned and the high byte
+signed (9 x 8 bits either way); the high bytes' products count 256 times in the sum, which is then
+the int16 dot product. So an int16 A costs twice the steps and no wider multiplier.
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ class MatrixUnit(wiring.Component):
         m.d.comb += [
             MB.eq((f.m + CM - 1) // CM),
             NB.eq((f.n + CN - 1) // CN),
-            KB.eq(Mux(f.k == 0, 1, (f.k + L - 1) >> ll)),
+            KB.eq(Mux(f.k == 0, 1, ((f.k << f.a_i16) + L - 1) >> ll)),  # int16 A: 2k bytes a row
         ]
         mb = Signal(16)
         nb = Signal(16)
@@ -87,8 +93,10 @@ class MatrixUnit(wiring.Component):
                     tile, stride, first, limit = a_tile, f.a_stride, mb * CM, f.m
                 else:
                     tile, stride, first, limit = b_tile, f.b_stride, nb * CN, f.n
+                # int16 A: step kb reads A word kb and B^T word kb // 2
+                kw = kb if a_side else Mux(f.a_i16, kb >> 1, kb)
                 addr = Signal(40, name=f"op_addr{r}")
-                m.d.comb += [addr.eq(tile + i * stride + (kb << ll)), port.addr.eq(addr[ll:])]
+                m.d.comb += [addr.eq(tile + i * stride + (kw << ll)), port.addr.eq(addr[ll:])]
                 m.d.comb += nd.eq(issuing & ~empty & (first + i < limit))
             else:
                 i = r - CM - CN
@@ -105,14 +113,27 @@ class MatrixUnit(wiring.Component):
         m.d.comb += p_free.eq(~vp | s1_free)
         step_done, vals = gather(m, ports, need, issuing & ~empty, p_free)
         a_vals, b_vals, c_vals = vals[:CM], vals[CM : CM + CN], vals[CM + CN :]
-        # lanes past k read as zero
+        # lanes past k read as zero (A bytes past the row's k or 2k bytes)
         lane_ok = [Signal(name=f"lane_ok{t}") for t in range(L)]
+        upper = Signal()  # int16 A: the step uses the upper half of its B^T word (odd kb)
         for t in range(L):
             with m.If(step_done):
-                m.d.sync += lane_ok[t].eq((kb << ll) + t < f.k)
+                m.d.sync += lane_ok[t].eq((kb << ll) + t < (f.k << f.a_i16))
+        with m.If(step_done):
+            m.d.sync += upper.eq(kb[0])
 
-        def lane(v, t):
-            return Mux(lane_ok[t], v[8 * t : 8 * t + 8].as_signed(), 0)
+        def a_lane(v, t):
+            """A byte t as a 9-bit multiplicand: signed for int8 A and for an int16 element's high
+            byte (odd t), unsigned for its low byte (even t)."""
+            byte = v[8 * t : 8 * t + 8]
+            ext = byte[7] if t % 2 else byte[7] & ~f.a_i16
+            return Mux(lane_ok[t], Cat(byte, ext).as_signed(), 0)
+
+        def b_lane(v, t):
+            """B^T byte of A lane t: byte t, or with int16 A byte t // 2 of the step's half."""
+            lo_b, hi_b = t // 2, L // 2 + t // 2
+            wide = Mux(upper, v[8 * hi_b : 8 * hi_b + 8], v[8 * lo_b : 8 * lo_b + 8])
+            return Mux(f.a_i16, wide, v[8 * t : 8 * t + 8]).as_signed()
 
         accs = [[Signal(signed(32), name=f"acc{i}_{j}") for j in range(CN)] for i in range(CM)]
         sums = [[Signal(signed(32), name=f"sum{i}_{j}") for j in range(CN)] for i in range(CM)]
@@ -125,11 +146,14 @@ class MatrixUnit(wiring.Component):
             for j in range(CN):
                 prods = []
                 for t in range(L):
-                    pr = Signal(signed(16), name=f"prod{i}_{j}_{t}")
+                    pr = Signal(signed(17), name=f"prod{i}_{j}_{t}")  # 9 x 8 bits
                     with m.If(xfer):
-                        m.d.sync += pr.eq(lane(a_vals[i], t) * b_vals[j][8 * t : 8 * t + 8].as_signed())
+                        m.d.sync += pr.eq(a_lane(a_vals[i], t) * b_lane(b_vals[j], t))
                     prods.append(pr)
-                m.d.comb += sums[i][j].eq(Mux(kb0_1, 0, accs[i][j]) + sum(prods))
+                # int16 A: the odd lanes' products are of high bytes, worth 256 times theirs
+                odd = sum(prods[1::2])
+                dot = sum(prods[0::2]) + Mux(f.a_i16, odd << 8, odd)
+                m.d.comb += sums[i][j].eq(Mux(kb0_1, 0, accs[i][j]) + dot)
                 with m.If(v1 & s1_done):
                     m.d.sync += accs[i][j].eq(sums[i][j])
 

@@ -1,10 +1,17 @@
-"""Vector unit: VMAP (requantise/rescale/clamp), VADD, VMUL (product of two int8 tensors, one may be
-a broadcast row), POOL and VLUT (a 256-entry int8 table) on `vector_lanes` elements a cycle.
+"""Vector unit: VMAP (requantise/rescale/clamp), VADD, VMUL (product of two tensors, one may be a
+broadcast row), POOL and VLUT (a 256-entry int8 table) on `vector_lanes` elements a cycle.
 
 Operands are read as two consecutive words (scratchpad lane words, or accumulator words) so that any
 element-aligned group of lanes can be fetched at once; results are written as two lane words for the
 same reason. The arithmetic is exactly `sim/kernels.py`: 64-bit products, rounding right shift (ties
-up), zero points and an int8 clamp.
+up), zero points and a clamp.
+
+int16 operands and destinations (`*_i16`, not VLUT) keep this byte machinery: a step with any of
+them takes vector_lanes / 2 elements, so it still reads and writes at most vector_lanes bytes of
+each operand (the same two lane words), and lane l of the first half takes bytes 2l, 2l + 1. The
+lanes' arithmetic is as wide as int16 needs (17-bit operands less their zero points, a 17 x 17 VMUL
+product, a 32-bit POOL window sum, a 16-bit clamp to lo * 256 .. hi * 256 + 255 for an int16
+destination); its stages are unchanged.
 
 The unit is a pipeline, so that no cycle holds more than one multiplier or one wide carry chain:
 
@@ -13,8 +20,8 @@ The unit is a pipeline, so that no cycle holds more than one multiplier or one w
   S0  walks the loops with address registers that advance by those steps (no multiplier), and asks
       the scratchpad for the step's operands until they are all granted;
   S1  the operand words arrive and are aligned to the lanes;
-  S2  zero points are subtracted (VMUL: and the operands multiplied, 9 x 9 bits), POOL accumulates
-      its window;
+  S2  zero points are subtracted (VMUL: and the operands multiplied, up to 17 x 17 bits), POOL
+      accumulates its window;
   S3  partial products (no multiplier wider than 34 x 17 bits), S3b their sum;
   S4  the rounding shift;
   S5  the output zero point and the clamp; the results are written (the scratchpad grants the
@@ -22,7 +29,8 @@ The unit is a pipeline, so that no cycle holds more than one multiplier or one w
 
 A per-column VMAP (`per_col`) first walks parameter steps through S0-S2 that copy its multipliers
 and shifts into two memories of the unit (one entry: vector_lanes columns); its element steps read
-the multipliers of their columns at S2 (used at S3) and the shifts at S4 (used at S5).
+the multipliers of their columns at S2 (used at S3) and the shifts at S4 (used at S5); a half step
+(int16) takes its columns from the entry's first or second half.
 
 VLUT first walks 256 / vector_lanes table steps through S0-S2 that copy its table into a small
 memory of the unit (one read port per lane), then its element steps look their bytes up in it at S2
@@ -63,8 +71,9 @@ def rsr(m: Module, v, shift, name: str):
     return r
 
 
-def clamp8(m: Module, v, lo, hi, name: str):
-    y = Signal(signed(8), name=name)
+def clamp(m: Module, v, lo, hi, name: str):
+    """v clamped to [lo, hi], int16 bounds (an int8 destination's in the int8 range)."""
+    y = Signal(signed(16), name=name)
     m.d.comb += y.eq(Mux(v < lo, lo, Mux(v > hi, hi, v)))
     return y
 
@@ -118,19 +127,42 @@ class VectorUnit(wiring.Component):
         es32 = Signal()
         m.d.comb += es32.eq(is_map & fm.src_type & ~in_pre)
 
+        def pick(name: str):
+            return Mux(is_map, getattr(fm, name), Mux(is_add, getattr(fa, name),
+                       Mux(is_mul, getattr(fv, name), getattr(fp, name))))  # fmt: skip
+
         # ---- setup: the instruction's constant steps ------------------------------------------
         setup = Signal(range(SETUP_CYCLES + 1))
-        row_c = Signal(32)  # POOL: in_w * C, bytes between input rows
-        ox_step = Signal(32)  # POOL: sw * C, between the windows of neighbouring output pixels
-        oy_step = Signal(40)  # POOL: sh * in_w * C, between the windows of neighbouring output rows
+        # int16 operands (registered in the setup, read from S0 on): a (VMAP/POOL src), b, dst; a
+        # step takes VL / 2 elements when any is int16 (it moves at most VL bytes of each)
+        a16, b16, d16, half = Signal(), Signal(), Signal(), Signal()
+        a16_f = (is_map & fm.src_i16) | (is_mul & fv.a_i16) | (is_add & fa.a_i16) | (is_pool & fp.src_i16)
+        b16_f = (is_mul & fv.b_i16) | (is_add & fa.b_i16)
+        d16_f = (is_map & fm.dst_i16) | (is_mul & fv.dst_i16) | (is_add & fa.dst_i16) | (is_pool & fp.dst_i16)
+        c_src = Signal(17)  # POOL: bytes of an input pixel (C elements of 1 or 2 bytes)
+        c_dst = Signal(17)  # POOL: bytes of an output pixel
+        lo_b = Signal(signed(16))  # the clamp bounds: lo, hi; lo * 256, hi * 256 + 255 for int16 dst
+        hi_b = Signal(signed(16))
+        row_c = Signal(32)  # POOL: in_w * c_src, bytes between input rows
+        ox_step = Signal(32)  # POOL: sw * c_src, between the windows of neighbouring output pixels
+        oy_step = Signal(40)  # POOL: sh * row_c, between the windows of neighbouring output rows
         khkw = Signal(16)
         kzp = Signal(signed(26))  # POOL: kh * kw * zp_in, taken off an average's sum
         mult = Signal(signed(32))  # VMAP / POOL: the multiplier
         with m.If(setup == SETUP_CYCLES):  # first cycle: single products of fields
+            cs = fp.channels << fp.src_i16
             m.d.sync += [
-                row_c.eq(fp.in_w * fp.channels),
-                ox_step.eq(fp.sw * fp.channels),
+                row_c.eq(fp.in_w * cs),
+                ox_step.eq(fp.sw * cs),
                 khkw.eq(fp.kh * fp.kw),
+                c_src.eq(cs),
+                c_dst.eq(fp.channels << fp.dst_i16),
+                a16.eq(a16_f),
+                b16.eq(b16_f),
+                d16.eq(d16_f),
+                half.eq(a16_f | b16_f | d16_f),
+                lo_b.eq(Mux(d16_f, pick("lo") << 8, pick("lo"))),
+                hi_b.eq(Mux(d16_f, Cat(Const(0xFF, 8), pick("hi")).as_signed(), pick("hi"))),
             ]
             m.d.sync += mult.eq(Mux(is_map, fm.mult, Mux(is_mul, fv.mult, fp.mult)))
         with m.If(setup == SETUP_CYCLES - 1):  # second cycle: products of those
@@ -167,6 +199,8 @@ class VectorUnit(wiring.Component):
         write = Signal()  # this step writes results
         first_tap = Signal()
         C = fp.channels
+        VLE = Signal(range(VL + 1))  # elements a step
+        m.d.comb += VLE.eq(Mux(half, VL // 2, VL))
         tap_last = Signal()
         m.d.comb += tap_last.eq((ty + 1 >= fp.kh) & (tx + 1 >= fp.kw))
         with m.If(in_table):
@@ -175,38 +209,38 @@ class VectorUnit(wiring.Component):
             m.d.comb += [src.eq(p_src), n.eq(min_(VL, p_rem))]
         with m.Elif(is_map | is_lut):  # VLUT's element loop is VMAP's (int8 source)
             m.d.comb += [
-                src.eq(row_src + Mux(es32, i1 << 2, i1)),
-                dst.eq(row_dst + i1),
-                n.eq(min_(VL, fm.cols - i1)),
-                last.eq((i0 + 1 >= fm.rows) & (i1 + VL >= fm.cols)),
+                src.eq(row_src + Mux(es32, i1 << 2, i1 << a16)),
+                dst.eq(row_dst + (i1 << d16)),
+                n.eq(min_(VLE, fm.cols - i1)),
+                last.eq((i0 + 1 >= fm.rows) & (i1 + VLE >= fm.cols)),
                 write.eq(1),
             ]
         with m.Elif(is_mul):
             m.d.comb += [
-                src.eq(row_src + i1),
-                src_b.eq(row_b + i1),
-                dst.eq(row_dst + i1),
-                n.eq(min_(VL, fv.cols - i1)),
-                last.eq((i0 + 1 >= fv.rows) & (i1 + VL >= fv.cols)),
+                src.eq(row_src + (i1 << a16)),
+                src_b.eq(row_b + (i1 << b16)),
+                dst.eq(row_dst + (i1 << d16)),
+                n.eq(min_(VLE, fv.cols - i1)),
+                last.eq((i0 + 1 >= fv.rows) & (i1 + VLE >= fv.cols)),
                 write.eq(1),
             ]
         with m.Elif(is_add):
             m.d.comb += [
-                src.eq(fa.a + i1),
-                src_b.eq(fa.b + i1),
-                dst.eq(fa.dst + i1),
-                n.eq(min_(VL, fa.len - i1)),
-                last.eq(i1 + VL >= fa.len),
+                src.eq(fa.a + (i1 << a16)),
+                src_b.eq(fa.b + (i1 << b16)),
+                dst.eq(fa.dst + (i1 << d16)),
+                n.eq(min_(VLE, fa.len - i1)),
+                last.eq(i1 + VLE >= fa.len),
                 write.eq(1),
             ]
         with m.Else():
             m.d.comb += [
-                src.eq(tap_src + i2),
-                dst.eq(pix_dst + i2),
-                n.eq(min_(VL, C - i2)),
+                src.eq(tap_src + (i2 << a16)),
+                dst.eq(pix_dst + (i2 << d16)),
+                n.eq(min_(VLE, C - i2)),
                 write.eq(tap_last),
                 first_tap.eq((ty == 0) & (tx == 0)),
-                last.eq(tap_last & (i2 + VL >= C) & (i1 + 1 >= fp.out_w) & (i0 + 1 >= fp.out_h)),
+                last.eq(tap_last & (i2 + VLE >= C) & (i1 + 1 >= fp.out_w) & (i0 + 1 >= fp.out_h)),
             ]
 
         # an instruction with nothing to do
@@ -233,11 +267,15 @@ class VectorUnit(wiring.Component):
         reads_c = Signal()
         m.d.comb += reads_c.eq(asking & es32)
         ports, need = [], []
-        for name, addr, asks in (("a", src, reads_a), ("b", src_b, reads_a & (is_add | is_mul))):
+        ea = a16 & ~in_pre  # the parameter steps read bytes
+        for name, addr, asks, wide in (
+            ("a", src, reads_a, ea),
+            ("b", src_b, reads_a & (is_add | is_mul), b16),
+        ):
             pa, pb = self.a_ports if name == "a" else self.b_ports
             m.d.comb += [pa.addr.eq(addr[ll:]), pb.addr.eq(addr[ll:] + 1)]
             ports += [pa, pb]
-            need += [asks, asks & (addr[:ll] + n > L)]
+            need += [asks, asks & (addr[:ll] + (n << wide) > L)]
         # int32 sources: two accumulator words
         c0, c1 = self.c_ports
         cw = word_index(src, cfg, "acc")
@@ -320,44 +358,49 @@ class VectorUnit(wiring.Component):
         m.d.comb += [m_rd.addr.eq(ctl["col"][2][vw:]), s_rd.addr.eq(ctl["col"][4][vw:])]
 
         # ---- S2..S5, per lane (S3b a stage of its own) --------------------------------------
-        def pick(name: str):
-            return Mux(is_map, getattr(fm, name), Mux(is_add, getattr(fa, name),
-                       Mux(is_mul, getattr(fv, name), getattr(fp, name))))  # fmt: skip
-
-        shift, zp_out, lo, hi = pick("shift"), pick("zp_out"), pick("lo"), pick("hi")
+        shift, zp_out = pick("shift"), pick("zp_out")
+        HV = VL // 2  # the lanes of a half step (int16 operands)
         results = []
         for l in range(VL):
             xa8 = a_bytes[8 * l : 8 * l + 8].as_signed()
             xb8 = b_bytes[8 * l : 8 * l + 8].as_signed()
             x32 = c_bytes[32 * l : 32 * l + 32].as_signed()
+            # the lane's element: int8 byte l, or (lanes of a half step) int16 bytes 2l, 2l + 1
+            ya = Mux(a16, a_bytes[16 * l : 16 * l + 16].as_signed(), xa8) if l < HV else xa8
+            yb = Mux(b16, b_bytes[16 * l : 16 * l + 16].as_signed(), xb8) if l < HV else xb8
             # S2: operands less their zero points; POOL's window sum (less kh * kw * zp_in) or maximum
             x = Signal(signed(34), name=f"x{l}")  # VMAP / POOL average: the multiplicand
-            xa = Signal(signed(9), name=f"xa{l}")  # VADD
-            xb = Signal(signed(9), name=f"xb{l}")
-            pmax = Signal(signed(8), name=f"pmax{l}")  # the window's maximum so far
-            psum = Signal(signed(32), name=f"psum{l}")  # the window's sum so far
+            xa = Signal(signed(17), name=f"xa{l}")  # VADD
+            xb = Signal(signed(17), name=f"xb{l}")
+            pmax = Signal(signed(16), name=f"pmax{l}")  # the window's maximum so far
+            psum = Signal(signed(32), name=f"psum{l}")  # the window's sum so far (|sum| < 2**31)
             first = ctl["first_tap"][2]
-            new_sum = Mux(first, 0, psum) + xa8
+            new_sum = Mux(first, 0, psum) + ya
             with m.If(valid[2] & is_pool):
-                m.d.sync += [psum.eq(new_sum), pmax.eq(Mux(first | (xa8 > pmax), xa8, pmax))]
+                m.d.sync += [psum.eq(new_sum), pmax.eq(Mux(first | (ya > pmax), ya, pmax))]
             m.d.sync += [
                 x.eq(
                     Mux(
                         is_map,
-                        Mux(fm.src_type, x32, xa8 - fm.zp_in),
-                        Mux(is_mul, (xa8 - fv.zp_a) * (xb8 - fv.zp_b), new_sum - kzp),
+                        Mux(fm.src_type, x32, ya - fm.zp_in),
+                        Mux(is_mul, (ya - fv.zp_a) * (yb - fv.zp_b), new_sum - kzp),
                     )
                 ),  # fmt: skip
-                xa.eq(xa8 - fa.zp_a),
-                xb.eq(xb8 - fa.zp_b),
+                xa.eq(ya - fa.zp_a),
+                xb.eq(yb - fa.zp_b),
             ]
             # S3: partial products, each at most 34 x 17 bits (two DSP blocks and one add)
             p_lo = Signal(signed(52), name=f"p_lo{l}")
             p_hi = Signal(signed(51), name=f"p_hi{l}")
-            p_a = Signal(signed(42), name=f"p_a{l}")
-            p_b = Signal(signed(42), name=f"p_b{l}")
+            p_a = Signal(signed(49), name=f"p_a{l}")
+            p_b = Signal(signed(49), name=f"p_b{l}")
             mult_l = Signal(signed(32), name=f"mult{l}")
-            m.d.comb += mult_l.eq(Mux(per_col, m_rd.data[32 * l : 32 * l + 32], mult))
+            # per column: a half step's columns start at an entry's first or second half
+            m_lane = m_rd.data[32 * l : 32 * l + 32]
+            if l < HV:
+                hl = l + HV
+                m_lane = Mux(ctl["col"][3][vw - 1], m_rd.data[32 * hl : 32 * hl + 32], m_lane)
+            m.d.comb += mult_l.eq(Mux(per_col, m_lane, mult))
             m.d.sync += [
                 p_lo.eq(x * mult_l[:16]),
                 p_hi.eq(x * mult_l[16:].as_signed()),
@@ -370,13 +413,16 @@ class VectorUnit(wiring.Component):
             # S4: the rounding shift
             shifted = Signal(signed(68), name=f"shifted{l}")
             s_raw = s_rd.data[8 * l : 8 * l + 6]
+            if l < HV:
+                hl = l + HV
+                s_raw = Mux(ctl["col"][5][vw - 1], s_rd.data[8 * hl : 8 * hl + 6], s_raw)
             shift_l = Signal(6, name=f"shift{l}")
             m.d.comb += shift_l.eq(Mux(per_col, Mux(s_raw > MAX_SHIFT, MAX_SHIFT, s_raw), shift))
             m.d.sync += shifted.eq(rsr(m, prod, shift_l, f"rsr{l}"))
             # S5: the output zero point (POOL max: the window's maximum as is) and the clamp
             pmax_d = [pmax]
             for k in range(3, S):
-                d = Signal(signed(8), name=f"pmax{k + 1}_{l}")
+                d = Signal(signed(16), name=f"pmax{k + 1}_{l}")
                 m.d.sync += d.eq(pmax_d[-1])
                 pmax_d.append(d)
             pmax_w = pmax_d[-1]
@@ -395,16 +441,19 @@ class VectorUnit(wiring.Component):
                 d = Signal(signed(8), name=f"lut{k + 1}_{l}")
                 m.d.sync += d.eq(looked[-1])
                 looked.append(d)
-            results.append(Mux(is_lut, looked[-1], clamp8(m, val, lo, hi, f"y{l}")))
+            results.append(Mux(is_lut, looked[-1], clamp(m, val, lo_b, hi_b, f"y{l}")))
 
-        # S5 (cycle WRITE_STAGE after the operands): two-lane-word write of n bytes at dst
+        # S5 (cycle WRITE_STAGE after the operands): two-lane-word write of n elements at dst, VL
+        # int8 results or VL / 2 int16 ones (at most VL bytes)
         n_w, dst_w = ctl["n"][S], ctl["dst"][S]
         do_write = Signal()
         m.d.comb += do_write.eq(valid[S] & ctl["write"][S] & (n_w != 0))
+        out = Signal(8 * VL)
+        m.d.comb += out.eq(Mux(d16, Cat(*results[:HV]), Cat(*[r[:8] for r in results])))
         wdata = Signal(16 * L)
-        m.d.comb += wdata.eq(Cat(*results) << (dst_w[:ll] * 8))
+        m.d.comb += wdata.eq(out << (dst_w[:ll] * 8))
         be = Signal(2 * L)
-        m.d.comb += be.eq(low_bytes_mask(n_w, VL) << dst_w[:ll])
+        m.d.comb += be.eq(low_bytes_mask(n_w << d16, VL) << dst_w[:ll])
         w0, w1 = self.w_ports
         m.d.comb += [
             w0.addr.eq(dst_w[ll:]),
@@ -434,22 +483,22 @@ class VectorUnit(wiring.Component):
                 with m.Else():
                     m.d.sync += p_rem.eq(0)
             with m.Elif(is_mul):
-                with m.If(i1 + VL >= fv.cols):
+                with m.If(i1 + VLE >= fv.cols):
                     m.d.sync += [i1.eq(0), i0.eq(i0 + 1), row_src.eq(row_src + fv.a_stride)]
                     m.d.sync += [row_b.eq(row_b + fv.b_stride), row_dst.eq(row_dst + fv.dst_stride)]
                 with m.Else():
-                    m.d.sync += i1.eq(i1 + VL)
+                    m.d.sync += i1.eq(i1 + VLE)
             with m.Elif(is_map | is_lut):
-                with m.If(i1 + VL >= fm.cols):
+                with m.If(i1 + VLE >= fm.cols):
                     m.d.sync += [i1.eq(0), i0.eq(i0 + 1), row_src.eq(row_src + fm.src_stride),
                                  row_dst.eq(row_dst + fm.dst_stride)]  # fmt: skip
                 with m.Else():
-                    m.d.sync += i1.eq(i1 + VL)
+                    m.d.sync += i1.eq(i1 + VLE)
             with m.Elif(is_add):
-                m.d.sync += i1.eq(i1 + VL)
+                m.d.sync += i1.eq(i1 + VLE)
             with m.Else():
                 with m.If(tx + 1 < fp.kw):
-                    m.d.sync += [tx.eq(tx + 1), tap_src.eq(tap_src + C)]
+                    m.d.sync += [tx.eq(tx + 1), tap_src.eq(tap_src + c_src)]
                 with m.Elif(ty + 1 < fp.kh):
                     m.d.sync += [
                         tx.eq(0),
@@ -459,10 +508,10 @@ class VectorUnit(wiring.Component):
                     ]
                 with m.Else():
                     m.d.sync += [tx.eq(0), ty.eq(0), tap_row.eq(win_src), tap_src.eq(win_src)]
-                    with m.If(i2 + VL < fp.channels):
-                        m.d.sync += i2.eq(i2 + VL)
+                    with m.If(i2 + VLE < fp.channels):
+                        m.d.sync += i2.eq(i2 + VLE)
                     with m.Else():
-                        m.d.sync += [i2.eq(0), pix_dst.eq(pix_dst + C)]
+                        m.d.sync += [i2.eq(0), pix_dst.eq(pix_dst + c_dst)]
                         with m.If(i1 + 1 < fp.out_w):
                             nxt = win_src + ox_step
                             m.d.sync += [i1.eq(i1 + 1), win_src.eq(nxt), tap_row.eq(nxt), tap_src.eq(nxt)]

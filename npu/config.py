@@ -98,6 +98,10 @@ class NpuConfig:
         need(self.engines <= MAX_ENGINES, "engines", f"the SoC's register space holds at most {MAX_ENGINES}")
         for f in ("lanes", "pes_per_cluster", "vector_lanes"):
             need(_pow2(getattr(self, f)), f, "must be a power of two")
+        # int16 activations (docs/isa.md): a matrix step reads lanes / 2 int16 elements of one lane
+        # word, a vector step with an int16 operand takes vector_lanes / 2 elements
+        for f in ("lanes", "vector_lanes"):
+            need(getattr(self, f) >= 2, f, "must be >= 2 (int16 steps take half as many elements)")
         if self.spad_banked:
             need(
                 self.spad_banks % 2 == 0

@@ -1,6 +1,9 @@
 """Constrained-random NPU programs from a seed: every instruction type, conflicts on shared buffers,
 DRAM round trips and cancellation points. Valid by construction (tokens from the program builder),
 so the model and the RTL must agree on them bit for bit; a failing seed replays with one command.
+
+int16 operands (`*_i16`, docs/isa.md "int16 activations") are drawn from a generator of their own,
+so a seed's other draws mostly stay what they were before int16 existed.
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ class RandomProgram:
 
 def random_program(cfg: NpuConfig, seed: int, n_instrs: int = 24, cp_prob: float = 0.15) -> RandomProgram:
     rng = random.Random(seed)
+    r16 = random.Random(seed + 0x16160000)  # int16 flags
+
+    def i16(*operands: str, p: float = 0.3) -> dict:
+        return {f"{o}_i16": int(r16.random() < p) for o in operands}
     L = cfg.lanes
     R = cfg.acc_row_bytes
     nbuf = 4
@@ -70,6 +77,9 @@ def random_program(cfg: NpuConfig, seed: int, n_instrs: int = 24, cp_prob: float
         if kind == "load":
             rows, cols = rng.randint(0, 6), rng.randint(0, 40)
             pt, pb, pl, pr = rng.randint(0, 2), rng.randint(0, 2), rng.randint(0, 4), rng.randint(0, 4)
+            flags = i16("pad")
+            if flags["pad_i16"]:  # int16 padding: pad_left and pad_right even
+                pl, pr = pl & ~1, pr & ~1
             stride = pl + cols + pr + rng.randint(0, 8)
             while (pt + rows + pb) * stride > buf:
                 stride = max(pl + cols + pr, stride - 1)
@@ -89,6 +99,7 @@ def random_program(cfg: NpuConfig, seed: int, n_instrs: int = 24, cp_prob: float
                     pad_left=pl,
                     pad_right=pr,
                     pad_value=rng.randint(-128, 127),
+                    **flags,
                 )
             )
         elif kind == "load_acc":
@@ -109,6 +120,9 @@ def random_program(cfg: NpuConfig, seed: int, n_instrs: int = 24, cp_prob: float
             ks = round_up(max(k, 1), L)
             m = rng.randint(0, min(12, buf // ks))
             n = rng.randint(0, min(12, buf // ks))
+            flags = i16("a")
+            aks = round_up(max(2 * k, 1), L) if flags["a_i16"] else ks  # int16 A: rows of 2k bytes
+            m = min(m, buf // aks)
             cs = round_up(max(4 * n, 1), R)
             m = min(m, abuf // cs)
             b.add(
@@ -120,18 +134,21 @@ def random_program(cfg: NpuConfig, seed: int, n_instrs: int = 24, cp_prob: float
                     m=m,
                     n=n,
                     k=k,
-                    a_stride=ks,
+                    a_stride=aks,
                     b_stride=ks,
                     c_stride=cs,
                     accumulate=rng.randint(0, 1),
+                    **flags,
                 )
             )
         elif kind in ("vmap", "vmap8"):
             cols = rng.randint(1, 24)
             i32 = kind == "vmap"
-            ss = 4 * cols + 4 * rng.randint(0, 2) if i32 else cols + rng.randint(0, 4)
+            flags = i16("dst") if i32 else i16("src", "dst")
+            es, ed = 1 + flags.get("src_i16", 0), 1 + flags["dst_i16"]
+            ss = 4 * cols + 4 * rng.randint(0, 2) if i32 else es * cols + rng.randint(0, 4)
             rows = rng.randint(1, 6)
-            rows = min(rows, (abuf if i32 else buf) // ss)
+            rows = min(rows, (abuf if i32 else buf) // ss, buf // (ed * cols))
             src, dst = (rng.choice(ac), rng.choice(sp)) if i32 else rng.sample(sp, 2)
             # per-column multipliers and shifts: any bytes of any buffer (read before the writes)
             per_col = {}
@@ -147,8 +164,9 @@ def random_program(cfg: NpuConfig, seed: int, n_instrs: int = 24, cp_prob: float
                     rows=rows,
                     cols=cols,
                     src_stride=ss,
-                    dst_stride=cols,
+                    dst_stride=ed * cols,
                     src_type=int(i32),
+                    **flags,
                     mult=rng.randint(-(2**31), 2**31 - 1),
                     shift=rng.randint(0, 40),
                     zp_in=0 if i32 else rng.randint(-128, 127),
@@ -160,13 +178,20 @@ def random_program(cfg: NpuConfig, seed: int, n_instrs: int = 24, cp_prob: float
         elif kind == "vadd":
             # buffers are disjoint and len <= buf: dst is either an operand or apart from both
             a, bb, dst = rng.choice(sp), rng.choice(sp), rng.choice(sp)
+            n = rng.randint(0, buf)
+            flags = i16("a", "b", "dst")
+            if any(flags.values()):  # int16 operands: 2 bytes an element, in place only alike
+                n //= 2
+                if any(x == dst and flags[f"{o}_i16"] != flags["dst_i16"] for o, x in (("a", a), ("b", bb))):
+                    flags = dict.fromkeys(flags, 1)
             b.add(
                 make(
                     "vadd",
+                    **flags,
                     a=a,
                     b=bb,
                     dst=dst,
-                    len=rng.randint(0, buf),
+                    len=n,
                     mult_a=rng.randint(-(2**20), 2**20),
                     mult_b=rng.randint(-(2**20), 2**20),
                     shift=rng.randint(0, 24),
@@ -196,6 +221,10 @@ def random_program(cfg: NpuConfig, seed: int, n_instrs: int = 24, cp_prob: float
             # b a full tensor or one broadcast row; the result in place of a or of b, or apart
             cols, rows = rng.randint(0, 40), rng.randint(0, 6)
             sa, sb = cols + rng.randint(0, 4), rng.choice([0, cols + rng.randint(0, 4)])
+            flags = i16("a", "b", "dst")
+            if any(flags.values()):  # int16 operands: strides of twice the row
+                sa, sb = 2 * sa, 2 * sb
+            ed = 1 + flags["dst_i16"]
             rows = min(rows, (buf - 3) // max(sa, sb, 1))
             a, bb = rng.choice(sp) + rng.randint(0, 3), rng.choice(sp) + rng.randint(0, 3)
             mode = rng.random()
@@ -207,11 +236,14 @@ def random_program(cfg: NpuConfig, seed: int, n_instrs: int = 24, cp_prob: float
                 free = [x for x in sp if x // buf not in (a // buf, bb // buf)]
                 if not free:
                     continue
-                dst, ds = rng.choice(free), cols
+                dst, ds = rng.choice(free), ed * cols
+            for o, x in (("a", a), ("b", bb)):  # in place only over an operand of dst's type
+                if x == dst:
+                    flags[f"{o}_i16"] = flags["dst_i16"]
             zps = {k: rng.randint(-128, 127) for k in ("zp_a", "zp_b", "zp_out")}
             ins = make("vmul", a=a, b=bb, dst=dst, rows=rows, cols=cols, a_stride=sa, b_stride=sb,
                        dst_stride=ds, mult=rng.randint(-(2**31), 2**31 - 1), shift=rng.randint(0, 40),
-                       lo=rng.randint(-128, 0), hi=rng.randint(0, 127), **zps)  # fmt: skip
+                       lo=rng.randint(-128, 0), hi=rng.randint(0, 127), **zps, **flags)  # fmt: skip
             try:
                 validate(ins, cfg)
             except IsaError:  # in place over one operand while the other shares its buffer
@@ -223,7 +255,9 @@ def random_program(cfg: NpuConfig, seed: int, n_instrs: int = 24, cp_prob: float
             oh, ow = rng.randint(1, 3), rng.randint(1, 3)
             in_w = (ow - 1) * sw + kw + rng.randint(0, 1)
             src, dst = rng.sample(sp, 2)
-            if ((oh - 1) * sh + kh) * in_w * c > buf or oh * ow * c > buf:
+            flags = i16("src", "dst")
+            es, ed = 1 + flags["src_i16"], 1 + flags["dst_i16"]
+            if ((oh - 1) * sh + kh) * in_w * c * es > buf or oh * ow * c * ed > buf:
                 continue
             b.add(
                 make(
@@ -242,6 +276,7 @@ def random_program(cfg: NpuConfig, seed: int, n_instrs: int = 24, cp_prob: float
                     mult=rng.randint(1, 1 << 16),
                     shift=rng.randint(0, 20),
                     zp_in=rng.randint(-128, 127),
+                    **flags,
                 )
             )
         elif kind in ("store", "store_acc"):

@@ -404,6 +404,7 @@ def directed_jobs(cfg: NpuConfig) -> list[RtlJob]:
             ],
         )
     )
+    jobs += _int16_jobs(cfg)
     # FENCEs in a program from PROGRAM_BASE: the run goes on after each (its interrupt is cleared)
     fb = ProgramBuilder(cfg)
     for i in range(3):
@@ -446,6 +447,162 @@ def directed_jobs(cfg: NpuConfig) -> list[RtlJob]:
     return jobs
 
 
+def _int16_jobs(cfg: NpuConfig) -> list[RtlJob]:
+    """int16 operands (docs/isa.md, "int16 activations"): padding, an int16 A, every vector
+    instruction's int16 operands and destinations (mixed with int8, in place, unaligned, ragged)."""
+    L, R, A = cfg.lanes, cfg.acc_row_bytes, ACC_BASE
+    jobs = []
+
+    def store_all(spad: int, n: int, dram: int = OUT) -> Instr:
+        return make("store", spad=spad, dram=dram, rows=1, cols=n, spad_stride=n, dram_stride=n)
+
+    def load_all(spad: int, n: int, dram: int = DATA) -> Instr:
+        return make("load", spad=spad, dram=dram, rows=1, cols=n, spad_stride=n, dram_stride=n)
+
+    # LOAD: int16 padding around rows of an odd number of bytes (the right padding starts at an odd
+    # column), pad rows wider than a bus word
+    jobs.append(
+        _built(
+            cfg,
+            "load_pad_i16",
+            [
+                make("load", spad=3, dram=DATA + 1, rows=4, cols=19, spad_stride=61, dram_stride=23,
+                     pad_top=2, pad_bottom=1, pad_left=6, pad_right=2 * cfg.bus_bytes + 4, pad_value=-128,
+                     pad_i16=1),
+                make("load", spad=500, dram=DATA + 7, rows=2, cols=10, spad_stride=14, dram_stride=10,
+                     pad_top=1, pad_left=2, pad_right=2, pad_value=37, pad_i16=1),
+                store_all(0, 560),
+            ],
+        )  # fmt: skip
+    )
+    # MATMUL with an int16 A: ragged m, n and k (k not a multiple of lanes / 2), accumulate, k = 0,
+    # and the extreme products (-32768 * -128)
+    for name, (m, n, k, acc) in {
+        "mm_i16_ragged": (2 * cfg.clusters + 1, cfg.pes_per_cluster + 3, 3 * L // 2 + 3, 1),
+        "mm_i16_init": (cfg.clusters + 1, 2 * cfg.pes_per_cluster, 2 * L + 1, 0),
+        "mm_i16_k0": (3, 5, 0, 1),
+        "mm_i16_extreme": (cfg.clusters, cfg.pes_per_cluster, 4 * L, 1),
+    }.items():
+        aks, bks = round_up(max(2 * k, 1), L) + L, round_up(max(k, 1), L)
+        cs = round_up(4 * n, R)
+        instrs = [
+            make("load", spad=0, dram=DATA, rows=m, cols=2 * k, spad_stride=aks, dram_stride=2 * k),
+            make("load", spad=4096, dram=DATA + 1536, rows=n, cols=k, spad_stride=bks, dram_stride=k),
+            make("load", spad=A, dram=DATA + 3072, rows=m, cols=4 * n, spad_stride=cs, dram_stride=4 * n),
+            make("matmul", a=0, b=4096, c=A, m=m, n=n, k=k, a_stride=aks, b_stride=bks, c_stride=cs,
+                 accumulate=acc, a_i16=1),
+            make("store", spad=A, dram=OUT, rows=m, cols=4 * n, spad_stride=cs, dram_stride=4 * n),
+        ]  # fmt: skip
+        job = _built(cfg, name, [i for i in instrs if i is not None], seed=len(name) + 50)
+        if name == "mm_i16_extreme":  # A all -32768, B^T all -128: the largest products
+            job.dram[DATA] = bytes([0x00, 0x80]) * 768 + bytes([0x80]) * 1536 + job.dram[DATA][3072:]
+        jobs.append(job)
+    # VMAP: int16 in place, int8 -> int16, int16 -> int8, int32 -> int16 (saturating), ReLU bounds
+    jobs.append(
+        _built(
+            cfg,
+            "vmap_i16",
+            [
+                load_all(0, 1024),
+                load_all(A, 512, DATA + 1024),
+                make("vmap", src=1, dst=1, rows=3, cols=13, src_stride=30, dst_stride=30, mult=-3, shift=1,
+                     zp_in=5, zp_out=-7, src_i16=1, dst_i16=1),
+                make("vmap", src=101, dst=203, rows=3, cols=11, src_stride=12, dst_stride=25,
+                     mult=(1 << 30) + 5, shift=20, zp_in=-128, zp_out=3, lo=-3, hi=4, dst_i16=1),
+                make("vmap", src=301, dst=403, rows=2, cols=15, src_stride=33, dst_stride=16,
+                     mult=7, shift=9, zp_in=127, lo=-100, hi=90, src_i16=1),
+                make("vmap", src=A + 4, dst=501, rows=3, cols=9, src_stride=40, dst_stride=19, src_type=1,
+                     mult=2**31 - 1, shift=17, zp_out=-1, lo=0, dst_i16=1),
+                make("vmap", src=0, dst=600, rows=0, cols=9, src_i16=1, dst_i16=1),
+                store_all(0, 1024),
+            ],
+        )  # fmt: skip
+    )
+    # per-column VMAP into int16: a half step's columns start at either half of a parameter entry
+    pc = ProgramBuilder(cfg)
+    pc.add(make("load", spad=A, dram=DATA, rows=1, cols=1024, spad_stride=1024, dram_stride=1024))
+    pc.add(make("load", spad=1001, dram=DATA + 0x1000, rows=1, cols=200, spad_stride=200, dram_stride=200))
+    pc.add(load_all(0, 512))
+    pc.add(make("vmap", src=A + 8, dst=600, rows=3, cols=37, src_stride=160, dst_stride=80, src_type=1,
+                per_col=1, mults=1001, shifts=1001 + 160, zp_out=-3, dst_i16=1))  # fmt: skip
+    pc.add(make("vmap", src=3, dst=3, rows=2, cols=23, src_stride=50, dst_stride=50, zp_in=11,
+                per_col=1, mults=1005, shifts=1160, lo=-90, hi=100, src_i16=1, dst_i16=1))  # fmt: skip
+    pc.add(store_all(0, 1024))
+    mults = np.random.default_rng(15).integers(-(2**20), 2**20, 40).astype("<i4")
+    shifts = np.random.default_rng(16).integers(6, 30, 40).astype(np.uint8)
+    mults[:3] = (-(2**31), 2**31 - 1, 0)
+    shifts[:4] = (63, 62, 0, 40)
+    jobs.append(
+        RtlJob(
+            "vmap_per_column_i16",
+            encode_program(pc.build().instrs),
+            PROG,
+            {DATA: np.random.default_rng(17).integers(0, 256, 0x1000, dtype=np.uint8).tobytes(),
+             DATA + 0x1000: mults.tobytes() + shifts.tobytes()},
+            window=WINDOW,
+        )  # fmt: skip
+    )
+    # VMUL: int16 x broadcast int8 row into int16 (A16W8 gating), int16 in place, int8 x int16 into
+    # int8, the extreme product (-32768 - 127)^2
+    jobs.append(
+        _built(
+            cfg,
+            "vmul_i16",
+            [
+                load_all(0, 1024),
+                make("vmul", a=1, b=900, dst=1101, rows=4, cols=19, a_stride=40, b_stride=0, dst_stride=38,
+                     mult=1 << 20, shift=27, zp_a=-5, zp_b=100, zp_out=3, a_i16=1, dst_i16=1),
+                make("vmul", a=300, b=503, dst=300, rows=3, cols=21, a_stride=50, b_stride=44, dst_stride=50,
+                     mult=-(1 << 30) - 7, shift=40, zp_a=127, zp_b=-128, zp_out=-2, lo=-100, hi=90,
+                     a_i16=1, b_i16=1, dst_i16=1),
+                make("vmul", a=601, b=702, dst=1300, rows=2, cols=17, a_stride=20, b_stride=40, dst_stride=17,
+                     mult=(1 << 31) - 1, shift=45, zp_a=-128, zp_b=127, b_i16=1),
+                make("vmul", a=0, b=0, dst=0, rows=3, cols=0, a_stride=9, b_stride=9, dst_stride=9, a_i16=1),
+                store_all(0, 1024),
+                store_all(1024, 512, OUT + 1024),
+            ],
+        )  # fmt: skip
+    )
+    # VADD: int16 + int8 into int16 (the residual of an A16W8 block), int16 in place, int8 + int16
+    # into int8, extreme multipliers
+    jobs.append(
+        _built(
+            cfg,
+            "vadd_i16",
+            [
+                load_all(0, 1024),
+                make("vadd", a=1, b=400, dst=601, len=45, mult_a=2**31 - 1, mult_b=-(2**31), shift=38,
+                     zp_a=-128, zp_b=127, zp_out=1, a_i16=1, dst_i16=1),
+                make("vadd", a=100, b=300, dst=100, len=37, mult_a=3, mult_b=5, shift=3, lo=-20, hi=20,
+                     a_i16=1, b_i16=1, dst_i16=1),
+                make("vadd", a=203, b=701, dst=800, len=29, mult_a=-7, mult_b=1 << 12, shift=12, b_i16=1),
+                make("vadd", a=1, b=300, dst=300, len=0, b_i16=1, dst_i16=1),
+                store_all(0, 1024),
+            ],
+        )  # fmt: skip
+    )
+    # POOL: int16 max into int16 (bounded), int16 average into int8, int8 max into int16
+    jobs.append(
+        _built(
+            cfg,
+            "pool_i16",
+            [
+                load_all(0, 1024),
+                make("pool", src=0, dst=1024, channels=5, in_w=9, out_h=3, out_w=4, kh=3, kw=3, sh=2, sw=2,
+                     mode=0, lo=-50, hi=60, src_i16=1, dst_i16=1),
+                make("pool", src=1, dst=1200, channels=3, in_w=9, out_h=2, out_w=3, kh=3, kw=2, sh=3, sw=3,
+                     mode=1, mult=1 << 14, shift=20, zp_in=-3, zp_out=4, src_i16=1),
+                make("pool", src=3, dst=1300, channels=7, in_w=5, out_h=2, out_w=2, kh=2, kw=2, sh=2, sw=2,
+                     mode=0, dst_i16=1),
+                make("pool", src=2, dst=1400, channels=6, in_w=4, out_h=2, out_w=2, kh=2, kw=3, sh=1, sw=1,
+                     mode=1, mult=3 << 20, shift=24, zp_out=-4, src_i16=1, dst_i16=1),
+                store_all(1024, 512),
+            ],
+        )  # fmt: skip
+    )
+    return jobs
+
+
 def _per_col_program(cfg: NpuConfig, acc: int) -> list[Instr]:
     b = ProgramBuilder(cfg)
     b.add(make("load", spad=acc, dram=DATA, rows=1, cols=1024, spad_stride=1024, dram_stride=1024))
@@ -462,6 +619,7 @@ def _per_col_program(cfg: NpuConfig, acc: int) -> list[Instr]:
 
 def error_jobs(cfg: NpuConfig) -> list[RtlJob]:
     """One program per error code (and per place an error can come from)."""
+    L = cfg.lanes
     ok = make("load", spad=0, dram=DATA, rows=1, cols=32, spad_stride=32, dram_stride=32)
     end = make("end")
     jobs = [
@@ -475,6 +633,19 @@ def error_jobs(cfg: NpuConfig) -> list[RtlJob]:
         _raw("err_vmul_overlap", [make("vmul", b=64, dst=66, rows=2, cols=8, a_stride=8, dst_stride=8), end]),
         _raw("err_vmap_per_col_wide", [make("vmap", rows=1, cols=257, dst=512, per_col=1), end]),
         _raw("err_vlut_overlap", [make("vlut", src=0, dst=4, rows=1, cols=8, table=64), end]),
+        _raw("err_vmap_i32_src_i16",
+             [make("vmap", src=ACC_BASE, dst=0, rows=1, cols=4, src_type=1, src_i16=1), end]),  # fmt: skip
+        _raw("err_pad_i16_odd",
+             [ok, make("load", rows=1, cols=4, spad_stride=8, pad_left=3, pad_i16=1), end]),  # fmt: skip
+        _raw("err_vadd_i16_inplace", [make("vadd", a=64, b=0, dst=64, len=8, dst_i16=1), end]),
+        _raw("err_vmul_i16_overlap",
+             [make("vmul", a=0, b=64, dst=64, rows=2, cols=8, a_stride=16, b_stride=16, dst_stride=16,
+                   b_i16=1), end]),  # fmt: skip
+        _raw("err_matmul_i16_range",
+             [make("matmul", a=cfg.spad_bytes - 2 * L, m=1, n=1, k=2 * L, c=ACC_BASE, a_i16=1), end]),
+        _raw("err_pool_i16_range",
+             [make("pool", src=cfg.spad_bytes - 16, dst=0, channels=4, in_w=2, out_h=1, out_w=1, kh=2, kw=2,
+                   sh=1, sw=1, src_i16=1), end]),  # fmt: skip
         _raw("err_vlut_table_range", [make("vlut", rows=1, cols=8, dst=8, table=cfg.spad_bytes - 255), end]),
         _raw("err_misaligned", [ok, make("matmul", a=2, m=1, n=1, k=1, c=ACC_BASE), end]),
         _raw("err_spad_range", [ok, make("load", spad=cfg.spad_bytes - 2, rows=1, cols=4), end]),
