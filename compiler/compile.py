@@ -223,6 +223,7 @@ def compile_onnx(
     output_precision: str = "int32",
     weight_rounding: str = "auto",
     step_cycles: int = 20_000,
+    activations: str = "int8",
 ) -> CompiledModel:
     """Compile an ONNX model. `order`: "search" (key-node partitioned order search with the golden
     model's timing, at most `order_budget_s` seconds) or "default" (the ONNX order). `granularity`:
@@ -248,7 +249,10 @@ def compile_onnx(
     float (compiler/outputs.py), "int8" gives them their calibrated int8 scale; a QDQ model keeps
     its own. `weight_rounding`: "nearest" (the quantiser's), "gptq" (each layer's int8 weights
     chosen to lower its output error on the calibration data, compiler/rounding.py) or "auto"
-    (GPTQ's if the model's outputs on the calibration inputs come out closer to the float model's)."""
+    (GPTQ's if the model's outputs on the calibration inputs come out closer to the float model's).
+    `activations`: a float model's activation type, "int8" or "int16" (symmetric, with twice the
+    calibrated range: A16W8, for models whose int8 activations lose accuracy; MATMULs and vector
+    passes on int16 take twice the cycles, docs/compiler.md)."""
     if dram_plan is None:
         dram_plan = "arena" if granularity == "segment" else "bump"
     if order not in ("search", "default"):
@@ -288,12 +292,13 @@ def compile_onnx(
         clamped = clamped_by_quantisation(model)
         n_samples = min(len(a) for a in calib.values()) if isinstance(calib, Mapping) else len(calib)
         quantisation = (
-            f"int8 activations ({calib_method} calibration, {n_samples} samples), weights per "
+            f"{activations} activations ({calib_method} calibration, {n_samples} samples), weights per "
             f"{'channel' if per_channel else 'tensor'} ({weight_scales}), outputs {output_precision}"
         )
         float_clean = model
         model = quantize_float_model(
-            model, calib, str(path), per_channel=per_channel, calib_method=calib_method
+            model, calib, str(path), per_channel=per_channel, calib_method=calib_method,
+            activations=activations,
         )
         if weight_rounding != "nearest":
             batches = calibration_batches(float_clean, calib, str(path))

@@ -15,12 +15,18 @@ from npu.isa import LUT_BYTES
 from npu.program import ProgramBuilder
 from npu.tensors import Layout
 
-from .quantize import Act
+from .quantize import Act, QTensor
 
 
 def step_unit(lay: Layout) -> int:
-    """The vector step an element-wise program may split at: a pixel's channels, or a row."""
-    return lay.cp if lay.kind != "dense" else (lay.shape[-1] if lay.shape and lay.shape[-1] <= 4096 else 1)
+    """The bytes an element-wise program may split at: a pixel's channels, or a row."""
+    n = lay.cp if lay.kind != "dense" else (lay.shape[-1] if lay.shape and lay.shape[-1] <= 4096 else 1)
+    return n * lay.elem
+
+
+def i16_flags(elem: int, *operands: str) -> dict:
+    """The `<operand>_i16` fields of a vector instruction whose operands are all `elem` bytes."""
+    return {f"{o}_i16": 1 for o in operands} if elem == 2 else {}
 
 
 def _step_bytes(cfg: NpuConfig, max_step: int) -> int:
@@ -43,13 +49,15 @@ def _chunk(cfg: NpuConfig, unit: int, room: int, max_step: int) -> int:
     return max(unit, min(room, 0xFFFF * unit, _step_bytes(cfg, max_step)) // unit * unit)
 
 
-def _reset_padding(b: ProgramBuilder, buf: int, c: int, unit: int, pad_runs, zp_out: int) -> None:
-    """Set the (offset, width) runs of each `unit` bytes of a chunk to the output zero point (the
-    channel padding's value, elementwise.py's invariant)."""
+def _reset_padding(
+    b: ProgramBuilder, buf: int, c: int, unit: int, pad_runs, zp_out: int, elem: int = 1
+) -> None:
+    """Set the (offset, width) runs (elements) of each `unit` bytes of a chunk to the output zero
+    point (the channel padding's value, elementwise.py's invariant)."""
     for start, width in pad_runs:
-        p = buf + start
+        p = buf + elem * start
         b.add("vmap", src=p, dst=p, rows=c // unit, cols=width, src_stride=unit, dst_stride=unit,
-              mult=0, zp_out=zp_out)  # fmt: skip
+              mult=0, zp_out=zp_out, **i16_flags(elem, "src", "dst"))  # fmt: skip
 
 
 def _chunked(
@@ -86,13 +94,16 @@ def _load_resident(b: ProgramBuilder, cfg: NpuConfig, dram: int, n: int) -> int:
 
 
 def eltwise_program(
-    b: ProgramBuilder, cfg: NpuConfig, src: int, dst: int, n: int, params: dict, unit: int, max_step: int = 0
-) -> None:
-    """An int8 VMAP over n contiguous bytes (`unit` divides n and every chunk)."""
+    b: ProgramBuilder, cfg: NpuConfig, src: int, dst: int, n: int, params: dict, unit: int, max_step: int = 0,
+    elem: int = 1,
+) -> None:  # fmt: skip
+    """A VMAP over n contiguous bytes of `elem`-byte elements, in place (`unit` divides n and every
+    chunk)."""
 
     def op(bufs: list[int], c: int, rows: int, cols: int) -> None:
         x = bufs[0]
-        b.add("vmap", src=x, dst=x, rows=rows, cols=cols, src_stride=cols, dst_stride=cols, **params)
+        b.add("vmap", src=x, dst=x, rows=rows, cols=cols // elem, src_stride=cols, dst_stride=cols,
+              **params, **i16_flags(elem, "src", "dst"))  # fmt: skip
 
     _chunked(b, cfg, (src,), dst, n, unit, max_step, op)
 
@@ -121,6 +132,64 @@ def lut_program(
     _chunked(b, cfg, (src,), dst, n, unit, max_step, op, head)
 
 
+def lut16_program(
+    b: ProgramBuilder,
+    cfg: NpuConfig,
+    src: int,
+    dst: int,
+    n: int,
+    table: int | None,
+    unit: int,
+    pad_runs: list[tuple[int, int]],
+    passes: list[tuple[str, str, str | None, str, dict]],
+    yq: QTensor,
+    max_step: int = 0,
+) -> None:
+    """A function of n int16 elements (`unit` elements a pixel or row) as vector `passes` (ops/lut.py
+    `Unary16`) over each chunk's buffers: "x" (the source, int16), "w" (int16 scratch) and "n" (int8
+    scratch); a VLUT's table at DRAM `table` is loaded once. Channel-padding runs (offset, width)
+    of the result then get the output's zero point. Chunks are double-buffered."""
+    ey = yq.elem
+    size = {"x": 2, "w": 2, "n": 1}
+    head = _load_resident(b, cfg, table, LUT_BYTES) if table is not None else 0
+    per = _chunk(cfg, unit, (cfg.spad_bytes - head) // 10, max_step // 4 if max_step else 0)
+    slot = round_up(5 * per, cfg.lanes)
+    for i, (off, c) in enumerate(_chunks(n, per)):
+        base = head + (i % 2) * slot
+        bufs = {"x": base, "w": base + 2 * per, "n": base + 4 * per}
+        rows, cols = _rows(2 * c, 2 * unit)  # a DMA row holds 65535 bytes
+        cols //= 2
+        b.add("load", spad=bufs["x"], dram=src + 2 * off, rows=rows, cols=2 * cols, spad_stride=2 * cols,
+              dram_stride=2 * cols)  # fmt: skip
+        for op, a, bb, d, fields in passes:
+            flags = {}
+            if op in ("vmap", "vlut"):
+                f = dict(src=bufs[a], dst=bufs[d], rows=rows, cols=cols, src_stride=size[a] * cols,
+                         dst_stride=size[d] * cols)  # fmt: skip
+                if op == "vlut":
+                    f["table"] = 0
+                else:
+                    flags = {"src_i16": int(size[a] == 2), "dst_i16": int(size[d] == 2)}
+            elif op == "vmul":
+                f = dict(a=bufs[a], b=bufs[bb], dst=bufs[d], rows=rows, cols=cols, a_stride=size[a] * cols,
+                         b_stride=size[bb] * cols, dst_stride=size[d] * cols)  # fmt: skip
+            else:  # vadd over the whole chunk
+                f = dict(a=bufs[a], b=bufs[bb], dst=bufs[d], len=c)
+            if op in ("vmul", "vadd"):
+                flags = {f"{k}_i16": int(size[v] == 2) for k, v in (("a", a), ("b", bb), ("dst", d))}
+            b.add(op, **f, **{**fields, **flags})
+        out = bufs[passes[-1][3]]
+        assert size[passes[-1][3]] == ey
+        for start, width in pad_runs:
+            p = out + ey * start
+            b.add("vmap", src=p, dst=p, rows=c // unit, cols=width, src_stride=ey * unit,
+                  dst_stride=ey * unit, mult=0, zp_out=yq.zero_point if ey == 1 else 0,
+                  **i16_flags(ey, "src", "dst"))  # fmt: skip
+        b.add("store", spad=out, dram=dst + ey * off, rows=rows, cols=ey * cols, spad_stride=ey * cols,
+              dram_stride=ey * cols)  # fmt: skip
+        b.candidate()
+
+
 def add_program(
     b: ProgramBuilder,
     cfg: NpuConfig,
@@ -131,11 +200,13 @@ def add_program(
     params: dict,
     unit: int,
     max_step: int = 0,
+    elem: int = 1,
 ) -> None:
-    """VADD over n contiguous int8 elements of two tensors."""
+    """VADD over n contiguous bytes of `elem`-byte elements of two tensors."""
 
     def op(bufs: list[int], c: int, rows: int, cols: int) -> None:
-        b.add("vadd", a=bufs[0], b=bufs[1], dst=bufs[0], len=c, **params)
+        b.add("vadd", a=bufs[0], b=bufs[1], dst=bufs[0], len=c // elem, **params,
+              **i16_flags(elem, "a", "b", "dst"))  # fmt: skip
 
     _chunked(b, cfg, (a, bb), dst, n, unit, max_step, op)
 
@@ -152,24 +223,26 @@ def mul_program(
     row: int = 0,
     pad_runs: tuple[tuple[int, int], ...] = (),
     max_step: int = 0,
+    elem: int = 1,
 ) -> None:
-    """VMUL over n contiguous int8 elements of a and, with `row` = 0, as many of b; else b is one
-    row of `row` bytes multiplied into every `unit` bytes of a (a per-channel gate: the first `row`
-    bytes of each pixel). `pad_runs` (offset, width) of each unit are then set to the output zero
-    point (bytes the product does not cover)."""
+    """VMUL over n contiguous bytes (`elem`-byte elements) of a and, with `row` = 0, as many of b;
+    else b is one row of `row` elements multiplied into every `unit` bytes of a (a per-channel
+    gate: the first `row` elements of each pixel). `pad_runs` (offset, width: elements) of each unit
+    are then set to the output zero point (elements the product does not cover)."""
+    flags = i16_flags(elem, "a", "b", "dst")
 
     def op(bufs: list[int], c: int, rows: int, cols: int) -> None:
         x = bufs[0]
         if row:
             b.add("vmul", a=x, b=0, dst=x, rows=c // unit, cols=row, a_stride=unit, b_stride=0,
-                  dst_stride=unit, **params)  # fmt: skip
+                  dst_stride=unit, **params, **flags)  # fmt: skip
         else:
-            b.add("vmul", a=x, b=bufs[1], dst=x, rows=rows, cols=cols, a_stride=cols, b_stride=cols,
-                  dst_stride=cols, **params)  # fmt: skip
-        _reset_padding(b, x, c, unit, pad_runs, params["zp_out"])
+            b.add("vmul", a=x, b=bufs[1], dst=x, rows=rows, cols=cols // elem, a_stride=cols, b_stride=cols,
+                  dst_stride=cols, **params, **flags)  # fmt: skip
+        _reset_padding(b, x, c, unit, pad_runs, params["zp_out"], elem)
 
     if row:
-        _chunked(b, cfg, (a,), dst, n, unit, max_step, op, _load_resident(b, cfg, bb, row))
+        _chunked(b, cfg, (a,), dst, n, unit, max_step, op, _load_resident(b, cfg, bb, row * elem))
     else:
         _chunked(b, cfg, (a, bb), dst, n, unit, max_step, op)
 
@@ -183,8 +256,10 @@ def concat_program(
     max_step: int = 0,
 ) -> None:
     """Copy each input (act, width in bytes per pixel, byte offset in an output pixel, rescale) into
-    its slice of the output's pixels; `rescale` is a VMAP when the input is quantised differently."""
-    out_w = y.layout.cp if y.layout.kind == "hwc" else y.q.shape[1]
+    its slice of the output's pixels; `rescale` is a VMAP when the input is quantised differently
+    (inputs and output share one element type)."""
+    e = y.layout.elem
+    out_w = (y.layout.cp if y.layout.kind == "hwc" else y.q.shape[1]) * e
     k = 0
     for act, width, off, rescale in parts:
         per = max(1, min(0xFFFF, (cfg.spad_bytes // 2) // width, _step_bytes(cfg, max_step) // width))
@@ -206,10 +281,11 @@ def concat_program(
                     src=buf,
                     dst=buf,
                     rows=pc,
-                    cols=width,
+                    cols=width // e,
                     src_stride=width,
                     dst_stride=width,
                     **rescale,
+                    **i16_flags(e, "src", "dst"),
                 )
             b.add(
                 "store",

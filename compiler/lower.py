@@ -142,15 +142,21 @@ class Lowerer:
         for n in graph.nodes:
             if n.op_type == "QuantizeLinear":
                 zp_name = n.input[2] if len(n.input) > 2 else ""
-                if zp_name and self.consts[zp_name].dtype != np.int8:
+                dtype = self.consts[zp_name].dtype if zp_name else np.dtype(np.uint8)
+                if dtype not in (np.int8, np.int16):
                     raise CompileError(
-                        f"{self.where(n)}: only int8 activations are supported "
-                        f"(zero point type {self.consts[zp_name].dtype})"
+                        f"{self.where(n)}: only int8 and int16 activations are supported "
+                        f"(zero point type {dtype})"
                     )
                 zp = self.scalar(zp_name, n) if zp_name else 0
+                if dtype == np.int16 and zp != 0:
+                    raise CompileError(
+                        f"{self.where(n)}: int16 activations must be symmetric (zero point {zp}, not 0)"
+                    )
                 self.qt[n.output[0]] = QTensor(
-                    n.output[0], self.shape(n.input[0], n), float(self.scalar(n.input[1], n)), int(zp)
-                )
+                    n.output[0], self.shape(n.input[0], n), float(self.scalar(n.input[1], n)), int(zp),
+                    dtype.itemsize,
+                )  # fmt: skip
 
     # -- reading the graph ------------------------------------------------------------------------
     def where(self, n: onnx.NodeProto) -> str:
@@ -275,9 +281,9 @@ class Lowerer:
         if layout is None:
             if len(q.shape) == 4:
                 cp = bank_stride(self.cfg, round_up(q.shape[1], self.ca), self.ca)
-                layout = Layout.hwc(q.shape, self.ca, cp=cp)
+                layout = Layout.hwc(q.shape, self.ca, cp=cp, elem=q.elem)
             else:
-                layout = Layout.dense(q.shape)
+                layout = Layout.dense(q.shape, q.elem)
         a = Act(q, self.alloc.take(layout.nbytes, what), layout)
         self.acts[q.name] = a
         return a
@@ -294,6 +300,19 @@ class Lowerer:
         a = Act(QTensor(name, tuple(shape), 1.0, 0), self.alloc.take(lay.nbytes, what), lay, scales)
         self.acts[name] = a
         return a
+
+    def touches_int16(self, n: onnx.NodeProto) -> bool:
+        """True when the node reads or writes an int16 activation."""
+        for name in n.input:
+            p = self.graph.producers.get(name)
+            if p is not None and p.op_type == "DequantizeLinear" and p.input[0] in self.qt:
+                if self.qt[p.input[0]].wide:
+                    return True
+        for name in n.output:
+            for c in self.graph.consumers.get(name, []):
+                if c.op_type == "QuantizeLinear" and self.qt[c.output[0]].wide:
+                    return True
+        return False
 
     def quantised(self, name: str) -> bool:
         """True when a QuantizeLinear reads the float tensor `name`."""

@@ -39,8 +39,9 @@ class GemmTiling:
     tk: int
 
 
-def choose_tiling(cfg: NpuConfig, m: int, n: int, k: int) -> GemmTiling:
-    """Largest tiles that fit double-buffered: prefer whole N (B^T loaded once per N tile), then M."""
+def choose_tiling(cfg: NpuConfig, m: int, n: int, k: int, ea: int = 1, ey: int = 1) -> GemmTiling:
+    """Largest tiles that fit double-buffered: prefer whole N (B^T loaded once per N tile), then M.
+    `ea`, `ey`: bytes of an A and an output element (int16 activations: 2)."""
     cm, cn = cfg.clusters, cfg.pes_per_cluster
     best = None
     for tk in sorted(
@@ -56,10 +57,10 @@ def choose_tiling(cfg: NpuConfig, m: int, n: int, k: int) -> GemmTiling:
                 continue
             while tm >= cm:
                 if cfg.spad_banked:  # activations in the lower half, weights in the upper half
-                    half, rs = cfg.spad_bytes // 2, row_stride(cfg, tk)
-                    fits = 2 * tm * rs + 2 * tm * tn <= half and 2 * tn * rs <= half
+                    half, rs, ra = cfg.spad_bytes // 2, row_stride(cfg, tk), row_stride(cfg, ea * tk)
+                    fits = 2 * tm * ra + 2 * tm * tn * ey <= half and 2 * tn * rs <= half
                 else:
-                    fits = 2 * tm * tk + 2 * tn * tk + 2 * tm * tn <= cfg.spad_bytes
+                    fits = 2 * tm * tk * ea + 2 * tn * tk + 2 * tm * tn * ey <= cfg.spad_bytes
                 if fits:
                     break
                 tm -= cm
@@ -110,20 +111,22 @@ def per_column_table(cfg: NpuConfig, mult, shift) -> tuple[NpuConfig, PerColumn 
 
 
 def add_requant(b: ProgramBuilder, rq: dict, ch0: int, *, src: int, dst: int, cols: int, **fields) -> None:
-    """VMAP(s) from int32 accumulator columns of channels ch0 .. ch0 + cols - 1 to int8. `rq`: the
+    """VMAP(s) from int32 accumulator columns of channels ch0 .. ch0 + cols - 1 to int8 (int16 with
+    `dst_i16` in `rq`). `rq`: the
     requantisation fields, with `mult`/`shift` either one value or one per channel (per-channel
     weight scales): then, with a table (`per_col`, a PerColumn), per-column VMAPs of at most
     PER_COL_MAX columns, else one VMAP per run of columns that share them. Columns past the
     arrays' end are padding channels and take the last channel's pair."""
     mult, shift = rq["mult"], rq["shift"]
     rest = {k: v for k, v in rq.items() if k not in ("mult", "shift", "per_col")}
+    e = 2 if rq.get("dst_i16") else 1  # bytes of an output element
     pc: PerColumn | None = rq.get("per_col")
     if pc is not None:
         assert ch0 + cols <= pc.n, (ch0, cols, pc.n)
         for c0 in range(0, cols, PER_COL_MAX):
             w = min(PER_COL_MAX, cols - c0)
             at = ch0 + c0
-            b.add("vmap", src=src + 4 * c0, dst=dst + c0, cols=w, src_type=1, per_col=1,
+            b.add("vmap", src=src + 4 * c0, dst=dst + e * c0, cols=w, src_type=1, per_col=1,
                   mults=pc.base + 4 * at, shifts=pc.base + 4 * pc.n + at, **rest, **fields)  # fmt: skip
         return
     if np.ndim(mult) == 0 and np.ndim(shift) == 0:
@@ -135,7 +138,7 @@ def add_requant(b: ProgramBuilder, rq: dict, ch0: int, *, src: int, dst: int, co
     for c in range(1, cols + 1):
         if c == cols or pairs[c] != pairs[c0]:
             m, s = pairs[c0]
-            b.add("vmap", src=src + 4 * c0, dst=dst + c0, cols=c - c0, src_type=1, mult=m, shift=s,
+            b.add("vmap", src=src + 4 * c0, dst=dst + e * c0, cols=c - c0, src_type=1, mult=m, shift=s,
                   **rest, **fields)  # fmt: skip
             c0 = c
 
@@ -160,6 +163,8 @@ def gemm_program(
     cp_base: int = 0,
     per_col: PerColumn | None = None,
     out_i32: bool = False,
+    ea: int = 1,
+    ey: int = 1,
 ) -> BuiltProgram | None:
     """Tiled GEMM + requantise (+ ReLU) program; a cancellation point after every
     `cancel_every` output tiles (0: none). `mult`/`shift`: one pair, or one per output column.
@@ -167,29 +172,31 @@ def gemm_program(
     `builder`, the instructions are appended to it and nothing is returned (the caller builds).
     `per_col`: per-channel `mult`/`shift` from a table already in the scratchpad
     (`per_column_table`; plan with the configuration it returns). `out_i32`: C is stored as it is
-    (m x n int32, no requantisation)."""
-    t = tiling or choose_tiling(cfg, m, n, k)
+    (m x n int32, no requantisation). `ea`, `ey`: bytes of an A and an output element (int16
+    activations: 2)."""
+    t = tiling or choose_tiling(cfg, m, n, k, ea, ey)
     b = builder if builder is not None else ProgramBuilder(cfg)
-    a_stride_sp = row_stride(cfg, t.tk)
+    a_stride_sp = row_stride(cfg, t.tk * ea)
+    b_stride_sp = row_stride(cfg, t.tk)
     a_buf = [0, t.tm * a_stride_sp]
     # a banked scratchpad keeps weights (B^T) in its upper half, apart from the activations' banks
     b_base = cfg.spad_bytes // 2 if cfg.spad_banked else 2 * t.tm * a_stride_sp
-    b_buf = [b_base, b_base + t.tn * a_stride_sp]
+    b_buf = [b_base, b_base + t.tn * b_stride_sp]
     o_base = (
-        2 * t.tm * a_stride_sp if cfg.spad_banked else round_up(b_base + 2 * t.tn * a_stride_sp, cfg.lanes)
+        2 * t.tm * a_stride_sp if cfg.spad_banked else round_up(b_base + 2 * t.tn * b_stride_sp, cfg.lanes)
     )
-    o_buf = [o_base, o_base + t.tm * t.tn]
+    o_buf = [o_base, o_base + t.tm * t.tn * ey]
 
-    def load_rows(spad: int, dram: int, rows: int, cols: int, label: str) -> None:
-        """An operand tile: `rows` rows of `cols` bytes, k bytes apart in DRAM."""
+    def load_rows(spad: int, dram: int, rows: int, cols: int, label: str, stride: int, e: int = 1) -> None:
+        """An operand tile: `rows` rows of `cols` elements of `e` bytes, k elements apart in DRAM."""
         b.add(
             "load",
             spad=spad,
             dram=dram,
             rows=rows,
-            cols=cols,
-            spad_stride=a_stride_sp,
-            dram_stride=k,
+            cols=cols * e,
+            spad_stride=stride,
+            dram_stride=k * e,
             label=label,
         )
 
@@ -208,7 +215,7 @@ def gemm_program(
                 dram=bt_addr + n0 * k,
                 rows=tn,
                 cols=k,
-                spad_stride=a_stride_sp,
+                spad_stride=b_stride_sp,
                 dram_stride=k,
                 label=f"load B n{n0}",
             )
@@ -231,10 +238,10 @@ def gemm_program(
                 if ksplit:
                     bb = b_buf[n_bload % 2]
                     n_bload += 1
-                    load_rows(bb, bt_addr + n0 * k + k0, tn, tk, f"load B n{n0} k{k0}")
+                    load_rows(bb, bt_addr + n0 * k + k0, tn, tk, f"load B n{n0} k{k0}", b_stride_sp)
                 ab = a_buf[n_aload % 2]
                 n_aload += 1
-                load_rows(ab, a_addr + m0 * k + k0, tm, tk, f"load A m{m0} k{k0}")
+                load_rows(ab, a_addr + (m0 * k + k0) * ea, tm, tk, f"load A m{m0} k{k0}", a_stride_sp, ea)
                 b.add(
                     "matmul",
                     a=ab,
@@ -244,9 +251,10 @@ def gemm_program(
                     n=tn,
                     k=tk,
                     a_stride=a_stride_sp,
-                    b_stride=a_stride_sp,
+                    b_stride=b_stride_sp,
                     c_stride=c_stride,
                     accumulate=int(k0 > 0 or bias_addr is not None),
+                    a_i16=int(ea == 2),
                     label=f"matmul m{m0} n{n0} k{k0}",
                 )
             if out_i32:  # the accumulator rows go to DRAM as they are
@@ -262,26 +270,29 @@ def gemm_program(
                 )
             else:
                 obuf = o_buf[it % 2]
+                rq = dict(mult=mult, shift=shift, zp_out=zp_out, lo=lo, hi=127, per_col=per_col)
+                if ey == 2:  # int16 output: the clamp bounds its high byte (ReLU: 0)
+                    rq.update(dst_i16=1, lo=0 if relu else -128)
                 add_requant(
                     b,
-                    dict(mult=mult, shift=shift, zp_out=zp_out, lo=lo, hi=127, per_col=per_col),
+                    rq,
                     n0,
                     src=cbuf,
                     dst=obuf,
                     rows=tm,
                     cols=tn,
                     src_stride=c_stride,
-                    dst_stride=tn,
+                    dst_stride=tn * ey,
                     label=f"requant m{m0} n{n0}",
                 )
                 b.add(
                     "store",
                     spad=obuf,
-                    dram=c_addr + m0 * n + n0,
+                    dram=c_addr + (m0 * n + n0) * ey,
                     rows=tm,
-                    cols=tn,
-                    spad_stride=tn,
-                    dram_stride=n,
+                    cols=tn * ey,
+                    spad_stride=tn * ey,
+                    dram_stride=n * ey,
                     label=f"store m{m0} n{n0}",
                 )
             it += 1

@@ -31,12 +31,26 @@ ORT_MAX_IR = 10
 
 @dataclass
 class QTensor:
-    """An int8 tensor: real value = scale * (q - zero_point)."""
+    """An int8 (`elem` 1) or int16 (`elem` 2) tensor: real value = scale * (q - zero_point)."""
 
     name: str
     shape: tuple[int, ...]
     scale: float
     zero_point: int
+    elem: int = 1
+
+    @property
+    def qmin(self) -> int:
+        return -(1 << (8 * self.elem - 1))
+
+    @property
+    def qmax(self) -> int:
+        return (1 << (8 * self.elem - 1)) - 1
+
+    @property
+    def wide(self) -> bool:
+        """True for int16."""
+        return self.elem == 2
 
 
 @dataclass
@@ -87,7 +101,10 @@ def channel_requant(x: QTensor, s_w: np.ndarray, y: QTensor, where: str, lo: int
         mult, shift = pairs[0]
     else:
         mult, shift = np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
-    return dict(mult=mult, shift=shift, zp_out=y.zero_point, lo=lo, hi=127)
+    rq = dict(mult=mult, shift=shift, zp_out=y.zero_point, lo=lo, hi=127)
+    if y.wide:  # int16: lo and hi bound the high byte (lo = 0: ReLU at zero point 0)
+        rq.update(dst_i16=1, zp_out=0, lo=lo if lo == -128 else lo >> 8)
+    return rq
 
 
 def add_multipliers(ra: float, rb: float, where: str) -> tuple[int, int, int]:
@@ -108,10 +125,14 @@ def add_multipliers(ra: float, rb: float, where: str) -> tuple[int, int, int]:
 def requant_params(
     x: QTensor, y: QTensor, where: str, lo: float | None = None, hi: float | None = None
 ) -> dict:
-    """VMAP fields that take int8 `x` to `y`'s quantisation, clamped to the real range [lo, hi]."""
+    """VMAP fields that take `x` to `y`'s quantisation, clamped to the real range [lo, hi]. An int16
+    `y`'s clamp bounds its high byte (docs/isa.md): a bound between two multiples of 256 steps is
+    taken at the outer one (ReLU's 0 and the type's ends are exact)."""
     mult, shift = quant_multiplier(x.scale / y.scale, where)
-    lo_q = -128 if lo is None else int(np.clip(np.rint(lo / y.scale) + y.zero_point, -128, 127))
-    hi_q = 127 if hi is None else int(np.clip(np.rint(hi / y.scale) + y.zero_point, -128, 127))
+    lo_q = y.qmin if lo is None else int(np.clip(np.rint(lo / y.scale) + y.zero_point, y.qmin, y.qmax))
+    hi_q = y.qmax if hi is None else int(np.clip(np.rint(hi / y.scale) + y.zero_point, y.qmin, y.qmax))
+    if y.wide:
+        lo_q, hi_q = lo_q // 256, -((-(hi_q - 255)) // 256)
     return dict(mult=mult, shift=shift, zp_in=x.zero_point, zp_out=y.zero_point, lo=lo_q, hi=hi_q)
 
 
@@ -270,17 +291,58 @@ def calibration_batches(model: onnx.ModelProto, calib: object, source: str) -> l
     ]
 
 
+#: `--activations`: the activations' integer type (weights are int8 either way)
+ACTIVATIONS = ("int8", "int16")
+#: int16 activations get this many times the calibrated range: inputs unlike the calibration data
+#: (a real scan after rendered pages) reach 1.4-2.8x the ranges it saw; int16 keeps the resolution
+#: that headroom costs (docs/real_models.md)
+INT16_HEADROOM = 2.0
+
+
+def _int16_overrides(model_path: Path, batches: list, method, source: str) -> dict:
+    """onnxruntime's per-tensor range overrides for int16 activations: the calibrated range of every
+    activation times INT16_HEADROOM, except where a Clip bounds it (the quantiser folds a Clip into
+    its output's range, which must stay the Clip's)."""
+    from onnxruntime.quantization.calibrate import create_calibrator
+
+    model = onnx.load(str(model_path))
+    clipped = {o for n in model.graph.node if n.op_type == "Clip" for o in n.output}
+    with tempfile.TemporaryDirectory() as d:
+        cal = create_calibrator(model_path, augmented_model_path=str(Path(d) / "augmented.onnx"),
+                                calibrate_method=method)  # fmt: skip
+
+        class Reader:
+            def __init__(self):
+                self.it = iter(batches)
+
+            def get_next(self):
+                return next(self.it, None)
+
+        cal.collect_data(Reader())
+        ranges = cal.compute_data()
+    out = {}
+    for name in ranges.data:
+        lo, hi = (float(np.asarray(v).reshape(-1)[0]) for v in ranges[name].range_value)
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise CompileError(f"{source}: calibration gives tensor {name!r} the range {lo}..{hi}")
+        k = 1.0 if name in clipped else INT16_HEADROOM
+        out[name] = [{"rmin": np.float32(k * min(lo, 0.0)), "rmax": np.float32(k * max(hi, 0.0))}]
+    return out
+
+
 def quantize_float_model(
     model: onnx.ModelProto,
     calib: np.ndarray,
     source: str = "model",
     per_channel: bool = False,
     calib_method: str = "minmax",
+    activations: str = "int8",
 ) -> onnx.ModelProto:
-    """Static QDQ int8 quantisation of a float model with onnxruntime, from calibration inputs;
+    """Static QDQ quantisation of a float model with onnxruntime, from calibration inputs;
     weights get one scale per output channel (`per_channel`) or one per tensor; activation ranges
     from `calib_method`: the extremes seen (minmax), the 99.999th percentile of magnitudes
-    (percentile) or the range that keeps the histogram's entropy (entropy)."""
+    (percentile) or the range that keeps the histogram's entropy (entropy). `activations`: "int8"
+    (asymmetric), or "int16" (symmetric, INT16_HEADROOM times the calibrated ranges)."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         CalibrationMethod,
@@ -293,6 +355,8 @@ def quantize_float_model(
                "entropy": CalibrationMethod.Entropy}  # fmt: skip
     if calib_method not in methods:
         raise CompileError(f"calib_method must be one of {', '.join(CALIB_METHODS)}, not {calib_method!r}")
+    if activations not in ACTIVATIONS:
+        raise CompileError(f"activations must be one of {', '.join(ACTIVATIONS)}, not {activations!r}")
 
     batches = calibration_batches(model, calib, source)
 
@@ -308,6 +372,9 @@ def quantize_float_model(
         model = onnx.ModelProto.FromString(model.SerializeToString())
         model.ir_version = min(model.ir_version, ORT_MAX_IR)  # onnxruntime lags the onnx package
         onnx.save(model, str(src))
+        options = {"WeightSymmetric": True, "ActivationSymmetric": activations == "int16"}
+        if activations == "int16":
+            options["TensorQuantOverrides"] = _int16_overrides(src, batches, methods[calib_method], source)
         quantize_static(
             str(src),
             str(dst),
@@ -315,8 +382,8 @@ def quantize_float_model(
             quant_format=QuantFormat.QDQ,
             per_channel=per_channel,
             calibrate_method=methods[calib_method],
-            activation_type=QuantType.QInt8,
+            activation_type=QuantType.QInt16 if activations == "int16" else QuantType.QInt8,
             weight_type=QuantType.QInt8,
-            extra_options={"WeightSymmetric": True, "ActivationSymmetric": False},
+            extra_options=options,
         )
         return shape_inference.infer_shapes(onnx.load(str(dst)))

@@ -122,8 +122,10 @@ def _load_band(
     col0: int = 0,
 ) -> None:
     """Padded input rows for output rows [y0, y0 + rows_out) of frame n, all channels, at `buf`;
-    `g` may be a strip of the tensor's width starting at input column `col0` (Geometry.strip)."""
-    cp = x.layout.cp
+    `g` may be a strip of the tensor's width starting at input column `col0` (Geometry.strip).
+    `fill`: the padding's int8 value, or for an int16 tensor its high byte (0, or -128 for -32768)."""
+    e = x.layout.elem
+    cp = x.layout.cp * e  # bytes of a pixel
     width = x.layout.nchw[3]  # the tensor's row, of which the band reads g.w columns
     top = y0 * g.sh - g.pt  # first input row (may be negative: padding)
     bottom = top + g.in_rows(rows_out)
@@ -144,6 +146,7 @@ def _load_band(
         pad_left=g.pl * cp,
         pad_right=(g.wp - g.w - g.pl) * cp if r1 > r0 else g.wp * cp - g.pl * cp,
         pad_value=fill,
+        pad_i16=int(e == 2 and fill != 0),
         label=label,
     )
 
@@ -196,11 +199,15 @@ def plan_conv(
     where: str,
     max_step: int = 0,
     max_live: int = 0,
+    ex: int = 1,
+    ey: int = 1,
 ) -> ConvPlan:
     """Pick output/input channel tile sizes and the row band height with the cost model.
-    `win_of(co_t)`: the input channels (bytes of an input pixel) a tile of co_t output channels
-    reads: all of them, or for a grouped convolution the widest window of its groups."""
+    `win_of(co_t)`: the input channels a tile of co_t output channels reads: all of them, or for a
+    grouped convolution the widest window of its groups. `ex`, `ey`: the input's and the output's
+    element bytes (int16: 2; the output's int8 or int16 tile on chip)."""
     ca = channel_align(cfg)
+    cpx *= ex  # bytes of an input pixel from here on
     if g.wp * cpx > 0xFFFF:
         raise CompileError(f"{where}: an input row of {g.wp} x {cpx} bytes exceeds one DMA row (65535)")
     band_mode = g.sh == 1 and g.sw == 1
@@ -225,9 +232,9 @@ def plan_conv(
             while lo <= hi:  # largest band that fits (sizes grow with rows)
                 r = (lo + hi) // 2
                 m = _conv_m(g, r, band_mode)
-                steps = cdiv(m, cfg.clusters) * cdiv(co_t, cfg.pes_per_cluster) * cdiv(ci_t, cfg.lanes)
+                steps = cdiv(m, cfg.clusters) * cdiv(co_t, cfg.pes_per_cluster) * cdiv(ex * ci_t, cfg.lanes)
                 fits = (
-                    2 * (g.in_rows(r) * g.wp * cpx + m * co_t) <= room
+                    2 * (g.in_rows(r) * g.wp * cpx + m * co_t * ey) <= room
                     and 2 * m * acc_row_stride(cfg, co_t) <= cfg.acc_bytes
                     and m <= 0xFFFF
                     # with a cancellation interval, one band must not take longer than it
@@ -242,19 +249,19 @@ def plan_conv(
             bands = cdiv(g.oh, rows) * g.n
             m = _conv_m(g, rows, band_mode)
             mm_per_band = n_ci * taps * (1 if band_mode else rows)
-            steps = cdiv(m, cfg.clusters) * cdiv(co_t, cfg.pes_per_cluster) * cdiv(ci_t, cfg.lanes)
+            steps = cdiv(m, cfg.clusters) * cdiv(co_t, cfg.pes_per_cluster) * cdiv(ex * ci_t, cfg.lanes)
             matrix = n_co * bands * (mm_per_band * cfg.matrix_latency + n_ci * taps * steps)
             in_bytes = n_co * bands * g.in_rows(rows) * g.wp * cpx
             w_bytes = (n_co * taps * win * co_t) * (bands if n_ci > 1 else 1)
             load = (in_bytes + w_bytes) // cfg.bus_bytes + n_co * bands * (2 + n_ci) * cfg.dma_latency
-            vector = n_co * bands * m * cdiv(co_t, cfg.vector_lanes)
+            vector = n_co * bands * m * cdiv(co_t * ey, cfg.vector_lanes)
             est = max(matrix, load, vector)
             band = n_ci * taps * (cfg.matrix_latency + steps)
             # between bands the weights stay on chip: too many of them and no point can go there
             live_blocked = bool(max_step) and bands > g.n and n_ci == 1 and wbytes > max_live
             key = (bool(max_step) and band > max_step, live_blocked, est, n_co * n_ci)
             if best is None or key < best[0]:
-                spad = wbufs * wbytes + 2 * (g.in_rows(rows) * g.wp * cpx + m * co_t)
+                spad = wbufs * wbytes + 2 * (g.in_rows(rows) * g.wp * cpx + m * co_t * ey)
                 best = (key, ConvPlan(co_t, ci_t, rows, band_mode, est, spad))
     if best is None:
         # what the smallest tiling (one output row, the narrowest channel tiles) would need
@@ -263,7 +270,7 @@ def plan_conv(
         ci_t = max(ca, round_up(cdiv(win, 128), ca))
         m = _conv_m(g, 1, band_mode)
         w = co_t * bank_stride(cfg, taps * ci_t, cfg.lanes) * (1 if co_t >= cout_p and ci_t >= win else 2)
-        spad = w + 2 * (g.in_rows(1) * g.wp * cpx + m * co_t)
+        spad = w + 2 * (g.in_rows(1) * g.wp * cpx + m * co_t * ey)
         raise CompileError(
             f"{where}: no tiling fits {memory_name(cfg)} and {memory_name(cfg, acc=True)}: the smallest "
             f"(one output row of {g.ow} pixels, {co_t} output and {ci_t} input channels, an input band of "
@@ -321,6 +328,8 @@ def conv_program(
     ca = channel_align(cfg)
     cout, cin_g = weights.shape[:2]
     cpx, cpy = x.layout.cp, y.layout.cp
+    ex = x.layout.elem  # int16 input: 2 bytes an element (A of the MATMULs)
+    ey = 1 if rq is None else y.layout.elem  # the requantised output's element bytes
     chanx = np.asarray(x.layout.chan)
     cout_g = cout // groups
     co_step = ca if groups == 1 else (round_up(cout_g, ca) if cout_g % ca == 0 else ca)
@@ -336,7 +345,7 @@ def conv_program(
         return max(window(c0, co_t)[1] for c0 in range(0, cout, co_t)) if groups > 1 else cpx
 
     plan, gp = plan_conv_strips(
-        g, lambda geo: plan_conv(cfg, geo, cpx, cpy, win_of, co_step, where, max_step, max_live)
+        g, lambda geo: plan_conv(cfg, geo, cpx, cpy, win_of, co_step, where, max_step, max_live, ex, ey)
     )
     strips = [(g, 0, 0)]  # (geometry, first input column, first output column) of each strip
     if plan.cols:
@@ -366,7 +375,7 @@ def conv_program(
     # on-chip buffers
     band_mode = plan.band_mode
     m_max = _conv_m(gp, plan.rows, band_mode)
-    in_bytes = gp.in_rows(plan.rows) * gp.wp * cpx
+    in_bytes = gp.in_rows(plan.rows) * gp.wp * cpx * ex
     wbytes = plan.co_t * bank_stride(cfg, taps * plan.ci_t, cfg.lanes)
     single_w = len(tiles) == 1 and len(tiles[0].chunks) == 1
     act_bytes, w_base = spad_regions(cfg)
@@ -374,10 +383,10 @@ def conv_program(
     base = 0 if cfg.spad_banked else w_bufs[-1] + round_up(wbytes, cfg.lanes)
     in_bufs = [base, base + round_up(in_bytes, cfg.lanes)]
     base = in_bufs[1] + round_up(in_bytes, cfg.lanes)
-    out_bufs = [base, base + round_up(m_max * plan.co_t, cfg.lanes)]
+    out_bufs = [base, base + round_up(m_max * plan.co_t * ey, cfg.lanes)]
     acc_tile = m_max * acc_row_stride(cfg, plan.co_t)
     acc_bufs = [ACC_BASE, ACC_BASE + acc_tile]
-    assert out_bufs[1] + m_max * plan.co_t <= act_bytes and 2 * acc_tile <= cfg.acc_bytes
+    assert out_bufs[1] + m_max * plan.co_t * ey <= act_bytes and 2 * acc_tile <= cfg.acc_bytes
     assert w_bufs[-1] + wbytes <= cfg.spad_bytes
 
     zpx = x.q.zero_point
@@ -405,7 +414,7 @@ def conv_program(
                 m = _conv_m(gs, rows, band_mode)
                 ib, ob, ab = in_bufs[k % 2], out_bufs[k % 2], acc_bufs[k % 2]
                 k += 1
-                _load_band(b, x, gs, n, y0, rows, ib, zpx, f"input n{n} y{y0} x{x0}", col0)
+                _load_band(b, x, gs, n, y0, rows, ib, zpx if ex == 1 else 0, f"input n{n} y{y0} x{x0}", col0)
                 b.add(
                     "load",
                     spad=ab,
@@ -433,35 +442,37 @@ def conv_program(
                     for ky in range(g.kh):
                         for kx in range(g.kw):
                             bw = wb + (ky * g.kw + kx) * cl
-                            chan = t.win0 + c0 + kx * g.dw * cpx
+                            chan = (t.win0 + c0 + kx * g.dw * cpx) * ex  # bytes into the band
                             if band_mode:
                                 b.add(
                                     "matmul",
-                                    a=ib + ky * g.dh * gs.wp * cpx + chan,
+                                    a=ib + ky * g.dh * gs.wp * cpx * ex + chan,
                                     b=bw,
                                     c=ab,
                                     m=m,
                                     n=t.co_t,
                                     k=cl,
-                                    a_stride=cpx,
+                                    a_stride=cpx * ex,
                                     b_stride=bank_stride(cfg, taps * cl, cfg.lanes),
                                     c_stride=c_stride,
                                     accumulate=1,
+                                    a_i16=int(ex == 2),
                                 )
                             else:
                                 for r in range(rows):
                                     b.add(
                                         "matmul",
-                                        a=ib + (r * g.sh + ky * g.dh) * gs.wp * cpx + chan,
+                                        a=ib + (r * g.sh + ky * g.dh) * gs.wp * cpx * ex + chan,
                                         b=bw,
                                         c=ab + r * gs.ow * c_stride,
                                         m=gs.ow,
                                         n=t.co_t,
                                         k=cl,
-                                        a_stride=g.sw * cpx,
+                                        a_stride=g.sw * cpx * ex,
                                         b_stride=bank_stride(cfg, taps * cl, cfg.lanes),
                                         c_stride=c_stride,
                                         accumulate=1,
+                                        a_i16=int(ex == 2),
                                     )
                 wv = gs.wp if band_mode else gs.ow
                 if rq is None:  # int32 results: each output row's pixels straight from the accumulators
@@ -480,30 +491,31 @@ def conv_program(
                     b.candidate()
                     continue
                 add_requant(
-                    b, rq, t.co0, src=ab, dst=ob, rows=m, cols=t.co_t, src_stride=c_stride, dst_stride=t.co_t
-                )
-                out = y.addr + ((n * g.oh + y0) * g.ow + x0) * cpy + t.co0
+                    b, rq, t.co0, src=ab, dst=ob, rows=m, cols=t.co_t, src_stride=c_stride,
+                    dst_stride=t.co_t * ey,
+                )  # fmt: skip
+                out = y.addr + (((n * g.oh + y0) * g.ow + x0) * cpy + t.co0) * ey
                 if t.co_t == cpy:
                     b.add(
                         "store",
                         spad=ob,
                         dram=out,
                         rows=rows,
-                        cols=gs.ow * cpy,
-                        spad_stride=wv * cpy,
-                        dram_stride=g.ow * cpy,
+                        cols=gs.ow * cpy * ey,
+                        spad_stride=wv * cpy * ey,
+                        dram_stride=g.ow * cpy * ey,
                         label="output",
                     )
                 else:
                     for r in range(rows):
                         b.add(
                             "store",
-                            spad=ob + r * wv * t.co_t,
-                            dram=out + r * g.ow * cpy,
+                            spad=ob + r * wv * t.co_t * ey,
+                            dram=out + r * g.ow * cpy * ey,
                             rows=gs.ow,
-                            cols=t.co_t,
-                            spad_stride=t.co_t,
-                            dram_stride=cpy,
+                            cols=t.co_t * ey,
+                            spad_stride=t.co_t * ey,
+                            dram_stride=cpy * ey,
                             label="output",
                         )
                 b.candidate()  # between bands: only the resident weights are live
@@ -531,7 +543,9 @@ def pool_program(
     `rescale` an optional in-place VMAP after a max pool whose output is quantised differently."""
     ca = channel_align(cfg)
     cp = x.layout.cp
-    fill = -128 if mode == 0 else x.q.zero_point
+    e = x.layout.elem  # int16: 2 bytes an element (the output has the same type)
+    flags = {"src_i16": 1, "dst_i16": 1} if e == 2 else {}
+    fill = -128 if mode == 0 else x.q.zero_point  # int16: the high byte (-32768 for max pooling)
     if g.kh > 255 or g.kw > 255 or g.sh > 255 or g.sw > 255:
         raise CompileError(f"{where}: pooling window or stride above 255")
     best = None
@@ -541,11 +555,11 @@ def pool_program(
         lo, hi, rows = 1, g.oh, 0
         while lo <= hi:
             r = (lo + hi) // 2
-            need = 2 * (g.in_rows(r) * g.wp * ct + r * g.ow * ct)
-            step = r * g.ow * g.kh * g.kw * cdiv(ct, cfg.vector_lanes)
+            need = 2 * (g.in_rows(r) * g.wp * ct + r * g.ow * ct) * e
+            step = r * g.ow * g.kh * g.kw * cdiv(ct * e, cfg.vector_lanes)
             if (
                 need <= spad_regions(cfg)[0]
-                and g.wp * ct <= 0xFFFF
+                and g.wp * ct * e <= 0xFFFF
                 and (not max_step or r == 1 or step <= max_step)
             ):
                 rows, lo = r, r + 1
@@ -561,8 +575,8 @@ def pool_program(
             f"row (input width {g.wp}) need {need} bytes"
         )
     ct, rows_max = best
-    in_bytes = g.in_rows(rows_max) * g.wp * ct
-    out_bytes = rows_max * g.ow * ct
+    in_bytes = g.in_rows(rows_max) * g.wp * ct * e
+    out_bytes = rows_max * g.ow * ct * e
     in_bufs = [0, round_up(in_bytes, cfg.lanes)]
     o0 = 2 * in_bufs[1]
     out_bufs = [o0, o0 + round_up(out_bytes, cfg.lanes)]
@@ -578,21 +592,23 @@ def pool_program(
                     _load_band(b, x, g, n, y0, rows, ib, fill, f"input n{n} y{y0}")
                 else:  # a channel slice: one DMA row per pixel, padding pixels as pad rows
                     top = y0 * g.sh - g.pt
+                    pad16 = int(e == 2 and fill != 0)
                     for i in range(g.in_rows(rows)):
                         h = top + i
-                        dst = ib + i * g.wp * cl
+                        dst = ib + i * g.wp * cl * e
                         if 0 <= h < g.h:
                             b.add(
                                 "load",
                                 spad=dst,
-                                dram=x.addr + ((n * g.h + h) * g.w) * cp + c0,
+                                dram=x.addr + (((n * g.h + h) * g.w) * cp + c0) * e,
                                 rows=g.w,
-                                cols=cl,
-                                spad_stride=cl,
-                                dram_stride=cp,
+                                cols=cl * e,
+                                spad_stride=cl * e,
+                                dram_stride=cp * e,
                                 pad_top=g.pl,
                                 pad_bottom=g.wp - g.w - g.pl,
                                 pad_value=fill,
+                                pad_i16=pad16,
                             )
                         else:
                             b.add(
@@ -601,9 +617,10 @@ def pool_program(
                                 rows=0,
                                 cols=0,
                                 pad_top=1,
-                                pad_left=g.wp * cl,
+                                pad_left=g.wp * cl * e,
                                 spad_stride=0,
                                 pad_value=fill,
+                                pad_i16=pad16,
                             )
                 b.add(
                     "pool",
@@ -619,19 +636,19 @@ def pool_program(
                     sw=g.sw,
                     mode=mode,
                     **rq,
+                    **flags,
                 )
                 row = g.ow * cl
                 if rescale is not None:
-                    b.add(
-                        "vmap", src=ob, dst=ob, rows=rows, cols=row, src_stride=row, dst_stride=row, **rescale
-                    )
-                out = y.addr + ((n * g.oh + y0) * g.ow) * cp + c0
+                    b.add("vmap", src=ob, dst=ob, rows=rows, cols=row, src_stride=row * e, dst_stride=row * e,
+                          **rescale, **flags)  # fmt: skip
+                out = y.addr + (((n * g.oh + y0) * g.ow) * cp + c0) * e
                 if cl == cp:
-                    b.add("store", spad=ob, dram=out, rows=rows, cols=row, spad_stride=row, dram_stride=row)
+                    b.add("store", spad=ob, dram=out, rows=rows, cols=row * e, spad_stride=row * e,
+                          dram_stride=row * e)  # fmt: skip
                 else:
-                    b.add(
-                        "store", spad=ob, dram=out, rows=rows * g.ow, cols=cl, spad_stride=cl, dram_stride=cp
-                    )
+                    b.add("store", spad=ob, dram=out, rows=rows * g.ow, cols=cl * e, spad_stride=cl * e,
+                          dram_stride=cp * e)  # fmt: skip
                 b.candidate()
     parts = ([f"frame x{g.n}"] if g.n > 1 else []) + ([f"channel x{cdiv(cp, ct)}"] if ct < cp else [])
     if rows_max < g.oh:
@@ -655,6 +672,8 @@ def global_pool_program(b: ProgramBuilder, cfg: NpuConfig, x: Act, y: Act, where
     ca = channel_align(cfg)
     n_frames, _, h, w = x.layout.nchw
     cp, cpy = x.layout.cp, y.layout.cp
+    e = x.layout.elem  # int16: 2 bytes an element (the output and the group means too)
+    flags = {"src_i16": 1, "dst_i16": 1} if e == 2 else {}
     if w > 255:
         raise CompileError(f"{where}: global pooling over rows of {w} pixels exceeds a POOL window's 255")
     g = next(d for d in range(1, h + 1) if h % d == 0 and h // d <= 255)  # rows per group
@@ -664,7 +683,7 @@ def global_pool_program(b: ProgramBuilder, cfg: NpuConfig, x: Act, y: Act, where
     tiles = {cp} | {max(ca, round_up(cdiv(cp, d), ca)) for d in (2, 4, 8, 16, 32, 64)}
     for ct in sorted(tiles, reverse=True):
         for r in sorted((d for d in range(g, h + 1, g) if h % d == 0), reverse=True):
-            if 2 * round_up(r * w * ct, cfg.lanes) + round_up(ng * ct, cfg.lanes) + 2 * ct <= act:
+            if 2 * round_up(r * w * ct * e, cfg.lanes) + round_up(ng * ct * e, cfg.lanes) + 2 * ct * e <= act:
                 best = (ct, r)
                 break
         if best:
@@ -680,11 +699,11 @@ def global_pool_program(b: ProgramBuilder, cfg: NpuConfig, x: Act, y: Act, where
     group.update(zp_in=zx, zp_out=zx, lo=-128, hi=127)
     final = dict(zip(("mult", "shift"), quant_multiplier(x.q.scale / (y.q.scale * ng), where), strict=True))
     final.update(zp_in=zx, zp_out=y.q.zero_point, lo=-128, hi=127)
-    step = round_up(r * w * ct, cfg.lanes)
+    step = round_up(r * w * ct * e, cfg.lanes)
     in_bufs = [0, step]
     part = 2 * step
-    o0 = part + round_up(ng * ct, cfg.lanes)
-    out_bufs = [o0, o0 + round_up(ct, cfg.lanes)]
+    o0 = part + round_up(ng * ct * e, cfg.lanes)
+    out_bufs = [o0, o0 + round_up(ct * e, cfg.lanes)]
     k = t = 0
     for c0 in range(0, cp, ct):
         cl = min(ct, cp - c0)
@@ -692,22 +711,22 @@ def global_pool_program(b: ProgramBuilder, cfg: NpuConfig, x: Act, y: Act, where
             for y0 in range(0, h, r):
                 ib = in_bufs[k % 2]
                 k += 1
-                first = x.addr + ((n * h + y0) * w) * cp
+                first = x.addr + ((n * h + y0) * w) * cp * e
                 if cl == cp:
-                    b.add("load", spad=ib, dram=first, rows=r, cols=w * cp, spad_stride=w * cp,
-                          dram_stride=w * cp, label=f"input n{n} rows {y0}")  # fmt: skip
+                    b.add("load", spad=ib, dram=first, rows=r, cols=w * cp * e, spad_stride=w * cp * e,
+                          dram_stride=w * cp * e, label=f"input n{n} rows {y0}")  # fmt: skip
                 else:  # a channel slice: one DMA row per pixel
-                    b.add("load", spad=ib, dram=first + c0, rows=r * w, cols=cl, spad_stride=cl,
-                          dram_stride=cp, label=f"input n{n} rows {y0} c{c0}")  # fmt: skip
+                    b.add("load", spad=ib, dram=first + c0 * e, rows=r * w, cols=cl * e, spad_stride=cl * e,
+                          dram_stride=cp * e, label=f"input n{n} rows {y0} c{c0}")  # fmt: skip
                 # one POOL per band: out_h groups of g rows, each averaged over its g x w pixels
-                b.add("pool", src=ib, dst=part + (y0 // g) * cl, channels=cl, in_w=w, out_h=r // g, out_w=1,
-                      kh=g, kw=w, sh=g, sw=1, mode=1, **group)  # fmt: skip
+                b.add("pool", src=ib, dst=part + (y0 // g) * cl * e, channels=cl, in_w=w, out_h=r // g,
+                      out_w=1, kh=g, kw=w, sh=g, sw=1, mode=1, **group, **flags)  # fmt: skip
             ob = out_bufs[t % 2]
             t += 1
             b.add("pool", src=part, dst=ob, channels=cl, in_w=1, out_h=1, out_w=1, kh=ng, kw=1, sh=1,
-                  sw=1, mode=1, **final)  # fmt: skip
-            b.add("store", spad=ob, dram=y.addr + n * cpy + c0, rows=1, cols=cl, spad_stride=cl,
-                  dram_stride=cl)  # fmt: skip
+                  sw=1, mode=1, **final, **flags)  # fmt: skip
+            b.add("store", spad=ob, dram=y.addr + (n * cpy + c0) * e, rows=1, cols=cl * e, spad_stride=cl * e,
+                  dram_stride=cl * e)  # fmt: skip
             b.candidate()  # between tiles: nothing on chip is live
     parts = [f"frame x{n_frames}"] if n_frames > 1 else []
     parts += [f"channel x{cdiv(cp, ct)}"] if ct < cp else []

@@ -27,12 +27,13 @@ class Device(Protocol):
         """Start at instruction `pc` and return when the program reaches END (raise on errors)."""
 
 
-def quantize(x: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
-    """int8 values of `x`: infinities saturate, NaN becomes the zero point."""
+def quantize(x: np.ndarray, scale: float, zero_point: int, elem: int = 1) -> np.ndarray:
+    """int8 (`elem` 1) or int16 (2) values of `x`: infinities saturate, NaN becomes the zero point."""
     with np.errstate(invalid="ignore", over="ignore"):
         q = np.rint(np.asarray(x, np.float32) / scale)
     q = np.where(np.isnan(q), 0, q)
-    return np.clip(q + zero_point, -128, 127).astype(np.int8)
+    lim = 1 << (8 * elem - 1)
+    return np.clip(q + zero_point, -lim, lim - 1).astype(np.int8 if elem == 1 else np.int16)
 
 
 def dequantize(q: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
@@ -43,12 +44,12 @@ def write_tensor(dev: Device, desc: TensorDesc, x: np.ndarray) -> None:
     lay = desc.layout
     if desc.scales is not None:
         raise ValueError(f"tensor {desc.name}: int32 accumulator values are written by the NPU only")
-    q = quantize(np.asarray(x, np.float32).reshape(lay.shape), desc.scale, desc.zero_point)
+    q = quantize(np.asarray(x, np.float32).reshape(lay.shape), desc.scale, desc.zero_point, lay.elem)
     dev.write_dram(desc.addr, lay.pack(q, desc.zero_point))
 
 
 def read_tensor_int8(dev: Device, desc: TensorDesc) -> np.ndarray:
-    """The raw values: int8, or int32 for a tensor of accumulator values (`desc.scales`)."""
+    """The raw values: int8, int16 (int16 activations) or int32 (accumulator values, `desc.scales`)."""
     lay = desc.layout
     return lay.unpack(dev.read_dram(desc.addr, lay.nbytes)).reshape(desc.shape)
 

@@ -9,8 +9,9 @@ runtime reads (and the `.npub` manifest records).
 * `nhwc`: the channels-last view (N, H, W, C) of an `hwc` tensor: a model input given channels-last
   (its Transpose to NCHW folded by the compiler), no data moved.
 
-Elements are `elem` bytes: 1 (int8), or 4 (int32 little-endian: accumulator values a Gemm or Conv
-stores for a result only the host reads, compiler/outputs.py); offsets and sizes count bytes.
+Elements are `elem` bytes: 1 (int8), 2 (int16 little-endian: int16 activations, docs/isa.md) or 4
+(int32 little-endian: accumulator values a Gemm or Conv stores for a result only the host reads,
+compiler/outputs.py); offsets and sizes count bytes.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ import numpy as np
 
 from .arith import round_up
 
+#: element bytes -> numpy type of the stored values
+ELEM_TYPES = {1: np.int8, 2: "<i2", 4: "<i4"}
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -29,17 +33,17 @@ class Layout:
     nchw: tuple[int, int, int, int] | None = None  # hwc and flat: the 4-D tensor
     cp: int = 0
     chan: tuple[int, ...] = ()
-    elem: int = 1  # bytes per element: 1 int8, 4 int32 (dense and hwc)
+    elem: int = 1  # bytes per element: 1 int8, 2 int16, 4 int32
 
     @staticmethod
     def dense(shape: tuple[int, ...], elem: int = 1) -> Layout:
-        if elem not in (1, 4):
-            raise ValueError(f"a dense tensor has 1- or 4-byte elements, not {elem}")
+        if elem not in ELEM_TYPES:
+            raise ValueError(f"a dense tensor has 1-, 2- or 4-byte elements, not {elem}")
         return Layout("dense", tuple(int(s) for s in shape), elem=elem)
 
     @property
     def dtype(self) -> np.dtype:
-        return np.dtype(np.int8 if self.elem == 1 else "<i4")
+        return np.dtype(ELEM_TYPES[self.elem])
 
     @staticmethod
     def hwc(
@@ -88,21 +92,19 @@ class Layout:
         return off.reshape(self.shape)
 
     def pack(self, q: np.ndarray, fill: int) -> bytes:
-        if self.elem != 1:  # int32 tensors are only ever written by the NPU
-            raise ValueError("only int8 tensors are packed by the host")
-        q = np.asarray(q, np.int8)
+        if self.elem == 4:  # int32 tensors are only ever written by the NPU
+            raise ValueError("only int8 and int16 tensors are packed by the host")
+        q = np.asarray(q, self.dtype)
         if q.shape != self.shape:
             raise ValueError(f"tensor shape {q.shape}, the layout holds {self.shape}")
-        buf = np.full(self.nbytes, fill, np.int8)
-        buf[self.offsets().reshape(-1)] = q.reshape(-1)
+        buf = np.full(self.nbytes // self.elem, fill, self.dtype)
+        buf[self.offsets().reshape(-1) // self.elem] = q.reshape(-1)
         return buf.tobytes()
 
     def unpack(self, data: bytes) -> np.ndarray:
-        """The tensor's values (int8, or int32 for 4-byte elements) from its DRAM bytes."""
-        if self.elem == 4:
-            return np.frombuffer(data, "<i4", count=self.nbytes // 4)[self.offsets() // 4].astype(np.int32)
-        buf = np.frombuffer(data, np.int8, count=self.nbytes)
-        return buf[self.offsets()].copy()
+        """The tensor's values (int8, int16 or int32, by `elem`) from its DRAM bytes."""
+        buf = np.frombuffer(data, self.dtype, count=self.nbytes // self.elem)
+        return buf[self.offsets() // self.elem].copy()
 
     def to_json(self) -> dict:
         d = {"kind": self.kind, "shape": list(self.shape)}

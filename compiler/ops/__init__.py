@@ -50,6 +50,8 @@ def placement(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
         return ctx.reasons.get(n.name, "its result is not quantised (a float output, or read by the host)")
     if r is None:
         return "no NPU lowering for this operator"
+    if not r.int16 and ctx.touches_int16(n):
+        return "int16 activations: the NPU lowering of this operator takes int8 only"
     return r.check(ctx, n) if r.check else None
 
 

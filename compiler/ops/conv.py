@@ -30,7 +30,7 @@ def conv_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
     return None
 
 
-@rule("Conv", check=conv_check)
+@rule("Conv", check=conv_check, int16=True)
 def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     where = ctx.where(n)
     a = node_attrs(n)

@@ -40,10 +40,12 @@ def convtranspose_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
         ctx.weights(n.input[1], n, out_axis=1)
     except CompileError as e:  # quantised along another axis, asymmetric, ...
         return str(e).split(": ", 2)[-1]
+    if ctx.act_in(n.input[0], n).q.elem != ctx.q_out(n.output[0], n).elem:
+        return "a transposed convolution from int8 to int16 or back"
     return None
 
 
-@rule("ConvTranspose", check=convtranspose_check)
+@rule("ConvTranspose", check=convtranspose_check, int16=True)
 def lower_convtranspose(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     where = ctx.where(n)
     x = ctx.act_in(n.input[0], n)
@@ -56,12 +58,13 @@ def lower_convtranspose(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> N
     if tuple(yq.shape) != (bn, cout, h * kh, wd * kw):
         raise CompileError(f"{where}: output shape {yq.shape} does not follow from the attributes")
     cp = bank_stride(ctx.cfg, round_up(cout, ctx.ca), ctx.ca)
-    y = ctx.place(yq, f"{where} output", Layout.hwc(yq.shape, ctx.ca, cp=cp))
+    e = x.layout.elem  # int16 activations: 2 bytes an element, in and out
+    y = ctx.place(yq, f"{where} output", Layout.hwc(yq.shape, ctx.ca, cp=cp, elem=e))
     s_cols = np.tile(np.concatenate([s_w, np.full(cp - cout, s_w[0])]), kw)  # column dx * cp + co
     cfg, rq = ctx.per_column(b, channel_requant(x.q, s_cols, yq, where), where)
     nn = kw * cp
     try:
-        tiling = choose_tiling(cfg, wd, nn, cp_in)
+        tiling = choose_tiling(cfg, wd, nn, cp_in, e, e)
     except ValueError:
         raise CompileError(f"{where}: no GEMM tiling of {wd}x{nn}x{cp_in} fits {memory_name(cfg)}") from None
     chan = np.asarray(x.layout.chan)
@@ -79,11 +82,11 @@ def lower_convtranspose(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> N
                      ctx.const(fb.astype("<i4").tobytes(), f"{where} bias row {dy}")))  # fmt: skip
     for f in range(bn):
         for yy in range(h):
-            a_addr = x.addr + (f * h + yy) * wd * cp_in
+            a_addr = x.addr + (f * h + yy) * wd * cp_in * e
             for dy, (bt_addr, bias_addr) in enumerate(taps):
-                c_addr = y.addr + ((f * h + yy) * kh + dy) * wd * kw * cp
+                c_addr = y.addr + ((f * h + yy) * kh + dy) * wd * kw * cp * e
                 gemm_program(cfg, wd, nn, cp_in, a_addr, bt_addr, c_addr, mult=rq["mult"], shift=rq["shift"],
                              zp_out=yq.zero_point, bias_addr=bias_addr, tiling=tiling, builder=b,
-                             per_col=rq.get("per_col"))  # fmt: skip
+                             per_col=rq.get("per_col"), ea=e, ey=e)  # fmt: skip
             b.candidate()
     ctx.op_done(n, b, yq.shape, {"split": f"rows x{bn * h}, kernel rows x{kh}"})

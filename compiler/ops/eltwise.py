@@ -29,16 +29,23 @@ def _clamp(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder, lo: float | None,
     yq = ctx.q_out(n.output[0], n)
     y = ctx.place(yq, f"{ctx.where(n)} output", x.layout)
     params = requant_params(x.q, yq, ctx.where(n), lo, hi)
-    eltwise_program(b, ctx.cfg, x.addr, y.addr, x.nbytes, params, step_unit(x.layout), ctx.step)
+    unit = step_unit(x.layout)
+    eltwise_program(b, ctx.cfg, x.addr, y.addr, x.nbytes, params, unit, ctx.step, x.layout.elem)
     ctx.op_done(n, b, yq.shape)
 
 
-@rule("Relu")
+def same_type_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
+    if ctx.act_in(n.input[0], n).q.elem != ctx.q_out(n.output[0], n).elem:
+        return "from an int8 to an int16 tensor or back"
+    return None
+
+
+@rule("Relu", check=same_type_check, int16=True)
 def lower_relu(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     _clamp(ctx, n, b, 0.0, None)
 
 
-@rule("Clip")
+@rule("Clip", check=same_type_check, int16=True)
 def lower_clip(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     a = node_attrs(n)
     lo, hi = a.get("min"), a.get("max")
@@ -62,6 +69,8 @@ def add_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
         return "only the sum of two activations runs on the NPU"
     if ctx.act_in(ins[0], n).layout != ctx.act_in(ins[1], n).layout:
         return "operands of different shapes or layouts (broadcasting)"
+    if ctx.act_in(ins[0], n).q.elem != ctx.q_out(n.output[0], n).elem:
+        return "an int8 and an int16 tensor"
     return None
 
 
@@ -70,7 +79,7 @@ def add_or_table_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
     return None if why is None or lut.check(ctx, n) is None else why
 
 
-@rule("Add", "Sum", check=add_or_table_check)
+@rule("Add", "Sum", check=add_or_table_check, int16=True)
 def lower_add(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     """The sum of two activations of one shape (VADD), else a function of one (a table)."""
     if add_check(ctx, n) is not None:
@@ -84,7 +93,8 @@ def lower_add(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     params = dict(
         mult_a=ma, mult_b=mb, shift=shift, zp_a=xa.q.zero_point, zp_b=xb.q.zero_point, zp_out=yq.zero_point
     )
-    add_program(b, ctx.cfg, xa.addr, xb.addr, y.addr, xa.nbytes, params, step_unit(xa.layout), ctx.step)
+    e = xa.layout.elem
+    add_program(b, ctx.cfg, xa.addr, xb.addr, y.addr, xa.nbytes, params, step_unit(xa.layout), ctx.step, e)
     ctx.op_done(n, b, yq.shape)
 
 
@@ -96,6 +106,8 @@ def _mul_operands(ctx: Lowerer, n: onnx.NodeProto):
     if len(ins) != 2 or any(ctx.src_kind(i) != "act" for i in ins):
         return "only a product of two activations (or a function of one) runs on the NPU"
     xa, xb = (ctx.act_in(i, n) for i in ins)
+    if not xa.q.elem == xb.q.elem == ctx.q_out(n.output[0], n).elem:
+        return "a product of int8 and int16 tensors"
     if xa.layout == xb.layout:
         return xa, xb, 0, ()
     if xa.nbytes < xb.nbytes:
@@ -120,7 +132,7 @@ def mul_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
     return r if isinstance(r, str) else None
 
 
-@rule("Mul", check=mul_check)
+@rule("Mul", check=mul_check, int16=True)
 def lower_mul(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     """A function of one activation (a table, `lut`), else a product of two (VMUL)."""
     if lut.check(ctx, n) is None:
@@ -131,11 +143,12 @@ def lower_mul(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     y = ctx.place(yq, f"{ctx.where(n)} output", xa.layout)
     mult, shift = quant_multiplier(xa.q.scale * xb.q.scale / yq.scale, ctx.where(n))
     params = dict(mult=mult, shift=shift, zp_a=xa.q.zero_point, zp_b=xb.q.zero_point, zp_out=yq.zero_point)
+    e = xa.layout.elem
     if not row:
         unit = step_unit(xa.layout)
     else:
-        unit = xa.layout.cp if xa.layout.kind == "hwc" else row
-    mul_program(b, ctx.cfg, xa.addr, xb.addr, y.addr, xa.nbytes, params, unit, row, pad_runs, ctx.step)
+        unit = (xa.layout.cp if xa.layout.kind == "hwc" else row) * e
+    mul_program(b, ctx.cfg, xa.addr, xb.addr, y.addr, xa.nbytes, params, unit, row, pad_runs, ctx.step, e)
     ctx.op_done(n, b, yq.shape)
 
 
@@ -144,30 +157,33 @@ def concat_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
     rank = len(ins[0].q.shape)
     if node_attrs(n).get("axis") not in (1, 1 - rank) or rank not in (2, 4):
         return "concatenation on an axis other than channels"
+    if len({x.q.elem for x in ins} | {ctx.q_out(n.output[0], n).elem}) > 1:
+        return "a concatenation of int8 and int16 tensors"
     return None
 
 
-@rule("Concat", check=concat_check)
+@rule("Concat", check=concat_check, int16=True)
 def lower_concat(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     xs = [ctx.act_in(i, n) for i in n.input]
     yq = ctx.q_out(n.output[0], n)
     parts, off, chan = [], 0, []
+    e = yq.elem
     for x in xs:
         rescale = rescale_params(x.q, yq, ctx.where(n))
         width = x.layout.cp if x.layout.kind == "hwc" else x.q.shape[1]
         if x.layout.kind == "hwc":
             chan.extend(off + c for c in x.layout.chan)
-        parts.append((x, width, off, rescale))
+        parts.append((x, width * e, off * e, rescale))
         off += width
     if len(yq.shape) == 4:
-        layout = Layout.hwc(yq.shape, ctx.ca, tuple(chan), bank_stride(ctx.cfg, off, ctx.ca))
+        layout = Layout.hwc(yq.shape, ctx.ca, tuple(chan), bank_stride(ctx.cfg, off, ctx.ca), e)
         pixels = layout.pixels
     else:
-        layout, pixels = Layout.dense(yq.shape), yq.shape[0]
+        layout, pixels = Layout.dense(yq.shape, e), yq.shape[0]
     y = ctx.place(yq, f"{ctx.where(n)} output", layout)
     concat_program(b, ctx.cfg, parts, y, pixels, ctx.step)
     ctx.op_done(n, b, yq.shape)
 
 
 _OWN = {"Relu", "Clip", "Identity", "Add", "Mul"}  # rules above (or cleanup's) that try a table themselves
-rule(*sorted((lut.UNARY | lut.BINARY) - _OWN), check=lut.check)(lut.lower)
+rule(*sorted((lut.UNARY | lut.BINARY) - _OWN), check=lut.check, int16=True)(lut.lower)

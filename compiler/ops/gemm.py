@@ -39,7 +39,7 @@ def gemm_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
     return None
 
 
-@rule("Gemm", "MatMul", check=gemm_check)
+@rule("Gemm", "MatMul", check=gemm_check, int16=True)
 def lower_gemm(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     where = ctx.where(n)
     x = ctx.act_in(n.input[0], n)
@@ -59,9 +59,10 @@ def lower_gemm(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     if np.abs(bias).max(initial=0) >= 2**31:
         raise CompileError(f"{where}: folded bias overflows int32")
     # the activation's physical row: a flat view of an HWC tensor permutes (and pads) columns
+    ea = x.layout.elem  # int16 activations: 2 bytes an element
     if x.layout.kind == "flat":
-        k_phys = x.layout.nbytes // m_
-        perm = x.layout.offsets()[0]
+        k_phys = x.layout.nbytes // (m_ * ea)
+        perm = x.layout.offsets()[0] // ea
         wp = np.zeros((n_, k_phys), np.int8)
         wp[:, perm] = wt
         wt = wp
@@ -76,8 +77,10 @@ def lower_gemm(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         cfg, rq = ctx.per_column(b, channel_requant(x.q, s_w, yq, where), where)
         zp_out = yq.zero_point
         y = ctx.place(yq, f"{where} output")
+        if yq.elem != ea:
+            raise CompileError(f"{where}: a GEMM from int8 to int16 activations or back")
     try:
-        tiling = choose_tiling(cfg, m_, n_, wt.shape[1])
+        tiling = choose_tiling(cfg, m_, n_, wt.shape[1], ea, 1 if wide else ea)
     except ValueError:
         cm, cn, lanes = cfg.clusters, cfg.pes_per_cluster, cfg.lanes
         raise CompileError(
@@ -102,5 +105,7 @@ def lower_gemm(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         builder=b,
         per_col=rq.get("per_col"),
         out_i32=wide,
+        ea=ea,
+        ey=1 if wide else ea,
     )
     ctx.op_done(n, b, [m_, n_, k_])

@@ -11,12 +11,21 @@ graph, so the NPU computes what the QDQ graph computes.
 
 A node of such a chain whose int8 output only feeds later table functions (which read the chain's
 source themselves) is absorbed: it gets no pass of its own.
+
+A function of an int16 activation is evaluated on all 65536 codes and then computed in int8 where
+it varies (`table16`): the source is narrowed to int8 over the range where the function is not
+constant, the table looks the narrowed value up, and either the table is a gate the source is
+multiplied by (y = f(0) + x * g(x): HardSwish, SiLU, GELU, LeakyRelu, an affine after them; the
+result keeps int16 resolution)
+or its int8 value is widened to the output (Sigmoid, HardSigmoid, Tanh: results of a bounded range).
+The choice with the smaller error over the calibrated range is taken, simulated bit-exactly.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,11 +33,12 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from npu.isa import LUT_BYTES
 from npu.program import ProgramBuilder
+from npu.sim.kernels import requant
 
-from ..elementwise import lut_program, step_unit
-from ..graph import node_attrs
+from ..elementwise import lut16_program, lut_program, step_unit
+from ..graph import CompileError, node_attrs
+from ..quantize import QTensor, quant_multiplier
 
 if TYPE_CHECKING:
     from ..lower import Lowerer
@@ -57,14 +67,19 @@ class Lut:
     values: np.ndarray
 
 
-def _dequant(scale: float, zp: int) -> np.ndarray:
-    return ((CODES - zp).astype(np.float32) * np.float32(scale)).astype(np.float32)
+def codes(q: QTensor) -> np.ndarray:
+    """Every value of a quantised tensor's type, in order (256 for int8, 65536 for int16)."""
+    return np.arange(q.qmin, q.qmax + 1, dtype=np.int64)
 
 
-def _fake_quant(v: np.ndarray, scale: float, zp: int) -> np.ndarray:
-    """QuantizeLinear then DequantizeLinear, as the int8 graph rounds (half to even, saturating)."""
-    q = table(v, scale, zp).astype(np.int64)
-    return (q - zp).astype(np.float32) * np.float32(scale)
+def _dequant(q: QTensor) -> np.ndarray:
+    return ((codes(q) - q.zero_point).astype(np.float32) * np.float32(q.scale)).astype(np.float32)
+
+
+def _fake_quant(v: np.ndarray, q: QTensor) -> np.ndarray:
+    """QuantizeLinear then DequantizeLinear, as the quantised graph rounds (half to even, saturating)."""
+    c = table(v, q.scale, q.zero_point, q.qmin, q.qmax).astype(np.int64)
+    return (c - q.zero_point).astype(np.float32) * np.float32(q.scale)
 
 
 class _Tracer:
@@ -106,11 +121,11 @@ class _Tracer:
             if q in ctx.consts or q not in ctx.qt:
                 return []
             qt = ctx.qt[q]
-            out = [(q, _dequant(qt.scale, qt.zero_point))]
+            out = [(q, _dequant(qt))]
             qn = ctx.graph.producers.get(q)
             if qn is not None and qn.op_type == "QuantizeLinear":
                 for src, v in self.options(qn.input[0], depth + 1):
-                    out.append((src, _fake_quant(v, qt.scale, qt.zero_point)))
+                    out.append((src, _fake_quant(v, qt)))
             return out
         if p.op_type not in OPS or p.domain not in ("", "ai.onnx") or len(p.output) != 1:
             return []
@@ -141,7 +156,9 @@ def _evaluate(
 ) -> np.ndarray:
     """`n` on float32 inputs (activation inputs: 256 values; constants: scalars), flattened."""
     names = [f"i{k}" if k in acts or k in consts else "" for k in range(len(n.input))]
-    inputs = [helper.make_tensor_value_info(names[k], onnx.TensorProto.FLOAT, [LUT_BYTES]) for k in acts]
+    inputs = [
+        helper.make_tensor_value_info(names[k], onnx.TensorProto.FLOAT, [len(v)]) for k, v in acts.items()
+    ]
     inits = [numpy_helper.from_array(v.astype(np.float32), names[k]) for k, v in consts.items()]
     node = helper.make_node(n.op_type, names, ["y"], **node_attrs(n))
     out = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
@@ -237,18 +254,250 @@ def is_absorbed(ctx: Lowerer, n: onnx.NodeProto) -> bool:
 
 
 def check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
-    if (n.name or n.output[0]) in plan(ctx):
+    lut = plan(ctx).get(n.name or n.output[0])
+    if lut is None:
+        return (
+            "not a function of one activation and scalar constants, or its output does not feed "
+            "exactly one QuantizeLinear"
+        )
+    if not ctx.qt[lut.source].wide and ctx.q_out(n.output[0], n).wide:
+        return "a table function from int8 to int16"
+    return None
+
+
+def table(values: np.ndarray, scale: float, zp: int, lo: int = -128, hi: int = 127) -> np.ndarray:
+    """`values` quantised to the output's scale (NaN: the zero point), int8 (or to [lo, hi])."""
+    q = np.clip(np.rint(values.astype(np.float32) / np.float32(scale)) + zp, lo, hi)
+    return np.where(np.isnan(values), zp, q).astype(np.int8 if hi <= 127 else np.int16)
+
+
+def _pad_runs(lay) -> list[tuple[int, int]]:
+    """(offset, width) runs of the padding channels of an hwc layout's pixel, in elements."""
+    real = np.zeros(lay.cp, bool)
+    real[list(lay.chan)] = True
+    runs, k = [], 0
+    while k < lay.cp:
+        if real[k]:
+            k += 1
+            continue
+        e = k
+        while e < lay.cp and not real[e]:
+            e += 1
+        runs.append((k, e - k))
+        k = e
+    return runs
+
+
+# ---- int16 sources ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Unary16:
+    """How a function of an int16 source is computed: vector `passes` over a chunk's buffers "x"
+    (the int16 source, overwritten by int16 results), "w" (int16 scratch) and "n" (int8 scratch),
+    each (op, a, b, dst, fields) with b None for one-operand passes; the last pass's `dst` holds y.
+    `table`: the VLUT's 256 bytes (None without one); `error`: the RMS error in output steps,
+    weighted as `table16` says; `zero`: the output code for source 0 (what channel padding becomes)."""
+
+    passes: list[tuple[str, str, str | None, str, dict]]
+    table: np.ndarray | None
+    error: float
+    zero: int
+    how: str
+
+
+def _narrowing(xq: QTensor, c_lo: int, c_hi: int, where: str) -> tuple[dict, float, int]:
+    """VMAP fields taking int16 codes to int8 over [c_lo, c_hi] (clamped outside), with the int8
+    value's scale and zero point (real = s8 * (x8 - zp8))."""
+    span = max(c_hi - c_lo, 2)
+    s8 = span * xq.scale / 255.0
+    zp8 = int(np.clip(np.rint(-128 - c_lo * xq.scale / s8), -128, 127))
+    mult, shift = quant_multiplier(xq.scale / s8, where)
+    return dict(mult=mult, shift=shift, zp_in=0, zp_out=zp8, lo=-128, hi=127, src_i16=1), s8, zp8
+
+
+#: the weight of source code c in a table's error: activations cluster near zero, so errors there
+#: count most (a Laplace density whose scale is 1/16 of the int16 range, about an eighth of the
+#: calibrated range)
+WEIGHT_SCALE = 1 / 16
+
+
+def table16(values: np.ndarray, xq: QTensor, yq: QTensor, where: str) -> Unary16:
+    """The best (least weighted error, `WEIGHT_SCALE`) of the gated and the widened forms of a
+    function of an int16 source over a range of narrowing widths; `values` is its real output on
+    every int16 code (see the module docstring). Each candidate is simulated bit-exactly."""
+    c = codes(xq)
+    v = np.nan_to_num(values.astype(np.float64))
+    want = np.clip(np.rint(v / yq.scale) + yq.zero_point, yq.qmin, yq.qmax)
+    w = np.exp(-np.abs(c) / (WEIGHT_SCALE * xq.qmax))
+    w /= w.sum()
+    widths = sorted({1 << k for k in range(4, 16)} | {xq.qmax})
+    options = _affine(c, v, want, xq, yq, where)
+    for r in widths:
+        options += [_gated(c, v, want, xq, yq, r, where), _widened(c, v, want, xq, yq, r, where)]
+    best = None
+    for t, got in (o for o in options if o is not None):
+        t.error = float(np.sqrt(np.sum(w * (got - want) ** 2)))
+        if best is None or t.error < best.error:
+            best = t
+    return best
+
+
+def _fit_clamp_affine(xr: np.ndarray, t: np.ndarray, mask: np.ndarray):
+    """(a, b, lo, hi) with clamp(a * x + b, lo, hi) closest to t where `mask` holds (a least-squares
+    line through the values strictly between the extremes), or None when there is no such part."""
+    lo, hi = float(t[mask].min()), float(t[mask].max())
+    span = hi - lo
+    inner = mask & (t > lo + 0.01 * span) & (t < hi - 0.01 * span)
+    if not span > 0 or inner.sum() < 32:
         return None
-    return (
-        "not a function of one int8 activation and scalar constants, or its output does not feed "
-        "exactly one QuantizeLinear"
-    )
+    a, b = np.polyfit(xr[inner], t[inner], 1)
+    return float(a), float(b), lo, hi
 
 
-def table(values: np.ndarray, scale: float, zp: int) -> np.ndarray:
-    """The int8 table: `values` quantised to the output's scale (NaN: the zero point)."""
-    q = np.clip(np.rint(values.astype(np.float32) / np.float32(scale)) + zp, -128, 127)
-    return np.where(np.isnan(values), zp, q).astype(np.int8)
+def _affine_add(coef: float, const: float, where: str, **fields) -> dict:
+    """VADD fields computing x * coef + const (const in output steps) from a = b = x: (a - 0) * mult_a
+    + (b + 1) * mult_b = x * (mult_a + mult_b) + mult_b."""
+    big = max(abs(coef), abs(const), 1e-30)
+    _, e = math.frexp(big)
+    sh = max(0, min(62, 30 - e))
+    mb = int(round(const * (1 << sh)))
+    ma = int(round(coef * (1 << sh))) - mb
+    if max(abs(ma), abs(mb)) >= 1 << 31:
+        raise ValueError(f"{where}: affine constants out of range")
+    return dict(mult_a=ma, mult_b=mb, shift=sh, zp_a=0, zp_b=-1, **fields)
+
+
+def _sim_add(x: np.ndarray, f: dict, lo: int, hi: int) -> np.ndarray:
+    s_ = f["shift"]
+    acc = x * (f["mult_a"] + f["mult_b"]) + f["mult_b"]
+    return np.clip(f.get("zp_out", 0) + ((acc + ((1 << s_) >> 1)) >> s_), lo, hi)
+
+
+def _affine(c, v, want, xq: QTensor, yq: QTensor, where: str) -> list[tuple[Unary16, np.ndarray]]:
+    """Piecewise-linear functions exactly, without a table: f = clamp(a x + b, lo, hi) (HardSigmoid,
+    Clip, an affine) or f = f(0) + x * clamp(a x + b, lo, hi) (HardSwish and affines of it). The
+    clamp runs at a scale of its own whose bounds the int16 clamp holds exactly (0 .. 32767 steps):
+    a VADD of the source with itself computes t = clamp(a x + b - lo, 0, hi - lo), then a VADD of t
+    with itself (first form) or a VMUL of the source by t (second form) makes y. The line and its
+    bounds are fitted on the middle half of the calibrated range (where the quantised graph's own
+    intermediate tensors do not saturate); `table16` weighs the result against the tables."""
+    xr = c * xq.scale
+    calibrated = np.abs(c) <= xq.qmax // 4
+    base = 0 if yq.wide else yq.zero_point
+    ylo, yhi = (yq.qmin, yq.qmax)
+    out = "x" if yq.wide else "n"
+    wide = dict(dst_i16=int(yq.wide))
+    off = int(np.rint(float(v[c == 0][0]) / yq.scale))
+    forms = [("clamp", v, calibrated)]
+    nz = np.abs(c) >= 64  # (f - f(0)) / x is noise where x is a few steps
+    gate = np.where(c != 0, (v - off * yq.scale) / np.where(c != 0, xr, 1.0), 0.0)
+    forms.append(("gate", gate, calibrated & nz))
+    found = []
+    for form, t, mask in forms:
+        fit = _fit_clamp_affine(xr, t, mask)
+        if fit is None:
+            continue
+        a, b, lo, hi = fit
+        st = (hi - lo) / 32767  # t's scale: lo at 0, hi at 32767
+        try:
+            step1 = _affine_add(a * xq.scale / st, (b - lo) / st, where, lo=0, hi=127, dst_i16=1)
+            t1 = _sim_add(c, step1, 0, 32767)
+            if form == "clamp":
+                step2 = _affine_add(st / yq.scale, lo / yq.scale, where, zp_out=base, **wide)
+                got = _sim_add(t1, step2, ylo, yhi)
+                passes = [("vadd", "x", "x", "w", step1), ("vadd", "w", "w", out, step2)]
+                found.append((Unary16(passes, None, 0.0, int(got[c == 0][0]), "clamp (VADD, VADD)"), got))
+                continue
+            zl = int(np.rint(lo / st))
+            if not -128 <= -zl <= 127:
+                continue
+            passes = [("vadd", "x", "x", "w", step1)]
+            if -128 <= base + off <= 127:
+                sp, zp_p, k = yq.scale, base + off, None
+            else:
+                k = -(-(max(abs(int(want.max()) - off), abs(int(want.min()) - off)) + 1) // (yq.qmax + 1))
+                sp, zp_p = yq.scale * k, 0
+            mult, shift = quant_multiplier(xq.scale * st / sp, where)
+            gate = dict(mult=mult, shift=shift, zp_a=0, zp_b=-zl, zp_out=zp_p, **wide)
+            got = requant(c * (t1 + zl), mult, shift, zp_p, ylo, yhi)
+            passes.append(("vmul", "x", "w", out, gate))
+            if k is not None:
+                add = _affine_add(k, off, where, zp_out=base, **wide)
+                got = _sim_add(got, add, ylo, yhi)
+                passes.append(("vadd", out, out, out, add))
+        except (ValueError, CompileError):
+            continue
+        found.append((Unary16(passes, None, 0.0, int(got[c == 0][0]), "clamp gate (VADD, VMUL)"), got))
+    return found
+
+
+def _gated(c, v, want, xq: QTensor, yq: QTensor, r: int, where: str) -> tuple[Unary16, np.ndarray]:
+    """y = f(0) + x * g(x) with x narrowed to [-r, r] codes; f(0) is the VMUL's output zero point
+    when it fits one (int8 steps), else a VADD of the product with itself adds it (`offset`).
+    Returns it with its simulated output codes."""
+    base = 0 if yq.wide else yq.zero_point
+    off = int(np.rint(float(v[c == 0][0]) / yq.scale))  # f(0) in output steps
+    f0 = off * yq.scale
+    narrow, s8, zp8 = _narrowing(xq, -r, r, where)
+    x8 = requant(c, narrow["mult"], narrow["shift"], zp8, -128, 127)
+    # each int8 code's gate: the mean of (f(x) - f(0)) / x over the codes it stands for (least squares)
+    nz = c != 0
+    num = np.bincount(x8[nz] + 128, (v[nz] - f0) * c[nz] * xq.scale, 256)
+    den = np.bincount(x8[nz] + 128, (c[nz] * xq.scale) ** 2, 256)
+    g8r = np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0)
+    gmin, gmax = float(g8r.min()), float(g8r.max())
+    sg = (gmax - gmin) / 255 if gmax > gmin else max(abs(gmax), 1e-30) / 127
+    zpg = int(np.clip(np.rint(-128 - gmin / sg), -128, 127)) if gmax > gmin else 0
+    t = table(g8r, sg, zpg)
+    ylo, yhi = -128, 127
+    lo_b, hi_b = (ylo * 256, yhi * 256 + 255) if yq.wide else (ylo, yhi)
+    offset = None
+    if -128 <= base + off <= 127:
+        sp, zp_p = yq.scale, base + off
+    else:  # the product at a scale with room for y - f(0), then y = p * k + off (VADD p, p)
+        k = -(-(max(abs(int(want.max()) - off), abs(int(want.min()) - off)) + 1) // (yq.qmax + 1))
+        sp, zp_p = yq.scale * k, 0
+        _, e = math.frexp(abs(off) + k)
+        sh = min(62, 30 - e)
+        offset = dict(mult_a=(k + off) << sh, mult_b=-off << sh, shift=sh, zp_a=0, zp_b=1, zp_out=base,
+                      lo=ylo, hi=yhi, dst_i16=int(yq.wide))  # fmt: skip
+    mult, shift = quant_multiplier(xq.scale * sg / sp, where)
+    gate = dict(mult=mult, shift=shift, zp_a=0, zp_b=zpg, zp_out=zp_p, lo=ylo, hi=yhi, dst_i16=int(yq.wide))
+    got = requant(c * (t[x8 + 128].astype(np.int64) - zpg), mult, shift, zp_p, lo_b, hi_b)
+    if offset is not None:  # p * (mult_a + mult_b) - zp_b * mult_b = (p * k + off) << shift
+        s_ = offset["shift"]
+        acc = got * (offset["mult_a"] + offset["mult_b"]) - offset["mult_b"]
+        got = np.clip(base + ((acc + (1 << (s_ - 1))) >> s_), lo_b, hi_b)
+    out = "x" if yq.wide else "n"
+    passes = [("vmap", "x", None, "n", narrow), ("vlut", "n", None, "n", {}), ("vmul", "x", "n", out, gate)]
+    if offset is not None:
+        passes.append(("vadd", out, out, out, offset))
+    how = "256-entry gate (VMAP, VLUT, VMUL" + (", VADD)" if offset else ")")
+    return Unary16(passes, t, 0.0, int(got[~nz][0]), how), got
+
+
+def _widened(c, v, want, xq: QTensor, yq: QTensor, r: int, where: str) -> tuple[Unary16, np.ndarray]:
+    """The table's int8 value of y for x narrowed to [-r, r] codes, then VMAP to y's type."""
+    narrow, s8, zp8 = _narrowing(xq, -r, r, where)
+    x8 = requant(c, narrow["mult"], narrow["shift"], zp8, -128, 127)
+    # each int8 code's value: the mean of f over the codes it stands for
+    vt = np.bincount(x8 + 128, v, 256) / np.maximum(np.bincount(x8 + 128, None, 256), 1)
+    if yq.wide:
+        vmin, vmax = min(float(vt.min()), 0.0), max(float(vt.max()), 0.0)
+        st = (vmax - vmin) / 255 if vmax > vmin else 1.0
+        zpt = int(np.clip(np.rint(-128 - vmin / st), -128, 127))
+        t = table(vt, st, zpt)
+        mult, shift = quant_multiplier(st / yq.scale, where)
+        widen = dict(mult=mult, shift=shift, zp_in=zpt, zp_out=0, lo=-128, hi=127, dst_i16=1)
+        got = requant(t[x8 + 128].astype(np.int64) - zpt, mult, shift, 0, -32768, 32767)
+    else:
+        t, widen = table(vt, yq.scale, yq.zero_point), None
+        got = t[x8 + 128].astype(np.int64)
+    passes = [("vmap", "x", None, "n", narrow), ("vlut", "n", None, "n", {})]
+    if widen is not None:
+        passes.append(("vmap", "n", None, "x", widen))
+    return Unary16(passes, t, 0.0, int(got[c == 0][0]), "256-entry table (VMAP, VLUT, VMAP)"), got
 
 
 def lower(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
@@ -256,6 +505,9 @@ def lower(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     x = ctx.acts[lut.source]
     yq = ctx.q_out(n.output[0], n)
     lay = x.layout
+    if x.q.wide:
+        _lower16(ctx, n, b, lut, x, yq)
+        return
     y = ctx.place(yq, f"{ctx.where(n)} output", lay)
     t = table(lut.values, yq.scale, yq.zero_point)
     unit = step_unit(lay)
@@ -263,20 +515,24 @@ def lower(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     # padding channels hold the input's zero point and must hold the output's: fix them unless the
     # table already maps one to the other
     if lay.kind != "dense" and int(t[x.q.zero_point + 128]) != yq.zero_point:
-        real = np.zeros(lay.cp, bool)
-        real[list(lay.chan)] = True
-        k = 0
-        while k < lay.cp:
-            if real[k]:
-                k += 1
-                continue
-            e = k
-            while e < lay.cp and not real[e]:
-                e += 1
-            pad_runs.append((k, e - k))
-            k = e
+        pad_runs = _pad_runs(lay)
     addr = ctx.const(t.tobytes(), f"{ctx.where(n)} table")
     lut_program(b, ctx.cfg, x.addr, y.addr, x.nbytes, addr, unit, pad_runs, yq.zero_point, ctx.step)
     # the fragment reads the source (the nodes between are absorbed or run on their own)
     src_node = helper.make_node(n.op_type, [lut.source], list(n.output), name=n.name)
     ctx.op_done(src_node, b, yq.shape, {"split": "256-entry table (VLUT)"})
+
+
+def _lower16(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder, lut: Lut, x, yq: QTensor) -> None:
+    where = ctx.where(n)
+    t = table16(lut.values, x.q, yq, where)
+    lay = x.layout
+    y = ctx.place(yq, f"{where} output", replace(lay, elem=yq.elem))
+    pad_runs: list[tuple[int, int]] = []
+    if lay.kind != "dense" and t.zero != yq.zero_point:  # channel padding must hold y's zero point
+        pad_runs = _pad_runs(lay)
+    addr = None if t.table is None else ctx.const(t.table.tobytes(), f"{where} table")
+    unit = lay.cp if lay.kind != "dense" else step_unit(replace(lay, elem=1))
+    lut16_program(b, ctx.cfg, x.addr, y.addr, lay.nbytes // 2, addr, unit, pad_runs, t.passes, yq, ctx.step)
+    src_node = helper.make_node(n.op_type, [lut.source], list(n.output), name=n.name)
+    ctx.op_done(src_node, b, yq.shape, {"split": f"int16 through a {t.how}: error {t.error:.2f} steps"})

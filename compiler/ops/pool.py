@@ -27,6 +27,8 @@ def pool_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
         return "ceil_mode or dilation"
     if n.op_type == "AveragePool" and any(a.get("pads", [0])) and not a.get("count_include_pad", 0):
         return "average pooling that excludes padding"
+    if ctx.act_in(n.input[0], n).q.elem != ctx.q_out(n.output[0], n).elem:
+        return "pooling from int8 to int16 or back"
     return None
 
 
@@ -36,7 +38,7 @@ def _pool(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder, kernel, strides, p
     if x.layout.kind != "hwc":
         raise CompileError(f"{where}: pooling needs a 4-D NCHW input")
     yq = ctx.q_out(n.output[0], n)
-    y = ctx.place(yq, f"{where} output", Layout.hwc(yq.shape, ctx.ca, x.layout.chan, x.layout.cp))
+    y = ctx.place(yq, f"{where} output", Layout.hwc(yq.shape, ctx.ca, x.layout.chan, x.layout.cp, yq.elem))
     geo = geometry(x, y, kernel, strides, pads, where)
     rescale = None
     if mode == 0:
@@ -49,14 +51,14 @@ def _pool(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder, kernel, strides, p
     ctx.op_done(n, b, yq.shape, info)
 
 
-@rule("MaxPool", "AveragePool", check=pool_check)
+@rule("MaxPool", "AveragePool", check=pool_check, int16=True)
 def lower_pool(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     a = node_attrs(n)
     mode = 0 if n.op_type == "MaxPool" else 1
     _pool(ctx, n, b, a["kernel_shape"], a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0]), mode)
 
 
-@rule("GlobalAveragePool", check=pool_check)
+@rule("GlobalAveragePool", check=pool_check, int16=True)
 def lower_global_average_pool(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     x = ctx.act_in(n.input[0], n)
     _, _, h, w = x.q.shape
@@ -69,7 +71,7 @@ def lower_global_average_pool(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder
     where = ctx.where(n)
     yq = ctx.q_out(n.output[0], n)
     y = ctx.acts.get(yq.name) or ctx.place(
-        yq, f"{where} output", Layout.hwc(yq.shape, ctx.ca, x.layout.chan, x.layout.cp)
+        yq, f"{where} output", Layout.hwc(yq.shape, ctx.ca, x.layout.chan, x.layout.cp, yq.elem)
     )
     info = global_pool_program(b, ctx.cfg, x, y, where)
     ctx.op_done(n, b, yq.shape, info)

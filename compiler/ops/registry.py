@@ -24,19 +24,22 @@ class OpRule:
     lower: Lower
     check: Check | None = None
     view: bool = False
+    int16: bool = False  # the lowering takes int16 activations (else such a node runs on the host)
 
 
 RULES: dict[str, OpRule] = {}
 
 
-def rule(*ops: str, check: Check | None = None, view: bool = False) -> Callable[[Lower], Lower]:
+def rule(
+    *ops: str, check: Check | None = None, view: bool = False, int16: bool = False
+) -> Callable[[Lower], Lower]:
     """Register the decorated lowering for `ops`."""
 
     def register(fn: Lower) -> Lower:
         for op in ops:
             if op in RULES:
                 raise ValueError(f"operator {op} registered twice")
-            RULES[op] = OpRule(fn, check, view)
+            RULES[op] = OpRule(fn, check, view, int16)
         return fn
 
     return register

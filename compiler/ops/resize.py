@@ -69,21 +69,25 @@ def resize_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
     if isinstance(r, str):
         return r
     x = ctx.act_in(n.input[0], n)
-    if x.layout.kind != "hwc" or x.layout.nchw[3] * x.layout.cp > 0xFFFF:
+    if x.layout.kind != "hwc" or x.layout.nchw[3] * x.layout.cp * x.layout.elem > 0xFFFF:
         return "a resize of rows longer than one DMA row"
+    if x.q.elem != ctx.q_out(n.output[0], n).elem:
+        return "a resize from int8 to int16 or back"
     return None
 
 
-@rule("Resize", check=resize_check)
+@rule("Resize", check=resize_check, int16=True)
 def lower_resize(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     where = ctx.where(n)
     fh, fw = _factors(ctx, n)
     x = ctx.act_in(n.input[0], n)
     yq = ctx.q_out(n.output[0], n)
     lay = x.layout
-    y = ctx.place(yq, f"{where} output", Layout.hwc(yq.shape, ctx.ca, lay.chan, lay.cp))
+    y = ctx.place(yq, f"{where} output", Layout.hwc(yq.shape, ctx.ca, lay.chan, lay.cp, lay.elem))
     bn, _, h, w = lay.nchw
-    cp, row = lay.cp, lay.nchw[3] * lay.cp
+    e = lay.elem
+    flags = {"src_i16": 1, "dst_i16": 1} if e == 2 else {}
+    cp, row = lay.cp * e, lay.nchw[3] * lay.cp * e  # bytes of a pixel and of a row
     rescale = rescale_params(x.q, yq, where)
     rows = max(1, min(h, spad_regions(ctx.cfg)[0] // 2 // round_up(row, ctx.cfg.lanes)))
     if rows * row > spad_regions(ctx.cfg)[0] // 2:
@@ -98,7 +102,8 @@ def lower_resize(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
             src = x.addr + (f * h + y0) * row
             b.add("load", spad=buf, dram=src, rows=rr, cols=row, spad_stride=row, dram_stride=row)
             if rescale is not None:
-                b.add("vmap", src=buf, dst=buf, rows=rr, cols=row, src_stride=row, dst_stride=row, **rescale)
+                b.add("vmap", src=buf, dst=buf, rows=rr, cols=row // e, src_stride=row, dst_stride=row,
+                      **rescale, **flags)  # fmt: skip
             for i in range(rr):
                 for dy in range(fh):
                     out = y.addr + ((f * h + y0 + i) * fh + dy) * w * fw * cp

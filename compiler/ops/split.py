@@ -29,6 +29,8 @@ def _slices(ctx: Lowerer, n: onnx.NodeProto) -> list[tuple[int, int]] | str:
         return "a split on an axis other than channels"
     if not all(o and ctx.quantised(o) for o in n.output):
         return "a split with an output that is not quantised"
+    if any(ctx.q_out(o, n).elem != x.q.elem for o in n.output):
+        return "a split from int8 to int16 or back"
     out, c0 = [], 0
     for o in n.output:
         c = ctx.shape(o, n)[1]
@@ -45,27 +47,31 @@ def split_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
     return r if isinstance(r, str) else None
 
 
-@rule("Split", check=split_check)
+@rule("Split", check=split_check, int16=True)
 def lower_split(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     where = ctx.where(n)
     x = ctx.act_in(n.input[0], n)
-    cp_in, pixels = x.layout.cp, x.layout.pixels
+    e = x.layout.elem  # int16: every byte count doubles (zero point 0: padding bytes are zero)
+    flags = {"src_i16": 1, "dst_i16": 1} if e == 2 else {}
+    cp_in, pixels = x.layout.cp * e, x.layout.pixels
     half = ctx.cfg.spad_bytes // 2
     k = 0
     for o, (p0, c) in zip(n.output, _slices(ctx, n), strict=True):
         yq = ctx.q_out(o, n)
-        cp = bank_stride(ctx.cfg, round_up(c, ctx.ca), ctx.ca)
-        y = ctx.place(yq, f"{where} output {o}", Layout.hwc(yq.shape, ctx.ca, cp=cp))
+        cpe = bank_stride(ctx.cfg, round_up(c, ctx.ca), ctx.ca)
+        y = ctx.place(yq, f"{where} output {o}", Layout.hwc(yq.shape, ctx.ca, cp=cpe, elem=e))
+        cp = cpe * e
         rescale = rescale_params(x.q, yq, where)
         per = max(1, min(0xFFFF, half // cp))
         for q0 in range(0, pixels, per):
             pc = min(per, pixels - q0)
             buf = (k % 2) * half
             k += 1
-            b.add("load", spad=buf, dram=x.addr + q0 * cp_in + p0, rows=pc, cols=c, spad_stride=cp,
-                  dram_stride=cp_in, pad_right=cp - c, pad_value=x.q.zero_point)  # fmt: skip
+            b.add("load", spad=buf, dram=x.addr + q0 * cp_in + p0 * e, rows=pc, cols=c * e, spad_stride=cp,
+                  dram_stride=cp_in, pad_right=cp - c * e, pad_value=x.q.zero_point)  # fmt: skip
             if rescale is not None:
-                b.add("vmap", src=buf, dst=buf, rows=pc, cols=cp, src_stride=cp, dst_stride=cp, **rescale)
+                b.add("vmap", src=buf, dst=buf, rows=pc, cols=cpe, src_stride=cp, dst_stride=cp, **rescale,
+                      **flags)  # fmt: skip
             b.add("store", spad=buf, dram=y.addr + q0 * cp, rows=pc, cols=cp, spad_stride=cp, dram_stride=cp)
             b.candidate()
     ctx.op_done(n, b, ctx.shape(n.output[0], n))

@@ -26,6 +26,8 @@ def view_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
     x = ctx.act_in(n.input[0], n)
     out = ctx.q_out(n.output[0], n)
     lay = x.layout
+    if out.elem != x.q.elem:
+        return "a reshape from int8 to int16 or back"
     if (out.scale, out.zero_point) != (x.q.scale, x.q.zero_point):
         # a dense tensor's bytes in order, requantised (a Relu the quantiser folded into the
         # reshape's output range): one VMAP over them
@@ -37,21 +39,21 @@ def view_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
     return "a reshape that moves data"
 
 
-@rule("Flatten", "Reshape", check=view_check, view=True)
+@rule("Flatten", "Reshape", check=view_check, view=True, int16=True)
 def lower_view(ctx: Lowerer, n: onnx.NodeProto) -> None:
     x = ctx.act_in(n.input[0], n)
     out = ctx.q_out(n.output[0], n)
     if (out.scale, out.zero_point) != (x.q.scale, x.q.zero_point):  # dense (view_check): requantise
         where = ctx.where(n)
-        y = ctx.place(out, f"{where} output", Layout.dense(out.shape))
+        y = ctx.place(out, f"{where} output", Layout.dense(out.shape, out.elem))
         b = ProgramBuilder(ctx.cfg)
         params = requant_params(x.q, out, where, None, None)
-        eltwise_program(b, ctx.cfg, x.addr, y.addr, x.nbytes, params, step_unit(x.layout), ctx.step)
+        eltwise_program(b, ctx.cfg, x.addr, y.addr, x.nbytes, params, step_unit(x.layout), ctx.step, out.elem)
         ctx.op_done(n, b, out.shape)
         return
     lay = x.layout
     if lay.kind == "dense":
-        lay = Layout.dense(out.shape)
+        lay = Layout.dense(out.shape, lay.elem)
     elif tuple(out.shape) != tuple(lay.shape):
         lay = lay.flatten()
     ctx.acts[out.name] = Act(out, x.addr, lay)
@@ -67,16 +69,17 @@ def gather_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
         return "a gather other than of channels by constant, distinct indices"
     x = ctx.act_in(n.input[0], n)
     out = ctx.q_out(n.output[0], n)
-    if x.layout.kind != "hwc" or (out.scale, out.zero_point) != (x.q.scale, x.q.zero_point):
+    same = (out.scale, out.zero_point, out.elem) == (x.q.scale, x.q.zero_point, x.q.elem)
+    if x.layout.kind != "hwc" or not same:
         return "a gather of channels that changes quantisation, or of a tensor that is not NCHW"
     return None
 
 
-@rule("Gather", check=gather_check, view=True)
+@rule("Gather", check=gather_check, view=True, int16=True)
 def lower_gather(ctx: Lowerer, n: onnx.NodeProto) -> None:
     x = ctx.act_in(n.input[0], n)
     out = ctx.q_out(n.output[0], n)
     c = x.q.shape[1]
     chan = tuple(x.layout.chan[int(i) % c] for i in ctx.consts[n.input[1]])
-    ctx.acts[out.name] = Act(out, x.addr, Layout.hwc(out.shape, ctx.ca, chan, x.layout.cp))
+    ctx.acts[out.name] = Act(out, x.addr, Layout.hwc(out.shape, ctx.ca, chan, x.layout.cp, x.layout.elem))
     ctx.new_frag(n, "view", out.shape)

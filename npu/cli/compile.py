@@ -66,6 +66,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "calibrators): the extremes seen (default), the 99.999th percentile, or entropy",
     )
     p.add_argument(
+        "--activations",
+        choices=["int8", "int16"],
+        default="int8",
+        help="a float model's activation type: int8 (default) or int16 (symmetric, twice the "
+        "calibrated range, int8 weights: for models whose accuracy int8 activations lose; int16 "
+        "MATMULs and vector passes take twice the cycles)",
+    )
+    p.add_argument(
         "--weight-rounding",
         choices=["auto", "nearest", "gptq"],
         default="auto",
@@ -195,6 +203,7 @@ def run(args: argparse.Namespace) -> int:
             order_objective=args.order_objective,
             weight_scales=args.weight_scales,
             calib_method=args.calib_method,
+            activations=args.activations,
             output_precision=args.output_precision,
             weight_rounding=args.weight_rounding,
             cp_interval=args.cp_interval,

@@ -10,10 +10,12 @@ from npu.compiler import compile_onnx
 from npu.container import HostTensor
 
 
-def compile_model(tmp_path, model: onnx.ModelProto, config: str, calib: np.ndarray, name: str = "m"):
+def compile_model(
+    tmp_path, model: onnx.ModelProto, config: str, calib: np.ndarray, name: str = "m", **options
+):
     path = tmp_path / f"{name}.onnx"
     onnx.save(model, str(path))
-    return compile_onnx(path, config, calib=calib)
+    return compile_onnx(path, config, calib=calib, **options)
 
 
 def ort_session(model: onnx.ModelProto) -> ort.InferenceSession:
@@ -32,7 +34,8 @@ def ort_outputs(model: onnx.ModelProto, *xs: np.ndarray) -> list[np.ndarray]:
 
 
 def compare_int8(cm, *xs: np.ndarray) -> list[np.ndarray]:
-    """Per output: |NPU - onnxruntime(QDQ)| in int8 steps; asserts the issue's 1-LSB/99% rule."""
+    """Per output: |NPU - onnxruntime(QDQ)| in int8 (or int16) steps; asserts the issue's 1-LSB/99%
+    rule (4 int16 steps for int16 outputs)."""
     got = cm.run_int8(*xs)
     want = ort_outputs(cm.qdq, *xs)
     diffs = []
@@ -49,10 +52,13 @@ def compare_int8(cm, *xs: np.ndarray) -> list[np.ndarray]:
             assert (d <= 1).mean() >= 0.99, (t.name, d.max(), (d <= 1).mean())
             diffs.append(d)
             continue
-        wq = np.clip(np.rint(w / t.scale) + t.zero_point, -128, 127).astype(np.int8)
+        lim = 1 << (8 * t.layout.elem - 1)  # int8 or int16 steps
+        wq = np.clip(np.rint(w / t.scale) + t.zero_point, -lim, lim - 1)
         d = np.abs(g.astype(int) - wq.astype(int))
-        assert d.max() <= 1 or (d <= 1).mean() >= 0.99, (t.name, d.max(), (d <= 1).mean())
-        assert (d <= 1).mean() >= 0.99, (t.name, (d <= 1).mean())
+        # int16: each operator rounds once as in int8, and a few roundings' worth of int16 steps is
+        # 1/64 of one int8 step: the rule is 4 steps there
+        tol = 1 if t.layout.elem == 1 else 4
+        assert (d <= tol).mean() >= 0.99, (t.name, d.max(), (d <= tol).mean())
         diffs.append(d)
     return diffs
 
