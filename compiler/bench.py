@@ -93,7 +93,7 @@ def bench_banks(cfg: NpuConfig, names: list[str] | None = None) -> dict:
             z = _zoo_model(name)
             path = Path(tmp) / f"{name}.onnx"
             onnx.save(z.model, str(path))
-            c = compile_onnx(path, cfg, calib=z.calib).to_container()
+            c = compile_onnx(path, cfg, calib=z.calib, activations="int8").to_container()
             rows.append({"program": name, **program_conflicts(decode_program(c.blobs["program"]), cfg)})
     g = gemm_program(cfg, 256, 256, 256, 0x10000, 0x20000, 0x30000)
     rows.append({"program": "gemm 256^3", **program_conflicts(g.instrs, cfg)})

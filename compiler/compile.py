@@ -250,9 +250,10 @@ def compile_onnx(
     its own. `weight_rounding`: "nearest" (the quantiser's), "gptq" (each layer's int8 weights
     chosen to lower its output error on the calibration data, compiler/rounding.py) or "auto"
     (GPTQ's if the model's outputs on the calibration inputs come out closer to the float model's).
-    `activations`: a float model's activation type, "int8" or "int16" (symmetric, with twice the
-    calibrated range: A16W8, for models whose int8 activations lose accuracy; MATMULs and vector
-    passes on int16 take twice the cycles, docs/compiler.md)."""
+    `activations`: a float model's activation type, "int8" (asymmetric) or "int16" (symmetric, with
+    twice the calibrated range, int8 weights: A16W8, for models whose int8 activations lose accuracy,
+    docs/real_models.md; MATMULs and vector passes on int16 take twice the cycles,
+    docs/compiler.md)."""
     if dram_plan is None:
         dram_plan = "arena" if granularity == "segment" else "bump"
     if order not in ("search", "default"):

@@ -149,10 +149,12 @@ def rescale_params(x: QTensor, y: QTensor, where: str) -> dict | None:
 
 class _DropAdvice(logging.Filter):
     """onnxruntime's quantiser logs 'please consider pre-processing' on the root logger for every
-    model; the compiler already does its own clean-up, so the advice is noise."""
+    model, and that it raises the opset for 16-bit types; the compiler does its own clean-up and
+    reports the quantisation, so both are noise."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "pre-processing" not in record.getMessage()
+        message = record.getMessage()
+        return "pre-processing" not in message and "16-bit integer quantization natively" not in message
 
 
 @contextlib.contextmanager

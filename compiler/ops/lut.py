@@ -23,6 +23,7 @@ The choice with the smaller error over the calibrated range is taken, simulated 
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -322,10 +323,22 @@ def _narrowing(xq: QTensor, c_lo: int, c_hi: int, where: str) -> tuple[dict, flo
 WEIGHT_SCALE = 1 / 16
 
 
+_TABLE16: dict[tuple, Unary16] = {}  # the compiler lowers a model twice (compile.py): choose once
+
+
 def table16(values: np.ndarray, xq: QTensor, yq: QTensor, where: str) -> Unary16:
     """The best (least weighted error, `WEIGHT_SCALE`) of the gated and the widened forms of a
     function of an int16 source over a range of narrowing widths; `values` is its real output on
     every int16 code (see the module docstring). Each candidate is simulated bit-exactly."""
+    key = (hashlib.sha1(values.tobytes()).digest(), xq.scale, xq.elem, yq.scale, yq.zero_point, yq.elem)
+    if key not in _TABLE16:
+        if len(_TABLE16) > 1024:
+            _TABLE16.clear()
+        _TABLE16[key] = _table16(values, xq, yq, where)
+    return _TABLE16[key]
+
+
+def _table16(values: np.ndarray, xq: QTensor, yq: QTensor, where: str) -> Unary16:
     c = codes(xq)
     v = np.nan_to_num(values.astype(np.float64))
     want = np.clip(np.rint(v / yq.scale) + yq.zero_point, yq.qmin, yq.qmax)

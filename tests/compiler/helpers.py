@@ -15,6 +15,7 @@ def compile_model(
 ):
     path = tmp_path / f"{name}.onnx"
     onnx.save(model, str(path))
+    options.setdefault("activations", "int8")  # the operator tests check the int8 datapath
     return compile_onnx(path, config, calib=calib, **options)
 
 

@@ -7,8 +7,9 @@ instruction in tests/hdl).
 Accuracy against onnxruntime running the float model is printed (pytest -s): cosine per output and
 the task metric (top-1 agreement, the float model's detections found again, the text masks'
 overlap). Asserted: the task metric (top-1 on all but two inputs, 80 % of the detections, mask IoU
->= 0.8 on every input); the issue's cosine >= 0.99 on every input is printed, not asserted: not
-every model meets it yet (docs/real_models.md)."""
+>= 0.8 on every input), with int8 activations (the default) and with int16 ones; with int16 ones
+also the issue's cosine >= 0.99 on every input, which int8 activations do not reach on two of the
+models (printed: docs/real_models.md)."""
 
 import time
 
@@ -25,11 +26,13 @@ from .inputs import calibration, held_out
 from .metrics import mask_iou, matched, yolo_detections, yolox_detections
 
 
-@pytest.mark.parametrize("m", MODELS, ids=[m.name for m in MODELS])
-def test_real_model(m):
+def _evaluate(m, activations: str):
+    """Compile `m` with the default options (and `activations`), run the held-out inputs; print and
+    return (compile seconds, placement, per-input cosine, metric hits, total, mask IoUs)."""
     path = fetch(m, say=lambda _s: None)
     t0 = time.perf_counter()
-    cm = compile_onnx(path, "default", calib=calibration(m), input_shapes={m.input: m.shape})
+    cm = compile_onnx(path, "default", calib=calibration(m), input_shapes={m.input: m.shape},
+                      activations=activations)  # fmt: skip
     compile_s = time.perf_counter() - t0
     p = cm.placement
     sess = ort_session(load(path, {m.input: m.shape}).model)
@@ -50,9 +53,13 @@ def test_real_model(m):
     metric = f"{'top-1 agreement' if m.metric == 'top1' else 'detections found again'} {hits}/{total}"
     if m.metric == "mask":
         metric = f"text-mask IoU min {min(ious, default=0):.3f}"
-    print(f"\n{m.name} ({m.toolchain}, {m.task}): compile {compile_s:.1f} s; {p.describe()}; against "
-          f"float on {len(x)} held-out inputs: cosine min {min(cos):.4f} mean {np.mean(cos):.4f}, "
-          f"{metric}")  # fmt: skip
+    print(f"\n{m.name} ({m.toolchain}, {m.task}), {activations} activations: compile {compile_s:.1f} s; "
+          f"{p.describe()}; against float on {len(x)} held-out inputs: cosine min {min(cos):.4f} mean "
+          f"{np.mean(cos):.4f}, {metric}")  # fmt: skip
+    return compile_s, p, cos, hits, total, ious
+
+
+def _check(m, compile_s, p, hits, total, ious) -> None:
     assert compile_s < 60
     assert p.node_share >= 0.75 and p.mac_share >= 0.90, p
     if m.metric == "mask":
@@ -61,3 +68,18 @@ def test_real_model(m):
         assert total > 0 and hits >= 0.8 * total, (hits, total)
     else:
         assert hits >= total - 2, (hits, total)
+
+
+@pytest.mark.parametrize("m", MODELS, ids=[m.name for m in MODELS])
+def test_real_model(m):
+    compile_s, p, _cos, hits, total, ious = _evaluate(m, "int8")
+    _check(m, compile_s, p, hits, total, ious)
+
+
+@pytest.mark.parametrize("m", MODELS, ids=[m.name for m in MODELS])
+def test_real_model_int16_activations(m):
+    """With int16 activations (`--activations int16`) every model also reaches the issue's cosine
+    >= 0.99 against the float model on every held-out input."""
+    compile_s, p, cos, hits, total, ious = _evaluate(m, "int16")
+    _check(m, compile_s, p, hits, total, ious)
+    assert min(cos) >= 0.99, cos
