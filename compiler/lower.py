@@ -136,6 +136,7 @@ class Lowerer:
         self.acts: dict[str, Act] = {}  # Q output name -> placed tensor
         self.qt: dict[str, QTensor] = {}
         self.host_float: set[str] = set()  # float tensors computed by host steps
+        self.fused: set[str] = set()  # Relu nodes their producer's requantisation computed
         self.input_float: set[str] = set()  # graph inputs without a QuantizeLinear (host steps read them)
         self.frags: list[Frag] = []
         self.frag_of: dict[str, int] = {}  # float tensor name -> producing fragment
@@ -300,6 +301,27 @@ class Lowerer:
         a = Act(QTensor(name, tuple(shape), 1.0, 0), self.alloc.take(lay.nbytes, what), lay, scales)
         self.acts[name] = a
         return a
+
+    def fusable_relu(self, name: str) -> tuple[onnx.NodeProto, QTensor] | None:
+        """The Relu that alone reads the int16 tensor a node makes as `name`, and that Relu's
+        quantised output: onnxruntime keeps a Relu after a symmetric (int16) tensor as a node of
+        its own, where an int8 one folds it into the range; the producer's requantisation can
+        clamp at zero itself, straight to the Relu's quantisation (one rounding less)."""
+        cs = self.graph.consumers.get(name, [])
+        if len(cs) != 1 or cs[0].op_type != "QuantizeLinear" or not self.qt[cs[0].output[0]].wide:
+            return None
+        if name in self.graph.outputs or cs[0].output[0] in self.graph.outputs:
+            return None
+        dqs = self.graph.consumers.get(cs[0].output[0], [])
+        if len(dqs) != 1 or dqs[0].op_type != "DequantizeLinear" or dqs[0].output[0] in self.graph.outputs:
+            return None
+        rs = self.graph.consumers.get(dqs[0].output[0], [])
+        if len(rs) != 1 or rs[0].op_type != "Relu" or rs[0].domain not in ("", "ai.onnx"):
+            return None
+        qs = self.graph.consumers.get(rs[0].output[0], [])
+        if len(qs) != 1 or qs[0].op_type != "QuantizeLinear" or not self.qt[qs[0].output[0]].wide:
+            return None
+        return rs[0], self.qt[qs[0].output[0]]
 
     def touches_int16(self, n: onnx.NodeProto) -> bool:
         """True when the node reads or writes an int16 activation."""

@@ -54,9 +54,13 @@ def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         y = ctx.place_wide(n.output[0], shape, x.q.scale * np.asarray(s_w, np.float64), f"{where} output")
         plan_cfg, rq = ctx.cfg, None
     else:
-        yq = ctx.q_out(n.output[0], n)
+        yq, lo = ctx.q_out(n.output[0], n), -128
+        fused = ctx.fusable_relu(n.output[0])
+        if fused is not None and fused[0].name and fused[0].name not in ctx.reasons:
+            ctx.fused.add(fused[0].name)
+            yq, lo = fused[1], 0  # straight to the Relu's output, clamped at zero
         y = ctx.place(yq, f"{where} output")
-        plan_cfg, rq = ctx.per_column(b, channel_requant(x.q, s_w, yq, where), where)
+        plan_cfg, rq = ctx.per_column(b, channel_requant(x.q, s_w, yq, where, lo), where)
     dil = a.get("dilations", [1, 1])
     geo = geometry(x, y, (kh, kw), a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0]), where, dil)
     info = conv_program(b, plan_cfg, x, y, w, bias, groups, geo, rq, ctx.const, where, ctx.step, ctx.max_live)
