@@ -26,6 +26,12 @@ def small_models_banked(tmp_path_factory):
     return _small_models(tmp_path_factory.mktemp("small_banked"), "banked")
 
 
+@pytest.fixture(scope="session")
+def small_models_int16(tmp_path_factory):
+    """The same two models with int16 activations (A16W8), for `tiny`."""
+    return _small_models(tmp_path_factory.mktemp("small_int16"), "tiny", activations="int16")
+
+
 def small_cnn(d):
     """A small CNN (conv, pool, conv, global pool, gemm) saved in folder `d`: its path and calibration."""
     from npu.models.builder import Net
@@ -38,17 +44,16 @@ def small_cnn(d):
     return d / "small.onnx", np.random.default_rng(0).normal(size=(8, 8, 16, 16)).astype(np.float32)
 
 
-def _small_models(d, config):
+def _small_models(d, config, **opts):
     from npu.models.builder import Net
 
     path, calib = small_cnn(d)
-    small = compile_onnx(path, config, calib=calib, cp_interval=800, cp_max_live=1 << 20)
+    small = compile_onnx(path, config, calib=calib, cp_interval=800, cp_max_live=1 << 20, **opts)
     net = Net("mlp", (1, 32), seed=4)
     y = net.gemm(net.relu(net.gemm(net.input, 32)), 8)
     onnx.save(net.model([y]), str(d / "mlp.onnx"))
-    mlp = compile_onnx(
-        d / "mlp.onnx", config, calib=np.random.default_rng(1).normal(size=(16, 32)).astype(np.float32)
-    )
+    calib_mlp = np.random.default_rng(1).normal(size=(16, 32)).astype(np.float32)
+    mlp = compile_onnx(d / "mlp.onnx", config, calib=calib_mlp, **opts)
     xs = np.random.default_rng(2).normal(size=(1, 8, 16, 16)).astype(np.float32)
     xm = np.random.default_rng(3).normal(size=(1, 32)).astype(np.float32)
     return small.to_container(), mlp.to_container(), xs, xm

@@ -41,6 +41,22 @@ def test_preemption_on_the_rtl_is_bit_exact(config, request):
     assert all(np.array_equal(a, b) for a, b in zip(ref_hi, hi.run(xu, int8=True), strict=True))
 
 
+def test_int16_models_preempt_bit_exactly_on_the_rtl(small_models_int16):
+    """Models compiled with int16 activations (int16 MATMULs, vector passes and padding) on the RTL
+    core: preempted at every point, bit-identical to uninterrupted runs and to the golden model."""
+    c_low, c_hi, x, xu = small_models_int16
+    assert any(t.layout.elem == 2 for t in c_low.manifest.outputs + c_low.manifest.inputs)
+    ref, ref_hi, got, records = run_on_rtl(
+        preempt_everywhere, c_low, c_hi, x, xu, config="tiny", dram_bytes=1 << 16
+    )
+    assert [r[0] for r in records] == [p.id for p in c_low.manifest.cancel_points]
+    assert all(np.array_equal(a, b) for a, b in zip(got, ref, strict=True))
+    npu = Npu("model", "tiny")
+    low, hi = npu.load(c_low), npu.load(c_hi)
+    assert all(np.array_equal(a, b) for a, b in zip(ref, low.run(x, int8=True), strict=True))
+    assert all(np.array_equal(a, b) for a, b in zip(ref_hi, hi.run(xu, int8=True), strict=True))
+
+
 def arrivals_scenario(transport, c_small, c_mlp, x_small, x_mlp, plan):
     """Runs inside the simulation: jobs of two models with the given (model, input index, priority,
     arrival) plan, arrival 0 included; their int8 outputs."""
