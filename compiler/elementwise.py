@@ -180,11 +180,7 @@ def lut16_program(
             b.add(op, **f, **{**fields, **flags})
         out = bufs[passes[-1][3]]
         assert size[passes[-1][3]] == ey
-        for start, width in pad_runs:
-            p = out + ey * start
-            b.add("vmap", src=p, dst=p, rows=c // unit, cols=width, src_stride=ey * unit,
-                  dst_stride=ey * unit, mult=0, zp_out=yq.zero_point if ey == 1 else 0,
-                  **i16_flags(ey, "src", "dst"))  # fmt: skip
+        _reset_padding(b, out, ey * c, ey * unit, pad_runs, yq.zero_point, ey)
         b.add("store", spad=out, dram=dst + ey * off, rows=rows, cols=ey * cols, spad_stride=ey * cols,
               dram_stride=ey * cols)  # fmt: skip
         b.candidate()

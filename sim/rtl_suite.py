@@ -36,14 +36,21 @@ def _raw(name: str, instrs: list[Instr | bytes], **kw) -> RtlJob:
     return RtlJob(name, blob, PROG, _data(1), window=WINDOW, **kw)
 
 
+def store_all(spad: int, n: int, dram: int = OUT) -> Instr:
+    """One row of n bytes from on-chip `spad` to DRAM."""
+    return make("store", spad=spad, dram=dram, rows=1, cols=n, spad_stride=n, dram_stride=n)
+
+
+def load_all(spad: int, n: int, dram: int = DATA) -> Instr:
+    """One row of n bytes from DRAM to on-chip `spad`."""
+    return make("load", spad=spad, dram=dram, rows=1, cols=n, spad_stride=n, dram_stride=n)
+
+
 def directed_jobs(cfg: NpuConfig) -> list[RtlJob]:
     """Every instruction type with its edge cases."""
     W, L, R = cfg.bus_bytes, cfg.lanes, cfg.acc_row_bytes
     A = ACC_BASE
     jobs = []
-
-    def store_all(spad: int, n: int, dram: int = OUT) -> Instr:
-        return make("store", spad=spad, dram=dram, rows=1, cols=n, spad_stride=n, dram_stride=n)
 
     # LOAD: zero sizes, padding only, misaligned ends, stride 0, accumulator destination
     jobs.append(
@@ -452,12 +459,6 @@ def _int16_jobs(cfg: NpuConfig) -> list[RtlJob]:
     instruction's int16 operands and destinations (mixed with int8, in place, unaligned, ragged)."""
     L, R, A = cfg.lanes, cfg.acc_row_bytes, ACC_BASE
     jobs = []
-
-    def store_all(spad: int, n: int, dram: int = OUT) -> Instr:
-        return make("store", spad=spad, dram=dram, rows=1, cols=n, spad_stride=n, dram_stride=n)
-
-    def load_all(spad: int, n: int, dram: int = DATA) -> Instr:
-        return make("load", spad=spad, dram=dram, rows=1, cols=n, spad_stride=n, dram_stride=n)
 
     # LOAD: int16 padding around rows of an odd number of bytes (the right padding starts at an odd
     # column), pad rows wider than a bus word

@@ -7,7 +7,7 @@ import pytest
 
 from npu.models.builder import Net
 from tests.compiler.helpers import compare_int8, compile_model
-from tests.compiler.test_operators import CONVS, calib_for
+from tests.compiler.test_operators import CONVS, calib_for, conv_net
 
 
 def check16(tmp_path, net: Net, outs, config="default", seed=1):
@@ -24,12 +24,7 @@ def check16(tmp_path, net: Net, outs, config="default", seed=1):
 @pytest.mark.parametrize("config", ["tiny", "default", "banked"])
 @pytest.mark.parametrize("spec", CONVS, ids=lambda s: "c{}-{}-k{}-s{}-p{}-g{}".format(*s[:6]))
 def test_conv_int16(tmp_path, config, spec):
-    cin, cout, k, s, p, g, h, w = spec
-    net = Net("conv", (1, cin, h, w), seed=sum(map(hash, map(str, spec))) % 1000)
-    if isinstance(k, tuple):
-        y = net.conv(net.input, cout, k, stride=s, pad=0, groups=g, relu=False)
-    else:
-        y = net.conv(net.input, cout, k, stride=s, pad=p, groups=g, relu=False)
+    net, y = conv_net(spec)
     cm = check16(tmp_path, net, [y], config)
     assert [la.op for la in cm.lowered.layers] == ["Conv"]
 

@@ -34,17 +34,18 @@ CONVS = [
 ]
 
 
+def conv_net(spec) -> tuple[Net, str]:
+    """A network of one convolution of a CONVS entry, and its output."""
+    cin, cout, k, s, p, g, h, w = spec
+    net = Net("conv", (1, cin, h, w), seed=sum(map(hash, map(str, spec))) % 1000)
+    pad = 0 if isinstance(k, tuple) else p
+    return net, net.conv(net.input, cout, k, stride=s, pad=pad, groups=g, relu=False)
+
+
 @pytest.mark.parametrize("config", ["tiny", "default", "banked"])
 @pytest.mark.parametrize("spec", CONVS, ids=lambda s: "c{}-{}-k{}-s{}-p{}-g{}".format(*s[:6]))
 def test_conv(tmp_path, config, spec):
-    cin, cout, k, s, p, g, h, w = spec
-    net = Net("conv", (1, cin, h, w), seed=sum(map(hash, map(str, spec))) % 1000)
-    kk = k if isinstance(k, tuple) else (k, k)
-    pad = p if p is not None else None
-    if isinstance(k, tuple):
-        y = net.conv(net.input, cout, kk, stride=s, pad=0, groups=g, relu=False)
-    else:
-        y = net.conv(net.input, cout, k, stride=s, pad=pad, groups=g, relu=False)
+    net, y = conv_net(spec)
     cm = check(tmp_path, net, [y], config)
     assert [la.op for la in cm.lowered.layers] == ["Conv"]
 
