@@ -97,8 +97,8 @@ def assemble(
     cancellation points placed by `policy` (None: no points). `granularity` "operator" makes every
     operator its own segment and records which segments each one reads from (the operator graph);
     "step" also cuts each operator, between its steps, into segments of about `step_cycles` (cost
-    model): a segment after a cut is `chained`, it continues on the on-chip data of the one before,
-    whose end point records that data as live.
+    model): a segment after a cut that leaves on-chip data is `chained`, it continues on the data of
+    the one before, whose end point records that data as live.
     `dram`: "arena" (activations share one arena by liveness in this order) or "bump" (every tensor
     at its own range, the addresses lowering gave)."""
     if granularity not in GRANULARITIES:
@@ -161,6 +161,7 @@ def assemble(
                 # boundary point whose live ranges are the on-chip data the next one continues on
                 first_of[idx] = len(out.segments)
                 start = 0
+                carried: list[tuple[int, int]] = []  # on-chip data the previous cut left
                 for cut in [*_step_cuts(items, cfg, step_cycles), len(items)]:
                     seg.extend(it for it in items[start:cut] if it.kind != "cand")
                     spans.append((la, 0, len(seg)))
@@ -168,7 +169,9 @@ def assemble(
                     cands.append(Candidate(len(seg), 0, True, [] if last else live[cut]))
                     if last:
                         pending.append(idx)
-                    close(chained=len(out.segments) > first_of[idx])
+                    # a cut that leaves nothing on chip needs no chaining: the next step reloads
+                    close(chained=bool(carried))
+                    carried = [] if last else live[cut]
                     start = cut + 1
                 _merge_layer(out, la, first_of[idx], cfg)
                 continue

@@ -27,7 +27,13 @@ from .order import OBJECTIVES, SearchResult, search_order
 from .outputs import OUTPUT_PRECISIONS, clamped_by_quantisation, keep_output_precision
 from .placement import Placement, placement
 from .points import PointPolicy
-from .quantize import calibration_batches, check_calibration, per_channel_choice, quantize_float_model
+from .quantize import (
+    ACTIVATIONS,
+    calibration_batches,
+    check_calibration,
+    per_channel_choice,
+    quantize_float_model,
+)
 from .region import Regions
 from .rounding import ROUNDINGS, round_weights
 
@@ -223,7 +229,7 @@ def compile_onnx(
     output_precision: str = "int32",
     weight_rounding: str = "auto",
     step_cycles: int = 20_000,
-    activations: str = "int8",
+    activations: str = "auto",
 ) -> CompiledModel:
     """Compile an ONNX model. `order`: "search" (key-node partitioned order search with the golden
     model's timing, at most `order_budget_s` seconds) or "default" (the ONNX order). `granularity`:
@@ -250,10 +256,11 @@ def compile_onnx(
     its own. `weight_rounding`: "nearest" (the quantiser's), "gptq" (each layer's int8 weights
     chosen to lower its output error on the calibration data, compiler/rounding.py) or "auto"
     (GPTQ's if the model's outputs on the calibration inputs come out closer to the float model's).
-    `activations`: a float model's activation type, "int8" (asymmetric) or "int16" (symmetric, with
-    twice the calibrated range, int8 weights: A16W8, for models whose int8 activations lose accuracy,
-    docs/real_models.md; MATMULs and vector passes on int16 take twice the cycles,
-    docs/compiler.md)."""
+    `activations`: a float model's activation type, "int8" (asymmetric), "int16" (symmetric, with
+    twice the calibrated range, int8 weights: A16W8, docs/real_models.md; MATMULs and vector passes
+    on int16 take twice the cycles, docs/compiler.md) or "auto" (int16, or int8 when the model
+    compiled with int16 does not fit the configuration: the report says why)."""
+    options = dict(locals())  # every argument as given: "auto" compiles again with a resolved type
     if dram_plan is None:
         dram_plan = "arena" if granularity == "segment" else "bump"
     if order not in ("search", "default"):
@@ -268,6 +275,8 @@ def compile_onnx(
         raise CompileError(f"weight_rounding must be one of {', '.join(ROUNDINGS)}, not {weight_rounding!r}")
     if granularity not in GRANULARITIES:
         raise CompileError(f"granularity must be one of {', '.join(GRANULARITIES)}, not {granularity!r}")
+    if activations not in (*ACTIVATIONS, "auto"):
+        raise CompileError(f"activations must be {', '.join(ACTIVATIONS)} or auto, not {activations!r}")
     if granularity == "step" and step_cycles < 1:
         raise CompileError(f"step_cycles must be a positive number of cycles, not {step_cycles}")
     # operators are split into steps of at most half this (lower.py); "step" cuts between them
@@ -278,6 +287,10 @@ def compile_onnx(
     prepared = load(path, input_shapes)
     model = prepared.model
     float_model = not is_qdq(model)
+    if activations == "auto":
+        if not float_model:  # a QDQ model keeps its own types
+            return compile_onnx(**{**options, "activations": "int8"})
+        return _compile_auto(options)
     if float_model:
         if calib is None:
             raise CompileError(f"{path}: a float model needs calibration data (--calib calib.npy)")
@@ -372,3 +385,18 @@ def compile_onnx(
         regions,
         quantisation if float_model else "the model's own (QDQ)",
     )
+
+
+def _compile_auto(options: dict) -> CompiledModel:
+    """`activations="auto"`: int16 activations keep real models' accuracy where int8 loses it
+    (docs/real_models.md); when the int16 model does not compile for the configuration (its
+    activations need twice the bytes of DRAM and scratchpad), int8, and the report says why."""
+    t0 = time.perf_counter()
+    try:
+        compiled = compile_onnx(**{**options, "activations": "int16"})
+        compiled.quantisation += " (auto)"
+    except CompileError as e:
+        compiled = compile_onnx(**{**options, "activations": "int8"})
+        compiled.quantisation += f" (auto: int16 activations did not compile: {e})"
+    compiled.compile_s = time.perf_counter() - t0
+    return compiled

@@ -27,7 +27,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import islice
 
 from npu.arith import round_up
@@ -130,7 +130,9 @@ class CostModel:
     def __init__(self, low: Lowering, cancel_points: bool = True):
         self.low = low
         self.cancel_points = cancel_points
-        self.model = NpuModel(low.cfg, timing_only=True)
+        # a DRAM as large as the address field allows: timing does not depend on its size, and a
+        # program that does not fit the real one is refused after the search (compile_onnx)
+        self.model = NpuModel(replace(low.cfg, dram_bytes=1 << 32), timing_only=True)
         self.base = round_up(low.dram_end, 4096)
         self.evaluations = 0
 

@@ -54,7 +54,11 @@ def lower_convtranspose(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> N
     bn, _, h, wd = x.layout.nchw
     cp_in = x.layout.cp
     bias = ctx.bias(n, 2, cout, x, s_w)
-    yq = ctx.q_out(n.output[0], n)
+    yq, relu = ctx.q_out(n.output[0], n), False
+    fused = ctx.fusable_relu(n.output[0])
+    if fused is not None and fused[0].name and fused[0].name not in ctx.reasons:
+        ctx.fused.add(fused[0].name)
+        yq, relu = fused[1], True  # straight to the Relu's output, clamped at zero
     if tuple(yq.shape) != (bn, cout, h * kh, wd * kw):
         raise CompileError(f"{where}: output shape {yq.shape} does not follow from the attributes")
     cp = bank_stride(ctx.cfg, round_up(cout, ctx.ca), ctx.ca)
@@ -87,6 +91,6 @@ def lower_convtranspose(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> N
                 c_addr = y.addr + ((f * h + yy) * kh + dy) * wd * kw * cp * e
                 gemm_program(cfg, wd, nn, cp_in, a_addr, bt_addr, c_addr, mult=rq["mult"], shift=rq["shift"],
                              zp_out=yq.zero_point, bias_addr=bias_addr, tiling=tiling, builder=b,
-                             per_col=rq.get("per_col"), ea=e, ey=e)  # fmt: skip
+                             per_col=rq.get("per_col"), relu=relu, ea=e, ey=e)  # fmt: skip
             b.candidate()
     ctx.op_done(n, b, yq.shape, {"split": f"rows x{bn * h}, kernel rows x{kh}"})

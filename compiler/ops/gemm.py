@@ -68,12 +68,16 @@ def lower_gemm(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         wt = wp
     w_addr = ctx.const(np.ascontiguousarray(wt, np.int8).tobytes(), f"{where} weights")
     bias_addr = ctx.const(bias.astype("<i4").tobytes(), f"{where} bias")
-    wide = ctx.wide_output(n.output[0])
+    wide, relu = ctx.wide_output(n.output[0]), False
     if wide:  # the accumulators themselves are the output (compiler/outputs.py)
         cfg, rq, zp_out = ctx.cfg, {"mult": 1, "shift": 0}, 0
         y = ctx.place_wide(n.output[0], (m_, n_), x.q.scale * np.asarray(s_w, np.float64), f"{where} output")
     else:
         yq = ctx.q_out(n.output[0], n)
+        fused = ctx.fusable_relu(n.output[0])
+        if fused is not None and fused[0].name and fused[0].name not in ctx.reasons:
+            ctx.fused.add(fused[0].name)
+            yq, relu = fused[1], True  # straight to the Relu's output, clamped at zero
         cfg, rq = ctx.per_column(b, channel_requant(x.q, s_w, yq, where), where)
         zp_out = yq.zero_point
         y = ctx.place(yq, f"{where} output")
@@ -105,6 +109,7 @@ def lower_gemm(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         builder=b,
         per_col=rq.get("per_col"),
         out_i32=wide,
+        relu=relu,
         ea=ea,
         ey=1 if wide else ea,
     )

@@ -67,11 +67,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--activations",
-        choices=["int8", "int16"],
-        default="int8",
-        help="a float model's activation type: int8 (default) or int16 (symmetric, twice the "
-        "calibrated range, int8 weights: for models whose accuracy int8 activations lose; int16 "
-        "MATMULs and vector passes take twice the cycles)",
+        choices=["auto", "int8", "int16"],
+        default="auto",
+        help="a float model's activation type: int16 (symmetric, twice the calibrated range, int8 "
+        "weights: keeps the accuracy int8 activations lose on real models), int8 (asymmetric: "
+        "about half the cycles, as int16 MATMULs and vector passes take twice as long), or auto "
+        "(default: int16, or int8 when the int16 model does not fit the configuration)",
     )
     p.add_argument(
         "--weight-rounding",

@@ -1,5 +1,7 @@
 """`npu compile` -> .npub -> `npu run`, and the container's error checks."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -42,7 +44,8 @@ def test_compile_and_run_from_the_command_line(compiled, capsys):
     capsys.readouterr()
     assert main(["disasm", str(d / "m.npub")]) == 0
     text = capsys.readouterr().out
-    assert "layer 0: Gemm gemm0" in text and "# layer 1: Gemm gemm1" in text
+    # (the Relu between them is a layer of its own with int16 activations: a view)
+    assert "layer 0: Gemm gemm0" in text and re.search(r"# layer [12]: Gemm gemm1", text)
     assert "cancellation point 0" in text and text.count("matmul") >= 2
 
 

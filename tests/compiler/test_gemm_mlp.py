@@ -59,7 +59,7 @@ def test_gemm_relu_layers_match_onnxruntime(tmp_path, config, shape):
     bs = [rng.normal(0, 0.1, n), rng.normal(0, 0.1, n)]
     path = mlp_onnx(tmp_path / "m.onnx", ws, bs, batch)
     calib = rng.normal(0, 1, (batch * 8, k)).astype(np.float32)
-    cm = compile_onnx(path, config, calib=calib, output_precision="int8")  # the int8 output path
+    cm = compile_onnx(path, config, calib=calib, output_precision="int8", activations="int8")  # int8 path
     x = rng.normal(0, 1, (batch, k)).astype(np.float32)
     got = cm.run_int8(x)[0]
     want = ort_int8(cm, x)

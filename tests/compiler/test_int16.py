@@ -3,8 +3,10 @@ running the same int16 QDQ model, within 1 int16 step on 99 % of the elements (t
 test_operators.py), and the front end's int16 quantisation."""
 
 import numpy as np
+import onnx
 import pytest
 
+from npu.compiler import CompileError, compile_onnx
 from npu.models.builder import Net
 from tests.compiler.helpers import compare_int8, compile_model
 from tests.compiler.test_operators import CONVS, calib_for, conv_net
@@ -121,3 +123,58 @@ def test_operators_int16(tmp_path, config, name):
     cm = check16(tmp_path, net, [y], config)
     host = [(la.node, la.op, la.reason) for la in cm.lowered.layers if la.placement == "host"]
     assert not host, host
+
+
+def _deconv(net: Net, x: str) -> str:
+    """A 2x2, stride-2 ConvTranspose (the upsampling of a DBNet head)."""
+    n, c, h, w = net.shapes[x]
+    wt = net.const(net.rng.normal(0, 0.4, (c, 8, 2, 2)).astype(np.float32))
+    return net.node("ConvTranspose", [x, wt], (n, 8, 2 * h, 2 * w), kernel_shape=[2, 2], strides=[2, 2])
+
+
+RELU_AFTER = {
+    "Conv": lambda net: net.conv(net.relu(net.conv(net.input, 16, 3, pad=1, relu=False)), 8, 1),
+    "Gemm": lambda net: net.gemm(net.relu(net.gemm(net.flatten(net.gap(net.input)), 24)), 10),
+    "ConvTranspose": lambda net: net.conv(net.relu(_deconv(net, net.input)), 8, 1, relu=False),
+}
+
+
+@pytest.mark.parametrize("config", ["tiny", "banked"])
+@pytest.mark.parametrize("op", sorted(RELU_AFTER))
+def test_relu_after_int16_producer_is_fused(tmp_path, config, op):
+    """onnxruntime keeps a Relu after an int16 tensor as a node; the Conv, Gemm or ConvTranspose
+    before it requantises straight to the Relu's output clamped at zero, and the Relu is a view
+    (no vector pass) - within one int16 step of onnxruntime."""
+    net = Net(f"relu_after_{op}", (1, 8, 8, 8), seed=7)
+    cm = check16(tmp_path, net, [RELU_AFTER[op](net)], config)
+    relus = [la for la in cm.lowered.layers if la.op == "Relu"]
+    assert relus and all(la.placement == "view" for la in relus), relus
+    assert all(la.placement == "npu" for la in cm.lowered.layers if la.op == op)
+
+
+def _two_convs(tmp_path, size: int):
+    net = Net("fit", (1, 8, size, size), seed=3)
+    y = net.gemm(net.flatten(net.gap(net.conv(net.maxpool(net.conv(net.input, 16, 3), 2, 2), 32, 3))), 10)
+    onnx.save(net.model([y]), str(tmp_path / "m.onnx"))
+    return tmp_path / "m.onnx", np.random.default_rng(0).normal(size=(8, 8, size, size)).astype(np.float32)
+
+
+def test_auto_takes_int16_and_int8_where_int16_does_not_fit(tmp_path):
+    """The default (`activations="auto"`) compiles with int16 activations; on `tiny` (64 KiB of DRAM)
+    a model whose int16 activations do not fit is compiled with int8 ones, and the report says why
+    (asking for int16 is the error that says so)."""
+    path, calib = _two_convs(tmp_path, 12)
+    cm = compile_onnx(path, "tiny", calib=calib)
+    assert cm.quantisation.startswith("int16 activations") and cm.quantisation.endswith("(auto)")
+    assert cm.lowered.inputs[0].layout.elem == 2
+    path, calib = _two_convs(tmp_path, 32)
+    with pytest.raises(CompileError, match="bytes of DRAM on tiny") as e16:
+        compile_onnx(path, "tiny", calib=calib, activations="int16")
+    cm = compile_onnx(path, "tiny", calib=calib)
+    assert cm.quantisation.startswith("int8 activations"), cm.quantisation
+    assert f"(auto: int16 activations did not compile: {e16.value})" in cm.report()
+    assert cm.lowered.inputs[0].layout.elem == 1
+    x = np.random.default_rng(1).normal(size=(1, 8, 32, 32)).astype(np.float32)
+    compare_int8(cm, x)
+    with pytest.raises(CompileError, match="activations must be int8, int16 or auto, not 'int4'"):
+        compile_onnx(path, "tiny", calib=calib, activations="int4")

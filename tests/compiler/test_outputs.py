@@ -137,11 +137,13 @@ def test_container_keeps_int32_outputs_and_cli_option(tmp_path, capsys):
     np.testing.assert_array_equal(raw[0], cm.run_int8(calib[:4])[0])
     manifest = json.loads(json.dumps(back.manifest.to_json()))
     assert manifest["outputs"][0]["layout"]["elem"] == 4
-    for prec, elem in (("int8", 1), ("int32", 4)):
-        out = tmp_path / f"{prec}.npub"
+    # int8 output precision: the output at its activation type (int16 by default)
+    cases = (("int8", "auto", 2), ("int8", "int8", 1), ("int32", "auto", 4), ("int32", "int8", 4))
+    for prec, act, elem in cases:
+        out = tmp_path / f"{prec}-{act}.npub"
         assert main(["compile", str(path), "--config", "tiny", "--calib", str(tmp_path / "calib.npy"),
-                     "--output-precision", prec, "-o", str(out)]) == 0  # fmt: skip
-        assert Container.load(out).manifest.outputs[0].layout.elem == elem
+                     "--output-precision", prec, "--activations", act, "-o", str(out)]) == 0  # fmt: skip
+        assert Container.load(out).manifest.outputs[0].layout.elem == elem, (prec, act)
 
 
 def test_activation_the_quantiser_removed_keeps_its_clamp(tmp_path):
@@ -159,7 +161,7 @@ def test_activation_the_quantiser_removed_keeps_its_clamp(tmp_path):
     m.ir_version = 10
     onnx.save(m, str(tmp_path / "r.onnx"))
     calib = rng.normal(0, 1, (32, 32)).astype(np.float32)
-    cm = compile_onnx(tmp_path / "r.onnx", "tiny", calib=calib)
+    cm = compile_onnx(tmp_path / "r.onnx", "tiny", calib=calib, activations="int8")  # (int16 keeps Relus)
     assert cm.lowered.outputs[0].scales is None and "Relu" not in [n.op_type for n in cm.qdq.graph.node]
     got = cm.run(calib[:4])[0]
     assert got.min() >= 0 and (got == 0).any()
@@ -170,6 +172,7 @@ def test_report_names_the_quantisation_and_the_host_share(tmp_path):
     path, _ = classifier(tmp_path / "s.onnx", softmax=True)
     calib = np.random.default_rng(2).normal(0, 0.5, (32, 32)).astype(np.float32)
     report = compile_onnx(path, "tiny", calib=calib, calib_method="percentile").report()
-    assert "quantisation: int8 activations (percentile calibration, 32 samples), weights per" in report
+    assert "quantisation: int16 activations (percentile calibration, 32 samples), weights per" in report
+    assert "(auto)" in report  # the default chose int16
     assert "outputs int32" in report
     assert "host: 1 operators in 1 steps, 0 MACs" in report

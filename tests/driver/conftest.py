@@ -16,14 +16,15 @@ def demo_models(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def small_models(tmp_path_factory):
-    """A small CNN with interior points carrying live data, and the planning MLP, for `tiny`."""
-    return _small_models(tmp_path_factory.mktemp("small"), "tiny")
+    """A small CNN with interior points carrying live data, and the planning MLP, for `tiny`, with int8
+    activations (`small_models_int16`: the same with int16 ones)."""
+    return _small_models(tmp_path_factory.mktemp("small"), "tiny", activations="int8")
 
 
 @pytest.fixture(scope="session")
 def small_models_banked(tmp_path_factory):
-    """The same two models compiled for the `banked` preset."""
-    return _small_models(tmp_path_factory.mktemp("small_banked"), "banked")
+    """The same two models compiled for the `banked` preset (int8 activations)."""
+    return _small_models(tmp_path_factory.mktemp("small_banked"), "banked", activations="int8")
 
 
 @pytest.fixture(scope="session")
