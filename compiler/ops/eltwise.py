@@ -87,12 +87,17 @@ def lower_add(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         return
     where = ctx.where(n)
     xa, xb = (ctx.act_in(i, n) for i in n.input if i)
-    yq = ctx.q_out(n.output[0], n)
+    yq, lo = ctx.q_out(n.output[0], n), -128
+    fused = ctx.fusable_relu(n.output[0])  # a residual's Relu (int16): the sum clamped at zero
+    if fused is not None and fused[0].name and fused[0].name not in ctx.reasons:
+        ctx.fused.add(fused[0].name)
+        yq, lo = fused[1], 0
     y = ctx.place(yq, f"{where} output", xa.layout)
     ma, mb, shift = add_multipliers(xa.q.scale / yq.scale, xb.q.scale / yq.scale, where)
     params = dict(
-        mult_a=ma, mult_b=mb, shift=shift, zp_a=xa.q.zero_point, zp_b=xb.q.zero_point, zp_out=yq.zero_point
-    )
+        mult_a=ma, mult_b=mb, shift=shift, zp_a=xa.q.zero_point, zp_b=xb.q.zero_point, zp_out=yq.zero_point,
+        lo=lo,
+    )  # fmt: skip
     e = xa.layout.elem
     add_program(b, ctx.cfg, xa.addr, xb.addr, y.addr, xa.nbytes, params, step_unit(xa.layout), ctx.step, e)
     ctx.op_done(n, b, yq.shape)

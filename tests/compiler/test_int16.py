@@ -136,14 +136,17 @@ RELU_AFTER = {
     "Conv": lambda net: net.conv(net.relu(net.conv(net.input, 16, 3, pad=1, relu=False)), 8, 1),
     "Gemm": lambda net: net.gemm(net.relu(net.gemm(net.flatten(net.gap(net.input)), 24)), 10),
     "ConvTranspose": lambda net: net.conv(net.relu(_deconv(net, net.input)), 8, 1, relu=False),
+    "Add": lambda net: net.conv(
+        net.relu(net.add(net.conv(net.input, 8, 3, pad=1, relu=False), net.input)), 8, 1, relu=False
+    ),
 }
 
 
 @pytest.mark.parametrize("config", ["tiny", "banked"])
 @pytest.mark.parametrize("op", sorted(RELU_AFTER))
 def test_relu_after_int16_producer_is_fused(tmp_path, config, op):
-    """onnxruntime keeps a Relu after an int16 tensor as a node; the Conv, Gemm or ConvTranspose
-    before it requantises straight to the Relu's output clamped at zero, and the Relu is a view
+    """onnxruntime keeps a Relu after an int16 tensor as a node; the Conv, Gemm, ConvTranspose or
+    Add (a residual) before it requantises straight to the Relu's output clamped at zero, and the Relu is a view
     (no vector pass) - within one int16 step of onnxruntime."""
     net = Net(f"relu_after_{op}", (1, 8, 8, 8), seed=7)
     cm = check16(tmp_path, net, [RELU_AFTER[op](net)], config)
