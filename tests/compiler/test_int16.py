@@ -146,8 +146,8 @@ RELU_AFTER = {
 @pytest.mark.parametrize("op", sorted(RELU_AFTER))
 def test_relu_after_int16_producer_is_fused(tmp_path, config, op):
     """onnxruntime keeps a Relu after an int16 tensor as a node; the Conv, Gemm, ConvTranspose or
-    Add (a residual) before it requantises straight to the Relu's output clamped at zero, and the Relu is a view
-    (no vector pass) - within one int16 step of onnxruntime."""
+    Add (a residual) before it requantises straight to the Relu's output clamped at zero, and the
+    Relu is a view (no vector pass) - within one int16 step of onnxruntime."""
     net = Net(f"relu_after_{op}", (1, 8, 8, 8), seed=7)
     cm = check16(tmp_path, net, [RELU_AFTER[op](net)], config)
     relus = [la for la in cm.lowered.layers if la.op == "Relu"]
