@@ -22,15 +22,17 @@ The unit is a pipeline, so that no cycle holds more than one multiplier or one w
   S1  the operand words arrive and are aligned to the lanes;
   S2  zero points are subtracted (VMUL: and the operands multiplied, up to 17 x 17 bits), POOL
       accumulates its window;
-  S3  partial products (no multiplier wider than 34 x 17 bits), S3b their sum;
-  S4  the rounding shift;
-  S5  the output zero point and the clamp; the results are written (the scratchpad grants the
-      vector unit's writes first, so they never wait and the pipeline never stalls after S0).
+  S3  partial products (no multiplier wider than 34 x 17 bits), S3b their sum (and the step's
+      shift amounts, registered);
+  S4  the right shift (a barrel shift by a registered amount), keeping the rounding bit;
+  S5  the rounding bit and the output zero point in one add, and the clamp; the results are
+      written (the scratchpad grants the vector unit's writes first, so they never wait and the
+      pipeline never stalls after S0).
 
 A per-column VMAP (`per_col`) first walks parameter steps through S0-S2 that copy its multipliers
 and shifts into two memories of the unit (one entry: vector_lanes columns); its element steps read
-the multipliers of their columns at S2 (used at S3) and the shifts at S4 (used at S5); a half step
-(int16) takes its columns from the entry's first or second half.
+the multipliers of their columns at S2 (used at S3) and the shifts at S3 (clamped and registered at
+S3b, used at S4); a half step (int16) takes its columns from the entry's first or second half.
 
 VLUT first walks 256 / vector_lanes table steps through S0-S2 that copy its table into a small
 memory of the unit (one read port per lane), then its element steps look their bytes up in it at S2
@@ -60,15 +62,17 @@ assert all(OFFSETS[Opcode.VLUT][f] == OFFSETS[Opcode.VMAP][f]
 assert OFFSETS[Opcode.VMUL]["a"] == OFFSETS[Opcode.VMAP]["src"]  # the row register starts from either
 
 
-def rsr(m: Module, v, shift, name: str):
-    """Rounding arithmetic right shift: (v + 2**(shift-1)) >> shift, v for shift == 0."""
-    r = Signal(signed(72), name=name)
-    rnd = Signal(64, name=f"{name}_rnd")
-    m.d.comb += rnd.eq((Const(1, 64) << shift)[:64] >> 1)  # 2**(shift-1), or 0 when shift == 0
-    acc = Signal(signed(74), name=f"{name}_sum")
-    m.d.comb += acc.eq(v + rnd)
-    m.d.comb += r.eq(acc >> shift)
-    return r
+def shift_keep_round(v, shift):
+    """The first half of a rounding right shift: Cat(r, v >> shift), r the rounding bit (bit
+    shift - 1 of v, 0 for shift == 0). (v + 2**(shift-1)) >> shift is (v >> shift) + r, so the
+    rounding needs no add here: it joins the next stage's (`add_round`)."""
+    return Cat(Const(0, 1), v).as_signed() >> shift
+
+
+def add_round(t, z):
+    """(t >> 1) + z + t[0] for t from `shift_keep_round`: t[0] enters the add as its carry in,
+    (2q + r + 2z + 1) >> 1 == q + z + r, so the rounding costs no add of its own."""
+    return (t + Cat(Const(1, 1), z).as_signed()) >> 1
 
 
 def clamp(m: Module, v, lo, hi, name: str):
@@ -352,10 +356,11 @@ class VectorUnit(wiring.Component):
             m.d.sync += s_step.eq(s_step + 1)
         with m.If(self.exec.go):
             m.d.sync += [m_step.eq(0), s_step.eq(0)]
-        # element steps: their columns' multipliers arrive at S3, their shifts at S5
+        # element steps: their columns' multipliers arrive at S3, their shifts at S3b (registered
+        # there, so that S4 does not start from a block RAM's read)
         m_rd = mults.read_port()
         s_rd = shifts.read_port()
-        m.d.comb += [m_rd.addr.eq(ctl["col"][2][vw:]), s_rd.addr.eq(ctl["col"][4][vw:])]
+        m.d.comb += [m_rd.addr.eq(ctl["col"][2][vw:]), s_rd.addr.eq(ctl["col"][3][vw:])]
 
         # ---- S2..S5, per lane (S3b a stage of its own) --------------------------------------
         shift, zp_out = pick("shift"), pick("zp_out")
@@ -407,19 +412,20 @@ class VectorUnit(wiring.Component):
                 p_a.eq(xa * fa.mult_a),
                 p_b.eq(xb * fa.mult_b),
             ]
-            # S3b: the product
+            # S3b: the product; the lane's shift (its column's, clamped, or the instruction's)
             prod = Signal(signed(68), name=f"prod{l}")
             m.d.sync += prod.eq(Mux(is_add, p_a + p_b, (p_hi << 16) + p_lo))
-            # S4: the rounding shift
-            shifted = Signal(signed(68), name=f"shifted{l}")
             s_raw = s_rd.data[8 * l : 8 * l + 6]
             if l < HV:
                 hl = l + HV
-                s_raw = Mux(ctl["col"][5][vw - 1], s_rd.data[8 * hl : 8 * hl + 6], s_raw)
+                s_raw = Mux(ctl["col"][4][vw - 1], s_rd.data[8 * hl : 8 * hl + 6], s_raw)
             shift_l = Signal(6, name=f"shift{l}")
-            m.d.comb += shift_l.eq(Mux(per_col, Mux(s_raw > MAX_SHIFT, MAX_SHIFT, s_raw), shift))
-            m.d.sync += shifted.eq(rsr(m, prod, shift_l, f"rsr{l}"))
-            # S5: the output zero point (POOL max: the window's maximum as is) and the clamp
+            m.d.sync += shift_l.eq(Mux(per_col, Mux(s_raw > MAX_SHIFT, MAX_SHIFT, s_raw), shift))
+            # S4: the shift alone (its rounding bit below it, added at S5)
+            shifted = Signal(signed(69), name=f"shifted{l}")
+            m.d.sync += shifted.eq(shift_keep_round(prod, shift_l))
+            # S5: the rounding bit and the output zero point (POOL max: the window's maximum as
+            # is) and the clamp
             pmax_d = [pmax]
             for k in range(3, S):
                 d = Signal(signed(16), name=f"pmax{k + 1}_{l}")
@@ -427,7 +433,7 @@ class VectorUnit(wiring.Component):
                 pmax_d.append(d)
             pmax_w = pmax_d[-1]
             val = Signal(signed(69), name=f"val{l}")
-            m.d.comb += val.eq(Mux(is_pool & ~fp.mode, pmax_w, shifted + zp_out))
+            m.d.comb += val.eq(Mux(is_pool & ~fp.mode, pmax_w, add_round(shifted, zp_out)))
             # VLUT: the lane's byte (x + 128) picks a table word at S2 and its byte at S3
             idx = Signal(8, name=f"idx{l}")
             m.d.comb += idx.eq(xa8.as_unsigned() ^ 0x80)
