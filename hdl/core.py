@@ -9,7 +9,7 @@ accumulator memories, and the four units.
 from __future__ import annotations
 
 from amaranth import Cat, Const, Module, Mux, ResetInserter, Signal
-from amaranth.lib import data, fifo, wiring
+from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from npu.config import NpuConfig, get_config
@@ -19,7 +19,7 @@ from npu.registers import Status
 from .axi import AxiLiteSignature, AxiSignature
 from .common import QueueEntry, header, log2, view
 from .counters import COUNTER_NAMES, PerfCounters
-from .dispatch import Dispatcher
+from .dispatch import Dispatcher, UnitQueue
 from .fetch import Fetcher, ReadArbiter
 from .load import LoadUnit
 from .matrix import MatrixUnit
@@ -31,6 +31,10 @@ from .tokens import TokenChannels, pair_index
 from .vector import VectorUnit
 
 UNITS = list(Unit)
+
+#: a unit queue's slot: the entry and its opcode decoded on the way in (the issue logic reads the
+#: head's register, no decoder)
+Slot = data.StructLayout({"entry": QueueEntry, "sync": 1, "cp": 1, "fence": 1})
 
 
 def dram_signature(cfg: NpuConfig) -> AxiSignature:
@@ -158,7 +162,7 @@ class NpuCore(wiring.Component):
         flush = Signal()  # discard queued instructions (a halt, or a new run)
         queues = {}
         for u in UNITS:
-            q = fifo.SyncFIFO(width=QueueEntry.size, depth=cfg.queue_depth)
+            q = UnitQueue(Slot.size, cfg.queue_depth)
             queues[u] = q
             m.submodules[f"q_{u.name.lower()}"] = ResetInserter(flush)(q)
         m.submodules.tokens = tokens = TokenChannels(cfg)
@@ -169,7 +173,8 @@ class NpuCore(wiring.Component):
         status = Signal(Status, init=Status.IDLE)
         m.d.comb += regs.status.eq(status)
         running = Signal()
-        m.d.comb += running.eq(status == Status.RUNNING)
+        m.d.comb += running.eq(status[1])  # STATUS is one-hot: no compare
+        assert Status.RUNNING == 1 << 1
         restart = Signal()  # START while stopped: a new run begins
         m.d.comb += restart.eq(regs.start & ~running)
         # the run control, an FSM: ACTIVE (dispatching while RUNNING), HALTING (an error stopped
@@ -200,13 +205,14 @@ class NpuCore(wiring.Component):
         unit_busy = {}
         starting = {}
         run_pcs = {}  # pc of the instruction each unit runs
+        overflow_of = {}  # a channel from this unit overflows
+        push_pcs = {}  # the pc of the instruction pushing this unit's tokens
         for u in UNITS:
             q, unit = queues[u], units[u].exec
-            head = data.View(QueueEntry, q.r_data)
+            slot = data.View(Slot, q.r_data)
+            head = slot.entry
             hdr = header(head.instr)
-            is_sync = hdr.opcode == Opcode.SYNC
-            is_cp = hdr.opcode == Opcode.CANCEL_POINT
-            is_fence = hdr.opcode == Opcode.FENCE
+            is_sync, is_cp, is_fence = slot.sync, slot.cp, slot.fence
             is_marker = is_cp | is_fence
             at_target = is_cp & pause.target_valid & (head.ordinal == pause.target)
             parked[u] = Signal(name=f"parked_{u.name.lower()}")
@@ -234,21 +240,32 @@ class NpuCore(wiring.Component):
             for p in UNITS:
                 if p != u:
                     m.d.comb += tokens.pop[pair_index(p, u)].eq(start & ~is_marker & hdr.wait[p])
+            overflows = []
             for c in UNITS:
                 if c != u:
                     k = pair_index(u, c)
                     sync_push = start & is_sync & hdr.signal[c]
                     done_push = unit.done & run_sig[c]
                     m.d.comb += tokens.push[k].eq(sync_push | done_push)
-                    with m.If(tokens.push[k] & tokens.full[k] & ~tokens.pop[k]):
-                        m.d.comb += [overflow.eq(1), overflow_pc.eq(Mux(sync_push, head.pc, run_pc))]
+                    overflows.append(tokens.push[k] & tokens.full[k] & ~tokens.pop[k])
+            # a unit pushes either from a SYNC starting (it is idle) or as its instruction finishes
+            # (it is busy): the overflow's pc is chosen by registers, not by the push (Fmax)
+            overflow_of[u] = Signal(name=f"overflow_{u.name.lower()}")
+            m.d.comb += overflow_of[u].eq(Cat(*overflows).any())
+            push_pcs[u] = Mux(unit.busy, run_pc, head.pc)
             unit_busy[u] = Signal(name=f"busy_{u.name.lower()}")
             m.d.comb += unit_busy[u].eq(unit.busy | (start & ~is_marker))
+        m.d.comb += overflow.eq(Cat(*overflow_of.values()).any())
+        for u in UNITS:  # the last unit's pc when several overflow, as in channel order
+            with m.If(overflow_of[u]):
+                m.d.comb += overflow_pc.eq(push_pcs[u])
         all_parked = Signal()
         m.d.comb += all_parked.eq(Cat(*parked.values()).all())
-        park = data.View(QueueEntry, queues[Unit.LOAD].r_data)
+        park = data.View(Slot, queues[Unit.LOAD].r_data).entry
+        # no unit busy; a start need not be counted (it is in `unit_busy`): every use is while
+        # halting (nothing starts), with the queues empty, or with nothing starting
         all_idle = Signal()
-        m.d.comb += all_idle.eq(~Cat(*unit_busy.values()).any())
+        m.d.comb += all_idle.eq(~Cat(*[units[u].exec.busy for u in UNITS]).any())
         queues_empty = Signal()
         m.d.comb += queues_empty.eq(~Cat(*[q.level != 0 for q in queues.values()]).any())
         m.d.comb += tokens.clear.eq((regs.start | regs.soft_reset) & ~running)
@@ -256,7 +273,8 @@ class NpuCore(wiring.Component):
         # ---- dispatch ------------------------------------------------------------------------------
         pc = fetch.out.payload.pc
         timed_out = Signal()
-        m.d.comb += timed_out.eq((regs.timeout != 0) & (counters.cycles >= regs.timeout))
+        # registered from the next cycle's CYCLES and TIMEOUT: the same flag, from a flip-flop (Fmax)
+        m.d.sync += timed_out.eq((regs.timeout_next != 0) & (counters.cycles_next >= regs.timeout_next))
         deadlock_cnt = Signal(2)
         m.d.comb += [
             disp.instr.eq(fetch.out.payload.instr),
@@ -265,7 +283,8 @@ class NpuCore(wiring.Component):
             disp.valid.eq(fetch.out.valid),
             disp.bad.eq(fetch.out.payload.bad),
             disp.fault.eq(fetch.out.payload.fault),
-            disp.enable.eq(running & ~halting & ~overflow & ~timed_out & (deadlock_cnt != 3)),
+            # not held back by a token overflow (it halts the core: Fmax); see `dropped` below
+            disp.enable.eq(running & ~halting & ~timed_out & (deadlock_cnt != 3)),
             disp.room.eq(Cat(*[q.w_rdy for q in queues.values()])),
             disp.drained.eq(all_idle & queues_empty),
             disp.restart.eq(restart),
@@ -274,9 +293,26 @@ class NpuCore(wiring.Component):
         # once every unit has parked at the target point nothing more is dispatched
         dispatching = Signal()
         m.d.comb += dispatching.eq(disp.dispatching & ~all_parked)
+        w_op = header(disp.entry.instr).opcode
+        w_slot = Signal(Slot)
+        m.d.comb += [
+            w_slot.entry.eq(disp.entry),
+            w_slot.sync.eq(w_op == Opcode.SYNC),
+            w_slot.cp.eq(w_op == Opcode.CANCEL_POINT),
+            w_slot.fence.eq(w_op == Opcode.FENCE),
+        ]
         for u, q in queues.items():
-            m.d.comb += [q.w_data.eq(disp.entry), q.w_en.eq(disp.w_en[u] & ~(all_parked & (u == Unit.LOAD)))]
+            m.d.comb += [q.w_data.eq(w_slot), q.w_en.eq(disp.w_en[u] & ~(all_parked & (u == Unit.LOAD)))]
         m.d.comb += fetch.out.ready.eq(dispatching)
+        # An instruction taken in a token overflow's cycle goes into a queue the halt discards
+        # before anything starts; only the fetch pc has moved past it, so the ring head (read
+        # while halting and in ERROR) and INSTRET / STALL_DISPATCH leave it out. (An END waits
+        # for every unit idle and the queues empty: no token moves in its cycle.)
+        dropped = Signal()
+        with m.If(dispatching & overflow):
+            m.d.sync += dropped.eq(1)
+        with m.If(restart):
+            m.d.sync += dropped.eq(0)
 
         def start_halt(st, c, at_pc):
             m.d.comb += halt_req.eq(1)
@@ -331,7 +367,7 @@ class NpuCore(wiring.Component):
 
         # deadlock: nothing executes, nothing can start, dispatch cannot proceed
         can_start = Cat(*starting.values()).any()
-        blocked_dispatch = fetch.out.valid & ~dispatching
+        blocked_dispatch = fetch.out.valid & ~dispatching  # no token moves here: no overflow
         with m.If(running & ~halting & all_idle & ~can_start & ~queues_empty & blocked_dispatch):
             m.d.sync += deadlock_cnt.eq(Mux(deadlock_cnt == 3, 3, deadlock_cnt + 1))
         with m.Else():
@@ -362,7 +398,7 @@ class NpuCore(wiring.Component):
                 Mux(
                     status == Status.IDLE,
                     0,
-                    Mux((status == Status.PAUSED) | (status == Status.DONE), regs.resume_pc, pc),
+                    Mux((status == Status.PAUSED) | (status == Status.DONE), regs.resume_pc, pc - dropped),
                 )
             ),
         ]
@@ -400,8 +436,8 @@ class NpuCore(wiring.Component):
         ]
 
         # ---- performance counters -------------------------------------------------------------------
-        ld = data.View(QueueEntry, queues[Unit.LOAD].r_data)
-        st = data.View(QueueEntry, queues[Unit.STORE].r_data)
+        ld = data.View(Slot, queues[Unit.LOAD].r_data).entry
+        st = data.View(Slot, queues[Unit.STORE].r_data).entry
         lf, sf = view(Opcode.LOAD, ld.instr), view(Opcode.STORE, st.instr)
         ld_go = starting[Unit.LOAD] & (header(ld.instr).opcode == Opcode.LOAD)
         st_go = starting[Unit.STORE] & (header(st.instr).opcode == Opcode.STORE)
@@ -409,8 +445,8 @@ class NpuCore(wiring.Component):
             counters.running.eq(running),
             counters.restart.eq(restart),
             counters.busy.eq(Cat(*unit_busy.values())),
-            counters.stalled.eq(disp.stalled),
-            counters.retired.eq(dispatching),
+            counters.stalled.eq(disp.stalled & ~overflow),
+            counters.retired.eq(dispatching & ~overflow),
             counters.rd_bytes.eq(Mux(ld_go, lf.rows * lf.cols, 0)),
             counters.wr_bytes.eq(Mux(st_go, sf.rows * sf.cols, 0)),
         ]

@@ -3,7 +3,7 @@ cleared when a run starts. Each cycle's events are counted one cycle later."""
 
 from __future__ import annotations
 
-from amaranth import Module, Signal
+from amaranth import Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -29,6 +29,7 @@ class PerfCounters(wiring.Component):
                 "rd_bytes": In(32),
                 "wr_bytes": In(32),
                 **{name.lower(): Out(64) for name in COUNTER_NAMES},
+                "cycles_next": Out(64),  # CYCLES from the next cycle on
             }
         )
 
@@ -64,4 +65,5 @@ class PerfCounters(wiring.Component):
                 m.d.sync += cnt[name].eq(cnt[name] + inc)
         with m.If(self.restart):
             m.d.sync += [s.eq(0) for s in cnt.values()]
+        m.d.comb += self.cycles_next.eq(Mux(self.restart, 0, cnt["CYCLES"] + running))
         return m

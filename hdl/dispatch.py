@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from amaranth import Module, Mux, Signal
 from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from npu.config import NpuConfig
@@ -91,4 +92,62 @@ class Dispatcher(wiring.Component):
                     m.d.comb += self.stalled.eq(1)
         with m.If(self.restart):
             m.d.sync += points.eq(0)
+        return m
+
+
+class UnitQueue(wiring.Component):
+    """A unit's instruction queue: the interface and timing of amaranth's `SyncFIFO` (an entry
+    written into an empty queue is at the head the next cycle), but the head is a register, a copy
+    of the LUT-RAM slot it stands for, so the issue logic starts from flip-flops (Fmax)."""
+
+    def __init__(self, width: int, depth: int):
+        self.width, self.depth = width, depth
+        super().__init__(
+            {
+                "w_data": In(width),
+                "w_en": In(1),
+                "w_rdy": Out(1),
+                "r_data": Out(width),
+                "r_en": In(1),
+                "r_rdy": Out(1),
+                "level": Out(range(depth + 1)),
+            }
+        )
+
+    def elaborate(self, platform):
+        m = Module()
+        D = self.depth
+        level = self.level
+        m.d.comb += [self.w_rdy.eq(level != D), self.r_rdy.eq(level != 0)]
+        do_read = self.r_rdy & self.r_en
+        do_write = self.w_rdy & self.w_en
+        m.submodules.storage = storage = Memory(shape=self.width, depth=D, init=[])
+        w_port = storage.write_port()
+        r_port = storage.read_port(domain="comb")
+        produce = Signal(range(D))
+        consume = Signal(range(D))
+        after = Signal(range(D))  # the slot behind the head
+        m.d.comb += [
+            after.eq(Mux(consume == D - 1, 0, consume + 1)),
+            w_port.addr.eq(produce),
+            w_port.data.eq(self.w_data),
+            w_port.en.eq(do_write),
+            r_port.addr.eq(after),
+        ]
+        with m.If(do_write):
+            m.d.sync += produce.eq(Mux(produce == D - 1, 0, produce + 1))
+        with m.If(do_read):
+            m.d.sync += consume.eq(after)
+        with m.If(do_write & ~do_read):
+            m.d.sync += level.eq(level + 1)
+        with m.If(do_read & ~do_write):
+            m.d.sync += level.eq(level - 1)
+        # the next head: the entry behind a head read out, or the one written into a queue that
+        # is (or becomes) empty
+        head = Signal(self.width)
+        m.d.comb += self.r_data.eq(head)
+        with m.If(do_read & (level != 1)):
+            m.d.sync += head.eq(r_port.data)
+        with m.Elif(do_read | (level == 0)):
+            m.d.sync += head.eq(self.w_data)
         return m

@@ -7,11 +7,15 @@ that marker, and the core pauses once all four have (docs/isa.md, "Cancellation 
 
 from __future__ import annotations
 
-from amaranth import Module, Mux, Signal
+from amaranth import Cat, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from npu.isa import Unit
+
+
+def max2(a, b):
+    return Mux(a > b, a, b)
 
 
 class PauseControl(wiring.Component):
@@ -41,15 +45,18 @@ class PauseControl(wiring.Component):
             with m.If(self.passing[u]):
                 m.d.sync += passed[u].eq(passed[u] + 1)
         # counting the markers passed in this very cycle: a unit passing the point the target would
-        # name while the request is latched must not leave the others parked at it for ever
-        now = [p + self.passing[u] for u, p in zip(Unit, passed, strict=True)]
-        max_passed = now[0]
-        for p in now[1:]:
-            max_passed = Mux(p > max_passed, p, max_passed)
+        # name while the request is latched must not leave the others parked at it for ever. The
+        # most passed including this cycle's is the most before it, plus one if a unit at that
+        # most passes one now: `passing` (the issue logic's starts) comes in last (Fmax)
+        assert len(passed) == 4
+        most = max2(max2(passed[0], passed[1]), max2(passed[2], passed[3]))
+        ahead = Signal()
+        at_most = [self.passing[u] & (p == most) for u, p in zip(Unit, passed, strict=True)]
+        m.d.comb += ahead.eq(Cat(*at_most).any())
         with m.If(~self.request):
             m.d.sync += valid.eq(0)
         with m.Elif(self.running & ~valid):
-            m.d.sync += [valid.eq(1), target.eq(max_passed + 1)]
+            m.d.sync += [valid.eq(1), target.eq(Mux(ahead, most + 2, most + 1))]
         with m.If(self.restart):
             m.d.sync += [valid.eq(0), *[p.eq(0) for p in passed]]
         return m

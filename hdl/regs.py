@@ -33,6 +33,7 @@ class RegisterFile(wiring.Component):
                 "program_base": Out(32),
                 "resume_pc": Out(32),
                 "timeout": Out(32),
+                "timeout_next": Out(32),  # TIMEOUT from the next cycle on
                 "ring_base": Out(32),
                 "ring_size": Out(32),
                 "ring_tail": Out(32),
@@ -70,6 +71,8 @@ class RegisterFile(wiring.Component):
         wdata = bus.wdata
 
         m.d.sync += [self.start.eq(0), self.soft_reset.eq(0)]
+        m.d.comb += self.timeout_next.eq(self.timeout)
+        m.d.sync += self.timeout.eq(self.timeout_next)
         with m.If(self.consume_pause):
             m.d.sync += self.pause_req.eq(0)
         with m.If(self.set_resume_pc):
@@ -90,12 +93,12 @@ class RegisterFile(wiring.Component):
                             self.irq_pending.eq(0),
                             self.program_base.eq(0),
                             self.resume_pc.eq(0),
-                            self.timeout.eq(0),
                             self.ring_base.eq(0),
                             self.ring_size.eq(0),
                             self.ring_tail.eq(0),
                             fence_count.eq(0),
                         ]
+                        m.d.comb += self.timeout_next.eq(0)
                     with m.Else():
                         m.d.sync += [
                             self.start.eq(wdata[0] & (self.status != 0b00010)),
@@ -110,7 +113,7 @@ class RegisterFile(wiring.Component):
                 with m.Case(REG["RESUME_PC"].offset):
                     m.d.sync += self.resume_pc.eq(wdata)
                 with m.Case(REG["TIMEOUT"].offset):
-                    m.d.sync += self.timeout.eq(wdata)
+                    m.d.comb += self.timeout_next.eq(wdata)
                 with m.Case(REG["RING_BASE"].offset):
                     m.d.sync += self.ring_base.eq(wdata)
                 with m.Case(REG["RING_SIZE"].offset):

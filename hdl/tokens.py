@@ -6,7 +6,7 @@ whose `wait` mask names a channel starts only when that channel holds a token an
 
 from __future__ import annotations
 
-from amaranth import Module, Signal
+from amaranth import Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -43,10 +43,15 @@ class TokenChannels(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         for i, (p, c) in enumerate(PAIRS):
-            t = Signal(8, name=f"tok_{p.name.lower()}_{c.name.lower()}")
-            m.d.sync += t.eq(t + self.push[i] - self.pop[i])
-            with m.If(self.clear):
-                m.d.sync += t.eq(0)
-            m.d.comb += [self.nonzero[i].eq(t != 0), self.full[i].eq(t >= self.cfg.token_depth)]
+            name = f"tok_{p.name.lower()}_{c.name.lower()}"
+            t = Signal(8, name=name)
+            t_next = Signal(8, name=f"{name}_next")
+            m.d.comb += t_next.eq(Mux(self.clear, 0, t + self.push[i] - self.pop[i]))
+            # the flags are registered with the count, from its next value: the same as compares of
+            # the count, but the issue logic starts from flip-flops (Fmax)
+            nonzero = Signal(name=f"{name}_nonzero")
+            full = Signal(name=f"{name}_full")
+            m.d.sync += [t.eq(t_next), nonzero.eq(t_next != 0), full.eq(t_next >= self.cfg.token_depth)]
+            m.d.comb += [self.nonzero[i].eq(nonzero), self.full[i].eq(full)]
         m.d.comb += self.any.eq(self.nonzero.any())
         return m
