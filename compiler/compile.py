@@ -22,7 +22,7 @@ from .cleanup import cleanup
 from .dram import DRAM_PLANS, DramPlan
 from .graph import CompileError
 from .load import is_qdq, load
-from .lower import DramFull, Lowering, lower
+from .lower import VIRTUAL_DRAM, DramFull, Lowering, lower
 from .order import OBJECTIVES, SearchResult, search_order
 from .outputs import OUTPUT_PRECISIONS, clamped_by_quantisation, keep_output_precision
 from .placement import Placement, placement
@@ -336,7 +336,7 @@ def compile_onnx(
             # as large as the address field allows (timing does not depend on it; the planned
             # addresses are checked against the real DRAM below)
             return lower(
-                model, dataclasses.replace(plan_cfg, dram_bytes=1 << 32), str(path), step=step,
+                model, dataclasses.replace(plan_cfg, dram_bytes=VIRTUAL_DRAM), str(path), step=step,
                 max_live=cp_max_live, nhwc_inputs=set(prepared.nhwc_inputs), reasons=reasons,
             )  # fmt: skip
 

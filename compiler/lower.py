@@ -103,6 +103,11 @@ class DramAllocator:
         return addr
 
 
+#: a DRAM as large as the address field allows, for lowering and timing before the real one is
+#: checked (neither depends on its size)
+VIRTUAL_DRAM = 1 << 32
+
+
 class DramFull(CompileError):
     """The virtual layout (every tensor its own range) outgrew the DRAM: `compile_onnx` lowers again
     with a larger virtual DRAM and checks the planned layout against the real one."""
@@ -301,6 +306,15 @@ class Lowerer:
         a = Act(QTensor(name, tuple(shape), 1.0, 0), self.alloc.take(lay.nbytes, what), lay, scales)
         self.acts[name] = a
         return a
+
+    def fuse_relu(self, name: str) -> QTensor | None:
+        """The quantised output of the Relu that `fusable_relu` finds after `name`, now computed by
+        its producer (the Relu lowers as a view); None when there is none to fuse."""
+        fused = self.fusable_relu(name)
+        if fused is None or not fused[0].name or fused[0].name in self.reasons:
+            return None
+        self.fused.add(fused[0].name)
+        return fused[1]
 
     def fusable_relu(self, name: str) -> tuple[onnx.NodeProto, QTensor] | None:
         """The Relu that alone reads the int16 tensor a node makes as `name`, and that Relu's

@@ -36,7 +36,7 @@ from npu.sim.model import NpuModel
 from npu.sim.runner import timing_run
 
 from .dram import LiveMemory
-from .lower import Lowering
+from .lower import VIRTUAL_DRAM, Lowering
 
 OBJECTIVES = ("cycles", "memory")
 
@@ -130,9 +130,8 @@ class CostModel:
     def __init__(self, low: Lowering, cancel_points: bool = True):
         self.low = low
         self.cancel_points = cancel_points
-        # a DRAM as large as the address field allows: timing does not depend on its size, and a
-        # program that does not fit the real one is refused after the search (compile_onnx)
-        self.model = NpuModel(replace(low.cfg, dram_bytes=1 << 32), timing_only=True)
+        # a program that does not fit the real DRAM is refused after the search (compile_onnx)
+        self.model = NpuModel(replace(low.cfg, dram_bytes=VIRTUAL_DRAM), timing_only=True)
         self.base = round_up(low.dram_end, 4096)
         self.evaluations = 0
 

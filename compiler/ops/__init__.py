@@ -58,7 +58,7 @@ def placement(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
 def lower_node(ctx: Lowerer, n: onnx.NodeProto) -> None:
     if is_absorbed(ctx, n):  # a step of a table function that later tables compute from its source
         return
-    if n.name and n.name in ctx.fused:  # a Relu its producer clamped (Lowerer.fusable_relu): a view
+    if n.name and n.name in ctx.fused:  # a Relu its producer clamped (Lowerer.fuse_relu): a view
         ctx.new_frag(n, "view", ctx.shape(n.output[0], n))
         return
     reason = placement(ctx, n)

@@ -55,10 +55,8 @@ def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         plan_cfg, rq = ctx.cfg, None
     else:
         yq, lo = ctx.q_out(n.output[0], n), -128
-        fused = ctx.fusable_relu(n.output[0])
-        if fused is not None and fused[0].name and fused[0].name not in ctx.reasons:
-            ctx.fused.add(fused[0].name)
-            yq, lo = fused[1], 0  # straight to the Relu's output, clamped at zero
+        if (relu_q := ctx.fuse_relu(n.output[0])) is not None:
+            yq, lo = relu_q, 0  # straight to the Relu's output, clamped at zero
         y = ctx.place(yq, f"{where} output")
         plan_cfg, rq = ctx.per_column(b, channel_requant(x.q, s_w, yq, where, lo), where)
     dil = a.get("dilations", [1, 1])

@@ -55,10 +55,8 @@ def lower_convtranspose(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> N
     cp_in = x.layout.cp
     bias = ctx.bias(n, 2, cout, x, s_w)
     yq, relu = ctx.q_out(n.output[0], n), False
-    fused = ctx.fusable_relu(n.output[0])
-    if fused is not None and fused[0].name and fused[0].name not in ctx.reasons:
-        ctx.fused.add(fused[0].name)
-        yq, relu = fused[1], True  # straight to the Relu's output, clamped at zero
+    if (relu_q := ctx.fuse_relu(n.output[0])) is not None:
+        yq, relu = relu_q, True  # straight to the Relu's output, clamped at zero
     if tuple(yq.shape) != (bn, cout, h * kh, wd * kw):
         raise CompileError(f"{where}: output shape {yq.shape} does not follow from the attributes")
     cp = bank_stride(ctx.cfg, round_up(cout, ctx.ca), ctx.ca)

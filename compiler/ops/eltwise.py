@@ -88,10 +88,8 @@ def lower_add(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     where = ctx.where(n)
     xa, xb = (ctx.act_in(i, n) for i in n.input if i)
     yq, lo = ctx.q_out(n.output[0], n), -128
-    fused = ctx.fusable_relu(n.output[0])  # a residual's Relu (int16): the sum clamped at zero
-    if fused is not None and fused[0].name and fused[0].name not in ctx.reasons:
-        ctx.fused.add(fused[0].name)
-        yq, lo = fused[1], 0
+    if (relu_q := ctx.fuse_relu(n.output[0])) is not None:  # a residual's Relu: the sum clamped at 0
+        yq, lo = relu_q, 0
     y = ctx.place(yq, f"{where} output", xa.layout)
     ma, mb, shift = add_multipliers(xa.q.scale / yq.scale, xb.q.scale / yq.scale, where)
     params = dict(

@@ -74,10 +74,8 @@ def lower_gemm(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         y = ctx.place_wide(n.output[0], (m_, n_), x.q.scale * np.asarray(s_w, np.float64), f"{where} output")
     else:
         yq = ctx.q_out(n.output[0], n)
-        fused = ctx.fusable_relu(n.output[0])
-        if fused is not None and fused[0].name and fused[0].name not in ctx.reasons:
-            ctx.fused.add(fused[0].name)
-            yq, relu = fused[1], True  # straight to the Relu's output, clamped at zero
+        if (relu_q := ctx.fuse_relu(n.output[0])) is not None:
+            yq, relu = relu_q, True  # straight to the Relu's output, clamped at zero
         cfg, rq = ctx.per_column(b, channel_requant(x.q, s_w, yq, where), where)
         zp_out = yq.zero_point
         y = ctx.place(yq, f"{where} output")
