@@ -2,12 +2,14 @@
 
 Stage 0 asks the scratchpad for one step's operands, `clusters` A lane words and `pes_per_cluster`
 B^T lane words (rows past m or n are not read); a banked scratchpad may grant them over several
-cycles (operands that arrive early wait in registers). The cycle after the last grant, stage P has
-them all and registers the products of every PE's lanes (the block-RAM read and the multiplies take
-a cycle of their own: Fmax); then stage 1 adds each PE (i, j)'s `lanes` products, the dot product of
-A row i and B^T row j, to its int32 accumulator. After the last k step of an output tile each
-cluster writes its row of `pes_per_cluster` int32 results (added to the old C row when accumulating)
-to the accumulator memory, while the next tile starts. Loop order: m tiles, n tiles, k steps.
+cycles (operands that arrive early wait in registers). The cycle after the last grant the words are
+there, and stage R registers each lane's multiplicands (the block-RAM read, its bank multiplexer
+and the lane selection end in a register: Fmax); stage P multiplies them into the product
+registers of every PE's lanes (the multiplies take a cycle of their own); then stage 1 adds each
+PE (i, j)'s `lanes` products, the dot product of A row i and B^T row j, to its int32 accumulator.
+After the last k step of an output tile each cluster writes its row of `pes_per_cluster` int32
+results (added to the old C row when accumulating) to the accumulator memory, while the next tile
+starts. Loop order: m tiles, n tiles, k steps.
 
 An int16 A (`a_i16`) keeps the lane words and the multipliers: a step reads one A word (lanes / 2
 int16 elements) and B^T word kb // 2, whose lower or upper half holds the matching int8 elements.
@@ -69,15 +71,18 @@ class MatrixUnit(wiring.Component):
         m.d.comb += empty.eq((f.m == 0) | (f.n == 0))
 
         # stage 0 asks for one step's operands (and, at the last k step of an accumulating MATMUL,
-        # the C rows) until all are granted; stage P multiplies the cycle after (holding while stage
-        # 1 is busy); stage 1 accumulates, and at the last k step writes the C rows, holding until
-        # the accumulators have taken every row
-        vp = Signal()  # stage P holds a step (its operands in gather's registers)
-        v1 = Signal()  # stage 1 holds a step
+        # the C rows) until all are granted; stage R registers the lanes' multiplicands the cycle
+        # after, and stage P multiplies them into stage 1's product registers (each holding while
+        # the next stage is busy); stage 1 accumulates, and at the last k step writes the C rows,
+        # holding until the accumulators have taken every row. Each step's flags follow it (_g: its
+        # operands in gather's registers, _r: stage R, _1: stage 1).
+        vg = Signal()  # a step's operands wait in gather's registers for stage R
+        vr = Signal()  # stage R holds a step (its multiplicands)
+        v1 = Signal()  # stage 1 holds a step (its products)
         s1_done = Signal()  # ... and finishes with it this cycle
-        kb0_p, kb0_1 = Signal(), Signal()
-        last_kp, last_k1 = Signal(), Signal()
-        last_p, last1 = Signal(), Signal()  # the instruction's last step
+        kb0_g, kb0_r, kb0_1 = Signal(), Signal(), Signal()
+        last_kg, last_kr, last_k1 = Signal(), Signal(), Signal()
+        last_g, last_r, last1 = Signal(), Signal(), Signal()  # the instruction's last step
         issuing = Signal()  # stage 0 has steps left to issue
         last_k = Signal()
         m.d.comb += last_k.eq(kb == KB - 1)
@@ -105,13 +110,17 @@ class MatrixUnit(wiring.Component):
                 m.d.comb += nd.eq(issuing & ~empty & last_k & f.accumulate & (mb * CM + i < f.m))
                 c_addr.append(addr)
             need.append(nd)
-        s1_free = Signal()  # stage 1 can take a step (its product registers are free)
+        s1_free = Signal()  # stage 1 can take a step
         m.d.comb += s1_free.eq(~v1 | s1_done)
-        xfer = Signal()  # stage P hands its products to stage 1
-        m.d.comb += xfer.eq(vp & s1_free)
-        p_free = Signal()  # stage P can take a step (gather's registers may be refilled)
-        m.d.comb += p_free.eq(~vp | s1_free)
-        step_done, vals = gather(m, ports, need, issuing & ~empty, p_free)
+        xfer = Signal()  # stage R's multiplicands are multiplied into stage 1's product registers
+        m.d.comb += xfer.eq(vr & s1_free)
+        r_free = Signal()  # stage R can take a step
+        m.d.comb += r_free.eq(~vr | s1_free)
+        take = Signal()  # stage R takes the operands waiting in gather's registers
+        m.d.comb += take.eq(vg & r_free)
+        g_free = Signal()  # gather's registers may be refilled
+        m.d.comb += g_free.eq(~vg | r_free)
+        step_done, vals = gather(m, ports, need, issuing & ~empty, g_free)
         a_vals, b_vals, c_vals = vals[:CM], vals[CM : CM + CN], vals[CM + CN :]
         # lanes past k read as zero (A bytes past the row's k or 2k bytes)
         lane_ok = [Signal(name=f"lane_ok{t}") for t in range(L)]
@@ -137,18 +146,29 @@ class MatrixUnit(wiring.Component):
 
         accs = [[Signal(signed(32), name=f"acc{i}_{j}") for j in range(CN)] for i in range(CM)]
         sums = [[Signal(signed(32), name=f"sum{i}_{j}") for j in range(CN)] for i in range(CM)]
-        # stage P: the products, registered as stage 1 takes the step; the old C rows go along
-        old_c = [Signal(len(v), name=f"old_c{i}") for i, v in enumerate(c_vals)]
+        # stage R: every lane's multiplicands, registered as it takes the step; the old C rows go
+        # along to stage 1 (registered at each hand-over, as a stage holds its own step's)
+        a_ops = [[Signal(signed(9), name=f"a_op{i}_{t}") for t in range(L)] for i in range(CM)]
+        b_ops = [[Signal(signed(8), name=f"b_op{j}_{t}") for t in range(L)] for j in range(CN)]
+        with m.If(take):
+            m.d.sync += [a_ops[i][t].eq(a_lane(a_vals[i], t)) for i in range(CM) for t in range(L)]
+            m.d.sync += [b_ops[j][t].eq(b_lane(b_vals[j], t)) for j in range(CN) for t in range(L)]
+        old_c = []
         for i, v in enumerate(c_vals):
-            with m.If(xfer):
-                m.d.sync += old_c[i].eq(v)
+            for stage, go in (("r", take), ("1", xfer)):
+                reg = Signal(len(v), name=f"old_c{i}_{stage}")
+                with m.If(go):
+                    m.d.sync += reg.eq(v)
+                v = reg
+            old_c.append(v)
+        # stage P: the products, registered as stage 1 takes the step
         for i in range(CM):
             for j in range(CN):
                 prods = []
                 for t in range(L):
                     pr = Signal(signed(17), name=f"prod{i}_{j}_{t}")  # 9 x 8 bits
                     with m.If(xfer):
-                        m.d.sync += pr.eq(a_lane(a_vals[i], t) * b_lane(b_vals[j], t))
+                        m.d.sync += pr.eq(a_ops[i][t] * b_ops[j][t])
                     prods.append(pr)
                 # int16 A: the odd lanes' products are of high bytes, worth 256 times theirs
                 odd = sum(prods[1::2])
@@ -164,19 +184,24 @@ class MatrixUnit(wiring.Component):
             wp = self.c_wports[i]
             row_ok = Signal(name=f"c_row_ok{i}")
             col_ok = [Signal(name=f"c_col_ok{i}_{j}") for j in range(CN)]
-            waddr_p = Signal(len(wp.addr), name=f"c_waddr_p{i}")
-            row_ok_p = Signal(name=f"c_row_ok_p{i}")
-            col_ok_p = [Signal(name=f"c_col_ok_p{i}_{j}") for j in range(CN)]
-            with m.If(step_done):
-                m.d.sync += [waddr_p.eq(c_addr[i][lw:]), row_ok_p.eq(mb * CM + i < f.m)]
+            # the write's address and row/column masks, from stage 0 along the stages to stage 1
+            chain = [(step_done, "g"), (take, "r")]
+            waddr, row_ok_s = c_addr[i][lw:], mb * CM + i < f.m
+            cols = [(nb * CN + j) < f.n for j in range(CN)]
+            for go, stage in chain:
+                wa = Signal(len(wp.addr), name=f"c_waddr_{stage}{i}")
+                ro = Signal(name=f"c_row_ok_{stage}{i}")
+                co = [Signal(name=f"c_col_ok_{stage}{i}_{j}") for j in range(CN)]
+                with m.If(go):
+                    m.d.sync += [wa.eq(waddr), ro.eq(row_ok_s)]
+                    m.d.sync += [c.eq(v) for c, v in zip(co, cols, strict=True)]
+                waddr, row_ok_s, cols = wa, ro, co
             with m.If(xfer):
-                m.d.sync += [wp.addr.eq(waddr_p), row_ok.eq(row_ok_p)]
+                m.d.sync += [wp.addr.eq(waddr), row_ok.eq(row_ok_s)]
             new = []
             for j in range(CN):
-                with m.If(step_done):
-                    m.d.sync += col_ok_p[j].eq((nb * CN + j) < f.n)
                 with m.If(xfer):
-                    m.d.sync += col_ok[j].eq(col_ok_p[j])
+                    m.d.sync += col_ok[j].eq(cols[j])
                 old = old_c[i][32 * j : 32 * j + 32].as_signed()
                 new.append((Mux(f.accumulate, old, 0) + sums[i][j])[:32])
             wn = Signal(name=f"c_wneed{i}")
@@ -197,11 +222,17 @@ class MatrixUnit(wiring.Component):
         # loop counters (stage 0) and the hand-over to stage 1
         last_step = Signal()
         m.d.comb += last_step.eq(last_k & (nb == NB - 1) & (mb == MB - 1))
-        m.d.sync += [vp.eq(step_done | (vp & ~s1_free)), v1.eq(xfer | (v1 & ~s1_done))]
+        m.d.sync += [
+            vg.eq(step_done | (vg & ~r_free)),
+            vr.eq(take | (vr & ~s1_free)),
+            v1.eq(xfer | (v1 & ~s1_done)),
+        ]
         with m.If(step_done):
-            m.d.sync += [kb0_p.eq(kb == 0), last_kp.eq(last_k), last_p.eq(last_step)]
+            m.d.sync += [kb0_g.eq(kb == 0), last_kg.eq(last_k), last_g.eq(last_step)]
+        with m.If(take):
+            m.d.sync += [kb0_r.eq(kb0_g), last_kr.eq(last_kg), last_r.eq(last_g)]
         with m.If(xfer):
-            m.d.sync += [kb0_1.eq(kb0_p), last_k1.eq(last_kp), last1.eq(last_p)]
+            m.d.sync += [kb0_1.eq(kb0_r), last_k1.eq(last_kr), last1.eq(last_r)]
         with m.If(issuing & (empty | (step_done & last_step))):
             m.d.sync += issuing.eq(0)
         finished = Signal()
