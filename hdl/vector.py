@@ -16,23 +16,27 @@ destination); its stages are unchanged.
 The unit is a pipeline, so that no cycle holds more than one multiplier or one wide carry chain:
 
   setup (2 cycles after `go`): the instruction's constant strides and products (POOL's row, pixel
-         and window steps, kh * kw * zp_in);
-  S0  walks the loops with address registers that advance by those steps (no multiplier), and asks
-      the scratchpad for the step's operands until they are all granted;
+         and window steps, kh * kw * zp_in); its last cycle loads the first step into S0;
+  S0  asks the scratchpad for the step's operands until they are all granted. The step's operand
+      words, their requests and its control are registers, worked out the cycle before from the
+      loop registers, which run one step ahead: address registers that advance by those steps (no
+      multiplier). When the operands are granted the next step's values are loaded and the loops
+      advance, so the grant only enables registers and every request starts from flip-flops;
   S1  the operand words arrive and are aligned to the lanes;
   S2  zero points are subtracted (VMUL: and the operands multiplied, up to 17 x 17 bits), POOL
       accumulates its window;
   S3  partial products (no multiplier wider than 34 x 17 bits), S3b their sum (and the step's
       shift amounts, registered);
   S4  the right shift (a barrel shift by a registered amount), keeping the rounding bit;
-  S5  the rounding bit and the output zero point in one add, and the clamp; the results are
-      written (the scratchpad grants the vector unit's writes first, so they never wait and the
-      pipeline never stalls after S0).
+  S5  the rounding bit and the output zero point in one add, and the clamp, into registers;
+  S6  the results are written (the scratchpad grants the vector unit's writes first, so they
+      never wait and the pipeline never stalls after S0).
 
 A per-column VMAP (`per_col`) first walks parameter steps through S0-S2 that copy its multipliers
 and shifts into two memories of the unit (one entry: vector_lanes columns); its element steps read
-the multipliers of their columns at S2 (used at S3) and the shifts at S3 (clamped and registered at
-S3b, used at S4); a half step (int16) takes its columns from the entry's first or second half.
+the multipliers of their columns at S1 (they arrive at S2 and are registered there, used at S3) and
+the shifts at S3 (clamped and registered at S3b, used at S4), so that no stage multiplies or shifts
+by a block RAM's output; a half step (int16) takes its columns from the entry's first or second half.
 
 VLUT first walks 256 / vector_lanes table steps through S0-S2 that copy its table into a small
 memory of the unit (one read port per lane), then its element steps look their bytes up in it at S2
@@ -54,7 +58,7 @@ from .spad import gather
 
 #: cycles from `go` to the first operand request, and from a step's operands to its write
 SETUP_CYCLES = 2
-WRITE_STAGE = 6
+WRITE_STAGE = 7
 AW = 22  # on-chip byte addresses (every checked instruction stays below ACC_BASE + acc_bytes)
 # VLUT's element loop reads VMAP's views of these fields: they sit at the same bits
 assert all(OFFSETS[Opcode.VLUT][f] == OFFSETS[Opcode.VMAP][f]
@@ -101,33 +105,33 @@ class VectorUnit(wiring.Component):
         ins = Signal(INSTR_BITS)
         with m.If(self.exec.go):
             m.d.sync += ins.eq(self.exec.instr)
-        op = ins[:4]
         fm = view(Opcode.VMAP, ins)
         fa = view(Opcode.VADD, ins)
         fp = view(Opcode.POOL, ins)
         fv = view(Opcode.VMUL, ins)
         active = Signal()
         m.d.comb += self.exec.busy.eq(active)
+        # the opcode, decoded at `go` (registers: S0's next-step logic starts from them)
         is_map = Signal()
         is_add = Signal()
         is_pool = Signal()
         is_lut = Signal()
         is_mul = Signal()
-        m.d.comb += [
-            is_mul.eq(op == int(Opcode.VMUL)),
-            is_lut.eq(op == int(Opcode.VLUT)),
-            is_map.eq(op == int(Opcode.VMAP)),
-            is_add.eq(op == int(Opcode.VADD)),
-            is_pool.eq(op == int(Opcode.POOL)),
-        ]
+        with m.If(self.exec.go):
+            m.d.sync += [
+                is_mul.eq(self.exec.instr[:4] == int(Opcode.VMUL)),
+                is_lut.eq(self.exec.instr[:4] == int(Opcode.VLUT)),
+                is_map.eq(self.exec.instr[:4] == int(Opcode.VMAP)),
+                is_add.eq(self.exec.instr[:4] == int(Opcode.VADD)),
+                is_pool.eq(self.exec.instr[:4] == int(Opcode.POOL)),
+            ]
         # per-column VMAP: parameter steps (multipliers, then shifts) before the element steps
         per_col = Signal()
         m.d.comb += per_col.eq(is_map & fm.per_col)
         p_rem = Signal(19)  # bytes of the current parameter phase still to read
         p_mults = Signal()  # the phase: 1 multipliers, 0 shifts
         p_src = Signal(AW)
-        in_pre = Signal()
-        m.d.comb += in_pre.eq(per_col & (p_rem != 0))
+        in_pre = Signal()  # per_col & (p_rem != 0), kept as a register
         es32 = Signal()
         m.d.comb += es32.eq(is_map & fm.src_type & ~in_pre)
 
@@ -149,7 +153,8 @@ class VectorUnit(wiring.Component):
         hi_b = Signal(signed(16))
         row_c = Signal(32)  # POOL: in_w * c_src, bytes between input rows
         ox_step = Signal(32)  # POOL: sw * c_src, between the windows of neighbouring output pixels
-        oy_step = Signal(40)  # POOL: sh * row_c, between the windows of neighbouring output rows
+        shw = Signal(AW)  # POOL: sh * in_w (at `go`), so that oy_step is ready for the first step
+        oy_step = Signal(AW)  # POOL: sh * row_c, between the windows of neighbouring output rows
         khkw = Signal(16)
         kzp = Signal(signed(26))  # POOL: kh * kw * zp_in, taken off an average's sum
         mult = Signal(signed(32))  # VMAP / POOL: the multiplier
@@ -158,6 +163,7 @@ class VectorUnit(wiring.Component):
             m.d.sync += [
                 row_c.eq(fp.in_w * cs),
                 ox_step.eq(fp.sw * cs),
+                oy_step.eq(shw * cs),  # addresses are AW bits: the product modulo 2**AW
                 khkw.eq(fp.kh * fp.kw),
                 c_src.eq(cs),
                 c_dst.eq(fp.channels << fp.dst_i16),
@@ -170,16 +176,15 @@ class VectorUnit(wiring.Component):
             ]
             m.d.sync += mult.eq(Mux(is_map, fm.mult, Mux(is_mul, fv.mult, fp.mult)))
         with m.If(setup == SETUP_CYCLES - 1):  # second cycle: products of those
-            m.d.sync += [oy_step.eq(fp.sh * row_c), kzp.eq(khkw * fp.zp_in)]
+            m.d.sync += kzp.eq(khkw * fp.zp_in)
         with m.If(setup != 0):
             m.d.sync += setup.eq(setup - 1)
 
-        # ---- S0: loop state and addresses of this step ----------------------------------------
+        # ---- the loops, and the operands and control of the step they point at (issued next) ---
         t_steps = LUT_BYTES // VL
         t_left = Signal(range(t_steps + 1))  # VLUT: table steps still to issue
         t_src = Signal(AW)  # ... and the address of the next
-        in_table = Signal()
-        m.d.comb += in_table.eq(is_lut & (t_left != 0))
+        in_table = Signal()  # is_lut & (t_left != 0), kept as a register
         i0 = Signal(17)  # VMAP row / POOL oy
         i1 = Signal(17)  # VMAP/VADD element offset (multiple of VL) / POOL ox
         i2 = Signal(17)  # POOL channel offset (multiple of VL)
@@ -260,47 +265,72 @@ class VectorUnit(wiring.Component):
                 ),
             )
         )
-        # scratchpad operands: lane words g, g+1 (the second only when the group crosses into it)
+        # ---- S0: the step being issued, from registers -------------------------------------------
+        # The loop registers point at the step after it: `load` (the step's operands all granted,
+        # or the last setup cycle, which loads the first step) copies the values above into these
+        # registers and advances the loops. So the requests (addresses, `en`) come from flip-flops
+        # and the grant only enables registers whose inputs were worked out the cycle before.
         issuing = Signal()  # S0 has steps left to issue
         stepping = Signal()  # ... and the setup is over
         m.d.comb += stepping.eq(issuing & (setup == 0))
-        asking = Signal()
-        m.d.comb += asking.eq(stepping & ~empty)
-        reads_a = Signal()
-        m.d.comb += reads_a.eq(asking & ~es32)
-        reads_c = Signal()
-        m.d.comb += reads_c.eq(asking & es32)
-        ports, need = [], []
+        asking = Signal()  # stepping and the instruction is not empty (a register: it gates `en`)
+        prime = Signal()  # the last setup cycle: the first step into the issue registers
+        m.d.comb += prime.eq(setup == 1)
+        # scratchpad operands: lane words g, g+1 (the second only when the group crosses into it)
         ea = a16 & ~in_pre  # the parameter steps read bytes
-        for name, addr, asks, wide in (
-            ("a", src, reads_a, ea),
-            ("b", src_b, reads_a & (is_add | is_mul), b16),
-        ):
-            pa, pb = self.a_ports if name == "a" else self.b_ports
-            m.d.comb += [pa.addr.eq(addr[ll:]), pb.addr.eq(addr[ll:] + 1)]
-            ports += [pa, pb]
-            need += [asks, asks & (addr[:ll] + (n << wide) > L)]
+        reads_a = ~es32
+        need_nx = []
+        for addr, asks, wide in ((src, reads_a, ea), (src_b, reads_a & (is_add | is_mul), b16)):
+            need_nx += [asks, asks & (addr[:ll] + (n << wide) > L)]
         # int32 sources: two accumulator words
-        c0, c1 = self.c_ports
         cw = word_index(src, cfg, "acc")
-        m.d.comb += [c0.addr.eq(cw), c1.addr.eq(cw + 1)]
-        ports += [c0, c1]
-        need += [reads_c, reads_c & (src[:lw] + 4 * n > W)]
-        step_done, words = gather(m, ports, need, asking)
+        need_nx += [es32, es32 & (src[:lw] + 4 * n > W)]
+        pa, pb = self.a_ports
+        pc, pd = self.b_ports
+        c0, c1 = self.c_ports
+        issue = {  # register: its value for the next step
+            "a0": (Signal.like(pa.addr, name="s0_a0"), src[ll:]),
+            "a1": (Signal.like(pb.addr, name="s0_a1"), src[ll:] + 1),
+            "b0": (Signal.like(pc.addr, name="s0_b0"), src_b[ll:]),
+            "b1": (Signal.like(pd.addr, name="s0_b1"), src_b[ll:] + 1),
+            "c0": (Signal.like(c0.addr, name="s0_c0"), cw),
+            "c1": (Signal.like(c1.addr, name="s0_c1"), cw + 1),
+            "off_a": (Signal(ll, name="s0_off_a"), src[:ll]),
+            "off_b": (Signal(ll, name="s0_off_b"), src_b[:ll]),
+            "off_c": (Signal(lw, name="s0_off_c"), src[:lw]),
+            "need": (Signal(6, name="s0_need"), Cat(*need_nx)),
+            "n": (Signal.like(n, name="s0_n"), n),
+            "last": (Signal(name="s0_last"), last),
+            "write": (Signal(name="s0_write"), write),
+            "first_tap": (Signal(name="s0_first_tap"), first_tap),
+            "dst": (Signal.like(dst, name="s0_dst"), dst),
+            "table": (Signal(name="s0_table"), in_table),
+            "pm": (Signal(name="s0_pm"), in_pre & p_mults),
+            "ps": (Signal(name="s0_ps"), in_pre & ~p_mults),
+            "col": (Signal.like(i1, name="s0_col"), i1),
+        }
+        cur = {k: r for k, (r, _) in issue.items()}
+        m.d.comb += [
+            pa.addr.eq(cur["a0"]),
+            pb.addr.eq(cur["a1"]),
+            pc.addr.eq(cur["b0"]),
+            pd.addr.eq(cur["b1"]),
+            c0.addr.eq(cur["c0"]),
+            c1.addr.eq(cur["c1"]),
+        ]
+        ports = [pa, pb, pc, pd, c0, c1]
+        step_done, words = gather(m, ports, [cur["need"][r] & asking for r in range(6)], asking)
+        load = Signal()
+        m.d.comb += load.eq(step_done | prime)
+        with m.If(load):
+            m.d.sync += [r.eq(v) for r, v in issue.values()]
 
         # ---- the step's control down the pipeline ---------------------------------------------
         S = WRITE_STAGE
         valid = [step_done] + [Signal(name=f"v{s}") for s in range(1, S + 1)]
         ctl = {
-            "n": [n] + [Signal.like(n, name=f"n{s}") for s in range(1, S + 1)],
-            "last": [last] + [Signal(name=f"last{s}") for s in range(1, S + 1)],
-            "write": [write] + [Signal(name=f"write{s}") for s in range(1, S + 1)],
-            "first_tap": [first_tap] + [Signal(name=f"first_tap{s}") for s in range(1, S + 1)],
-            "dst": [dst] + [Signal.like(dst, name=f"dst{s}") for s in range(1, S + 1)],
-            "table": [in_table] + [Signal(name=f"table{s}") for s in range(1, S + 1)],
-            "pm": [in_pre & p_mults] + [Signal(name=f"pm{s}") for s in range(1, S + 1)],
-            "ps": [in_pre & ~p_mults] + [Signal(name=f"ps{s}") for s in range(1, S + 1)],
-            "col": [i1] + [Signal.like(i1, name=f"col{s}") for s in range(1, S + 1)],
+            k: [cur[k]] + [Signal.like(cur[k], name=f"{k}{s}") for s in range(1, S + 1)]
+            for k in ("n", "last", "write", "first_tap", "dst", "table", "pm", "ps", "col")
         }
         for s in range(1, S + 1):
             m.d.sync += valid[s].eq(valid[s - 1])
@@ -311,7 +341,7 @@ class VectorUnit(wiring.Component):
         off_a = Signal(ll)
         off_b = Signal(ll)
         off_c = Signal(lw)
-        m.d.sync += [off_a.eq(src[:ll]), off_b.eq(src_b[:ll]), off_c.eq(src[:lw])]
+        m.d.sync += [off_a.eq(cur["off_a"]), off_b.eq(cur["off_b"]), off_c.eq(cur["off_c"])]
         a_bytes = Signal(8 * VL)
         b_bytes = Signal(8 * VL)
         c_bytes = Signal(32 * VL)
@@ -356,11 +386,13 @@ class VectorUnit(wiring.Component):
             m.d.sync += s_step.eq(s_step + 1)
         with m.If(self.exec.go):
             m.d.sync += [m_step.eq(0), s_step.eq(0)]
-        # element steps: their columns' multipliers arrive at S3, their shifts at S3b (registered
-        # there, so that S4 does not start from a block RAM's read)
+        # element steps: their columns' multipliers arrive at S2 (registered there, used at S3),
+        # their shifts at S3b (registered there): S3 and S4 do not start from a block RAM's read.
+        # The multipliers' last write (S2 of the last multiplier step) comes at least a shift step
+        # before the first element step's read at S1.
         m_rd = mults.read_port()
         s_rd = shifts.read_port()
-        m.d.comb += [m_rd.addr.eq(ctl["col"][2][vw:]), s_rd.addr.eq(ctl["col"][3][vw:])]
+        m.d.comb += [m_rd.addr.eq(ctl["col"][1][vw:]), s_rd.addr.eq(ctl["col"][3][vw:])]
 
         # ---- S2..S5, per lane (S3b a stage of its own) --------------------------------------
         shift, zp_out = pick("shift"), pick("zp_out")
@@ -404,8 +436,8 @@ class VectorUnit(wiring.Component):
             m_lane = m_rd.data[32 * l : 32 * l + 32]
             if l < HV:
                 hl = l + HV
-                m_lane = Mux(ctl["col"][3][vw - 1], m_rd.data[32 * hl : 32 * hl + 32], m_lane)
-            m.d.comb += mult_l.eq(Mux(per_col, m_lane, mult))
+                m_lane = Mux(ctl["col"][2][vw - 1], m_rd.data[32 * hl : 32 * hl + 32], m_lane)
+            m.d.sync += mult_l.eq(Mux(per_col, m_lane, mult))
             m.d.sync += [
                 p_lo.eq(x * mult_l[:16]),
                 p_hi.eq(x * mult_l[16:].as_signed()),
@@ -427,7 +459,7 @@ class VectorUnit(wiring.Component):
             # S5: the rounding bit and the output zero point (POOL max: the window's maximum as
             # is) and the clamp
             pmax_d = [pmax]
-            for k in range(3, S):
+            for k in range(3, S - 1):
                 d = Signal(signed(16), name=f"pmax{k + 1}_{l}")
                 m.d.sync += d.eq(pmax_d[-1])
                 pmax_d.append(d)
@@ -443,13 +475,16 @@ class VectorUnit(wiring.Component):
             m.d.sync += sel.eq(idx[:tw] if tw else 0)
             looked = [Signal(signed(8), name=f"lut3_{l}")]
             m.d.comb += looked[0].eq(rd.data.word_select(sel, 8) if tw else rd.data)
-            for k in range(3, S):
+            for k in range(3, S - 1):
                 d = Signal(signed(8), name=f"lut{k + 1}_{l}")
                 m.d.sync += d.eq(looked[-1])
                 looked.append(d)
-            results.append(Mux(is_lut, looked[-1], clamp(m, val, lo_b, hi_b, f"y{l}")))
+            # registered: the clamp's compares and the write's byte placement take a cycle each
+            result = Signal(signed(16), name=f"result{l}")
+            m.d.sync += result.eq(Mux(is_lut, looked[-1], clamp(m, val, lo_b, hi_b, f"y{l}")))
+            results.append(result)
 
-        # S5 (cycle WRITE_STAGE after the operands): two-lane-word write of n elements at dst, VL
+        # S6 (cycle WRITE_STAGE after the operands): two-lane-word write of n elements at dst, VL
         # int8 results or VL / 2 int16 ones (at most VL bytes)
         n_w, dst_w = ctl["n"][S], ctl["dst"][S]
         do_write = Signal()
@@ -472,22 +507,28 @@ class VectorUnit(wiring.Component):
             w1.en.eq(do_write & be[L:].any()),
         ]
 
-        # ---- S0: advance the loops -------------------------------------------------------------
-        with m.If(stepping & (empty | (step_done & last))):
+        # ---- the loops advance with each load (past the last step too: nothing issues it) -----
+        with m.If(stepping & (empty | (step_done & cur["last"]))):
             m.d.sync += issuing.eq(0)
+        with m.If(prime):
+            m.d.sync += asking.eq(~empty)
+        with m.Elif(step_done & cur["last"]):
+            m.d.sync += asking.eq(0)
         finished = Signal()
         m.d.comb += finished.eq(active & ((stepping & empty) | (valid[S] & ctl["last"][S])))
         m.d.comb += self.exec.done.eq(finished)
-        with m.If(step_done & ~last):
+        with m.If(load):
             with m.If(in_table):
                 m.d.sync += [t_left.eq(t_left - 1), t_src.eq(t_src + VL)]
+                with m.If(t_left == 1):
+                    m.d.sync += in_table.eq(0)
             with m.Elif(in_pre):
                 with m.If(p_rem > VL):
                     m.d.sync += [p_rem.eq(p_rem - VL), p_src.eq(p_src + VL)]
                 with m.Elif(p_mults):  # the multipliers are read: the shifts next
                     m.d.sync += [p_mults.eq(0), p_rem.eq(fm.cols), p_src.eq(fm.shifts)]
                 with m.Else():
-                    m.d.sync += p_rem.eq(0)
+                    m.d.sync += [p_rem.eq(0), in_pre.eq(0)]
             with m.Elif(is_mul):
                 with m.If(i1 + VLE >= fv.cols):
                     m.d.sync += [i1.eq(0), i0.eq(i0 + 1), row_src.eq(row_src + fv.a_stride)]
@@ -533,14 +574,19 @@ class VectorUnit(wiring.Component):
             nl = view(Opcode.VLUT, self.exec.instr)
             nv = view(Opcode.VMUL, self.exec.instr)
             go_mul = self.exec.instr[:4] == int(Opcode.VMUL)
+            go_lut = self.exec.instr[:4] == int(Opcode.VLUT)
+            go_pc = (self.exec.instr[:4] == int(Opcode.VMAP)) & nf.per_col
             m.d.sync += [
-                t_left.eq(Mux(self.exec.instr[:4] == int(Opcode.VLUT), t_steps, 0)),
-                p_rem.eq(Mux((self.exec.instr[:4] == int(Opcode.VMAP)) & nf.per_col, nf.cols << 2, 0)),
+                t_left.eq(Mux(go_lut, t_steps, 0)),
+                in_table.eq(go_lut),
+                p_rem.eq(Mux(go_pc, nf.cols << 2, 0)),
+                in_pre.eq(go_pc & (nf.cols != 0)),
                 p_mults.eq(1),
                 p_src.eq(nf.mults),
                 t_src.eq(nl.table),
                 active.eq(1),
                 issuing.eq(1),
+                asking.eq(0),
                 setup.eq(SETUP_CYCLES),
                 i0.eq(0),
                 i1.eq(0),
@@ -555,5 +601,6 @@ class VectorUnit(wiring.Component):
                 tap_row.eq(np_.src),
                 tap_src.eq(np_.src),
                 pix_dst.eq(np_.dst),
+                shw.eq(np_.sh * np_.in_w),
             ]
         return m
