@@ -107,22 +107,30 @@ class ByteFifo(wiring.Component):
     ring rotated by the read pointer) and `count` come from registers alone, so the consumer's
     `pop_n` only moves a pointer and never runs through a shifter into the queue (Fmax); a push
     writes its bytes rotated to the write pointer under a byte mask.
+
+    With `prerotated`, the producer gives the rotation itself (`push_rot`, registered the cycle
+    before from `wptr_next`): push_data's byte j goes to ring byte (j + push_rot) mod cap, so a
+    producer whose first byte is at an offset into its word folds its own shift into the ring's
+    rotation, one shifter instead of two between a block RAM and the ring (Fmax).
     """
 
-    def __init__(self, width_bytes: int, cap_words: int = 2):
+    def __init__(self, width_bytes: int, cap_words: int = 2, prerotated: bool = False):
         self.W = width_bytes
         self.cap = cap_words * width_bytes
-        super().__init__(
-            {
-                "push_valid": In(1),
-                "push_data": In(8 * width_bytes),
-                "push_n": In(range(width_bytes + 1)),
-                "push_ready": Out(1),
-                "pop_n": In(range(width_bytes + 1)),
-                "data": Out(8 * width_bytes),
-                "count": Out(range(self.cap + 1)),
-            }
-        )
+        self.prerotated = prerotated
+        members = {
+            "push_valid": In(1),
+            "push_data": In(8 * width_bytes),
+            "push_n": In(range(width_bytes + 1)),
+            "push_ready": Out(1),
+            "pop_n": In(range(width_bytes + 1)),
+            "data": Out(8 * width_bytes),
+            "count": Out(range(self.cap + 1)),
+        }
+        if prerotated:
+            members["push_rot"] = In(range(self.cap))
+            members["wptr_next"] = Out(range(self.cap))  # the write pointer after this cycle
+        super().__init__(members)
 
     def elaborate(self, platform):
         m = Module()
@@ -138,7 +146,8 @@ class ByteFifo(wiring.Component):
         # the pushed bytes and their byte mask, rotated to wptr (the part past the end wraps)
         dd = Signal(16 * S)
         mm = Signal(2 * S)
-        m.d.comb += [dd.eq(self.push_data << (wptr * 8)), mm.eq(low_bytes_mask(n_in, W) << wptr)]
+        rot = self.push_rot if self.prerotated else wptr
+        m.d.comb += [dd.eq(self.push_data << (rot * 8)), mm.eq(low_bytes_mask(n_in, W) << wptr)]
         mask = mm[:S] | mm[S:]
         bits = Cat(*[mask[k].replicate(8) for k in range(S)])
         m.d.sync += ring.eq((ring & ~bits) | ((dd[: 8 * S] | dd[8 * S :]) & bits))
@@ -147,9 +156,13 @@ class ByteFifo(wiring.Component):
             nxt = ptr + n
             return Mux(nxt >= S, nxt - S, nxt) if S & (S - 1) else nxt[: len(ptr)]
 
+        wnext = Signal(range(S))
+        m.d.comb += wnext.eq(advance(wptr, n_in))
+        if self.prerotated:
+            m.d.comb += self.wptr_next.eq(wnext)
         m.d.sync += [
             rptr.eq(advance(rptr, self.pop_n)),
-            wptr.eq(advance(wptr, n_in)),
+            wptr.eq(wnext),
             self.count.eq(self.count - self.pop_n + n_in),
         ]
         return m

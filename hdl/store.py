@@ -51,7 +51,7 @@ class StoreUnit(wiring.Component):
         cfg = self.cfg
         W = cfg.bus_bytes
         lw = log2(W)
-        m.submodules.fifo = fifo = ByteFifo(W, cap_words=3)
+        m.submodules.fifo = fifo = ByteFifo(W, cap_words=3, prerotated=True)
         ins = Signal(INSTR_BITS)
         f = view(Opcode.STORE, ins)
         with m.If(self.exec.go):
@@ -63,7 +63,10 @@ class StoreUnit(wiring.Component):
 
         # ---- reader: on-chip words -> FIFO ---------------------------------------------------------
         # A read issued in one cycle (registered memory read) is pushed the next; it is issued only
-        # when the FIFO will have room for it then, and again while the scratchpad refuses it.
+        # when the FIFO will have room for it then, and again while the scratchpad refuses it. The
+        # word's first byte (at offset `ro`) must land at the FIFO's write pointer as it will be
+        # then: that rotation is registered with the read, so the word goes from the memory's
+        # output through one rotation into the ring (Fmax).
         r_row = Signal(17)
         r_left = Signal(17)
         r_addr = Signal(21)
@@ -79,7 +82,6 @@ class StoreUnit(wiring.Component):
         rn = Signal(range(W + 1))
         m.d.comb += rn.eq(min_(W - ro, r_left))
         pend = Signal()  # a word read last cycle is pushed this cycle
-        pend_off = Signal(lw)
         pend_n = Signal(range(W + 1))
         want = Signal()
         m.d.comb += want.eq(
@@ -88,12 +90,20 @@ class StoreUnit(wiring.Component):
         m.d.comb += [sp.en.eq(want & ~from_acc), ap.en.eq(want & from_acc)]
         reading = Signal()  # the read goes out this cycle (the memory may refuse it)
         m.d.comb += reading.eq(want & Mux(from_acc, ap.grant, sp.grant))
-        m.d.sync += [pend.eq(reading), pend_off.eq(ro), pend_n.eq(rn)]
+        S = fifo.cap
+        rot = Signal(range(S))
+        wn = fifo.wptr_next
+        m.d.sync += [
+            pend.eq(reading),
+            pend_n.eq(rn),
+            rot.eq(Mux(wn >= ro, wn - ro, wn + S - ro)),  # (wptr_next - ro) mod S
+        ]
         rword = Signal(8 * W)
         m.d.comb += rword.eq(Mux(from_acc, ap.data, sp.data))
         m.d.comb += [
             fifo.push_valid.eq(pend),
-            fifo.push_data.eq(rword >> (pend_off * 8)),
+            fifo.push_data.eq(rword),
+            fifo.push_rot.eq(rot),
             fifo.push_n.eq(pend_n),
         ]
         with m.If(reading):
