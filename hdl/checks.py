@@ -8,12 +8,15 @@ instruction enters its buffer, so no stage holds more than one multiplier, one s
 
   0. the instruction word is registered;
   1. first-level products (a row count times a stride, ...), shared by all opcodes: one multiplier
-     per slot, its operands chosen by the opcode;
-  2. second-level products (POOL's input and output footprints, C * W * rows);
-  3. the footprints' ends (start + product + width; an int16 operand's width in bytes is its
+     per slot, its operands chosen by the opcode (and registered in stage 0);
+  2. the second-level products' (POOL's input and output footprints, C * W * rows) four 17 x 16
+     bit partial products, one MULT18X18D each;
+  3. their sums: a 34 x 32 bit product and its partial-product adders in one stage capped the
+     fetcher near 50 MHz on an ECP5, so they get a stage each (latency on issue only);
+  4. the footprints' ends (start + product + width; an int16 operand's width in bytes is its
      count shifted left by its `*_i16` flag, so element sizes cost no multiplier);
-  4. every rule's condition (compares), selected for the word's opcode;
-  5. the first rule that fires (a priority tree) gives the code.
+  5. every rule's condition (compares), selected for the word's opcode;
+  6. the first rule that fires (a priority tree) gives the code.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from npu.isa import (
 from .common import view
 
 E = ErrorCode
-CHECK_LATENCY = 6  # cycles from `word` to `code`
+CHECK_LATENCY = 7  # cycles from `word` to `code`
 L1_SLOTS = 4
 L2_SLOTS = 3
 SUM_SLOTS = 4
@@ -358,40 +361,56 @@ class InstructionCheck(wiring.Component):
             self.out_valid.eq(valids[-1]),
         ]
 
-        # stage 1: first-level products of the word in stage 0
+        # stage 1: first-level products of the word in stage 0. Their operands (counts minus one,
+        # padded rows: adders, chosen by the opcode) are registered with the word in stage 0, so a
+        # multiplier and its partial-product adder are all that stage 1 holds (Fmax). In the
+        # fetcher, only POOL's src_i16 of the operands' fields arrives with the word's last beat;
+        # the rest come from its beat-assembly register.
         p1 = [Signal(signed(52), name=f"p1_{k}") for k in range(L1_SLOTS)]
         ops1 = [(Signal(signed(19), name=f"p1a_{k}"), Signal(32, name=f"p1b_{k}")) for k in range(L1_SLOTS)]
-        _per_opcode(m, "comb", words[0], [x for ab in ops1 for x in ab],
+        m.d.sync += [x.eq(0) for ab in ops1 for x in ab]
+        _per_opcode(m, "sync", self.word, [x for ab in ops1 for x in ab],
                     lambda op, f: [x for ab in _level1(op, f) for x in ab])  # fmt: skip
         m.d.sync += [p1[k].eq(a * b) for k, (a, b) in enumerate(ops1)]
-        # stage 2: second-level products (of stage 1's word)
+        # stage 2: second-level products (of stage 1's word) as partial products: a = ah * 2^17 + al
+        # (al 17 bits unsigned, ah signed), b = bh * 2^16 + bl (16 bits each), each product fits
+        # one 18 x 18 multiplier with nothing after it
         p1_2 = [Signal.like(p, name=f"p1_2_{k}") for k, p in enumerate(p1)]
+        p1_3 = [Signal.like(p, name=f"p1_3_{k}") for k, p in enumerate(p1)]
         m.d.sync += [q.eq(p) for q, p in zip(p1_2, p1, strict=True)]
-        p2 = [Signal(signed(64), name=f"p2_{k}") for k in range(L2_SLOTS)]
+        m.d.sync += [q.eq(p) for q, p in zip(p1_3, p1_2, strict=True)]
         ops2 = [
             (Signal(signed(34), name=f"p2a_{k}"), Signal(unsigned(32), name=f"p2b_{k}"))
             for k in range(L2_SLOTS)
         ]
         _per_opcode(m, "comb", words[1], [x for ab in ops2 for x in ab],
                     lambda op, f: [x for ab in _level2(op, f, p1) for x in ab])  # fmt: skip
-        m.d.sync += [p2[k].eq(a * b) for k, (a, b) in enumerate(ops2)]
-        # stage 3: the footprints' ends (of stage 2's word)
+        p2 = [Signal(signed(64), name=f"p2_{k}") for k in range(L2_SLOTS)]
+        for k, (a, b) in enumerate(ops2):
+            al, ah = a[:17], a[17:].as_signed()
+            bl, bh = b[:16], b[16:]
+            pp = [Signal(unsigned(33), name=f"p2ll_{k}"), Signal(unsigned(33), name=f"p2lh_{k}"),
+                  Signal(signed(34), name=f"p2hl_{k}"), Signal(signed(34), name=f"p2hh_{k}")]  # fmt: skip
+            m.d.sync += [pp[0].eq(al * bl), pp[1].eq(al * bh), pp[2].eq(ah * bl), pp[3].eq(ah * bh)]
+            # stage 3: their sum (exact: the full product truncated to 64 bits as before)
+            m.d.sync += p2[k].eq((pp[0] + (pp[1] << 16)) + ((pp[2] << 17) + (pp[3] << 33)))
+        # stage 4: the footprints' ends (of stage 3's word)
         ends = [Signal(signed(68), name=f"end{k}") for k in range(SUM_SLOTS)]
-        _per_opcode(m, "sync", words[2], ends, lambda op, f: _sums(op, f, p1_2, p2))
-        # stage 4: the rules of the word in stage 3 (compares), selected by its opcode
-        rules = {op: _rules(op, words[3], view(op, words[3]), ends, cfg) for op in Opcode}
+        _per_opcode(m, "sync", words[3], ends, lambda op, f: _sums(op, f, p1_3, p2))
+        # stage 5: the rules of the word in stage 4 (compares), selected by its opcode
+        rules = {op: _rules(op, words[4], view(op, words[4]), ends, cfg) for op in Opcode}
         codes = {op: [int(c) for _, c in r] for op, r in rules.items()}
         width = max(len(r) for r in rules.values())
         fired = Signal(width)
         known = Signal()
-        with m.Switch(words[3][:4]):
+        with m.Switch(words[4][:4]):
             for op in Opcode:
                 with m.Case(op):
                     m.d.sync += [fired.eq(Cat(*[Value.cast(c).bool() for c, _ in rules[op]])), known.eq(1)]
             with m.Default():
                 m.d.sync += [fired.eq(0), known.eq(0)]
-        # stage 5: the first rule that fired (codes per position, chosen by the opcode)
-        op4 = words[4][:4]
+        # stage 6: the first rule that fired (codes per position, chosen by the opcode)
+        op4 = words[5][:4]
         pos_codes = []
         for i in range(width):
             c = Const(0, 8)

@@ -74,35 +74,40 @@ class Fetcher(wiring.Component):
         ring = Signal()  # latched at the restart
         mask = Signal(32)  # slots - 1 in ring mode, all ones otherwise
 
-        # request bursts of up to 4 instructions while the buffer has room
+        # request bursts of up to 4 instructions while the buffer has room. `addr` (base + 32 * (req_pc
+        # mod slots)) is a register that follows req_pc, so no 40-bit add precedes the burst limits
+        # and the burst length feeding req_pc (Fmax)
         addr = Signal(40)
-        m.d.comb += addr.eq(base + ((req_pc & mask) << log2(INSTR_BYTES)))
         room = Signal(range(self.BUF + 1))
         m.d.comb += room.eq(self.BUF - buf.level - inflight - in_check)
-        in_dram = Signal()
-        m.d.comb += in_dram.eq(addr <= cfg.dram_bytes - INSTR_BYTES)
+        # instructions left in DRAM, up to 4, as parallel compares of `addr` with constants instead of
+        # a subtraction (Fmax); 0 past the end, where the old difference wrapped (no request either)
+        fits = [Signal(name=f"dram_fits{k}") for k in range(1, 5)]
+        m.d.comb += [f.eq(addr <= cfg.dram_bytes - k * INSTR_BYTES) for k, f in enumerate(fits, 1)]
+        in_dram = fits[0]
+        upto4_left = Signal(3)
+        m.d.comb += upto4_left.eq(Mux(fits[3], 4, Mux(fits[2], 3, Mux(fits[1], 2, Mux(fits[0], 1, 0)))))
         to_4k = Signal(8)
         m.d.comb += to_4k.eq((4096 - addr[:12]) >> log2(INSTR_BYTES))
-        left_in_dram = Signal(32)
-        m.d.comb += left_in_dram.eq((cfg.dram_bytes - addr) >> log2(INSTR_BYTES))
-        # ring mode: no further than the tail, nor across the ring's end (the next burst wraps)
+        # ring mode: no further than the tail, nor across the ring's end (the next burst wraps).
+        # `to_end` (mask - (req_pc & mask) + 1) is a register that follows req_pc (Fmax)
         avail = Signal(32)
         m.d.comb += avail.eq(Mux(ring, self.tail - req_pc, 4))
-        to_end = Signal(32)
-        m.d.comb += to_end.eq(Mux(ring, mask - (req_pc & mask) + 1, 4))
+        to_end = Signal(32, init=4)
+        slots = Signal(32)  # mask + 1
         # each limit saturated at 4 first (an OR of its high bits), then the minimum of 3-bit values:
         # short paths instead of a chain of 32-bit compares (Fmax)
         limits = []
         for name, v in (
             ("room", room),
             ("to_4k", to_4k),
-            ("left", left_in_dram),
             ("avail", avail),
             ("end", to_end),
         ):
             s = Signal(3, name=f"upto4_{name}")
             m.d.comb += s.eq(Mux(v[2:].any(), 4, v[:2]))
             limits.append(s)
+        limits.insert(2, upto4_left)
         n = Signal(4)
         m.d.comb += n.eq(min_(min_(limits[0], limits[1]), min_(min_(limits[2], limits[3]), limits[4])))
         m.d.comb += [
@@ -110,8 +115,16 @@ class Fetcher(wiring.Component):
             self.ar.payload.len.eq(n * beats - 1),
             self.ar.valid.eq(self.enable & ~bad_base & in_dram & (n != 0) & (room >= 2)),
         ]
+        # a burst never crosses the ring's end: one that reaches it wraps the address to the base
+        wrap = Signal()
+        m.d.comb += wrap.eq(ring & (to_end[3:] == 0) & (to_end[:3] == n))
         with m.If(self.ar.valid & self.ar.ready):
-            m.d.sync += req_pc.eq(req_pc + n)
+            m.d.sync += [
+                req_pc.eq(req_pc + n),
+                addr.eq(Mux(wrap, base, addr + (n << log2(INSTR_BYTES)))),
+            ]
+            with m.If(ring):
+                m.d.sync += to_end.eq(Mux(wrap, slots, to_end - n))
 
         # assemble beats into instructions
         word = Signal(INSTR_BITS)
@@ -130,14 +143,14 @@ class Fetcher(wiring.Component):
                 else:
                     m.d.sync += word.eq(Cat(word[8 * W :], r_data))
                     with m.If(beat == beats - 1):
-                        m.d.comb += [
-                            got.eq(1),
-                            check.word.eq(Cat(word[8 * W :], r_data)),
-                            check.extra.eq(word_err | self.r_err),
-                        ]
+                        m.d.comb += [got.eq(1), check.extra.eq(word_err | self.r_err)]
                         m.d.sync += [beat.eq(0), word_err.eq(0)]
                     with m.Else():
                         m.d.sync += [beat.eq(beat + 1), word_err.eq(word_err | self.r_err)]
+        if beats > 1:
+            # the check's word is qualified by its valid: no multiplexer on the handshake before the
+            # check's first stage, whose operand adders then start from `word` (Fmax)
+            m.d.comb += check.word.eq(Cat(word[8 * W :], r_data))
         m.d.comb += [
             check.valid.eq(got),
             check.flush.eq(self.restart),
@@ -181,11 +194,16 @@ class Fetcher(wiring.Component):
         size = self.ring_size
         ring_ok = (size >= INSTR_BYTES) & ((size & (size - 1)) == 0) & (
             self.base + size <= cfg.dram_bytes)  # fmt: skip
+        new_mask = Signal(32)
+        m.d.comb += new_mask.eq(Mux(size != 0, (size >> log2(INSTR_BYTES)) - 1, 0xFFFFFFFF))
         with m.If(self.restart):
             m.d.sync += [
                 base.eq(self.base),
                 ring.eq(size != 0),
-                mask.eq(Mux(size != 0, (size >> log2(INSTR_BYTES)) - 1, 0xFFFFFFFF)),
+                mask.eq(new_mask),
+                addr.eq(self.base + ((self.start_pc & new_mask) << log2(INSTR_BYTES))),
+                to_end.eq(Mux(size != 0, new_mask - (self.start_pc & new_mask) + 1, 4)),
+                slots.eq(new_mask + 1),
                 bad_base.eq((self.base[: log2(INSTR_BYTES)] != 0) | ((size != 0) & ~ring_ok)),
                 req_pc.eq(self.start_pc),
                 out_pc.eq(self.start_pc),
