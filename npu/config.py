@@ -66,7 +66,7 @@ class NpuConfig:
     dma_latency: int = 16
     #: pipeline latency of one matrix instruction
     matrix_latency: int = 4
-    #: pipeline latency of one vector instruction (hdl/vector.py: two setup cycles, six stages)
+    #: pipeline latency of one vector instruction (hdl/vector.py: two setup cycles, seven stages)
     vector_latency: int = 11
 
     def __post_init__(self) -> None:
@@ -258,7 +258,9 @@ PRESETS["ulx3s"] = NpuConfig(
     pes_per_cluster=2,
     lanes=8,
     spad_bytes=64 * 1024,
-    spad_banks=8,  # a power of two per region: bank and row are address bits (Fmax)
+    # a power of two per region: bank and row are address bits (Fmax); 2 per region, as 4 per
+    # region's read crossbars do not route on the 85F (docs/boards.md)
+    spad_banks=4,
     spad_banked=True,
     acc_bytes=16 * 1024,
     vector_lanes=2,

@@ -63,8 +63,9 @@ BOARDS: dict[str, Board] = {
             "dsp": "MULT18X18D",
             "lutram": "TRELLIS_RAMW",
         },  # fmt: skip
-        # router2: router1 took over 15 minutes on this design without converging
-        nextpnr_opts="--router router2",
+        # router1: it routes the 4-bank core completely (about 25 minutes); router2 left thousands
+        # of wires overused after 40 iterations (docs/boards.md)
+        nextpnr_opts="--router router1",
         loader_board="ulx3s",
     ),
     "icebreaker": Board(
