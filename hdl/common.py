@@ -73,6 +73,18 @@ def min_(a, b):
     return Mux(a < b, a, b)
 
 
+def follow(m: Module, value, enables: list, name: str) -> Signal:
+    """`value` registered along a pipeline: one register per stage, loaded when its enable (the
+    stage taking the step) is high. Returns the last stage's register, which holds the value of
+    the step that stage holds."""
+    for s, en in enumerate(enables):
+        reg = Signal(len(value), name=f"{name}_{s}")
+        with m.If(en):
+            m.d.sync += reg.eq(value)
+        value = reg
+    return value
+
+
 def low_bytes_mask(n, width_bytes: int):
     """Byte-enable mask with the low `n` bits set (n in 0..width_bytes)."""
     return ((Const(1, width_bytes + 1) << n) - 1)[:width_bytes]

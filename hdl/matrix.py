@@ -27,7 +27,7 @@ from amaranth.lib.wiring import In
 from npu.config import ACC_BASE, NpuConfig
 from npu.isa import INSTR_BITS, Opcode
 
-from .common import exec_signature, log2, view
+from .common import exec_signature, follow, log2, view
 from .spad import gather
 
 
@@ -53,62 +53,54 @@ class MatrixUnit(wiring.Component):
         active = Signal()
         m.d.comb += self.exec.busy.eq(active)
 
-        MB = Signal(16)
-        NB = Signal(16)
-        KB = Signal(16)
-        m.d.comb += [
-            MB.eq((f.m + CM - 1) // CM),
-            NB.eq((f.n + CN - 1) // CN),
-            KB.eq(Mux(f.k == 0, 1, ((f.k << f.a_i16) + L - 1) >> ll)),  # int16 A: 2k bytes a row
-        ]
-        mb = Signal(16)
-        nb = Signal(16)
-        kb = Signal(16)
-        a_tile = Signal(40)  # byte address of A row mb*CM
-        b_tile = Signal(40)  # byte address of B^T row nb*CN
-        c_tile = Signal(40)  # byte offset (from ACC_BASE) of C row mb*CM
+        # Stage 0 issues from registers: the loop state (steps left, which rows and columns exist,
+        # every port's word address) is set up at `go` and advanced as each step is granted, so a
+        # request never waits on the instruction's arithmetic (Fmax: the requests cross the
+        # memories' arbiters to other units' grants in the same cycle).
+        nf = view(Opcode.MATMUL, self.exec.instr)
+        n_kb = Mux(nf.k == 0, 1, ((nf.k << nf.a_i16) + L - 1) >> ll)  # k steps; int16 A: 2k bytes a row
+        kb = Signal(16)  # the step's k step (its lanes' first byte)
+        k_left = Signal(16)  # k steps of this tile after the current one
+        k_last = Signal(16)  # KB - 1
+        last_k = Signal()  # k_left == 0
+        m_rem = Signal(16)  # rows from the current tile's first (mb * CM) to m
+        n_rem = Signal(16)  # columns from nb * CN to n
+        row_ok = Signal(CM)  # row mb*CM + i exists
+        col_ok = Signal(CN)  # column nb*CN + j exists
+        last_mb = Signal()
+        last_nb = Signal()
         empty = Signal()
-        m.d.comb += empty.eq((f.m == 0) | (f.n == 0))
+        a_row = [Signal(40, name=f"a_row{i}") for i in range(CM)]  # byte address of A row mb*CM+i
+        b_row = [Signal(40, name=f"b_row{j}") for j in range(CN)]  # ... of B^T row nb*CN+j
+        c_row = [Signal(40, name=f"c_row{i}") for i in range(CM)]  # offset from ACC_BASE of C row
+        a_addr = [Signal(40, name=f"op_addr{i}") for i in range(CM)]  # the step's words
+        b_addr = [Signal(40, name=f"op_addr{CM + j}") for j in range(CN)]
+        c_addr = [Signal(40, name=f"c_addr{i}") for i in range(CM)]
 
         # stage 0 asks for one step's operands (and, at the last k step of an accumulating MATMUL,
         # the C rows) until all are granted; stage R registers the lanes' multiplicands the cycle
         # after, and stage P multiplies them into stage 1's product registers (each holding while
         # the next stage is busy); stage 1 accumulates, and at the last k step writes the C rows,
-        # holding until the accumulators have taken every row. Each step's flags follow it (_g: its
-        # operands in gather's registers, _r: stage R, _1: stage 1).
+        # holding until the accumulators have taken every row. A step's flags, old C rows and write
+        # address follow it along the stages (`follow`).
         vg = Signal()  # a step's operands wait in gather's registers for stage R
         vr = Signal()  # stage R holds a step (its multiplicands)
         v1 = Signal()  # stage 1 holds a step (its products)
         s1_done = Signal()  # ... and finishes with it this cycle
-        kb0_g, kb0_r, kb0_1 = Signal(), Signal(), Signal()
-        last_kg, last_kr, last_k1 = Signal(), Signal(), Signal()
-        last_g, last_r, last1 = Signal(), Signal(), Signal()  # the instruction's last step
         issuing = Signal()  # stage 0 has steps left to issue
-        last_k = Signal()
-        m.d.comb += last_k.eq(kb == KB - 1)
         ports = list(self.a_ports) + list(self.b_ports) + list(self.c_rports)
         need = []
-        c_addr = []
         for r, port in enumerate(ports):
             nd = Signal(name=f"op_need{r}")
-            if r < CM + CN:
-                a_side = r < CM
-                i = r if a_side else r - CM
-                if a_side:
-                    tile, stride, first, limit = a_tile, f.a_stride, mb * CM, f.m
-                else:
-                    tile, stride, first, limit = b_tile, f.b_stride, nb * CN, f.n
-                # int16 A: step kb reads A word kb and B^T word kb // 2
-                kw = kb if a_side else Mux(f.a_i16, kb >> 1, kb)
-                addr = Signal(40, name=f"op_addr{r}")
-                m.d.comb += [addr.eq(tile + i * stride + (kw << ll)), port.addr.eq(addr[ll:])]
-                m.d.comb += nd.eq(issuing & ~empty & (first + i < limit))
+            if r < CM:
+                m.d.comb += [port.addr.eq(a_addr[r][ll:]), nd.eq(issuing & ~empty & row_ok[r])]
+            elif r < CM + CN:
+                j = r - CM
+                m.d.comb += [port.addr.eq(b_addr[j][ll:]), nd.eq(issuing & ~empty & col_ok[j])]
             else:
                 i = r - CM - CN
-                addr = Signal(40, name=f"c_addr{i}")
-                m.d.comb += [addr.eq(c_tile + i * f.c_stride + (nb << lw)), port.addr.eq(addr[lw:])]
-                m.d.comb += nd.eq(issuing & ~empty & last_k & f.accumulate & (mb * CM + i < f.m))
-                c_addr.append(addr)
+                m.d.comb += port.addr.eq(c_addr[i][lw:])
+                m.d.comb += nd.eq(issuing & ~empty & last_k & f.accumulate & row_ok[i])
             need.append(nd)
         s1_free = Signal()  # stage 1 can take a step
         m.d.comb += s1_free.eq(~v1 | s1_done)
@@ -153,14 +145,11 @@ class MatrixUnit(wiring.Component):
         with m.If(take):
             m.d.sync += [a_ops[i][t].eq(a_lane(a_vals[i], t)) for i in range(CM) for t in range(L)]
             m.d.sync += [b_ops[j][t].eq(b_lane(b_vals[j], t)) for j in range(CN) for t in range(L)]
-        old_c = []
-        for i, v in enumerate(c_vals):
-            for stage, go in (("r", take), ("1", xfer)):
-                reg = Signal(len(v), name=f"old_c{i}_{stage}")
-                with m.If(go):
-                    m.d.sync += reg.eq(v)
-                v = reg
-            old_c.append(v)
+        old_c = [follow(m, v, [take, xfer], f"old_c{i}") for i, v in enumerate(c_vals)]
+        # the step's flags at stage 1: its first k step, its last k step, the instruction's last step
+        last_step = Signal()
+        m.d.comb += last_step.eq(last_k & last_nb & last_mb)
+        kb0_1, last_k1, last1 = follow(m, Cat(kb == 0, last_k, last_step), [step_done, take, xfer], "flags")
         # stage P: the products, registered as stage 1 takes the step
         for i in range(CM):
             for j in range(CN):
@@ -182,34 +171,21 @@ class MatrixUnit(wiring.Component):
         w_need = []
         for i in range(CM):
             wp = self.c_wports[i]
-            row_ok = Signal(name=f"c_row_ok{i}")
-            col_ok = [Signal(name=f"c_col_ok{i}_{j}") for j in range(CN)]
             # the write's address and row/column masks, from stage 0 along the stages to stage 1
-            chain = [(step_done, "g"), (take, "r")]
-            waddr, row_ok_s = c_addr[i][lw:], mb * CM + i < f.m
-            cols = [(nb * CN + j) < f.n for j in range(CN)]
-            for go, stage in chain:
-                wa = Signal(len(wp.addr), name=f"c_waddr_{stage}{i}")
-                ro = Signal(name=f"c_row_ok_{stage}{i}")
-                co = [Signal(name=f"c_col_ok_{stage}{i}_{j}") for j in range(CN)]
-                with m.If(go):
-                    m.d.sync += [wa.eq(waddr), ro.eq(row_ok_s)]
-                    m.d.sync += [c.eq(v) for c, v in zip(co, cols, strict=True)]
-                waddr, row_ok_s, cols = wa, ro, co
-            with m.If(xfer):
-                m.d.sync += [wp.addr.eq(waddr), row_ok.eq(row_ok_s)]
+            aw = len(wp.addr)
+            w = follow(m, Cat(c_addr[i][lw : lw + aw], row_ok[i], col_ok), [step_done, take, xfer], f"c_w{i}")
+            w_row_ok, w_col_ok = w[aw], w[aw + 1 :]
+            m.d.comb += wp.addr.eq(w[:aw])
             new = []
             for j in range(CN):
-                with m.If(xfer):
-                    m.d.sync += col_ok[j].eq(cols[j])
                 old = old_c[i][32 * j : 32 * j + 32].as_signed()
                 new.append((Mux(f.accumulate, old, 0) + sums[i][j])[:32])
             wn = Signal(name=f"c_wneed{i}")
-            m.d.comb += wn.eq(v1 & last_k1 & row_ok)
+            m.d.comb += wn.eq(v1 & last_k1 & w_row_ok)
             w_need.append(wn)
             m.d.comb += [
                 wp.data.eq(Cat(*new)),
-                wp.be.eq(Cat(*[c.replicate(4) for c in col_ok])),
+                wp.be.eq(Cat(*[w_col_ok[j].replicate(4) for j in range(CN)])),
                 wp.en.eq(wn & ~written[i]),
             ]
         w_granted = Cat(*[p.grant for p in self.c_wports])
@@ -219,52 +195,79 @@ class MatrixUnit(wiring.Component):
         with m.Else():
             m.d.sync += written.eq(written | (w_granted & Cat(*[p.en for p in self.c_wports])))
 
-        # loop counters (stage 0) and the hand-over to stage 1
-        last_step = Signal()
-        m.d.comb += last_step.eq(last_k & (nb == NB - 1) & (mb == MB - 1))
+        # the hand-over to stage 1
         m.d.sync += [
             vg.eq(step_done | (vg & ~r_free)),
             vr.eq(take | (vr & ~s1_free)),
             v1.eq(xfer | (v1 & ~s1_done)),
         ]
-        with m.If(step_done):
-            m.d.sync += [kb0_g.eq(kb == 0), last_kg.eq(last_k), last_g.eq(last_step)]
-        with m.If(take):
-            m.d.sync += [kb0_r.eq(kb0_g), last_kr.eq(last_kg), last_r.eq(last_g)]
-        with m.If(xfer):
-            m.d.sync += [kb0_1.eq(kb0_r), last_k1.eq(last_kr), last1.eq(last_r)]
         with m.If(issuing & (empty | (step_done & last_step))):
             m.d.sync += issuing.eq(0)
         finished = Signal()
         m.d.comb += finished.eq(active & ((empty & issuing) | (s1_done & last1)))
         m.d.comb += self.exec.done.eq(finished)
+
+        # stage 0's loop: k steps, n tiles, m tiles (each compare is against a constant)
+        a_mstep, c_mstep = f.a_stride * CM, f.c_stride * CM
+        b_nstep = f.b_stride * CN
         with m.If(step_done):
             with m.If(~last_k):
-                m.d.sync += kb.eq(kb + 1)
+                b_next = Mux(f.a_i16 & ~kb[0], 0, L)  # int16 A: B^T word kb // 2
+                m.d.sync += [kb.eq(kb + 1), k_left.eq(k_left - 1), last_k.eq(k_left == 1)]
+                m.d.sync += [a.eq(a + L) for a in a_addr] + [b.eq(b + b_next) for b in b_addr]
             with m.Else():
-                m.d.sync += kb.eq(0)
-                with m.If(nb == NB - 1):
+                m.d.sync += [kb.eq(0), k_left.eq(k_last), last_k.eq(k_last == 0)]
+                with m.If(last_nb):
                     m.d.sync += [
-                        nb.eq(0),
-                        b_tile.eq(f.b),
-                        mb.eq(mb + 1),
-                        a_tile.eq(a_tile + CM * f.a_stride),
-                        c_tile.eq(c_tile + CM * f.c_stride),
+                        n_rem.eq(f.n),
+                        col_ok.eq(Cat(*[f.n > j for j in range(CN)])),
+                        last_nb.eq(f.n <= CN),
+                        m_rem.eq(m_rem - CM),
+                        row_ok.eq(Cat(*[m_rem > CM + i for i in range(CM)])),
+                        last_mb.eq(m_rem <= 2 * CM),
                     ]
+                    for j in range(CN):
+                        first = f.b + j * f.b_stride
+                        m.d.sync += [b_row[j].eq(first), b_addr[j].eq(first)]
+                    for i in range(CM):
+                        m.d.sync += [
+                            a_row[i].eq(a_row[i] + a_mstep),
+                            a_addr[i].eq(a_row[i] + a_mstep),
+                            c_row[i].eq(c_row[i] + c_mstep),
+                            c_addr[i].eq(c_row[i] + c_mstep),
+                        ]
                 with m.Else():
-                    m.d.sync += [nb.eq(nb + 1), b_tile.eq(b_tile + CN * f.b_stride)]
+                    m.d.sync += [
+                        n_rem.eq(n_rem - CN),
+                        col_ok.eq(Cat(*[n_rem > CN + j for j in range(CN)])),
+                        last_nb.eq(n_rem <= 2 * CN),
+                    ]
+                    m.d.sync += [a.eq(r) for a, r in zip(a_addr, a_row, strict=True)]
+                    m.d.sync += [c.eq(c + W) for c in c_addr]
+                    for j in range(CN):
+                        m.d.sync += [b_row[j].eq(b_row[j] + b_nstep), b_addr[j].eq(b_row[j] + b_nstep)]
         with m.If(finished):
             m.d.sync += active.eq(0)
         with m.If(self.exec.go):
-            nf = view(Opcode.MATMUL, self.exec.instr)
             m.d.sync += [
                 active.eq(1),
                 issuing.eq(1),
-                mb.eq(0),
-                nb.eq(0),
+                empty.eq((nf.m == 0) | (nf.n == 0)),
                 kb.eq(0),
-                a_tile.eq(nf.a),
-                b_tile.eq(nf.b),
-                c_tile.eq(nf.c - ACC_BASE),
+                k_last.eq(n_kb - 1),
+                k_left.eq(n_kb - 1),
+                last_k.eq(n_kb == 1),
+                m_rem.eq(nf.m),
+                row_ok.eq(Cat(*[nf.m > i for i in range(CM)])),
+                last_mb.eq(nf.m <= CM),
+                n_rem.eq(nf.n),
+                col_ok.eq(Cat(*[nf.n > j for j in range(CN)])),
+                last_nb.eq(nf.n <= CN),
             ]
+            for i in range(CM):
+                a0, c0 = nf.a + i * nf.a_stride, nf.c - ACC_BASE + i * nf.c_stride
+                m.d.sync += [a_row[i].eq(a0), a_addr[i].eq(a0), c_row[i].eq(c0), c_addr[i].eq(c0)]
+            for j in range(CN):
+                b0 = nf.b + j * nf.b_stride
+                m.d.sync += [b_row[j].eq(b0), b_addr[j].eq(b0)]
         return m
