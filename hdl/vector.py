@@ -252,19 +252,21 @@ class VectorUnit(wiring.Component):
                 last.eq(tap_last & (i2 + VLE >= C) & (i1 + 1 >= fp.out_w) & (i0 + 1 >= fp.out_h)),
             ]
 
-        # an instruction with nothing to do
+        # an instruction with nothing to do (registered in the first setup cycle: `done` starts from
+        # flip-flops, and the core's token and halt logic follows it in the same cycle)
         empty = Signal()
-        m.d.comb += empty.eq(
-            Mux(
-                is_map | is_lut,
-                (fm.rows == 0) | (fm.cols == 0),
+        with m.If(setup == SETUP_CYCLES):
+            m.d.sync += empty.eq(
                 Mux(
-                    is_mul,
-                    (fv.rows == 0) | (fv.cols == 0),
-                    Mux(is_add, fa.len == 0, (fp.channels == 0) | (fp.out_h == 0) | (fp.out_w == 0)),
-                ),
+                    is_map | is_lut,
+                    (fm.rows == 0) | (fm.cols == 0),
+                    Mux(
+                        is_mul,
+                        (fv.rows == 0) | (fv.cols == 0),
+                        Mux(is_add, fa.len == 0, (fp.channels == 0) | (fp.out_h == 0) | (fp.out_w == 0)),
+                    ),
+                )
             )
-        )
         # ---- S0: the step being issued, from registers -------------------------------------------
         # The loop registers point at the step after it: `load` (the step's operands all granted,
         # or the last setup cycle, which loads the first step) copies the values above into these
