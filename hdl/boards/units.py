@@ -5,7 +5,8 @@ unplaced, nextpnr's `--out-of-context`), places and routes it and reports its Fm
 with the source lines nextpnr names. The on-chip memories are measured with registers on every port
 (`spad`, `acc`), since their paths start and end in the units that use them. Paths that cross units
 (a unit's request through a memory's arbiter back to the unit) show in `core`: the whole core with
-a register on each of its ports, without the board's DRAM controller and serial bridge.
+a register on each of its ports, without the board's DRAM controller and serial bridge, which
+are units of their own (`sdram`, `bridge`: as the board top builds them, at the board's clock).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from npu.config import NpuConfig
 from .boards import Board
 from .build import BuildError, tool_env
 
-UNITS = ("fetch", "load", "store", "matrix", "vector", "spad", "acc", "core")
+UNITS = ("fetch", "load", "store", "matrix", "vector", "spad", "acc", "core", "sdram", "bridge")
 
 
 class _Registered(Elaboratable):
@@ -48,8 +49,10 @@ class _Registered(Elaboratable):
         return m
 
 
-def unit_design(name: str, cfg: NpuConfig) -> tuple[Elaboratable, list]:
-    """The unit `name` of `cfg`'s core and its ports (its own and the memory clients it drives)."""
+def unit_design(name: str, cfg: NpuConfig, board: Board | None = None, clock_mhz: float = 50.0
+                ) -> tuple[Elaboratable, list]:  # fmt: skip
+    """The unit `name` of `cfg`'s core (or of `board`'s top) and its ports (its own and the memory
+    clients it drives)."""
     from npu.hdl.core import acc_clients, spad_clients
     from npu.hdl.spad import client_signature, onchip_memory
 
@@ -67,6 +70,9 @@ def unit_design(name: str, cfg: NpuConfig) -> tuple[Elaboratable, list]:
         from npu.hdl.core import NpuCore
 
         top = _Registered(NpuCore(cfg))
+        return top, top.ports
+    if name in ("sdram", "bridge"):
+        top = _board_unit(name, cfg, board, clock_mhz)
         return top, top.ports
     if name in ("spad", "acc"):
         mem = onchip_memory(cfg, name, spad_clients(cfg) if name == "spad" else acc_clients(cfg))
@@ -102,6 +108,28 @@ def unit_design(name: str, cfg: NpuConfig) -> tuple[Elaboratable, list]:
     return top, ports
 
 
+def _board_unit(name: str, cfg: NpuConfig, board: Board | None, clock_mhz: float) -> _Registered:
+    """The board top's DRAM controller or serial bridge, built as `BoardCore` builds them."""
+    from npu.hdl.core import dram_signature, regs_signature
+
+    from .bridge import SerialBridge
+    from .top import MAX_PACKET
+
+    bus = dram_signature(cfg)
+    if name == "sdram":
+        if board is None or board.dram != "sdram":
+            raise BuildError(f"unit sdram: board {board.name if board else None} has no SDR SDRAM")
+        from npu.hdl.mem.sdram import SdramController
+
+        return _Registered(SdramController(data_width=8 * cfg.bus_bytes, clock_mhz=clock_mhz,
+                                           addr_width=bus.addr_width, id_width=bus.id_width + 1,
+                                           read_delay=-1))  # fmt: skip
+    return _Registered(SerialBridge(dram_bytes=cfg.dram_bytes, data_width=8 * cfg.bus_bytes,
+                                    clk_freq=clock_mhz * 1e6, baud=board.baud if board else 115200,
+                                    max_packet=MAX_PACKET, reg_addr_width=regs_signature().addr_width,
+                                    id_width=bus.id_width, status_offset=0))  # fmt: skip
+
+
 def _critical_path(report: dict) -> list[dict]:
     """The critical path's logic steps (cell and the cumulative delay in ns)."""
     steps = []
@@ -133,7 +161,7 @@ def unit_timing(board: Board, cfg: NpuConfig, name: str, clock_mhz: float, out: 
     env = tool_env(board.family)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    top, ports = unit_design(name, cfg)
+    top, ports = unit_design(name, cfg, board, clock_mhz)
     (out / "unit.il").write_text(rtlil.convert(top, name="unit", ports=ports))
     say(f"[{time.monotonic() - t0:6.0f} s] synthesis (yosys) of {name}")
     script = "read_rtlil unit.il; synth_ecp5 -top unit -json unit.json"

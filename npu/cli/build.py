@@ -31,8 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--unit",
         help="time one unit of the core alone instead (ECP5 boards, out of context): "
-        "fetch, load, store, matrix, vector, spad, acc, or core (all of them, without the board's "
-        "DRAM controller and serial bridge; 10-20 minutes)",
+        "fetch, load, store, matrix, vector, spad, acc, core (all of them, without the board's "
+        "DRAM controller and serial bridge; 20-25 minutes), or the board top's sdram controller or "
+        "serial bridge",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
