@@ -6,7 +6,7 @@ the master's way (a slave takes the flipped signature). `FlatPorts` turns interf
 
 from __future__ import annotations
 
-from amaranth import Module
+from amaranth import Cat, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -124,4 +124,58 @@ class FlatPorts(wiring.Component):
             else:
                 port, sig = getattr(self, name), getattr(inner, name)
                 m.d.comb += port.eq(sig) if member.flow == Out else sig.eq(port)
+        return m
+
+
+#: AXI4 channels: (valid, ready, payload members), and whether the master drives the channel
+AXI_CHANNELS = {
+    "ar": (True, ("arid", "araddr", "arlen", "arsize", "arburst")),
+    "aw": (True, ("awid", "awaddr", "awlen", "awsize", "awburst")),
+    "w": (True, ("wdata", "wstrb", "wlast")),
+    "r": (False, ("rid", "rdata", "rresp", "rlast")),
+    "b": (False, ("bid", "bresp")),
+}
+
+
+def skid_buffer(m: Module, valid, ready, data, out_valid, out_ready, out_data, name: str) -> None:
+    """A full register stage on one valid/ready channel: every output (`ready` upstream, `out_valid`
+    and `out_data` downstream) is a flip-flop, at one transfer per cycle. A beat the downstream
+    refuses waits in a second register (the skid) while upstream sees `ready` fall."""
+    o_valid = Signal(name=f"{name}_valid")
+    o_data = Signal(len(data), name=f"{name}_data")
+    k_valid = Signal(name=f"{name}_skid_valid")
+    k_data = Signal(len(data), name=f"{name}_skid_data")
+    m.d.comb += [ready.eq(~k_valid), out_valid.eq(o_valid), out_data.eq(o_data)]
+    with m.If(out_ready | ~o_valid):  # the output register is free this cycle
+        with m.If(k_valid):
+            m.d.sync += [o_valid.eq(1), o_data.eq(k_data), k_valid.eq(0)]
+        with m.Else():
+            m.d.sync += [o_valid.eq(valid), o_data.eq(data)]
+    with m.Elif(valid & ~k_valid):
+        m.d.sync += [k_valid.eq(1), k_data.eq(data)]
+
+
+class AxiRegisterSlice(wiring.Component):
+    """An AXI4 register slice: `s` (to the master) and `m` (to the slave) with a skid buffer on
+    each of the five channels, so no combinational path crosses it (Fmax: it cuts a master's
+    handshakes off from an interconnect's arbitration and the slave's). One cycle more each way,
+    one beat per cycle per channel."""
+
+    def __init__(self, signature: AxiSignature):
+        super().__init__({"s": In(signature), "m": Out(signature)})
+
+    def elaborate(self, platform):
+        m = Module()
+        for ch, (forward, payload) in AXI_CHANNELS.items():
+            up, down = (self.s, self.m) if forward else (self.m, self.s)
+            skid_buffer(
+                m,
+                getattr(up, f"{ch}valid"),
+                getattr(up, f"{ch}ready"),
+                Cat(*[getattr(up, p) for p in payload]),
+                getattr(down, f"{ch}valid"),
+                getattr(down, f"{ch}ready"),
+                Cat(*[getattr(down, p) for p in payload]),
+                name=ch,
+            )
         return m

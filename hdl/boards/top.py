@@ -2,6 +2,7 @@
 
     UART --- SerialBridge --regs (AXI4-Lite)--> NpuCore / NpuSoc --irq--> bridge (ends a WAIT)
                    |                                 |
+                   |                          AxiRegisterSlice
                    +--dram (AXI4)--+  +--bus (AXI4)--+
                                    AxiInterconnect (round-robin per burst)
                                           |
@@ -26,6 +27,7 @@ from amaranth.lib.wiring import In, Out
 from npu.config import NpuConfig
 from npu.registers import REG, WINDOW_BYTES, Status
 
+from ..axi import AxiRegisterSlice
 from ..core import NpuCore, dram_signature
 from ..mem.sdram import SdramController, SdramPins
 from ..mem.spram import SpramAxi
@@ -84,7 +86,11 @@ class BoardCore(wiring.Component):
         wiring.connect(m, bridge.regs, npu.ctrl)
 
         m.submodules.ic = ic = AxiInterconnect(2, master)
-        wiring.connect(m, npu.bus, ic.masters[0])
+        # a register slice between the core and the interconnect: the core's handshakes end in it
+        # rather than running through the arbitration and the DRAM controller (Fmax)
+        m.submodules.slice = cut = AxiRegisterSlice(master)
+        wiring.connect(m, npu.bus, cut.s)
+        wiring.connect(m, cut.m, ic.masters[0])
         wiring.connect(m, bridge.dram, ic.masters[1])
         bus = ic.bus.signature
         if board.dram == "sdram":
