@@ -127,7 +127,7 @@ class FlatPorts(wiring.Component):
         return m
 
 
-#: AXI4 channels: (valid, ready, payload members), and whether the master drives the channel
+#: AXI4 channels: whether the master drives the channel, and its payload members
 AXI_CHANNELS = {
     "ar": (True, ("arid", "araddr", "arlen", "arsize", "arburst")),
     "aw": (True, ("awid", "awaddr", "awlen", "awsize", "awburst")),

@@ -92,18 +92,25 @@ def low_bytes_mask(n, width_bytes: int):
 
 def burst_plan(m: Module, addr, left, W: int, name: str) -> tuple[Signal, Signal, Signal]:
     """The AXI burst at byte address `addr` with `left` bytes of the row still to move over a bus
-    of `W` bytes: (beats, bytes it covers from `addr`, whether it ends the row). Bursts stop at 256
-    beats and at 4 KiB boundaries."""
+    of `W` bytes: (beats, bytes it covers from `addr` - only when it does not end the row, the only
+    case they are used -, whether it ends the row). Bursts stop at 256 beats and at 4 KiB
+    boundaries. The row ends with this burst exactly when its beats to the row's end fit under both
+    limits, so that compares in parallel with the limits instead of after their minimum and a
+    subtraction; and the bytes of a burst that does not end the row are the limit's (Fmax)."""
     lw = log2(W)
-    beats_row = (addr[:lw] + left + W - 1) >> lw
-    to_4k = (4096 >> lw) - addr[lw:12]
+    beats_row = Signal(18 - lw, name=f"{name}_beats_row")
+    to_4k = Signal(range((4096 >> lw) + 1), name=f"{name}_to_4k")
+    limit = Signal(9, name=f"{name}_limit")
     beats = Signal(9, name=f"{name}_beats")
     nbytes = Signal(18, name=f"{name}_bytes")
     last = Signal(name=f"{name}_row_end")
     m.d.comb += [
-        beats.eq(min_(min_(beats_row, 256), to_4k)),
-        nbytes.eq((beats << lw) - addr[:lw]),
-        last.eq(nbytes >= left),
+        beats_row.eq((addr[:lw] + left + W - 1) >> lw),
+        to_4k.eq((4096 >> lw) - addr[lw:12]),
+        limit.eq(min_(to_4k, 256)),
+        last.eq((beats_row <= 256) & (beats_row <= to_4k)),
+        beats.eq(Mux(last, beats_row, limit)),
+        nbytes.eq((limit << lw) - addr[:lw]),
     ]
     return beats, nbytes, last
 

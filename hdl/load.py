@@ -20,6 +20,7 @@ from npu.isa import INSTR_BITS, Opcode
 from .common import (
     ByteFifo,
     beat_stream,
+    burst_plan,
     burst_stream,
     exec_signature,
     is_acc,
@@ -29,31 +30,6 @@ from .common import (
     view,
     word_index,
 )
-
-
-def _burst_plan(m: Module, addr, left, W: int, name: str) -> tuple[Signal, Signal, Signal]:
-    """`common.burst_plan` with shorter paths (Fmax): the AXI burst at byte address `addr` with
-    `left` bytes of the row still to move, as (beats, bytes it covers from `addr` - only when it does
-    not end the row, the only case they are used -, whether it ends the row). Bursts stop at 256
-    beats and at 4 KiB boundaries. The row ends with this burst exactly when its beats to the row's
-    end fit under both limits, so that compares in parallel with the limits instead of after the
-    minimum and a subtraction; and the bytes of a burst that does not end the row are the limit's."""
-    lw = log2(W)
-    beats_row = Signal(18 - lw, name=f"{name}_beats_row")
-    to_4k = Signal(10, name=f"{name}_to_4k")
-    limit = Signal(9, name=f"{name}_limit")
-    beats = Signal(9, name=f"{name}_beats")
-    nbytes = Signal(18, name=f"{name}_bytes")
-    last = Signal(name=f"{name}_row_end")
-    m.d.comb += [
-        beats_row.eq((addr[:lw] + left + W - 1) >> lw),
-        to_4k.eq((4096 >> lw) - addr[lw:12]),
-        limit.eq(min_(to_4k, 256)),
-        last.eq((beats_row <= 256) & (beats_row <= to_4k)),
-        beats.eq(Mux(last, beats_row, limit)),
-        nbytes.eq((limit << lw) - addr[:lw]),
-    ]
-    return beats, nbytes, last
 
 
 class LoadUnit(wiring.Component):
@@ -93,7 +69,7 @@ class LoadUnit(wiring.Component):
         # out from registers a cycle ahead, so no burst arithmetic feeds the handshake (Fmax). A new
         # row's burst is ready at once (one-burst rows go out one per cycle); a row split into
         # several bursts (256 beats, 4 KiB) waits a cycle for each further burst's length.
-        # `cur_bytes` is meaningful only for a burst that does not end the row (_burst_plan).
+        # `cur_bytes` is meaningful only for a burst that does not end the row (burst_plan).
         ar_row = Signal(16)
         ar_addr = Signal(33)  # next byte address of the current row still to request
         ar_left = Signal(17)  # bytes of the current row still to request (from ar_addr)
@@ -102,8 +78,8 @@ class LoadUnit(wiring.Component):
         nrow_addr = Signal(33)  # DRAM address of the row after the current one
         cur_ok = Signal()  # cur_* hold the burst at ar_addr
         cur_beats, cur_bytes, cur_end = Signal(9), Signal(18), Signal()
-        here = _burst_plan(m, ar_addr, ar_left, W, "ar_here")
-        nrow = _burst_plan(m, nrow_addr, f.cols, W, "ar_nrow")
+        here = burst_plan(m, ar_addr, ar_left, W, "ar_here")
+        nrow = burst_plan(m, nrow_addr, f.cols, W, "ar_nrow")
         m.d.comb += [
             self.ar.payload.addr.eq(ar_addr[lw:32] << lw),
             self.ar.payload.len.eq(cur_beats - 1),
@@ -280,7 +256,7 @@ class LoadUnit(wiring.Component):
             nf = view(Opcode.LOAD, self.exec.instr)
             ntr = nf.pad_top + nf.rows + nf.pad_bottom
             ntw = nf.pad_left + nf.cols + nf.pad_right
-            fb = _burst_plan(m, nf.dram, nf.cols, W, "ar_first")
+            fb = burst_plan(m, nf.dram, nf.cols, W, "ar_first")
             first = Signal(2)
             m.d.comb += first.eq(Mux(nf.pad_top != 0, TOP, next_phase(TOP, nf)))
             m.d.sync += [
