@@ -162,10 +162,14 @@ class Fetcher(wiring.Component):
         m.d.sync += [inflight.eq(inflight + issued - got), in_check.eq(in_check + got - check.out_valid)]
 
         # output: head of the buffer, or a "bad" marker once requests ran off DRAM
+        # "pc's instruction lies past DRAM's end" for out_pc and out_pc + 1 in registers, so the
+        # 40-bit compare does not sit between out_pc and the dispatcher's halt logic (Fmax)
+        def past_dram(b, msk, pc):
+            return b + ((pc & msk) << log2(INSTR_BYTES)) > cfg.dram_bytes - INSTR_BYTES
+
+        past_head, past_next = Signal(), Signal()
         head_bad = Signal()
-        head_addr = Signal(40)
-        m.d.comb += head_addr.eq(base + ((out_pc & mask) << log2(INSTR_BYTES)))
-        m.d.comb += head_bad.eq(bad_base | (head_addr + INSTR_BYTES > cfg.dram_bytes))
+        m.d.comb += head_bad.eq(bad_base | past_head)
         m.d.comb += self.empty.eq(ring & (out_pc == self.tail))
         m.d.comb += [
             self.out.valid.eq(
@@ -179,7 +183,11 @@ class Fetcher(wiring.Component):
             buf.r_en.eq(self.out.ready & buf.r_rdy),
         ]
         with m.If(self.out.ready & buf.r_rdy):
-            m.d.sync += out_pc.eq(out_pc + 1)
+            m.d.sync += [
+                out_pc.eq(out_pc + 1),
+                past_head.eq(past_next),
+                past_next.eq(past_dram(base, mask, out_pc + 2)),
+            ]
         m.d.comb += self.idle.eq((inflight == 0) & (discard == 0))
 
         # beats of bursts in flight that belong to the old stream after a restart
@@ -207,6 +215,8 @@ class Fetcher(wiring.Component):
                 bad_base.eq((self.base[: log2(INSTR_BYTES)] != 0) | ((size != 0) & ~ring_ok)),
                 req_pc.eq(self.start_pc),
                 out_pc.eq(self.start_pc),
+                past_head.eq(past_dram(self.base, new_mask, self.start_pc)),
+                past_next.eq(past_dram(self.base, new_mask, self.start_pc + 1)),
                 inflight.eq(0),
                 in_check.eq(0),
                 discard.eq(stale),
