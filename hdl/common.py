@@ -160,17 +160,14 @@ class ByteFifo(wiring.Component):
         m.d.comb += self.push_ready.eq(self.count + W <= S)
         # the oldest W bytes: the ring read from rptr on, wrapping
         m.d.comb += self.data.eq((Cat(ring, ring) >> (rptr * 8))[: 8 * W])
-        # `push` (the producer's valid, often the last signal to settle: a DRAM beat through the read
-        # arbiter) only gates the results at the end: the byte mask, the write pointer and the count
-        # are worked out from push_n alone (Fmax)
-        push = Signal()
-        m.d.comb += push.eq(self.push_valid & self.push_ready)
+        push = self.push_valid & self.push_ready
+        n_in = Mux(push, self.push_n, 0)
         # the pushed bytes and their byte mask, rotated to wptr (the part past the end wraps)
         dd = Signal(16 * S)
         mm = Signal(2 * S)
         rot = self.push_rot if self.prerotated else wptr
-        m.d.comb += [dd.eq(self.push_data << (rot * 8)), mm.eq(low_bytes_mask(self.push_n, W) << wptr)]
-        mask = (mm[:S] | mm[S:]) & push.replicate(S)
+        m.d.comb += [dd.eq(self.push_data << (rot * 8)), mm.eq(low_bytes_mask(n_in, W) << wptr)]
+        mask = mm[:S] | mm[S:]
         bits = Cat(*[mask[k].replicate(8) for k in range(S)])
         m.d.sync += ring.eq((ring & ~bits) | ((dd[: 8 * S] | dd[8 * S :]) & bits))
 
@@ -179,14 +176,12 @@ class ByteFifo(wiring.Component):
             return Mux(nxt >= S, nxt - S, nxt) if S & (S - 1) else nxt[: len(ptr)]
 
         wnext = Signal(range(S))
-        m.d.comb += wnext.eq(Mux(push, advance(wptr, self.push_n), wptr))
+        m.d.comb += wnext.eq(advance(wptr, n_in))
         if self.prerotated:
             m.d.comb += self.wptr_next.eq(wnext)
-        left = Signal.like(self.count)  # the count after this cycle's pop
-        m.d.comb += left.eq(self.count - self.pop_n)
         m.d.sync += [
             rptr.eq(advance(rptr, self.pop_n)),
             wptr.eq(wnext),
-            self.count.eq(Mux(push, left + self.push_n, left)),
+            self.count.eq(self.count - self.pop_n + n_in),
         ]
         return m
