@@ -18,7 +18,8 @@ from npu.config import NpuConfig, get_config
 
 from .axi import AxiSignature
 from .common import log2
-from .core import NpuCore, dram_signature, regs_signature
+from .core import dram_signature, regs_signature
+from .engine import engine_core
 from .soc import NpuSoc, soc_regs_signature
 
 SLVERR = 0b10
@@ -149,7 +150,7 @@ class NpuSimTop(wiring.Component):
         rst_q = Signal(init=1)
         m.d.sync += rst_q.eq(ResetSignal("sync"))
         m.d.comb += [npu.clk.eq(ClockSignal("sync")), npu.rst.eq(rst_q)]
-        inner = NpuSoc(self.cfg) if self.soc else NpuCore(self.cfg)
+        inner = NpuSoc(self.cfg) if self.soc else engine_core(self.cfg)
         m.submodules.core = core = DomainRenamer("npu")(inner)
         ram = SimDram(self.cfg, self.dram_size, self.stalls, bus=inner.signature.members["bus"].signature)
         m.submodules.dram = dram = DomainRenamer("npu")(ram)

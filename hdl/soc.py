@@ -23,7 +23,8 @@ from npu.registers import ISA_VERSION, SOC_ADDR_BITS, SOC_MAGIC, SOC_REG, WINDOW
 
 from .axi import AxiLiteSignature, AxiSignature
 from .common import log2
-from .core import NpuCore, dram_signature
+from .core import dram_signature
+from .engine import engine_core
 from .regs import ADDR_BITS
 
 #: AW bursts granted whose write data has not all passed (per interconnect)
@@ -306,7 +307,7 @@ class NpuSoc(wiring.Component):
         cfg, n = self.cfg, self.cfg.engines
         cores = []
         for i in range(n):
-            core = NpuCore(cfg.engine)
+            core = engine_core(cfg.engine)
             m.submodules[f"engine{i}"] = core
             cores.append(core)
         m.submodules.xbar = xbar = AxiInterconnect(n, dram_signature(cfg))

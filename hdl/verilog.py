@@ -8,7 +8,7 @@ from amaranth.back import verilog
 from npu.config import NpuConfig, get_config
 
 from .axi import FlatPorts
-from .core import NpuCore
+from .engine import engine_core, extra_verilog
 
 TOPLEVEL = "npu_core"
 SOC_TOPLEVEL = "npu_soc"
@@ -18,14 +18,17 @@ PREFIXES = {"bus": "m_axi", "ctrl": "s_axil"}
 
 def core_verilog(config: NpuConfig | str) -> str:
     cfg = get_config(config)
-    return verilog.convert(FlatPorts(NpuCore(cfg), PREFIXES), name=TOPLEVEL, emit_src=False)
+    text = verilog.convert(FlatPorts(engine_core(cfg), PREFIXES), name=TOPLEVEL, emit_src=False)
+    return text + extra_verilog(cfg)
 
 
 def soc_verilog(config: NpuConfig | str) -> str:
     """Verilog of the SoC (`config.engines` engines, hdl/soc.py), top module `npu_soc`."""
     from .soc import NpuSoc
 
-    return verilog.convert(FlatPorts(NpuSoc(get_config(config)), PREFIXES), name=SOC_TOPLEVEL, emit_src=False)
+    cfg = get_config(config)
+    text = verilog.convert(FlatPorts(NpuSoc(cfg), PREFIXES), name=SOC_TOPLEVEL, emit_src=False)
+    return text + extra_verilog(cfg.engine)
 
 
 def sim_top_verilog(config: NpuConfig | str, dram_size: int, stalls: bool = False, soc: bool = False) -> str:
@@ -33,5 +36,15 @@ def sim_top_verilog(config: NpuConfig | str, dram_size: int, stalls: bool = Fals
     optionally stalling every AXI channel at random."""
     from .simdram import NpuSimTop
 
-    top = FlatPorts(NpuSimTop(get_config(config), dram_size, stalls, soc), PREFIXES)
-    return verilog.convert(top, name="npu_sim_top", emit_src=False)
+    cfg = get_config(config)
+    top = FlatPorts(NpuSimTop(cfg, dram_size, stalls, soc), PREFIXES)
+    return verilog.convert(top, name="npu_sim_top", emit_src=False) + extra_verilog(cfg.engine)
+
+
+def board_sim_verilog(board, cfg: NpuConfig) -> str:
+    """The board's system (`BoardCore` with simulation models, hdl/boards/top.py) as Verilog, top
+    module `board_top`; the SDRAM's pins come out as `sdram_*`."""
+    from .boards.top import BoardCore
+
+    top = FlatPorts(BoardCore(board, cfg, board.clock_mhz, sim=True), {"sdram": "sdram"})
+    return verilog.convert(top, name="board_top", emit_src=False) + extra_verilog(cfg.engine)

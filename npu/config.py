@@ -68,6 +68,9 @@ class NpuConfig:
     matrix_latency: int = 4
     #: pipeline latency of one vector instruction (hdl/vector.py: two setup cycles, seven stages)
     vector_latency: int = 11
+    #: the engine's implementation: "pipelined" (hdl/core.py: the units run in parallel) or "micro"
+    #: (hdl/micro/: one control processor runs the ISA from firmware, for the smallest FPGAs)
+    core: str = "pipelined"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -145,8 +148,9 @@ class NpuConfig:
         need(self.lanes <= self.bus_bytes, "lanes", f"must not exceed bus_bytes ({self.bus_bytes})")
         # the vector unit reads and writes an int8 group as at most two lane words
         need(self.vector_lanes <= self.lanes, "vector_lanes", f"must not exceed lanes ({self.lanes})")
+        need(self.core in ("pipelined", "micro"), "core", 'must be "pipelined" or "micro"')
         need(
-            4 * self.vector_lanes <= self.bus_bytes,
+            self.core == "micro" or 4 * self.vector_lanes <= self.bus_bytes,
             "vector_lanes",
             f"4 * vector_lanes must not exceed bus_bytes ({self.bus_bytes})",
         )
@@ -167,6 +171,8 @@ class NpuConfig:
         d.pop("name")
         if not d["spad_banked"]:
             d.pop("spad_banked")  # ids of the multi-port configurations stay what they were
+        if d["core"] == "pipelined":
+            d.pop("core")
         return d
 
     @property
@@ -272,16 +278,26 @@ PRESETS["ulx3s"] = NpuConfig(
     matrix_latency=3,
     vector_latency=10,
 )
-# iCEBreaker (iCE40 UP5K): `tiny`'s 8 MACs with an 8 KiB scratchpad and 1 KiB of accumulators in
-# EBR, the four SPRAMs (128 KiB) as DRAM (docs/boards.md: the core does not fit the UP5K yet)
-PRESETS["icebreaker"] = PRESETS["tiny"].replace(
+# iCEBreaker (iCE40 UP5K): the micro core (hdl/micro/), the ISA run by a control processor from
+# firmware; two of the four SPRAMs hold the scratchpad, the accumulators and the firmware's data, two
+# are the DRAM (docs/boards.md)
+PRESETS["icebreaker"] = NpuConfig(
     name="icebreaker",
-    spad_bytes=8 * 1024,
-    spad_banks=4,
-    spad_banked=True,
-    acc_bytes=1024,
-    dram_bytes=128 * 1024,
+    core="micro",
+    clusters=1,
+    pes_per_cluster=1,
+    lanes=4,
+    spad_bytes=32 * 1024,
+    spad_banks=1,
+    acc_bytes=8 * 1024,
+    vector_lanes=2,
+    bus_bytes=4,
+    dram_bytes=64 * 1024,
     clock_mhz=12.0,
+    queue_depth=4,
+    dma_latency=8,
+    matrix_latency=3,
+    vector_latency=10,
 )
 
 

@@ -179,9 +179,12 @@ async def watch_pause_latch(dut, res: dict) -> None:
     docs/isa.md: the target is the first point no unit has passed."""
     # the pause control of NpuCore: the Verilog top wraps the core (dut.core), or the sim top that
     # holds it (dut.core.core)
-    core = dut.core if hasattr(dut.core, "pause") else dut.core.core
-    core = core.pause
-    passed = [getattr(core, f"passed_{u}") for u in UNIT_NAMES]
+    core = dut.core if hasattr(dut.core, "pause") or hasattr(dut.core, "pause_target") else dut.core.core
+    if hasattr(core, "pause"):
+        core = core.pause
+        passed = [getattr(core, f"passed_{u}") for u in UNIT_NAMES]
+    else:  # the micro core: its firmware reports the latch (hdl/micro/memmap.py, MMIO_PAUSE_PROBE)
+        passed = [core.passed_max]
     while True:
         await FallingEdge(dut.clk)
         if core.target_valid.value == 1:
@@ -199,7 +202,7 @@ async def run_jobs(dut):
     await bench.reset()
     cfg = bench.cfg
     clear = clear_program(cfg)
-    clear_base = (fast or cfg.dram_bytes) - 4096
+    clear_base = min(fast or cfg.dram_bytes, cfg.dram_bytes) - 4096
     results = []
     for job in spec["jobs"]:
         window = job["window"]

@@ -28,13 +28,18 @@ from npu.config import NpuConfig
 from npu.registers import REG, WINDOW_BYTES, Status
 
 from ..axi import AxiRegisterSlice
-from ..core import NpuCore, dram_signature
+from ..core import dram_signature
+from ..engine import engine_core
 from ..mem.sdram import SdramController, SdramPins
-from ..mem.spram import SpramAxi
+from ..mem.spram import BLOCK_WORDS, SpramAxi
+from ..mem.spram import BLOCKS as SPRAM_BLOCKS
+from ..micro.core import SPRAMS as MICRO_SPRAMS
 from ..soc import AxiInterconnect, NpuSoc, soc_dram_signature
 from .boards import Board
 from .bridge import SerialBridge
 from .pll import Ecp5Pll, Ice40Pll
+
+SPRAM_BLOCK_BYTES = 2 * BLOCK_WORDS
 
 #: DRAM payload per serial packet on the boards (the bridge's two block RAMs are sized by it)
 MAX_PACKET = 256
@@ -67,7 +72,7 @@ class BoardCore(wiring.Component):
         cfg, board = self.cfg, self.board
         W = 8 * cfg.bus_bytes
         soc = cfg.engines > 1
-        m.submodules.npu = npu = NpuSoc(cfg) if soc else NpuCore(cfg)
+        m.submodules.npu = npu = NpuSoc(cfg) if soc else engine_core(cfg)
         master = soc_dram_signature(cfg) if soc else dram_signature(cfg)
         # the STATUS the bridge's WAIT polls: the core's, or engine 0's window in the SoC
         status = REG["STATUS"].offset + (WINDOW_BYTES if soc else 0)
@@ -103,8 +108,15 @@ class BoardCore(wiring.Component):
             )
             wiring.connect(m, dram.pins, wiring.flipped(self.sdram))
         else:
+            # the micro core keeps two SPRAMs for its scratchpad, accumulators and firmware data
+            blocks = SPRAM_BLOCKS - (MICRO_SPRAMS if cfg.core == "micro" else 0)
+            if cfg.dram_bytes > blocks * SPRAM_BLOCK_BYTES:
+                raise ValueError(
+                    f"config {cfg.name}: {cfg.dram_bytes} bytes of DRAM, but {blocks} SPRAMs hold "
+                    f"{blocks * SPRAM_BLOCK_BYTES}"
+                )
             m.submodules.dram = dram = SpramAxi(
-                W, addr_width=bus.addr_width, id_width=bus.id_width, sim=self.sim
+                W, blocks=blocks, addr_width=bus.addr_width, id_width=bus.id_width, sim=self.sim
             )
         wiring.connect(m, ic.bus, dram.bus)
 

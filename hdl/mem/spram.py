@@ -99,15 +99,28 @@ class SpramPrimitive(wiring.Component):
 
 
 class SpramAxi(wiring.Component):
-    """An AXI4 slave of data width `data_width` (16, 32 or 64 bits) over the four SPRAMs."""
+    """An AXI4 slave of data width `data_width` (16, 32 or 64 bits) over `blocks` of the four SPRAMs
+    (the micro core keeps two for its on-chip memory)."""
 
-    def __init__(self, data_width: int = 64, *, addr_width: int = 32, id_width: int = 4, sim: bool = False):
+    def __init__(
+        self,
+        data_width: int = 64,
+        *,
+        blocks: int = BLOCKS,
+        addr_width: int = 32,
+        id_width: int = 4,
+        sim: bool = False,
+    ):
         if data_width not in (16, 32, 64):
             raise ValueError(f"SPRAM adapter: data_width={data_width} must be 16, 32 or 64")
-        self.W, self.sim = data_width, sim
+        if not 1 <= blocks <= BLOCKS or blocks % (data_width // 16):
+            raise ValueError(
+                f"SPRAM adapter: {blocks} blocks do not make whole {data_width}-bit words (of {BLOCKS})"
+            )
+        self.W, self.sim, self.blocks = data_width, sim, blocks
         self.wide = data_width // 16  # blocks side by side
-        self.deep = BLOCKS // self.wide  # rows of blocks
-        self.size = SPRAM_BYTES
+        self.deep = blocks // self.wide  # rows of blocks
+        self.size = blocks * BLOCK_WORDS * 2
         bus = AxiSignature(data_width=data_width, addr_width=addr_width, id_width=id_width)
         super().__init__({"bus": In(bus)})
 
@@ -117,7 +130,7 @@ class SpramAxi(wiring.Component):
         lw = log2(W // 8)  # address bits inside a word
         words = self.size // (W // 8)
         blocks = []
-        for b in range(BLOCKS):
+        for b in range(self.blocks):
             blk = SpramModel() if self.sim else SpramPrimitive()
             m.submodules[f"spram{b}"] = blk
             blocks.append(blk.port)

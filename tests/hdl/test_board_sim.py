@@ -4,14 +4,13 @@ runs compiled zoo models bit-exactly, one of them paused at a cancellation point
 
 import numpy as np
 import pytest
-from amaranth.back import verilog
 
 from npu.config import get_config
 from npu.driver.demo import compile_zoo
 from npu.driver.runtime import Npu
-from npu.hdl.axi import FlatPorts
 from npu.hdl.boards.boards import BOARDS
-from npu.hdl.boards.top import SIM_DIVISOR, BoardCore
+from npu.hdl.boards.top import SIM_DIVISOR
+from npu.hdl.verilog import board_sim_verilog
 from npu.sim.hdlsim import build_and_test
 
 pytestmark = [pytest.mark.rtl, pytest.mark.xdist_group("rtl-board")]
@@ -32,8 +31,7 @@ def test_board_runs_zoo_models_and_a_pause_over_the_uart(name, tmp_path):
              **{f"ref_urgent{i}": r for i, r in enumerate(ref_urgent)})  # fmt: skip
     low.save(tmp_path / "low.npub")
     urgent.save(tmp_path / "urgent.npub")
-    top = BoardCore(board, cfg, board.clock_mhz, sim=True)
-    v = verilog.convert(FlatPorts(top, {"sdram": "sdram"}), name="board_top", emit_src=False)
+    v = board_sim_verilog(board, cfg)
     env = {
         "BOARD_CASE": str(case),
         "BOARD_CONFIG": cfg.name,

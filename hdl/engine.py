@@ -1,0 +1,28 @@
+"""The engine a configuration asks for: `NpuCore` (`core="pipelined"`) or `MicroCore` (`"micro"`),
+and the Verilog sources beyond Amaranth's output that it needs."""
+
+from __future__ import annotations
+
+from amaranth.lib import wiring
+
+from npu.config import NpuConfig
+
+
+def engine_core(cfg: NpuConfig) -> wiring.Component:
+    """One engine of `cfg` (AXI4 `bus`, AXI4-Lite `ctrl`, `irq`)."""
+    if cfg.core == "micro":
+        from .micro.core import MicroCore
+
+        return MicroCore(cfg)
+    from .core import NpuCore
+
+    return NpuCore(cfg)
+
+
+def extra_verilog(cfg: NpuConfig) -> str:
+    """Verilog the engine instantiates (the micro core's PicoRV32), to append to Amaranth's output."""
+    if cfg.core == "micro":
+        from .micro.cpu import picorv32_source
+
+        return "\n" + picorv32_source()
+    return ""

@@ -1,0 +1,4 @@
+from . import IMAGE, build
+
+image = build()
+print(f"{IMAGE}: {len(image)} bytes")

@@ -1,0 +1,249 @@
+/* Decode checks and validation: npu.isa.decode and npu.isa.validate, rule for rule, in their
+   order, so an instruction fails with the same error code as on the golden model. */
+#include "fw.h"
+
+uint32_t ubits(const raw_t *r, unsigned pos, unsigned width) {
+    unsigned k = pos >> 5, s = pos & 31;
+    uint32_t v = r->w[k] >> s;
+    if (s && s + width > 32) v |= r->w[k + 1] << (32 - s);
+    return width == 32 ? v : v & ((1u << width) - 1);
+}
+
+void decode(instr_t *ins) {
+    int op = OPC(ins);
+    for (unsigned k = 0; k < FIELD_COUNT[op]; k++) {
+        unsigned e = FIELDS[op][k], width = ((e >> 8) & 31) + 1;
+        uint32_t v = ubits(&ins->raw, e & 255, width);
+        if ((e >> 13) & 1) v = (uint32_t)((int32_t)(v << (32 - width)) >> (32 - width));
+        ins->f[k] = (int32_t)v;
+    }
+}
+
+int unit_of(const instr_t *ins) {
+    int op = OPC(ins);
+    return op == OP_SYNC ? (int)U(F_SYNC_UNIT) : FORMAT_UNIT[op];
+}
+
+/* a byte range [start, end) of on-chip memory: 1 scratchpad, 2 accumulators, 0 neither */
+static int memory_of(uint64_t start, uint64_t end) {
+    if (end <= spad_bytes) return 1;
+    if (start >= ACC_BASE && end <= ACC_BASE + (uint64_t)acc_bytes) return 2;
+    return 0;
+}
+
+typedef struct { uint64_t start, end; } span_t;
+
+/* extent(base, rows, width, stride): the bounding range of rows x width bytes */
+static span_t extent(uint32_t base, uint32_t rows, uint64_t width, uint32_t stride) {
+    span_t s = {base, base};
+    if (rows && width) s.end = base + (uint64_t)(rows - 1) * stride + width;
+    return s;
+}
+
+static span_t range(uint32_t base, uint64_t n) {
+    span_t s = {base, base + n};
+    return s;
+}
+
+static int empty(span_t s) { return s.end <= s.start; }
+
+/* element bytes of an operand with an int16 flag */
+#define EB(flag) ((flag) ? 2u : 1u)
+
+/* the footprint (npu.isa.footprint): reads then writes, with the memory each must lie in
+   (0: any on-chip memory, 1 scratchpad, 2 accumulators, 3 DRAM) */
+typedef struct { span_t s; int mem; int required; } use_t;
+
+static int footprint(const instr_t *ins, use_t *r, int *nr, use_t *w, int *nw) {
+    int op = OPC(ins);
+    *nr = *nw = 0;
+#define R(sp, m) (r[(*nr)++] = (use_t){(sp), (m), 0})
+#define W(sp, m) (w[(*nw)++] = (use_t){(sp), (m), 0})
+    if (op == OP_LOAD) {
+        uint32_t tr = U(F_LOAD_PAD_TOP) + U(F_LOAD_ROWS) + U(F_LOAD_PAD_BOTTOM);
+        uint32_t tw = U(F_LOAD_PAD_LEFT) + U(F_LOAD_COLS) + U(F_LOAD_PAD_RIGHT);
+        W(extent(U(F_LOAD_SPAD), tr, tw, U(F_LOAD_SPAD_STRIDE)), 0);
+        R(extent(U(F_LOAD_DRAM), U(F_LOAD_ROWS), U(F_LOAD_COLS), U(F_LOAD_DRAM_STRIDE)), 3);
+    } else if (op == OP_STORE) {
+        R(extent(U(F_STORE_SPAD), U(F_STORE_ROWS), U(F_STORE_COLS), U(F_STORE_SPAD_STRIDE)), 0);
+        W(extent(U(F_STORE_DRAM), U(F_STORE_ROWS), U(F_STORE_COLS), U(F_STORE_DRAM_STRIDE)), 3);
+    } else if (op == OP_MATMUL) {
+        uint32_t m = U(F_MATMUL_M), n = U(F_MATMUL_N), k = U(F_MATMUL_K);
+        if (k) {
+            R(extent(U(F_MATMUL_A), m, (uint64_t)EB(U(F_MATMUL_A_I16)) * k, U(F_MATMUL_A_STRIDE)), 0);
+            R(extent(U(F_MATMUL_B), n, k, U(F_MATMUL_B_STRIDE)), 0);
+        }
+        span_t c = extent(U(F_MATMUL_C), m, 4ull * n, U(F_MATMUL_C_STRIDE));
+        W(c, 0);
+        if (U(F_MATMUL_ACCUMULATE)) R(c, 0);
+    } else if (op == OP_VMAP) {
+        uint32_t rows = U(F_VMAP_ROWS), cols = U(F_VMAP_COLS);
+        uint32_t es = U(F_VMAP_SRC_TYPE) ? 4 : EB(U(F_VMAP_SRC_I16));
+        R(extent(U(F_VMAP_SRC), rows, (uint64_t)es * cols, U(F_VMAP_SRC_STRIDE)), 0);
+        if (U(F_VMAP_PER_COL) && rows && cols) {
+            R(range(U(F_VMAP_MULTS), 4ull * cols), 0);
+            R(range(U(F_VMAP_SHIFTS), cols), 0);
+        }
+        W(extent(U(F_VMAP_DST), rows, (uint64_t)EB(U(F_VMAP_DST_I16)) * cols, U(F_VMAP_DST_STRIDE)), 0);
+    } else if (op == OP_VLUT) {
+        uint32_t rows = U(F_VLUT_ROWS), cols = U(F_VLUT_COLS);
+        if (rows && cols) {
+            R(extent(U(F_VLUT_SRC), rows, cols, U(F_VLUT_SRC_STRIDE)), 0);
+            R(range(U(F_VLUT_TABLE), LUT_BYTES), 0);
+            W(extent(U(F_VLUT_DST), rows, cols, U(F_VLUT_DST_STRIDE)), 0);
+        }
+    } else if (op == OP_VMUL) {
+        uint32_t rows = U(F_VMUL_ROWS), cols = U(F_VMUL_COLS);
+        if (rows && cols) {
+            R(extent(U(F_VMUL_A), rows, (uint64_t)EB(U(F_VMUL_A_I16)) * cols, U(F_VMUL_A_STRIDE)), 0);
+            R(extent(U(F_VMUL_B), rows, (uint64_t)EB(U(F_VMUL_B_I16)) * cols, U(F_VMUL_B_STRIDE)), 0);
+            W(extent(U(F_VMUL_DST), rows, (uint64_t)EB(U(F_VMUL_DST_I16)) * cols, U(F_VMUL_DST_STRIDE)), 0);
+        }
+    } else if (op == OP_VADD) {
+        uint32_t n = U(F_VADD_LEN);
+        R(range(U(F_VADD_A), (uint64_t)EB(U(F_VADD_A_I16)) * n), 0);
+        R(range(U(F_VADD_B), (uint64_t)EB(U(F_VADD_B_I16)) * n), 0);
+        W(range(U(F_VADD_DST), (uint64_t)EB(U(F_VADD_DST_I16)) * n), 0);
+    } else if (op == OP_POOL) {
+        uint32_t c = U(F_POOL_CHANNELS), oh = U(F_POOL_OUT_H), ow = U(F_POOL_OUT_W);
+        if (c && oh && ow) {
+            uint64_t in_rows = (uint64_t)(oh - 1) * U(F_POOL_SH) + U(F_POOL_KH);
+            R(range(U(F_POOL_SRC), in_rows * U(F_POOL_IN_W) * c * EB(U(F_POOL_SRC_I16))), 0);
+            W(range(U(F_POOL_DST), (uint64_t)oh * ow * c * EB(U(F_POOL_DST_I16))), 0);
+        }
+    }
+#undef R
+#undef W
+    return 0;
+}
+
+static int overlaps(span_t a, span_t b) {
+    return !empty(a) && !empty(b) && a.start < b.end && b.start < a.end;
+}
+
+/* _check_overlap: a destination may overlap a source only as the identical element-wise operand */
+static int bad_overlap(const instr_t *ins) {
+    int op = OPC(ins);
+    if ((op == OP_VMAP && !U(F_VMAP_SRC_TYPE)) || op == OP_VLUT) {
+        uint32_t rows, cols, src, dst, ss, ds, es, ed;
+        if (op == OP_VMAP) {
+            rows = U(F_VMAP_ROWS); cols = U(F_VMAP_COLS); src = U(F_VMAP_SRC); dst = U(F_VMAP_DST);
+            ss = U(F_VMAP_SRC_STRIDE); ds = U(F_VMAP_DST_STRIDE);
+            es = EB(U(F_VMAP_SRC_I16)); ed = EB(U(F_VMAP_DST_I16));
+        } else {
+            rows = U(F_VLUT_ROWS); cols = U(F_VLUT_COLS); src = U(F_VLUT_SRC); dst = U(F_VLUT_DST);
+            ss = U(F_VLUT_SRC_STRIDE); ds = U(F_VLUT_DST_STRIDE); es = ed = 1;
+        }
+        if (!(src == dst && ss == ds && es == ed))
+            return overlaps(extent(src, rows, (uint64_t)es * cols, ss), extent(dst, rows, (uint64_t)ed * cols, ds));
+    } else if (op == OP_VMUL) {
+        uint32_t rows = U(F_VMUL_ROWS), cols = U(F_VMUL_COLS), dst = U(F_VMUL_DST), ds = U(F_VMUL_DST_STRIDE);
+        uint32_t ed = EB(U(F_VMUL_DST_I16));
+        span_t d = extent(dst, rows, (uint64_t)ed * cols, ds);
+        uint32_t x[2] = {U(F_VMUL_A), U(F_VMUL_B)}, xs[2] = {U(F_VMUL_A_STRIDE), U(F_VMUL_B_STRIDE)};
+        uint32_t xe[2] = {EB(U(F_VMUL_A_I16)), EB(U(F_VMUL_B_I16))};
+        for (int k = 0; k < 2; k++)
+            if (!(x[k] == dst && xs[k] == ds && xe[k] == ed) && overlaps(extent(x[k], rows, (uint64_t)xe[k] * cols, xs[k]), d))
+                return 1;
+    } else if (op == OP_VADD) {
+        uint32_t n = U(F_VADD_LEN), dst = U(F_VADD_DST), ed = EB(U(F_VADD_DST_I16));
+        uint32_t x[2] = {U(F_VADD_A), U(F_VADD_B)}, xe[2] = {EB(U(F_VADD_A_I16)), EB(U(F_VADD_B_I16))};
+        for (int k = 0; k < 2; k++)
+            if (!(x[k] == dst && xe[k] == ed) && overlaps(range(x[k], (uint64_t)xe[k] * n), range(dst, (uint64_t)ed * n)))
+                return 1;
+    } else if (op == OP_POOL) {
+        use_t r[4], w[2];
+        int nr, nw;
+        footprint(ins, r, &nr, w, &nw);
+        if (nr && nw) return overlaps(r[0].s, w[0].s);
+    }
+    return 0;
+}
+
+int check(instr_t *ins) {
+    int op = OPC(ins);
+    unsigned end = FORMAT_END[op];
+    if (!end) return E_ILLEGAL_OPCODE;
+    if ((ins->raw.w[0] >> 12) & 15) return E_ILLEGAL_FIELD;
+    decode(ins);
+    for (unsigned k = 0; k < sizeof ENUMS / sizeof ENUMS[0]; k++)
+        if (ENUMS[k][0] == op && U(ENUMS[k][1]) >= ENUMS[k][2]) return E_ILLEGAL_FIELD;
+    for (unsigned k = end >> 5; k < 8; k++) /* reserved bits above the last field */
+        if (ins->raw.w[k] & (k == end >> 5 ? ~0u << (end & 31) : ~0u)) return E_ILLEGAL_FIELD;
+    /* tokens */
+    int unit = unit_of(ins);
+    uint32_t tokens = WAIT(ins) | SIGNAL(ins);
+    if (unit < 0 && tokens) return E_ILLEGAL_FIELD;
+    if (unit >= 0 && ((tokens >> unit) & 1)) return E_ILLEGAL_FIELD;
+    /* field rules */
+    int shift = -1, lo = 0, hi = 0, has_clamp = 0;
+    switch (op) {
+    case OP_VMAP: shift = U(F_VMAP_SHIFT); lo = S(SF_VMAP_LO); hi = S(SF_VMAP_HI); has_clamp = 1; break;
+    case OP_VADD: shift = U(F_VADD_SHIFT); lo = S(SF_VADD_LO); hi = S(SF_VADD_HI); has_clamp = 1; break;
+    case OP_POOL: shift = U(F_POOL_SHIFT); lo = S(SF_POOL_LO); hi = S(SF_POOL_HI); has_clamp = 1; break;
+    case OP_VMUL: shift = U(F_VMUL_SHIFT); lo = S(SF_VMUL_LO); hi = S(SF_VMUL_HI); has_clamp = 1; break;
+    }
+    if (shift > MAX_SHIFT) return E_ILLEGAL_FIELD;
+    if (has_clamp && lo > hi) return E_ILLEGAL_FIELD;
+    if (op == OP_VMAP && U(F_VMAP_SRC_TYPE) && S(SF_VMAP_ZP_IN)) return E_ILLEGAL_FIELD;
+    if (op == OP_VMAP && U(F_VMAP_SRC_TYPE) && U(F_VMAP_SRC_I16)) return E_ILLEGAL_FIELD;
+    if (op == OP_LOAD && U(F_LOAD_PAD_I16) && ((U(F_LOAD_PAD_LEFT) | U(F_LOAD_PAD_RIGHT)) & 1)) return E_ILLEGAL_FIELD;
+    if (op == OP_VMAP && U(F_VMAP_PER_COL) && U(F_VMAP_COLS) > PER_COL_MAX) return E_ILLEGAL_FIELD;
+    if (op == OP_POOL && U(F_POOL_CHANNELS) && U(F_POOL_OUT_H) && U(F_POOL_OUT_W)) {
+        if (!U(F_POOL_KH) || !U(F_POOL_KW) || !U(F_POOL_SH) || !U(F_POOL_SW)) return E_ILLEGAL_FIELD;
+        if ((uint64_t)(U(F_POOL_OUT_W) - 1) * U(F_POOL_SW) + U(F_POOL_KW) > U(F_POOL_IN_W)) return E_ILLEGAL_FIELD;
+    }
+    if (op == OP_LOAD) {
+        uint32_t tw = U(F_LOAD_PAD_LEFT) + U(F_LOAD_COLS) + U(F_LOAD_PAD_RIGHT);
+        uint32_t tr = U(F_LOAD_PAD_TOP) + U(F_LOAD_ROWS) + U(F_LOAD_PAD_BOTTOM);
+        if (U(F_LOAD_SPAD_STRIDE) < tw && tr > 1) return E_ILLEGAL_FIELD;
+    }
+    /* alignment */
+    if (op == OP_MATMUL) {
+        if ((U(F_MATMUL_A) | U(F_MATMUL_A_STRIDE) | U(F_MATMUL_B) | U(F_MATMUL_B_STRIDE)) & (lanes - 1))
+            return E_MISALIGNED;
+        if ((U(F_MATMUL_C) | U(F_MATMUL_C_STRIDE)) & (acc_row_bytes - 1)) return E_MISALIGNED; /* a power of two */
+    }
+    if (op == OP_VMAP && U(F_VMAP_SRC_TYPE) && ((U(F_VMAP_SRC) | U(F_VMAP_SRC_STRIDE)) & 3)) return E_MISALIGNED;
+    /* address ranges: every read then every write */
+    use_t r[4], w[2];
+    int nr, nw;
+    footprint(ins, r, &nr, w, &nw);
+    for (int k = 0; k < nr + nw; k++) {
+        use_t *u = k < nr ? &r[k] : &w[k - nr];
+        if (empty(u->s)) continue;
+        if (u->mem == 3) {
+            if (u->s.end > dram_bytes) return E_DRAM_RANGE;
+        } else if (!memory_of(u->s.start, u->s.end)) {
+            return E_SPAD_RANGE;
+        }
+    }
+    /* the memory each operand must lie in (npu.isa._required_memories) */
+    if (op == OP_MATMUL) {
+        uint32_t m = U(F_MATMUL_M), n = U(F_MATMUL_N), k = U(F_MATMUL_K);
+        span_t a = extent(U(F_MATMUL_A), m, (uint64_t)EB(U(F_MATMUL_A_I16)) * k, U(F_MATMUL_A_STRIDE));
+        span_t b = extent(U(F_MATMUL_B), n, k, U(F_MATMUL_B_STRIDE));
+        span_t c = extent(U(F_MATMUL_C), m, 4ull * n, U(F_MATMUL_C_STRIDE));
+        if (k && m && !empty(a) && memory_of(a.start, a.end) != 1) return E_SPAD_RANGE;
+        if (k && n && !empty(b) && memory_of(b.start, b.end) != 1) return E_SPAD_RANGE;
+        if (!empty(c) && memory_of(c.start, c.end) != 2) return E_SPAD_RANGE;
+    } else if (op == OP_VMAP) {
+        uint32_t rows = U(F_VMAP_ROWS), cols = U(F_VMAP_COLS), i32 = U(F_VMAP_SRC_TYPE);
+        uint32_t es = i32 ? 4 : EB(U(F_VMAP_SRC_I16));
+        span_t s = extent(U(F_VMAP_SRC), rows, (uint64_t)es * cols, U(F_VMAP_SRC_STRIDE));
+        if (!empty(s) && memory_of(s.start, s.end) != (i32 ? 2 : 1)) return E_SPAD_RANGE;
+        span_t d = extent(U(F_VMAP_DST), rows, (uint64_t)EB(U(F_VMAP_DST_I16)) * cols, U(F_VMAP_DST_STRIDE));
+        if (!empty(d) && memory_of(d.start, d.end) != 1) return E_SPAD_RANGE;
+        if (U(F_VMAP_PER_COL) && rows && cols) {
+            span_t mu = range(U(F_VMAP_MULTS), 4ull * cols), sh = range(U(F_VMAP_SHIFTS), cols);
+            if (memory_of(mu.start, mu.end) != 1 || memory_of(sh.start, sh.end) != 1) return E_SPAD_RANGE;
+        }
+    } else if (op == OP_VADD || op == OP_POOL || op == OP_VLUT || op == OP_VMUL) {
+        for (int k = 0; k < nr + nw; k++) {
+            use_t *u = k < nr ? &r[k] : &w[k - nr];
+            if (!empty(u->s) && memory_of(u->s.start, u->s.end) != 1) return E_SPAD_RANGE;
+        }
+    }
+    if (bad_overlap(ins)) return E_ILLEGAL_FIELD;
+    return 0;
+}

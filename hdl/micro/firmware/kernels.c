@@ -1,0 +1,221 @@
+/* Each unit instruction's data effect, bit-exact with sim/kernels.py (the golden model). Element
+   loops in order: a destination identical to its source element-wise is read before written; a
+   destination that may overlap a parameter (per-column scales, the VLUT table) gets a copy first. */
+#include "fw.h"
+
+static inline volatile uint8_t *at(uint32_t a) { return ONCHIP + a; }
+
+static int32_t elem(uint32_t a, int i16) {
+    if (!i16) return (int8_t)*at(a);
+    return (int16_t)(*at(a) | (*at(a + 1) << 8));
+}
+
+static void put(uint32_t a, int32_t v, int i16) {
+    *at(a) = (uint8_t)v;
+    if (i16) *at(a + 1) = (uint8_t)(v >> 8);
+}
+
+/* rsr(v, s): rounding arithmetic right shift, ties up, in 64-bit two's complement */
+static int64_t rsr(int64_t v, unsigned s) {
+    if (!s) return v;
+    return (int64_t)((uint64_t)v + (1ull << (s - 1))) >> s;
+}
+
+static int32_t clamp(int64_t v, int32_t lo, int32_t hi) { return v < lo ? lo : v > hi ? hi : (int32_t)v; }
+
+/* the clamp bounds: lo, hi for int8, lo * 256 .. hi * 256 + 255 for an int16 destination */
+static void bounds(int32_t *lo, int32_t *hi, int dst_i16) {
+    if (dst_i16) { *lo *= 256; *hi = *hi * 256 + 255; }
+}
+
+#define DRAM32(a) (*(volatile uint32_t *)(DRAM_BASE + (a)))
+#define ON32(a) (*(volatile uint32_t *)(ONCHIP_BASE + (a)))
+
+/* DRAM bytes through a one-word buffer: one bus beat per word, not per byte */
+static uint32_t buf_addr = 1, buf_word;
+static uint8_t dram_byte(uint32_t a) {
+    if ((a & ~3u) != buf_addr) {
+        buf_addr = a & ~3u;
+        buf_word = DRAM32(buf_addr);
+    }
+    return (uint8_t)(buf_word >> (8 * (a & 3)));
+}
+
+/* bytes c0 .. c1 - 1 of a padded row at `row`: pad_value, or (int16 padding) zero at even columns */
+static void pad_row(uint32_t row, uint32_t c0, uint32_t c1, uint8_t pv, int i16) {
+    uint32_t c = c0;
+    for (; c < c1 && ((row + c) & 3); c++) *at(row + c) = (i16 && !(c & 1)) ? 0 : pv;
+    if (c + 4 <= c1) {
+        uint32_t odd = pv * 0x01010101u, even = i16 ? odd & 0xff00ff00u : odd;
+        if (c & 1) even = i16 ? odd & 0x00ff00ffu : odd; /* the word starts at an odd column */
+        for (; c + 4 <= c1; c += 4) ON32(row + c) = even;
+    }
+    for (; c < c1; c++) *at(row + c) = (i16 && !(c & 1)) ? 0 : pv;
+}
+
+static void exec_load(const instr_t *ins) {
+    uint32_t rows = U(F_LOAD_ROWS), cols = U(F_LOAD_COLS), pt = U(F_LOAD_PAD_TOP), pl = U(F_LOAD_PAD_LEFT);
+    uint32_t tr = pt + rows + U(F_LOAD_PAD_BOTTOM), tw = pl + cols + U(F_LOAD_PAD_RIGHT);
+    uint32_t spad = U(F_LOAD_SPAD), ss = U(F_LOAD_SPAD_STRIDE), dram = U(F_LOAD_DRAM), ds = U(F_LOAD_DRAM_STRIDE);
+    uint8_t pv = (uint8_t)U(F_LOAD_PAD_VALUE);
+    int i16 = U(F_LOAD_PAD_I16);
+    if (!tr || !tw) return;
+    buf_addr = 1; /* the host may have written DRAM since */
+    for (uint32_t r = 0; r < tr; r++) {
+        uint32_t row = spad + r * ss;
+        if (r < pt || r >= pt + rows || !cols) {
+            pad_row(row, 0, tw, pv, i16);
+            continue;
+        }
+        pad_row(row, 0, pl, pv, i16);
+        uint32_t src = dram + (r - pt) * ds, dst = row + pl, n = cols, c = 0;
+        if (!((src ^ dst) & 3)) {
+            for (; c < n && ((dst + c) & 3); c++) *at(dst + c) = dram_byte(src + c);
+            for (; c + 4 <= n; c += 4) ON32(dst + c) = DRAM32(src + c);
+        }
+        for (; c < n; c++) *at(dst + c) = dram_byte(src + c);
+        pad_row(row, pl + cols, tw, pv, i16);
+    }
+}
+
+static void exec_store(const instr_t *ins) {
+    uint32_t rows = U(F_STORE_ROWS), cols = U(F_STORE_COLS), spad = U(F_STORE_SPAD), ss = U(F_STORE_SPAD_STRIDE);
+    uint32_t dram = U(F_STORE_DRAM), ds = U(F_STORE_DRAM_STRIDE);
+    for (uint32_t r = 0; r < rows; r++) {
+        uint32_t src = spad + r * ss, dst = dram + r * ds, c = 0;
+        for (; c < cols && ((dst + c) & 3); c++) DRAM[dst + c] = *at(src + c);
+        for (; c + 4 <= cols; c += 4) {
+            uint32_t s = src + c;
+            DRAM32(dst + c) = (s & 3) ? (*at(s) | *at(s + 1) << 8 | *at(s + 2) << 16 | (uint32_t)*at(s + 3) << 24)
+                                      : ON32(s);
+        }
+        for (; c < cols; c++) DRAM[dst + c] = *at(src + c);
+    }
+}
+
+static void exec_matmul(const instr_t *ins) {
+    uint32_t m = U(F_MATMUL_M), n = U(F_MATMUL_N), k = U(F_MATMUL_K);
+    uint32_t a = U(F_MATMUL_A), b = U(F_MATMUL_B), c = U(F_MATMUL_C);
+    uint32_t as = U(F_MATMUL_A_STRIDE), bs = U(F_MATMUL_B_STRIDE), cs = U(F_MATMUL_C_STRIDE);
+    int i16 = U(F_MATMUL_A_I16), acc = U(F_MATMUL_ACCUMULATE);
+    for (uint32_t i = 0; i < m; i++)
+        for (uint32_t j = 0; j < n; j++) {
+            volatile uint32_t *cp = (volatile uint32_t *)at(c + i * cs + 4 * j);
+            uint32_t s = acc ? *cp : 0;
+            uint32_t ar = a + i * as, br = b + j * bs;
+            for (uint32_t t = 0; t < k; t++)
+                s += (uint32_t)(elem(ar + (t << i16), i16) * (int8_t)*at(br + t));
+            *cp = s;
+        }
+}
+
+static uint8_t table[LUT_BYTES];
+static int32_t col_mult[PER_COL_MAX];
+static uint8_t col_shift[PER_COL_MAX];
+
+static void exec_vmap(const instr_t *ins) {
+    uint32_t rows = U(F_VMAP_ROWS), cols = U(F_VMAP_COLS), src = U(F_VMAP_SRC), dst = U(F_VMAP_DST);
+    uint32_t ss = U(F_VMAP_SRC_STRIDE), ds = U(F_VMAP_DST_STRIDE);
+    int i32 = U(F_VMAP_SRC_TYPE), si16 = U(F_VMAP_SRC_I16), di16 = U(F_VMAP_DST_I16), per_col = U(F_VMAP_PER_COL);
+    int32_t zp_in = S(SF_VMAP_ZP_IN), zp_out = S(SF_VMAP_ZP_OUT), lo = S(SF_VMAP_LO), hi = S(SF_VMAP_HI);
+    int32_t mult = S(SF_VMAP_MULT);
+    unsigned shift = U(F_VMAP_SHIFT);
+    if (!rows || !cols) return;
+    bounds(&lo, &hi, di16);
+    if (per_col) {
+        uint32_t mu = U(F_VMAP_MULTS), sh = U(F_VMAP_SHIFTS);
+        for (uint32_t c = 0; c < cols; c++) {
+            col_mult[c] = (int32_t)(*at(mu + 4 * c) | *at(mu + 4 * c + 1) << 8 | *at(mu + 4 * c + 2) << 16 |
+                                    (uint32_t)*at(mu + 4 * c + 3) << 24);
+            uint8_t s = *at(sh + c) & 63;
+            col_shift[c] = s > MAX_SHIFT ? MAX_SHIFT : s;
+        }
+    }
+    unsigned es = i32 ? 4 : si16 ? 2 : 1, ed = di16 ? 2 : 1;
+    for (uint32_t r = 0; r < rows; r++)
+        for (uint32_t c = 0; c < cols; c++) {
+            uint32_t a = src + r * ss + es * c;
+            int64_t x = i32 ? (int32_t)*(volatile uint32_t *)at(a) : elem(a, si16) - zp_in;
+            int64_t y = per_col ? rsr(x * col_mult[c], col_shift[c]) : rsr(x * mult, shift);
+            put(dst + r * ds + ed * c, clamp(y + zp_out, lo, hi), di16);
+        }
+}
+
+static void exec_vlut(const instr_t *ins) {
+    uint32_t rows = U(F_VLUT_ROWS), cols = U(F_VLUT_COLS), src = U(F_VLUT_SRC), dst = U(F_VLUT_DST);
+    uint32_t ss = U(F_VLUT_SRC_STRIDE), ds = U(F_VLUT_DST_STRIDE), t = U(F_VLUT_TABLE);
+    if (!rows || !cols) return;
+    for (unsigned k = 0; k < LUT_BYTES; k++) table[k] = *at(t + k);
+    for (uint32_t r = 0; r < rows; r++)
+        for (uint32_t c = 0; c < cols; c++) *at(dst + r * ds + c) = table[*at(src + r * ss + c) ^ 0x80];
+}
+
+static void exec_vmul(const instr_t *ins) {
+    uint32_t rows = U(F_VMUL_ROWS), cols = U(F_VMUL_COLS), a = U(F_VMUL_A), b = U(F_VMUL_B), d = U(F_VMUL_DST);
+    uint32_t as = U(F_VMUL_A_STRIDE), bs = U(F_VMUL_B_STRIDE), dstr = U(F_VMUL_DST_STRIDE);
+    int ai = U(F_VMUL_A_I16), bi = U(F_VMUL_B_I16), di = U(F_VMUL_DST_I16);
+    int32_t zpa = S(SF_VMUL_ZP_A), zpb = S(SF_VMUL_ZP_B), zpo = S(SF_VMUL_ZP_OUT), lo = S(SF_VMUL_LO), hi = S(SF_VMUL_HI);
+    int32_t mult = S(SF_VMUL_MULT);
+    unsigned shift = U(F_VMUL_SHIFT);
+    bounds(&lo, &hi, di);
+    for (uint32_t r = 0; r < rows; r++)
+        for (uint32_t c = 0; c < cols; c++) {
+            int64_t x = (int64_t)(elem(a + r * as + (c << ai), ai) - zpa) * (elem(b + r * bs + (c << bi), bi) - zpb);
+            put(d + r * dstr + (c << di), clamp(rsr(x * mult, shift) + zpo, lo, hi), di);
+        }
+}
+
+static void exec_vadd(const instr_t *ins) {
+    uint32_t n = U(F_VADD_LEN), a = U(F_VADD_A), b = U(F_VADD_B), d = U(F_VADD_DST);
+    int ai = U(F_VADD_A_I16), bi = U(F_VADD_B_I16), di = U(F_VADD_DST_I16);
+    int32_t zpa = S(SF_VADD_ZP_A), zpb = S(SF_VADD_ZP_B), zpo = S(SF_VADD_ZP_OUT), lo = S(SF_VADD_LO), hi = S(SF_VADD_HI);
+    int32_t ma = S(SF_VADD_MULT_A), mb = S(SF_VADD_MULT_B);
+    unsigned shift = U(F_VADD_SHIFT);
+    bounds(&lo, &hi, di);
+    for (uint32_t i = 0; i < n; i++) {
+        int64_t s = (int64_t)(elem(a + (i << ai), ai) - zpa) * ma + (int64_t)(elem(b + (i << bi), bi) - zpb) * mb;
+        put(d + (i << di), clamp(rsr(s, shift) + zpo, lo, hi), di);
+    }
+}
+
+static void exec_pool(const instr_t *ins) {
+    uint32_t C = U(F_POOL_CHANNELS), W = U(F_POOL_IN_W), oh = U(F_POOL_OUT_H), ow = U(F_POOL_OUT_W);
+    uint32_t kh = U(F_POOL_KH), kw = U(F_POOL_KW), sh = U(F_POOL_SH), sw = U(F_POOL_SW);
+    uint32_t src = U(F_POOL_SRC), dst = U(F_POOL_DST);
+    int si = U(F_POOL_SRC_I16), di = U(F_POOL_DST_I16), avg = U(F_POOL_MODE);
+    int32_t zpi = S(SF_POOL_ZP_IN), zpo = S(SF_POOL_ZP_OUT), lo = S(SF_POOL_LO), hi = S(SF_POOL_HI);
+    int32_t mult = S(SF_POOL_MULT);
+    unsigned shift = U(F_POOL_SHIFT);
+    bounds(&lo, &hi, di);
+    uint32_t o = dst;
+    for (uint32_t y = 0; y < oh; y++)
+        for (uint32_t x = 0; x < ow; x++)
+            for (uint32_t c = 0; c < C; c++) {
+                int64_t acc = 0;
+                int32_t best = -0x8000 - 1;
+                for (uint32_t i = 0; i < kh; i++)
+                    for (uint32_t j = 0; j < kw; j++) {
+                        int32_t v = elem(src + ((((y * sh + i) * W + x * sw + j) * C + c) << si), si);
+                        acc += v;
+                        if (v > best) best = v;
+                    }
+                int32_t out;
+                if (!avg) out = clamp(best, lo, hi);
+                else out = clamp(rsr((acc - (int64_t)kh * kw * zpi) * mult, shift) + zpo, lo, hi);
+                put(o, out, di);
+                o += 1u << di;
+            }
+}
+
+void execute(const instr_t *ins) {
+    switch (OPC(ins)) {
+    case OP_LOAD: exec_load(ins); break;
+    case OP_STORE: exec_store(ins); break;
+    case OP_MATMUL: exec_matmul(ins); break;
+    case OP_VMAP: exec_vmap(ins); break;
+    case OP_VLUT: exec_vlut(ins); break;
+    case OP_VMUL: exec_vmul(ins); break;
+    case OP_VADD: exec_vadd(ins); break;
+    case OP_POOL: exec_pool(ins); break;
+    }
+}

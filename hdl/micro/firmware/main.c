@@ -1,0 +1,309 @@
+/* The dispatcher, the four unit queues, the tokens, pauses, fences, the command ring and the
+   registers: sim/model.py's rules run one step at a time. Each step either dispatches the next
+   instruction (while it can: a queue slot is free, or END / BARRIER find every queue drained) or
+   runs the oldest queue head whose tokens have arrived. */
+#include "fw.h"
+
+/* the compiler's struct copies */
+void *memcpy(void *d, const void *s, unsigned n) {
+    uint8_t *dp = d;
+    const uint8_t *sp = s;
+    while (n--) *dp++ = *sp++;
+    return d;
+}
+
+uint32_t spad_bytes, acc_bytes, dram_bytes, lanes, acc_row_bytes, queue_depth, token_depth;
+
+#define QMAX 16
+#define UNITS 4
+typedef struct { raw_t raw; uint32_t pc; uint32_t point; } entry_t; /* point: a cancel point's ordinal */
+static entry_t queue[UNITS][QMAX];
+static uint32_t q_head[UNITS], q_len[UNITS];
+static uint32_t tokens[UNITS][UNITS]; /* tokens[p][c]: pushed by unit p, not yet popped by c */
+static uint32_t passed[UNITS], fence_passed[UNITS], points, target;
+static uint32_t running, ring, base, pc, ring_size, fence_count, pause_seen;
+
+static uint64_t counter[9]; /* the counters after CYCLES, in register order */
+enum { C_BUSY = 0, C_STALL = 4, C_RD = 5, C_WR = 6, C_INSTRET = 7 };
+
+static uint32_t cycles(void) { return MMIO(MMIO_CYCLES_LO); }
+
+static void write_counters(void) {
+    for (int k = 0; k < 8; k++) {
+        REG(R_BUSY_LOAD + 8 * k) = (uint32_t)counter[k];
+        REG(R_BUSY_LOAD + 8 * k + 4) = (uint32_t)(counter[k] >> 32);
+    }
+}
+
+static int starved(void) { return ring && pc == REG(R_RING_TAIL); }
+
+static int queues_empty(void) { return !(q_len[0] | q_len[1] | q_len[2] | q_len[3]); }
+
+static int any_tokens(void) {
+    for (int p = 0; p < UNITS; p++)
+        for (int c = 0; c < UNITS; c++)
+            if (tokens[p][c]) return 1;
+    return 0;
+}
+
+/* end the run: the registers first, then the interrupt (the host reads them when it sees it) */
+static void stop(uint32_t status, uint32_t code, uint32_t at_pc) {
+    MMIO(MMIO_EVENTS) = ACT_STOP_COUNT | ACT_CONSUME_PAUSE;
+    MMIO(MMIO_PAUSE_PROBE) = 0;
+    write_counters();
+    if (status == ST_ERROR) {
+        REG(R_ERROR_CODE) = code;
+        REG(R_ERROR_PC) = at_pc;
+    }
+    REG(R_RING_HEAD) = status == ST_PAUSED ? REG(R_RESUME_PC) : pc;
+    REG(R_STATUS) = status;
+    running = 0;
+    pause_seen = 0;
+    for (int u = 0; u < UNITS; u++) q_len[u] = 0;
+    MMIO(MMIO_EVENTS) = ACT_RAISE_IRQ;
+}
+
+static void start(void) {
+    for (int k = 0; k < 9; k++) counter[k] = 0;
+    write_counters();
+    REG(R_ERROR_CODE) = 0;
+    REG(R_ERROR_PC) = 0;
+    ring_size = REG(R_RING_SIZE);
+    ring = ring_size != 0;
+    base = ring ? REG(R_RING_BASE) : REG(R_PROGRAM_BASE);
+    pc = REG(R_RESUME_PC);
+    for (int u = 0; u < UNITS; u++) {
+        q_head[u] = q_len[u] = passed[u] = 0;
+        fence_passed[u] = fence_count;
+        for (int c = 0; c < UNITS; c++) tokens[u][c] = 0;
+    }
+    points = 0;
+    target = pause_seen ? 1 : 0; /* a pause requested with START, or before the firmware took it */
+    if (target) MMIO(MMIO_PAUSE_PROBE) = 0x80000000u;
+    running = 1;
+    REG(R_RING_HEAD) = pc;
+    REG(R_STATUS) = ST_RUNNING;
+    MMIO(MMIO_EVENTS) = ACT_COUNT;
+}
+
+/* the host's CONTROL writes: a pause request (a level), START */
+static void control(uint32_t ev) {
+    int p = (ev & EV_PAUSE) != 0;
+    if (p && !pause_seen && running) {
+        uint32_t most = 0;
+        for (int u = 0; u < UNITS; u++) most = passed[u] > most ? passed[u] : most;
+        target = most + 1;
+        MMIO(MMIO_PAUSE_PROBE) = most | 0x80000000u;
+    } else if (!p && pause_seen) {
+        target = 0;
+    }
+    pause_seen = p;
+    if (ev & EV_START) { /* STATUS reads RUNNING from the START write until this clears it */
+        if (!running) start();
+        MMIO(MMIO_EVENTS) = ACT_CLEAR_START;
+    }
+}
+
+/* fetch the instruction at pc: 0, or the error code (DRAM_RANGE, BUS) */
+static int fetch(instr_t *ins) {
+    uint64_t addr;
+    int bad;
+    if (ring) {
+        uint32_t n = ring_size / 32;
+        addr = base + (uint64_t)(pc & (n - 1)) * 32; /* n is a power of two (else the ring is refused) */
+        bad = ring_size < 32 || (ring_size & (ring_size - 1)) || (uint64_t)base + ring_size > dram_bytes;
+    } else {
+        addr = base + (uint64_t)pc * 32;
+        bad = addr + 32 > dram_bytes;
+    }
+    if ((base & 31) || bad) return E_DRAM_RANGE;
+    MMIO(MMIO_EVENTS) = ACT_CLEAR_FAULT;
+    for (int k = 0; k < 8; k++) ins->raw.w[k] = *(volatile uint32_t *)(DRAM_BASE + (uint32_t)addr + 4 * k);
+    if (MMIO(MMIO_EVENTS) & EV_BUS_FAULT) return E_BUS;
+    return 0;
+}
+
+static void push(int u, const instr_t *ins, uint32_t point) {
+    uint32_t k = q_head[u] + q_len[u];
+    entry_t *e = &queue[u][k >= queue_depth ? k - queue_depth : k];
+    e->raw = ins->raw;
+    e->pc = pc;
+    e->point = point;
+    q_len[u]++;
+}
+
+/* dispatch one instruction if the dispatcher can: 1 dispatched (or stopped), 0 it waits */
+static int dispatch(void) {
+    static instr_t ins;
+    static uint32_t fetched_pc = 0xffffffff, fetch_err;
+    if (starved()) return 0;
+    if (fetched_pc != pc) {
+        fetch_err = fetch(&ins);
+        if (!fetch_err) fetch_err = check(&ins);
+        fetched_pc = pc;
+    }
+    if (fetch_err) {
+        fetched_pc = 0xffffffff;
+        stop(ST_ERROR, fetch_err, pc);
+        return 1;
+    }
+    int op = OPC(&ins), u = unit_of(&ins);
+    if (u >= 0) {
+        if (q_len[u] >= queue_depth) return 0;
+    } else if (op == OP_CANCEL_POINT || op == OP_FENCE) {
+        for (int q = 0; q < UNITS; q++)
+            if (q_len[q] >= queue_depth) return 0;
+    } else if (!queues_empty()) {
+        return 0; /* END and BARRIER wait for every queue to drain */
+    }
+    fetched_pc = 0xffffffff;
+    counter[C_INSTRET]++;
+    if (u >= 0) {
+        push(u, &ins, 0);
+    } else if (op == OP_CANCEL_POINT) {
+        points++;
+        for (int q = 0; q < UNITS; q++) push(q, &ins, points);
+    } else if (op == OP_FENCE) {
+        for (int q = 0; q < UNITS; q++) push(q, &ins, 0);
+    } else if (op == OP_END) {
+        if (any_tokens()) {
+            stop(ST_ERROR, E_TOKEN, pc);
+        } else {
+            REG(R_RESUME_PC) = pc;
+            stop(ST_DONE, 0, pc);
+        }
+        return 1;
+    }
+    pc++;
+    REG(R_RING_HEAD) = pc;
+    return 1;
+}
+
+/* can unit u start its queue head? */
+static int ready(int u) {
+    if (!q_len[u]) return 0;
+    entry_t *e = &queue[u][q_head[u]];
+    int op = OPC(e);
+    if (op == OP_CANCEL_POINT) return target != e->point; /* the target point parks the unit */
+    if (op == OP_FENCE) return 1;
+    uint32_t w = WAIT(e);
+    for (int p = 0; p < UNITS; p++)
+        if ((w >> p & 1) && !tokens[p][u]) return 0;
+    return 1;
+}
+
+/* every unit parked at the target point: the pause completes */
+static int parked(void) {
+    if (!target) return 0;
+    for (int u = 0; u < UNITS; u++) {
+        if (!q_len[u]) return 0;
+        entry_t *e = &queue[u][q_head[u]];
+        if (OPC(e) != OP_CANCEL_POINT || e->point != target) return 0;
+    }
+    return 1;
+}
+
+/* run unit u's queue head; returns the cycles it took */
+static uint32_t run_head(int u) {
+    entry_t *e = &queue[u][q_head[u]];
+    static instr_t cur;
+    cur.raw = e->raw;
+    decode(&cur);
+    const instr_t *ins = &cur;
+    uint32_t at = e->pc, op = OPC(ins);
+    if (++q_head[u] == queue_depth) q_head[u] = 0;
+    q_len[u]--;
+    if (op == OP_CANCEL_POINT) {
+        passed[u]++;
+        return 1;
+    }
+    if (op == OP_FENCE) {
+        fence_passed[u]++;
+        uint32_t least = fence_passed[0];
+        for (int q = 1; q < UNITS; q++) least = fence_passed[q] < least ? fence_passed[q] : least;
+        if (least > fence_count) {
+            fence_count++;
+            REG(R_FENCE_COUNT) = fence_count;
+            MMIO(MMIO_EVENTS) = ACT_RAISE_IRQ;
+        }
+        return 1;
+    }
+    uint32_t w = WAIT(ins);
+    for (int p = 0; p < UNITS; p++)
+        if (w >> p & 1) tokens[p][u]--;
+    uint32_t t0 = cycles();
+    MMIO(MMIO_EVENTS) = ACT_CLEAR_FAULT;
+    execute(ins);
+    int faulted = (op == OP_LOAD || op == OP_STORE) && (MMIO(MMIO_EVENTS) & EV_BUS_FAULT);
+    uint32_t d = cycles() - t0;
+    counter[C_BUSY + u] += d;
+    if (op == OP_LOAD) counter[C_RD] += (uint64_t)U(F_LOAD_ROWS) * U(F_LOAD_COLS);
+    if (op == OP_STORE) counter[C_WR] += (uint64_t)U(F_STORE_ROWS) * U(F_STORE_COLS);
+    if (faulted) {
+        stop(ST_ERROR, E_BUS, at);
+        return d;
+    }
+    uint32_t s = SIGNAL(ins);
+    for (int c = 0; c < UNITS; c++)
+        if (s >> c & 1) {
+            if (tokens[u][c] >= token_depth) {
+                stop(ST_ERROR, E_TOKEN, at);
+                return d;
+            }
+            tokens[u][c]++;
+        }
+    return d;
+}
+
+/* one step of a run */
+static void step(uint32_t ev) {
+    if (ev & EV_TIMEOUT) {
+        stop(ST_ERROR, E_TIMEOUT, pc);
+        return;
+    }
+    if (dispatch()) return;
+    if (parked()) {
+        entry_t *e = &queue[0][q_head[0]];
+        if (any_tokens()) {
+            stop(ST_ERROR, E_TOKEN, e->pc);
+        } else {
+            REG(R_RESUME_PC) = e->pc + 1;
+            REG(R_CP_ID) = ubits(&e->raw, FIELDS[OP_CANCEL_POINT][F_CANCEL_POINT_ID] & 255, 32);
+            stop(ST_PAUSED, 0, e->pc);
+        }
+        return;
+    }
+    int best = -1;
+    for (int u = 0; u < UNITS; u++)
+        if (ready(u) && (best < 0 || queue[u][q_head[u]].pc < queue[best][q_head[best]].pc)) best = u;
+    if (best >= 0) {
+        uint32_t d = run_head(best);
+        if (running && !starved()) counter[C_STALL] += d; /* the dispatcher waited meanwhile */
+        if (running) write_counters();
+        return;
+    }
+    if (starved() && queues_empty()) {
+        REG(R_STATUS) = ST_WAITING; /* the host appends to the ring (or the timeout comes) */
+        return;
+    }
+    stop(ST_ERROR, E_DEADLOCK, pc); /* nothing can happen any more */
+}
+
+int main(void) {
+    spad_bytes = CONFIG(CFG_SPAD_BYTES);
+    acc_bytes = CONFIG(CFG_ACC_BYTES);
+    dram_bytes = CONFIG(CFG_DRAM_BYTES);
+    lanes = CONFIG(CFG_LANES);
+    acc_row_bytes = CONFIG(CFG_ACC_ROW_BYTES);
+    queue_depth = CONFIG(CFG_QUEUE_DEPTH);
+    token_depth = CONFIG(CFG_TOKEN_DEPTH);
+    if (queue_depth > QMAX) queue_depth = QMAX;
+    for (;;) {
+        uint32_t ev = MMIO(MMIO_EVENTS);
+        control(ev);
+        if (running) {
+            if (REG(R_STATUS) == ST_WAITING && !starved()) REG(R_STATUS) = ST_RUNNING;
+            step(ev);
+        }
+    }
+}

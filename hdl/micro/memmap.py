@@ -1,0 +1,47 @@
+"""The micro core's memory map, as its control processor (and firmware) sees it. The firmware's
+`hw.h` is generated from this module (`python -m npu.hdl.micro.firmware`), so it is defined once.
+
+| CPU address | what |
+|---|---|
+| `ROM_BASE` (0x0000_0000) | firmware, block RAM initialised by the bitstream, read-only |
+| `RAM_BASE` (0x0001_0000) | firmware data and stack: the top `RAM_BYTES` of the on-chip SPRAM |
+| `ONCHIP_BASE` + a (0x1000_0000) | ISA on-chip address a: scratchpad, accumulators (0x80000...) |
+| `DRAM_BASE` + a (0x2000_0000) | DRAM byte a through the AXI4 master, one beat per access |
+| `REGS_BASE` + off (0x3000_0000) | the host's register window (firmware writes what the host reads) |
+| `MMIO_BASE` (0x3000_0100) | the core's own registers, below |
+"""
+
+ROM_BASE = 0x0000_0000
+RAM_BASE = 0x0001_0000
+RAM_BYTES = 16 * 1024
+ONCHIP_BASE = 0x1000_0000
+DRAM_BASE = 0x2000_0000
+REGS_BASE = 0x3000_0000
+MMIO_BASE = 0x3000_0100
+
+#: on-chip SPRAM: two SB_SPRAM256KA side by side, 16K words of 32 bits
+ONCHIP_WORDS = 16 * 1024
+
+# MMIO registers (byte offsets from MMIO_BASE)
+#: read: host events and levels (EV_*); write: actions (ACT_*)
+MMIO_EVENTS = 0x00
+EV_START = 1 << 0  # the host wrote CONTROL with START (sticky until ACT_CLEAR_START)
+EV_PAUSE = 1 << 1  # CONTROL.PAUSE as the host last wrote it (cleared by ACT_CONSUME_PAUSE)
+EV_TIMEOUT = 1 << 2  # TIMEOUT is non-zero and the cycle counter reached it
+EV_BUS_FAULT = 1 << 3  # a DRAM access was answered with an error (sticky until ACT_CLEAR_FAULT)
+ACT_CLEAR_START = 1 << 0
+ACT_CONSUME_PAUSE = 1 << 1
+ACT_RAISE_IRQ = 1 << 2
+ACT_CLEAR_FAULT = 1 << 3
+ACT_COUNT = 1 << 4  # the cycle counter runs from now (cleared first)
+ACT_STOP_COUNT = 1 << 5  # the cycle counter stops (and keeps its value)
+#: the cycle counter (64 bits; reading LO latches HI)
+MMIO_CYCLES_LO = 0x04
+MMIO_CYCLES_HI = 0x08
+#: write: the pause target the firmware chose (bit 31 set; bits 0..30: the most cancellation points
+#: a unit had passed), or 0 when the run stops; simulation benches read it (the latch of NpuCore)
+MMIO_PAUSE_PROBE = 0x0C
+#: read-only configuration words, in this order from MMIO_CONFIG
+MMIO_CONFIG = 0x10
+CONFIG_WORDS = ("spad_bytes", "acc_bytes", "dram_bytes", "lanes", "acc_row_bytes", "queue_depth",
+                "token_depth", "config_id", "bus_bytes")  # fmt: skip
