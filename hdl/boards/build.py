@@ -108,6 +108,11 @@ def _report(board: Board, cfg: NpuConfig, build_dir: Path, clock_mhz: float, sec
     met = bool(fmax) and all(v["achieved_mhz"] >= v["target_mhz"] for v in fmax.values())
     bits = next((p for p in (build_dir / f"{TOP}.bit", build_dir / f"{TOP}.bin") if p.exists()), None)
     resources = {name: util.get(bel) for name, bel in board.resource_bels.items() if bel in util}
+    macs = cfg.macs_per_cycle * cfg.engines
+    if cfg.core == "micro":  # the firmware's multiply-accumulate loop, not the nominal geometry
+        from ..micro import MATMUL_CYCLES_PER_MAC
+
+        macs = cfg.engines / MATMUL_CYCLES_PER_MAC
     return {
         "board": board.name,
         "device": board.device,
@@ -121,8 +126,8 @@ def _report(board: Board, cfg: NpuConfig, build_dir: Path, clock_mhz: float, sec
         "timing_met": met,
         "build_seconds": round(seconds, 1),
         "bitstream": str(bits) if bits else None,
-        "macs_per_cycle": cfg.macs_per_cycle * cfg.engines,
-        "peak_gops": round(2 * cfg.macs_per_cycle * cfg.engines * clock_mhz / 1000, 3),
+        "macs_per_cycle": round(macs, 4),
+        "peak_gops": round(2 * macs * clock_mhz / 1000, 6),
         "log": str(build_dir / "build.log"),
     }
 

@@ -91,11 +91,14 @@ class BoardCore(wiring.Component):
         wiring.connect(m, bridge.regs, npu.ctrl)
 
         m.submodules.ic = ic = AxiInterconnect(2, master)
-        # a register slice between the core and the interconnect: the core's handshakes end in it
-        # rather than running through the arbitration and the DRAM controller (Fmax)
-        m.submodules.slice = cut = AxiRegisterSlice(master)
-        wiring.connect(m, npu.bus, cut.s)
-        wiring.connect(m, cut.m, ic.masters[0])
+        if cfg.core == "micro":  # one beat at a time at 12 MHz: no slice (the UP5K's cells are few)
+            wiring.connect(m, npu.bus, ic.masters[0])
+        else:
+            # a register slice between the core and the interconnect: the core's handshakes end in
+            # it rather than running through the arbitration and the DRAM controller (Fmax)
+            m.submodules.slice = cut = AxiRegisterSlice(master)
+            wiring.connect(m, npu.bus, cut.s)
+            wiring.connect(m, cut.m, ic.masters[0])
         wiring.connect(m, bridge.dram, ic.masters[1])
         bus = ic.bus.signature
         if board.dram == "sdram":

@@ -2,8 +2,8 @@
 `pythondata-cpu-picorv32`), instantiated with its native memory interface.
 
 Configured small for the iCE40 UP5K: RV32I with multiply (no divide) and compressed instructions
-(compressed code saves block RAM; the sequential multiplier costs no DSP), no counters, no
-interrupts, one register-file read port (the register file is then one block RAM pair).
+(compressed code saves block RAM; the multiplier is `PcpiMul` on four DSP blocks), no counters, no
+interrupts, no traps; the register file reads from registered addresses, so it maps to block RAM.
 """
 
 from __future__ import annotations
@@ -14,20 +14,22 @@ from amaranth import ClockSignal, Instance, Module, ResetSignal, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
+from .mul import PcpiMul
+
 #: PicoRV32's parameters (the firmware is compiled to match: hdl/micro/firmware)
 PARAMETERS = {
     "ENABLE_COUNTERS": 0,
     "ENABLE_COUNTERS64": 0,
-    "ENABLE_REGS_DUALPORT": 0,
+    "ENABLE_REGS_DUALPORT": 1,  # two read ports from registered addresses: block RAM, not flip-flops
     "TWO_STAGE_SHIFT": 1,
     "COMPRESSED_ISA": 1,
     "CATCH_MISALIGN": 0,
-    "CATCH_ILLINSN": 1,
-    "ENABLE_MUL": 1,
+    "CATCH_ILLINSN": 0,
+    "ENABLE_PCPI": 1,  # multiplies on the DSP blocks (hdl/micro/mul.py)
     "ENABLE_IRQ": 0,
 }
 MODULE = "picorv32"
-ISA = "rv32i_zmmul_c"  # multiply without divide (ENABLE_MUL), compressed
+ISA = "rv32i_zmmul_c"  # multiply without divide (PcpiMul), compressed
 
 
 def picorv32_source() -> str:
@@ -78,6 +80,7 @@ class PicoRV32(wiring.Component):
         resetn = Signal()
         m.d.comb += resetn.eq(~(ResetSignal("sync") | self.stop))
         params = {f"p_{k}": v for k, v in PARAMETERS.items()}
+        m.submodules.mul = mul = PcpiMul()
         m.submodules.cpu = Instance(
             MODULE,
             **params,
@@ -95,10 +98,14 @@ class PicoRV32(wiring.Component):
             i_mem_rdata=self.mem.rdata,
             o_mem_la_read=self.mem.la_read,
             o_mem_la_addr=self.mem.la_addr,
-            i_pcpi_wr=0,
-            i_pcpi_rd=0,
-            i_pcpi_wait=0,
-            i_pcpi_ready=0,
+            o_pcpi_valid=mul.pcpi.valid,
+            o_pcpi_insn=mul.pcpi.insn,
+            o_pcpi_rs1=mul.pcpi.rs1,
+            o_pcpi_rs2=mul.pcpi.rs2,
+            i_pcpi_wr=mul.pcpi.wr,
+            i_pcpi_rd=mul.pcpi.rd,
+            i_pcpi_wait=mul.pcpi.wait,
+            i_pcpi_ready=mul.pcpi.ready,
             i_irq=0,
         )
         return m

@@ -73,15 +73,15 @@ def header() -> str:
     out.append("/* first reserved bit of each opcode's word (0: an illegal opcode) */")
     out.append(f"static const unsigned short FORMAT_END[16] = {{{', '.join(ends)}}};")
     out.append("")
-    # fields: decoded once into an array (firmware: ins->f[F_LOAD_SPAD]); each entry of FIELDS is
-    # bit | (width - 1) << 8 | signed << 13
+    # fields: decoded once into an array (firmware: ins->f[F_LOAD_SPAD]); opcode op's fields are
+    # FIELDS[FIELD_START[op] .. FIELD_START[op + 1]), each bit | (width - 1) << 8 | signed << 13
     enums = []
     maxf = max(len(FORMATS[op]) for op in Opcode)
     d("MAXF", maxf)
-    table = []
+    flat, starts = [], []
     for v in range(16):
         op = valid.get(v)
-        row = []
+        starts.append(len(flat))
         pos = HEADER_BITS
         for k, f in enumerate(FORMATS[op] if op is not None else []):
             d(f"F_{op.name}_{f.name.upper()}", k)
@@ -89,15 +89,11 @@ def header() -> str:
                 d(f"SF_{op.name}_{f.name.upper()}", k)
             if f.kind == "enum":
                 enums.append(f"{{{v}, {k}, {len(f.choices)}}}")
-            row.append(pos | (f.width - 1) << 8 | int(f.signed) << 13)
+            flat.append(pos | (f.width - 1) << 8 | int(f.signed) << 13)
             pos += f.width
-        table.append("{" + ", ".join(map(str, row or [0])) + "}")
-    out.append(
-        "static const unsigned char FIELD_COUNT[16] = {"
-        + ", ".join(str(len(FORMATS[valid[v]]) if v in valid else 0) for v in range(16))
-        + "};"
-    )
-    out.append(f"static const unsigned short FIELDS[16][{maxf}] = {{" + ", ".join(table) + "};")
+    starts.append(len(flat))
+    out.append("static const unsigned char FIELD_START[17] = {" + ", ".join(map(str, starts)) + "};")
+    out.append(f"static const unsigned short FIELDS[{len(flat)}] = {{" + ", ".join(map(str, flat)) + "};")
     out.append("/* enumerated fields: opcode, field index, choices */")
     out.append("static const unsigned char ENUMS[][3] = {" + ", ".join(enums) + "};")
     out.append("")
@@ -113,7 +109,7 @@ def zig() -> list[str]:
 
 
 #: Zig's clang for the processor (PicoRV32 as configured: RV32I, multiply without divide, compressed)
-CFLAGS = ["-target", "riscv32-freestanding-none", "-mcpu=generic_rv32+zmmul+c", "-Os", "-ffreestanding",
+CFLAGS = ["-target", "riscv32-freestanding-none", "-mcpu=generic_rv32+zmmul+c", "-Oz", "-ffreestanding",
           "-nostdlib", "-fno-builtin", "-fno-unwind-tables", "-fno-asynchronous-unwind-tables", "-Wall",
           "-Werror", "-ffunction-sections", "-fdata-sections", "-Wl,--gc-sections"]  # fmt: skip
 

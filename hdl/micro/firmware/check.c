@@ -11,8 +11,8 @@ uint32_t ubits(const raw_t *r, unsigned pos, unsigned width) {
 
 void decode(instr_t *ins) {
     int op = OPC(ins);
-    for (unsigned k = 0; k < FIELD_COUNT[op]; k++) {
-        unsigned e = FIELDS[op][k], width = ((e >> 8) & 31) + 1;
+    for (unsigned k = 0; k < (unsigned)(FIELD_START[op + 1] - FIELD_START[op]); k++) {
+        unsigned e = FIELDS[FIELD_START[op] + k], width = ((e >> 8) & 31) + 1;
         uint32_t v = ubits(&ins->raw, e & 255, width);
         if ((e >> 13) & 1) v = (uint32_t)((int32_t)(v << (32 - width)) >> (32 - width));
         ins->f[k] = (int32_t)v;
@@ -24,24 +24,35 @@ int unit_of(const instr_t *ins) {
     return op == OP_SYNC ? (int)U(F_SYNC_UNIT) : FORMAT_UNIT[op];
 }
 
+/* address arithmetic saturates at 2^32 - 1: a range that reaches it lies outside every memory */
+static uint32_t sadd(uint32_t a, uint32_t b) {
+    uint32_t r;
+    return __builtin_add_overflow(a, b, &r) ? ~0u : r;
+}
+
+static uint32_t smul(uint32_t a, uint32_t b) {
+    uint32_t r;
+    return __builtin_mul_overflow(a, b, &r) ? ~0u : r;
+}
+
 /* a byte range [start, end) of on-chip memory: 1 scratchpad, 2 accumulators, 0 neither */
-static int memory_of(uint64_t start, uint64_t end) {
+static __attribute__((noinline)) int memory_of(uint32_t start, uint32_t end) {
     if (end <= spad_bytes) return 1;
-    if (start >= ACC_BASE && end <= ACC_BASE + (uint64_t)acc_bytes) return 2;
+    if (start >= ACC_BASE && end <= ACC_BASE + acc_bytes) return 2;
     return 0;
 }
 
-typedef struct { uint64_t start, end; } span_t;
+typedef struct { uint32_t start, end; } span_t;
 
 /* extent(base, rows, width, stride): the bounding range of rows x width bytes */
-static span_t extent(uint32_t base, uint32_t rows, uint64_t width, uint32_t stride) {
+static __attribute__((noinline)) span_t extent(uint32_t base, uint32_t rows, uint32_t width, uint32_t stride) {
     span_t s = {base, base};
-    if (rows && width) s.end = base + (uint64_t)(rows - 1) * stride + width;
+    if (rows && width) s.end = sadd(sadd(base, smul(rows - 1, stride)), width);
     return s;
 }
 
-static span_t range(uint32_t base, uint64_t n) {
-    span_t s = {base, base + n};
+static __attribute__((noinline)) span_t range(uint32_t base, uint32_t n) {
+    span_t s = {base, sadd(base, n)};
     return s;
 }
 
@@ -70,21 +81,21 @@ static int footprint(const instr_t *ins, use_t *r, int *nr, use_t *w, int *nw) {
     } else if (op == OP_MATMUL) {
         uint32_t m = U(F_MATMUL_M), n = U(F_MATMUL_N), k = U(F_MATMUL_K);
         if (k) {
-            R(extent(U(F_MATMUL_A), m, (uint64_t)EB(U(F_MATMUL_A_I16)) * k, U(F_MATMUL_A_STRIDE)), 0);
+            R(extent(U(F_MATMUL_A), m, EB(U(F_MATMUL_A_I16)) * k, U(F_MATMUL_A_STRIDE)), 0);
             R(extent(U(F_MATMUL_B), n, k, U(F_MATMUL_B_STRIDE)), 0);
         }
-        span_t c = extent(U(F_MATMUL_C), m, 4ull * n, U(F_MATMUL_C_STRIDE));
+        span_t c = extent(U(F_MATMUL_C), m, 4 * n, U(F_MATMUL_C_STRIDE));
         W(c, 0);
         if (U(F_MATMUL_ACCUMULATE)) R(c, 0);
     } else if (op == OP_VMAP) {
         uint32_t rows = U(F_VMAP_ROWS), cols = U(F_VMAP_COLS);
         uint32_t es = U(F_VMAP_SRC_TYPE) ? 4 : EB(U(F_VMAP_SRC_I16));
-        R(extent(U(F_VMAP_SRC), rows, (uint64_t)es * cols, U(F_VMAP_SRC_STRIDE)), 0);
+        R(extent(U(F_VMAP_SRC), rows, es * cols, U(F_VMAP_SRC_STRIDE)), 0);
         if (U(F_VMAP_PER_COL) && rows && cols) {
-            R(range(U(F_VMAP_MULTS), 4ull * cols), 0);
+            R(range(U(F_VMAP_MULTS), 4 * cols), 0);
             R(range(U(F_VMAP_SHIFTS), cols), 0);
         }
-        W(extent(U(F_VMAP_DST), rows, (uint64_t)EB(U(F_VMAP_DST_I16)) * cols, U(F_VMAP_DST_STRIDE)), 0);
+        W(extent(U(F_VMAP_DST), rows, EB(U(F_VMAP_DST_I16)) * cols, U(F_VMAP_DST_STRIDE)), 0);
     } else if (op == OP_VLUT) {
         uint32_t rows = U(F_VLUT_ROWS), cols = U(F_VLUT_COLS);
         if (rows && cols) {
@@ -95,21 +106,21 @@ static int footprint(const instr_t *ins, use_t *r, int *nr, use_t *w, int *nw) {
     } else if (op == OP_VMUL) {
         uint32_t rows = U(F_VMUL_ROWS), cols = U(F_VMUL_COLS);
         if (rows && cols) {
-            R(extent(U(F_VMUL_A), rows, (uint64_t)EB(U(F_VMUL_A_I16)) * cols, U(F_VMUL_A_STRIDE)), 0);
-            R(extent(U(F_VMUL_B), rows, (uint64_t)EB(U(F_VMUL_B_I16)) * cols, U(F_VMUL_B_STRIDE)), 0);
-            W(extent(U(F_VMUL_DST), rows, (uint64_t)EB(U(F_VMUL_DST_I16)) * cols, U(F_VMUL_DST_STRIDE)), 0);
+            R(extent(U(F_VMUL_A), rows, EB(U(F_VMUL_A_I16)) * cols, U(F_VMUL_A_STRIDE)), 0);
+            R(extent(U(F_VMUL_B), rows, EB(U(F_VMUL_B_I16)) * cols, U(F_VMUL_B_STRIDE)), 0);
+            W(extent(U(F_VMUL_DST), rows, EB(U(F_VMUL_DST_I16)) * cols, U(F_VMUL_DST_STRIDE)), 0);
         }
     } else if (op == OP_VADD) {
         uint32_t n = U(F_VADD_LEN);
-        R(range(U(F_VADD_A), (uint64_t)EB(U(F_VADD_A_I16)) * n), 0);
-        R(range(U(F_VADD_B), (uint64_t)EB(U(F_VADD_B_I16)) * n), 0);
-        W(range(U(F_VADD_DST), (uint64_t)EB(U(F_VADD_DST_I16)) * n), 0);
+        R(range(U(F_VADD_A), EB(U(F_VADD_A_I16)) * n), 0);
+        R(range(U(F_VADD_B), EB(U(F_VADD_B_I16)) * n), 0);
+        W(range(U(F_VADD_DST), EB(U(F_VADD_DST_I16)) * n), 0);
     } else if (op == OP_POOL) {
         uint32_t c = U(F_POOL_CHANNELS), oh = U(F_POOL_OUT_H), ow = U(F_POOL_OUT_W);
         if (c && oh && ow) {
-            uint64_t in_rows = (uint64_t)(oh - 1) * U(F_POOL_SH) + U(F_POOL_KH);
-            R(range(U(F_POOL_SRC), in_rows * U(F_POOL_IN_W) * c * EB(U(F_POOL_SRC_I16))), 0);
-            W(range(U(F_POOL_DST), (uint64_t)oh * ow * c * EB(U(F_POOL_DST_I16))), 0);
+            uint32_t in_rows = sadd(smul(oh - 1, U(F_POOL_SH)), U(F_POOL_KH));
+            R(range(U(F_POOL_SRC), smul(smul(smul(in_rows, U(F_POOL_IN_W)), c), EB(U(F_POOL_SRC_I16)))), 0);
+            W(range(U(F_POOL_DST), smul(smul(smul(oh, ow), c), EB(U(F_POOL_DST_I16)))), 0);
         }
     }
 #undef R
@@ -135,21 +146,21 @@ static int bad_overlap(const instr_t *ins) {
             ss = U(F_VLUT_SRC_STRIDE); ds = U(F_VLUT_DST_STRIDE); es = ed = 1;
         }
         if (!(src == dst && ss == ds && es == ed))
-            return overlaps(extent(src, rows, (uint64_t)es * cols, ss), extent(dst, rows, (uint64_t)ed * cols, ds));
+            return overlaps(extent(src, rows, es * cols, ss), extent(dst, rows, ed * cols, ds));
     } else if (op == OP_VMUL) {
         uint32_t rows = U(F_VMUL_ROWS), cols = U(F_VMUL_COLS), dst = U(F_VMUL_DST), ds = U(F_VMUL_DST_STRIDE);
         uint32_t ed = EB(U(F_VMUL_DST_I16));
-        span_t d = extent(dst, rows, (uint64_t)ed * cols, ds);
+        span_t d = extent(dst, rows, ed * cols, ds);
         uint32_t x[2] = {U(F_VMUL_A), U(F_VMUL_B)}, xs[2] = {U(F_VMUL_A_STRIDE), U(F_VMUL_B_STRIDE)};
         uint32_t xe[2] = {EB(U(F_VMUL_A_I16)), EB(U(F_VMUL_B_I16))};
         for (int k = 0; k < 2; k++)
-            if (!(x[k] == dst && xs[k] == ds && xe[k] == ed) && overlaps(extent(x[k], rows, (uint64_t)xe[k] * cols, xs[k]), d))
+            if (!(x[k] == dst && xs[k] == ds && xe[k] == ed) && overlaps(extent(x[k], rows, xe[k] * cols, xs[k]), d))
                 return 1;
     } else if (op == OP_VADD) {
         uint32_t n = U(F_VADD_LEN), dst = U(F_VADD_DST), ed = EB(U(F_VADD_DST_I16));
         uint32_t x[2] = {U(F_VADD_A), U(F_VADD_B)}, xe[2] = {EB(U(F_VADD_A_I16)), EB(U(F_VADD_B_I16))};
         for (int k = 0; k < 2; k++)
-            if (!(x[k] == dst && xe[k] == ed) && overlaps(range(x[k], (uint64_t)xe[k] * n), range(dst, (uint64_t)ed * n)))
+            if (!(x[k] == dst && xe[k] == ed) && overlaps(range(x[k], xe[k] * n), range(dst, ed * n)))
                 return 1;
     } else if (op == OP_POOL) {
         use_t r[4], w[2];
@@ -191,7 +202,7 @@ int check(instr_t *ins) {
     if (op == OP_VMAP && U(F_VMAP_PER_COL) && U(F_VMAP_COLS) > PER_COL_MAX) return E_ILLEGAL_FIELD;
     if (op == OP_POOL && U(F_POOL_CHANNELS) && U(F_POOL_OUT_H) && U(F_POOL_OUT_W)) {
         if (!U(F_POOL_KH) || !U(F_POOL_KW) || !U(F_POOL_SH) || !U(F_POOL_SW)) return E_ILLEGAL_FIELD;
-        if ((uint64_t)(U(F_POOL_OUT_W) - 1) * U(F_POOL_SW) + U(F_POOL_KW) > U(F_POOL_IN_W)) return E_ILLEGAL_FIELD;
+        if (sadd(smul(U(F_POOL_OUT_W) - 1, U(F_POOL_SW)), U(F_POOL_KW)) > U(F_POOL_IN_W)) return E_ILLEGAL_FIELD;
     }
     if (op == OP_LOAD) {
         uint32_t tw = U(F_LOAD_PAD_LEFT) + U(F_LOAD_COLS) + U(F_LOAD_PAD_RIGHT);
@@ -221,21 +232,21 @@ int check(instr_t *ins) {
     /* the memory each operand must lie in (npu.isa._required_memories) */
     if (op == OP_MATMUL) {
         uint32_t m = U(F_MATMUL_M), n = U(F_MATMUL_N), k = U(F_MATMUL_K);
-        span_t a = extent(U(F_MATMUL_A), m, (uint64_t)EB(U(F_MATMUL_A_I16)) * k, U(F_MATMUL_A_STRIDE));
+        span_t a = extent(U(F_MATMUL_A), m, EB(U(F_MATMUL_A_I16)) * k, U(F_MATMUL_A_STRIDE));
         span_t b = extent(U(F_MATMUL_B), n, k, U(F_MATMUL_B_STRIDE));
-        span_t c = extent(U(F_MATMUL_C), m, 4ull * n, U(F_MATMUL_C_STRIDE));
+        span_t c = extent(U(F_MATMUL_C), m, 4 * n, U(F_MATMUL_C_STRIDE));
         if (k && m && !empty(a) && memory_of(a.start, a.end) != 1) return E_SPAD_RANGE;
         if (k && n && !empty(b) && memory_of(b.start, b.end) != 1) return E_SPAD_RANGE;
         if (!empty(c) && memory_of(c.start, c.end) != 2) return E_SPAD_RANGE;
     } else if (op == OP_VMAP) {
         uint32_t rows = U(F_VMAP_ROWS), cols = U(F_VMAP_COLS), i32 = U(F_VMAP_SRC_TYPE);
         uint32_t es = i32 ? 4 : EB(U(F_VMAP_SRC_I16));
-        span_t s = extent(U(F_VMAP_SRC), rows, (uint64_t)es * cols, U(F_VMAP_SRC_STRIDE));
+        span_t s = extent(U(F_VMAP_SRC), rows, es * cols, U(F_VMAP_SRC_STRIDE));
         if (!empty(s) && memory_of(s.start, s.end) != (i32 ? 2 : 1)) return E_SPAD_RANGE;
-        span_t d = extent(U(F_VMAP_DST), rows, (uint64_t)EB(U(F_VMAP_DST_I16)) * cols, U(F_VMAP_DST_STRIDE));
+        span_t d = extent(U(F_VMAP_DST), rows, EB(U(F_VMAP_DST_I16)) * cols, U(F_VMAP_DST_STRIDE));
         if (!empty(d) && memory_of(d.start, d.end) != 1) return E_SPAD_RANGE;
         if (U(F_VMAP_PER_COL) && rows && cols) {
-            span_t mu = range(U(F_VMAP_MULTS), 4ull * cols), sh = range(U(F_VMAP_SHIFTS), cols);
+            span_t mu = range(U(F_VMAP_MULTS), 4 * cols), sh = range(U(F_VMAP_SHIFTS), cols);
             if (memory_of(mu.start, mu.end) != 1 || memory_of(sh.start, sh.end) != 1) return E_SPAD_RANGE;
         }
     } else if (op == OP_VADD || op == OP_POOL || op == OP_VLUT || op == OP_VMUL) {

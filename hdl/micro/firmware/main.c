@@ -268,7 +268,7 @@ static void step(uint32_t ev) {
             stop(ST_ERROR, E_TOKEN, e->pc);
         } else {
             REG(R_RESUME_PC) = e->pc + 1;
-            REG(R_CP_ID) = ubits(&e->raw, FIELDS[OP_CANCEL_POINT][F_CANCEL_POINT_ID] & 255, 32);
+            REG(R_CP_ID) = ubits(&e->raw, FIELDS[FIELD_START[OP_CANCEL_POINT] + F_CANCEL_POINT_ID] & 255, 32);
             stop(ST_PAUSED, 0, e->pc);
         }
         return;
