@@ -22,9 +22,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--backend",
         default="model",
-        choices=["model", "rtl"],
-        help="execution backend (rtl: an .npub model on the simulated core through the driver)",
+        choices=["model", "rtl", "serial"],
+        help="execution backend (rtl: an .npub model on the simulated core through the driver; "
+        "serial: on a board through its UART bridge, --port)",
     )
+    p.add_argument("--port", help="serial: the board's UART (/dev/ttyUSB1, or a pyserial URL)")
+    p.add_argument("--baud", type=int_in(1), default=115200, help="serial: baud rate (default 115200)")
     p.add_argument(
         "--base", type=int_in(0, 2**32 - 1), default=0, help="DRAM address of the program (default 0)"
     )
@@ -66,7 +69,23 @@ def _run_npub(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as e:
             raise CliError(f"--input {path}: cannot read: {e}") from None
     try:
-        if args.backend == "rtl":
+        if args.backend == "serial":
+            from npu.driver.jobs import run_model
+            from npu.driver.transport import TransportError
+
+            if not args.port:
+                raise CliError("--backend serial needs --port (the board's UART, e.g. /dev/ttyUSB1)")
+            from npu.driver.serial import SerialTransport
+
+            try:
+                transport = SerialTransport(cfg, port=args.port, baud=args.baud)
+            except TransportError as e:
+                raise CliError(f"--port {args.port}: {e}") from None
+            try:
+                outs, counters = run_model(transport, c, xs)
+            finally:
+                transport.close()
+        elif args.backend == "rtl":
             from npu.driver.jobs import run_model
             from npu.driver.rtl import DEFAULT_DRAM, run_on_rtl
 

@@ -282,3 +282,34 @@ def test_the_bridge_answers_a_repeated_request_from_its_cache():
     r1 = ask(5, READ_REG, struct.pack("<I", REG["ID"].offset))
     assert ask(5, READ_REG, struct.pack("<I", REG["ID"].offset)) == r1  # repeated
     a.close()
+
+
+def test_npu_run_on_a_board_through_its_serial_port(tmp_path, capsys):
+    """`npu run --backend serial --port URL`: the CLI's board path, against the reference bridge on
+    a TCP port (a pyserial URL, as a USB UART's device name would be)."""
+    from npu.cli import main
+    from npu.driver.demo import compile_zoo
+
+    c, x = compile_zoo("digits_mlp", "tiny", tmp_path)
+    c.save(tmp_path / "m.npub")
+    np.save(tmp_path / "x.npy", x)
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def accept():
+        conn, _ = server.accept()
+        serve(SocketStream(conn), ModelTransport(get_config("tiny")), get_config("tiny").dram_bytes)
+        conn.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+    args = ["run", str(tmp_path / "m.npub"), "--input", str(tmp_path / "x.npy")]
+    assert main([*args, "--backend", "serial", "--port", f"socket://127.0.0.1:{port}",
+                 "--output", str(tmp_path / "y.npy")]) == 0  # fmt: skip
+    server.close()
+    assert main([*args, "--output", str(tmp_path / "ref.npy")]) == 0
+    assert np.array_equal(np.load(tmp_path / "y.npy"), np.load(tmp_path / "ref.npy"))
+    capsys.readouterr()
+    assert main([*args, "--backend", "serial"]) == 2
+    assert "--backend serial needs --port" in capsys.readouterr().err
+    assert main([*args, "--backend", "serial", "--port", str(tmp_path / "no-such-tty")]) == 2
+    assert "no-such-tty" in capsys.readouterr().err
