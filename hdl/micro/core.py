@@ -178,6 +178,9 @@ class MicroCore(wiring.Component):
                 with m.Case(mm.MMIO_CONFIG // 4 + k):
                     m.d.comb += mmio_data.eq(config[name] & 0xFFFFFFFF)
         mmio_write = is_mmio & mem.wstrb.any()
+        wait_tail = Signal(16)  # written by the firmware before it writes STATUS = WAITING
+        with m.If(mmio_write & (moff == mm.MMIO_WAIT_TAIL // 4)):
+            m.d.sync += wait_tail.eq(mem.wdata[:16])
         # the pause latch, for simulation benches: the progress the request met and the target
         passed_max = Signal(31)
         pause_target = Signal(32)
@@ -280,6 +283,9 @@ class MicroCore(wiring.Component):
         regs_ack = Signal()
         regs_rdata = Signal(32)
         clear_idx = Signal(7)
+        # WAITING holds for the tail the firmware found the ring empty at (low bits: a ring has at
+        # most dram_bytes / 32 slots, so the host cannot get 65536 instructions ahead)
+        host_tail = Signal(16)
         m.d.comb += [ctrl.rvalid.eq(r_valid), ctrl.rdata.eq(r_data), ctrl.rresp.eq(0),
                      ctrl.bvalid.eq(b_valid), ctrl.bresp.eq(0)]  # fmt: skip
         with m.If(ctrl.rvalid & ctrl.rready):
@@ -315,6 +321,7 @@ class MicroCore(wiring.Component):
                             m.d.sync += [
                                 start_ev.eq(0), pause.eq(0), irq_pending.eq(0), irq_enable.eq(0),
                                 bus_fault.eq(0), timeout.eq(0), counting.eq(0), cycles.eq(0), clear_idx.eq(0),
+                                host_tail.eq(0),
                             ]  # fmt: skip
                             m.next = "CLEAR"
                         with m.Else():
@@ -327,6 +334,8 @@ class MicroCore(wiring.Component):
                     with m.Else():
                         with m.If(hw_off == REG["TIMEOUT"].offset // 4):
                             m.d.sync += timeout.eq(data)
+                        with m.If(hw_off == REG["RING_TAIL"].offset // 4):
+                            m.d.sync += host_tail.eq(data)
                         with m.If(Cat(*[hw_off == o // 4 for o in RAM_WRITABLE]).any()):
                             m.d.comb += [wp.addr.eq(hw_off), wp.data.eq(data), wp.en.eq(1)]
                 with m.Elif(ctrl.arvalid & ~r_valid):
@@ -354,6 +363,10 @@ class MicroCore(wiring.Component):
                     m.d.comb += value.eq(irq_pending)
                 with m.Elif((h_word == REG["STATUS"].offset // 4) & start_ev):
                     m.d.comb += value.eq(int(Status.RUNNING))  # a START the firmware has not taken yet
+                stale_wait = (rp.data == int(Status.WAITING)) & (host_tail != wait_tail)
+                with m.Elif((h_word == REG["STATUS"].offset // 4) & stale_wait):
+                    # the host appended after the tail the firmware found empty: no longer waiting
+                    m.d.comb += value.eq(int(Status.RUNNING))
                 with m.Elif(h_word == cyc):
                     m.d.comb += value.eq(cycles[:32])
                     m.d.sync += hi_latch.eq(cycles[32:])

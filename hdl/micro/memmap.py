@@ -41,7 +41,10 @@ MMIO_CYCLES_HI = 0x08
 #: write: the pause target the firmware chose (bit 31 set; bits 0..30: the most cancellation points
 #: a unit had passed), or 0 when the run stops; simulation benches read it (the latch of NpuCore)
 MMIO_PAUSE_PROBE = 0x0C
+#: write: the RING_TAIL at which the firmware found the ring empty, before it writes STATUS =
+#: WAITING; the host then reads WAITING only while RING_TAIL is still that (a doorbell ends it at once)
+MMIO_WAIT_TAIL = 0x10
 #: read-only configuration words, in this order from MMIO_CONFIG
-MMIO_CONFIG = 0x10
+MMIO_CONFIG = 0x20
 CONFIG_WORDS = ("spad_bytes", "acc_bytes", "dram_bytes", "lanes", "acc_row_bytes", "queue_depth",
                 "token_depth", "config_id", "bus_bytes")  # fmt: skip

@@ -19,10 +19,16 @@ def _strip(rec):
     return {k: v for k, v in rec.items() if k != "cycles"}
 
 
-def test_ring_scenarios_rtl_match_the_model():
-    cfg = get_config("tiny")
+@pytest.mark.parametrize("config", ["tiny", "icebreaker"])
+def test_ring_scenarios_rtl_match_the_model(config):
+    cfg = get_config(config)
     model = all_scenarios(ModelTransport(cfg))
     rtl = run_on_rtl(all_scenarios, config=cfg, dram_bytes=cfg.dram_bytes)
+    if cfg.core == "micro":
+        # empty_wait's "before" is STATUS 3,000 cycles after a soft reset and START: a timing
+        # observation, and the micro core's processor reboots on the reset (WAITING after ~3,400)
+        for rec in (model["empty_wait"], rtl["empty_wait"]):
+            rec.pop("before")
     for name in model:
         assert _strip(rtl[name]) == _strip(model[name]), name
     for name in ("racing_8", "racing_4", "empty_wait", "pause_every_point"):

@@ -5,11 +5,12 @@
 #define FW_ISA "rv32i_zmmul_c"
 #define DRAM_BASE 0x20000000
 #define MMIO_BASE 0x30000100
-#define MMIO_CONFIG 0x10
+#define MMIO_CONFIG 0x20
 #define MMIO_CYCLES_HI 0x8
 #define MMIO_CYCLES_LO 0x4
 #define MMIO_EVENTS 0x0
 #define MMIO_PAUSE_PROBE 0xc
+#define MMIO_WAIT_TAIL 0x10
 #define ONCHIP_BASE 0x10000000
 #define RAM_BASE 0x10000
 #define RAM_BYTES 0x4000

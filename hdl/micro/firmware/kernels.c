@@ -113,9 +113,9 @@ static void exec_matmul(const instr_t *ins) {
         }
 }
 
-static uint8_t table[LUT_BYTES];
-static int32_t col_mult[PER_COL_MAX];
-static uint8_t col_shift[PER_COL_MAX];
+static uint8_t table[LUT_BYTES] __attribute__((section(".noinit")));
+static int32_t col_mult[PER_COL_MAX] __attribute__((section(".noinit")));
+static uint8_t col_shift[PER_COL_MAX] __attribute__((section(".noinit")));
 
 static void exec_vmap(const instr_t *ins) {
     uint32_t rows = U(F_VMAP_ROWS), cols = U(F_VMAP_COLS), src = U(F_VMAP_SRC), dst = U(F_VMAP_DST);

@@ -17,12 +17,15 @@ uint32_t spad_bytes, acc_bytes, dram_bytes, lanes, acc_row_bytes, queue_depth, t
 #define QMAX 16
 #define UNITS 4
 typedef struct { raw_t raw; uint32_t pc; uint32_t point; } entry_t; /* point: a cancel point's ordinal */
-static entry_t queue[UNITS][QMAX];
+/* not cleared at reset (a soft reset restarts the processor: its boot must be quick); start()
+   empties the queues */
+static entry_t queue[UNITS][QMAX] __attribute__((section(".noinit")));
 static uint32_t q_head[UNITS], q_len[UNITS];
 static uint32_t tokens[UNITS][UNITS]; /* tokens[p][c]: pushed by unit p, not yet popped by c */
 static uint32_t passed[UNITS], fence_passed[UNITS], points, target;
 static uint32_t running, ring, base, pc, ring_size, fence_count, pause_seen;
 
+static uint32_t fetched_pc = 0xffffffff; /* the instruction fetched and checked, not yet dispatched */
 static uint64_t counter[9]; /* the counters after CYCLES, in register order */
 enum { C_BUSY = 0, C_STALL = 4, C_RD = 5, C_WR = 6, C_INSTRET = 7 };
 
@@ -35,7 +38,10 @@ static void write_counters(void) {
     }
 }
 
-static int starved(void) { return ring && pc == REG(R_RING_TAIL); }
+/* the ring is empty (pc reached the host's tail); `tail_seen` is read once per step, so a doorbell
+   rung in the middle of a step cannot make it look both empty and not */
+static uint32_t tail_seen;
+static int starved(void) { return ring && pc == tail_seen; }
 
 static int queues_empty(void) { return !(q_len[0] | q_len[1] | q_len[2] | q_len[3]); }
 
@@ -78,6 +84,7 @@ static void start(void) {
         for (int c = 0; c < UNITS; c++) tokens[u][c] = 0;
     }
     points = 0;
+    fetched_pc = 0xffffffff; /* the host may have rewritten the program (a rewound ring) */
     target = pause_seen ? 1 : 0; /* a pause requested with START, or before the firmware took it */
     if (target) MMIO(MMIO_PAUSE_PROBE) = 0x80000000u;
     running = 1;
@@ -135,7 +142,7 @@ static void push(int u, const instr_t *ins, uint32_t point) {
 /* dispatch one instruction if the dispatcher can: 1 dispatched (or stopped), 0 it waits */
 static int dispatch(void) {
     static instr_t ins;
-    static uint32_t fetched_pc = 0xffffffff, fetch_err;
+    static uint32_t fetch_err;
     if (starved()) return 0;
     if (fetched_pc != pc) {
         fetch_err = fetch(&ins);
@@ -257,6 +264,7 @@ static uint32_t run_head(int u) {
 
 /* one step of a run */
 static void step(uint32_t ev) {
+    tail_seen = REG(R_RING_TAIL);
     if (ev & EV_TIMEOUT) {
         stop(ST_ERROR, E_TIMEOUT, pc);
         return;
@@ -283,7 +291,8 @@ static void step(uint32_t ev) {
         return;
     }
     if (starved() && queues_empty()) {
-        REG(R_STATUS) = ST_WAITING; /* the host appends to the ring (or the timeout comes) */
+        MMIO(MMIO_WAIT_TAIL) = tail_seen; /* STATUS reads WAITING until the host rings again */
+        REG(R_STATUS) = ST_WAITING;       /* the host appends to the ring (or the timeout comes) */
         return;
     }
     stop(ST_ERROR, E_DEADLOCK, pc); /* nothing can happen any more */
@@ -302,8 +311,8 @@ int main(void) {
         uint32_t ev = MMIO(MMIO_EVENTS);
         control(ev);
         if (running) {
-            if (REG(R_STATUS) == ST_WAITING && !starved()) REG(R_STATUS) = ST_RUNNING;
             step(ev);
+            if (running && !starved() && REG(R_STATUS) == ST_WAITING) REG(R_STATUS) = ST_RUNNING;
         }
     }
 }
