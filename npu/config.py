@@ -203,6 +203,7 @@ class NpuConfig:
             f"vector {self.vector_lanes} lanes, bus {self.bus_bytes * 8} bits, "
             f"DRAM {_size(self.dram_bytes)}, id 0x{self.config_id:08x}"
             + (f", {self.engines} engines sharing the DRAM port" if self.engines > 1 else "")
+            + (", micro core (the ISA run from firmware: docs/micro.md)" if self.core == "micro" else "")
         )
 
 

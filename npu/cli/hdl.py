@@ -56,7 +56,8 @@ def verilog(args: argparse.Namespace) -> int:
     soc = args.top == "soc" or (args.top == "auto" and cfg.engines > 1) or args.engines is not None
     text = soc_verilog(cfg) if soc else core_verilog(cfg.engine)
     Path(args.output).write_text(text)
-    what = f"NpuSoc of {cfg.engines} engine(s)" if soc else "NpuCore"
+    core = "MicroCore" if cfg.core == "micro" else "NpuCore"
+    what = f"NpuSoc of {cfg.engines} engine(s)" if soc else core
     shown = cfg if soc else cfg.engine
     print(f"{args.output}: {what} for {shown.describe()} ({len(text.splitlines()):,} lines)")
     return 0
