@@ -127,6 +127,16 @@ class FlatPorts(wiring.Component):
         return m
 
 
+def address_and_data(m: Module, bus, aw_done, w_done):
+    """One AXI write's address and data handshakes, in either order: offers AW and W until each is
+    taken (`aw_done`, `w_done` remember which already were); true in the cycle both are done."""
+    m.d.comb += [bus.awvalid.eq(~aw_done), bus.wvalid.eq(~w_done)]
+    aw = aw_done | bus.awready
+    w = w_done | bus.wready
+    m.d.sync += [aw_done.eq(aw), w_done.eq(w)]
+    return aw & w
+
+
 #: AXI4 channels: whether the master drives the channel, and its payload members
 AXI_CHANNELS = {
     "ar": (True, ("arid", "araddr", "arlen", "arsize", "arburst")),

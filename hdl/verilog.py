@@ -16,10 +16,14 @@ SOC_TOPLEVEL = "npu_soc"
 PREFIXES = {"bus": "m_axi", "ctrl": "s_axil"}
 
 
+def _convert(top, name: str, cfg: NpuConfig) -> str:
+    """Amaranth's Verilog of `top`, with the sources its engines instantiate (`cfg`'s engine)."""
+    return verilog.convert(top, name=name, emit_src=False) + extra_verilog(cfg.engine)
+
+
 def core_verilog(config: NpuConfig | str) -> str:
     cfg = get_config(config)
-    text = verilog.convert(FlatPorts(engine_core(cfg), PREFIXES), name=TOPLEVEL, emit_src=False)
-    return text + extra_verilog(cfg)
+    return _convert(FlatPorts(engine_core(cfg), PREFIXES), TOPLEVEL, cfg)
 
 
 def soc_verilog(config: NpuConfig | str) -> str:
@@ -27,8 +31,7 @@ def soc_verilog(config: NpuConfig | str) -> str:
     from .soc import NpuSoc
 
     cfg = get_config(config)
-    text = verilog.convert(FlatPorts(NpuSoc(cfg), PREFIXES), name=SOC_TOPLEVEL, emit_src=False)
-    return text + extra_verilog(cfg.engine)
+    return _convert(FlatPorts(NpuSoc(cfg), PREFIXES), SOC_TOPLEVEL, cfg)
 
 
 def sim_top_verilog(config: NpuConfig | str, dram_size: int, stalls: bool = False, soc: bool = False) -> str:
@@ -37,8 +40,7 @@ def sim_top_verilog(config: NpuConfig | str, dram_size: int, stalls: bool = Fals
     from .simdram import NpuSimTop
 
     cfg = get_config(config)
-    top = FlatPorts(NpuSimTop(cfg, dram_size, stalls, soc), PREFIXES)
-    return verilog.convert(top, name="npu_sim_top", emit_src=False) + extra_verilog(cfg.engine)
+    return _convert(FlatPorts(NpuSimTop(cfg, dram_size, stalls, soc), PREFIXES), "npu_sim_top", cfg)
 
 
 def board_sim_verilog(board, cfg: NpuConfig) -> str:
@@ -47,4 +49,4 @@ def board_sim_verilog(board, cfg: NpuConfig) -> str:
     from .boards.top import BoardCore
 
     top = FlatPorts(BoardCore(board, cfg, board.clock_mhz, sim=True), {"sdram": "sdram"})
-    return verilog.convert(top, name="board_top", emit_src=False) + extra_verilog(cfg.engine)
+    return _convert(top, "board_top", cfg)

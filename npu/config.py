@@ -282,23 +282,15 @@ PRESETS["ulx3s"] = NpuConfig(
 # iCEBreaker (iCE40 UP5K): the micro core (hdl/micro/), the ISA run by a control processor from
 # firmware; two of the four SPRAMs hold the scratchpad, the accumulators and the firmware's data, two
 # are the DRAM (docs/boards.md)
-PRESETS["icebreaker"] = NpuConfig(
+PRESETS["icebreaker"] = PRESETS["tiny"].replace(
     name="icebreaker",
     core="micro",
-    clusters=1,
     pes_per_cluster=1,
-    lanes=4,
     spad_bytes=32 * 1024,
     spad_banks=1,
     acc_bytes=8 * 1024,
-    vector_lanes=2,
     bus_bytes=4,
-    dram_bytes=64 * 1024,
     clock_mhz=12.0,
-    queue_depth=4,
-    dma_latency=8,
-    matrix_latency=3,
-    vector_latency=10,
 )
 
 

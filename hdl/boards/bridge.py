@@ -76,7 +76,7 @@ from npu.driver.serial import (
 )
 from npu.registers import REG, Status
 
-from ..axi import AxiLiteSignature, AxiSignature
+from ..axi import AxiLiteSignature, AxiSignature, address_and_data
 from .uart import UartRx, UartTx, divisor_of
 
 #: bytes of a frame besides its payload: sequence (2), command or status (1), CRC (4)
@@ -84,16 +84,6 @@ FRAME_OVERHEAD = 7
 
 # payload sources of a reply
 _NONE, _ROM, _VER, _NOW, _WAIT, _REG, _DRAM = range(7)
-
-
-def _address_and_data(m: Module, bus, aw_done, w_done):
-    """One AXI write's address and data handshakes, in either order: offers AW and W until each is
-    taken (`aw_done`, `w_done` remember which already were); true in the cycle both are done."""
-    m.d.comb += [bus.awvalid.eq(~aw_done), bus.wvalid.eq(~w_done)]
-    aw = aw_done | bus.awready
-    w = w_done | bus.wready
-    m.d.sync += [aw_done.eq(aw), w_done.eq(w)]
-    return aw & w
 
 
 class SerialBridge(wiring.Component):
@@ -506,7 +496,7 @@ class SerialBridge(wiring.Component):
                     with m.Else():
                         reply(m, OK, _REG)
             with m.State("WR_AW"):
-                with m.If(_address_and_data(m, regs, aw_done, w_done)):
+                with m.If(address_and_data(m, regs, aw_done, w_done)):
                     m.next = "WR_B"
             with m.State("WR_B"):
                 m.d.comb += regs.bready.eq(1)
@@ -553,7 +543,7 @@ class SerialBridge(wiring.Component):
                     m.d.sync += addr[:AW].eq(addr[:AW] + 1)
                     m.next = "WD_FETCH"
             with m.State("WD_AW"):
-                with m.If(_address_and_data(m, dram, aw_done, w_done)):
+                with m.If(address_and_data(m, dram, aw_done, w_done)):
                     m.next = "WD_B"
             with m.State("WD_B"):
                 m.d.comb += dram.bready.eq(1)

@@ -31,15 +31,13 @@ from ..axi import AxiRegisterSlice
 from ..core import dram_signature
 from ..engine import engine_core
 from ..mem.sdram import SdramController, SdramPins
-from ..mem.spram import BLOCK_WORDS, SpramAxi
 from ..mem.spram import BLOCKS as SPRAM_BLOCKS
+from ..mem.spram import SpramAxi
 from ..micro.core import SPRAMS as MICRO_SPRAMS
 from ..soc import AxiInterconnect, NpuSoc, soc_dram_signature
 from .boards import Board
 from .bridge import SerialBridge
 from .pll import Ecp5Pll, Ice40Pll
-
-SPRAM_BLOCK_BYTES = 2 * BLOCK_WORDS
 
 #: DRAM payload per serial packet on the boards (the bridge's two block RAMs are sized by it)
 MAX_PACKET = 256
@@ -113,14 +111,13 @@ class BoardCore(wiring.Component):
         else:
             # the micro core keeps two SPRAMs for its scratchpad, accumulators and firmware data
             blocks = SPRAM_BLOCKS - (MICRO_SPRAMS if cfg.core == "micro" else 0)
-            if cfg.dram_bytes > blocks * SPRAM_BLOCK_BYTES:
-                raise ValueError(
-                    f"config {cfg.name}: {cfg.dram_bytes} bytes of DRAM, but {blocks} SPRAMs hold "
-                    f"{blocks * SPRAM_BLOCK_BYTES}"
-                )
             m.submodules.dram = dram = SpramAxi(
                 W, blocks=blocks, addr_width=bus.addr_width, id_width=bus.id_width, sim=self.sim
             )
+            if cfg.dram_bytes > dram.size:
+                raise ValueError(
+                    f"config {cfg.name}: {cfg.dram_bytes} bytes of DRAM, but {blocks} SPRAMs hold {dram.size}"
+                )
         wiring.connect(m, ic.bus, dram.bus)
 
         # status lines from the STATUS the bridge reads (the core has one register port)

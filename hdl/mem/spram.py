@@ -30,7 +30,8 @@ from ..common import log2
 
 BLOCK_WORDS = 16 * 1024  # 16-bit words per SB_SPRAM256KA
 BLOCKS = 4  # on an iCE40 UP5K
-SPRAM_BYTES = BLOCKS * BLOCK_WORDS * 2
+BLOCK_BYTES = 2 * BLOCK_WORDS
+SPRAM_BYTES = BLOCKS * BLOCK_BYTES
 
 
 class SpramBlockSignature(wiring.Signature):
@@ -120,7 +121,7 @@ class SpramAxi(wiring.Component):
         self.W, self.sim, self.blocks = data_width, sim, blocks
         self.wide = data_width // 16  # blocks side by side
         self.deep = blocks // self.wide  # rows of blocks
-        self.size = blocks * BLOCK_WORDS * 2
+        self.size = blocks * BLOCK_BYTES
         bus = AxiSignature(data_width=data_width, addr_width=addr_width, id_width=id_width)
         super().__init__({"bus": In(bus)})
 

@@ -30,7 +30,7 @@ from amaranth.lib.wiring import In, Out
 from npu.config import NpuConfig, get_config
 from npu.registers import ISA_VERSION, NPU_MAGIC, REG, REGISTERS, Status
 
-from ..axi import AxiLiteSignature, AxiSignature
+from ..axi import AxiLiteSignature, AxiSignature, address_and_data
 from ..mem.spram import SpramModel, SpramPrimitive
 from ..regs import ADDR_BITS
 from . import memmap as mm
@@ -251,12 +251,7 @@ class MicroCore(wiring.Component):
                     with m.If(bus.rlast):
                         m.next = "DONE"
             with m.State("WRITE"):
-                m.d.comb += [bus.awvalid.eq(~aw_done), bus.wvalid.eq(~w_done)]
-                with m.If(bus.awready):
-                    m.d.sync += aw_done.eq(1)
-                with m.If(bus.wready):
-                    m.d.sync += w_done.eq(1)
-                with m.If((aw_done | bus.awready) & (w_done | bus.wready)):
+                with m.If(address_and_data(m, bus, aw_done, w_done)):
                     m.next = "BRESP"
             with m.State("BRESP"):
                 m.d.comb += bus.bready.eq(1)

@@ -68,9 +68,10 @@ def _run_npub(args: argparse.Namespace) -> int:
             xs.append(np.load(path))
         except (OSError, ValueError) as e:
             raise CliError(f"--input {path}: cannot read: {e}") from None
+    from npu.driver.jobs import run_model
+
     try:
         if args.backend == "serial":
-            from npu.driver.jobs import run_model
             from npu.driver.transport import TransportError
 
             if not args.port:
@@ -86,7 +87,6 @@ def _run_npub(args: argparse.Namespace) -> int:
             finally:
                 transport.close()
         elif args.backend == "rtl":
-            from npu.driver.jobs import run_model
             from npu.driver.rtl import DEFAULT_DRAM, run_on_rtl
 
             dram = min(cfg.dram_bytes, DEFAULT_DRAM)
