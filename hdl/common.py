@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 from amaranth import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -71,6 +73,14 @@ def word_index(addr, cfg: NpuConfig, mem: str):
 
 def min_(a, b):
     return Mux(a < b, a, b)
+
+
+def tree(values: list, op=operator.add):
+    """`values` combined by `op` as a balanced tree (Python's `sum` chains them: depth n - 1)."""
+    while len(values) > 1:
+        pairs = range(0, len(values), 2)
+        values = [op(values[i], values[i + 1]) if i + 1 < len(values) else values[i] for i in pairs]
+    return values[0]
 
 
 def follow(m: Module, value, enables: list, name: str) -> Signal:

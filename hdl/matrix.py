@@ -27,7 +27,7 @@ from amaranth.lib.wiring import In
 from npu.config import ACC_BASE, NpuConfig
 from npu.isa import INSTR_BITS, Opcode
 
-from .common import exec_signature, follow, log2, view
+from .common import exec_signature, follow, log2, tree, view
 from .spad import gather
 
 
@@ -150,19 +150,27 @@ class MatrixUnit(wiring.Component):
         last_step = Signal()
         m.d.comb += last_step.eq(last_k & last_nb & last_mb)
         kb0_1, last_k1, last1 = follow(m, Cat(kb == 0, last_k, last_step), [step_done, take, xfer], "flags")
-        # stage P: the products, registered as stage 1 takes the step
+        # stage P: the products, registered as stage 1 takes the step. Stage 1 adds them as a
+        # balanced tree beside the accumulator's (and the old C row's) sum, so the products pass
+        # through log2(lanes) + 1 adders to either register (Fmax).
+        bases = [[Signal(signed(32), name=f"base{i}_{j}") for j in range(CN)] for i in range(CM)]
+        dots = [[Signal(signed(32), name=f"dot{i}_{j}") for j in range(CN)] for i in range(CM)]
         for i in range(CM):
             for j in range(CN):
                 prods = []
                 for t in range(L):
-                    pr = Signal(signed(17), name=f"prod{i}_{j}_{t}")  # 9 x 8 bits
+                    # int16 A: the odd lanes' products are of high bytes, worth 256 times theirs (the
+                    # shift is applied as the product is registered)
+                    pr = Signal(signed(25 if t % 2 else 17), name=f"prod{i}_{j}_{t}")  # 9 x 8 bits
+                    p = a_ops[i][t] * b_ops[j][t]
                     with m.If(xfer):
-                        m.d.sync += pr.eq(a_ops[i][t] * b_ops[j][t])
+                        m.d.sync += pr.eq(Mux(f.a_i16, p << 8, p) if t % 2 else p)
                     prods.append(pr)
-                # int16 A: the odd lanes' products are of high bytes, worth 256 times theirs
-                odd = sum(prods[1::2])
-                dot = sum(prods[0::2]) + Mux(f.a_i16, odd << 8, odd)
-                m.d.comb += sums[i][j].eq(Mux(kb0_1, 0, accs[i][j]) + dot)
+                m.d.comb += [
+                    dots[i][j].eq(tree(prods)),
+                    bases[i][j].eq(Mux(kb0_1, 0, accs[i][j])),
+                    sums[i][j].eq(bases[i][j] + dots[i][j]),
+                ]
                 with m.If(v1 & s1_done):
                     m.d.sync += accs[i][j].eq(sums[i][j])
 
@@ -179,7 +187,8 @@ class MatrixUnit(wiring.Component):
             new = []
             for j in range(CN):
                 old = old_c[i][32 * j : 32 * j + 32].as_signed()
-                new.append((Mux(f.accumulate, old, 0) + sums[i][j])[:32])
+                # the old row plus the accumulator, added beside the products' tree (mod 2**32)
+                new.append(((Mux(f.accumulate, old, 0) + bases[i][j])[:32] + dots[i][j])[:32])
             wn = Signal(name=f"c_wneed{i}")
             m.d.comb += wn.eq(v1 & last_k1 & w_row_ok)
             w_need.append(wn)

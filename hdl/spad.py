@@ -23,6 +23,7 @@ none of its banks is taken by a client before it. A refused client asks again (t
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +35,7 @@ from amaranth.lib.wiring import In, Out
 from npu.arith import cdiv
 from npu.config import NpuConfig
 
-from .common import log2
+from .common import log2, tree
 
 
 @dataclass(frozen=True)
@@ -43,15 +44,6 @@ class Client:
     port: str  # "A" or "B"
     write: bool
     lanes: int = 1  # consecutive lane words per access
-
-
-def _or_tree(values: list):
-    """The OR of `values`, as a balanced tree."""
-    while len(values) > 1:
-        values = [
-            values[i] | values[i + 1] if i + 1 < len(values) else values[i] for i in range(0, len(values), 2)
-        ]
-    return values[0]
 
 
 def reciprocal(divisor: int, bits: int) -> tuple[int, int]:
@@ -251,7 +243,7 @@ class BankedScratchpad(wiring.Component):
                         # ask for (one refused asks for a bank a client before it holds), an OR of
                         # requests rather than a chain of grants (Fmax)
                         asked = [Mux(getattr(self, h.name).en, onehot[h.name], 0) for h in on_port[:i]]
-                        taken = _or_tree(asked) if asked else Const(0, nb)
+                        taken = tree(asked, operator.or_) if asked else Const(0, nb)
                     m.d.comb += grant.eq(en & ~(need & taken).any())
                     nxt = Signal(nb, name=f"{c.name}_taken")
                     m.d.comb += nxt.eq(taken | Mux(grant, need, 0))
@@ -270,12 +262,12 @@ class BankedScratchpad(wiring.Component):
                 if not drive[b]:
                     continue
                 ap, wp, _ = banks[b][port]
-                m.d.comb += ap.addr.eq(_or_tree([Mux(s_, r, 0) for s_, r, _, _ in drive[b]]))
+                m.d.comb += ap.addr.eq(tree([Mux(s_, r, 0) for s_, r, _, _ in drive[b]], operator.or_))
                 if wp is not None:
                     writes = [(s_, d, e) for s_, _, d, e in drive[b] if d is not None]
                     m.d.comb += [
-                        wp.data.eq(_or_tree([Mux(s_, d, 0) for s_, d, _ in writes])),
-                        wp.en.eq(_or_tree([Mux(s_, e, 0) for s_, _, e in writes])),
+                        wp.data.eq(tree([Mux(s_, d, 0) for s_, d, _ in writes], operator.or_)),
+                        wp.en.eq(tree([Mux(s_, e, 0) for s_, _, e in writes], operator.or_)),
                     ]
             for c in on_port:
                 grant = getattr(self, c.name).grant

@@ -51,7 +51,9 @@ class StoreUnit(wiring.Component):
         cfg = self.cfg
         W = cfg.bus_bytes
         lw = log2(W)
-        m.submodules.fifo = fifo = ByteFifo(W, cap_words=3, prerotated=True)
+        # four words: room for the two words in flight from the memory (read, then registered) and
+        # the two the writer may be popping from (one beat per cycle)
+        m.submodules.fifo = fifo = ByteFifo(W, cap_words=4, prerotated=True)
         ins = Signal(INSTR_BITS)
         f = view(Opcode.STORE, ins)
         with m.If(self.exec.go):
@@ -62,11 +64,12 @@ class StoreUnit(wiring.Component):
         m.d.comb += empty.eq((f.rows == 0) | (f.cols == 0))
 
         # ---- reader: on-chip words -> FIFO ---------------------------------------------------------
-        # A read issued in one cycle (registered memory read) is pushed the next; it is issued only
-        # when the FIFO will have room for it then, and again while the scratchpad refuses it. The
-        # word's first byte (at offset `ro`) must land at the FIFO's write pointer as it will be
-        # then: that rotation is registered with the read, so the word goes from the memory's
-        # output through one rotation into the ring (Fmax).
+        # A word read in one cycle (registered memory read) is at the memory's output the next and in
+        # a register the cycle after, from which it is pushed: the block RAM's slow clock-to-output
+        # and the bank multiplexer end in that register, not in the FIFO's rotation (Fmax). A read
+        # is issued only when the FIFO will have room for it then, and again while the memory
+        # refuses it. The word's first byte (at offset `ro`) must land at the FIFO's write pointer
+        # as it will be then: that rotation is worked out with the read and travels with the word.
         r_row = Signal(17)
         r_left = Signal(17)
         r_addr = Signal(21)
@@ -81,30 +84,36 @@ class StoreUnit(wiring.Component):
         ]
         rn = Signal(range(W + 1))
         m.d.comb += rn.eq(min_(W - ro, r_left))
-        pend = Signal()  # a word read last cycle is pushed this cycle
-        pend_n = Signal(range(W + 1))
+        S = fifo.cap
+        assert S & (S - 1) == 0, "the rotation arithmetic wraps by truncation"
+        # stage 1: read last cycle, the word at the memory's output; stage 2: the word registered,
+        # pushed this cycle
+        pend, pend_n, rot = Signal(), Signal(range(W + 1)), Signal(range(S))
+        pend2, pend2_n, rot2 = Signal(), Signal(range(W + 1)), Signal(range(S))
+        rdata = Signal(8 * W)
         want = Signal()
-        m.d.comb += want.eq(
-            active & ~empty & (r_row < f.rows) & (fifo.count + Mux(pend, 2 * W, W) <= fifo.cap)
-        )
+        m.d.comb += want.eq(active & ~empty & (r_row < f.rows) & (fifo.count + W * (1 + pend + pend2) <= S))
         m.d.comb += [sp.en.eq(want & ~from_acc), ap.en.eq(want & from_acc)]
         reading = Signal()  # the read goes out this cycle (the memory may refuse it)
         m.d.comb += reading.eq(want & Mux(from_acc, ap.grant, sp.grant))
-        S = fifo.cap
-        rot = Signal(range(S))
-        wn = fifo.wptr_next
+        # the write pointer when this read's word is pushed (two cycles on): after this cycle's push
+        # (stage 2, in `wptr_next`) and the next cycle's (stage 1's word)
+        at_push = Signal(range(S))
+        m.d.comb += at_push.eq(fifo.wptr_next + Mux(pend, pend_n, 0))
         m.d.sync += [
             pend.eq(reading),
             pend_n.eq(rn),
-            rot.eq(Mux(wn >= ro, wn - ro, wn + S - ro)),  # (wptr_next - ro) mod S
+            rot.eq(at_push - ro),  # mod S
+            pend2.eq(pend),
+            pend2_n.eq(pend_n),
+            rot2.eq(rot),
+            rdata.eq(Mux(from_acc, ap.data, sp.data)),
         ]
-        rword = Signal(8 * W)
-        m.d.comb += rword.eq(Mux(from_acc, ap.data, sp.data))
         m.d.comb += [
-            fifo.push_valid.eq(pend),
-            fifo.push_data.eq(rword),
-            fifo.push_rot.eq(rot),
-            fifo.push_n.eq(pend_n),
+            fifo.push_valid.eq(pend2),
+            fifo.push_data.eq(rdata),
+            fifo.push_rot.eq(rot2),
+            fifo.push_n.eq(pend2_n),
         ]
         with m.If(reading):
             with m.If(rn == r_left):

@@ -15,8 +15,9 @@ from .arith import cdiv
 #: Channel cycles a write burst takes besides its beats: the memory takes the next burst's address
 #: only once this one's response has been taken (hdl/simdram.py), so bursts do not overlap.
 WRITE_BURST_CYCLES = 2
-#: A STORE's cycles besides its bursts: issuing the first address, taking the last response.
-STORE_CYCLES = 2
+#: A STORE's cycles besides its bursts: issuing the first address, the read word's register
+#: before the unit's FIFO (hdl/store.py), taking the last response.
+STORE_CYCLES = 3
 
 
 def dma_beats(addr: int, rows: int, cols: int, stride: int, bus: int) -> int:
