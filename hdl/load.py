@@ -115,10 +115,15 @@ class LoadUnit(wiring.Component):
         g_rows = Signal(16)  # rows of the phase left, the current one included
         g_seg = Signal(2)  # the segment within the row (a pad row is one PAD_R segment of tw bytes)
         seg_left = Signal(18)  # bytes left in the current segment
+        seg_small = Signal()  # seg_left <= W, kept beside it: this cycle's byte count needs no wide compare
         g_dram = Signal(48)  # DRAM byte address of the next data byte (for the R beat offset)
         g_row_dram = Signal(48)  # DRAM address of the current data row
         seg_data = Signal()
         m.d.comb += seg_data.eq((g_phase == DATA) & (g_seg == SEG_DATA))
+
+        def seg_len(value) -> list:
+            """Assignments that set the bytes left in the segment to `value`."""
+            return [seg_left.eq(value), seg_small.eq(value <= W)]
 
         def row_start(phase, fl, width) -> list:
             """Assignments that start a row of `phase` (fields `fl` and padded row bytes `width`: the
@@ -127,7 +132,7 @@ class LoadUnit(wiring.Component):
             first_len = Mux(fl.pad_left != 0, fl.pad_left, Mux(fl.cols != 0, fl.cols, fl.pad_right))
             return [
                 g_seg.eq(Mux(phase == DATA, first_seg, PAD_R)),
-                seg_left.eq(Mux(phase == DATA, first_len, width)),
+                *seg_len(Mux(phase == DATA, first_len, width)),
             ]
 
         def next_phase(after, fl):
@@ -142,10 +147,11 @@ class LoadUnit(wiring.Component):
         m.d.comb += off.eq(g_dram[:lw])
         lim = Signal(range(W + 1))  # the most bytes this cycle: to the beat's end, or a bus word of pad
         m.d.comb += lim.eq(Mux(seg_data, W - off, W))
-        last = Signal()  # the segment ends this cycle if it moves
-        m.d.comb += last.eq(seg_left <= lim)
+        last = Signal()  # the segment ends this cycle if it moves (seg_left <= lim, lim <= W)
+        short = seg_left[: lw + 1]  # seg_left when seg_small
+        m.d.comb += last.eq(seg_small & (short <= lim))
         n = Signal(range(W + 1))
-        m.d.comb += n.eq(Mux(last, seg_left, lim))
+        m.d.comb += n.eq(Mux(last, short, lim))
         # int16 padding (pad_i16): elements pad_value * 256, a zero byte at every even column of the
         # padded row. A pad segment starts at an even column except a data row's right padding after
         # an odd number of data bytes (pad_left is even), and moves whole bus words (W even), so its
@@ -184,11 +190,11 @@ class LoadUnit(wiring.Component):
         data_row = g_phase == DATA
         with m.If(moved):
             with m.If(~last):
-                m.d.sync += seg_left.eq(seg_left - n)
+                m.d.sync += seg_len(seg_left - n)
             with m.Elif(data_row & (g_seg == PAD_L) & (f.cols != 0)):
-                m.d.sync += [g_seg.eq(SEG_DATA), seg_left.eq(f.cols)]
+                m.d.sync += [g_seg.eq(SEG_DATA), *seg_len(f.cols)]
             with m.Elif(data_row & (g_seg != PAD_R) & (f.pad_right != 0)):
-                m.d.sync += [g_seg.eq(PAD_R), seg_left.eq(f.pad_right)]
+                m.d.sync += [g_seg.eq(PAD_R), *seg_len(f.pad_right)]
             with m.Else():
                 m.d.comb += row_end.eq(1)
         with m.If(row_end):

@@ -63,9 +63,9 @@ BOARDS: dict[str, Board] = {
             "dsp": "MULT18X18D",
             "lutram": "TRELLIS_RAMW",
         },  # fmt: skip
-        # router1: it routes the 4-bank core completely (about 25 minutes); router2 left thousands
-        # of wires overused after 40 iterations (docs/boards.md)
-        nextpnr_opts="--router router1",
+        # the static (electrostatic) placer spreads the design so that router2 routes it in minutes;
+        # HeAP's denser placement took router1 45-75 minutes (docs/boards.md)
+        nextpnr_opts="--placer static --router router2",
         loader_board="ulx3s",
     ),
     "icebreaker": Board(
