@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--unit",
         help="time one unit of the core alone instead (ECP5 boards, out of context): "
         "fetch, load, store, matrix, vector, spad, acc, core (all of them, without the board's "
-        "DRAM controller and serial bridge; 20-25 minutes), or the board top's sdram controller or "
+        "DRAM controller and serial bridge), or the board top's sdram controller or "
         "serial bridge",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
