@@ -198,7 +198,8 @@ class NpuConfig:
         return (
             f"{self.name}: {self.clusters}x{self.pes_per_cluster}x{self.lanes} = "
             f"{self.macs_per_cycle} MACs/cycle, scratchpad {self.spad_bytes // 1024} KiB "
-            f"in {self.spad_banks} {'dual-port ' if self.spad_banked else ''}bank{'s' if self.spad_banks > 1 else ''}, "
+            f"in {self.spad_banks} {'dual-port ' if self.spad_banked else ''}"
+            f"bank{'s' if self.spad_banks > 1 else ''}, "
             f"accumulators {self.acc_bytes // 1024} KiB, "
             f"vector {self.vector_lanes} lanes, bus {self.bus_bytes * 8} bits, "
             f"DRAM {_size(self.dram_bytes)}, id 0x{self.config_id:08x}"

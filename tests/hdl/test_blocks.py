@@ -130,7 +130,8 @@ def test_hardware_checks_match_isa_validate(cfg):
     assert not mismatches, mismatches[:5]
 
 
-@pytest.mark.parametrize("W,cap_words", [(8, 2), (8, 3), (8, 4), (16, 2)])  # the load's, 3 words, the store's, a wide bus
+# the load's, 3 words, the store's, a wide bus
+@pytest.mark.parametrize("W,cap_words", [(8, 2), (8, 3), (8, 4), (16, 2)])
 @settings(max_examples=30)
 @given(
     st.lists(
