@@ -13,7 +13,7 @@ from npu.config import ACC_BASE, NpuConfig
 from npu.container import CancelPoint, HostTensor, Layer, NpuSegment, Segment, TensorDesc
 from npu.isa import Instr, Opcode, footprint
 from npu.program import Item, ProgramBuilder
-from npu.sim.runner import timing_run
+from npu.sim.golden.runner import timing_run
 from npu.timing import dma_bytes, duration
 
 from .dram import DramPlan, Translate, plan

@@ -30,7 +30,7 @@ def _zoo_model(name: str):
 
 
 def _measured_cycles(cm: CompiledModel, x: np.ndarray) -> int:
-    from npu.sim.runner import run_container
+    from npu.sim.golden.runner import run_container
 
     _, counters = run_container(cm.to_container(), [x], cm.cfg)
     return counters["CYCLES"]
@@ -74,7 +74,7 @@ BANK_MODELS = ("perception", "resnet_small", "inception_small", "digits_cnn", "s
 
 def bench_banks(cfg: NpuConfig, names: list[str] | None = None) -> dict:
     """`npu bench banks`: matrix cycles a banked scratchpad would need under each candidate bank
-    mapping (npu.sim.banks), for compiled zoo models and the GEMM benchmark's program."""
+    mapping (npu.sim.golden.banks), for compiled zoo models and the GEMM benchmark's program."""
     import tempfile
     from pathlib import Path
 
@@ -82,7 +82,7 @@ def bench_banks(cfg: NpuConfig, names: list[str] | None = None) -> dict:
 
     from npu.compiler.programs import gemm_program
     from npu.isa import decode_program
-    from npu.sim.banks import program_conflicts
+    from npu.sim.golden.banks import program_conflicts
 
     from .compile import compile_onnx
 
@@ -115,5 +115,60 @@ def format_order(result: dict) -> str:
         f"{r['model']}: {r['default_cycles']:,} cycles in ONNX order, {r['searched_cycles']:,} "
         f"searched ({r['gain']:.1%} fewer); search {r['search_s']} s over {r['subgraphs']} "
         f"subgraphs, unpartitioned {r['search_s_unpartitioned']}"
+        for r in result["models"]
+    )
+
+
+COMPILE_MODELS = ("perception", "resnet_small", "inception_small", *("resnet50_like", "inception_v1_like"))
+
+
+def bench_compile(cfg: NpuConfig, names: list[str] | None = None, **options) -> dict:
+    """`npu bench compile`: wall time of `compile_onnx` with the default options (but `options`) per
+    model: zoo names, or ONNX files with their calibration beside them as `<stem>.calib.npy` (the
+    zoo's layout). Time it on a quiet machine: a busy second core changes it 2-5x."""
+    import tempfile
+    import time
+    from pathlib import Path
+
+    import onnx
+
+    from .compile import compile_onnx
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names or COMPILE_MODELS:
+            print(f"bench compile: {name}", file=sys.stderr, flush=True)
+            if name.endswith(".onnx"):
+                path = Path(name)
+                calib_path = path.with_name(path.stem + ".calib.npy")
+                if not path.is_file():
+                    raise CompileError(f"{path}: no such ONNX file")
+                if not calib_path.is_file():
+                    raise CompileError(f"{path}: its calibration {calib_path} is missing")
+                calib = np.load(calib_path)
+            else:
+                z = _zoo_model(name)
+                path, calib = Path(tmp) / f"{name}.onnx", z.calib
+                onnx.save(z.model, str(path))
+            t0 = time.perf_counter()
+            cm = compile_onnx(path, cfg, calib=calib, **options)
+            seconds = time.perf_counter() - t0
+            rows.append(
+                {
+                    "model": Path(name).stem if name.endswith(".onnx") else name,
+                    "nodes": len(onnx.load(str(path)).graph.node),
+                    "layers": len(cm.lowered.layers),
+                    "quantisation": cm.quantisation,
+                    "compile_s": round(seconds, 2),
+                }
+            )
+    return {"config": cfg.name, "options": options, "models": rows}
+
+
+def format_compile(result: dict) -> str:
+    """`bench_compile`'s figures as text."""
+    return "\n".join(
+        f"{r['model']}: {r['nodes']} ONNX nodes -> {r['layers']} layers ({r['quantisation']}) "
+        f"in {r['compile_s']} s"
         for r in result["models"]
     )

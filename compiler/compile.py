@@ -93,13 +93,13 @@ class CompiledModel:
 
     def run(self, *inputs: np.ndarray, model=None) -> list[np.ndarray]:
         """Run on the golden model; float (dequantised) outputs."""
-        from npu.sim.runner import run_container
+        from npu.sim.golden.runner import run_container
 
         return run_container(self.to_container(), list(inputs), self.cfg, model=model)[0]
 
     def run_int8(self, *inputs: np.ndarray, model=None) -> list[np.ndarray]:
         """Run on the golden model; int8 outputs (host-computed float outputs stay float)."""
-        from npu.sim.runner import run_container
+        from npu.sim.golden.runner import run_container
 
         return run_container(self.to_container(), list(inputs), self.cfg, model=model, int8=True)[0]
 

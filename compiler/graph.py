@@ -11,8 +11,10 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from npu.errors import NpuError
 
-class CompileError(ValueError):
+
+class CompileError(NpuError, ValueError):
     """A model the compiler cannot take; the message names the file, node, operator and reason."""
 
 

@@ -1,4 +1,4 @@
-"""Operator order search (seed 004).
+"""Operator order search.
 
 Independent operators may run in any order, and the order changes how much of one operator's DMA
 hides under another's compute (consecutive operators use opposite ends of the scratchpad, so the
@@ -32,8 +32,8 @@ from itertools import islice
 
 from npu.arith import round_up
 from npu.program import ProgramBuilder
-from npu.sim.model import NpuModel
-from npu.sim.runner import timing_run
+from npu.sim.golden.model import NpuModel
+from npu.sim.golden.runner import timing_run
 
 from .dram import LiveMemory
 from .lower import VIRTUAL_DRAM, Lowering

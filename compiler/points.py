@@ -1,4 +1,4 @@
-"""Cancellation point placement (seed 000).
+"""Cancellation point placement.
 
 Candidates are the places an emitter marked (between row bands, output tiles, chunks) and every
 operator boundary. A paused program stops at a point with every instruction before it finished and

@@ -15,7 +15,7 @@ from npu.arith import round_up
 from npu.config import ACC_BASE, NpuConfig
 from npu.isa import PER_COL_MAX
 from npu.program import BuiltProgram, ProgramBuilder
-from npu.sim.kernels import requant
+from npu.sim.golden.kernels import requant
 from npu.timing import bank_stride
 
 

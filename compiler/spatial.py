@@ -1,6 +1,6 @@
 """Convolution and pooling on HWC activations: tiling (operator splitting) and code generation.
 
-Splitting follows the seed's rule per operator type. A convolution is split by frame first, then by
+Splitting follows the design's rule per operator type. A convolution is split by frame first, then by
 output channel (and input channel, accumulating, when one output channel's weights are too big),
 then by height into row bands with halos (`kh - stride` rows shared by neighbouring bands). Pooling
 reduces over height and width, so it is split by frame, channel and then row bands.

@@ -2,7 +2,7 @@
 cancellation point of the perception model costs, and four preemption strategies compared.
 
 Everything here talks to an `Npu` only, so it runs unchanged on every backend (for `rtl`, inside the
-simulation: see `driver/rtl.py`).
+simulation: see `sim/rtl/transport.py`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ def fixed_overhead(cfg: NpuConfig) -> int:
 def drain_bound(container, cfg: NpuConfig) -> int:
     """The drain D of docs/isa.md for a compiled model: the most cycles between the first and the
     last unit passing one cancellation point in an uninterrupted run (golden model timing)."""
-    from npu.sim.model import NpuModel
-    from npu.sim.runner import run_container
+    from npu.sim.golden.model import NpuModel
+    from npu.sim.golden.runner import run_container
 
     m = NpuModel(cfg, trace=True)
     man = container.manifest

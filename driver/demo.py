@@ -1,4 +1,4 @@
-"""The perception/planning scenario (seed 000) on any backend.
+"""The perception/planning scenario (preemption at cancellation points) on any backend.
 
 Frames arrive every `period` cycles. Each frame runs the long perception CNN, then a host
 post-processing step of `post_cycles`, then the short planning MLP. The planning job of frame i

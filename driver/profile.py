@@ -1,4 +1,4 @@
-"""Reference runtimes (seed 001): run a compiled model alone on a quiet engine and record each NPU
+"""Reference runtimes (operator queues): run a compiled model alone on a quiet engine and record each NPU
 segment's measured cycles in the container (`NpuSegment.ref_cycles`, and `Layer.ref_cycles` where a
 segment holds one operator, as with `--granularity operator`).
 

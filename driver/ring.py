@@ -15,6 +15,7 @@ pauses (`reuse="dispatched"`) as soon as it is dispatched.
 
 from __future__ import annotations
 
+from npu.errors import NpuError
 from npu.isa import INSTR_BYTES, Opcode
 from npu.registers import Control, Status
 
@@ -23,7 +24,7 @@ from .transport import Transport
 MASK = 0xFFFFFFFF
 
 
-class RingError(RuntimeError):
+class RingError(NpuError, RuntimeError):
     pass
 
 

@@ -5,10 +5,10 @@ engines of a SoC.
 Scheduling is event driven in device time (cycles). A job is a graph of program segments (a chain,
 or with `--granularity operator` one segment per operator and the operator graph); a segment whose
 inputs exist is a unit of work (`sched.Operator`) handed to the dispatcher: one shared priority queue
-(`dispatch="shared"`, the default) or one operator queue per engine with a policy (seed 001:
-`expected-time`, `count`, `round-robin`). With `enqueue="submit"` (seed 001's setting) every NPU
+(`dispatch="shared"`, the default) or one operator queue per engine with a policy (operator queues:
+`expected-time`, `count`, `round-robin`). With `enqueue="submit"` (the design's setting) every NPU
 segment of a job goes to a queue when the job starts, in dependency order, and a queue whose head
-still waits for its inputs holds its engine (the synchronisation between queues the seed describes).
+still waits for its inputs holds its engine (the synchronisation between queues the design describes).
 A free engine starts what its queue holds first; a unit that waits with a higher priority than the
 one an engine runs preempts it:
 
@@ -41,11 +41,13 @@ import numpy as np
 from npu.arith import round_up
 from npu.config import NpuConfig, get_config
 from npu.container import CancelPoint, Container, HostStep, Manifest, NpuSegment, relocate
+from npu.errors import NpuError
 from npu.executor import HostSteps, check_inputs, read_outputs, write_inputs
 from npu.isa import ErrorCode, encode_program
 from npu.program import ProgramBuilder, copy_range
 from npu.registers import COUNTERS, NPU_MAGIC, SOC_MAGIC, Control, Status
 
+from .resolve import resolve
 from .sched import Operator, make_dispatch
 from .trace import Trace
 from .transport import EngineView, ModelTransport, SocModelTransport, Transport
@@ -68,7 +70,7 @@ class Priority(enum.IntEnum):
     URGENT = 3
 
 
-class DriverError(RuntimeError):
+class DriverError(NpuError, RuntimeError):
     """Misuse of the driver or a device that cannot do what was asked."""
 
 
@@ -80,18 +82,17 @@ class JobError(DriverError):
         self.code, self.pc = code, pc
 
 
+#: transports by backend name, as "module:class": the RTL one belongs to the verification harness
+#: above the driver (npu.sim.rtl), so it is named here and imported only when asked for
+BACKENDS = {"rtl": "npu.sim.rtl.transport:RtlTransport", "serial": "npu.driver.serial:SerialTransport"}
+
+
 def make_transport(backend: str, cfg: NpuConfig, **kw) -> Transport:
     if backend == "model":
         return SocModelTransport(cfg) if cfg.engines > 1 else ModelTransport(cfg)
-    if backend == "rtl":
-        from .rtl import RtlTransport
-
-        return RtlTransport(cfg, **kw)
-    if backend == "serial":
-        from .serial import SerialTransport
-
-        return SerialTransport(cfg, **kw)
-    raise DriverError(f"unknown backend {backend!r}; choose model, rtl or serial")
+    if backend not in BACKENDS:
+        raise DriverError(f"unknown backend {backend!r}; choose model, {' or '.join(BACKENDS)}")
+    return resolve(BACKENDS[backend])(cfg, **kw)
 
 
 @dataclass(eq=False)

@@ -10,10 +10,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from npu.config import NpuConfig
+from npu.errors import NpuError
 from npu.registers import REG, Status, engine_window
 
 
-class TransportError(RuntimeError):
+class TransportError(NpuError, RuntimeError):
     """The link to the device failed (not an NPU error status)."""
 
 
@@ -65,7 +66,7 @@ class ModelTransport(Transport):
     """The golden model, in process (bit-exact; cycle-approximate timing)."""
 
     def __init__(self, cfg: NpuConfig, *, trace: bool = False):
-        from npu.sim.model import NpuModel
+        from npu.sim.golden.model import NpuModel
 
         self.cfg = cfg
         self.model = NpuModel(cfg, trace=trace)
@@ -121,11 +122,11 @@ class EngineView(Transport):
 
 
 class SocModelTransport(ModelTransport):
-    """The golden model of a SoC (`npu.sim.system.NpuSystem`): engines sharing DRAM and its port,
+    """The golden model of a SoC (`npu.sim.golden.system.NpuSystem`): engines sharing DRAM and its port,
     registers at SoC offsets (the SoC block, then one window per engine)."""
 
     def __init__(self, cfg: NpuConfig, *, trace: bool = False):
-        from npu.sim.system import NpuSystem
+        from npu.sim.golden.system import NpuSystem
 
         self.cfg = cfg
         self.model = NpuSystem(cfg, trace=trace)

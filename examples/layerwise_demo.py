@@ -1,8 +1,8 @@
-"""Two models interleaved layer by layer on one engine through the command ring (seed 002).
+"""Two models interleaved layer by layer on one engine through the command ring (layer-wise scheduling).
 
 A compute-bound CNN and a memory-bound MLP, each compiled one segment per layer into its own half of
 the scratchpad, are submitted together; the same pair runs under `fcfs` (one model after the other)
-and `idle-time` (the seed's rule). Prints the makespans and the order the layers completed in, and
+and `idle-time` (the design's rule). Prints the makespans and the order the layers completed in, and
 writes a Perfetto trace per policy (one track per unit, each instruction named by its model and
 layer) to out/layerwise/.
 

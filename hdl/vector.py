@@ -3,7 +3,7 @@ broadcast row), POOL and VLUT (a 256-entry int8 table) on `vector_lanes` element
 
 Operands are read as two consecutive words (scratchpad lane words, or accumulator words) so that any
 element-aligned group of lanes can be fetched at once; results are written as two lane words for the
-same reason. The arithmetic is exactly `sim/kernels.py`: 64-bit products, rounding right shift (ties
+same reason. The arithmetic is exactly `sim/golden/kernels.py`: 64-bit products, rounding right shift (ties
 up), zero points and a clamp.
 
 int16 operands and destinations (`*_i16`, not VLUT) keep this byte machinery: a step with any of

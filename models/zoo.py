@@ -5,10 +5,10 @@ rebuilds the same files offline.
   trained here with a small numpy implementation of backpropagation (no framework needed).
 * `resnet_small`, `inception_small`: a residual and a branchy (inception-style) network on 32x32.
 * `perception`, `planning`: the preemption scenario's long perception CNN and short planning MLP.
-* `longconv`: one long convolution and a short head (operator runtimes 100x apart, for seed 001).
+* `longconv`: one long convolution and a short head (operator runtimes 100x apart, for operator queues).
 * `multipath`: blocks of eight parallel short convolutions (many short operators ready at once, the
-  other side of seed 001's mix).
-* `fc_heavy`: a DMA-bound MLP at batch 1 (0.4 MB of weights), the memory-intensive side of seed 002.
+  other side of the operator-queue design's mix).
+* `fc_heavy`: a DMA-bound MLP at batch 1 (0.4 MB of weights), the memory-bound side of layer-wise scheduling.
 * `fc_deep`: a deeper DMA-bound MLP at batch 1 (16 layers of 256 x 256, 1 MB of weights): layers of
   the size of a small CNN's, so layer-wise pairs with the zoo's CNNs are of comparable length.
 * `resnet50_like`, `inception_v1_like`, `squeezenet_like`: ImageNet-class topologies at 224x224
@@ -239,7 +239,7 @@ def planning(batch: int = 1) -> ZooModel:
 
 
 def longconv(batch: int = 1) -> ZooModel:
-    """A model dominated by one long convolution (the seed 001 case: one long operator delays what
+    """A model dominated by one long convolution (the operator-queue case: one long operator delays what
     queues behind it), then a short head."""
     net = Net("longconv", (batch, 32, 48, 48), seed=15)
     x = net.conv(net.input, 64, 3)
@@ -250,7 +250,7 @@ def longconv(batch: int = 1) -> ZooModel:
 
 def multipath(batch: int = 1) -> ZooModel:
     """Four split-transform-merge blocks of eight parallel 3x3 convolutions (explicit paths, concat,
-    1x1 merge) on 16x16x16 features: the counterpart of `longconv` for seed 001. Every operator is
+    1x1 merge) on 16x16x16 features: the counterpart of `longconv` for operator queues. Every operator is
     short (about 8k cycles on `default`, 40x shorter than longconv's convolution) and eight become
     ready at once, so a policy that counts operators spreads them over every queue, behind a long
     one too; a job's work (335k cycles) is about longconv's, so neither makes up the whole load."""
@@ -265,7 +265,7 @@ def multipath(batch: int = 1) -> ZooModel:
 
 def fc_heavy(batch: int = 1) -> ZooModel:
     """A memory-intensive MLP at batch 1 (about 0.4 MB of int8 weights, each used once): its layers
-    are bound by DMA, the counterpart of the CNNs in layer-wise scheduling (seed 002)."""
+    are bound by DMA, the counterpart of the CNNs in layer-wise scheduling."""
     net = Net("fc_heavy", (batch, 256), seed=16)
     h = net.relu(net.gemm(net.input, 512))
     h = net.relu(net.gemm(h, 512))

@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from npu.errors import NpuError
+
 from .isa import (
     FIELD_BY_NAME,
     FORMATS,
@@ -37,7 +39,7 @@ DTYPES = {"i8": "int8", "u8": "uint8", "i16": "int16", "i32": "int32"}
 _UNIT_BY_NAME = {v: Unit(k) for k, v in UNIT_NAMES.items()}
 
 
-class AsmError(ValueError):
+class AsmError(NpuError, ValueError):
     """Malformed assembly; the message starts with ``file:line:``."""
 
 

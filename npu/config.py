@@ -12,6 +12,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+from npu.errors import NpuError
 from npu.registers import MAX_ENGINES
 
 #: The on-chip address space is fixed by the ISA: scratchpad bytes at [0, ACC_BASE), accumulator
@@ -20,7 +21,7 @@ ACC_BASE = 0x8_0000
 ONCHIP_ADDR_BITS = 20
 
 
-class ConfigError(ValueError):
+class ConfigError(NpuError, ValueError):
     """A hardware configuration that cannot be built; the message names the field."""
 
 

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from npu.errors import NpuError
+
 from .config import ACC_BASE, PRESETS, NpuConfig
 from .isa import FORMATS, INSTR_BYTES, OFFSETS, Opcode
 from .tensors import Layout
@@ -40,7 +42,7 @@ VERSION = 2
 HEADER = struct.Struct("<4sHHIIQ32s")
 
 
-class ContainerError(ValueError):
+class ContainerError(NpuError, ValueError):
     """A file that is not a valid container; the message names the file and the problem."""
 
 

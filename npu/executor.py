@@ -15,6 +15,8 @@ import numpy as np
 import onnx
 from onnx.reference import ReferenceEvaluator
 
+from npu.errors import NpuError
+
 from .container import HostStep, Manifest, NpuSegment, TensorDesc
 
 
@@ -62,7 +64,7 @@ def read_tensor(dev: Device, desc: TensorDesc) -> np.ndarray:
     return dequantize(q, desc.scale, desc.zero_point)
 
 
-class HostStepError(RuntimeError):
+class HostStepError(NpuError, RuntimeError):
     """A host step failed at run time; the message names the step and its ONNX nodes."""
 
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 from amaranth.lib import enum  # Python enums that also give hardware signals their shape
 
+from npu.errors import NpuError
+
 from .config import ACC_BASE, ONCHIP_ADDR_BITS, NpuConfig
 
 INSTR_BITS = 256
@@ -76,7 +78,7 @@ class ErrorCode(enum.IntEnum, shape=8):
     BUS = 9
 
 
-class IsaError(ValueError):
+class IsaError(NpuError, ValueError):
     """An instruction that breaks an ISA rule; carries the error code the hardware reports."""
 
     def __init__(self, code: ErrorCode, message: str):

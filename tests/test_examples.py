@@ -9,7 +9,7 @@ from npu.asm import read_asm
 from npu.compiler.programs import gemm_reference, requant_params
 from npu.config import get_config
 from npu.registers import Status
-from npu.sim.runner import run_assembly
+from npu.sim.golden.runner import run_assembly
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 sys.path.insert(0, str(EXAMPLES))

@@ -35,7 +35,7 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from npu.program import ProgramBuilder
-from npu.sim.kernels import requant
+from npu.sim.golden.kernels import requant
 
 from ..elementwise import lut16_program, lut_program, step_unit
 from ..graph import CompileError, node_attrs

@@ -1,4 +1,4 @@
-"""Multi-stage inference pipelines (seed 003): sources and data-loader workers, model runners on a
+"""Multi-stage inference pipelines: sources and data-loader workers, model runners on a
 shared `Npu`, post-processors, joined by basic, sync and copy queues; described in Python or in a
 YAML/JSON graph file (`npu pipeline run graph.yaml`)."""
 

@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from npu.errors import NpuError
+
 
 @dataclass
 class Frame:
@@ -26,7 +28,7 @@ class Frame:
         return f"stream {self.stream} frame {self.seq}"
 
 
-class PipelineError(RuntimeError):
+class PipelineError(NpuError, RuntimeError):
     """A pipeline failed: a stage raised, the description is invalid, or frames went missing."""
 
 

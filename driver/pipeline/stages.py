@@ -4,7 +4,6 @@ frame's data, run by N threads or N processes) and a model runner (inference on 
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import multiprocessing
 import signal
@@ -18,32 +17,14 @@ from typing import Any
 
 import numpy as np
 
+from ..resolve import resolve as resolve_path
 from .frames import Cancelled, Frame, PipelineError
 from .queues import Queue
 
 
 def resolve(ref: str | Callable, where: str = "") -> Callable:
     """`module:attr` (or `module.attr`) -> the object; a callable is returned as is."""
-    if callable(ref):
-        return ref
-    if not isinstance(ref, str) or not ref:
-        raise PipelineError(f"{where}expected an import path 'module:name', got {ref!r}")
-    mod, sep, attr = ref.partition(":")
-    if not sep:
-        mod, _, attr = ref.rpartition(".")
-    if not mod or not attr:
-        raise PipelineError(f"{where}{ref!r} is not an import path 'module:name'")
-    try:
-        obj: Any = importlib.import_module(mod)
-    except ImportError as e:
-        raise PipelineError(f"{where}cannot import module {mod!r} of {ref!r}: {e}") from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise PipelineError(f"{where}module {mod!r} has no {attr!r} (from {ref!r})")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise PipelineError(f"{where}{ref!r} is not callable")
-    return obj
+    return resolve_path(ref, where, PipelineError)
 
 
 # -- process workers --------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Schedulers: they decide, the runtime executes through a transport (seed 001 operator queues)."""
+"""Schedulers (operator queues, layer-wise scheduling): they decide, the runtime executes."""
 
 from .opqueue import (
     POLICIES,

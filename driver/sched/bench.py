@@ -1,4 +1,4 @@
-"""`npu bench opqueue`: operator-queue policies across the engines of a SoC (seed 001).
+"""`npu bench opqueue`: operator-queue policies across the engines of a SoC.
 
 Several applications (compiled with `--granularity operator` and profiled alone, so every operator
 carries its measured reference runtime) receive jobs by seeded Poisson arrivals at an offered load
@@ -8,19 +8,19 @@ each engine's utilisation and the imbalance (max / mean busy cycles). `scaling` 
 a saturating load (every job at cycle 0) with 1, 2 and 4 engines, next to the bound of the shared DRAM
 port (the bytes every job moves, at one bus word per cycle per direction).
 
-The mix makes the seed's case common: `longconv`'s one long convolution (352k cycles) next to
+The mix makes the design's case common: `longconv`'s one long convolution (352k cycles) next to
 `multipath`, whose 42 operators are all 40x shorter and become ready eight at once, with about the
 same work per job, and `planning`, a short MLP. Counting puts part of such a burst behind the long
 operator; the expected time does not. With `inception_small` as the third app (operators of up to
 78k cycles, four branches at a time, half of the load) every queue is deep with its own operators and
 counting does about as well (docs/driver.md). Each model is loaded once per engine by default, so
-few jobs are in flight and a queue holds few operators of very different sizes (the seed's case);
+few jobs are in flight and a queue holds few operators of very different sizes (the design's case);
 with more copies every queue fills with operators of every application and counting follows the
 work (`--instances`). At 100 jobs per application the p99 is about the second-largest latency, so
 one seed's cut varies by about +-10 points: compare several `--seed`s.
 
 Everything talks to an `Npu` through a transport, so the same run executes on the golden model and
-(inside the simulation, `driver/rtl.py`) on the SoC's RTL.
+(inside the simulation, `sim/rtl/transport.py`) on the SoC's RTL.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from npu.container import Container, NpuSegment
 from ..runtime import Npu
 from ..transport import Transport
 
-#: the default mix: one long convolution, a short MLP, bursts of short convolutions (seed 001's case)
+#: the default mix: one long convolution, a short MLP, bursts of short convolutions (the design's case)
 APPS = ("longconv", "planning", "multipath")
 POLICIES = ("expected-time", "count", "round-robin")
 RTL_DRAM = 2 << 20  # simulated DRAM of the RTL comparison per copy per engine: every app twice (1.4 MB)

@@ -1,4 +1,4 @@
-"""Layer-wise scheduling of several models on one engine through the command ring (seed 002).
+"""Layer-wise scheduling of several models on one engine through the command ring.
 
 Every request runs one layer (an NPU segment of a model compiled with `granularity="operator"`) at
 a time; the host keeps `depth` layers in the ring, each followed by a FENCE, so that the loads of
@@ -10,14 +10,14 @@ outputs, so they never overlap each other).
 Policies:
 * `fcfs`: whole models in arrival order (the baseline: no interleaving).
 * `layer-rr`: layers of the requests in turn.
-* `idle-time` (the seed's rule): for every candidate, estimate the idle time it would cause on the
+* `idle-time` (the design's rule): for every candidate, estimate the idle time it would cause on the
   compute resource (its DMA not hidden under the compute already queued) and on the DMA resource
   (DMA stalled because the on-chip memory is full until compute frees it); pick the least total,
   ties (within `tie_tolerance`) to the least DMA idle, then to arrival; a candidate passed over
   `starve_limit` times is forced.
 * `order`: a given interleaving (for the exhaustive search over interleavings of small cases).
 
-Priorities (seed 000): candidates of the highest priority present go first, each policy choosing
+Priorities (as in preemption): candidates of the highest priority present go first, each policy choosing
 among them. A request of higher priority than every layer in the ring does not wait behind it: the
 scheduler pauses the engine at its next cancellation point, takes back the rest of the ring, appends
 the urgent layer and then the rest again, and resumes. The models' on-chip regions are disjoint, so
@@ -103,7 +103,7 @@ class Request:
 
 @dataclass
 class Estimator:
-    """The accelerator state the seed's rule tracks: when DMA and compute are free (their gap), the
+    """The accelerator state the design's rule tracks: when DMA and compute are free (their gap), the
     on-chip memory in use, and what each in-flight layer holds."""
 
     capacity: int

@@ -2,7 +2,7 @@
 together on one engine, each policy's STP, ANTT, makespan and utilisation (Eyerman and Eeckhout's
 multiprogram metrics), the greedy rule against an exhaustive search over interleavings on small
 pairs, and a starvation scenario with and without the guard. With `rtl`, two pairs also run on the
-core's RTL (driver/rtl.py): makespans against the model and outputs against each model alone."""
+core's RTL (sim/rtl/transport.py): makespans against the model and outputs against each model alone."""
 
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ def bench_pair(pair: tuple[str, str], config: str, transport_fn=None) -> dict:
         out[policy] = {"makespan": r["makespan"], **metrics(r["turnaround"], alone),
                        "compute_util": r["compute_util"], "dma_util": r["dma_util"]}  # fmt: skip
     out["speedup"] = round(out["fcfs"]["makespan"] / out["idle-time"]["makespan"], 4)
-    # the most any interleaving could gain over fcfs: how far the pair's mix allows the seed's rule to go
+    # the most any interleaving could gain over fcfs: how far the pair's mix allows the design's rule to go
     # (the busiest unit's summed busy cycles, or the longer model alone, whichever is larger)
     out["speedup_bound"] = round(out["fcfs"]["makespan"] / bound, 4)
     return out

@@ -1,6 +1,6 @@
-"""Operator queues across engines (seed 001): one queue per engine and the policy that picks a queue.
+"""Operator queues across engines: one queue per engine and the policy that picks a queue.
 
-Bookkeeping of the seed's rule (`ExpectedTime`): a queue's expected queuing time is its initial wait
+Bookkeeping of the design's rule (`ExpectedTime`): a queue's expected queuing time is its initial wait
 plus the reference runtimes of the operators waiting in it; an operator goes to the queue with the
 shortest expected time (ties to the lowest index); the time grows by the operator's reference runtime
 when it is enqueued and shrinks by it when the operator has been executed and leaves the queue (the
@@ -11,7 +11,7 @@ running still counts. The baselines: `Count` (fewest operators waiting or runnin
 Operators are handed to `OperatorQueues.submit` once their inputs exist (every predecessor has
 finished), so a queue's head can always start when its engine is free and dependencies across engines
 are honoured without blocking a queue on another engine. Within a queue, operators start in order of
-priority, then of arrival (all equal priorities: the seed's FIFO). `SharedQueue` is the policy with no
+priority, then of arrival (all equal priorities: the design's FIFO). `SharedQueue` is the policy with no
 per-engine queues: one priority queue that every free engine takes from.
 """
 

@@ -53,7 +53,8 @@ from amaranth.lib.crc import catalog
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from npu.driver.serial import (
+from npu.registers import REG, Status
+from npu.serial_protocol import (
     BAD_ADDRESS,
     BAD_COMMAND,
     BAD_LENGTH,
@@ -74,7 +75,6 @@ from npu.driver.serial import (
     WRITE_REG,
     encode_frame,
 )
-from npu.registers import REG, Status
 
 from ..axi import AxiLiteSignature, AxiSignature, address_and_data
 from .uart import UartRx, UartTx, divisor_of

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from npu.config import NpuConfig
+from npu.errors import NpuError
 
 from .boards import Board
 
@@ -34,7 +35,7 @@ YOWASP = {
 TOP = "npu_board"
 
 
-class BuildError(RuntimeError):
+class BuildError(NpuError, RuntimeError):
     pass
 
 

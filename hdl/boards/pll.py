@@ -11,8 +11,10 @@ from dataclasses import dataclass
 
 from amaranth import Instance, Module, Signal
 
+from npu.errors import NpuError
 
-class PllError(ValueError):
+
+class PllError(NpuError, ValueError):
     pass
 
 

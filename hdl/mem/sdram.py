@@ -57,7 +57,7 @@ Throughput: within a row, reads and writes stream one 16-bit word per cycle (2 b
 The costs on top: the first word of a read comes back about tRCD + CL + 5 cycles after AR (rows
 closed); entering the next bank (every 1 KiB) takes an ACTIVE and tRCD (tRCD + 1 cycles) when its
 row is not open, a row miss tRP + tRCD + 1 more; a refresh about tRP + tRFC + tRCD + 1. Measured
-by the cocotb tests (sim/cocotb_sdram.py, run by tests/hdl/test_sdram.py), from the AR handshake
+by the cocotb tests (sim/rtl/cocotb_sdram.py, run by tests/hdl/test_sdram.py), from the AR handshake
 to the last R handshake:
 
 * 128-bit AXI, 133 MHz, CAS latency 3, the chip's tREFI: a 256-beat read (4 KiB, 2048 words)

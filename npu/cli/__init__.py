@@ -9,8 +9,7 @@ import os
 import sys
 import warnings
 
-from ..asm import AsmError
-from ..config import ConfigError
+from ..errors import NpuError
 from . import asm, bench, build, compile, config, demo, disasm, flash, hdl, pipeline, profile
 from . import run as run_cmd
 from .common import CliError
@@ -45,20 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _user_error(e: Exception) -> str | None:
     """The message of an error caused by the input (None for a bug)."""
-    from ..container import ContainerError
-    from ..isa import IsaError
-
-    user = [CliError, AsmError, ConfigError, ContainerError, IsaError]
-    for module, name in [
-        ("npu.compiler.graph", "CompileError"),
-        ("npu.driver.runtime", "DriverError"),
-        ("npu.driver.transport", "TransportError"),
-        ("npu.sim.runner", "RunError"),
-        ("npu.driver.pipeline.frames", "PipelineError"),
-    ]:
-        if module in sys.modules:  # loaded only if the command used them
-            user.append(getattr(sys.modules[module], name))
-    if isinstance(e, tuple(user)):
+    if isinstance(e, NpuError):
         return str(e)
     if isinstance(e, OSError) and e.strerror:
         return f"{e.filename}: {e.strerror}" if e.filename else e.strerror

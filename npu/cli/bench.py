@@ -19,17 +19,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "what",
         choices=list(BENCHES),
-        help="model: GEMM on the golden model; gemm: GEMM sweep on --backend; "
+        help="model: GEMM on the golden model; gemm: GEMM sweep on --backend; compile: compile time of "
+        "zoo models (--models: zoo names or ONNX files with <stem>.calib.npy beside them); "
         "order: operator order search on the zoo's branchy models; preempt: the preemption "
         "scenario and strategies; banks: matrix slowdown of candidate scratchpad bank mappings; "
         "soc: the SoC model against the RTL with 2 and 4 engines of --config contending for DRAM; "
-        "opqueue: operator-queue policies (seed 001) over 2 and 4 engines at 50/80/95 %% load "
+        "opqueue: operator-queue policies over 2 and 4 engines at 50/80/95 %% load "
         "(--backend rtl adds 2 engines on the RTL against the model); pipeline: loader scaling, stage "
-        "overlap and speedup of the pipeline machinery (seed 003); layerwise: pairs of a compute- and a "
-        "memory-intensive model on one engine through the command ring, per policy (seed 002; "
+        "overlap and speedup of the pipeline machinery; layerwise: pairs of a compute- and a "
+        "memory-intensive model on one engine through the command ring, per policy (layer-wise scheduling; "
         "--backend rtl adds two pairs on the RTL core)",
     )
-    p.add_argument("--models", nargs="+", help="order, banks: zoo models (default: a representative set)")
+    p.add_argument(
+        "--models", nargs="+", help="order, banks, compile: zoo models (default: a representative set)"
+    )
+    p.add_argument(
+        "--activations",
+        choices=["auto", "int8", "int16"],
+        help="compile: the compiler's activation precision (default: the compiler's default)",
+    )
     p.add_argument(
         "--timeout",
         type=positive_float,
@@ -81,7 +89,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _model(cfg: NpuConfig, args: argparse.Namespace):
-    from npu.sim.bench import bench_model, format_model
+    from npu.sim.rtl.gemm_bench import bench_model, format_model
 
     return bench_model(cfg, args.size), format_model
 
@@ -89,7 +97,7 @@ def _model(cfg: NpuConfig, args: argparse.Namespace):
 def _gemm(cfg: NpuConfig, args: argparse.Namespace):
     if args.backend == "model":
         return _model(cfg, args)
-    from npu.sim.bench import bench_rtl, format_rtl
+    from npu.sim.rtl.gemm_bench import bench_rtl, format_rtl
 
     sizes = args.sizes or [64, 128, 256]
     return bench_rtl(cfg, sizes, fast_dram=not args.axi_ram, pause_interval_tiles=args.cp_every), format_rtl
@@ -102,7 +110,7 @@ def _preempt(cfg: NpuConfig, args: argparse.Namespace):
     models = build_models(cfg.name, args.cp_interval, cache=Path("build") / "demo")
     strategies = strategy_models(cfg.name, args.cp_interval, cache=Path("build") / "demo")
     if args.backend == "rtl":
-        from npu.driver.rtl import run_on_rtl
+        from npu.sim.rtl.transport import run_on_rtl
 
         result = run_on_rtl(rtl_bench_preempt, cfg.name, models, strategies, args.frames, config=cfg)
     else:
@@ -115,7 +123,7 @@ def _preempt(cfg: NpuConfig, args: argparse.Namespace):
 
 
 def _soc(cfg: NpuConfig, args: argparse.Namespace):
-    from npu.sim.soc_bench import bench_soc, format_soc
+    from npu.sim.rtl.soc_bench import bench_soc, format_soc
 
     if args.backend != "rtl":
         raise CliError("bench soc compares the SoC's RTL with its model: use --backend rtl")
@@ -176,7 +184,17 @@ def _order(cfg: NpuConfig, args: argparse.Namespace):
     return bench_order(cfg, args.models, args.timeout), format_order
 
 
+def _compile(cfg: NpuConfig, args: argparse.Namespace):
+    if args.backend != "model":
+        raise CliError("bench compile measures the compiler; --backend rtl is not supported")
+    from npu.compiler.bench import bench_compile, format_compile
+
+    options = {"activations": args.activations} if args.activations else {}
+    return bench_compile(cfg, args.models, **options), format_compile
+
+
 BENCHES: dict[str, Bench] = {
+    "compile": _compile,
     "model": _model,
     "gemm": _gemm,
     "order": _order,

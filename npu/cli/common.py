@@ -6,11 +6,13 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
+from npu.errors import NpuError
+
 from ..asm import Assembly, parse_int, read_asm
 from ..isa import ErrorCode, IsaError, decode_program, validate
 
 
-class CliError(Exception):
+class CliError(NpuError):
     """A user error; `main` prints it as `npu: error: ...` and exits with 2."""
 
 

@@ -1,4 +1,4 @@
-"""`npu demo`: the perception/planning preemption scenario (seed 000), with a table and timelines."""
+"""`npu demo`: the perception/planning preemption scenario, with a table and timelines."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     if args.post_ms is not None:
         timing["post_cycles"] = int(args.post_ms * cyc)
     if args.backend == "rtl":
-        from npu.driver.rtl import run_on_rtl
+        from npu.sim.rtl.transport import run_on_rtl
 
         non, pre, tr_non, tr_pre = run_on_rtl(
             rtl_both_modes, cfg.name, models, args.frames, timing, config=cfg

@@ -64,8 +64,8 @@ def verilog(args: argparse.Namespace) -> int:
 
 
 def replay(args: argparse.Namespace) -> int:
-    from npu.sim.rtl import compare, run_model, run_rtl
-    from npu.sim.rtl_suite import random_jobs
+    from npu.sim.rtl.core import compare, run_model, run_rtl
+    from npu.sim.rtl.suite import random_jobs
 
     cfg = get_config(args.config)
     cp_prob = 0.3 if args.pause == "every" else 0.15

@@ -1,6 +1,6 @@
 """`npu profile`: run a compiled model alone on a quiet device and write each NPU segment's measured
 cycles into the container as its reference runtime (what the operator queues of `Npu(dispatch=...)`
-use; seed 001's first run in a preset environment)."""
+use; the operator-queue design's first run in a preset environment)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = get_config(c.manifest.config)
     if args.backend == "rtl":
-        from npu.driver.rtl import DEFAULT_DRAM, run_on_rtl
+        from npu.sim.rtl.transport import DEFAULT_DRAM, run_on_rtl
 
         cycles = run_on_rtl(measure, c, config=cfg, dram_bytes=min(cfg.dram_bytes, DEFAULT_DRAM))
     else:

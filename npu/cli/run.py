@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _run_npub(args: argparse.Namespace) -> int:
     from npu.container import Container, ContainerError
-    from npu.sim.runner import RunError, run_container
+    from npu.sim.golden.runner import RunError, run_container
 
     try:
         c = Container.load(args.program)
@@ -87,7 +87,7 @@ def _run_npub(args: argparse.Namespace) -> int:
             finally:
                 transport.close()
         elif args.backend == "rtl":
-            from npu.driver.rtl import DEFAULT_DRAM, run_on_rtl
+            from npu.sim.rtl.transport import DEFAULT_DRAM, run_on_rtl
 
             dram = min(cfg.dram_bytes, DEFAULT_DRAM)
             outs, counters = run_on_rtl(run_model, c, xs, config=cfg, dram_bytes=dram)
@@ -121,7 +121,7 @@ def _fmt_counters(c: dict[str, int]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from npu.sim.runner import RunError, run_assembly
+    from npu.sim.golden.runner import RunError, run_assembly
 
     input_file(args.program)
     if args.save:

@@ -30,8 +30,8 @@ from npu.executor import HostSteps, check_inputs, read_outputs, write_inputs
 from npu.isa import Opcode, footprint
 from npu.models import zoo
 from npu.models.builder import Net
-from npu.sim.model import NpuModel
-from npu.sim.runner import ModelDevice, run_container
+from npu.sim.golden.model import NpuModel
+from npu.sim.golden.runner import ModelDevice, run_container
 from tests.compiler.helpers import compare_int8
 
 CFG = get_config("default")

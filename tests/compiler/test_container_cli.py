@@ -8,7 +8,7 @@ import pytest
 from npu.cli import main
 from npu.config import get_config
 from npu.container import Container, ContainerError
-from npu.sim.runner import RunError, run_container
+from npu.sim.golden.runner import RunError, run_container
 from tests.compiler.test_gemm_mlp import mlp_onnx
 
 

@@ -19,7 +19,7 @@ from npu.compiler.fold import fold_constants
 from npu.compiler.frontend import OpsetWarning
 from npu.container import Container, HostIO, HostStep
 from npu.executor import HostStepError, HostSteps
-from npu.sim.runner import RunError, run_container
+from npu.sim.golden.runner import RunError, run_container
 from tests.compiler.helpers import compare_int8, cosine, ort_outputs, unfused_layers
 
 RNG = np.random.default_rng(0)

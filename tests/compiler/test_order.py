@@ -1,4 +1,4 @@
-"""Order search (seed 004): key nodes, subgraphs, exhaustive vs partitioned search, and programs in
+"""Order search: key nodes, subgraphs, exhaustive vs partitioned search, and programs in
 a searched order computing the same results."""
 
 import json
@@ -48,7 +48,8 @@ def test_exhaustive_and_partitioned_search_find_the_same_best_cost():
     cost = CostModel(low)
     assert cost.cycles(full.order) == cost.cycles(part.order)
     assert cost.cycles(part.order) <= cost.cycles(list(range(len(low.frags))))
-    assert part.search_s < full.search_s
+    # the partition evaluates fewer orders than the whole graph's search (its time: `npu bench order`)
+    assert sum(s.evaluated for s in part.subgraphs) < full.subgraphs[0].evaluated
 
 
 def test_searched_order_gives_the_same_outputs(tmp_path):

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from npu.cli import main
 from npu.compiler import compile_onnx
 from npu.container import Container, HostTensor
-from npu.sim.runner import run_container
+from npu.sim.golden.runner import run_container
 from tests.compiler.helpers import compare_int8, cosine, ort_outputs
 
 

@@ -9,7 +9,7 @@ from npu.executor import HostSteps, run_segments
 from npu.models import zoo
 from npu.models.builder import Net
 from npu.registers import Status
-from npu.sim.model import NpuModel
+from npu.sim.golden.model import NpuModel
 
 
 class ScramblingDevice:

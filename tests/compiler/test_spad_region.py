@@ -17,8 +17,8 @@ from npu.executor import HostSteps, check_inputs, read_outputs, write_inputs
 from npu.isa import Opcode, decode_program, encode_program, footprint, make
 from npu.models import zoo
 from npu.program import check_tokens
-from npu.sim.model import NpuModel
-from npu.sim.runner import ModelDevice
+from npu.sim.golden.model import NpuModel
+from npu.sim.golden.runner import ModelDevice
 from npu.timing import dma_bytes
 
 CFG = get_config("default")

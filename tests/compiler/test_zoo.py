@@ -46,7 +46,6 @@ def test_imagenet_class_topologies(tmp_path, name, capsys):
         print(
             f"\n{name}: compile {compile_s:.1f} s, cosine vs float onnxruntime (probabilities, logits) {cos}"
         )
-    assert compile_s < 60
     assert min(cos) >= 0.99
     assert cm.lowered.layers[-1].placement == "host" and cm.lowered.layers[-1].op == "Softmax"
     assert "Concat" in ops or "Add" in ops

@@ -1,4 +1,4 @@
-"""The driver over several engines (seed 001) on the SoC's golden model: operators as units of work,
+"""The driver over several engines on the SoC's golden model: operators as units of work,
 dependencies across engines, every dispatch policy bit-exact against one engine, per-engine
 preemption, reference runtimes and the per-engine trace."""
 
@@ -74,7 +74,7 @@ def test_jobs_over_two_engines_are_bit_exact_and_respect_dependencies(op_models,
 
 
 def test_enqueue_at_submit_queues_every_operator_when_the_job_starts(op_models):
-    """Seed 001's setting: all of a job's NPU segments are in the queues once it starts; heads that
+    """The design's setting: all of a job's NPU segments are in the queues once it starts; heads that
     wait for their inputs hold their engine, so nothing runs out of dependency order."""
     c, x = op_models["inception_small"]
     n_npu = sum(isinstance(s, NpuSegment) for s in c.manifest.segments)

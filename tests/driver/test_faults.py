@@ -386,7 +386,7 @@ def test_a_hung_engine_ends_in_a_timeout_not_a_wait_for_ever(small_models):
     tr = HungTransport(get_config("tiny"))
     npu = Npu(transport=tr, config="tiny")
     npu.load(c_small).submit(x_small)
-    t0 = time.monotonic()
     with pytest.raises(TimeoutError, match="not finished after 1.5 s of wall time"):
         npu.run_all(timeout_s=1.5)
-    assert time.monotonic() - t0 < 5 and tr.waits and max(tr.waits) <= runtime_mod.TIMED_WAIT_CYCLES
+    # every wait was bounded (a wait for ever would hang: pytest-timeout ends it)
+    assert tr.waits and max(tr.waits) <= runtime_mod.TIMED_WAIT_CYCLES

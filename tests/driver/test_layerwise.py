@@ -1,4 +1,4 @@
-"""Layer-wise scheduling through the command ring (seed 002): outputs bit-identical to running each
+"""Layer-wise scheduling through the command ring: outputs bit-identical to running each
 model alone under every policy, interleaving that overlaps one model's DMA with another's compute,
 the starvation guard, exhaustive interleavings and errors."""
 
@@ -155,7 +155,7 @@ def test_trace_shows_the_two_models_interleaving_on_the_units(pair):
 
 def test_a_pair_of_equal_length_interleaves_on_the_multi_preset():
     """A CNN against an MLP that takes as long alone, each cut into steps of at most 10,000 cycles,
-    on `multi` (64-entry unit queues): the seed's rule cuts the makespan by more than a quarter
+    on `multi` (64-entry unit queues): the design's rule cuts the makespan by more than a quarter
     (measured 1.43x), every output stays bit-identical, and the same pair with 8-entry queues
     (`default`) gains less: its dispatcher stalls behind the CNN's queued matrix work, so the MLP's
     loads reach the load queue late."""

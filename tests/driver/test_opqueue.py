@@ -1,4 +1,4 @@
-"""Operator-queue policies (seed 001): the bookkeeping and the choices, exactly as the seed states."""
+"""Operator-queue policies: the bookkeeping and the choices, exactly as the design states."""
 
 import pytest
 

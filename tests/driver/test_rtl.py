@@ -6,7 +6,7 @@ import pytest
 
 from npu.driver import Npu
 from npu.driver.bench import preempt_at_every_point
-from npu.driver.rtl import run_on_rtl
+from npu.sim.rtl.transport import run_on_rtl
 
 pytestmark = pytest.mark.rtl
 

@@ -8,8 +8,8 @@ import pytest
 from npu.compiler import compile_onnx
 from npu.config import get_config
 from npu.driver import Npu
-from npu.driver.rtl import run_on_rtl
 from npu.registers import SOC_REG, Control
+from npu.sim.rtl.transport import run_on_rtl
 from tests.driver.conftest import small_cnn
 
 pytestmark = [pytest.mark.rtl, pytest.mark.xdist_group("rtl-soc-driver")]
@@ -54,7 +54,7 @@ def wait_checks(tr) -> dict:
     """Runs inside the simulation, on idle engines: what `wait` does when another engine's interrupt
     is pending and uncleared, when the running engine's own is stale, and with nothing running."""
     from npu.driver.transport import EngineView
-    from npu.sim.cocotb_bench import clear_program
+    from npu.sim.rtl.cocotb_bench import clear_program
 
     clear = clear_program(tr.cfg.engine)  # two padding-only loads (~2.5k cycles on tiny) and END
     body, end = clear[:-32], clear[-32:]

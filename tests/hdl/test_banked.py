@@ -7,7 +7,7 @@ import pytest
 from npu.config import get_config
 from npu.isa import encode_program
 from npu.program import ProgramBuilder
-from npu.sim.rtl import RtlJob, compare, run_model, run_rtl
+from npu.sim.rtl.core import RtlJob, compare, run_model, run_rtl
 
 pytestmark = pytest.mark.rtl
 

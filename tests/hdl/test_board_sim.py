@@ -1,6 +1,6 @@
 """The board tops in simulation: the host's driver talks to the simulated board through the UART and
 runs compiled zoo models bit-exactly, one of them paused at a cancellation point and resumed
-(sim/cocotb_board.py)."""
+(sim/rtl/cocotb_board.py)."""
 
 import numpy as np
 import pytest
@@ -11,7 +11,7 @@ from npu.driver.runtime import Npu
 from npu.hdl.boards.boards import BOARDS
 from npu.hdl.boards.top import SIM_DIVISOR
 from npu.hdl.verilog import board_sim_verilog
-from npu.sim.hdlsim import build_and_test
+from npu.sim.rtl.hdlsim import build_and_test
 
 pytestmark = [pytest.mark.rtl, pytest.mark.xdist_group("rtl-board")]
 
@@ -41,4 +41,6 @@ def test_board_runs_zoo_models_and_a_pause_over_the_uart(name, tmp_path):
         "BOARD_CLOCK_MHZ": str(board.clock_mhz),
         "BOARD_DIVISOR": str(SIM_DIVISOR),
     }
-    build_and_test(v, "board_top", "npu.sim.cocotb_board", name=f"board-{name}", extra_env=env, quiet=True)
+    build_and_test(
+        v, "board_top", "npu.sim.rtl.cocotb_board", name=f"board-{name}", extra_env=env, quiet=True
+    )

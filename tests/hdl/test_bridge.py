@@ -2,7 +2,7 @@
 the UART pins, and hand-made frames (damaged, repeated, old, bad length, unknown command, address
 outside DRAM, unsupported version, WAIT, NOW) checked byte for byte against the reference encoder.
 
-The bench is sim/cocotb_bridge.py: cocotbext-axi's AxiRam as DRAM, an AxiLiteRam as the registers,
+The bench is sim/rtl/cocotb_bridge.py: cocotbext-axi's AxiRam as DRAM, an AxiLiteRam as the registers,
 cocotbext-uart at 4 to 8 clock cycles per bit.
 """
 
@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from npu.sim.cocotb_bridge import bridge_top_verilog
-from npu.sim.hdlsim import build_and_test
+from npu.sim.rtl.cocotb_bridge import bridge_top_verilog
+from npu.sim.rtl.hdlsim import build_and_test
 
 pytestmark = [pytest.mark.rtl, pytest.mark.xdist_group("rtl-bridge")]
 
@@ -20,7 +20,7 @@ def run_bench(p: dict, testcase: str | None = None) -> None:
     build_and_test(
         bridge_top_verilog(p),
         "bridge_top",
-        "npu.sim.cocotb_bridge",
+        "npu.sim.rtl.cocotb_bridge",
         name=f"bridge-w{p['data_width']}-p{p['max_packet']}",
         testcase=testcase,
         extra_env={"NPU_BRIDGE": json.dumps(p)},

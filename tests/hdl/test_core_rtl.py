@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from npu.config import get_config
-from npu.sim.rtl import compare, run_model, run_rtl
-from npu.sim.rtl_suite import directed_jobs, error_jobs, random_jobs
+from npu.sim.rtl.core import compare, run_model, run_rtl
+from npu.sim.rtl.suite import directed_jobs, error_jobs, random_jobs
 
 N_PAUSE_AT = 20
 CONFIGS = ["tiny", "default", "banked", "icebreaker"]

@@ -34,8 +34,8 @@ def test_matmul_rate_is_what_the_build_report_quotes():
     from npu.config import ACC_BASE, get_config
     from npu.hdl.micro import MATMUL_CYCLES_PER_MAC
     from npu.isa import make
-    from npu.sim.rtl import run_rtl
-    from npu.sim.rtl_suite import _raw
+    from npu.sim.rtl.core import run_rtl
+    from npu.sim.rtl.suite import _raw
 
     cfg = get_config("icebreaker")
     k = 256

@@ -8,9 +8,9 @@ import pytest
 from npu.cli import main
 from npu.config import get_config
 from npu.isa import ErrorCode
-from npu.sim.bench import gemm_job
-from npu.sim.rtl import compare, run_model, run_rtl
-from npu.sim.rtl_suite import bus_fault_jobs, directed_jobs, random_jobs
+from npu.sim.rtl.core import compare, run_model, run_rtl
+from npu.sim.rtl.gemm_bench import gemm_job
+from npu.sim.rtl.suite import bus_fault_jobs, directed_jobs, random_jobs
 
 
 @pytest.mark.parametrize("name", ["tiny", "default", "banked"])

@@ -6,9 +6,9 @@ reported side by side."""
 import pytest
 
 from npu.config import get_config
-from npu.driver.rtl import run_on_rtl
 from npu.driver.transport import ModelTransport
-from npu.sim.ring_scenarios import all_scenarios
+from npu.sim.rtl.ring_scenarios import all_scenarios
+from npu.sim.rtl.transport import run_on_rtl
 
 pytestmark = pytest.mark.rtl
 

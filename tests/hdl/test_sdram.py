@@ -54,12 +54,12 @@ def sdram_verilog(width, clock_mhz, timing, read_delay=0) -> str:
 
 
 def run(name, spec, controller_timing, tmp_path):
-    from npu.sim.hdlsim import build_and_test
+    from npu.sim.rtl.hdlsim import build_and_test
 
     v = sdram_verilog(spec["width"], spec["clock_mhz"], controller_timing, spec.get("read_delay", 0))
     result = tmp_path / "result.json"
     env = {"SDRAM_CONFIG": json.dumps(spec), "SDRAM_RESULT": str(result)}
-    build_and_test(v, TOP, "npu.sim.cocotb_sdram", name=f"sdram-{name}", extra_env=env, quiet=True)
+    build_and_test(v, TOP, "npu.sim.rtl.cocotb_sdram", name=f"sdram-{name}", extra_env=env, quiet=True)
     return json.loads(result.read_text())
 
 
@@ -155,7 +155,7 @@ class _Pin:
 
 
 def _model():
-    from npu.sim.sdram_model import SdramModel
+    from npu.sim.rtl.sdram_model import SdramModel
 
     dut = SimpleNamespace(**{f"sdram_{n}": _Pin() for n in PIN_NAMES})
     return SdramModel(dut, None, timing=MODEL_TIMING, clock_mhz=100.0, max_refresh_gap=150)
@@ -177,7 +177,7 @@ def _init(mdl) -> int:
 
 
 def test_model_accepts_a_legal_sequence_and_keeps_data():
-    from npu.sim.sdram_model import initial_word
+    from npu.sim.rtl.sdram_model import initial_word
 
     mdl = _model()
     g = mdl.g
@@ -209,7 +209,7 @@ def test_model_accepts_a_legal_sequence_and_keeps_data():
     ],
 )  # fmt: skip
 def test_model_catches(rule):
-    from npu.sim.sdram_model import SdramViolation
+    from npu.sim.rtl.sdram_model import SdramViolation
 
     mdl = _model()
     with pytest.raises(SdramViolation) as e:

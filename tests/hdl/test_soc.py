@@ -11,11 +11,11 @@ import pytest
 
 from npu.config import get_config
 from npu.registers import SOC_MAGIC, Status
-from npu.sim.bench import gemm_job
-from npu.sim.rtl import run_model
-from npu.sim.rtl_suite import random_jobs
-from npu.sim.soc import offset_job, run_soc_rtl
-from npu.sim.soc_bench import model_round
+from npu.sim.rtl.core import run_model
+from npu.sim.rtl.gemm_bench import gemm_job
+from npu.sim.rtl.soc import offset_job, run_soc_rtl
+from npu.sim.rtl.soc_bench import model_round
+from npu.sim.rtl.suite import random_jobs
 
 pytestmark = [pytest.mark.rtl, pytest.mark.xdist_group("rtl-soc")]
 

@@ -5,7 +5,7 @@ from amaranth.back import verilog
 
 from npu.hdl.axi import FlatPorts
 from npu.hdl.mem.spram import SPRAM_BYTES, SpramAxi
-from npu.sim.hdlsim import build_and_test
+from npu.sim.rtl.hdlsim import build_and_test
 
 pytestmark = [pytest.mark.rtl, pytest.mark.xdist_group("rtl-spram")]
 
@@ -16,7 +16,9 @@ def test_spram_adapter_random_traffic(width):
         FlatPorts(SpramAxi(width, sim=True), {"bus": "s_axi"}), name="spram_axi", emit_src=False
     )
     env = {"SPRAM_BYTES": str(SPRAM_BYTES), "SPRAM_BEAT": str(width // 8)}
-    build_and_test(v, "spram_axi", "npu.sim.cocotb_spram", name=f"spram-{width}", extra_env=env, quiet=True)
+    build_and_test(
+        v, "spram_axi", "npu.sim.rtl.cocotb_spram", name=f"spram-{width}", extra_env=env, quiet=True
+    )
 
 
 def test_spram_adapter_rejects_other_widths():

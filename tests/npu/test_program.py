@@ -9,8 +9,8 @@ from npu.config import ACC_BASE, get_config
 from npu.isa import ErrorCode, IsaError, Opcode, Unit, encode_program, make
 from npu.program import ProgramBuilder, check_tokens
 from npu.registers import Status
-from npu.sim.model import NpuModel
-from npu.sim.randprog import random_program, sequential_reference
+from npu.sim.golden.model import NpuModel
+from npu.sim.rtl.randprog import random_program, sequential_reference
 
 CFGS = {"tiny": get_config("tiny"), "default": get_config("default")}
 

@@ -8,7 +8,7 @@ from npu.config import NpuConfig
 from npu.isa import Instr, encode_program
 from npu.program import ProgramBuilder
 from npu.registers import Status
-from npu.sim.model import NpuModel
+from npu.sim.golden.model import NpuModel
 
 PROG_BASE = 0x0
 DATA_BASE = 0x4000

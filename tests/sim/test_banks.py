@@ -4,7 +4,7 @@ import numpy as np
 
 from npu.config import get_config
 from npu.isa import make
-from npu.sim.banks import mappings, matmul_step_cycles, program_conflicts
+from npu.sim.golden.banks import mappings, matmul_step_cycles, program_conflicts
 
 CFG = get_config("default")  # 4 clusters, 4 PEs, 8 lanes, 8 banks
 L = CFG.lanes

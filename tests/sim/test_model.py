@@ -10,7 +10,7 @@ from npu.compiler.programs import gemm_program, gemm_reference, requant_params
 from npu.config import ACC_BASE, get_config
 from npu.isa import ErrorCode, Opcode, Unit, encode, encode_program, make
 from npu.registers import REG, Control, Status
-from npu.sim.model import NpuModel
+from npu.sim.golden.model import NpuModel
 from npu.timing import duration
 from tests.sim.helpers import DATA_BASE, assert_done, read, run_instrs
 

@@ -13,7 +13,7 @@ from npu.driver.ring import Ring, RingError
 from npu.driver.transport import ModelTransport
 from npu.isa import INSTR_BYTES, ErrorCode, Opcode, encode, encode_program, make
 from npu.registers import Status
-from npu.sim.ring_scenarios import layers as _layers
+from npu.sim.rtl.ring_scenarios import layers as _layers
 
 CFG = get_config("tiny")
 RING_BASE = 0x8000

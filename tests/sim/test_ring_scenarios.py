@@ -2,7 +2,7 @@
 
 from npu.config import get_config
 from npu.driver.transport import ModelTransport
-from npu.sim.ring_scenarios import all_scenarios
+from npu.sim.rtl.ring_scenarios import all_scenarios
 
 
 def test_ring_scenarios_on_the_model():

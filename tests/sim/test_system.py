@@ -4,11 +4,11 @@ import pytest
 
 from npu.config import get_config
 from npu.registers import REG, SOC_MAGIC, SOC_REG, Status, engine_window
-from npu.sim.rtl import run_model
-from npu.sim.rtl_suite import random_jobs
-from npu.sim.soc import offset_job
-from npu.sim.soc_bench import contended_round, model_round, stream_job
-from npu.sim.system import Channel
+from npu.sim.golden.system import Channel
+from npu.sim.rtl.core import run_model
+from npu.sim.rtl.soc import offset_job
+from npu.sim.rtl.soc_bench import contended_round, model_round, stream_job
+from npu.sim.rtl.suite import random_jobs
 
 
 def soc(n):
@@ -16,7 +16,7 @@ def soc(n):
 
 
 def test_register_map():
-    from npu.sim.system import NpuSystem
+    from npu.sim.golden.system import NpuSystem
 
     s = NpuSystem(soc(2))
     assert s.read_reg(SOC_REG["SOC_ID"].offset) == SOC_MAGIC
@@ -31,7 +31,7 @@ def test_register_map():
 
 
 def test_engines_share_dram_and_interrupts():
-    from npu.sim.system import NpuSystem
+    from npu.sim.golden.system import NpuSystem
 
     cfg = soc(2)
     jobs = [offset_job(j, 0x4000 * e) for e, j in enumerate(random_jobs(cfg.engine, [5, 6]))]
@@ -80,7 +80,7 @@ def test_contention_slows_engines_down_and_keeps_data(n):
 
 def test_a_model_for_one_engine_runs_on_every_engine_of_a_soc_preset():
     """A SoC preset compiles for, and models, one of its engines: the ids agree."""
-    from npu.sim.model import NpuModel
+    from npu.sim.golden.model import NpuModel
 
     duo = get_config("duo")
     assert NpuModel(duo).cfg == get_config("default")
@@ -139,8 +139,8 @@ def test_a_transfer_is_retimed_only_while_its_instruction_is_the_units_latest():
     """A later instruction on the same unit has started: the earlier one's end can no longer move."""
     from npu.isa import encode_program, make
     from npu.program import ProgramBuilder
-    from npu.sim.model import NpuModel
-    from npu.sim.system import Transfer
+    from npu.sim.golden.model import NpuModel
+    from npu.sim.golden.system import Transfer
 
     class Port:  # hands out transfers without delays, keeps them
         def __init__(self):

@@ -31,5 +31,5 @@ extern uint32_t spad_bytes, acc_bytes, dram_bytes, lanes, acc_row_bytes, queue_d
 int unit_of(const instr_t *ins);
 /* decode checks and validation (npu.isa.decode + validate): 0 or the error code */
 int check(instr_t *ins);
-/* run one unit instruction's data effect (sim/kernels.py) */
+/* run one unit instruction's data effect (sim/golden/kernels.py) */
 void execute(const instr_t *ins);

@@ -1,4 +1,4 @@
-/* Each unit instruction's data effect, bit-exact with sim/kernels.py (the golden model). Element
+/* Each unit instruction's data effect, bit-exact with sim/golden/kernels.py (the golden model). Element
    loops in order: a destination identical to its source element-wise is read before written; a
    destination that may overlap a parameter (per-column scales, the VLUT table) gets a copy first. */
 #include "fw.h"

@@ -1,5 +1,5 @@
 /* The dispatcher, the four unit queues, the tokens, pauses, fences, the command ring and the
-   registers: sim/model.py's rules run one step at a time. Each step either dispatches the next
+   registers: sim/golden/model.py's rules run one step at a time. Each step either dispatches the next
    instruction (while it can: a queue slot is free, or END / BARRIER find every queue drained) or
    runs the oldest queue head whose tokens have arrived. */
 #include "fw.h"

@@ -3,7 +3,7 @@
 A round gives some engines one `RtlJob` each; they start together and share the DRAM port. Jobs of
 one round must use disjoint DRAM (`offset_job` moves a job). The RTL side records, per engine, what
 `run_rtl` records for one core plus when the engine started and stopped (cycles since the round
-began); the model side (`npu.sim.system.NpuSystem`) produces the same records.
+began); the model side (`npu.sim.golden.system.NpuSystem`) produces the same records.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from pathlib import Path
 
 from npu.config import NpuConfig
 from npu.container import relocate_program
-
-from .rtl import RtlJob, RunRecord, fast_dram_bytes, write_job_files
+from npu.sim.rtl.core import RtlJob, RunRecord, fast_dram_bytes, write_job_files
 
 #: one round: engine index -> its job
 Round = dict[int, RtlJob]
@@ -69,8 +68,7 @@ def run_soc_rtl(
 ) -> SocRecord:
     """Run `rounds` on the SoC of `cfg` (`cfg.engines` engines) in one simulation."""
     from npu.hdl.verilog import SOC_TOPLEVEL, sim_top_verilog, soc_verilog
-
-    from .hdlsim import BUILD, build_and_test
+    from npu.sim.rtl.hdlsim import BUILD, build_and_test
 
     for rnd in rounds:
         bad = [e for e in rnd if not 0 <= e < cfg.engines]
@@ -101,7 +99,7 @@ def run_soc_rtl(
         build_and_test(
             verilog,
             top,
-            "npu.sim.cocotb_soc",
+            "npu.sim.rtl.cocotb_soc",
             name=name,
             extra_env={"NPU_JOBS": str(d)},
             waves=waves,

@@ -16,8 +16,7 @@ import numpy as np
 
 from npu.config import NpuConfig
 from npu.registers import COUNTERS, Status
-
-from .model import NpuModel
+from npu.sim.golden.model import NpuModel
 
 
 @dataclass
@@ -132,8 +131,7 @@ def run_rtl(
     AXI channel at random (cocotbext-axi pause generators on AxiRam, an LFSR in the in-simulator
     RAM), so results must not depend on timing; cycle counts then differ from the model's."""
     from npu.hdl.verilog import TOPLEVEL, core_verilog, sim_top_verilog
-
-    from .hdlsim import BUILD, build_and_test
+    from npu.sim.rtl.hdlsim import BUILD, build_and_test
 
     BUILD.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=BUILD, prefix="jobs-") as tmp:
@@ -165,7 +163,7 @@ def run_rtl(
         build_and_test(
             verilog,
             top,
-            "npu.sim.cocotb_bench",
+            "npu.sim.rtl.cocotb_bench",
             name=name,
             extra_env={"NPU_JOBS": str(d)},
             waves=waves,

@@ -10,9 +10,8 @@ from npu.arith import round_up
 from npu.config import ACC_BASE, NpuConfig
 from npu.isa import Instr, Unit, encode, encode_program, make
 from npu.program import ProgramBuilder
-
-from .randprog import random_program
-from .rtl import RtlJob
+from npu.sim.rtl.core import RtlJob
+from npu.sim.rtl.randprog import random_program
 
 DATA = 0x1000
 OUT = 0x3000

@@ -11,7 +11,7 @@ runs on the SoC (hdl/soc.py) with the same in-simulator DRAM, as the SoC bench b
 (`SocRtlTransport`) then takes SoC register offsets (the SoC block at 0, engine i's window at
 `engine_window(i)`), as `SocModelTransport` does, so `Npu(transport=..., config=cfg)` drives every engine.
 
-    from npu.driver.rtl import run_on_rtl
+    from npu.sim.rtl.transport import run_on_rtl
     def job(transport):
         npu = Npu(transport=transport, config="tiny")
         ...
@@ -21,7 +21,6 @@ runs on the SoC (hdl/soc.py) with the same in-simulator DRAM, as the SoC bench b
 
 from __future__ import annotations
 
-import importlib
 import os
 import pickle
 import tempfile
@@ -29,9 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from npu.config import NpuConfig, get_config
+from npu.driver.transport import Transport, TransportError
 from npu.registers import REG, Control, Status, engine_window, window_of
-
-from .transport import Transport, TransportError
 
 DEFAULT_DRAM = 2 << 20
 
@@ -213,7 +211,7 @@ def run_on_rtl(
     import sys
 
     from npu.hdl.verilog import sim_top_verilog
-    from npu.sim.hdlsim import BUILD, build_and_test
+    from npu.sim.rtl.hdlsim import BUILD, build_and_test
 
     cfg = get_config(config)
     soc = cfg.engines > 1
@@ -225,7 +223,7 @@ def run_on_rtl(
         file=sys.stderr,
         flush=True,
     )
-    if soc:  # the SoC bench's top with the in-simulator DRAM (npu.sim.soc.run_soc_rtl, fast_dram)
+    if soc:  # the SoC bench's top with the in-simulator DRAM (npu.sim.rtl.soc.run_soc_rtl, fast_dram)
         verilog, name = sim_top_verilog(cfg, dram_bytes, soc=True), f"soctop-{cfg.engines}x{cfg.engine.name}"
     else:
         verilog, name = sim_top_verilog(cfg, dram_bytes), f"simtop-{cfg.name}"
@@ -239,7 +237,7 @@ def run_on_rtl(
             build_and_test(
                 verilog,
                 "npu_sim_top",
-                "npu.driver.rtl_entry",
+                "npu.sim.rtl.transport_entry",
                 name=name,
                 extra_env={"NPU_DRIVER_JOB": str(d)},
                 waves=waves,
@@ -255,11 +253,3 @@ def run_on_rtl(
         if not ok:
             raise value
         return value
-
-
-def resolve(target: str) -> Callable:
-    mod, _, name = target.partition(":")
-    obj = importlib.import_module(mod)
-    for part in name.split("."):
-        obj = getattr(obj, part)
-    return obj

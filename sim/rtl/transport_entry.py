@@ -1,4 +1,4 @@
-"""cocotb test module behind `npu.driver.rtl.run_on_rtl`: reset the simulated core (or SoC), then run
+"""cocotb test module behind `npu.sim.rtl.transport.run_on_rtl`: reset the simulated core (or SoC), then run
 the requested driver function in a bridged thread and pickle its result (or its exception)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 import cocotb
 from cocotb.task import bridge
 
-from npu.sim.cocotb_bench import NpuBench
-
-from .rtl import RtlTransport, SocRtlTransport, _entry_spec, resolve
+from npu.driver.resolve import resolve
+from npu.sim.rtl.cocotb_bench import NpuBench
+from npu.sim.rtl.transport import RtlTransport, SocRtlTransport, _entry_spec
 
 
 @cocotb.test()

@@ -1,5 +1,5 @@
 """Command-ring scenarios run through the driver's transport interface, so the same host code drives
-the golden model and the RTL (`npu.driver.rtl.run_on_rtl`): appends racing the fetcher with
+the golden model and the RTL (`npu.sim.rtl.transport.run_on_rtl`): appends racing the fetcher with
 wrap-around, waits on an empty ring, fences, pauses inside the ring and errors. Each returns a record
 of what the host saw; the two backends must agree on everything but the cycle counts."""
 
@@ -12,8 +12,7 @@ import random
 from npu.config import NpuConfig
 from npu.isa import INSTR_BYTES, Opcode, Unit, encode, encode_program, make
 from npu.registers import Control, Status
-
-from .randprog import random_program, sequential_reference
+from npu.sim.rtl.randprog import random_program, sequential_reference
 
 RING_BASE = 0x8000
 WAIT_STEP = 20_000  # host waits are bounded: a ring that runs dry raises no interrupt
@@ -54,7 +53,7 @@ PROG = 0xF000  # where the clearing program runs from
 
 def _clear_onchip(tr) -> None:
     """Zero the scratchpad and the accumulators (the reference starts from zeroed memories)."""
-    from .cocotb_bench import clear_program
+    from npu.sim.rtl.cocotb_bench import clear_program
 
     tr.write_dram(PROG, clear_program(tr.cfg))
     tr.set_reg("PROGRAM_BASE", PROG)

@@ -1,6 +1,6 @@
 """cocotb test bench for `NpuSoc`: several engines run their programs at the same time over one DRAM.
 
-The jobs file (written by `npu.sim.soc`) lists rounds; in a round every engine given a job starts it
+The jobs file (written by `npu.sim.rtl.soc`) lists rounds; in a round every engine given a job starts it
 (one register write after the other), and each engine is then driven on its own: paused at a given
 cycle of the round if asked, resumed until it stops. The bench records per engine what the single-core
 bench records, plus the cycles (since the round began) at which the engine was started and stopped.
@@ -18,8 +18,7 @@ from cocotb.utils import get_sim_time
 
 from npu.config import NpuConfig, get_config
 from npu.registers import SOC_REG, Control, Status
-
-from .cocotb_bench import NpuBench, clear_program
+from npu.sim.rtl.cocotb_bench import NpuBench, clear_program
 
 PERIOD_NS = 10
 

@@ -23,7 +23,7 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles
 from cocotbext.uart import UartSink, UartSource
 
-from npu.sim.cocotb_bridge import QueueStream
+from npu.sim.rtl.cocotb_bridge import QueueStream
 
 CLOCK_MHZ = float(os.environ.get("BOARD_CLOCK_MHZ", 50))
 DIVISOR = int(os.environ["BOARD_DIVISOR"])  # the top's SIM_DIVISOR
@@ -80,7 +80,7 @@ async def model_with_preemption(dut):
     sdram = None
     if os.environ.get("BOARD_DRAM") == "sdram":
         from npu.hdl.mem.sdram import SdramTiming
-        from npu.sim.sdram_model import SdramModel
+        from npu.sim.rtl.sdram_model import SdramModel
 
         sdram = SdramModel(dut, dut.clk, timing=SdramTiming(), clock_mhz=CLOCK_MHZ, read_delay=-1)
         sdram.start()

@@ -16,7 +16,7 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge
 from cocotbext.axi import AxiBus, AxiMaster
 
-from npu.sim.cocotb_bench import random_stalls
+from npu.sim.rtl.cocotb_bench import random_stalls
 
 SIZE = int(os.environ.get("SPRAM_BYTES", 128 * 1024))
 BEAT = int(os.environ.get("SPRAM_BEAT", 8))

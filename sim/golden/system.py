@@ -26,9 +26,8 @@ import numpy as np
 from npu.config import NpuConfig, get_config
 from npu.isa import Instr, Opcode
 from npu.registers import ISA_VERSION, SOC_MAGIC, SOC_REG, Status, window_of
+from npu.sim.golden.model import NpuModel
 from npu.timing import WRITE_BURST_CYCLES, dma_beats, dma_bursts
-
-from .model import NpuModel
 
 
 @dataclass(eq=False)

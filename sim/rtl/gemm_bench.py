@@ -10,9 +10,8 @@ from npu.arith import round_up
 from npu.compiler.programs import choose_tiling, gemm_program, gemm_reference, requant_params
 from npu.config import NpuConfig
 from npu.isa import encode_program
+from npu.sim.golden.model import NpuModel
 from npu.timing import ideal_matmul_cycles
-
-from .model import NpuModel
 
 
 def bench_gemm(cfg: NpuConfig, m: int, n: int, k: int, *, seed: int = 0) -> dict:
@@ -74,7 +73,7 @@ def bench_model(cfg: NpuConfig, size: int = 256) -> dict:
 
 def gemm_job(cfg: NpuConfig, size: int, seed: int = 0, cancel_every: int = 0):
     """A random GEMM as an RTL job: the job, the expected C, its DRAM address and the built program."""
-    from .rtl import RtlJob
+    from npu.sim.rtl.core import RtlJob
 
     m = n = k = size
     rng = np.random.default_rng(seed)
@@ -98,7 +97,7 @@ def gemm_job(cfg: NpuConfig, size: int, seed: int = 0, cancel_every: int = 0):
 
 def bench_gemm_rtl(cfg: NpuConfig, sizes=(64, 128, 256), fast_dram: bool = True) -> dict:
     """GEMMs on the RTL (cocotb + Verilator): hardware cycle counter vs ideal and vs the model."""
-    from .rtl import run_model, run_rtl
+    from npu.sim.rtl.core import run_model, run_rtl
 
     jobs = [gemm_job(cfg, s) for s in sizes]
     t0 = time.perf_counter()
@@ -149,7 +148,7 @@ def pause_figures(cfg: NpuConfig, job) -> tuple[int, int, int, list[int]]:
     time between the first and the last unit passing the same point; the tight bound
     max_k (last unit passes k) - (first unit passes k - 1) <= N + D; and the points' times
     (docs/isa.md, "Pause latency")."""
-    from .rtl import prepared_model
+    from npu.sim.rtl.core import prepared_model
 
     m = prepared_model(cfg, job, trace=True)
     m.start()
@@ -179,7 +178,7 @@ def bench_rtl(
 ) -> dict:
     """`npu bench gemm --backend rtl`: the GEMM sweep plus the pause latency of a GEMM with a
     cancellation point every `pause_interval_tiles` output tiles."""
-    from .rtl import run_rtl
+    from npu.sim.rtl.core import run_rtl
 
     result = bench_gemm_rtl(cfg, sizes, fast_dram=fast_dram)
     size = max(sizes)

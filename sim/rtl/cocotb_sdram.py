@@ -1,4 +1,4 @@
-"""cocotb tests of the SDR SDRAM controller (hdl/mem/sdram.py) on the SDRAM model (sim/sdram_model.py).
+"""cocotb tests of the SDR SDRAM controller (hdl/mem/sdram.py) on the SDRAM model (sim/rtl/sdram_model.py).
 
 The top is the controller flattened with `FlatPorts` (AXI as `s_axi_*`, the chip's pins as
 `sdram_*`). Reads go through cocotbext-axi's `AxiMasterRead`; writes through a small driver on
@@ -26,8 +26,7 @@ from cocotbext.axi import AxiMasterRead, AxiReadBus, AxiWriteBus
 from cocotbext.axi.axi_channels import AxiAWSource, AxiAWTransaction, AxiBSink, AxiWSource, AxiWTransaction
 
 from npu.hdl.mem.sdram import SdramGeometry, SdramTiming
-
-from .sdram_model import SdramModel, initial_word
+from npu.sim.rtl.sdram_model import SdramModel, initial_word
 
 CFG = json.loads(os.environ.get("SDRAM_CONFIG", "{}"))
 GEOM = SdramGeometry()

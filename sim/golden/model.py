@@ -20,9 +20,8 @@ import numpy as np
 from npu.config import NpuConfig, get_config
 from npu.isa import INSTR_BYTES, ErrorCode, Instr, IsaError, Opcode, Unit, decode, validate
 from npu.registers import BY_OFFSET, COUNTERS, ISA_VERSION, NPU_MAGIC, REG, Control, Status
+from npu.sim.golden.kernels import OnChip, execute
 from npu.timing import dma_bytes, duration
-
-from .kernels import OnChip, execute
 
 UNITS = tuple(Unit)
 _BUSY = {
@@ -82,7 +81,7 @@ class NpuModel:
         #: a STORE's beats there are dropped, and the run ends in BUS); None: every access is fine
         self.bus_fault: tuple[int, int] | None = None
         self.dram = np.zeros(self.cfg.dram_bytes, np.uint8)
-        #: the DRAM port shared with other engines (`npu.sim.system.DramPort`); None: alone
+        #: the DRAM port shared with other engines (`npu.sim.golden.system.DramPort`); None: alone
         self.port = None
         self.chip = OnChip(self.cfg)
         self.now = 0

@@ -29,6 +29,10 @@ from cocotbext.axi import AxiBus, AxiLiteBus, AxiLiteRam, AxiRam
 from cocotbext.uart import UartSink, UartSource
 
 from npu.driver.serial import (
+    SerialTransport,
+)
+from npu.registers import Status
+from npu.serial_protocol import (
     BAD_ADDRESS,
     BAD_COMMAND,
     BAD_LENGTH,
@@ -46,14 +50,11 @@ from npu.driver.serial import (
     WAIT,
     WRITE_DRAM,
     WRITE_REG,
-    SerialTransport,
     cobs_encode,
     decode_frame,
     encode_frame,
 )
-from npu.registers import Status
-
-from .cocotb_bench import random_stalls
+from npu.sim.rtl.cocotb_bench import random_stalls
 
 PERIOD_NS = 10
 STATUS = 0x10

@@ -11,12 +11,12 @@ import numpy as np
 
 from npu.asm import DTYPES, Assembly, DataInit
 from npu.config import NpuConfig
+from npu.errors import NpuError
 from npu.registers import Status
+from npu.sim.golden.model import NpuModel
 
-from .model import NpuModel
 
-
-class RunError(RuntimeError):
+class RunError(NpuError, RuntimeError):
     pass
 
 

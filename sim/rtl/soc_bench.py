@@ -16,11 +16,10 @@ import numpy as np
 from npu.config import NpuConfig
 from npu.isa import encode_program, make
 from npu.program import ProgramBuilder
-
-from .bench import gemm_job
-from .rtl import RtlJob, run_model
-from .soc import Round, offset_job, run_soc_rtl
-from .system import NpuSystem
+from npu.sim.golden.system import NpuSystem
+from npu.sim.rtl.core import RtlJob, run_model
+from npu.sim.rtl.gemm_bench import gemm_job
+from npu.sim.rtl.soc import Round, offset_job, run_soc_rtl
 
 REGION = 0x10000  # DRAM bytes per engine
 

@@ -1,5 +1,5 @@
 """cocotb test bench for `NpuCore`: DRAM is cocotbext-axi's `AxiRam`, registers go through its
-`AxiLiteMaster`. The bench runs a list of jobs (written by `npu.sim.rtl`) and records what the
+`AxiLiteMaster`. The bench runs a list of jobs (written by `npu.sim.rtl.core`) and records what the
 hardware did, so pytest can compare it with the golden model.
 
 Each job: clear the on-chip memories, write DRAM, run the program (optionally pausing at every

@@ -17,8 +17,7 @@ from npu.arith import round_up
 from npu.config import ACC_BASE, NpuConfig
 from npu.isa import IsaError, make, validate
 from npu.program import BuiltProgram, ProgramBuilder
-
-from .kernels import OnChip, execute
+from npu.sim.golden.kernels import OnChip, execute
 
 
 @dataclass

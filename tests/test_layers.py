@@ -1,0 +1,59 @@
+"""The layers of docs/architecture.md hold: lint-imports (import-linter) checks the contract in
+pyproject.toml. The packages install from several top-level folders (pyproject's package-dir), which
+import-linter cannot follow, so the check runs on a tree of links nesting them as they install."""
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def installed_tree(out: Path) -> Path:
+    """Links to every package's modules at their installed place under `out` (npu/hdl/..., npu/sim/...)."""
+    st = PYPROJECT["tool"]["setuptools"]
+    dirs = st["package-dir"]
+    for pkg in st["packages"]:
+        parts = pkg.split(".")
+        prefix = max((p for p in dirs if pkg == p or pkg.startswith(p + ".")), key=len)
+        src = ROOT / dirs[prefix] / Path(*parts[len(prefix.split(".")) :])
+        dst = out / Path(*parts)
+        dst.mkdir(parents=True, exist_ok=True)
+        for f in src.glob("*.py"):
+            (dst / f.name).symlink_to(f)
+    return out
+
+
+def lint_imports(tree: Path) -> subprocess.CompletedProcess:
+    lint = Path(sys.executable).with_name("lint-imports")
+    return subprocess.run(
+        [str(lint), "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
+        cwd=tree,
+        env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_every_contract_module_is_in_a_layer():
+    layers = PYPROJECT["tool"]["importlinter"]["contracts"][0]["layers"]
+    listed = {m.strip() for layer in layers for m in layer.replace("|", ":").split(":")}
+    modules = {f"npu.{f.stem}" for f in (ROOT / "npu").glob("*.py") if f.stem != "__init__"}
+    assert modules <= listed, f"npu/ modules in no layer of pyproject.toml: {sorted(modules - listed)}"
+
+
+def test_imports_only_point_down(tmp_path):
+    r = lint_imports(installed_tree(tmp_path))
+    assert r.returncode == 0 and "1 kept, 0 broken" in r.stdout, r.stdout + r.stderr
+
+
+def test_an_upward_import_breaks_the_contract(tmp_path):
+    """The check can fail: a contract module importing the driver is found."""
+    tree = installed_tree(tmp_path)
+    (tree / "npu" / "isa.py").unlink()
+    source = (ROOT / "npu" / "isa.py").read_text()
+    (tree / "npu" / "isa.py").write_text(source + "\nfrom npu.driver import Npu\n")
+    r = lint_imports(tree)
+    assert r.returncode != 0 and "npu.isa -> npu.driver" in r.stdout, r.stdout + r.stderr
