@@ -18,6 +18,7 @@ from npu.timing import dma_bytes, duration
 
 from .dram import DramPlan, Translate, plan
 from .lower import Lowering
+from .options import GRANULARITIES
 from .points import SPILL_POINTS, Candidate, PointPolicy, choose, dma_cycles, fragment_liveness
 
 
@@ -196,7 +197,6 @@ def assemble(
     return out
 
 
-GRANULARITIES = ("segment", "operator", "step")
 
 
 def _busy_times(items: list[Item], cfg: NpuConfig) -> list[int]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,25 +17,26 @@ from npu.container import Container, DramImage, Manifest, NpuSegment, ProgramInf
 from npu.isa import encode_program
 
 from . import region
-from .assemble import GRANULARITIES, Lowered
+from .assemble import Lowered
 from .cleanup import cleanup
-from .dram import DRAM_PLANS, DramPlan
+from .dram import DramPlan
+from .frontend import Prepared
 from .graph import CompileError
 from .load import is_qdq, load
 from .lower import VIRTUAL_DRAM, DramFull, Lowering, lower
-from .order import OBJECTIVES, SearchResult, search_order
-from .outputs import OUTPUT_PRECISIONS, clamped_by_quantisation, keep_output_precision
+from .options import CompileOptions
+from .order import SearchResult, search_order
+from .outputs import clamped_by_quantisation, keep_output_precision
 from .placement import Placement, placement
 from .points import PointPolicy
 from .quantize import (
-    ACTIVATIONS,
     calibration_batches,
     check_calibration,
     per_channel_choice,
     quantize_float_model,
 )
 from .region import Regions
-from .rounding import ROUNDINGS, round_weights
+from .rounding import round_weights
 
 
 @dataclass
@@ -211,154 +212,129 @@ def compile_onnx(
     path: str | Path,
     config: str | NpuConfig = "default",
     calib: np.ndarray | Mapping[str, np.ndarray] | None = None,
-    cancel_points: bool = True,
-    order: str = "search",
-    cp_interval: int = 0,
-    cp_max_live: int | None = None,
-    cp_every_instruction: bool = False,
-    order_budget_s: float | None = 10.0,
-    exhaustive_limit: int = 120,
-    granularity: str = "segment",
-    input_shapes: Mapping[str, Sequence[int]] | None = None,
-    spad_region: tuple[int, int] | None = None,
-    acc_region: tuple[int, int] | None = None,
-    order_objective: str = "cycles",
-    dram_plan: str | None = None,
-    weight_scales: str = "auto",
-    calib_method: str = "minmax",
-    output_precision: str = "int32",
-    weight_rounding: str = "auto",
-    step_cycles: int = 20_000,
-    activations: str = "auto",
+    options: CompileOptions | None = None,
+    **changes,
 ) -> CompiledModel:
-    """Compile an ONNX model. `order`: "search" (key-node partitioned order search with the golden
-    model's timing, at most `order_budget_s` seconds) or "default" (the ONNX order). `granularity`:
-    "segment" (NPU operators back to back) or "operator" (each operator its own segment reading and
-    writing DRAM, with the operator graph: units of work for the engines of a SoC) or "step" (as
-    "operator", with each operator also cut between its steps into segments of about `step_cycles`
-    cost-model cycles, chained on chip: layers short enough for a layer-wise scheduler to
-    interleave with another model's, docs/driver.md). `input_shapes`:
-    static shapes for graph inputs with dynamic dimensions, e.g. {"input": (1, 3, 224, 224)}.
-    `spad_region`/`acc_region`: (start, size) byte ranges of the scratchpad and of the accumulator
-    memory the program may touch (compiler/region.py; default: the whole scratchpad, and the
-    accumulator region proportional to the scratchpad region). `order_objective`: what the order
-    search minimises, "cycles" (the golden model's timing) or "memory" (the most activation bytes
-    live at once, ties by cycles). `dram_plan`: "arena" (activations share DRAM by liveness in the
-    chosen order, compiler/dram.py) or "bump" (every tensor its own range); by default "arena" for
-    `granularity="segment"` and "bump" for "operator" (the operator graph on the RTL SoC hung with
-    a shared arena: docs/compiler.md). `weight_scales`: how a float model's weights are quantised,
-    "per-channel", "per-tensor" or "auto" (per channel when a per-tensor scale would leave some
-    channel 1/8 of the int8 range or less, compiler/quantize.py); a QDQ model keeps its own.
-    `calib_method`: how activation ranges come from the calibration inputs, "minmax", "percentile"
-    or "entropy" (onnxruntime's calibrators). `output_precision`: "int32" keeps a float model's
-    Gemm/MatMul/Conv results that only the host reads as int32 accumulators and host results as
-    float (compiler/outputs.py), "int8" gives them their calibrated int8 scale; a QDQ model keeps
-    its own. `weight_rounding`: "nearest" (the quantiser's), "gptq" (each layer's int8 weights
-    chosen to lower its output error on the calibration data, compiler/rounding.py) or "auto"
-    (GPTQ's if the model's outputs on the calibration inputs come out closer to the float model's).
-    `activations`: a float model's activation type, "int8" (asymmetric), "int16" (symmetric, with
-    twice the calibrated range, int8 weights: A16W8, docs/real_models.md; MATMULs and vector passes
-    on int16 take twice the cycles, docs/compiler.md) or "auto" (int16, or int8 when the model
-    compiled with int16 does not fit the configuration: the report says why)."""
-    options = dict(locals())  # every argument as given: "auto" compiles again with a resolved type
-    if dram_plan is None:
-        dram_plan = "arena" if granularity == "segment" else "bump"
-    if order not in ("search", "default"):
-        raise CompileError(f"order must be 'search' or 'default', not {order!r}")
-    if order_objective not in OBJECTIVES:
-        raise CompileError(f"order_objective must be 'cycles' or 'memory', not {order_objective!r}")
-    if dram_plan not in DRAM_PLANS:
-        raise CompileError(f"dram_plan must be 'arena' or 'bump', not {dram_plan!r}")
-    if output_precision not in OUTPUT_PRECISIONS:
-        raise CompileError(f"output_precision must be 'int32' or 'int8', not {output_precision!r}")
-    if weight_rounding not in ROUNDINGS:
-        raise CompileError(f"weight_rounding must be one of {', '.join(ROUNDINGS)}, not {weight_rounding!r}")
-    if granularity not in GRANULARITIES:
-        raise CompileError(f"granularity must be one of {', '.join(GRANULARITIES)}, not {granularity!r}")
-    if activations not in (*ACTIVATIONS, "auto"):
-        raise CompileError(f"activations must be {', '.join(ACTIVATIONS)} or auto, not {activations!r}")
-    if granularity == "step" and step_cycles < 1:
-        raise CompileError(f"step_cycles must be a positive number of cycles, not {step_cycles}")
-    # operators are split into steps of at most half this (lower.py); "step" cuts between them
-    step = min((c for c in (cp_interval, step_cycles if granularity == "step" else 0) if c > 0), default=0)
+    """Compile an ONNX model (a float model with calibration inputs `calib`: an array for its one
+    input, or one array per input name; or a QDQ model) for `config`, with `options` (default
+    CompileOptions(); keyword arguments change single options, e.g. `activations="int8"`: see
+    CompileOptions for each option's choices and meaning).
+
+    This is the driver around one pass pipeline (`_compile`): the model is loaded once; with
+    `activations="auto"` a float model compiles with int16 activations and falls back to int8 when
+    that does not fit the configuration (the report says why)."""
+    opts = (options or CompileOptions()).replace(**changes)
     t0 = time.perf_counter()
     cfg = get_config(config).engine  # a model runs on one engine (of a SoC preset: its engine)
-    regions = region.resolve(cfg, spad_region, acc_region)
-    prepared = load(path, input_shapes)
+    prepared = load(path, opts.input_shapes)
+    if opts.activations != "auto" or is_qdq(prepared.model):  # a QDQ model keeps its own types
+        compiled = _compile(_fresh(prepared), cfg, calib, opts, path)
+    else:
+        try:
+            compiled = _compile(_fresh(prepared), cfg, calib, opts.replace(activations="int16"), path)
+            compiled.quantisation += " (auto)"
+        except CompileError as e:
+            compiled = _compile(_fresh(prepared), cfg, calib, opts.replace(activations="int8"), path)
+            compiled.quantisation += f" (auto: int16 activations did not compile: {e})"
+    compiled.compile_s = time.perf_counter() - t0
+    return compiled
+
+
+def _fresh(prepared: Prepared) -> Prepared:
+    """A copy the passes may change (the fallback compiles the loaded model again)."""
+    model = onnx.ModelProto()
+    model.CopyFrom(prepared.model)
+    return dataclasses.replace(prepared, model=model, notes=list(prepared.notes))
+
+
+def _quantize(prepared: Prepared, calib, opts: CompileOptions, path: str | Path):
+    """A float model quantised as `opts` say: (the QDQ model, the quantisation's description)."""
+    model = prepared.model
+    if calib is None:
+        raise CompileError(f"{path}: a float model needs calibration data (--calib calib.npy)")
+    for name, shape in prepared.nhwc_inputs.items():  # calibration comes as the input: NHWC
+        if isinstance(calib, Mapping):
+            if name in calib:
+                nhwc = check_calibration(calib[name], name, list(shape), str(path))
+                calib = {**calib, name: nhwc.transpose(0, 3, 1, 2)}
+        else:
+            calib = check_calibration(calib, name, list(shape), str(path)).transpose(0, 3, 1, 2)
+    model = cleanup(model)
+    per_channel = per_channel_choice(model, opts.weight_scales, str(path))
+    clamped = clamped_by_quantisation(model)
+    n_samples = min(len(a) for a in calib.values()) if isinstance(calib, Mapping) else len(calib)
+    quantisation = (
+        f"{opts.activations} activations ({opts.calib_method} calibration, {n_samples} samples), "
+        f"weights per {'channel' if per_channel else 'tensor'} ({opts.weight_scales}), "
+        f"outputs {opts.output_precision}"
+    )
+    float_clean = model
+    model = quantize_float_model(
+        model, calib, str(path), per_channel=per_channel, calib_method=opts.calib_method,
+        activations=opts.activations,
+    )  # fmt: skip
+    if opts.weight_rounding != "nearest":
+        batches = calibration_batches(float_clean, calib, str(path))
+        model, rounded = round_weights(model, float_clean, batches, str(path), opts.weight_rounding)
+        quantisation += f"; {rounded.describe()}"
+    if opts.output_precision == "int32":
+        kept = keep_output_precision(model, str(path), clamped=clamped)
+        prepared.notes += [f"{what}: {how}" for what, how in kept]
+    return model, quantisation, clamped
+
+
+def _lower(
+    model, plan_cfg: NpuConfig, opts: CompileOptions, path, prepared: Prepared, reasons=None
+) -> Lowering:
+    """Lower into the configuration's DRAM; if every tensor at its own range does not fit, the
+    arena may: lower into a virtual DRAM as large as the address field allows (timing does not
+    depend on it; the planned addresses are checked against the real DRAM after assembly)."""
+    kw = dict(
+        step=opts.step, max_live=opts.cp_max_live, nhwc_inputs=set(prepared.nhwc_inputs), reasons=reasons
+    )
+    try:
+        return lower(model, plan_cfg, str(path), **kw)
+    except DramFull:
+        if opts.resolved_dram_plan == "bump":
+            raise
+        return lower(model, dataclasses.replace(plan_cfg, dram_bytes=VIRTUAL_DRAM), str(path), **kw)
+
+
+def _compile(prepared: Prepared, cfg: NpuConfig, calib, opts: CompileOptions, path) -> CompiledModel:
+    """The pass pipeline after loading: quantise, lower, order, assemble, relocate into the regions."""
+    t0 = time.perf_counter()
+    regions = region.resolve(cfg, opts.spad_region, opts.acc_region)
     model = prepared.model
     float_model = not is_qdq(model)
-    if activations == "auto":
-        if not float_model:  # a QDQ model keeps its own types
-            return compile_onnx(**{**options, "activations": "int8"})
-        return _compile_auto(options)
+    quantisation = "the model's own (QDQ)"
     if float_model:
-        if calib is None:
-            raise CompileError(f"{path}: a float model needs calibration data (--calib calib.npy)")
-        for name, shape in prepared.nhwc_inputs.items():  # calibration comes as the input: NHWC
-            if isinstance(calib, Mapping):
-                if name in calib:
-                    nhwc = check_calibration(calib[name], name, list(shape), str(path))
-                    calib = {**calib, name: nhwc.transpose(0, 3, 1, 2)}
-            else:
-                calib = check_calibration(calib, name, list(shape), str(path)).transpose(0, 3, 1, 2)
-        model = cleanup(model)
-        per_channel = per_channel_choice(model, weight_scales, str(path))
-        clamped = clamped_by_quantisation(model)
-        n_samples = min(len(a) for a in calib.values()) if isinstance(calib, Mapping) else len(calib)
-        quantisation = (
-            f"{activations} activations ({calib_method} calibration, {n_samples} samples), weights per "
-            f"{'channel' if per_channel else 'tensor'} ({weight_scales}), outputs {output_precision}"
-        )
-        float_clean = model
-        model = quantize_float_model(
-            model, calib, str(path), per_channel=per_channel, calib_method=calib_method,
-            activations=activations,
-        )
-        if weight_rounding != "nearest":
-            batches = calibration_batches(float_clean, calib, str(path))
-            model, rounded = round_weights(model, float_clean, batches, str(path), weight_rounding)
-            quantisation += f"; {rounded.describe()}"
-        if output_precision == "int32":
-            kept = keep_output_precision(model, str(path), clamped=clamped)
-            prepared.notes += [f"{what}: {how}" for what, how in kept]
+        model, quantisation, clamped = _quantize(prepared, calib, opts, path)
     plan_cfg = region.view(cfg, regions) if regions else cfg  # the passes plan inside the regions
-
-    def lower_model(reasons: dict[str, str] | None = None) -> Lowering:
-        try:
-            return lower(
-                model, plan_cfg, str(path), step=step, max_live=cp_max_live,
-                nhwc_inputs=set(prepared.nhwc_inputs), reasons=reasons,
-            )  # fmt: skip
-        except DramFull:
-            if dram_plan == "bump":
-                raise
-            # every tensor at its own range does not fit, the arena may: lower into a virtual DRAM
-            # as large as the address field allows (timing does not depend on it; the planned
-            # addresses are checked against the real DRAM below)
-            return lower(
-                model, dataclasses.replace(plan_cfg, dram_bytes=VIRTUAL_DRAM), str(path), step=step,
-                max_live=cp_max_live, nhwc_inputs=set(prepared.nhwc_inputs), reasons=reasons,
-            )  # fmt: skip
-
-    lowering = lower_model()
-    if output_precision == "int32" and float_model:
+    lowering = _lower(model, plan_cfg, opts, path, prepared)
+    if opts.output_precision == "int32" and float_model:
         # host operators placed so by their lowering's conditions (not known before lowering)
         host = {f.layer.node: f.layer.reason or "" for f in lowering.frags if f.kind == "host"}
         kept = keep_output_precision(model, str(path), set(host), clamped)
         if kept:
             prepared.notes += [f"{what}: {how}" for what, how in kept]
-            lowering = lower_model(host)
+            lowering = _lower(model, plan_cfg, opts, path, prepared, host)
     search = None
-    if order == "search":
+    if opts.order == "search":
         search = search_order(
             lowering,
-            budget_s=order_budget_s,
-            exhaustive_limit=exhaustive_limit,
-            cancel_points=cancel_points,
-            objective=order_objective,
+            budget_s=opts.order_budget_s,
+            exhaustive_limit=opts.exhaustive_limit,
+            cancel_points=opts.cancel_points,
+            objective=opts.order_objective,
         )
-    policy = PointPolicy(cp_interval, cp_max_live, cp_every_instruction) if cancel_points else None
-    low = lowering.assemble(search.order if search else None, policy, granularity, dram_plan, step_cycles)
+    policy = (
+        PointPolicy(opts.cp_interval, opts.cp_max_live, opts.cp_every_instruction)
+        if opts.cancel_points
+        else None
+    )
+    low = lowering.assemble(
+        search.order if search else None, policy, opts.granularity, opts.resolved_dram_plan, opts.step_cycles
+    )
     base = round_up(low.dram_end, 4096)
     if base + len(low.program) * 32 > cfg.dram_bytes:
         dp = low.dram_plan
@@ -373,30 +349,6 @@ def compile_onnx(
         low.points = region.relocate_points(low.points, regions)
         region.check_inside(low.program, regions, cfg)
     return CompiledModel(
-        cfg,
-        low,
-        base,
-        model,
-        str(path),
-        time.perf_counter() - t0,
-        search,
-        granularity,
-        prepared.notes,
-        regions,
-        quantisation if float_model else "the model's own (QDQ)",
-    )
-
-
-def _compile_auto(options: dict) -> CompiledModel:
-    """`activations="auto"`: int16 activations keep real models' accuracy where int8 loses it
-    (docs/real_models.md); when the int16 model does not compile for the configuration (its
-    activations need twice the bytes of DRAM and scratchpad), int8, and the report says why."""
-    t0 = time.perf_counter()
-    try:
-        compiled = compile_onnx(**{**options, "activations": "int16"})
-        compiled.quantisation += " (auto)"
-    except CompileError as e:
-        compiled = compile_onnx(**{**options, "activations": "int8"})
-        compiled.quantisation += f" (auto: int16 activations did not compile: {e})"
-    compiled.compile_s = time.perf_counter() - t0
-    return compiled
+        cfg, low, base, model, str(path), time.perf_counter() - t0, search, opts.granularity,
+        prepared.notes, regions, quantisation,
+    )  # fmt: skip

@@ -41,13 +41,14 @@ from npu.container import HostIO, HostStep, TensorDesc
 from npu.isa import Opcode, extent
 from npu.program import Item
 
+from .options import DRAM_PLANS
+
 if TYPE_CHECKING:
     from .lower import Lowering
 
 ALIGN = 64  # DMA rows and tensor layouts: every range starts on a 64-byte boundary (as lowering's)
 BASE = 0x1000  # the first DRAM byte a model uses
 START, END = -1, -2  # pseudo accessors: the host writing inputs, the host reading outputs
-DRAM_PLANS = ("arena", "bump")
 
 
 @dataclass(frozen=True)

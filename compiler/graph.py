@@ -11,11 +11,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from npu.errors import NpuError
-
-
-class CompileError(NpuError, ValueError):
-    """A model the compiler cannot take; the message names the file, node, operator and reason."""
+from .errors import CompileError  # noqa: F401  (the passes import it from here)
 
 
 def node_attrs(n: onnx.NodeProto) -> dict:

@@ -37,8 +37,7 @@ from npu.sim.golden.runner import timing_run
 
 from .dram import LiveMemory
 from .lower import VIRTUAL_DRAM, Lowering
-
-OBJECTIVES = ("cycles", "memory")
+from .options import OBJECTIVES
 
 
 def key_nodes(deps: list[set[int]]) -> list[int]:

@@ -25,6 +25,7 @@ from npu.container import TensorDesc
 from npu.tensors import Layout
 
 from .graph import CompileError, Graph
+from .options import ACTIVATIONS, CALIB_METHODS, WEIGHT_SCALES
 
 ORT_MAX_IR = 10
 
@@ -221,7 +222,6 @@ class CalibrationWarning(UserWarning):
 #: `weight_scales="auto"` quantises per output channel when per-tensor scales would leave some
 #: channel of a weight with at most this fraction of the int8 range (3 bits lost)
 AUTO_CHANNEL_RANGE = 1 / 8
-WEIGHT_SCALES = ("auto", "per-channel", "per-tensor")
 #: channels below an eighth of one int8 step of their tensor's scale are zero either way (a dead unit)
 DEAD_CHANNEL = 1 / (8 * 127)
 
@@ -268,7 +268,6 @@ def per_channel_choice(model: onnx.ModelProto, weight_scales: str, source: str) 
 
 
 #: `--calib-method`: how onnxruntime's calibrator picks each activation's range
-CALIB_METHODS = ("minmax", "percentile", "entropy")
 
 
 def calibration_batches(model: onnx.ModelProto, calib: object, source: str) -> list[dict[str, np.ndarray]]:
@@ -294,7 +293,6 @@ def calibration_batches(model: onnx.ModelProto, calib: object, source: str) -> l
 
 
 #: `--activations`: the activations' integer type (weights are int8 either way)
-ACTIVATIONS = ("int8", "int16")
 #: int16 activations get this many times the calibrated range: inputs unlike the calibration data
 #: (a real scan after rendered pages) reach 1.4-2.8x the ranges it saw; int16 keeps the resolution
 #: that headroom costs (docs/real_models.md)

@@ -28,8 +28,8 @@ import onnx
 from onnx import numpy_helper
 
 from .graph import CompileError
+from .options import ROUNDINGS
 
-ROUNDINGS = ("auto", "nearest", "gptq")
 #: "auto" keeps GPTQ's rounding when the model's output error on the calibration inputs is at most
 #: this fraction of nearest rounding's (a per-layer gain that does not carry through the model, or
 #: is within the noise of a few samples, is not worth departing from the quantiser)

@@ -44,6 +44,7 @@ from npu.container import CancelPoint, Container, HostStep, Manifest, NpuSegment
 from npu.errors import NpuError
 from npu.executor import HostSteps, check_inputs, read_outputs, write_inputs
 from npu.isa import ErrorCode, encode_program
+from npu.manifest_check import check_container
 from npu.program import ProgramBuilder, copy_range
 from npu.registers import COUNTERS, NPU_MAGIC, SOC_MAGIC, Control, Status
 
@@ -273,6 +274,7 @@ class Npu:
         engines: int | None = None,
         dispatch: str = "shared",
         enqueue: str = "ready",
+        history: int = 1000,
         **transport_args,
     ):
         cfg = get_config(config)
@@ -321,7 +323,12 @@ class Npu:
         self.enqueue = enqueue
         self.dram_bytes = min(self.cfg.dram_bytes, getattr(self.tr, "dram_bytes", self.cfg.dram_bytes))
         self.models: list[LoadedModel] = []
+        # unfinished jobs and the last `history` finished ones (a long-running service stays bounded)
         self.jobs: list[Job] = []
+        if isinstance(history, bool) or not isinstance(history, int) or history < 0:
+            raise DriverError(f"history must be a number of finished jobs >= 0, got {history!r}")
+        self.history = history
+        self.closed = False
         self.aux_bytes = min(AUX_BYTES, self.dram_bytes // 16)
         top = self.dram_bytes // PAGE * PAGE
         self._free: list[tuple[int, int]] = [(round_up(self.aux_bytes, PAGE), top)]  # sorted, disjoint
@@ -345,9 +352,14 @@ class Npu:
         self.close()
 
     def close(self) -> None:
-        """Close the transport (the simulation, the serial port)."""
+        """Close the transport (the simulation, the serial port); the device takes no more work."""
         with self._lock:
+            self.closed = True
             self.tr.close()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise DriverError("the device is closed (Npu.close); open a new Npu")
 
     @property
     def current(self) -> Job | None:
@@ -372,6 +384,7 @@ class Npu:
 
         `instances` > 1 places that many copies, so as many jobs of the model can run at once (each
         job takes a free copy when it starts; otherwise jobs of one model run one after another)."""
+        self._check_open()
         if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
             raise DriverError(f"instances must be a positive integer, got {instances!r}")
         if isinstance(program, Container):
@@ -386,6 +399,8 @@ class Npu:
                 f"{name or c.manifest.config}: compiled for configuration 0x{c.config_id:08x} "
                 f"({c.manifest.config}), the device is {one.name} (0x{one.config_id:08x})"
             )
+        # every address inside the model's own image, before anything is written (docs/container.md)
+        check_container(c, one, name or "")
         man = c.manifest
         prog = c.blobs["program"]
         end = man.program.base + len(prog)
@@ -493,6 +508,7 @@ class Npu:
         except ValueError as e:
             raise DriverError(f"{model.name}: {e}") from None
         with self._lock:
+            self._check_open()
             for e in self.engines:
                 self._recover_if_needed("submit", e)
             now = self.tr.now()
@@ -501,6 +517,10 @@ class Npu:
                 self, next(self._job_ids), model, xs, int(priority), arrival, timeout_cycles, int8, on_done
             )
             self.jobs.append(job)
+            if len(self.jobs) > 2 * self.history + 64:  # amortised: keep the last `history` finished
+                done = [j for j in self.jobs if j.done()]
+                keep = set(map(id, done[len(done) - self.history :] if self.history else []))
+                self.jobs = [j for j in self.jobs if not j.done() or id(j) in keep]
             heapq.heappush(self._arrivals, (job.arrival, job.id, job))
             self.trace.instant("submit", job, now)
             return job

@@ -27,10 +27,15 @@ class Event:
 
 @dataclass
 class Trace:
+    """The last `max_events` events (a long-running service stays bounded; `dropped` counts the
+    older ones left out; None keeps every event)."""
+
     clock_mhz: float = 100.0
     events: list[Event] = field(default_factory=list)
     t0: float = field(default_factory=time.perf_counter)
     engines: int = 1  # with several, the Chrome trace has one track per engine
+    max_events: int | None = 100_000
+    dropped: int = 0
 
     def _add(self, kind: str, job, start: int, end: int, info: str = "", engine: int = -1) -> None:
         jid = -1 if job is None else job.id
@@ -39,6 +44,10 @@ class Trace:
         self.events.append(
             Event(kind, jid, name, start, end, time.perf_counter() - self.t0, prio, info, engine)
         )
+        if self.max_events is not None and len(self.events) > self.max_events + self.max_events // 4:
+            cut = len(self.events) - self.max_events  # amortised: trim a quarter at a time
+            del self.events[:cut]
+            self.dropped += cut
 
     def span(self, kind: str, job, start: int, end: int, info: str = "", engine: int = -1) -> None:
         self._add(kind, job, start, end, info, engine)
@@ -76,7 +85,8 @@ class Trace:
                 out.append({**base, "ph": "X", "dur": (e.end - e.start) * us})
             else:
                 out.append({**base, "ph": "i", "s": "t"})
-        return {"traceEvents": out, "displayTimeUnit": "ms"}
+        meta = {"dropped_events": self.dropped} if self.dropped else {}
+        return {"traceEvents": out, "displayTimeUnit": "ms", "metadata": meta}
 
     def save_chrome(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_chrome()))

@@ -8,10 +8,17 @@ serial bridge. Time is counted in device clock cycles.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
 
 from npu.config import NpuConfig
 from npu.errors import NpuError
 from npu.registers import REG, Status, engine_window
+
+#: `run_on_rtl(fn, *args, config=..., dram_bytes=...)` of the verification harness
+#: (npu.sim.rtl.transport): runs `fn(transport, *args)` against the RTL. Benches that also measure the
+#: RTL take it as an argument, as the driver does not import the layer above it.
+RtlRunner = Callable[..., Any]
 
 
 class TransportError(NpuError, RuntimeError):

@@ -24,7 +24,9 @@ import dataclasses
 import functools
 import hashlib
 import json
+import os
 import struct
+import tempfile
 import types
 import typing
 from dataclasses import dataclass, field
@@ -420,7 +422,18 @@ class Container:
         return HEADER.pack(MAGIC, VERSION, 0, self.config_id, len(mb), len(payload), digest) + mb + payload
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_bytes(self.to_bytes())
+        """Write atomically: a temporary file beside `path`, renamed over it once complete, so an
+        interrupted save (disk full, a size limit, Ctrl-C) leaves the old file whole."""
+        p = Path(path)
+        data = self.to_bytes()
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, p)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
     @classmethod
     def from_bytes(cls, data: bytes, source: str = "<bytes>") -> Container:

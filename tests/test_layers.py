@@ -57,3 +57,34 @@ def test_an_upward_import_breaks_the_contract(tmp_path):
     (tree / "npu" / "isa.py").write_text(source + "\nfrom npu.driver import Npu\n")
     r = lint_imports(tree)
     assert r.returncode != 0 and "npu.isa -> npu.driver" in r.stdout, r.stdout + r.stderr
+
+
+def _module_of(tree: Path, f: Path) -> str:
+    return ".".join(f.relative_to(tree).with_suffix("").parts).removesuffix(".__init__")
+
+
+def test_every_project_import_names_a_module_that_exists(tmp_path):
+    """import-linter skips imports of modules that do not exist; a renamed module must not leave any."""
+    import ast
+
+    tree = installed_tree(tmp_path)
+    modules = {_module_of(tree, f) for f in tree.rglob("*.py")}
+    missing = []
+    for f in tree.rglob("*.py"):
+        here = _module_of(tree, f)
+        package = here if f.name == "__init__.py" else here.rpartition(".")[0]
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(parent + ([base] if base else []))
+                if not base.startswith("npu"):
+                    continue
+                for alias in node.names:  # `from pkg import module` or `from module import name`
+                    if base not in modules and f"{base}.{alias.name}" not in modules:
+                        missing.append(f"{here}: {base}")
+            elif isinstance(node, ast.Import):
+                missing += [f"{here}: {a.name}" for a in node.names if a.name.startswith("npu.")
+                            and a.name not in modules]  # fmt: skip
+    assert not missing, f"imports of modules that do not exist: {sorted(set(missing))}"

@@ -34,7 +34,7 @@ from npu.config import NpuConfig, get_config
 from npu.container import Container, NpuSegment
 
 from ..runtime import Npu
-from ..transport import Transport
+from ..transport import RtlRunner, Transport
 
 #: the default mix: one long convolution, a short MLP, bursts of short convolutions (the design's case)
 APPS = ("longconv", "planning", "multipath")
@@ -139,7 +139,7 @@ def bench_opqueue(
     jobs: int = 100,
     seed: int = 1,
     seeds: int = 1,
-    rtl: bool = False,
+    rtl: RtlRunner | None = None,
     rtl_config: str = "default",
     rtl_load: float = 0.8,
     rtl_jobs: int = 4,
@@ -202,7 +202,7 @@ def bench_opqueue(
     }
     if rtl:
         result["rtl"] = rtl_compare(
-            rtl_config, rtl_load, rtl_jobs, seed, policies, apps, cache, say, instances
+            rtl, rtl_config, rtl_load, rtl_jobs, seed, policies, apps, cache, say, instances
         )
         runs += result["rtl"]["runs"]
         result["p99_cut"] += _p99_cuts(result["rtl"]["runs"])
@@ -245,10 +245,19 @@ def scaling(apps: list[App], base: NpuConfig, seed: int, jobs: int, say=lambda m
 
 
 def rtl_compare(
-    config: str, load: float, jobs: int, seed: int, policies, apps, cache, say, instances: int = 1
+    run_on_rtl: RtlRunner,
+    config: str,
+    load: float,
+    jobs: int,
+    seed: int,
+    policies,
+    apps,
+    cache,
+    say,
+    instances: int = 1,
 ) -> dict:
-    """2 engines at one load on the SoC's RTL and on its golden model: the same arrivals."""
-    from ..rtl import run_on_rtl
+    """2 engines at one load on the SoC's RTL (through `run_on_rtl`) and on its golden model: the
+    same arrivals."""
 
     built = build_apps(config, apps, cache)
     cfg = get_config(config).engine.replace(engines=2)

@@ -16,6 +16,7 @@ from npu.config import get_config
 from npu.isa import Unit
 
 from ..runtime import Npu
+from ..transport import RtlRunner
 from .layerwise import POLICIES, LayerwiseScheduler
 
 # Each compute-bound CNN of the zoo against memory-bound MLPs at batch 1 that take about as long
@@ -143,11 +144,12 @@ def _rtl_runs(transport, models: list[Prepared], config: str, policies: tuple[st
     return alone, {p: run_set(models, p, config, transport=transport) for p in policies}
 
 
-def rtl_pair(pair: tuple[str, str], config: str, policies: tuple[str, ...] = RTL_POLICIES) -> dict:
-    """`pair` on the RTL core and on the golden model: per policy the RTL's figures, the model's
-    makespan and its error, and whether every output is bit-identical to its model run alone (on
-    the RTL and on the golden model)."""
-    from ..rtl import run_on_rtl
+def rtl_pair(
+    run_on_rtl: RtlRunner, pair: tuple[str, str], config: str, policies: tuple[str, ...] = RTL_POLICIES
+) -> dict:
+    """`pair` on the RTL core (through `run_on_rtl`) and on the golden model: per policy the RTL's
+    figures, the model's makespan and its error, and whether every output is bit-identical to its
+    model run alone (on the RTL and on the golden model)."""
 
     models = [prepare(n, config, i) for i, n in enumerate(pair)]
     alone_r, runs_r = run_on_rtl(_rtl_runs, models, config, policies, config=config, dram_bytes=RTL_DRAM)
@@ -211,9 +213,10 @@ def starvation(config: str, k: int = 6, limit: int = 8) -> dict:
 
 
 def bench_layerwise(
-    config: str = "multi", progress: Callable[[str], None] | None = None, rtl: bool = False
+    config: str = "multi", progress: Callable[[str], None] | None = None, rtl: RtlRunner | None = None
 ) -> dict:
-    """Every pair on the model (with `rtl`, RTL_PAIRS also on the RTL core); JSON-ready."""
+    """Every pair on the model (with `rtl`, the harness's `run_on_rtl`: RTL_PAIRS also on the RTL
+    core); JSON-ready."""
     say = progress or (lambda _m: None)
     pairs = []
     for c, m in PAIRS:
@@ -238,7 +241,7 @@ def bench_layerwise(
         res["rtl"] = []
         for p in RTL_PAIRS:
             say(f"rtl {p[0]} + {p[1]}")
-            res["rtl"].append(rtl_pair(p, config))
+            res["rtl"].append(rtl_pair(rtl, p, config))
     return res
 
 

@@ -88,6 +88,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+def _rtl_runner(args: argparse.Namespace):
+    """The harness's `run_on_rtl` for `--backend rtl`, else None (the driver's benches take it)."""
+    if args.backend != "rtl":
+        return None
+    from npu.sim.rtl.transport import run_on_rtl
+
+    return run_on_rtl
+
+
 def _model(cfg: NpuConfig, args: argparse.Namespace):
     from npu.sim.rtl.gemm_bench import bench_model, format_model
 
@@ -140,7 +149,7 @@ def _opqueue(cfg: NpuConfig, args: argparse.Namespace):
         jobs=args.jobs,
         seed=args.seed,
         seeds=args.seeds,
-        rtl=args.backend == "rtl",
+        rtl=_rtl_runner(args),
         rtl_jobs=args.rtl_jobs,
         instances=args.instances,
         progress=lambda msg: print(f"bench opqueue: {msg}", file=sys.stderr, flush=True),
@@ -165,7 +174,7 @@ def _layerwise(cfg: NpuConfig, args: argparse.Namespace):
     res = bench_layerwise(
         cfg.engine.name,
         progress=lambda msg: print(f"bench layerwise: {msg}", file=sys.stderr, flush=True),
-        rtl=args.backend == "rtl",
+        rtl=_rtl_runner(args),
     )
     return res, format_layerwise
 

@@ -12,6 +12,7 @@ import numpy as np
 from npu.asm import DTYPES, Assembly, DataInit
 from npu.config import NpuConfig
 from npu.errors import NpuError
+from npu.manifest_check import check_container
 from npu.registers import Status
 from npu.sim.golden.model import NpuModel
 
@@ -184,6 +185,7 @@ def run_container(
             f"the program was compiled for configuration id 0x{container.config_id:08x} "
             f"({container.manifest.config}), not for {cfg.name} (0x{cfg.config_id:08x})"
         )
+    check_container(container, cfg)
     man = container.manifest
     m = model or NpuModel(cfg)
     for d in man.dram:

@@ -18,6 +18,7 @@ from npu.driver.sched.layerwise_bench import (
     rtl_pair,
     run_set,
 )
+from npu.sim.rtl.transport import run_on_rtl
 
 CFG = "default"
 
@@ -177,7 +178,7 @@ def test_a_pair_of_equal_length_interleaves_on_the_multi_preset():
 def test_two_models_through_the_ring_on_the_rtl():
     """The smallest pair on the core's RTL: each request's outputs bit-identical to its model run
     alone, under fcfs and idle-time, and the interleaving shortens the RTL's makespan too."""
-    r = rtl_pair(("digits_cnn", "digits_mlp"), CFG)
+    r = rtl_pair(run_on_rtl, ("digits_cnn", "digits_mlp"), CFG)
     print(f"RTL layer-wise: {r}")
     for p in RTL_POLICIES:
         assert r[p]["outputs_as_alone"], p
@@ -193,7 +194,7 @@ def test_a_bench_pair_on_the_multi_rtl_matches_the_model():
     """The bench's smallest pair on the RTL of preset `multi` (64-entry unit queues): outputs
     bit-identical to each model alone, and the golden model's makespan within 5 % of the RTL's
     under both policies (`npu bench layerwise --backend rtl` adds resnet_small + fc_deep(26))."""
-    r = rtl_pair(("digits_cnn", "planning"), "multi")
+    r = rtl_pair(run_on_rtl, ("digits_cnn", "planning"), "multi")
     print(f"RTL layer-wise on multi: {r}")
     for p in RTL_POLICIES:
         assert r[p]["outputs_as_alone"], p

@@ -1,0 +1,8 @@
+"""The compiler's user error, in a module of its own so that the options can be read (`npu --help`)
+without importing ONNX."""
+
+from npu.errors import NpuError
+
+
+class CompileError(NpuError, ValueError):
+    """A model the compiler cannot take; the message names the file, node, operator and reason."""

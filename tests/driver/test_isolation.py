@@ -1,0 +1,191 @@
+"""Tenant isolation on the driver's side: a container whose manifest would reach outside its own
+image (another model's weights or program), or that breaks the manifest's rules, is refused at load
+naming the field, before anything is written; a model already loaded keeps giving the same result."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+from npu.container import HEADER, MAGIC, VERSION, Container, ContainerError
+from npu.driver import DriverError, Npu
+from npu.driver.demo import compile_zoo
+from npu.errors import NpuError
+
+CFG = "tiny"
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("isolation")
+    victim, x = compile_zoo("digits_mlp", CFG, cache)
+    other, y = compile_zoo("planning", CFG, cache)
+    return victim, x, other, y
+
+
+def _mutated(c: Container, edit) -> Container:
+    """`c` with its manifest's JSON changed by `edit`, signed again (a valid checksum), read back."""
+    raw = c.manifest.to_json()
+    edit(raw)
+    payload, index = bytearray(), {}
+    for name, data in c.blobs.items():
+        index[name] = {"offset": len(payload), "length": len(data)}
+        payload += data
+    raw["blobs"] = index
+    mb = json.dumps(raw, sort_keys=True).encode()
+    digest = hashlib.sha256(mb + payload).digest()
+    blob = HEADER.pack(MAGIC, VERSION, 0, c.config_id, len(mb), len(payload), digest) + mb + payload
+    return Container.from_bytes(blob, "mutated.npub")
+
+
+def _set(path: list, value):
+    def edit(raw):
+        obj = raw
+        for k in path[:-1]:
+            obj = obj[k]
+        obj[path[-1]] = value
+
+    return edit
+
+
+CASES = [
+    (["dram", 0, "addr"], -4096, "manifest.dram[0].addr"),
+    (["dram", 0, "addr"], 1 << 40, "manifest.dram[0].addr"),
+    (["program", "base"], -4096, "manifest.program.base"),
+    (["segments"], [], "manifest.segments: empty"),
+    (["segments", 0, "deps"], [7], "manifest.segments[0].deps: 7 is not an earlier segment"),
+    (["inputs", 0, "addr"], -64, "manifest.inputs[0].addr"),
+    (["outputs", 0, "addr"], -(4 << 20), "manifest.outputs[0].addr"),
+    (["outputs", 0, "shape"], [1, 10**7], "manifest.outputs[0].layout"),
+    (["outputs", 0, "zero_point"], 10**6, "manifest.outputs[0].zero_point"),
+    (["cancel_points", 0, "live_bytes"], -1, "manifest.cancel_points[0].live_bytes"),
+    (["segments", 0, "end"], 1, "manifest.segments[0]"),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "field"), CASES, ids=[c[2].split(":")[0] for c in CASES])
+def test_a_manifest_breaking_a_rule_is_refused_naming_the_field(models, path, value, field):
+    victim, x, other, _ = models
+    npu = Npu("model", CFG)
+    a = npu.load(victim, "victim")
+    want = a.run(x)
+    with pytest.raises(ContainerError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        npu.load(_mutated(other, _set(path, value)), "intruder")
+    assert all(np.array_equal(g, w) for g, w in zip(a.run(x), want, strict=True))
+
+
+def test_two_images_at_one_address_are_refused(models):
+    _, _, other, _ = models
+    if len(other.manifest.dram) < 2:
+        pytest.skip("the model has one DRAM image")
+
+    def edit(raw):
+        raw["dram"][1]["addr"] = raw["dram"][0]["addr"]
+
+    with pytest.raises(ContainerError, match=r"manifest.dram\[1\]: .* overlaps"):
+        Npu("model", CFG).load(_mutated(other, edit))
+
+
+def test_a_program_storing_outside_its_data_is_refused(models):
+    """A STORE moved below address 0 of the model's image (relocated into the previous model's
+    region) is found in the program itself."""
+    from npu.container import relocate_program
+
+    _, _, other, _ = models
+    base = other.manifest.program.base
+    moved = relocate_program(other.blobs["program"], base)  # every LOAD/STORE now at or above base
+    c = Container(other.config_id, copy.deepcopy(other.manifest), {**other.blobs, "program": moved})
+    with pytest.raises(ContainerError, match=r"manifest.program: pc \d+: (LOAD reads|STORE writes) DRAM"):
+        Npu("model", CFG).load(c)
+
+
+def test_seeded_manifest_mutations_never_reach_a_loaded_model(models):
+    """Integer fields of the manifest changed at random (checksum recomputed): each file is refused
+    with a ContainerError, or loads and runs (or fails) with an NpuError, and the model loaded first
+    gives the same result after every one."""
+    victim, x, other, y = models
+    npu = Npu("model", CFG)
+    a = npu.load(victim, "victim")
+    want = a.run(x)
+    leaves = []
+
+    def walk(obj, path):
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(v, [*path, k])
+        elif isinstance(obj, list):
+            for i, v in enumerate(obj):
+                walk(v, [*path, i])
+        elif isinstance(obj, int) and not isinstance(obj, bool):
+            leaves.append(path)
+
+    walk(other.manifest.to_json(), [])
+    rng = np.random.default_rng(41)
+    refused = ran = failed = 0
+    for _ in range(300):
+        path = leaves[int(rng.integers(len(leaves)))]
+        value = int(rng.choice([-1, 0, 1, 7, -(1 << 20), 1 << 20, 1 << 31, rng.integers(-4096, 1 << 16)]))
+        try:
+            c = _mutated(other, _set(path, value))
+            m = npu.load(c, "mutant")
+        except ContainerError:
+            refused += 1
+            continue
+        except NpuError:
+            refused += 1
+            continue
+        try:
+            m.run(y)
+            ran += 1
+        except NpuError:
+            failed += 1
+        npu.unload(m)
+        got = a.run(x)
+        assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True)), path
+    print(f"\n300 mutations: {refused} refused at load, {ran} ran, {failed} failed with an NpuError")
+    assert refused > 50 and ran > 0
+
+
+def test_a_long_running_device_keeps_bounded_history(models):
+    """Finished jobs beyond `history` and trace events beyond `max_events` are let go."""
+    victim, x, _, _ = models
+    npu = Npu("model", CFG, history=10)
+    npu.trace.max_events = 200
+    a = npu.load(victim)
+    for _ in range(300):
+        a.run(x)
+    assert len(npu.jobs) <= 2 * 10 + 64 and sum(j.done() for j in npu.jobs) >= 10
+    assert len(npu.trace.events) <= 250 and npu.trace.dropped > 0
+    assert npu.trace.to_chrome()["metadata"]["dropped_events"] == npu.trace.dropped
+
+
+def test_a_closed_device_takes_no_more_work(models):
+    victim, x, _, _ = models
+    npu = Npu("model", CFG)
+    a = npu.load(victim)
+    a.run(x)
+    npu.close()
+    with pytest.raises(DriverError, match="the device is closed"):
+        a.run(x)
+    with pytest.raises(DriverError, match="the device is closed"):
+        npu.load(victim)
+
+
+def test_an_interrupted_save_leaves_the_old_file_whole(models, tmp_path, monkeypatch):
+    victim, _, other, _ = models
+    path = tmp_path / "m.npub"
+    victim.save(path)
+    before = path.read_bytes()
+
+    def full(*_a, **_k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("os.replace", full)
+    with pytest.raises(OSError, match="No space left"):
+        other.save(path)
+    assert path.read_bytes() == before and Container.load(path).manifest == victim.manifest
+    assert [p.name for p in tmp_path.iterdir()] == ["m.npub"]  # no temporary file left behind
