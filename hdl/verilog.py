@@ -3,6 +3,14 @@ interfaces become flat `m_axi_*` / `s_axil_*` ports."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+
 from amaranth.back import verilog
 
 from npu.config import NpuConfig, get_config
@@ -21,9 +29,56 @@ def _convert(top, name: str, cfg: NpuConfig) -> str:
     return verilog.convert(top, name=name, emit_src=False) + extra_verilog(cfg.engine)
 
 
+@functools.cache
+def _sources_digest() -> str:
+    """A digest of everything the Verilog depends on: the RTL and contract sources, the firmware
+    image and the versions of Amaranth and of the PicoRV32 sources."""
+    import npu.config  # the contracts, wherever they are installed
+
+    h = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for f in sorted(here.rglob("*")):
+        if f.suffix in (".py", ".bin", ".c", ".h", ".S", ".ld") and "__pycache__" not in f.parts:
+            h.update(f.relative_to(here).as_posix().encode() + b"\0" + f.read_bytes())
+    for f in sorted(Path(npu.config.__file__).parent.glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    for dist in ("amaranth", "amaranth-boards", "pythondata-cpu-picorv32"):
+        try:
+            h.update(f"{dist}=={metadata.version(dist)}".encode())
+        except metadata.PackageNotFoundError:
+            pass
+    return h.hexdigest()
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("NPU_CACHE", Path.home() / ".cache" / "npu")) / "verilog"
+
+
+def _cached(key: str, make: Callable[[], str]) -> str:
+    """Elaborating and converting a core takes seconds: the Verilog is kept on disk under a digest
+    of `key` and the sources (`NPU_CACHE`, default ~/.cache/npu), so every run after the first
+    (each test worker, each simulation) reads it back."""
+    digest = hashlib.sha256((_sources_digest() + key).encode()).hexdigest()[:24]
+    path = _cache_dir() / f"{digest}.v"
+    try:
+        return path.read_text()
+    except OSError:
+        pass
+    text = make()
+    try:  # written atomically: several workers may convert the same design at once
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # no cache (a read-only home): converted each time
+    return text
+
+
 def core_verilog(config: NpuConfig | str) -> str:
     cfg = get_config(config)
-    return _convert(FlatPorts(engine_core(cfg), PREFIXES), TOPLEVEL, cfg)
+    return _cached(f"core {cfg!r}", lambda: _convert(FlatPorts(engine_core(cfg), PREFIXES), TOPLEVEL, cfg))
 
 
 def soc_verilog(config: NpuConfig | str) -> str:
@@ -31,7 +86,7 @@ def soc_verilog(config: NpuConfig | str) -> str:
     from .soc import NpuSoc
 
     cfg = get_config(config)
-    return _convert(FlatPorts(NpuSoc(cfg), PREFIXES), SOC_TOPLEVEL, cfg)
+    return _cached(f"soc {cfg!r}", lambda: _convert(FlatPorts(NpuSoc(cfg), PREFIXES), SOC_TOPLEVEL, cfg))
 
 
 def sim_top_verilog(config: NpuConfig | str, dram_size: int, stalls: bool = False, soc: bool = False) -> str:
@@ -40,7 +95,8 @@ def sim_top_verilog(config: NpuConfig | str, dram_size: int, stalls: bool = Fals
     from .simdram import NpuSimTop
 
     cfg = get_config(config)
-    return _convert(FlatPorts(NpuSimTop(cfg, dram_size, stalls, soc), PREFIXES), "npu_sim_top", cfg)
+    top = lambda: FlatPorts(NpuSimTop(cfg, dram_size, stalls, soc), PREFIXES)  # noqa: E731
+    return _cached(f"simtop {cfg!r} {dram_size} {stalls} {soc}", lambda: _convert(top(), "npu_sim_top", cfg))
 
 
 def board_sim_verilog(board, cfg: NpuConfig) -> str:
@@ -48,5 +104,8 @@ def board_sim_verilog(board, cfg: NpuConfig) -> str:
     module `board_top`; the SDRAM's pins come out as `sdram_*`."""
     from .boards.top import BoardCore
 
-    top = FlatPorts(BoardCore(board, cfg, board.clock_mhz, sim=True), {"sdram": "sdram"})
-    return _convert(top, "board_top", cfg)
+    def make() -> str:
+        top = FlatPorts(BoardCore(board, cfg, board.clock_mhz, sim=True), {"sdram": "sdram"})
+        return _convert(top, "board_top", cfg)
+
+    return _cached(f"board {board!r} {cfg!r}", make)

@@ -53,23 +53,7 @@ command was registered. A WRITE command carries its data in the same cycle (DQ d
 and is registered at least CL + 2 (+ read_delay when positive) cycles after the last READ, so the
 chip has released DQ.
 
-Throughput: within a row, reads and writes stream one 16-bit word per cycle (2 bytes per clock).
-The costs on top: the first word of a read comes back about tRCD + CL + 5 cycles after AR (rows
-closed); entering the next bank (every 1 KiB) takes an ACTIVE and tRCD (tRCD + 1 cycles) when its
-row is not open, a row miss tRP + tRCD + 1 more; a refresh about tRP + tRFC + tRCD + 1. Measured
-by the cocotb tests (sim/rtl/cocotb_sdram.py, run by tests/hdl/test_sdram.py), from the AR handshake
-to the last R handshake:
-
-* 128-bit AXI, 133 MHz, CAS latency 3, the chip's tREFI: a 256-beat read (4 KiB, 2048 words)
-  takes 2105 cycles with two refreshes inside (0.97 words per cycle, 259 MB/s); a 256-beat
-  write 2096 cycles from AW to B.
-* 64-bit AXI, 100 MHz, CAS latency 2 and a test's refresh every 1.5 us: 1113 cycles for 1024
-  words (0.92 words per cycle: eight refreshes inside).
-
-Size and speed: with 128-bit AXI about 1150 LUT4s, 650 flip-flops and 68 distributed-RAM slices
-(the two FIFOs), about 110 MHz on an LFE5U-85F (Yosys and nextpnr-ecp5, placed out of context).
-The decision logic in front of the command flops is a 4:1 bank multiplexer, a 13-bit row compare
-and counter zero tests; there are no multipliers.
+Throughput, latency and size as measured: docs/boards.md, "The SDRAM controller".
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The micro core's memory map, as its control processor (and firmware) sees it. The firmware's
-`hw.h` is generated from this module (`python -m npu.hdl.micro.firmware`), so it is defined once.
+`isa.h` is generated from this module (`python -m npu.hdl.micro.firmware`), so it is defined once.
 
 | CPU address | what |
 |---|---|
