@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo example zoo test test-slow lint bench clean
+.PHONY: demo example zoo test test-slow test-all lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,14 +26,19 @@ example: $(STAMP)
 zoo: $(STAMP)
 	$(BIN)/python -m npu.models -o models/out
 
-## whole test suite (what CI runs)
+## the test suite (what CI runs): every feature and every RTL suite, fewer random seeds
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q -n auto --dist loadgroup
+	$(BIN)/pytest -q -n auto --dist loadgroup --durations=15
 
-## long sweep: 1000 random programs per preset on the RTL against the model (tests marked slow)
+## the long sweeps only: 1000 random programs per preset on the RTL against the model (tests marked slow)
 test-slow: $(STAMP)
-	$(BIN)/pytest -q -n auto -m slow --rtl-sweep 1000
+	$(BIN)/pytest -q -n auto --dist loadgroup -m slow --rtl-sweep 1000
+
+## everything: the suite with the full random seeds plus the long sweeps
+test-all: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q -n auto --dist loadgroup -m "" --rtl-seeds 100 --rtl-sweep 1000 --durations=30
 
 bench: $(STAMP)
 	$(BIN)/npu bench model --json

@@ -257,44 +257,12 @@ def gemm_program(
                     a_i16=int(ea == 2),
                     label=f"matmul m{m0} n{n0} k{k0}",
                 )
-            if out_i32:  # the accumulator rows go to DRAM as they are
-                b.add(
-                    "store",
-                    spad=cbuf,
-                    dram=c_addr + 4 * (m0 * n + n0),
-                    rows=tm,
-                    cols=4 * tn,
-                    spad_stride=c_stride,
-                    dram_stride=4 * n,
-                    label=f"store C m{m0} n{n0}",
-                )
-            else:
-                obuf = o_buf[it % 2]
+            rq = None
+            if not out_i32:
                 rq = dict(mult=mult, shift=shift, zp_out=zp_out, lo=lo, hi=127, per_col=per_col)
                 if ey == 2:  # int16 output: the clamp bounds its high byte (ReLU: 0)
                     rq.update(dst_i16=1, lo=0 if relu else -128)
-                add_requant(
-                    b,
-                    rq,
-                    n0,
-                    src=cbuf,
-                    dst=obuf,
-                    rows=tm,
-                    cols=tn,
-                    src_stride=c_stride,
-                    dst_stride=tn * ey,
-                    label=f"requant m{m0} n{n0}",
-                )
-                b.add(
-                    "store",
-                    spad=obuf,
-                    dram=c_addr + (m0 * n + n0) * ey,
-                    rows=tm,
-                    cols=tn * ey,
-                    spad_stride=tn * ey,
-                    dram_stride=n * ey,
-                    label=f"store m{m0} n{n0}",
-                )
+            _gemm_output(b, rq, cbuf, o_buf[it % 2], c_addr, m0, n0, tm, tn, n, c_stride, ey)
             it += 1
             tiles += 1
             last = n0 + t.tn >= n and m0 + t.tm >= m
@@ -304,6 +272,44 @@ def gemm_program(
             elif not last:
                 b.candidate()
     return None if builder is not None else b.build()
+
+
+def _gemm_output(b, rq, cbuf, obuf, c_addr, m0, n0, tm, tn, n, c_stride, ey) -> None:
+    """A C tile to DRAM: the accumulator rows as they are (`rq` None), or requantised first."""
+    if rq is None:  # the accumulator rows go to DRAM as they are
+        b.add(
+            "store",
+            spad=cbuf,
+            dram=c_addr + 4 * (m0 * n + n0),
+            rows=tm,
+            cols=4 * tn,
+            spad_stride=c_stride,
+            dram_stride=4 * n,
+            label=f"store C m{m0} n{n0}",
+        )
+        return
+    add_requant(
+        b,
+        rq,
+        n0,
+        src=cbuf,
+        dst=obuf,
+        rows=tm,
+        cols=tn,
+        src_stride=c_stride,
+        dst_stride=tn * ey,
+        label=f"requant m{m0} n{n0}",
+    )
+    b.add(
+        "store",
+        spad=obuf,
+        dram=c_addr + (m0 * n + n0) * ey,
+        rows=tm,
+        cols=tn * ey,
+        spad_stride=tn * ey,
+        dram_stride=n * ey,
+        label=f"store m{m0} n{n0}",
+    )
 
 
 def gemm_reference(

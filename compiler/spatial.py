@@ -351,45 +351,14 @@ def conv_program(
     if plan.cols:
         strips = [g.strip(x0, min(plan.cols, g.ow - x0)) + (x0,) for x0 in range(0, g.ow, plan.cols)]
     taps = g.kh * g.kw
-
-    # weight blocks per (output tile, input chunk): [co_t][kh][kw][chunk], zero where no connection
-    tiles: list[ConvTile] = []
+    tiles = _conv_tiles(cfg, plan, x, y, weights, groups, g, window, const, where)
     bias_p = np.zeros(cpy, np.int64)
     bias_p[:cout] = bias
-    for co0 in range(0, cpy, plan.co_t):
-        co_t = min(plan.co_t, cpy - co0)
-        win0, wlen = window(co0, co_t) if groups > 1 else (0, cpx)
-        dense = np.zeros((co_t, g.kh, g.kw, wlen), np.int8)
-        for co in range(co0, min(co0 + co_t, cout)):
-            gi = co // cout_g
-            phys = chanx[gi * cin_g : (gi + 1) * cin_g] - win0
-            dense[co - co0][:, :, phys] = weights[co].transpose(1, 2, 0)
-        chunks, addrs = [], []
-        for c0 in range(0, wlen, plan.ci_t):
-            cl = min(plan.ci_t, wlen - c0)
-            chunks.append((c0, cl))
-            addrs.append(const(np.ascontiguousarray(dense[..., c0 : c0 + cl]).tobytes(), f"{where} weights"))
-        tiles.append(ConvTile(co0, co_t, win0, chunks, addrs))
     bias_addr = const(bias_p.astype("<i4").tobytes(), f"{where} bias")
-
-    # on-chip buffers
-    band_mode = plan.band_mode
-    m_max = _conv_m(gp, plan.rows, band_mode)
-    in_bytes = gp.in_rows(plan.rows) * gp.wp * cpx * ex
-    wbytes = plan.co_t * bank_stride(cfg, taps * plan.ci_t, cfg.lanes)
-    single_w = len(tiles) == 1 and len(tiles[0].chunks) == 1
-    act_bytes, w_base = spad_regions(cfg)
-    w_bufs = [w_base] if single_w else [w_base, w_base + round_up(wbytes, cfg.lanes)]
-    base = 0 if cfg.spad_banked else w_bufs[-1] + round_up(wbytes, cfg.lanes)
-    in_bufs = [base, base + round_up(in_bytes, cfg.lanes)]
-    base = in_bufs[1] + round_up(in_bytes, cfg.lanes)
-    out_bufs = [base, base + round_up(m_max * plan.co_t * ey, cfg.lanes)]
-    acc_tile = m_max * acc_row_stride(cfg, plan.co_t)
-    acc_bufs = [ACC_BASE, ACC_BASE + acc_tile]
-    assert out_bufs[1] + m_max * plan.co_t * ey <= act_bytes and 2 * acc_tile <= cfg.acc_bytes
-    assert w_bufs[-1] + wbytes <= cfg.spad_bytes
+    w_bufs, in_bufs, out_bufs, acc_bufs = _conv_buffers(cfg, plan, gp, tiles, taps, cpx, ex, ey)
 
     zpx = x.q.zero_point
+    bm = plan.band_mode
     k = nw = 0
     for t in tiles:
         c_stride = acc_row_stride(cfg, t.co_t)
@@ -411,7 +380,7 @@ def conv_program(
         for n, (gs, col0, x0) in itertools.product(range(g.n), strips):
             for y0 in range(0, g.oh, plan.rows):
                 rows = min(plan.rows, g.oh - y0)
-                m = _conv_m(gs, rows, band_mode)
+                m = _conv_m(gs, rows, bm)
                 ib, ob, ab = in_bufs[k % 2], out_bufs[k % 2], acc_bufs[k % 2]
                 k += 1
                 _load_band(b, x, gs, n, y0, rows, ib, zpx if ex == 1 else 0, f"input n{n} y{y0} x{x0}", col0)
@@ -439,85 +408,8 @@ def conv_program(
                             dram_stride=taps * cl,
                             label=f"weights co{t.co0} ci{c0}",
                         )
-                    for ky in range(g.kh):
-                        for kx in range(g.kw):
-                            bw = wb + (ky * g.kw + kx) * cl
-                            chan = (t.win0 + c0 + kx * g.dw * cpx) * ex  # bytes into the band
-                            if band_mode:
-                                b.add(
-                                    "matmul",
-                                    a=ib + ky * g.dh * gs.wp * cpx * ex + chan,
-                                    b=bw,
-                                    c=ab,
-                                    m=m,
-                                    n=t.co_t,
-                                    k=cl,
-                                    a_stride=cpx * ex,
-                                    b_stride=bank_stride(cfg, taps * cl, cfg.lanes),
-                                    c_stride=c_stride,
-                                    accumulate=1,
-                                    a_i16=int(ex == 2),
-                                )
-                            else:
-                                for r in range(rows):
-                                    b.add(
-                                        "matmul",
-                                        a=ib + (r * g.sh + ky * g.dh) * gs.wp * cpx * ex + chan,
-                                        b=bw,
-                                        c=ab + r * gs.ow * c_stride,
-                                        m=gs.ow,
-                                        n=t.co_t,
-                                        k=cl,
-                                        a_stride=g.sw * cpx * ex,
-                                        b_stride=bank_stride(cfg, taps * cl, cfg.lanes),
-                                        c_stride=c_stride,
-                                        accumulate=1,
-                                        a_i16=int(ex == 2),
-                                    )
-                wv = gs.wp if band_mode else gs.ow
-                if rq is None:  # int32 results: each output row's pixels straight from the accumulators
-                    out = y.addr + (((n * g.oh + y0) * g.ow + x0) * cpy + t.co0) * 4
-                    for r in range(rows):
-                        b.add(
-                            "store",
-                            spad=ab + r * wv * c_stride,
-                            dram=out + r * g.ow * cpy * 4,
-                            rows=gs.ow,
-                            cols=4 * t.co_t,
-                            spad_stride=c_stride,
-                            dram_stride=4 * cpy,
-                            label="output (int32)",
-                        )
-                    b.candidate()
-                    continue
-                add_requant(
-                    b, rq, t.co0, src=ab, dst=ob, rows=m, cols=t.co_t, src_stride=c_stride,
-                    dst_stride=t.co_t * ey,
-                )  # fmt: skip
-                out = y.addr + (((n * g.oh + y0) * g.ow + x0) * cpy + t.co0) * ey
-                if t.co_t == cpy:
-                    b.add(
-                        "store",
-                        spad=ob,
-                        dram=out,
-                        rows=rows,
-                        cols=gs.ow * cpy * ey,
-                        spad_stride=wv * cpy * ey,
-                        dram_stride=g.ow * cpy * ey,
-                        label="output",
-                    )
-                else:
-                    for r in range(rows):
-                        b.add(
-                            "store",
-                            spad=ob + r * wv * t.co_t * ey,
-                            dram=out + r * g.ow * cpy * ey,
-                            rows=gs.ow,
-                            cols=t.co_t * ey,
-                            spad_stride=t.co_t * ey,
-                            dram_stride=cpy * ey,
-                            label="output",
-                        )
+                    _conv_matmuls(b, cfg, g, gs, t, bm, wb, c0, cl, ib, ab, m, rows, cpx, ex)
+                _conv_output(b, y, rq, g, gs, t, bm, n, y0, x0, rows, m, ab, ob, cpy, ey, c_stride)
                 b.candidate()  # between bands: only the resident weights are live
     return {
         "split": plan.describe(g, cpy, win_of(plan.co_t)),
@@ -525,6 +417,138 @@ def conv_program(
         "spad_bytes": plan.spad_bytes,
         "est_cycles": plan.est_cycles,
     }
+
+
+def _conv_tiles(cfg, plan, x: Act, y: Act, weights, groups: int, g: Geometry, window, const, where: str):
+    """The weight blocks of each output tile in DRAM: per input chunk, [co_t][kh][kw][chunk], zero
+    where an output channel has no connection (grouped convolutions)."""
+    cout, cin_g = weights.shape[:2]
+    cout_g = cout // groups
+    cpx, cpy = x.layout.cp, y.layout.cp
+    chanx = np.asarray(x.layout.chan)
+    tiles: list[ConvTile] = []
+    for co0 in range(0, cpy, plan.co_t):
+        co_t = min(plan.co_t, cpy - co0)
+        win0, wlen = window(co0, co_t) if groups > 1 else (0, cpx)
+        dense = np.zeros((co_t, g.kh, g.kw, wlen), np.int8)
+        for co in range(co0, min(co0 + co_t, cout)):
+            gi = co // cout_g
+            phys = chanx[gi * cin_g : (gi + 1) * cin_g] - win0
+            dense[co - co0][:, :, phys] = weights[co].transpose(1, 2, 0)
+        chunks, addrs = [], []
+        for c0 in range(0, wlen, plan.ci_t):
+            cl = min(plan.ci_t, wlen - c0)
+            chunks.append((c0, cl))
+            addrs.append(const(np.ascontiguousarray(dense[..., c0 : c0 + cl]).tobytes(), f"{where} weights"))
+        tiles.append(ConvTile(co0, co_t, win0, chunks, addrs))
+    return tiles
+
+
+def _conv_buffers(cfg, plan, gp, tiles, taps: int, cpx: int, ex: int, ey: int):
+    """On-chip double buffers of a convolution: (weights, input bands, outputs, accumulators)."""
+    m_max = _conv_m(gp, plan.rows, plan.band_mode)
+    in_bytes = gp.in_rows(plan.rows) * gp.wp * cpx * ex
+    wbytes = plan.co_t * bank_stride(cfg, taps * plan.ci_t, cfg.lanes)
+    single_w = len(tiles) == 1 and len(tiles[0].chunks) == 1
+    act_bytes, w_base = spad_regions(cfg)
+    w_bufs = [w_base] if single_w else [w_base, w_base + round_up(wbytes, cfg.lanes)]
+    base = 0 if cfg.spad_banked else w_bufs[-1] + round_up(wbytes, cfg.lanes)
+    in_bufs = [base, base + round_up(in_bytes, cfg.lanes)]
+    base = in_bufs[1] + round_up(in_bytes, cfg.lanes)
+    out_bufs = [base, base + round_up(m_max * plan.co_t * ey, cfg.lanes)]
+    acc_tile = m_max * acc_row_stride(cfg, plan.co_t)
+    acc_bufs = [ACC_BASE, ACC_BASE + acc_tile]
+    assert out_bufs[1] + m_max * plan.co_t * ey <= act_bytes and 2 * acc_tile <= cfg.acc_bytes
+    assert w_bufs[-1] + wbytes <= cfg.spad_bytes
+    return w_bufs, in_bufs, out_bufs, acc_bufs
+
+
+def _conv_matmuls(b, cfg, g, gs, t, band_mode, wb, c0, cl, ib, ab, m, rows, cpx, ex) -> None:
+    """One input chunk's MATMULs for a band: one per tap (band mode: the whole band at once; else
+    one per output row)."""
+    taps = g.kh * g.kw
+    c_stride = acc_row_stride(cfg, t.co_t)
+    for ky in range(g.kh):
+        for kx in range(g.kw):
+            bw = wb + (ky * g.kw + kx) * cl
+            chan = (t.win0 + c0 + kx * g.dw * cpx) * ex  # bytes into the band
+            if band_mode:
+                b.add(
+                    "matmul",
+                    a=ib + ky * g.dh * gs.wp * cpx * ex + chan,
+                    b=bw,
+                    c=ab,
+                    m=m,
+                    n=t.co_t,
+                    k=cl,
+                    a_stride=cpx * ex,
+                    b_stride=bank_stride(cfg, taps * cl, cfg.lanes),
+                    c_stride=c_stride,
+                    accumulate=1,
+                    a_i16=int(ex == 2),
+                )
+            else:
+                for r in range(rows):
+                    b.add(
+                        "matmul",
+                        a=ib + (r * g.sh + ky * g.dh) * gs.wp * cpx * ex + chan,
+                        b=bw,
+                        c=ab + r * gs.ow * c_stride,
+                        m=gs.ow,
+                        n=t.co_t,
+                        k=cl,
+                        a_stride=g.sw * cpx * ex,
+                        b_stride=bank_stride(cfg, taps * cl, cfg.lanes),
+                        c_stride=c_stride,
+                        accumulate=1,
+                        a_i16=int(ex == 2),
+                    )
+
+
+def _conv_output(b, y, rq, g, gs, t, band_mode, n, y0, x0, rows, m, ab, ob, cpy, ey, c_stride) -> None:
+    """A band's results to DRAM: int32 accumulators as they are (rq None), or requantised."""
+    wv = gs.wp if band_mode else gs.ow
+    if rq is None:  # int32 results: each output row's pixels straight from the accumulators
+        out = y.addr + (((n * g.oh + y0) * g.ow + x0) * cpy + t.co0) * 4
+        for r in range(rows):
+            b.add(
+                "store",
+                spad=ab + r * wv * c_stride,
+                dram=out + r * g.ow * cpy * 4,
+                rows=gs.ow,
+                cols=4 * t.co_t,
+                spad_stride=c_stride,
+                dram_stride=4 * cpy,
+                label="output (int32)",
+            )
+        return
+    add_requant(
+        b, rq, t.co0, src=ab, dst=ob, rows=m, cols=t.co_t, src_stride=c_stride, dst_stride=t.co_t * ey,
+    )  # fmt: skip
+    out = y.addr + (((n * g.oh + y0) * g.ow + x0) * cpy + t.co0) * ey
+    if t.co_t == cpy:
+        b.add(
+            "store",
+            spad=ob,
+            dram=out,
+            rows=rows,
+            cols=gs.ow * cpy * ey,
+            spad_stride=wv * cpy * ey,
+            dram_stride=g.ow * cpy * ey,
+            label="output",
+        )
+        return
+    for r in range(rows):
+        b.add(
+            "store",
+            spad=ob + r * wv * t.co_t * ey,
+            dram=out + r * g.ow * cpy * ey,
+            rows=gs.ow,
+            cols=t.co_t * ey,
+            spad_stride=t.co_t * ey,
+            dram_stride=cpy * ey,
+            label="output",
+        )
 
 
 def pool_program(

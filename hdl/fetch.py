@@ -7,6 +7,8 @@ requester in order (one outstanding-burst FIFO records the owner of every burst)
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from amaranth import Cat, Module, Mux, ResetInserter, Signal
 from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -53,11 +55,14 @@ class Fetcher(wiring.Component):
             }
         )
 
+    @property
+    def _beats(self) -> int:
+        """Bus beats per instruction."""
+        return max(1, INSTR_BYTES // self.cfg.bus_bytes)
+
     def elaborate(self, platform):
         m = Module()
         cfg = self.cfg
-        W = cfg.bus_bytes
-        beats = max(1, INSTR_BYTES // W)
         # + the fault bit and the check's code
         buf = fifo.SyncFIFOBuffered(width=INSTR_BITS + 1 + ErrorCode.as_shape().width, depth=self.BUF)
         m.submodules.buf = ResetInserter(self.restart)(buf)
@@ -73,13 +78,34 @@ class Fetcher(wiring.Component):
         bad_base = Signal()
         ring = Signal()  # latched at the restart
         mask = Signal(32)  # slots - 1 in ring mode, all ones otherwise
+        # the registers more than one part reads or writes
+        st = SimpleNamespace(
+            in_check=in_check,
+            base=base,
+            req_pc=req_pc,
+            out_pc=out_pc,
+            inflight=inflight,
+            discard=discard,
+            bad_base=bad_base,
+            ring=ring,
+            mask=mask,
+        )
 
+        req = self._requests(m, st, buf)
+        asm = self._assemble(m, st, buf, check, req.n)
+        out = self._output(m, st, buf)
+        self._restart(m, st, req, asm, out)
+        return m
+
+    def _requests(self, m: Module, st, buf) -> SimpleNamespace:
+        """The request side: AR bursts of up to 4 instructions while the buffer has room."""
+        cfg = self.cfg
         # request bursts of up to 4 instructions while the buffer has room. `addr` (base + 32 * (req_pc
         # mod slots)) is a register that follows req_pc, so no 40-bit add precedes the burst limits
         # and the burst length feeding req_pc (Fmax)
         addr = Signal(40)
         room = Signal(range(self.BUF + 1))
-        m.d.comb += room.eq(self.BUF - buf.level - inflight - in_check)
+        m.d.comb += room.eq(self.BUF - buf.level - st.inflight - st.in_check)
         # instructions left in DRAM, up to 4, as parallel compares of `addr` with constants instead of
         # a subtraction (Fmax); 0 past the end, where the old difference wrapped (no request either)
         fits = [Signal(name=f"dram_fits{k}") for k in range(1, 5)]
@@ -92,7 +118,7 @@ class Fetcher(wiring.Component):
         # ring mode: no further than the tail, nor across the ring's end (the next burst wraps).
         # `to_end` (mask - (req_pc & mask) + 1) is a register that follows req_pc (Fmax)
         avail = Signal(32)
-        m.d.comb += avail.eq(Mux(ring, self.tail - req_pc, 4))
+        m.d.comb += avail.eq(Mux(st.ring, self.tail - st.req_pc, 4))
         to_end = Signal(32, init=4)
         slots = Signal(32)  # mask + 1
         # each limit saturated at 4 first (an OR of its high bits), then the minimum of 3-bit values:
@@ -112,21 +138,25 @@ class Fetcher(wiring.Component):
         m.d.comb += n.eq(min_(min_(limits[0], limits[1]), min_(min_(limits[2], limits[3]), limits[4])))
         m.d.comb += [
             self.ar.payload.addr.eq(addr),
-            self.ar.payload.len.eq(n * beats - 1),
-            self.ar.valid.eq(self.enable & ~bad_base & in_dram & (n != 0) & (room >= 2)),
+            self.ar.payload.len.eq(n * self._beats - 1),
+            self.ar.valid.eq(self.enable & ~st.bad_base & in_dram & (n != 0) & (room >= 2)),
         ]
         # a burst never crosses the ring's end: one that reaches it wraps the address to the base
         wrap = Signal()
-        m.d.comb += wrap.eq(ring & (to_end[3:] == 0) & (to_end[:3] == n))
+        m.d.comb += wrap.eq(st.ring & (to_end[3:] == 0) & (to_end[:3] == n))
         with m.If(self.ar.valid & self.ar.ready):
             m.d.sync += [
-                req_pc.eq(req_pc + n),
-                addr.eq(Mux(wrap, base, addr + (n << log2(INSTR_BYTES)))),
+                st.req_pc.eq(st.req_pc + n),
+                addr.eq(Mux(wrap, st.base, addr + (n << log2(INSTR_BYTES)))),
             ]
-            with m.If(ring):
+            with m.If(st.ring):
                 m.d.sync += to_end.eq(Mux(wrap, slots, to_end - n))
+        return SimpleNamespace(addr=addr, to_end=to_end, slots=slots, n=n)
 
-        # assemble beats into instructions
+    def _assemble(self, m: Module, st, buf, check, n) -> SimpleNamespace:
+        """The R side: beats assembled into instructions, checked on their way into the buffer."""
+        W = self.cfg.bus_bytes
+        beats = self._beats
         word = Signal(INSTR_BITS)
         word_err = Signal()  # an earlier beat of this instruction came with an error
         beat = Signal(range(beats + 1))
@@ -134,8 +164,8 @@ class Fetcher(wiring.Component):
         r_data = self.r.payload
         got = Signal()
         with m.If(self.r.valid):
-            with m.If(discard != 0):
-                m.d.sync += discard.eq(discard - 1)
+            with m.If(st.discard != 0):
+                m.d.sync += st.discard.eq(st.discard - 1)
             with m.Else():
                 if beats == 1:
                     m.d.comb += got.eq(1)
@@ -159,45 +189,55 @@ class Fetcher(wiring.Component):
         ]
         issued = Signal(range(self.BUF + 1))
         m.d.comb += issued.eq(Mux(self.ar.valid & self.ar.ready, n, 0))
-        m.d.sync += [inflight.eq(inflight + issued - got), in_check.eq(in_check + got - check.out_valid)]
+        m.d.sync += [
+            st.inflight.eq(st.inflight + issued - got),
+            st.in_check.eq(st.in_check + got - check.out_valid),
+        ]
+        return SimpleNamespace(beat=beat, word_err=word_err)
 
-        # output: head of the buffer, or a "bad" marker once requests ran off DRAM
+    def _past_dram(self, b, msk, pc):
+        """Whether pc's instruction lies past DRAM's end (base `b`, slot mask `msk`)."""
+        return b + ((pc & msk) << log2(INSTR_BYTES)) > self.cfg.dram_bytes - INSTR_BYTES
+
+    def _output(self, m: Module, st, buf) -> SimpleNamespace:
+        """The output: the head of the buffer, or a "bad" marker once requests ran off DRAM."""
         # "pc's instruction lies past DRAM's end" for out_pc and out_pc + 1 in registers, so the
         # 40-bit compare does not sit between out_pc and the dispatcher's halt logic (Fmax)
-        def past_dram(b, msk, pc):
-            return b + ((pc & msk) << log2(INSTR_BYTES)) > cfg.dram_bytes - INSTR_BYTES
-
         past_head, past_next = Signal(), Signal()
         head_bad = Signal()
-        m.d.comb += head_bad.eq(bad_base | past_head)
-        m.d.comb += self.empty.eq(ring & (out_pc == self.tail))
+        m.d.comb += head_bad.eq(st.bad_base | past_head)
+        m.d.comb += self.empty.eq(st.ring & (st.out_pc == self.tail))
         m.d.comb += [
             self.out.valid.eq(
-                self.enable & (buf.r_rdy | (head_bad & (inflight == 0) & (in_check == 0) & ~self.empty))
+                self.enable & (buf.r_rdy | (head_bad & (st.inflight == 0) & (st.in_check == 0) & ~self.empty))
             ),
             self.out.payload.instr.eq(buf.r_data[:INSTR_BITS]),
             self.out.payload.fault.eq(buf.r_data[INSTR_BITS] & buf.r_rdy),
             self.out.payload.code.eq(Mux(buf.r_rdy, buf.r_data[INSTR_BITS + 1 :], 0)),
-            self.out.payload.pc.eq(out_pc),
+            self.out.payload.pc.eq(st.out_pc),
             self.out.payload.bad.eq(head_bad & ~buf.r_rdy),
             buf.r_en.eq(self.out.ready & buf.r_rdy),
         ]
         with m.If(self.out.ready & buf.r_rdy):
             m.d.sync += [
-                out_pc.eq(out_pc + 1),
+                st.out_pc.eq(st.out_pc + 1),
                 past_head.eq(past_next),
-                past_next.eq(past_dram(base, mask, out_pc + 2)),
+                past_next.eq(self._past_dram(st.base, st.mask, st.out_pc + 2)),
             ]
-        m.d.comb += self.idle.eq((inflight == 0) & (discard == 0))
+        m.d.comb += self.idle.eq((st.inflight == 0) & (st.discard == 0))
+        return SimpleNamespace(past_head=past_head, past_next=past_next)
 
+    def _restart(self, m: Module, st, req, asm, out) -> None:
+        """The restart: the new stream's registers latched, stale bursts' beats counted to drop."""
+        cfg = self.cfg
         # beats of bursts in flight that belong to the old stream after a restart
         stale = Signal(16)
         m.d.comb += stale.eq(
-            discard
-            + inflight * beats
-            - beat
-            - (self.r.valid & (discard == 0))
-            - (self.r.valid & (discard != 0))
+            st.discard
+            + st.inflight * self._beats
+            - asm.beat
+            - (self.r.valid & (st.discard == 0))
+            - (self.r.valid & (st.discard != 0))
         )
         size = self.ring_size
         ring_ok = (size >= INSTR_BYTES) & ((size & (size - 1)) == 0) & (
@@ -206,24 +246,23 @@ class Fetcher(wiring.Component):
         m.d.comb += new_mask.eq(Mux(size != 0, (size >> log2(INSTR_BYTES)) - 1, 0xFFFFFFFF))
         with m.If(self.restart):
             m.d.sync += [
-                base.eq(self.base),
-                ring.eq(size != 0),
-                mask.eq(new_mask),
-                addr.eq(self.base + ((self.start_pc & new_mask) << log2(INSTR_BYTES))),
-                to_end.eq(Mux(size != 0, new_mask - (self.start_pc & new_mask) + 1, 4)),
-                slots.eq(new_mask + 1),
-                bad_base.eq((self.base[: log2(INSTR_BYTES)] != 0) | ((size != 0) & ~ring_ok)),
-                req_pc.eq(self.start_pc),
-                out_pc.eq(self.start_pc),
-                past_head.eq(past_dram(self.base, new_mask, self.start_pc)),
-                past_next.eq(past_dram(self.base, new_mask, self.start_pc + 1)),
-                inflight.eq(0),
-                in_check.eq(0),
-                discard.eq(stale),
-                beat.eq(0),
-                word_err.eq(0),
+                st.base.eq(self.base),
+                st.ring.eq(size != 0),
+                st.mask.eq(new_mask),
+                req.addr.eq(self.base + ((self.start_pc & new_mask) << log2(INSTR_BYTES))),
+                req.to_end.eq(Mux(size != 0, new_mask - (self.start_pc & new_mask) + 1, 4)),
+                req.slots.eq(new_mask + 1),
+                st.bad_base.eq((self.base[: log2(INSTR_BYTES)] != 0) | ((size != 0) & ~ring_ok)),
+                st.req_pc.eq(self.start_pc),
+                st.out_pc.eq(self.start_pc),
+                out.past_head.eq(self._past_dram(self.base, new_mask, self.start_pc)),
+                out.past_next.eq(self._past_dram(self.base, new_mask, self.start_pc + 1)),
+                st.inflight.eq(0),
+                st.in_check.eq(0),
+                st.discard.eq(stale),
+                asm.beat.eq(0),
+                asm.word_err.eq(0),
             ]
-        return m
 
 
 class ReadArbiter(wiring.Component):

@@ -10,6 +10,8 @@ Three processes run concurrently on one LOAD instruction:
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
@@ -31,6 +33,21 @@ from .common import (
     word_index,
 )
 
+# the generator's row phases, and the segments of a data row
+TOP, DATA, BOTTOM, DONE = range(4)
+PAD_L, SEG_DATA, PAD_R = range(3)
+
+
+def _next_phase(after, fl):
+    """The first phase after `after` that has rows (DONE if none)."""
+    from_top = Mux(fl.rows != 0, DATA, Mux(fl.pad_bottom != 0, BOTTOM, DONE))
+    return Mux(after == TOP, from_top, Mux((after == DATA) & (fl.pad_bottom != 0), BOTTOM, DONE))
+
+
+def _phase_rows(phase, fl):
+    """The rows of `phase` (instruction fields `fl`)."""
+    return Mux(phase == TOP, fl.pad_top, Mux(phase == DATA, fl.rows, fl.pad_bottom))
+
 
 class LoadUnit(wiring.Component):
     def __init__(self, cfg: NpuConfig, spad_port, acc_port):
@@ -49,10 +66,7 @@ class LoadUnit(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        cfg = self.cfg
-        W = cfg.bus_bytes
-        lw = log2(W)
-        m.submodules.fifo = fifo = ByteFifo(W)
+        m.submodules.fifo = fifo = ByteFifo(self.cfg.bus_bytes)
 
         ins = Signal(INSTR_BITS)
         f = view(Opcode.LOAD, ins)
@@ -64,7 +78,16 @@ class LoadUnit(wiring.Component):
         active = Signal()
         m.d.comb += self.exec.busy.eq(active)
 
-        # ---- AR issuer --------------------------------------------------------------------------
+        ar = self._ar_issuer(m, f)
+        gen = self._generator(m, f, fifo, tw)
+        wr = self._writer(m, f, fifo, tr, tw)
+        self._control(m, active, tr, tw, ar, gen, wr)
+        return m
+
+    def _ar_issuer(self, m: Module, f) -> SimpleNamespace:
+        """The AR issuer: each data row's DRAM words requested as AXI bursts."""
+        W = self.cfg.bus_bytes
+        lw = log2(W)
         # The burst at the current address (`cur`) and the first burst of the next row are worked
         # out from registers a cycle ahead, so no burst arithmetic feeds the handshake (Fmax). A new
         # row's burst is ready at once (one-burst rows go out one per cycle); a row split into
@@ -102,14 +125,27 @@ class LoadUnit(wiring.Component):
                 ]
             with m.Else():
                 m.d.sync += [ar_addr.eq(ar_addr + cur_bytes), ar_left.eq(ar_left - cur_bytes), cur_ok.eq(0)]
+        return SimpleNamespace(
+            active=ar_active,
+            row=ar_row,
+            more=ar_more,
+            addr=ar_addr,
+            left=ar_left,
+            nrow_addr=nrow_addr,
+            cur_ok=cur_ok,
+            cur_beats=cur_beats,
+            cur_bytes=cur_bytes,
+            cur_end=cur_end,
+        )
 
-        # ---- generator: padded byte stream into the FIFO ---------------------------------------------
+    def _generator(self, m: Module, f, fifo, tw) -> SimpleNamespace:
+        """The generator: the padded byte stream (pad bytes and realigned R beats) into the FIFO."""
+        W = self.cfg.bus_bytes
+        lw = log2(W)
         # Each row is a run of segments (pad rows: one pad segment of tw bytes; data rows: pad_left,
         # cols of data, pad_right, empty ones skipped); each cycle moves at most one segment's bytes.
         # The row phase (top pad, data, bottom pad), the segment and the bytes left in it are
         # registers, so no adder or comparison of instruction fields sits before the FIFO (Fmax).
-        TOP, DATA, BOTTOM, DONE = range(4)
-        PAD_L, SEG_DATA, PAD_R = range(3)
         g_active = Signal()
         g_phase = Signal(2)  # the current row's phase
         g_rows = Signal(16)  # rows of the phase left, the current one included
@@ -134,14 +170,6 @@ class LoadUnit(wiring.Component):
                 g_seg.eq(Mux(phase == DATA, first_seg, PAD_R)),
                 *seg_len(Mux(phase == DATA, first_len, width)),
             ]
-
-        def next_phase(after, fl):
-            """The first phase after `after` that has rows (DONE if none)."""
-            from_top = Mux(fl.rows != 0, DATA, Mux(fl.pad_bottom != 0, BOTTOM, DONE))
-            return Mux(after == TOP, from_top, Mux((after == DATA) & (fl.pad_bottom != 0), BOTTOM, DONE))
-
-        def phase_rows(phase, fl):
-            return Mux(phase == TOP, fl.pad_top, Mux(phase == DATA, fl.rows, fl.pad_bottom))
 
         off = Signal(lw)
         m.d.comb += off.eq(g_dram[:lw])
@@ -205,10 +233,22 @@ class LoadUnit(wiring.Component):
                 m.d.sync += [g_rows.eq(g_rows - 1), *row_start(g_phase, f, tw)]
             with m.Else():
                 nxt = Signal(2)
-                m.d.comb += nxt.eq(next_phase(g_phase, f))
-                m.d.sync += [g_phase.eq(nxt), g_rows.eq(phase_rows(nxt, f)), *row_start(nxt, f, tw)]
+                m.d.comb += nxt.eq(_next_phase(g_phase, f))
+                m.d.sync += [g_phase.eq(nxt), g_rows.eq(_phase_rows(nxt, f)), *row_start(nxt, f, tw)]
+        return SimpleNamespace(
+            active=g_active,
+            phase=g_phase,
+            rows=g_rows,
+            dram=g_dram,
+            row_dram=g_row_dram,
+            row_start=row_start,
+        )
 
-        # ---- writer: FIFO -> on-chip words ----------------------------------------------------------
+    def _writer(self, m: Module, f, fifo, tr, tw) -> SimpleNamespace:
+        """The writer: FIFO bytes into on-chip words with byte enables, one word per cycle."""
+        cfg = self.cfg
+        W = cfg.bus_bytes
+        lw = log2(W)
         w_row = Signal(18)
         w_left = Signal(18)
         w_addr = Signal(21)
@@ -251,48 +291,58 @@ class LoadUnit(wiring.Component):
                 ]
             with m.Else():
                 m.d.sync += [w_addr.eq(w_addr + need), w_left.eq(w_left - need)]
+        return SimpleNamespace(
+            active=w_active,
+            more=w_more,
+            row=w_row,
+            left=w_left,
+            addr=w_addr,
+            row_addr=w_row_addr,
+            to_acc=to_acc,
+        )
 
-        # ---- control ------------------------------------------------------------------------------
+    def _control(self, m: Module, active, tr, tw, ar, gen, wr) -> None:
+        """Completion, and the start of all three processes when an instruction goes."""
+        W = self.cfg.bus_bytes
         finished = Signal()
-        m.d.comb += finished.eq(active & ~w_more)
+        m.d.comb += finished.eq(active & ~wr.more)
         m.d.comb += self.exec.done.eq(finished)
         with m.If(finished):
-            m.d.sync += [active.eq(0), ar_active.eq(0), g_active.eq(0), w_active.eq(0)]
+            m.d.sync += [active.eq(0), ar.active.eq(0), gen.active.eq(0), wr.active.eq(0)]
         with m.If(self.exec.go):
             nf = view(Opcode.LOAD, self.exec.instr)
             ntr = nf.pad_top + nf.rows + nf.pad_bottom
             ntw = nf.pad_left + nf.cols + nf.pad_right
             fb = burst_plan(m, nf.dram, nf.cols, W, "ar_first")
             first = Signal(2)
-            m.d.comb += first.eq(Mux(nf.pad_top != 0, TOP, next_phase(TOP, nf)))
+            m.d.comb += first.eq(Mux(nf.pad_top != 0, TOP, _next_phase(TOP, nf)))
             m.d.sync += [
-                g_phase.eq(Mux(ntw != 0, first, DONE)),
-                g_rows.eq(phase_rows(first, nf)),
-                *row_start(first, nf, ntw),
+                gen.phase.eq(Mux(ntw != 0, first, DONE)),
+                gen.rows.eq(_phase_rows(first, nf)),
+                *gen.row_start(first, nf, ntw),
             ]
             m.d.sync += [
                 active.eq(1),
-                ar_active.eq(1),
-                g_active.eq(1),
-                w_active.eq(1),
-                ar_row.eq(0),
-                ar_more.eq(nf.rows != 0),
-                ar_addr.eq(nf.dram),
-                ar_left.eq(nf.cols),
-                nrow_addr.eq(nf.dram + nf.dram_stride),
-                cur_ok.eq(1),
-                cur_beats.eq(fb[0]),
-                cur_bytes.eq(fb[1]),
-                cur_end.eq(fb[2]),
-                g_dram.eq(nf.dram),
-                g_row_dram.eq(nf.dram),
+                ar.active.eq(1),
+                gen.active.eq(1),
+                wr.active.eq(1),
+                ar.row.eq(0),
+                ar.more.eq(nf.rows != 0),
+                ar.addr.eq(nf.dram),
+                ar.left.eq(nf.cols),
+                ar.nrow_addr.eq(nf.dram + nf.dram_stride),
+                ar.cur_ok.eq(1),
+                ar.cur_beats.eq(fb[0]),
+                ar.cur_bytes.eq(fb[1]),
+                ar.cur_end.eq(fb[2]),
+                gen.dram.eq(nf.dram),
+                gen.row_dram.eq(nf.dram),
                 tr.eq(ntr),
                 tw.eq(ntw),
-                w_more.eq((ntr != 0) & (ntw != 0)),
-                w_row.eq(0),
-                w_left.eq(ntw),
-                w_addr.eq(nf.spad),
-                w_row_addr.eq(nf.spad),
-                to_acc.eq(is_acc(nf.spad)),
+                wr.more.eq((ntr != 0) & (ntw != 0)),
+                wr.row.eq(0),
+                wr.left.eq(ntw),
+                wr.addr.eq(nf.spad),
+                wr.row_addr.eq(nf.spad),
+                wr.to_acc.eq(is_acc(nf.spad)),
             ]
-        return m

@@ -20,6 +20,8 @@ the int16 dot product. So an int16 A costs twice the steps and no wider multipli
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from amaranth import Cat, Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In
@@ -42,17 +44,30 @@ class MatrixUnit(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        cfg = self.cfg
-        W, L = cfg.bus_bytes, cfg.lanes
-        CM, CN = cfg.clusters, cfg.pes_per_cluster
-        lw, ll = log2(W), log2(L)
+        u = SimpleNamespace()  # what the parts below share: their signals and views
+        self._decode(m, u)
+        self._loop_state(m, u)
+        self._requests(m, u)
+        self._multiply(m, u)
+        self._write_back(m, u)
+        self._handover(m, u)
+        self._loop(m, u)
+        return m
+
+    def _decode(self, m: Module, u: SimpleNamespace) -> None:
+        """The instruction register and `busy`."""
         ins = Signal(INSTR_BITS)
         f = view(Opcode.MATMUL, ins)
         with m.If(self.exec.go):
             m.d.sync += ins.eq(self.exec.instr)
         active = Signal()
         m.d.comb += self.exec.busy.eq(active)
+        u.f, u.active = f, active
 
+    def _loop_state(self, m: Module, u: SimpleNamespace) -> None:
+        """Stage 0's loop registers: steps left, the tile's rows and columns, the operands' addresses."""
+        cfg = self.cfg
+        L, CM, CN, ll = cfg.lanes, cfg.clusters, cfg.pes_per_cluster, log2(cfg.lanes)
         # Stage 0 issues from registers: the loop state (steps left, which rows and columns exist,
         # every port's word address) is set up at `go` and advanced as each step is granted, so a
         # request never waits on the instruction's arithmetic (Fmax: the requests cross the
@@ -76,7 +91,17 @@ class MatrixUnit(wiring.Component):
         a_addr = [Signal(40, name=f"op_addr{i}") for i in range(CM)]  # the step's words
         b_addr = [Signal(40, name=f"op_addr{CM + j}") for j in range(CN)]
         c_addr = [Signal(40, name=f"c_addr{i}") for i in range(CM)]
+        u.nf, u.n_kb, u.kb, u.k_left, u.k_last, u.last_k = nf, n_kb, kb, k_left, k_last, last_k
+        u.m_rem, u.n_rem, u.row_ok, u.col_ok, u.last_mb = m_rem, n_rem, row_ok, col_ok, last_mb
+        u.last_nb, u.empty, u.a_row, u.b_row, u.c_row, u.a_addr = last_nb, empty, a_row, b_row, c_row, a_addr
+        u.b_addr, u.c_addr = b_addr, c_addr
 
+    def _requests(self, m: Module, u: SimpleNamespace) -> None:
+        """Stage 0's operand requests and the stages' hand-over conditions."""
+        cfg = self.cfg
+        CM, CN, lw, ll = cfg.clusters, cfg.pes_per_cluster, log2(cfg.bus_bytes), log2(cfg.lanes)
+        f, last_k, row_ok, col_ok, empty, a_addr = u.f, u.last_k, u.row_ok, u.col_ok, u.empty, u.a_addr
+        b_addr, c_addr = u.b_addr, u.c_addr
         # stage 0 asks for one step's operands (and, at the last k step of an accumulating MATMUL,
         # the C rows) until all are granted; stage R registers the lanes' multiplicands the cycle
         # after, and stage P multiplies them into stage 1's product registers (each holding while
@@ -114,6 +139,17 @@ class MatrixUnit(wiring.Component):
         m.d.comb += g_free.eq(~vg | r_free)
         step_done, vals = gather(m, ports, need, issuing & ~empty, g_free)
         a_vals, b_vals, c_vals = vals[:CM], vals[CM : CM + CN], vals[CM + CN :]
+        u.vg, u.vr, u.v1, u.s1_done, u.issuing, u.s1_free = vg, vr, v1, s1_done, issuing, s1_free
+        u.take, u.xfer, u.r_free, u.step_done, u.a_vals = take, xfer, r_free, step_done, a_vals
+        u.b_vals, u.c_vals = b_vals, c_vals
+
+    def _multiply(self, m: Module, u: SimpleNamespace) -> None:
+        """Stages R, P and 1: the lanes' multiplicands, their products and the accumulators."""
+        cfg = self.cfg
+        L, CM, CN, ll = cfg.lanes, cfg.clusters, cfg.pes_per_cluster, log2(cfg.lanes)
+        f, kb, last_k, last_mb, last_nb, v1 = u.f, u.kb, u.last_k, u.last_mb, u.last_nb, u.v1
+        s1_done, take, xfer, step_done, a_vals = u.s1_done, u.take, u.xfer, u.step_done, u.a_vals
+        b_vals, c_vals = u.b_vals, u.c_vals
         # lanes past k read as zero (A bytes past the row's k or 2k bytes)
         lane_ok = [Signal(name=f"lane_ok{t}") for t in range(L)]
         upper = Signal()  # int16 A: the step uses the upper half of its B^T word (odd kb)
@@ -174,6 +210,16 @@ class MatrixUnit(wiring.Component):
                 with m.If(v1 & s1_done):
                     m.d.sync += accs[i][j].eq(sums[i][j])
 
+        u.old_c, u.last_step, u.last_k1, u.last1, u.bases = old_c, last_step, last_k1, last1, bases
+        u.dots = dots
+
+    def _write_back(self, m: Module, u: SimpleNamespace) -> None:
+        """Stage 1's C row writes at the last k step, and when stage 1 is done with a step."""
+        cfg = self.cfg
+        CM, CN, lw = cfg.clusters, cfg.pes_per_cluster, log2(cfg.bus_bytes)
+        f, row_ok, col_ok, c_addr, v1, s1_done = u.f, u.row_ok, u.col_ok, u.c_addr, u.v1, u.s1_done
+        take, xfer, step_done, old_c, last_k1 = u.take, u.xfer, u.step_done, u.old_c, u.last_k1
+        bases, dots = u.bases, u.dots
         # write back C rows at the last k step (stage 1)
         written = Signal(CM)  # rows the accumulators took in an earlier cycle of this step
         w_need = []
@@ -204,6 +250,11 @@ class MatrixUnit(wiring.Component):
         with m.Else():
             m.d.sync += written.eq(written | (w_granted & Cat(*[p.en for p in self.c_wports])))
 
+    def _handover(self, m: Module, u: SimpleNamespace) -> None:
+        """The stages' valid flags, the end of issue and `done`."""
+        active, empty, vg, vr, v1, s1_done = u.active, u.empty, u.vg, u.vr, u.v1, u.s1_done
+        issuing, s1_free, take, xfer, r_free = u.issuing, u.s1_free, u.take, u.xfer, u.r_free
+        step_done, last_step, last1 = u.step_done, u.last_step, u.last1
         # the hand-over to stage 1
         m.d.sync += [
             vg.eq(step_done | (vg & ~r_free)),
@@ -215,7 +266,17 @@ class MatrixUnit(wiring.Component):
         finished = Signal()
         m.d.comb += finished.eq(active & ((empty & issuing) | (s1_done & last1)))
         m.d.comb += self.exec.done.eq(finished)
+        u.finished = finished
 
+    def _loop(self, m: Module, u: SimpleNamespace) -> None:
+        """Stage 0's loop, advanced as each step is granted and set up at `go`."""
+        cfg = self.cfg
+        W, L, CM, CN = cfg.bus_bytes, cfg.lanes, cfg.clusters, cfg.pes_per_cluster
+        f, active, nf, n_kb, kb, k_left, k_last = u.f, u.active, u.nf, u.n_kb, u.kb, u.k_left, u.k_last
+        last_k, m_rem, n_rem, row_ok, col_ok = u.last_k, u.m_rem, u.n_rem, u.row_ok, u.col_ok
+        last_mb, last_nb, empty, a_row, b_row = u.last_mb, u.last_nb, u.empty, u.a_row, u.b_row
+        c_row, a_addr, b_addr, c_addr, issuing = u.c_row, u.a_addr, u.b_addr, u.c_addr, u.issuing
+        step_done, finished = u.step_done, u.finished
         # stage 0's loop: k steps, n tiles, m tiles (each compare is against a constant)
         a_mstep, c_mstep = f.a_stride * CM, f.c_stride * CM
         b_nstep = f.b_stride * CN
@@ -279,4 +340,3 @@ class MatrixUnit(wiring.Component):
             for j in range(CN):
                 b0 = nf.b + j * nf.b_stride
                 m.d.sync += [b_row[j].eq(b0), b_addr[j].eq(b0)]
-        return m

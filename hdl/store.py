@@ -8,6 +8,8 @@ response has arrived.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from amaranth import Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
@@ -48,9 +50,7 @@ class StoreUnit(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        cfg = self.cfg
-        W = cfg.bus_bytes
-        lw = log2(W)
+        W = self.cfg.bus_bytes
         # four words: room for the two words in flight from the memory (read, then registered) and
         # the two the writer may be popping from (one beat per cycle)
         m.submodules.fifo = fifo = ByteFifo(W, cap_words=4, prerotated=True)
@@ -63,7 +63,17 @@ class StoreUnit(wiring.Component):
         empty = Signal()
         m.d.comb += empty.eq((f.rows == 0) | (f.cols == 0))
 
-        # ---- reader: on-chip words -> FIFO ---------------------------------------------------------
+        rd = self._reader(m, f, fifo, active, empty)
+        aw = self._aw_issuer(m, f, active, empty)
+        wr = self._w_writer(m, f, fifo, active, empty, aw.sent)
+        self._completion(m, active, empty, rd, aw, wr)
+        return m
+
+    def _reader(self, m: Module, f, fifo, active, empty) -> SimpleNamespace:
+        """The reader: on-chip words, read one per cycle, pushed into the FIFO."""
+        cfg = self.cfg
+        W = cfg.bus_bytes
+        lw = log2(W)
         # A word read in one cycle (registered memory read) is at the memory's output the next and in
         # a register the cycle after, from which it is pushed: the block RAM's slow clock-to-output
         # and the bank multiplexer end in that register, not in the FIFO's rotation (Fmax). A read
@@ -125,8 +135,12 @@ class StoreUnit(wiring.Component):
                 ]
             with m.Else():
                 m.d.sync += [r_addr.eq(r_addr + rn), r_left.eq(r_left - rn)]
+        return SimpleNamespace(row=r_row, left=r_left, addr=r_addr, row_addr=r_row_addr, from_acc=from_acc)
 
-        # ---- AW issuer ----------------------------------------------------------------------------
+    def _aw_issuer(self, m: Module, f, active, empty) -> SimpleNamespace:
+        """The AW issuer: each row's DRAM words requested as AXI write bursts."""
+        W = self.cfg.bus_bytes
+        lw = log2(W)
         # The next burst's length and bytes are worked out the cycle after the address moves and
         # held in registers (`aw_calc`), so the burst arithmetic does not feed the handshake (Fmax).
         # The memory takes a write burst's address only after the previous burst's response, so the
@@ -161,8 +175,23 @@ class StoreUnit(wiring.Component):
                 ]
             with m.Else():
                 m.d.sync += [aw_addr.eq(aw_addr + aw_bytes_r), aw_left.eq(aw_left - aw_bytes_r)]
+        return SimpleNamespace(
+            row=aw_row,
+            addr=aw_addr,
+            row_addr=aw_row_addr,
+            left=aw_left,
+            sent=aw_sent,
+            calc=aw_calc,
+            burst_r=aw_burst_r,
+            bytes_r=aw_bytes_r,
+            row_end=aw_row_end,
+            more=aw_more,
+        )
 
-        # ---- W writer -----------------------------------------------------------------------------
+    def _w_writer(self, m: Module, f, fifo, active, empty, aw_sent) -> SimpleNamespace:
+        """The W writer: FIFO bytes realigned to DRAM beats with strobes, burst by burst."""
+        W = self.cfg.bus_bytes
+        lw = log2(W)
         w_row = Signal(17)
         w_addr = Signal(48)
         w_left = Signal(17)  # bytes of the row still to write
@@ -206,14 +235,26 @@ class StoreUnit(wiring.Component):
                 ]
             with m.Else():
                 m.d.sync += [w_addr.eq(w_addr + wn), w_left.eq(w_left - wn)]
+        return SimpleNamespace(
+            row=w_row,
+            addr=w_addr,
+            row_addr=w_row_addr,
+            left=w_left,
+            burst_left=w_burst_left,
+            more=w_more,
+            calc=w_calc,
+            bursts=w_bursts,
+        )
 
-        # ---- write responses and completion ----------------------------------------------------------
+    def _completion(self, m: Module, active, empty, rd, aw, wr) -> None:
+        """Write responses, completion, and the start of all three processes when an instruction goes."""
+        W = self.cfg.bus_bytes
         b_count = Signal(24)
         m.d.comb += self.b_ready.eq(1)
         with m.If(self.b_valid):
             m.d.sync += b_count.eq(b_count + 1)
         finished = Signal()
-        m.d.comb += finished.eq(active & (empty | (~w_more & (b_count + self.b_valid == aw_sent))))
+        m.d.comb += finished.eq(active & (empty | (~wr.more & (b_count + self.b_valid == aw.sent))))
         m.d.comb += self.exec.done.eq(finished)
         with m.If(finished):
             m.d.sync += active.eq(0)
@@ -222,30 +263,29 @@ class StoreUnit(wiring.Component):
             first = burst_plan(m, nf.dram, nf.cols, W, "aw_first")
             m.d.sync += [
                 active.eq(1),
-                r_row.eq(0),
-                r_left.eq(nf.cols),
-                r_addr.eq(nf.spad),
-                r_row_addr.eq(nf.spad),
-                from_acc.eq(is_acc(nf.spad)),
-                aw_row.eq(0),
-                aw_addr.eq(nf.dram),
-                aw_row_addr.eq(nf.dram),
-                aw_left.eq(nf.cols),
-                aw_sent.eq(0),
+                rd.row.eq(0),
+                rd.left.eq(nf.cols),
+                rd.addr.eq(nf.spad),
+                rd.row_addr.eq(nf.spad),
+                rd.from_acc.eq(is_acc(nf.spad)),
+                aw.row.eq(0),
+                aw.addr.eq(nf.dram),
+                aw.row_addr.eq(nf.dram),
+                aw.left.eq(nf.cols),
+                aw.sent.eq(0),
                 # the first burst straight from the instruction: the store starts as soon as before
-                aw_calc.eq(1),
-                aw_burst_r.eq(first[0]),
-                aw_bytes_r.eq(first[1]),
-                aw_row_end.eq(first[2]),
-                aw_more.eq(nf.rows != 0),
-                w_row.eq(0),
-                w_addr.eq(nf.dram),
-                w_row_addr.eq(nf.dram),
-                w_left.eq(nf.cols),
-                w_burst_left.eq(0),
-                w_more.eq(nf.rows != 0),
-                w_calc.eq(0),
-                w_bursts.eq(0),
+                aw.calc.eq(1),
+                aw.burst_r.eq(first[0]),
+                aw.bytes_r.eq(first[1]),
+                aw.row_end.eq(first[2]),
+                aw.more.eq(nf.rows != 0),
+                wr.row.eq(0),
+                wr.addr.eq(nf.dram),
+                wr.row_addr.eq(nf.dram),
+                wr.left.eq(nf.cols),
+                wr.burst_left.eq(0),
+                wr.more.eq(nf.rows != 0),
+                wr.calc.eq(0),
+                wr.bursts.eq(0),
                 b_count.eq(0),
             ]
-        return m

@@ -45,6 +45,8 @@ memory of the unit (one read port per lane), then its element steps look their b
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
@@ -96,12 +98,23 @@ class VectorUnit(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        cfg = self.cfg
-        VL = cfg.vector_lanes
-        L = cfg.lanes
-        ll = log2(L)
-        W = cfg.bus_bytes
-        lw = log2(W)
+        u = SimpleNamespace()  # what the parts below share: their signals and views
+        self._decode(m, u)
+        self._setup(m, u)
+        self._next_step(m, u)
+        self._issue(m, u)
+        self._control(m, u)
+        self._align(m, u)
+        self._lut_table(m, u)
+        self._per_col(m, u)
+        self._lanes(m, u)
+        self._write(m, u)
+        self._advance(m, u)
+        self._start(m, u)
+        return m
+
+    def _decode(self, m: Module, u: SimpleNamespace) -> None:
+        """The instruction register, the opcode decoded at `go` and per-column VMAP's phase registers."""
         ins = Signal(INSTR_BITS)
         with m.If(self.exec.go):
             m.d.sync += ins.eq(self.exec.instr)
@@ -139,7 +152,14 @@ class VectorUnit(wiring.Component):
             return Mux(is_map, getattr(fm, name), Mux(is_add, getattr(fa, name),
                        Mux(is_mul, getattr(fv, name), getattr(fp, name))))  # fmt: skip
 
-        # ---- setup: the instruction's constant steps ------------------------------------------
+        u.fm, u.fa, u.fp, u.fv, u.active, u.is_map, u.is_add = fm, fa, fp, fv, active, is_map, is_add
+        u.is_pool, u.is_lut, u.is_mul, u.per_col, u.p_rem = is_pool, is_lut, is_mul, per_col, p_rem
+        u.p_mults, u.p_src, u.in_pre, u.es32, u.pick = p_mults, p_src, in_pre, es32, pick
+
+    def _setup(self, m: Module, u: SimpleNamespace) -> None:
+        """The setup cycles: the instruction's constant steps and products, the clamp bounds."""
+        fm, fa, fp, fv, is_map, is_add, is_pool = u.fm, u.fa, u.fp, u.fv, u.is_map, u.is_add, u.is_pool
+        is_mul, pick = u.is_mul, u.pick
         setup = Signal(range(SETUP_CYCLES + 1))
         # int16 operands (registered in the setup, read from S0 on): a (VMAP/POOL src), b, dst; a
         # step takes VL / 2 elements when any is int16 (it moves at most VL bytes of each)
@@ -180,7 +200,17 @@ class VectorUnit(wiring.Component):
         with m.If(setup != 0):
             m.d.sync += setup.eq(setup - 1)
 
-        # ---- the loops, and the operands and control of the step they point at (issued next) ---
+        u.setup, u.a16, u.b16, u.d16, u.half, u.c_src, u.c_dst = setup, a16, b16, d16, half, c_src, c_dst
+        u.lo_b, u.hi_b, u.row_c, u.ox_step, u.shw, u.oy_step = lo_b, hi_b, row_c, ox_step, shw, oy_step
+        u.kzp, u.mult = kzp, mult
+
+    def _next_step(self, m: Module, u: SimpleNamespace) -> None:
+        """The loops, the operands and control of the step they point at (issued next), `empty`."""
+        cfg = self.cfg
+        VL = cfg.vector_lanes
+        fm, fa, fp, fv, is_map, is_add, is_lut = u.fm, u.fa, u.fp, u.fv, u.is_map, u.is_add, u.is_lut
+        is_mul, p_rem, p_src, in_pre, es32, setup = u.is_mul, u.p_rem, u.p_src, u.in_pre, u.es32, u.setup
+        a16, b16, d16, half = u.a16, u.b16, u.d16, u.half
         t_steps = LUT_BYTES // VL
         t_left = Signal(range(t_steps + 1))  # VLUT: table steps still to issue
         t_src = Signal(AW)  # ... and the address of the next
@@ -267,7 +297,20 @@ class VectorUnit(wiring.Component):
                     ),
                 )
             )
-        # ---- S0: the step being issued, from registers -------------------------------------------
+
+        u.src, u.dst, u.t_left, u.t_src, u.in_table, u.i0, u.i1 = src, dst, t_left, t_src, in_table, i0, i1
+        u.i2, u.ty, u.tx, u.row_src, u.row_b, u.row_dst = i2, ty, tx, row_src, row_b, row_dst
+        u.oy_src, u.win_src, u.tap_row, u.tap_src, u.pix_dst = oy_src, win_src, tap_row, tap_src, pix_dst
+        u.src_b, u.n, u.last, u.write, u.first_tap, u.VLE = src_b, n, last, write, first_tap, VLE
+        u.empty = empty
+
+    def _issue(self, m: Module, u: SimpleNamespace) -> None:
+        """S0: the step being issued, from registers, and its operand requests."""
+        cfg = self.cfg
+        L, ll, W, lw = cfg.lanes, log2(cfg.lanes), cfg.bus_bytes, log2(cfg.bus_bytes)
+        is_add, is_mul, p_mults, in_pre, es32 = u.is_add, u.is_mul, u.p_mults, u.in_pre, u.es32
+        setup, src, dst, a16, b16, in_table, i1 = u.setup, u.src, u.dst, u.a16, u.b16, u.in_table, u.i1
+        src_b, n, last, write, first_tap = u.src_b, u.n, u.last, u.write, u.first_tap
         # The loop registers point at the step after it: `load` (the step's operands all granted,
         # or the last setup cycle, which loads the first step) copies the values above into these
         # registers and advances the loops. So the requests (addresses, `en`) come from flip-flops
@@ -327,7 +370,12 @@ class VectorUnit(wiring.Component):
         with m.If(load):
             m.d.sync += [r.eq(v) for r, v in issue.values()]
 
-        # ---- the step's control down the pipeline ---------------------------------------------
+        u.load, u.issuing, u.stepping, u.asking, u.prime = load, issuing, stepping, asking, prime
+        u.words, u.cur, u.step_done = words, cur, step_done
+
+    def _control(self, m: Module, u: SimpleNamespace) -> None:
+        """The step's control down the pipeline: its valid flag and control fields at every stage."""
+        cur, step_done = u.cur, u.step_done
         S = WRITE_STAGE
         valid = [step_done] + [Signal(name=f"v{s}") for s in range(1, S + 1)]
         ctl = {
@@ -339,7 +387,13 @@ class VectorUnit(wiring.Component):
             for sigs in ctl.values():
                 m.d.sync += sigs[s].eq(sigs[s - 1])
 
-        # ---- S1: operand words, aligned to the lanes -------------------------------------------
+        u.valid, u.ctl = valid, ctl
+
+    def _align(self, m: Module, u: SimpleNamespace) -> None:
+        """S1: the operand words, aligned to the lanes."""
+        cfg = self.cfg
+        VL, ll, lw = cfg.vector_lanes, log2(cfg.lanes), log2(cfg.bus_bytes)
+        words, cur = u.words, u.cur
         off_a = Signal(ll)
         off_b = Signal(ll)
         off_c = Signal(lw)
@@ -352,9 +406,13 @@ class VectorUnit(wiring.Component):
             b_bytes.eq(Cat(words[2], words[3]) >> (off_b * 8)),
             c_bytes.eq(Cat(words[4], words[5]) >> (off_c * 8)),
         ]
+        u.a_bytes, u.b_bytes, u.c_bytes = a_bytes, b_bytes, c_bytes
 
-        # ---- VLUT's table: written by the table steps at S2, read by the element steps at S2 ----
-        tw = log2(VL)
+    def _lut_table(self, m: Module, u: SimpleNamespace) -> None:
+        """VLUT's table: written by the table steps at S2, read by the element steps at S2."""
+        cfg = self.cfg
+        VL, t_steps = cfg.vector_lanes, LUT_BYTES // cfg.vector_lanes
+        valid, ctl, a_bytes = u.valid, u.ctl, u.a_bytes
         lut = m.submodules.lut = Memory(shape=unsigned(8 * VL), depth=t_steps, init=[])
         t_wr = lut.write_port()
         t_addr = Signal(range(t_steps))
@@ -364,7 +422,13 @@ class VectorUnit(wiring.Component):
         with m.If(self.exec.go):
             m.d.sync += t_addr.eq(0)
 
-        # ---- per-column parameters: written by the parameter steps at S2 ----------------------
+        u.lut = lut
+
+    def _per_col(self, m: Module, u: SimpleNamespace) -> None:
+        """Per-column VMAP's multiplier and shift memories: written by the parameter steps at S2."""
+        cfg = self.cfg
+        VL = cfg.vector_lanes
+        valid, ctl, a_bytes = u.valid, u.ctl, u.a_bytes
         vw = log2(VL)
         depth = PER_COL_MAX // VL
         mults = m.submodules.mults = Memory(shape=unsigned(32 * VL), depth=depth, init=[])
@@ -395,8 +459,17 @@ class VectorUnit(wiring.Component):
         m_rd = mults.read_port()
         s_rd = shifts.read_port()
         m.d.comb += [m_rd.addr.eq(ctl["col"][1][vw:]), s_rd.addr.eq(ctl["col"][3][vw:])]
+        u.m_rd, u.s_rd = m_rd, s_rd
 
-        # ---- S2..S5, per lane (S3b a stage of its own) --------------------------------------
+    def _lanes(self, m: Module, u: SimpleNamespace) -> None:
+        """S2..S5, per lane (S3b a stage of its own): the arithmetic, VLUT's look-up, the results."""
+        cfg = self.cfg
+        VL, S = cfg.vector_lanes, WRITE_STAGE
+        tw = vw = log2(VL)
+        fm, fa, fp, fv, is_map, is_add, is_pool = u.fm, u.fa, u.fp, u.fv, u.is_map, u.is_add, u.is_pool
+        is_lut, is_mul, per_col, pick, a16, b16 = u.is_lut, u.is_mul, u.per_col, u.pick, u.a16, u.b16
+        lo_b, hi_b, kzp, mult, valid, ctl, a_bytes = u.lo_b, u.hi_b, u.kzp, u.mult, u.valid, u.ctl, u.a_bytes
+        b_bytes, c_bytes, lut, m_rd, s_rd = u.b_bytes, u.c_bytes, u.lut, u.m_rd, u.s_rd
         shift, zp_out = pick("shift"), pick("zp_out")
         HV = VL // 2  # the lanes of a half step (int16 operands)
         results = []
@@ -486,6 +559,13 @@ class VectorUnit(wiring.Component):
             m.d.sync += result.eq(Mux(is_lut, looked[-1], clamp(m, val, lo_b, hi_b, f"y{l}")))
             results.append(result)
 
+        u.results = results
+
+    def _write(self, m: Module, u: SimpleNamespace) -> None:
+        """S6: the results' write."""
+        cfg = self.cfg
+        VL, L, ll, HV, S = cfg.vector_lanes, cfg.lanes, log2(cfg.lanes), cfg.vector_lanes // 2, WRITE_STAGE
+        d16, valid, results, ctl = u.d16, u.valid, u.results, u.ctl
         # S6 (cycle WRITE_STAGE after the operands): two-lane-word write of n elements at dst, VL
         # int8 results or VL / 2 int16 ones (at most VL bytes)
         n_w, dst_w = ctl["n"][S], ctl["dst"][S]
@@ -509,7 +589,19 @@ class VectorUnit(wiring.Component):
             w1.en.eq(do_write & be[L:].any()),
         ]
 
-        # ---- the loops advance with each load (past the last step too: nothing issues it) -----
+    def _advance(self, m: Module, u: SimpleNamespace) -> None:
+        """The end of issue, `done`, and the loops' advance with each load."""
+        cfg = self.cfg
+        VL, S = cfg.vector_lanes, WRITE_STAGE
+        fm, fp, fv, active, is_map, is_add, is_lut = u.fm, u.fp, u.fv, u.active, u.is_map, u.is_add, u.is_lut
+        is_mul, p_rem, p_mults, p_src, in_pre = u.is_mul, u.p_rem, u.p_mults, u.p_src, u.in_pre
+        c_src, c_dst, row_c, ox_step, oy_step = u.c_src, u.c_dst, u.row_c, u.ox_step, u.oy_step
+        t_left, t_src, in_table, i0, i1, i2, ty = u.t_left, u.t_src, u.in_table, u.i0, u.i1, u.i2, u.ty
+        tx, row_src, row_b, row_dst, oy_src = u.tx, u.row_src, u.row_b, u.row_dst, u.oy_src
+        win_src, tap_row, tap_src, pix_dst, valid = u.win_src, u.tap_row, u.tap_src, u.pix_dst, u.valid
+        VLE, empty, load, issuing, stepping, asking = u.VLE, u.empty, u.load, u.issuing, u.stepping, u.asking
+        prime, cur, step_done, ctl = u.prime, u.cur, u.step_done, u.ctl
+        # the loops advance with each load (past the last step too: nothing issues it)
         with m.If(stepping & (empty | (step_done & cur["last"]))):
             m.d.sync += issuing.eq(0)
         with m.If(prime):
@@ -568,6 +660,18 @@ class VectorUnit(wiring.Component):
                             nxt = oy_src + oy_step
                             m.d.sync += [i1.eq(0), i0.eq(i0 + 1), oy_src.eq(nxt), win_src.eq(nxt),
                                          tap_row.eq(nxt), tap_src.eq(nxt)]  # fmt: skip
+
+        u.finished = finished
+
+    def _start(self, m: Module, u: SimpleNamespace) -> None:
+        """`active`, and the loops' start at `go`."""
+        cfg = self.cfg
+        t_steps = LUT_BYTES // cfg.vector_lanes
+        active, p_rem, p_mults, p_src, in_pre = u.active, u.p_rem, u.p_mults, u.p_src, u.in_pre
+        setup, shw, t_left, t_src, in_table, i0 = u.setup, u.shw, u.t_left, u.t_src, u.in_table, u.i0
+        i1, i2, ty, tx, row_src, row_b, row_dst = u.i1, u.i2, u.ty, u.tx, u.row_src, u.row_b, u.row_dst
+        oy_src, win_src, tap_row, tap_src, pix_dst = u.oy_src, u.win_src, u.tap_row, u.tap_src, u.pix_dst
+        issuing, asking, finished = u.issuing, u.asking, u.finished
         with m.If(finished):
             m.d.sync += active.eq(0)
         with m.If(self.exec.go):
@@ -605,4 +709,3 @@ class VectorUnit(wiring.Component):
                 pix_dst.eq(np_.dst),
                 shw.eq(np_.sh * np_.in_w),
             ]
-        return m

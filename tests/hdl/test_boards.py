@@ -82,6 +82,7 @@ def test_a_design_too_big_is_reported_by_resource(tmp_path):
     assert _overused(tmp_path / "missing.tim") == []
 
 
+@pytest.mark.slow  # a core unit's place and route: minutes (the SDRAM unit below covers --unit quickly)
 def test_unit_timing_out_of_context(tmp_path, capsys):
     """`npu build --unit`: one unit placed and routed alone, its Fmax and critical path."""
     import json
@@ -91,6 +92,9 @@ def test_unit_timing_out_of_context(tmp_path, capsys):
     assert r["unit"] == "store" and r["config"] == "ulx3s" and r["target_mhz"] == 50.0
     assert 5 < r["fmax_mhz"] < 500 and rc == (0 if r["timing_met"] else 1)
     assert r["resources"]["TRELLIS_FF"] > 100 and r["critical_path"]
+
+
+def test_unit_build_errors(tmp_path, capsys):
     assert main(["build", "--board", "icebreaker", "--unit", "store"]) != 0
     assert "--unit needs an ECP5 board" in capsys.readouterr().err
     assert main(["build", "--board", "ulx3s", "--unit", "nosuchunit", "-o", str(tmp_path)]) != 0

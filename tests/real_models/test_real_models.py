@@ -81,7 +81,14 @@ def test_real_model(m):
     assert min(cos) >= 0.99, cos
 
 
-@pytest.mark.parametrize("m", MODELS, ids=[m.name for m in MODELS])
+#: the text detectors' int8 runs take minutes each (full-page inputs); they stay in `make test-all`
+INT8_SLOW = {"ddddocr_det", "ppocr_det_v4"}
+
+
+@pytest.mark.parametrize(
+    "m", [pytest.param(m, marks=[pytest.mark.slow] if m.name in INT8_SLOW else []) for m in MODELS],
+    ids=[m.name for m in MODELS],
+)  # fmt: skip
 def test_real_model_int8_activations(m):
     """With int8 activations (`--activations int8`) every model keeps its task metric."""
     _cm, compile_s, p, _cos, hits, total, ious = _evaluate(m, activations="int8")
