@@ -9,9 +9,8 @@ handle to its memory array. Both paths are tested against the golden model.
 
 from __future__ import annotations
 
-from amaranth import Cat, ClockDomain, ClockSignal, DomainRenamer, Module, Mux, ResetSignal, Signal, unsigned
+from amaranth import Cat, ClockDomain, ClockSignal, DomainRenamer, Instance, Module, Mux, ResetSignal, Signal
 from amaranth.lib import fifo, wiring
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from npu.config import NpuConfig, get_config
@@ -23,6 +22,28 @@ from .engine import engine_core
 from .soc import NpuSoc, soc_regs_signature
 
 SLVERR = 0b10
+
+#: The RAM's array, in Verilog: a megabyte array as an Amaranth Memory becomes one initialiser line
+#: per word, which Yosys and Verilator take minutes over; a loop initialises this one. The bench
+#: reads and writes it through its handle (`mem`). Reads are combinational, writes byte-masked.
+SIM_DRAM_VERILOG = """
+module npu_sim_dram_array #(parameter WIDTH = 64, parameter DEPTH = 1024, parameter AW = 10) (
+    input clk,
+    input [AW-1:0] raddr,
+    output [WIDTH-1:0] rdata,
+    input [AW-1:0] waddr,
+    input [WIDTH/8-1:0] wen,
+    input [WIDTH-1:0] wdata
+);
+    reg [WIDTH-1:0] mem [0:DEPTH-1];
+    integer i, b;
+    initial for (i = 0; i < DEPTH; i = i + 1) mem[i] = {WIDTH{1'b0}};
+    assign rdata = mem[raddr];
+    always @(posedge clk)
+        for (b = 0; b < WIDTH / 8; b = b + 1)
+            if (wen[b]) mem[waddr][b * 8 +: 8] <= wdata[b * 8 +: 8];
+endmodule
+"""
 
 
 class SimDram(wiring.Component):
@@ -45,10 +66,15 @@ class SimDram(wiring.Component):
         bus = self.bus
         W = self.cfg.bus_bytes
         lw = log2(W)
-        m.submodules.mem = mem = Memory(shape=unsigned(8 * W), depth=self.size // W, init=[])
-        rp = mem.read_port(domain="comb")
-        wp = mem.write_port(granularity=8)
         aw = log2(self.size // W)
+        rp_addr, rp_data = Signal(aw), Signal(8 * W)
+        wp_addr, wp_data, wp_en = Signal(aw), Signal(8 * W), Signal(W)
+        m.submodules.mem = Instance(
+            "npu_sim_dram_array",
+            p_WIDTH=8 * W, p_DEPTH=self.size // W, p_AW=aw,
+            i_clk=ClockSignal("sync"), i_raddr=rp_addr, o_rdata=rp_data,
+            i_waddr=wp_addr, i_wen=wp_en, i_wdata=wp_data,
+        )  # fmt: skip
         # per-channel stall bits (all zero without `stalls`)
         stall = {ch: Signal(name=f"stall_{ch}") for ch in ("ar", "r", "aw", "w", "b")}
         if self.stalls:
@@ -71,8 +97,8 @@ class SimDram(wiring.Component):
             bus.arready.eq(arq.w_rdy & ~stall["ar"]),
             arq.w_en.eq(bus.arvalid & ~stall["ar"]),
             arq.w_data.eq(Cat(bus.araddr, bus.arlen, bus.arid)),
-            rp.addr.eq(r_addr[lw : lw + aw]),
-            bus.rdata.eq(Mux(self._faulting(r_addr), 0, rp.data)),
+            rp_addr.eq(r_addr[lw : lw + aw]),
+            bus.rdata.eq(Mux(self._faulting(r_addr), 0, rp_data)),
             bus.rvalid.eq(r_busy & (r_shown | ~stall["r"])),
             bus.rlast.eq(r_left == 0),
             bus.rid.eq(r_id),
@@ -102,9 +128,9 @@ class SimDram(wiring.Component):
         m.d.comb += [
             bus.awready.eq(~w_busy & ~b_pending & ~stall["aw"]),
             bus.wready.eq(w_busy & ~stall["w"]),
-            wp.addr.eq(w_addr[lw : lw + aw]),
-            wp.data.eq(bus.wdata),
-            wp.en.eq(Mux(bus.wvalid & bus.wready & ~self._faulting(w_addr), bus.wstrb, 0)),
+            wp_addr.eq(w_addr[lw : lw + aw]),
+            wp_data.eq(bus.wdata),
+            wp_en.eq(Mux(bus.wvalid & bus.wready & ~self._faulting(w_addr), bus.wstrb, 0)),
             bus.bvalid.eq(b_pending & (b_shown | ~stall["b"])),
             bus.bid.eq(w_id),
             bus.bresp.eq(Mux(w_fault, SLVERR, 0)),

@@ -92,11 +92,12 @@ def soc_verilog(config: NpuConfig | str) -> str:
 def sim_top_verilog(config: NpuConfig | str, dram_size: int, stalls: bool = False, soc: bool = False) -> str:
     """The core (or the SoC) with the simulation-only in-simulator DRAM (hdl/simdram.py),
     optionally stalling every AXI channel at random."""
-    from .simdram import NpuSimTop
+    from .simdram import SIM_DRAM_VERILOG, NpuSimTop
 
     cfg = get_config(config)
     top = lambda: FlatPorts(NpuSimTop(cfg, dram_size, stalls, soc), PREFIXES)  # noqa: E731
-    return _cached(f"simtop {cfg!r} {dram_size} {stalls} {soc}", lambda: _convert(top(), "npu_sim_top", cfg))
+    make = lambda: _convert(top(), "npu_sim_top", cfg) + SIM_DRAM_VERILOG  # noqa: E731
+    return _cached(f"simtop {cfg!r} {dram_size} {stalls} {soc}", make)
 
 
 def board_sim_verilog(board, cfg: NpuConfig) -> str:

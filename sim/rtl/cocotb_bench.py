@@ -67,7 +67,7 @@ class NpuBench:
         self.dut = dut
         self.cfg = get_config(config)
         if fast_dram_size:  # stalls, if any, are built into the in-simulator RAM
-            self.ram = FastDram(dut.core.dram.mem, self.cfg.bus_bytes, fast_dram_size)
+            self.ram = FastDram(dut.core.dram.mem.mem, self.cfg.bus_bytes, fast_dram_size)
         else:
             self.ram = AxiRam(AxiBus.from_prefix(dut, "m_axi"), dut.clk, dut.rst, size=self.cfg.dram_bytes)
             if stalls:
