@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[dev,fpga]"
+	$(BIN)/pip install --quiet -e ".[dev,fpga,cluster]"
 	touch $(STAMP)
 
 ## main job: the perception/planning preemption demo on the RTL core (Verilator)

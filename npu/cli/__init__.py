@@ -10,7 +10,7 @@ import sys
 import warnings
 
 from ..errors import NpuError
-from . import asm, bench, build, compile, config, demo, disasm, flash, hdl, pipeline, profile
+from . import asm, bench, build, compile, config, demo, disasm, flash, hdl, pipeline, profile, regress
 from . import run as run_cmd
 from .common import CliError
 
@@ -27,6 +27,7 @@ COMMANDS = {
     "pipeline": pipeline,
     "build": build,
     "flash": flash,
+    "regress": regress,
 }
 
 __all__ = ["CliError", "build_parser", "main"]

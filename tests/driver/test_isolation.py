@@ -189,3 +189,41 @@ def test_an_interrupted_save_leaves_the_old_file_whole(models, tmp_path, monkeyp
         other.save(path)
     assert path.read_bytes() == before and Container.load(path).manifest == victim.manifest
     assert [p.name for p in tmp_path.iterdir()] == ["m.npub"]  # no temporary file left behind
+
+
+def test_mutated_files_through_npu_run_end_in_a_clear_error_never_an_internal_one(models, tmp_path, capsys):
+    """`npu run` of seeded mutations of a valid file (checksum recomputed): each runs, or ends in
+    `npu: error: ...` (exit 1 or 2), never in an internal error."""
+    from npu.cli import main
+
+    _, _, other, y = models
+    np.save(tmp_path / "x.npy", y)
+    leaves = []
+
+    def walk(obj, path):
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(v, [*path, k])
+        elif isinstance(obj, list):
+            for i, v in enumerate(obj):
+                walk(v, [*path, i])
+        elif isinstance(obj, int | float) and not isinstance(obj, bool):
+            leaves.append(path)
+
+    walk(other.manifest.to_json(), [])
+    rng = np.random.default_rng(7)
+    codes = []
+    for i in range(40):
+        path = leaves[int(rng.integers(len(leaves)))]
+        value = [-(4 << 20), -1, 0, 10**7, 10**6, 0.0, -2.5][int(rng.integers(7))]
+        try:
+            c = _mutated(other, _set(path, value))
+        except ContainerError:
+            continue  # refused while reading: the file never reaches `npu run` as a valid container
+        f = tmp_path / f"m{i}.npub"
+        c.save(f)
+        code = main(["run", str(f), "--config", CFG, "--input", str(tmp_path / "x.npy")])
+        err = capsys.readouterr().err
+        assert code in (0, 1, 2) and "internal error" not in err, (path, value, err)
+        codes.append(code)
+    assert codes and 2 in codes, codes
