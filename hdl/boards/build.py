@@ -139,8 +139,10 @@ def build(
     clock_mhz: float,
     build_dir: Path,
     say: Callable[[str], None] = lambda s: None,
+    seed: int = 1,
 ) -> dict:
-    """Build `board`'s bitstream for `cfg` at `clock_mhz`; the report (see the module docstring)."""
+    """Build `board`'s bitstream for `cfg` at `clock_mhz` with nextpnr's placement `seed`; the report
+    (see the module docstring)."""
     from .top import BoardTop
 
     platform = board.platform()
@@ -151,13 +153,13 @@ def build(
     plan = platform.prepare(
         top,
         name=TOP,
-        nextpnr_opts=f"--report report.json --timing-allow-fail --seed 1 {board.nextpnr_opts}".strip(),
+        nextpnr_opts=f"--report report.json --timing-allow-fail --seed {seed} {board.nextpnr_opts}".strip(),
         synth_opts=board.synth_opts,
     )
     plan.extract(build_dir)
     script = build_dir / f"build_{TOP}.sh"
     say(f"building in {build_dir} (tool output: {build_dir / 'build.log'})")
     seconds = _run(script, build_dir, env, build_dir / "build.log", say)
-    report = _report(board, cfg, build_dir, clock_mhz, seconds)
+    report = {**_report(board, cfg, build_dir, clock_mhz, seconds), "seed": seed}
     (build_dir / "build_report.json").write_text(json.dumps(report, indent=1) + "\n")
     return report

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..config import PRESETS, get_config
 from ..registers import MAX_ENGINES
+from . import workers
 from .common import CliError, int_in
 
 HELP = "build a bitstream for a dev board (YoWASP Yosys and nextpnr)"
@@ -35,6 +36,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "DRAM controller and serial bridge), or the board top's sdram controller or "
         "serial bridge",
     )
+    p.add_argument(
+        "--seeds",
+        type=int_in(1, 1000),
+        default=1,
+        help="place and route with this many nextpnr seeds in parallel and keep the best timing "
+        "(the bitstream and report of the best in the build folder; each seed's in seed-N/)",
+    )
+    workers.add_arguments(p, "--seeds builds")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -65,16 +74,74 @@ def run(args: argparse.Namespace) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     if args.unit:
+        if args.seeds > 1:
+            raise CliError("--seeds builds the whole board; it cannot be combined with --unit")
         return _unit(args, board, cfg, clock, say)
-    try:
-        report = build(board, cfg, clock, out, say)
-    except BuildError as e:
-        raise CliError(str(e)) from None
+    if args.seeds > 1:
+        report = _seeds(args, board, cfg, clock, out, say)
+    else:
+        try:
+            report = build(board, cfg, clock, out, say)
+        except BuildError as e:
+            raise CliError(str(e)) from None
     if args.json:
         print(json.dumps(report, indent=1))
     else:
         print(format_report(report))
     return 0 if report["timing_met"] else 1
+
+
+def build_seed(task: tuple) -> dict:
+    """One seed's build (a worker's task): (board name, configuration, clock, folder, seed)."""
+    from npu.hdl.boards.build import build
+
+    board, cfg, clock, out, seed = task
+    return build(known_boards()[board], cfg, clock, Path(out), seed=seed)
+
+
+def best_of(reports: list[dict]) -> dict:
+    """The build with the best timing: met before not met, then the largest worst ratio of achieved to
+    target clock, then the lowest seed."""
+
+    def margin(r: dict) -> float:
+        return min((f["achieved_mhz"] / f["target_mhz"] for f in r["fmax"].values()), default=0.0)
+
+    return max(reports, key=lambda r: (r["timing_met"], margin(r), -r["seed"]))
+
+
+def _seeds(args: argparse.Namespace, board, cfg, clock: float, out: Path, say) -> dict:
+    """`--seeds N`: N builds in parallel (Ray or local processes); the best one's bitstream and report
+    go to `out`, every seed's stays in out/seed-N."""
+    import shutil
+
+    tasks = [(board.name, cfg, clock, str(out / f"seed-{k}"), k) for k in range(1, args.seeds + 1)]
+    say(f"{args.seeds} place-and-route seeds on {workers.engine_of(args)} workers")
+    done, errors = [], []
+    for task, res in workers.run_tasks(build_seed, tasks, args):
+        if isinstance(res, Exception):
+            errors.append({"seed": task[4], "error": f"{type(res).__name__}: {res}"})
+            say(f"seed {task[4]}: failed: {res}")
+            continue
+        done.append(res)
+        fmax = ", ".join(f"{f['achieved_mhz']} MHz" for f in res["fmax"].values())
+        met = "met" if res["timing_met"] else "not met"
+        say(f"seed {res['seed']}: {fmax} ({met}), {len(done)}/{args.seeds}")
+    if not done:
+        raise CliError("every seed's build failed: " + "; ".join(e["error"] for e in errors))
+    best = dict(best_of(done))
+    out.mkdir(parents=True, exist_ok=True)
+    if best["bitstream"]:
+        target = out / Path(best["bitstream"]).name
+        shutil.copyfile(best["bitstream"], target)
+        best["bitstream"] = str(target)
+    best["seeds"] = sorted(
+        ({"seed": r["seed"], "fmax": r["fmax"], "timing_met": r["timing_met"],
+          "build_seconds": r["build_seconds"]} for r in done),
+        key=lambda r: r["seed"],
+    )  # fmt: skip
+    best["seed_errors"] = errors
+    (out / "build_report.json").write_text(json.dumps(best, indent=1) + "\n")
+    return best
 
 
 def _unit(args: argparse.Namespace, board, cfg, clock: float, say) -> int:
@@ -111,5 +178,11 @@ def format_report(r: dict) -> str:
         ok = "met" if f["achieved_mhz"] >= f["target_mhz"] else "FAILED"
         lines.append(f"  clock {clk}: {f['achieved_mhz']} MHz achieved, {f['target_mhz']} MHz target: {ok}")
     lines.append(f"  timing {'met' if r['timing_met'] else 'NOT met'}; built in {r['build_seconds']} s")
+    if "seeds" in r:
+        tried = ", ".join(
+            f"{s['seed']}: " + "/".join(str(f["achieved_mhz"]) for f in s["fmax"].values())
+            for s in r["seeds"]
+        )
+        lines.append(f"  best of {len(r['seeds'])} seeds: seed {r['seed']} (MHz per seed: {tried})")
     lines.append(f"  bitstream: {r['bitstream']}")
     return "\n".join(lines)

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..config import PRESETS, get_config
-from .common import CliError, int_in
+from . import workers
+from .common import int_in
 
 HELP = "random-program RTL-vs-model regression in shards over workers (Ray or local processes)"
 
@@ -29,81 +28,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--first-seed", type=int_in(0, 2**32 - 1), help="the first program's seed (default 1000000)"
     )
     p.add_argument("--shard-size", type=int_in(1, 10_000), default=25, help="programs per task (default 25)")
-    p.add_argument(
-        "--engine",
-        choices=["auto", "ray", "local"],
-        default="auto",
-        help="where shards run: ray (pip install -e '.[cluster]'), local processes, or auto (default: "
-        "Ray when it is installed)",
-    )
-    p.add_argument(
-        "--address", help="Ray: a cluster's HOST:PORT (default: RAY_ADDRESS, else a local instance)"
-    )
-    p.add_argument("--workers", type=int_in(1, 4096), help="local workers or CPUs (default: all cores)")
+    workers.add_arguments(p, "shards")
     p.add_argument("--cache", default="build/regress", help="shard results (default build/regress)")
     p.add_argument("--no-cache", action="store_true", help="run every shard again")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-
-
-def _local(shards, workers: int | None) -> Iterator[tuple[object, dict | Exception]]:
-    """Shards in local processes, as they finish; Ctrl-C cancels the rest."""
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    from npu.sim.rtl.regress import run_shard
-
-    pool = ProcessPoolExecutor(max_workers=workers or os.cpu_count())
-    try:
-        futures = {pool.submit(run_shard, s): s for s in shards}
-        for f in as_completed(futures):
-            try:
-                yield futures[f], f.result()
-            except Exception as e:  # the shard's own failure (a build error, a crash): reported
-                yield futures[f], e
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _ray(shards, address: str | None, workers: int | None) -> Iterator[tuple[object, dict | Exception]]:
-    """Shards as Ray tasks (retried if their worker is lost), as they finish; Ctrl-C cancels the rest."""
-    import ray
-
-    from npu.sim.rtl.regress import run_shard
-
-    if not ray.is_initialized():
-        kw = {} if address or os.environ.get("RAY_ADDRESS") else {"num_cpus": workers}
-        if kw:  # a local instance: its workers run the simulations at normal priority (Ray's default
-            # niceness of 15 starved them 20x behind any other work on the machine)
-            os.environ.setdefault("RAY_worker_niceness", "0")
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, **kw)
-    task = ray.remote(max_retries=3)(run_shard)
-    pending = {task.remote(s): s for s in shards}
-    try:
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            for ref in ready:
-                shard = pending.pop(ref)
-                try:
-                    yield shard, ray.get(ref)
-                except Exception as e:  # RayTaskError: the shard raised; reported, never dropped
-                    yield shard, e
-    finally:
-        for ref in pending:
-            ray.cancel(ref, force=True)
-
-
-def _engine(args: argparse.Namespace) -> tuple[str, Callable]:
-    have_ray = True
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        have_ray = False
-    if args.engine == "ray" and not have_ray:
-        raise CliError("--engine ray needs Ray: pip install -e '.[cluster]'")
-    if args.engine == "ray" or (args.engine == "auto" and have_ray):
-        return "ray", lambda todo: _ray(todo, args.address, args.workers)
-    if args.address:
-        raise CliError("--address needs Ray (pip install -e '.[cluster]')")
-    return "local", lambda todo: _local(todo, args.workers)
 
 
 def _progress(total: int):
@@ -116,7 +44,7 @@ def _progress(total: int):
 
 
 def run(args: argparse.Namespace) -> int:
-    from npu.sim.rtl.regress import FIRST_SEED, ResultCache, plan, sources_digest
+    from npu.sim.rtl.regress import FIRST_SEED, ResultCache, plan, run_shard, sources_digest
 
     cfg = get_config(args.config)
     first = FIRST_SEED if args.first_seed is None else args.first_seed
@@ -129,14 +57,14 @@ def run(args: argparse.Namespace) -> int:
         if hit is not None:
             results[s] = hit
     todo = [s for s in shards if s not in results]
-    engine, start = _engine(args)
+    engine = workers.engine_of(args)
     bar = _progress(args.programs)
     if bar is not None:
         bar.update(sum(len(s.seeds) for s in results))
     errors, interrupted = [], False
     t0 = time.perf_counter()
     try:
-        for shard, res in start(todo) if todo else ():
+        for shard, res in workers.run_tasks(run_shard, todo, args):
             if isinstance(res, Exception):
                 errors.append(
                     {"seeds": [shard.seeds[0], shard.seeds[-1]], "error": f"{type(res).__name__}: {res}"}

@@ -110,3 +110,39 @@ def test_board_units_out_of_context(tmp_path, capsys):
     r = json.loads(capsys.readouterr().out)
     assert r["unit"] == "sdram" and rc == 0 and r["timing_met"] and r["fmax_mhz"] > 60
     assert r["resources"]["TRELLIS_FF"] > 100
+
+
+def _report(seed: int, mhz: float, target: float = 50.0) -> dict:
+    return {"seed": seed, "fmax": {"clk": {"achieved_mhz": mhz, "target_mhz": target}},
+            "timing_met": mhz >= target, "build_seconds": 1.0, "bitstream": None}  # fmt: skip
+
+
+def test_the_best_seed_is_the_one_with_the_most_timing_margin():
+    from npu.cli.build import best_of
+
+    assert best_of([_report(1, 48.0), _report(2, 51.5), _report(3, 50.2)])["seed"] == 2
+    assert best_of([_report(1, 47.0), _report(2, 49.9)])["seed"] == 2  # none met: the closest
+    assert best_of([_report(3, 52.0), _report(1, 52.0)])["seed"] == 1  # a tie: the lowest seed
+
+
+def test_seeds_run_in_parallel_and_keep_the_best(tmp_path, capsys, monkeypatch):
+    """`--seeds 3` on local workers (the builds replaced by reports of seeded Fmax: the workers are
+    forked and see the replacement); the best seed's report is kept, and a failing seed is reported."""
+    import json
+
+    from npu.hdl.boards import build as build_mod
+
+    def fake(board, cfg, clock, out, say=None, seed=1):
+        if seed == 3:
+            raise build_mod.BuildError("nextpnr crashed")
+        return {**_report(seed, 45.0 + 4 * seed), "board": board.name, "config": cfg.name}
+
+    monkeypatch.setattr(build_mod, "build", fake)
+    rc = main(["build", "--board", "icebreaker", "--seeds", "3", "--engine", "local", "--workers", "2",
+               "-o", str(tmp_path), "--json"])  # fmt: skip
+    r = json.loads(capsys.readouterr().out)
+    assert r["seed"] == 2 and [s["seed"] for s in r["seeds"]] == [1, 2] and rc == 0 and r["timing_met"]
+    assert r["seed_errors"][0]["seed"] == 3 and "nextpnr crashed" in r["seed_errors"][0]["error"]
+    assert json.loads((tmp_path / "build_report.json").read_text())["seed"] == 2
+    assert main(["build", "--board", "ulx3s", "--unit", "store", "--seeds", "2"]) == 2
+    assert "--seeds builds the whole board" in capsys.readouterr().err
