@@ -70,6 +70,23 @@ class Priority(enum.IntEnum):
     HIGH = 2
     URGENT = 3
 
+    @classmethod
+    def of(cls, value: object, *, names: bool = False, members_only: bool = False) -> int:
+        """The one priority check: a Priority or an integer (`members_only`: one of the members;
+        `names`: also a member's name, such as "high"); ValueError naming what is accepted."""
+        if names and isinstance(value, str):
+            try:
+                return int(cls[value.upper()])
+            except KeyError:
+                choices = ", ".join(p.name.lower() for p in cls)
+                raise ValueError(f"unknown priority {value!r} (one of {choices}, or an integer)") from None
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            what = "a name" if names else "a Priority"
+            raise ValueError(f"priority must be {what} or an integer, got {value!r}")
+        if members_only and value not in set(cls):
+            raise ValueError(f"priority must be one of {[p.name for p in cls]}, got {value!r}")
+        return int(value)
+
 
 class DriverError(NpuError, RuntimeError):
     """Misuse of the driver or a device that cannot do what was asked."""
@@ -497,8 +514,10 @@ class Npu:
                 "the layer-wise scheduler (npu.driver.sched.layerwise), or compile it with granularity "
                 "'segment' or 'operator'"
             )
-        if isinstance(priority, bool) or not isinstance(priority, numbers.Integral):
-            raise DriverError(f"priority must be a Priority or an integer, got {priority!r}")
+        try:
+            priority = Priority.of(priority)
+        except ValueError as e:
+            raise DriverError(str(e)) from None
         if at is not None:
             at = _check_cycles("at", at, minimum=0)
         if timeout_cycles is not None:

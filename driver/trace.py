@@ -12,6 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+def chrome_document(events: list[dict], metadata: dict | None = None) -> dict:
+    """The object of a Chrome trace file (Perfetto, chrome://tracing): the one writer of the driver's,
+    the pipelines' and the layer-wise scheduler's traces."""
+    return {"traceEvents": events, "displayTimeUnit": "ms", "metadata": metadata or {}}
+
+
 @dataclass
 class Event:
     kind: str  # run, dump, restore, host (spans); submit, pause request, start, resume, done, ... (instants)
@@ -85,8 +91,7 @@ class Trace:
                 out.append({**base, "ph": "X", "dur": (e.end - e.start) * us})
             else:
                 out.append({**base, "ph": "i", "s": "t"})
-        meta = {"dropped_events": self.dropped} if self.dropped else {}
-        return {"traceEvents": out, "displayTimeUnit": "ms", "metadata": meta}
+        return chrome_document(out, {"dropped_events": self.dropped} if self.dropped else {})
 
     def save_chrome(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_chrome()))

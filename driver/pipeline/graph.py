@@ -87,17 +87,10 @@ def _keys(spec: Any, allowed: set[str], where: str) -> dict:
 
 
 def _priority(v: Any, where: str) -> int:
-    if isinstance(v, str):
-        try:
-            return int(Priority[v.upper()])
-        except KeyError:
-            raise PipelineError(
-                f"{where}: unknown priority {v!r} (one of {', '.join(p.name.lower() for p in Priority)}, "
-                "or an integer)"
-            ) from None
-    if isinstance(v, int) and not isinstance(v, bool):
-        return v
-    raise PipelineError(f"{where}: priority must be a name or an integer, got {v!r}")
+    try:
+        return Priority.of(v, names=True)
+    except ValueError as e:
+        raise PipelineError(f"{where}: {e}") from None
 
 
 def _load_model(npu: Npu, name: str, spec: dict, base: Path):

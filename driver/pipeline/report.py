@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..trace import chrome_document
+
 if TYPE_CHECKING:
     from .pipeline import Pipeline
 
@@ -199,7 +201,7 @@ class Report:
             )
             for e in self.device_trace.to_chrome()["traceEvents"]:
                 ev.append({**e, "pid": 2})
-        return {"traceEvents": ev, "displayTimeUnit": "ms"}
+        return chrome_document(ev)
 
     def save_chrome(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_chrome()))

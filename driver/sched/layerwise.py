@@ -44,6 +44,7 @@ from npu.registers import COUNTERS, Control, Status
 
 from ..ring import Ring
 from ..runtime import DriverError, Npu, Priority
+from ..trace import chrome_document
 
 POLICIES = ("fcfs", "layer-rr", "idle-time")
 #: candidates whose estimated idle time is within this fraction of the least are tied (then: the
@@ -204,8 +205,10 @@ class LayerwiseScheduler:
         name: str | None = None,
         priority: int = Priority.NORMAL,
     ) -> Request:
-        if isinstance(priority, bool) or not isinstance(priority, int) or priority not in set(Priority):
-            raise DriverError(f"priority must be one of {[p.name for p in Priority]}, got {priority!r}")
+        try:
+            priority = Priority.of(priority, members_only=True)
+        except ValueError as e:
+            raise DriverError(str(e)) from None
         if isinstance(at, bool) or not isinstance(at, int | np.integer) or at < 0:
             raise DriverError(f"arrival time 'at' must be an integer >= 0, got {at!r}")
         lm, man, host, steps = self.place(container, name)
@@ -412,4 +415,4 @@ def chrome_trace(sched: LayerwiseScheduler, events, clock_mhz: float) -> dict:
         out.append({"name": f"{model} #{req} layer {layer}", "cat": model, "ph": "X", "pid": 1, "tid": e.unit,
                     "ts": (e.start - sched.t0) * us, "dur": (e.end - e.start) * us,
                     "args": {"op": e.op, "count": e.pc}})  # fmt: skip
-    return {"traceEvents": out, "displayTimeUnit": "ms"}
+    return chrome_document(out)
