@@ -88,7 +88,7 @@ def segment_figures(instrs: list[Instr], cfg: NpuConfig) -> dict[str, int]:
 
 def assemble(
     low: Lowering,
-    order: list[int],
+    order: list[int] | None = None,
     policy: PointPolicy | None = SPILL_POINTS,
     granularity: str = "segment",
     dram: str = "arena",
@@ -102,6 +102,7 @@ def assemble(
     the one before, whose end point records that data as live.
     `dram`: "arena" (activations share one arena by liveness in this order) or "bump" (every tensor
     at its own range, the addresses lowering gave)."""
+    order = list(range(len(low.frags))) if order is None else order  # default: the ONNX order
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {', '.join(GRANULARITIES)}, not {granularity!r}")
     if granularity == "step" and step_cycles <= 0:

@@ -10,6 +10,7 @@ import numpy as np
 from npu.arith import round_up
 from npu.config import NpuConfig
 
+from .assemble import assemble
 from .cleanup import cleanup
 from .compile import CompiledModel
 from .graph import CompileError
@@ -49,7 +50,7 @@ def bench_order(cfg: NpuConfig, names: list[str] | None = None, timeout_s: float
         x = z.test[:batch]
         measured = {}
         for label, order in (("default", None), ("searched", part.order)):
-            lo = low.assemble(order)
+            lo = assemble(low, order)
             cm = CompiledModel(cfg, lo, round_up(lo.dram_end, 4096), qdq, name)
             measured[label] = _measured_cycles(cm, x)
         rows.append(

@@ -17,7 +17,7 @@ from npu.container import Container, DramImage, Manifest, NpuSegment, ProgramInf
 from npu.isa import encode_program
 
 from . import region
-from .assemble import Lowered
+from .assemble import Lowered, assemble
 from .cleanup import cleanup
 from .dram import DramPlan
 from .frontend import Prepared
@@ -332,7 +332,8 @@ def _compile(prepared: Prepared, cfg: NpuConfig, calib, opts: CompileOptions, pa
         if opts.cancel_points
         else None
     )
-    low = lowering.assemble(
+    low = assemble(
+        lowering,
         search.order if search else None, policy, opts.granularity, opts.resolved_dram_plan, opts.step_cycles
     )
     base = round_up(low.dram_end, 4096)

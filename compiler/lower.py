@@ -24,7 +24,6 @@ from npu.timing import bank_stride
 
 from .dram import Buffer
 from .graph import CompileError, Graph
-from .points import SPILL_POINTS, PointPolicy
 from .programs import per_column_table
 from .quantize import Act, QTensor
 from .spatial import channel_align
@@ -68,22 +67,6 @@ class Lowering:
     # layout that `dram.plan` maps to final addresses once the order is known
     buffers: list[Buffer] = field(default_factory=list)
     _buffers: object = field(default=None, repr=False)  # dram.Buffers, computed once
-
-    def assemble(
-        self,
-        order: list[int] | None = None,
-        policy: PointPolicy | None = SPILL_POINTS,
-        granularity: str = "segment",
-        dram: str = "arena",
-        step_cycles: int = 0,
-    ):
-        """The programs and host steps for `order` (default: ONNX order), an `assemble.Lowered`;
-        `dram`: "arena" (activations share DRAM by liveness, compiler/dram.py) or "bump" (one range
-        each, at the addresses lowering gave)."""
-        from .assemble import assemble
-
-        order = list(range(len(self.frags))) if order is None else order
-        return assemble(self, order, policy, granularity, dram, step_cycles)
 
 
 class DramAllocator:

@@ -18,8 +18,8 @@ from __future__ import annotations
 import onnx
 
 from .graph import Graph
+from .ops.registry import WIDE_OPS
 
-WIDE_OPS = {"Gemm": 2, "MatMul": 2, "Conv": 4}  # the rank of the results that can stay int32
 # operators without MACs that move to the host when only the host reads their result, so that
 # their inputs can stay int32 or float (a detector's Concat of box and class branches of different
 # scales; a classifier's Softmax -> Reshape or Flatten as the graph output)

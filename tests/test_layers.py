@@ -2,6 +2,7 @@
 pyproject.toml. The packages install from several top-level folders (pyproject's package-dir), which
 import-linter cannot follow, so the check runs on a tree of links nesting them as they install."""
 
+import json
 import subprocess
 import sys
 import tomllib
@@ -88,3 +89,37 @@ def test_every_project_import_names_a_module_that_exists(tmp_path):
                 missing += [f"{here}: {a.name}" for a in node.names if a.name.startswith("npu.")
                             and a.name not in modules]  # fmt: skip
     assert not missing, f"imports of modules that do not exist: {sorted(set(missing))}"
+
+
+def test_no_package_or_compiler_module_imports_itself_back(tmp_path):
+    """No import cycle between the packages, and none between the compiler's modules at run time (its
+    passes may still name `Lowering`/`Lowerer` in type annotations only)."""
+    import networkx as nx
+
+    code = (
+        "import grimp, json, networkx as nx\n"
+        "g = grimp.build_graph('npu', cache_dir=None, exclude_type_checking_imports=True)\n"
+        "print(json.dumps([[m, i] for m in g.modules for i in g.find_modules_directly_imported_by(m)]))\n"
+    )
+    tree = installed_tree(tmp_path)
+    r = subprocess.run([sys.executable, "-c", code], cwd=tree, env={"PYTHONPATH": str(tree)},
+                       capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    edges = json.loads(r.stdout)
+
+    def cycles(group) -> list[list[str]]:
+        g = nx.DiGraph()
+        for a, b in edges:
+            ga, gb = group(a), group(b)
+            if ga and gb and ga != gb:
+                g.add_edge(ga, gb)
+        return [sorted(c) for c in nx.strongly_connected_components(g) if len(c) > 1]
+
+    def package(m: str) -> str | None:
+        parts = m.split(".")
+        if len(parts) < 2 or parts[1] not in ("cli", "hdl", "compiler", "driver", "sim", "models"):
+            return "contracts"
+        return ".".join(parts[:3]) if parts[1] == "sim" and len(parts) > 2 else ".".join(parts[:2])
+
+    assert cycles(package) == []
+    assert cycles(lambda m: m if m.startswith("npu.compiler.") else None) == []

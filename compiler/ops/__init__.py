@@ -22,12 +22,11 @@ from npu.isa import ErrorCode, IsaError
 from npu.program import ProgramBuilder
 
 from ..graph import CompileError
-from ..outputs import WIDE_OPS
 from ..region import memory_name
 from . import conv, convtranspose, eltwise, gemm, pool, resize, split, view  # noqa: F401 - each registers its operators
 from .host import lower_host
 from .lut import is_absorbed
-from .registry import RULES
+from .registry import RULES, WIDE_OPS
 
 if TYPE_CHECKING:
     from ..lower import Lowerer

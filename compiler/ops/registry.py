@@ -28,6 +28,8 @@ class OpRule:
 
 
 RULES: dict[str, OpRule] = {}
+#: operators whose results can stay int32 accumulators (compiler/outputs.py), by their results' rank
+WIDE_OPS = {"Gemm": 2, "MatMul": 2, "Conv": 4}
 
 
 def rule(

@@ -17,6 +17,7 @@ import pytest
 
 from npu.cli import main
 from npu.compiler import CompileError, compile_onnx
+from npu.compiler.assemble import assemble
 from npu.compiler.cleanup import cleanup
 from npu.compiler.dram import LiveMemory
 from npu.compiler.lower import lower
@@ -212,7 +213,7 @@ def test_live_tensors_never_share_bytes(name, granularity):
     z = MODELS[name]()
     low = _lowering(z)
     order = search_order(low, budget_s=None, exhaustive_limit=24, samples=8).order
-    out = low.assemble(order, granularity=granularity)
+    out = assemble(low, order, granularity=granularity)
     shared = check_no_overlap(low, out, granularity)
     p = out.dram_plan
     print(f"\n{name} ({granularity}): {shared} pairs share bytes; arena {p.arena_bytes}, bump {p.bump_bytes}")
