@@ -42,6 +42,16 @@ def _mutated(c: Container, edit) -> Container:
     return Container.from_bytes(blob, "mutated.npub")
 
 
+def _number_paths(obj, kinds, path: list | None = None) -> list[list]:
+    """The paths (keys and indices) of every number of `kinds` in a JSON object (booleans left out)."""
+    path = path or []
+    if isinstance(obj, dict):
+        return [p for k, v in obj.items() for p in _number_paths(v, kinds, [*path, k])]
+    if isinstance(obj, list):
+        return [p for i, v in enumerate(obj) for p in _number_paths(v, kinds, [*path, i])]
+    return [path] if isinstance(obj, kinds) and not isinstance(obj, bool) else []
+
+
 def _set(path: list, value):
     def edit(raw):
         obj = raw
@@ -111,19 +121,7 @@ def test_seeded_manifest_mutations_never_reach_a_loaded_model(models):
     npu = Npu("model", CFG)
     a = npu.load(victim, "victim")
     want = a.run(x)
-    leaves = []
-
-    def walk(obj, path):
-        if isinstance(obj, dict):
-            for k, v in obj.items():
-                walk(v, [*path, k])
-        elif isinstance(obj, list):
-            for i, v in enumerate(obj):
-                walk(v, [*path, i])
-        elif isinstance(obj, int) and not isinstance(obj, bool):
-            leaves.append(path)
-
-    walk(other.manifest.to_json(), [])
+    leaves = _number_paths(other.manifest.to_json(), int)
     rng = np.random.default_rng(41)
     refused = ran = failed = 0
     for _ in range(300):
@@ -198,19 +196,7 @@ def test_mutated_files_through_npu_run_end_in_a_clear_error_never_an_internal_on
 
     _, _, other, y = models
     np.save(tmp_path / "x.npy", y)
-    leaves = []
-
-    def walk(obj, path):
-        if isinstance(obj, dict):
-            for k, v in obj.items():
-                walk(v, [*path, k])
-        elif isinstance(obj, list):
-            for i, v in enumerate(obj):
-                walk(v, [*path, i])
-        elif isinstance(obj, int | float) and not isinstance(obj, bool):
-            leaves.append(path)
-
-    walk(other.manifest.to_json(), [])
+    leaves = _number_paths(other.manifest.to_json(), int | float)
     rng = np.random.default_rng(7)
     codes = []
     for i in range(40):
