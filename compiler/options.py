@@ -186,11 +186,16 @@ class CompileOptions:
         return min((c for c in wanted if c > 0), default=0)
 
 
+def flag_of(f: dataclasses.Field) -> str:
+    """A CompileOptions field's command-line flag (`cp_interval` -> `--cp-interval`, unless it names one)."""
+    return f.metadata["flag"] or "--" + f.name.replace("_", "-")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """One command-line argument per field of CompileOptions, with its default, choices and help."""
     for f in dataclasses.fields(CompileOptions):
         meta = f.metadata
-        flag = meta["flag"] or "--" + f.name.replace("_", "-")
+        flag = flag_of(f)
         default = f.default if f.default is not dataclasses.MISSING else None
         help = meta["help"]
         if meta["cli"] == "flag":
@@ -215,12 +220,12 @@ def from_arguments(args: argparse.Namespace) -> CompileOptions:
             pairs, value = value, dict(value)
             if len(value) < len(pairs):
                 names = [n for n, _ in pairs]
-                flag = f.metadata["flag"]
-                raise CompileError(f"{flag} {next(n for n in names if names.count(n) > 1)} is given twice")
+                twice = next(n for n in names if names.count(n) > 1)
+                raise CompileError(f"{flag_of(f)} {twice} is given twice")
         values[f.name] = value
     try:
         return CompileOptions(**values)
     except OptionError as e:  # name the option as the user wrote it
         f = next(f for f in dataclasses.fields(CompileOptions) if f.name == e.option)
-        flag = f.metadata["flag"] or "--" + f.name.replace("_", "-")
+        flag = flag_of(f)
         raise OptionError(e.option, str(e).replace(e.option, flag, 1)) from None

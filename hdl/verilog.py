@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import tempfile
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 from amaranth.back import verilog
 
 from npu.config import NpuConfig, get_config
+from npu.files import write_atomic
 
 from .axi import FlatPorts
 from .engine import engine_core, extra_verilog
@@ -65,12 +65,8 @@ def _cached(key: str, make: Callable[[], str]) -> str:
     except OSError:
         pass
     text = make()
-    try:  # written atomically: several workers may convert the same design at once
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
+    try:  # atomically: several workers may convert the same design at once
+        write_atomic(path, text)
     except OSError:
         pass  # no cache (a read-only home): converted each time
     return text

@@ -24,9 +24,7 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
 import struct
-import tempfile
 import types
 import typing
 from dataclasses import dataclass, field
@@ -36,6 +34,7 @@ from typing import Any, Literal
 from npu.errors import NpuError
 
 from .config import ACC_BASE, PRESETS, NpuConfig
+from .files import write_atomic
 from .isa import FORMATS, INSTR_BYTES, OFFSETS, Opcode
 from .tensors import Layout
 
@@ -424,16 +423,7 @@ class Container:
     def save(self, path: str | Path) -> None:
         """Write atomically: a temporary file beside `path`, renamed over it once complete, so an
         interrupted save (disk full, a size limit, Ctrl-C) leaves the old file whole."""
-        p = Path(path)
-        data = self.to_bytes()
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, p)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(path, self.to_bytes())
 
     @classmethod
     def from_bytes(cls, data: bytes, source: str = "<bytes>") -> Container:

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from npu.config import get_config
+from npu.files import write_atomic
 
 #: seeds of `npu regress` start here by default, away from the test suite's (0.., 1000.., 10000..)
 FIRST_SEED = 1_000_000
@@ -88,8 +87,4 @@ class ResultCache:
             return None
 
     def put(self, key: str, shard: Shard, result: dict) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.dir, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump({**result, "shard": asdict(shard)}, f)
-        os.replace(tmp, self.dir / f"{key}.json")
+        write_atomic(self.dir / f"{key}.json", json.dumps({**result, "shard": asdict(shard)}))

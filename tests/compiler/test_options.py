@@ -7,11 +7,7 @@ import pytest
 
 from npu.cli import build_parser, main
 from npu.compiler import CompileError, CompileOptions
-from npu.compiler.options import from_arguments
-
-
-def _flag(f: dataclasses.Field) -> str:
-    return f.metadata["flag"] or "--" + f.name.replace("_", "-")
+from npu.compiler.options import flag_of, from_arguments
 
 
 def test_every_option_is_on_the_command_line_with_its_help(capsys):
@@ -19,7 +15,7 @@ def test_every_option_is_on_the_command_line_with_its_help(capsys):
         main(["compile", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     for f in dataclasses.fields(CompileOptions):
-        assert _flag(f) in text, f.name
+        assert flag_of(f) in text, f.name
         assert " ".join(f.metadata["help"].replace("%%", "%").split())[:40] in text, f.name
 
 
