@@ -17,6 +17,7 @@ with their worker counts, and the queues with their kinds and sizes. See docs/pi
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -86,6 +87,38 @@ def _keys(spec: Any, allowed: set[str], where: str) -> dict:
     return spec
 
 
+def _flag(spec: dict, key: str, where: str) -> bool:
+    """A yes/no field: true or false only ("no" or 1 are refused rather than read as true)."""
+    v = spec.get(key, False)
+    if not isinstance(v, bool):
+        raise PipelineError(f"{where}.{key}: expected true or false, got {v!r}")
+    return v
+
+
+def _check_trusted(ref: Any, base: Path, where: str) -> None:
+    """A graph file names code to run, so by default it may name only the project's own functions
+    (`npu.*`) and modules in its own folder; anything else (`os:system`) needs `trust=True`."""
+    if not isinstance(ref, str):
+        return  # resolve() reports the type
+    top = ref.partition(":")[0].split(".")[0]
+    if top == "npu":
+        return
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        return  # resolve() reports the missing module by name
+    origin = spec.origin if spec.origin not in (None, "built-in", "frozen") else None
+    locs = [origin] if origin else list(spec.submodule_search_locations or [])
+    if locs and all(Path(loc).resolve().is_relative_to(base) for loc in locs):
+        return
+    raise PipelineError(
+        f"{where}: {ref!r} is outside npu.* and the graph's folder {base}; a graph file is code, "
+        "so run it with --trust (load_graph(..., trust=True)) only if you trust its author"
+    )
+
+
 def _priority(v: Any, where: str) -> int:
     try:
         return Priority.of(v, names=True)
@@ -125,10 +158,12 @@ def load_graph(
     backend: str | None = None,
     frames: int | None = None,
     port: str | None = None,
+    trust: bool = False,
 ) -> Pipeline:
     """Build (and validate) the pipeline a description file gives. `npu` replaces the description's
     device; `backend` its backend (model, serial); `port` the serial port; `frames` the frame count
-    of every source."""
+    of every source. Stage functions must come from `npu.*` or the file's own folder unless
+    `trust` (a graph file runs code: trust it as you would a script)."""
     path = Path(path)
     desc = read_description(path)
     _keys(desc, TOP_KEYS, str(path))
@@ -160,6 +195,8 @@ def load_graph(
         args = spec.get("args") or {}
         if not isinstance(args, dict):
             raise PipelineError(f"{where}: 'args' must be a mapping")
+        if kinds[0] in ("source", "fn") and not trust:
+            _check_trusted(spec[kinds[0]], base, where)
         if kinds[0] == "source":
             n = frames if frames is not None else spec.get("frames")
             p.source(name, spec["source"], frames=n, stream=spec.get("stream"), args=args)
@@ -168,8 +205,8 @@ def load_graph(
                 name,
                 spec["fn"],
                 workers=spec.get("workers", 1),
-                processes=bool(spec.get("processes")),
-                ordered=bool(spec.get("ordered")),
+                processes=_flag(spec, "processes", where),
+                ordered=_flag(spec, "ordered", where),
                 args=args,
             )
         else:
@@ -185,8 +222,8 @@ def load_graph(
                 loaded[m],
                 priority=_priority(spec.get("priority", "normal"), where),
                 workers=spec.get("workers", 1),
-                int8=bool(spec.get("int8")),
-                ordered=bool(spec.get("ordered")),
+                int8=_flag(spec, "int8", where),
+                ordered=_flag(spec, "ordered", where),
             )
     queues = desc.get("queues") or {}
     if not isinstance(queues, dict):

@@ -22,6 +22,17 @@ from .frames import Cancelled, Frame, PipelineError
 from .queues import Queue
 
 
+MAX_WORKERS = 64  # per stage: more threads or processes than this only exhaust the host
+
+
+def check_workers(n: Any, where: str) -> None:
+    """A stage's worker count: a positive integer up to MAX_WORKERS."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise PipelineError(f"{where}workers must be a positive integer, got {n!r}")
+    if n > MAX_WORKERS:
+        raise PipelineError(f"{where}workers {n} is above the maximum of {MAX_WORKERS} per stage")
+
+
 def resolve(ref: str | Callable, where: str = "") -> Callable:
     """`module:attr` (or `module.attr`) -> the object; a callable is returned as is."""
     return resolve_path(ref, where, PipelineError)
@@ -75,8 +86,7 @@ class Stage:
 
     def check(self) -> None:
         where = f"stage {self.name!r}: "
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
-            raise PipelineError(f"{where}workers must be a positive integer, got {self.workers!r}")
+        check_workers(self.workers, where)
         if self.kind == "stage":
             target = resolve(self.fn, where)
             if self.processes and inspect.isclass(target):
@@ -173,8 +183,7 @@ class ModelRunner(Stage):
     def check(self) -> None:
         if self.model is None:
             raise PipelineError(f"runner {self.name!r}: no model")
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
-            raise PipelineError(f"runner {self.name!r}: workers must be a positive integer")
+        check_workers(self.workers, f"runner {self.name!r}: ")
 
     def make_call(self, stop: threading.Event) -> tuple[Callable[[Any], Any], Callable[[], None]]:
         model, npu = self.model, self.model.npu

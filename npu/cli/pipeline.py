@@ -29,6 +29,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     v = sub.add_parser("check", help="validate a pipeline graph without running it")
     v.add_argument("graph", help="pipeline description (.yaml, .yml or .json)")
+    for q in (r, v):
+        q.add_argument(
+            "--trust",
+            action="store_true",
+            help="allow stage functions outside npu.* and the graph's folder (a graph file is code)",
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,7 +45,10 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--backend serial needs --port (e.g. --port /dev/ttyUSB1)")
     try:
         p = load_graph(
-            args.graph, backend=getattr(args, "backend", None), frames=getattr(args, "frames", None)
+            args.graph,
+            backend=getattr(args, "backend", None),
+            frames=getattr(args, "frames", None),
+            trust=args.trust,
         )
         if args.action == "check":
             print(f"{args.graph}: {len(p.stages)} stages, {len(p.queues)} queues: valid")

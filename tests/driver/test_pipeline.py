@@ -357,3 +357,43 @@ def test_runners_share_the_engines_of_a_soc():
     assert all(np.array_equal(g, want) for g in got)
     used = set().union(*(j.engines_used for j in p.stages["plan"].jobs))
     assert used == {0, 1}  # two runner workers keep both engines busy
+
+
+def _graph(tmp_path, stage: str) -> Path:
+    """A graph around one stage; the source is any function of npu.* (resolved, never run)."""
+    g = tmp_path / "g.yaml"
+    g.write_text(
+        "stages:\n  src: {source: 'npu.driver.pipeline.stages:check_workers'}\n"
+        f"  work: {stage}\n"
+        "queues:\n  q: {from: src, to: work}\n"
+    )
+    return g
+
+
+@pytest.mark.parametrize(
+    "stage, needle",
+    [
+        ("{fn: 'os:getpid', workers: 1000000000}", "workers 1000000000 is above the maximum of 64"),
+        ("{fn: 'os:getpid', workers: 0}", "workers must be a positive integer, got 0"),
+        ("{fn: 'os:getpid', processes: 'no'}", r"stages.work.processes: expected true or false, got 'no'"),
+        ("{fn: 'os:getpid', ordered: 'yes'}", r"stages.work.ordered: expected true or false, got 'yes'"),
+        ("{fn: 'os:getpid', ordered: 1}", r"stages.work.ordered: expected true or false, got 1"),
+    ],
+)
+def test_graph_limits_and_strict_flags(tmp_path, stage, needle):
+    with pytest.raises(PipelineError, match=needle):
+        load_graph(_graph(tmp_path, stage), trust=True)
+
+
+def test_graph_may_name_only_npu_and_its_own_folder_unless_trusted(tmp_path, capsys):
+    from npu.cli import main
+
+    g = _graph(tmp_path, "{fn: 'os:system'}")
+    with pytest.raises(PipelineError, match=r"'os:system' is outside npu\.\* and the graph's folder"):
+        load_graph(g)
+    assert main(["pipeline", "check", str(g)]) != 0
+    assert "--trust" in capsys.readouterr().err
+    assert main(["pipeline", "check", str(g), "--trust"]) == 0  # checked, never run
+    # a module next to the graph file is the graph's own code
+    (tmp_path / "mystages_next_to_graph.py").write_text("def double(x):\n    return 2 * x\n")
+    load_graph(_graph(tmp_path, "{fn: 'mystages_next_to_graph:double'}"))
