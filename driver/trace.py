@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from npu.files import replacing, write_atomic
+
 
 def chrome_document(events: list[dict], metadata: dict | None = None) -> dict:
     """The object of a Chrome trace file (Perfetto, chrome://tracing): the one writer of the driver's,
@@ -18,7 +20,7 @@ def chrome_document(events: list[dict], metadata: dict | None = None) -> dict:
     return {"traceEvents": events, "displayTimeUnit": "ms", "metadata": metadata or {}}
 
 
-@dataclass
+@dataclass(slots=True)
 class Event:
     kind: str  # run, dump, restore, host (spans); submit, pause request, start, resume, done, ... (instants)
     job: int  # job id (-1: the device)
@@ -40,7 +42,7 @@ class Trace:
     events: list[Event] = field(default_factory=list)
     t0: float = field(default_factory=time.perf_counter)
     engines: int = 1  # with several, the Chrome trace has one track per engine
-    max_events: int | None = 100_000
+    max_events: int | None = 20_000
     dropped: int = 0
 
     def _add(self, kind: str, job, start: int, end: int, info: str = "", engine: int = -1) -> None:
@@ -94,7 +96,7 @@ class Trace:
         return chrome_document(out, {"dropped_events": self.dropped} if self.dropped else {})
 
     def save_chrome(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_chrome()))
+        write_atomic(path, json.dumps(self.to_chrome()))
 
     def save_png(self, path: str | Path, title: str = "NPU timeline") -> None:
         """A Gantt chart: one row per model, bars for runs, dumps and restores, marks for pauses."""
@@ -121,5 +123,6 @@ class Trace:
         handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
         ax.legend(handles, list(colours), loc="upper right", ncol=4, fontsize=8)
         fig.tight_layout()
-        fig.savefig(path, dpi=110)
+        with replacing(path) as tmp:
+            fig.savefig(tmp, dpi=110)
         plt.close(fig)

@@ -124,9 +124,20 @@ def _check_segments(man: Manifest, ops: np.ndarray, where: str) -> None:
                 raise ContainerError(f"{w}.deps: {d} is not an earlier segment (0..{k - 1})")
         if s.deps is not None and len(set(s.deps)) < len(s.deps):
             raise ContainerError(f"{w}.deps: {s.deps} lists a segment twice")
+        _non_negative(s, w)
     for k, la in enumerate(man.layers):
+        _non_negative(la, f"{where}.layers[{k}]")
         if la.pc is not None and (len(la.pc) != 2 or not 0 <= la.pc[0] <= la.pc[1] <= n):
             raise ContainerError(f"{where}.layers[{k}].pc: {la.pc} is not a range of the {n} instructions")
+
+
+def _non_negative(obj: object, where: str) -> None:
+    """Cycle and byte figures (the schedulers' inputs) are counts: none is negative."""
+    for name in ("est_cycles", "ref_cycles", "compute_cycles", "dma_cycles", "spad_bytes", "acc_bytes",
+                 "dma_rd_bytes", "dma_wr_bytes"):  # fmt: skip
+        v = getattr(obj, name, None)
+        if v is not None and v < 0:
+            raise ContainerError(f"{where}.{name}: {v} is negative")
 
 
 def _check_points(man: Manifest, cfg: NpuConfig | None, where: str) -> None:

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from npu.files import replacing, write_atomic
+
 from ..trace import chrome_document
 
 if TYPE_CHECKING:
@@ -204,7 +206,7 @@ class Report:
         return chrome_document(ev)
 
     def save_chrome(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_chrome()))
+        write_atomic(path, json.dumps(self.to_chrome()))
 
     def save_png(self, path: str | Path, title: str = "pipeline") -> None:
         import matplotlib
@@ -233,5 +235,6 @@ class Report:
         ax2.legend(loc="upper right", fontsize="small")
         fig.suptitle(title)
         fig.tight_layout()
-        fig.savefig(path, dpi=100)
+        with replacing(path) as tmp:
+            fig.savefig(tmp, dpi=100)
         plt.close(fig)

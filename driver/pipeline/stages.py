@@ -21,7 +21,6 @@ from ..resolve import resolve as resolve_path
 from .frames import Cancelled, Frame, PipelineError
 from .queues import Queue
 
-
 MAX_WORKERS = 64  # per stage: more threads or processes than this only exhaust the host
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from npu.config import NpuConfig
 from npu.errors import NpuError
+from npu.files import write_atomic
 
 from .boards import Board
 
@@ -161,5 +162,5 @@ def build(
     say(f"building in {build_dir} (tool output: {build_dir / 'build.log'})")
     seconds = _run(script, build_dir, env, build_dir / "build.log", say)
     report = {**_report(board, cfg, build_dir, clock_mhz, seconds), "seed": seed}
-    (build_dir / "build_report.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_atomic(build_dir / "build_report.json", json.dumps(report, indent=1) + "\n")
     return report

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..asm import read_asm
 from ..config import get_config
+from ..files import write_atomic
 from ..isa import INSTR_BYTES
 from .common import CliError, output_file, validate_all
 
@@ -27,6 +28,6 @@ def run(args: argparse.Namespace) -> int:
     if cfg_name:
         validate_all(asm, get_config(cfg_name))
     out = output_file(args.output or Path(args.source).with_suffix(".bin"))
-    out.write_bytes(asm.binary())
+    write_atomic(out, asm.binary())
     print(f"{args.source}: {len(asm.instrs)} instructions, {len(asm.instrs) * INSTR_BYTES} bytes -> {out}")
     return 0

@@ -28,7 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(--backend rtl adds 2 engines on the RTL against the model); pipeline: loader scaling, stage "
         "overlap and speedup of the pipeline machinery; layerwise: pairs of a compute- and a "
         "memory-intensive model on one engine through the command ring, per policy (layer-wise scheduling; "
-        "--backend rtl adds two pairs on the RTL core)",
+        "--backend rtl adds two pairs on the RTL core); service: host time and memory per job over many "
+        "jobs of one model (a long-running device stays flat)",
     )
     p.add_argument(
         "--models", nargs="+", help="order, banks, compile: zoo models (default: a representative set)"
@@ -67,7 +68,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cp-interval", type=int_in(1), default=20_000, help="preempt: the compiler's point interval"
     )
-    p.add_argument("--jobs", type=int_in(1, 10_000), default=100, help="opqueue: jobs per application")
+    p.add_argument(
+        "--jobs",
+        type=int_in(1, 1_000_000),
+        help="opqueue: jobs per application (default 100); service: jobs in all (default 20000)",
+    )
     p.add_argument(
         "--rtl-jobs", type=int_in(1, 100), default=3, help="opqueue: jobs per application on the RTL"
     )
@@ -146,7 +151,7 @@ def _opqueue(cfg: NpuConfig, args: argparse.Namespace):
 
     result = bench_opqueue(
         cfg.engine.name,
-        jobs=args.jobs,
+        jobs=args.jobs or 100,
         seed=args.seed,
         seeds=args.seeds,
         rtl=_rtl_runner(args),
@@ -202,6 +207,22 @@ def _compile(cfg: NpuConfig, args: argparse.Namespace):
     return bench_compile(cfg, args.models, **options), format_compile
 
 
+def _service(cfg: NpuConfig, args: argparse.Namespace):
+    import sys
+
+    from npu.driver.service_bench import bench_service, format_service
+
+    if args.backend != "model":
+        raise CliError("bench service measures the driver on the golden model; --backend rtl is not "
+                       "supported")
+    res = bench_service(
+        args.config or "tiny",
+        args.jobs or 20_000,
+        progress=lambda msg: print(f"bench service: {msg}", file=sys.stderr, flush=True),
+    )
+    return res, format_service
+
+
 BENCHES: dict[str, Bench] = {
     "compile": _compile,
     "model": _model,
@@ -213,6 +234,7 @@ BENCHES: dict[str, Bench] = {
     "opqueue": _opqueue,
     "pipeline": _pipeline,
     "layerwise": _layerwise,
+    "service": _service,
 }
 
 

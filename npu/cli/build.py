@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from ..config import PRESETS, get_config
+from ..files import write_atomic
 from ..registers import MAX_ENGINES
 from . import workers
 from .common import CliError, int_in
@@ -140,7 +141,7 @@ def _seeds(args: argparse.Namespace, board, cfg, clock: float, out: Path, say) -
         key=lambda r: r["seed"],
     )  # fmt: skip
     best["seed_errors"] = errors
-    (out / "build_report.json").write_text(json.dumps(best, indent=1) + "\n")
+    write_atomic(out / "build_report.json", json.dumps(best, indent=1) + "\n")
     return best
 
 

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from ..config import PRESETS, get_config
+from ..files import write_atomic
 from .common import int_in, positive_float
 
 HELP = "the perception/planning preemption scenario, with a table and timelines"
@@ -77,5 +78,5 @@ def run(args: argparse.Namespace) -> int:
         f"\ntimelines: {out}/timeline-preemptive.png, {out}/timeline-nonpreemptive.png"
     )
     if args.json:
-        (out / "demo.json").write_text(json.dumps({"nonpreemptive": non, "preemptive": pre}))
+        write_atomic(out / "demo.json", json.dumps({"nonpreemptive": non, "preemptive": pre}))
     return 0 if pre["perception_outputs_identical"] else 1

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ..config import PRESETS, get_config
+from ..files import write_atomic
 from ..registers import MAX_ENGINES
 from .common import CliError, int_in
 
@@ -55,7 +55,7 @@ def verilog(args: argparse.Namespace) -> int:
         )
     soc = args.top == "soc" or (args.top == "auto" and cfg.engines > 1) or args.engines is not None
     text = soc_verilog(cfg) if soc else core_verilog(cfg.engine)
-    Path(args.output).write_text(text)
+    write_atomic(args.output, text)
     core = "MicroCore" if cfg.core == "micro" else "NpuCore"
     what = f"NpuSoc of {cfg.engines} engine(s)" if soc else core
     shown = cfg if soc else cfg.engine

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import PRESETS, get_config
+from ..files import replacing
 from ..isa import ErrorCode
 from .common import CliError, input_file, int_in, load_program, number, output_file, validate_all
 
@@ -102,7 +103,8 @@ def _run_npub(args: argparse.Namespace) -> int:
     if args.save:
         base = Path(args.save)
         for i, y in enumerate(outs):
-            np.save(base if i == 0 else base.with_suffix(f".{i}.npy"), y)
+            with replacing(base if i == 0 else base.with_suffix(f".{i}.npy")) as tmp:
+                np.save(tmp, y)
     print(
         f"{args.program} on {cfg.name}: {counters['CYCLES']:,} cycles "
         f"({counters['CYCLES'] / cfg.clock_mhz:,.1f} us at {cfg.clock_mhz:g} MHz)"
@@ -159,7 +161,8 @@ def run(args: argparse.Namespace) -> int:
     except RunError as e:
         raise CliError(str(e)) from None
     if args.save:
-        np.savez(args.save, **res.outputs)
+        with replacing(args.save if args.save.endswith(".npz") else args.save + ".npz") as tmp:
+            np.savez(tmp, **res.outputs)
     if args.json:
         print(
             json.dumps(
