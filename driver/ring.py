@@ -46,8 +46,11 @@ class Ring:
         self.fences_seen = 0
         self.done = 0  # every instruction before this count is complete
 
-    def start(self, pc: int = 0) -> None:
-        """Point the core at the ring (empty, counts from `pc`) and start it: it waits for appends."""
+    def start(self, pc: int = 0, window: tuple[int, int] = (0, 0)) -> None:
+        """Point the core at the ring (empty, counts from `pc`) and start it: it waits for appends.
+        `window`: the memory window (DRAM_BASE, DRAM_LIMIT) of the whole ring run; (0, 0), none: a
+        ring interleaves several models' layers, so one window cannot follow them one by one (their
+        containers were checked at load)."""
         self.tail = self.done = pc & MASK
         self.fences, self.fences_seen = [], 0
         self.fence_base = self.tr.reg("FENCE_COUNT")
@@ -55,6 +58,8 @@ class Ring:
         self.tr.set_reg("RING_SIZE", self.size)
         self.tr.set_reg("RING_TAIL", self.tail)
         self.tr.set_reg("RESUME_PC", self.tail)
+        self.tr.set_reg("DRAM_BASE", window[0])
+        self.tr.set_reg("DRAM_LIMIT", window[1])
         ctl = self.tr.reg("CONTROL") & int(Control.IRQ_ENABLE)
         self.tr.set_reg("CONTROL", ctl | int(Control.START))
 

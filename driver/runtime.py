@@ -603,6 +603,8 @@ class Npu:
                     f"program of {len(program)} bytes exceeds the {self.aux_bytes}-byte driver area"
                 )
             self.tr.write_dram(0, program)
+            e.tr.set_reg("DRAM_BASE", 0)  # the driver's own program: no memory window
+            e.tr.set_reg("DRAM_LIMIT", 0)
             e.tr.set_reg("PROGRAM_BASE", 0)
             e.tr.set_reg("RESUME_PC", 0)
             e.tr.set_reg("TIMEOUT", 0)
@@ -865,6 +867,9 @@ class Npu:
         if job.started is None:
             job.started = self.tr.now()
         pc = sv.resume_pc if sv is not None else job.manifest.segments[s].pc
+        # the memory window: the job's program, data and save area, nothing of another model's
+        e.tr.set_reg("DRAM_BASE", job.inst.region[0])
+        e.tr.set_reg("DRAM_LIMIT", job.inst.region[1])
         e.tr.set_reg("PROGRAM_BASE", job.inst.program_base)
         e.tr.set_reg("RESUME_PC", pc)
         budget = 0 if job.timeout_cycles is None else max(1, job.timeout_cycles - job.used_cycles)
@@ -948,6 +953,10 @@ class Npu:
                 msg = self._timeout_text(job)
             else:
                 msg = f"job {job.id} ({job.model.name}) ended in NPU error {code.name} at pc {pc}"
+                if code == ErrorCode.PROTECTION:
+                    lo, hi = job.inst.region
+                    msg += (f": DRAM address 0x{e.tr.reg('FAULT_ADDR'):x} is outside the model's memory "
+                            f"window [0x{lo:x}, 0x{hi:x})")  # fmt: skip
             self.soft_reset(e.index)
             self._fail(job, JobError(msg, code, pc))
 

@@ -15,7 +15,8 @@ instruction enters its buffer, so no stage holds more than one multiplier, one s
      fetcher near 50 MHz on an ECP5, so they get a stage each (latency on issue only);
   4. the footprints' ends (start + product + width; an int16 operand's width in bytes is its
      count shifted left by its `*_i16` flag, so element sizes cost no multiplier);
-  5. every rule's condition (compares), selected for the word's opcode;
+  5. every rule's condition (compares), selected for the word's opcode; last, LOAD's and STORE's
+     DRAM range against the memory window (PROTECTION);
   6. the first rule that fires (a priority tree) gives the code.
 """
 
@@ -241,8 +242,9 @@ def _overlaps(op, f, e):
     return []
 
 
-def _rules(op, word, f, e, cfg: NpuConfig) -> list[tuple[object, ErrorCode]]:
-    """(condition, code) of every rule of `op`, in the order `npu.isa.validate` applies them."""
+def _rules(op, word, f, e, cfg: NpuConfig, win=None) -> list[tuple[object, ErrorCode]]:
+    """(condition, code) of every rule of `op`, in the order `npu.isa.validate` applies them, then
+    the memory window [win[0], win[1]) of a LOAD's or STORE's DRAM range (PROTECTION)."""
     wait, signal = word[4:8], word[8:12]
     fields = FORMATS[op]
     used = HEADER_BITS + sum(fd.width for fd in fields)
@@ -299,6 +301,10 @@ def _rules(op, word, f, e, cfg: NpuConfig) -> list[tuple[object, ErrorCode]]:
         rules.append((ne & ~inside, E.SPAD_RANGE))
     for cond in _overlaps(op, f, e):
         rules.append((cond, E.ILLEGAL_FIELD))
+    if win is not None:
+        for space, ne, start, end in _spans(op, f, e):
+            if space == "dram":
+                rules.append((ne & ((start < win[0]) | (end > win[1])), E.PROTECTION))
     return rules
 
 
@@ -340,6 +346,8 @@ class InstructionCheck(wiring.Component):
                 "out_extra": Out(extra),
                 "out_valid": Out(1),
                 "code": Out(ErrorCode),
+                "win_base": In(32),  # the memory window [win_base, win_hi) of LOAD and STORE
+                "win_hi": In(33),
             }
         )
 
@@ -398,7 +406,8 @@ class InstructionCheck(wiring.Component):
         ends = [Signal(signed(68), name=f"end{k}") for k in range(SUM_SLOTS)]
         _per_opcode(m, "sync", words[3], ends, lambda op, f: _sums(op, f, p1_3, p2))
         # stage 5: the rules of the word in stage 4 (compares), selected by its opcode
-        rules = {op: _rules(op, words[4], view(op, words[4]), ends, cfg) for op in Opcode}
+        win = (self.win_base, self.win_hi)
+        rules = {op: _rules(op, words[4], view(op, words[4]), ends, cfg, win) for op in Opcode}
         codes = {op: [int(c) for _, c in r] for op, r in rules.items()}
         width = max(len(r) for r in rules.values())
         fired = Signal(width)

@@ -190,7 +190,10 @@ class NpuCore(wiring.Component):
         cp_id = Signal(32)
         error_code = Signal(ErrorCode)
         error_pc = Signal(32)
-        m.d.comb += [regs.cp_id.eq(cp_id), regs.error_code.eq(error_code), regs.error_pc.eq(error_pc)]
+        fault_addr = Signal(32)  # PROTECTION: the first byte of the access outside the window
+        halt_fault = Signal(32)
+        m.d.comb += [regs.cp_id.eq(cp_id), regs.error_code.eq(error_code), regs.error_pc.eq(error_pc),
+                     regs.fault_addr.eq(fault_addr)]  # fmt: skip
 
         # ---- unit issue: each queue's head starts when its unit is free and its tokens are there;
         # a cancellation-point marker passes in one cycle unless a pause targets it (then it parks)
@@ -340,6 +343,14 @@ class NpuCore(wiring.Component):
                 start_halt(Status.ERROR, ErrorCode.DEADLOCK, pc)
             with m.Elif(disp.error):
                 start_halt(Status.ERROR, disp.error_code, pc)
+                head = fetch.out.payload
+                access = Mux(
+                    head.bad,
+                    fetch.bad_addr,
+                    Mux(header(head.instr).opcode == Opcode.STORE, view(Opcode.STORE, head.instr).dram,
+                        view(Opcode.LOAD, head.instr).dram),
+                )  # fmt: skip
+                m.d.sync += halt_fault.eq(Mux(disp.error_code == ErrorCode.PROTECTION, access, 0))
             with m.If(disp.end):  # END with every unit drained: done, unless tokens are left over
                 m.d.comb += stop_now.eq(1)
                 with m.If(~tokens.any):
@@ -377,9 +388,10 @@ class NpuCore(wiring.Component):
         m.d.comb += flush.eq(halting | restart)
         with m.If(halting & all_idle):
             m.d.comb += stop_now.eq(1)
-            m.d.sync += [status.eq(halt_status), error_code.eq(halt_code), error_pc.eq(halt_pc)]
+            m.d.sync += [status.eq(halt_status), error_code.eq(halt_code), error_pc.eq(halt_pc),
+                         fault_addr.eq(halt_fault)]  # fmt: skip
             with m.If(resetting):
-                m.d.sync += [status.eq(Status.IDLE), error_code.eq(0), error_pc.eq(0)]
+                m.d.sync += [status.eq(Status.IDLE), error_code.eq(0), error_pc.eq(0), fault_addr.eq(0)]
         m.d.comb += regs.stop_event.eq(stop_now & ~resetting)
         with m.If(stop_now):
             m.d.comb += regs.consume_pause.eq(1)
@@ -391,6 +403,8 @@ class NpuCore(wiring.Component):
             fetch.ring_size.eq(regs.ring_size),
             fetch.tail.eq(regs.ring_tail),
             fetch.start_pc.eq(regs.resume_pc),
+            fetch.win_base.eq(regs.dram_base),
+            fetch.win_limit.eq(regs.dram_limit),
             # the command ring: FENCE completions, WAITING, the count of the next instruction
             regs.fence_event.eq(fence_event),
             regs.waiting.eq(running & ~halting & fetch.empty & all_idle & queues_empty),
@@ -406,14 +420,16 @@ class NpuCore(wiring.Component):
         with m.If(fence_event):
             m.d.sync += fences_done.eq(fences_done + 1)
         with m.If(restart):
-            m.d.sync += [status.eq(Status.RUNNING), error_code.eq(0), error_pc.eq(0)]
+            m.d.sync += [status.eq(Status.RUNNING), error_code.eq(0), error_pc.eq(0), fault_addr.eq(0),
+                         halt_fault.eq(0)]  # fmt: skip
             # markers dropped by an error or a pause are fetched again: count from the completed fences
             m.d.sync += [fence_passed[u].eq(fences_done + fence_event) for u in UNITS]
         with m.If(regs.soft_reset):
             with m.If(running):
                 m.d.comb += reset_req.eq(1)
             with m.Else():
-                m.d.sync += [status.eq(Status.IDLE), error_code.eq(0), error_pc.eq(0), cp_id.eq(0)]
+                m.d.sync += [status.eq(Status.IDLE), error_code.eq(0), error_pc.eq(0), cp_id.eq(0),
+                             fault_addr.eq(0)]  # fmt: skip
         with m.FSM(name="run") as run:
             with m.State("ACTIVE"):
                 with m.If(reset_req):

@@ -19,7 +19,8 @@ from .common import QueueEntry, header, view
 class Dispatcher(wiring.Component):
     """`enable`: the core runs and no error is pending. `room`: bit u, queue u takes an entry.
     Out: `w_en` (bit u: write `entry` into queue u), `dispatching` (the instruction is taken),
-    `stalled`, `error` with `error_code` (the instruction is illegal, or fetched outside DRAM), and
+    `stalled`, `error` with `error_code` (the instruction is illegal, or fetched outside DRAM or the
+    memory window), and
     `end` (END taken: the program is complete)."""
 
     def __init__(self, cfg: NpuConfig):
@@ -69,9 +70,8 @@ class Dispatcher(wiring.Component):
             with m.If(self.bad | self.fault | (code != 0)):
                 m.d.comb += [
                     self.error.eq(1),
-                    self.error_code.eq(
-                        Mux(self.bad, ErrorCode.DRAM_RANGE, Mux(self.fault, ErrorCode.BUS, code))
-                    ),
+                    # a `bad` marker carries its code (DRAM_RANGE or PROTECTION) from the fetcher
+                    self.error_code.eq(Mux(self.fault, ErrorCode.BUS, code)),
                 ]
             with m.Elif(is_unit_op):
                 with m.If(self.room.bit_select(target, 1)):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from amaranth import Cat, Module, Mux, ResetInserter, Signal
+from amaranth import Cat, Module, Mux, ResetInserter, Signal, signed
 from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -30,8 +30,11 @@ class Fetcher(wiring.Component):
     2^32); `empty` then says every appended instruction has been handed out.
 
     `out` streams instructions with their pc; `bad` flags a pc whose address lies outside DRAM (or
-    a misaligned base, or a ring that is not a power of two >= 32 bytes inside DRAM): the dispatcher
-    raises DRAM_RANGE when it reaches it. `ar` requests bursts, `r` brings their beats.
+    a misaligned base, or a ring that is not a power of two >= 32 bytes inside DRAM), its `code`
+    DRAM_RANGE, or outside the memory window [`win_base`, `win_limit`) (0: no limit; a ring must lie
+    inside it whole), its `code` PROTECTION, with the address in `bad_addr`: the dispatcher raises
+    the error when it reaches it. No burst is requested outside DRAM or the window. `ar` requests
+    bursts, `r` brings their beats.
     """
 
     BUF = 8
@@ -45,6 +48,9 @@ class Fetcher(wiring.Component):
                 "start_pc": In(32),
                 "ring_size": In(32),  # bytes; 0: no ring
                 "tail": In(32),
+                "win_base": In(32),  # the memory window, latched at the restart
+                "win_limit": In(32),
+                "bad_addr": Out(32),  # with a PROTECTION marker: the instruction's (or the ring's) address
                 "enable": In(1),
                 "empty": Out(1),  # ring mode and every appended instruction handed out
                 "out": Out(stream.Signature(Fetched)),
@@ -76,6 +82,8 @@ class Fetcher(wiring.Component):
         inflight = Signal(range(self.BUF + 1))  # instructions requested, not yet in the buffer
         discard = Signal(16)  # beats of stale bursts (before a restart) still to drop
         bad_base = Signal()
+        bad_win = Signal()  # the first instruction (or the ring) lies outside the window
+        win_last = Signal(signed(36))  # the window's last instruction address (limit - 32), latched
         ring = Signal()  # latched at the restart
         mask = Signal(32)  # slots - 1 in ring mode, all ones otherwise
         # the registers more than one part reads or writes
@@ -87,6 +95,8 @@ class Fetcher(wiring.Component):
             inflight=inflight,
             discard=discard,
             bad_base=bad_base,
+            bad_win=bad_win,
+            win_last=win_last,
             ring=ring,
             mask=mask,
         )
@@ -108,8 +118,14 @@ class Fetcher(wiring.Component):
         m.d.comb += room.eq(self.BUF - buf.level - st.inflight - st.in_check)
         # instructions left in DRAM, up to 4, as parallel compares of `addr` with constants instead of
         # a subtraction (Fmax); 0 past the end, where the old difference wrapped (no request either)
+        # and inside the window: `addr <= win_last - 32 * (k - 1)`, against registers that follow the
+        # restart's window (no subtraction before the compare)
         fits = [Signal(name=f"dram_fits{k}") for k in range(1, 5)]
-        m.d.comb += [f.eq(addr <= cfg.dram_bytes - k * INSTR_BYTES) for k, f in enumerate(fits, 1)]
+        win_fits = [Signal(signed(36), name=f"win_last{k}") for k in range(1, 5)]
+        m.d.comb += [
+            f.eq((addr <= cfg.dram_bytes - k * INSTR_BYTES) & (Cat(addr, 0).as_signed() <= w))
+            for k, (f, w) in enumerate(zip(fits, win_fits, strict=True), 1)
+        ]
         in_dram = fits[0]
         upto4_left = Signal(3)
         m.d.comb += upto4_left.eq(Mux(fits[3], 4, Mux(fits[2], 3, Mux(fits[1], 2, Mux(fits[0], 1, 0)))))
@@ -139,7 +155,7 @@ class Fetcher(wiring.Component):
         m.d.comb += [
             self.ar.payload.addr.eq(addr),
             self.ar.payload.len.eq(n * self._beats - 1),
-            self.ar.valid.eq(self.enable & ~st.bad_base & in_dram & (n != 0) & (room >= 2)),
+            self.ar.valid.eq(self.enable & ~st.bad_base & ~st.bad_win & in_dram & (n != 0) & (room >= 2)),
         ]
         # a burst never crosses the ring's end: one that reaches it wraps the address to the base
         wrap = Signal()
@@ -151,7 +167,7 @@ class Fetcher(wiring.Component):
             ]
             with m.If(st.ring):
                 m.d.sync += to_end.eq(Mux(wrap, slots, to_end - n))
-        return SimpleNamespace(addr=addr, to_end=to_end, slots=slots, n=n)
+        return SimpleNamespace(addr=addr, to_end=to_end, slots=slots, n=n, win_fits=win_fits)
 
     def _assemble(self, m: Module, st, buf, check, n) -> SimpleNamespace:
         """The R side: beats assembled into instructions, checked on their way into the buffer."""
@@ -199,13 +215,21 @@ class Fetcher(wiring.Component):
         """Whether pc's instruction lies past DRAM's end (base `b`, slot mask `msk`)."""
         return b + ((pc & msk) << log2(INSTR_BYTES)) > self.cfg.dram_bytes - INSTR_BYTES
 
+    @staticmethod
+    def _past_window(b, msk, pc, last):
+        """Whether pc's instruction lies past the window's last instruction address `last`."""
+        return Cat(b + ((pc & msk) << log2(INSTR_BYTES)), 0).as_signed() > last
+
     def _output(self, m: Module, st, buf) -> SimpleNamespace:
-        """The output: the head of the buffer, or a "bad" marker once requests ran off DRAM."""
-        # "pc's instruction lies past DRAM's end" for out_pc and out_pc + 1 in registers, so the
-        # 40-bit compare does not sit between out_pc and the dispatcher's halt logic (Fmax)
+        """The output: the head of the buffer, or a "bad" marker once requests ran off DRAM or the
+        memory window."""
+        # "pc's instruction lies past DRAM's end" (and "past the window") for out_pc and out_pc + 1
+        # in registers, so the 40-bit compare does not sit between out_pc and the dispatcher's halt
+        # logic (Fmax)
         past_head, past_next = Signal(), Signal()
+        win_head, win_next = Signal(), Signal()
         head_bad = Signal()
-        m.d.comb += head_bad.eq(st.bad_base | past_head)
+        m.d.comb += head_bad.eq(st.bad_base | past_head | st.bad_win | win_head)
         m.d.comb += self.empty.eq(st.ring & (st.out_pc == self.tail))
         m.d.comb += [
             self.out.valid.eq(
@@ -213,7 +237,15 @@ class Fetcher(wiring.Component):
             ),
             self.out.payload.instr.eq(buf.r_data[:INSTR_BITS]),
             self.out.payload.fault.eq(buf.r_data[INSTR_BITS] & buf.r_rdy),
-            self.out.payload.code.eq(Mux(buf.r_rdy, buf.r_data[INSTR_BITS + 1 :], 0)),
+            # a marker's code: DRAM_RANGE first (the model's order), else the window's PROTECTION
+            self.out.payload.code.eq(
+                Mux(
+                    buf.r_rdy,
+                    buf.r_data[INSTR_BITS + 1 :],
+                    Mux(st.bad_base | past_head, ErrorCode.DRAM_RANGE, ErrorCode.PROTECTION),
+                )
+            ),
+            self.bad_addr.eq(Mux(st.ring, st.base, st.base + (st.out_pc << log2(INSTR_BYTES)))),
             self.out.payload.pc.eq(st.out_pc),
             self.out.payload.bad.eq(head_bad & ~buf.r_rdy),
             buf.r_en.eq(self.out.ready & buf.r_rdy),
@@ -223,9 +255,11 @@ class Fetcher(wiring.Component):
                 st.out_pc.eq(st.out_pc + 1),
                 past_head.eq(past_next),
                 past_next.eq(self._past_dram(st.base, st.mask, st.out_pc + 2)),
+                win_head.eq(win_next),
+                win_next.eq(self._past_window(st.base, st.mask, st.out_pc + 2, st.win_last)),
             ]
         m.d.comb += self.idle.eq((st.inflight == 0) & (st.discard == 0))
-        return SimpleNamespace(past_head=past_head, past_next=past_next)
+        return SimpleNamespace(past_head=past_head, past_next=past_next, win_head=win_head, win_next=win_next)
 
     def _restart(self, m: Module, st, req, asm, out) -> None:
         """The restart: the new stream's registers latched, stale bursts' beats counted to drop."""
@@ -244,12 +278,32 @@ class Fetcher(wiring.Component):
             self.base + size <= cfg.dram_bytes)  # fmt: skip
         new_mask = Signal(32)
         m.d.comb += new_mask.eq(Mux(size != 0, (size >> log2(INSTR_BYTES)) - 1, 0xFFFFFFFF))
+        # the window: [win_base, win_hi), win_hi = 2^32 for a limit of 0
+        win_hi = Signal(33)
+        last = Signal(signed(36))
+        first_addr = Signal(40)
+        check = m.submodules.check
+        with m.If(self.restart):  # the window LOAD and STORE are checked against, for the run
+            m.d.sync += [check.win_base.eq(self.win_base), check.win_hi.eq(win_hi)]
+        m.d.comb += [
+            win_hi.eq(Mux(self.win_limit == 0, 1 << 32, self.win_limit)),
+            last.eq(win_hi - INSTR_BYTES),
+            first_addr.eq(self.base + ((self.start_pc & new_mask) << log2(INSTR_BYTES))),
+        ]
+        outside = Mux(size != 0, (self.base < self.win_base) | (self.base + size > win_hi),
+                      first_addr < self.win_base)  # fmt: skip
         with m.If(self.restart):
+            m.d.sync += [st.win_last.eq(last), st.bad_win.eq(outside)]
+            m.d.sync += [w.eq(last - k * INSTR_BYTES) for k, w in enumerate(req.win_fits)]
+            m.d.sync += [
+                out.win_head.eq(self._past_window(self.base, new_mask, self.start_pc, last)),
+                out.win_next.eq(self._past_window(self.base, new_mask, self.start_pc + 1, last)),
+            ]
             m.d.sync += [
                 st.base.eq(self.base),
                 st.ring.eq(size != 0),
                 st.mask.eq(new_mask),
-                req.addr.eq(self.base + ((self.start_pc & new_mask) << log2(INSTR_BYTES))),
+                req.addr.eq(first_addr),
                 req.to_end.eq(Mux(size != 0, new_mask - (self.start_pc & new_mask) + 1, 4)),
                 req.slots.eq(new_mask + 1),
                 st.bad_base.eq((self.base[: log2(INSTR_BYTES)] != 0) | ((size != 0) & ~ring_ok)),

@@ -37,6 +37,8 @@ class RegisterFile(wiring.Component):
                 "ring_base": Out(32),
                 "ring_size": Out(32),
                 "ring_tail": Out(32),
+                "dram_base": Out(32),  # the memory window (0, 0: none)
+                "dram_limit": Out(32),
                 # from the core
                 "status": In(6),  # the run state (RUNNING while running from an empty ring)
                 "waiting": In(1),  # running from an empty ring with everything done: reads WAITING
@@ -49,6 +51,7 @@ class RegisterFile(wiring.Component):
                 "cp_id": In(32),
                 "error_code": In(8),
                 "error_pc": In(32),
+                "fault_addr": In(32),
                 "irq_pending": Out(1),
                 **{f"cnt_{r.name.lower()}": In(64) for r in REGISTERS if r.wide},
             }
@@ -96,6 +99,8 @@ class RegisterFile(wiring.Component):
                             self.ring_base.eq(0),
                             self.ring_size.eq(0),
                             self.ring_tail.eq(0),
+                            self.dram_base.eq(0),
+                            self.dram_limit.eq(0),
                             fence_count.eq(0),
                         ]
                         m.d.comb += self.timeout_next.eq(0)
@@ -120,6 +125,10 @@ class RegisterFile(wiring.Component):
                     m.d.sync += self.ring_size.eq(wdata)
                 with m.Case(REG["RING_TAIL"].offset):
                     m.d.sync += self.ring_tail.eq(wdata)
+                with m.Case(REG["DRAM_BASE"].offset):
+                    m.d.sync += self.dram_base.eq(wdata)
+                with m.Case(REG["DRAM_LIMIT"].offset):
+                    m.d.sync += self.dram_limit.eq(wdata)
 
         # ---- read channel ---------------------------------------------------------------------------
         hi_latch = Signal(32)
@@ -147,6 +156,9 @@ class RegisterFile(wiring.Component):
                     "RING_TAIL": self.ring_tail,
                     "RING_HEAD": self.ring_head,
                     "FENCE_COUNT": fence_count,
+                    "DRAM_BASE": self.dram_base,
+                    "DRAM_LIMIT": self.dram_limit,
+                    "FAULT_ADDR": self.fault_addr,
                 }
                 for name, value in simple.items():
                     with m.Case(REG[name].offset):

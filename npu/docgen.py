@@ -65,6 +65,8 @@ def errors_table() -> str:
         ErrorCode.TIMEOUT: "the run exceeded the TIMEOUT register's cycle limit",
         ErrorCode.BUS: "the memory answered a burst with SLVERR or DECERR (a LOAD's or an instruction "
         "fetch's read, a STORE's write response); ERROR_PC: that LOAD, STORE or instruction",
+        ErrorCode.PROTECTION: "a LOAD's or STORE's DRAM range, or an instruction fetch, outside the memory "
+        "window [DRAM_BASE, DRAM_LIMIT); nothing of the access is done; FAULT_ADDR: its first byte",
     }
     rows = ["| code | name | raised when |", "|---|---|---|"]
     rows += [f"| {int(c)} | `{c.name}` | {docs[c]} |" for c in ErrorCode]

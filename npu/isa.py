@@ -76,6 +76,7 @@ class ErrorCode(enum.IntEnum, shape=8):
     TOKEN = 7
     TIMEOUT = 8
     BUS = 9
+    PROTECTION = 10
 
 
 class IsaError(NpuError, ValueError):
@@ -477,6 +478,15 @@ def extent(base: int, rows: int, width: int, stride: int) -> tuple[int, int]:
     if rows <= 0 or width <= 0:
         return base, base
     return base, base + (rows - 1) * stride + width
+
+
+def dram_span(i: Instr) -> tuple[int, int]:
+    """The DRAM bytes [start, end) a LOAD reads or a STORE writes (what DRAM_RANGE and the memory
+    window check); (0, 0) for other instructions."""
+    if i.op not in (Opcode.LOAD, Opcode.STORE):
+        return 0, 0
+    f = i.fields
+    return extent(f["dram"], f["rows"], f["cols"], f["dram_stride"])
 
 
 def footprint(i: Instr) -> tuple[list[Span], list[Span]]:

@@ -66,6 +66,9 @@ REGISTERS: tuple[Register, ...] = (
     Register("DMA_WR_BYTES", 0x78, "ro", "data bytes written to DRAM by STORE", wide=True),
     Register("INSTRET", 0x80, "ro", "instructions dispatched since START", wide=True),
     Register("FENCE_COUNT", 0x88, "ro", "FENCE instructions completed since the last soft reset"),
+    Register("DRAM_BASE", 0x8C, "rw", "memory window: the lowest DRAM byte a run may fetch, LOAD or STORE"),
+    Register("DRAM_LIMIT", 0x90, "rw", "memory window: the first DRAM byte above it (0: no upper limit)"),
+    Register("FAULT_ADDR", 0x94, "ro", "PROTECTION: the DRAM address of the access outside the window"),
 )
 
 REG = {r.name: r for r in REGISTERS}

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from npu.config import NpuConfig, get_config
-from npu.isa import INSTR_BYTES, ErrorCode, Instr, IsaError, Opcode, Unit, decode, validate
+from npu.isa import INSTR_BYTES, ErrorCode, Instr, IsaError, Opcode, Unit, decode, dram_span, validate
 from npu.registers import BY_OFFSET, COUNTERS, ISA_VERSION, NPU_MAGIC, REG, Control, Status
 from npu.sim.golden.kernels import OnChip, execute
 from npu.timing import dma_bytes, duration
@@ -65,6 +65,7 @@ class _Run:
         self.points = 0  # cancellation points dispatched in this run
         self.passed = [0] * len(UNITS)  # cancellation-point markers each unit has passed
         self.target: int | None = None  # ordinal of the point a pending pause stops at
+        self.window = (0, 1 << 32)  # [DRAM_BASE, DRAM_LIMIT) as latched at START
 
 
 class NpuModel:
@@ -121,6 +122,9 @@ class NpuModel:
         self.ring_tail = 0
         self.ring_head = 0
         self.fence_count = 0
+        self.dram_base = 0  # the memory window (docs/isa.md, PROTECTION)
+        self.dram_limit = 0
+        self.fault_addr = 0
         self._fence_passed = [0] * len(UNITS)  # fence markers each unit has passed (since reset)
         self._fence_time = 0  # when the last fence completed
         self.counters = dict.fromkeys(COUNTERS, 0)
@@ -157,6 +161,9 @@ class NpuModel:
             "RING_TAIL": self.ring_tail,
             "RING_HEAD": self._run.pc if self._run is not None else self.ring_head,
             "FENCE_COUNT": self.fence_count,
+            "DRAM_BASE": self.dram_base,
+            "DRAM_LIMIT": self.dram_limit,
+            "FAULT_ADDR": self.fault_addr,
         }[name]
 
     def read_counter(self, name: str) -> int:
@@ -203,6 +210,10 @@ class NpuModel:
             self.ring_base = value
         elif r.name == "RING_SIZE":
             self.ring_size = value
+        elif r.name == "DRAM_BASE":
+            self.dram_base = value
+        elif r.name == "DRAM_LIMIT":
+            self.dram_limit = value
         elif r.name == "RING_TAIL":
             run = self._run
             if run is not None and run.ring and run.pc == self.ring_tail and value != self.ring_tail:
@@ -232,12 +243,14 @@ class NpuModel:
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.error_code = ErrorCode.NONE
         self.error_pc = 0
+        self.fault_addr = 0
         self.status = Status.RUNNING
         if self._pause_cycle is not None:
             self._pause_cycle = self.now
         ring = self.ring_size
         base = self.ring_base if ring else self.program_base
         self._run = _Run(self.cfg, self.now, base, self.resume_pc, self.timeout, ring)
+        self._run.window = (self.dram_base, self.dram_limit or 1 << 32)
         # markers dropped by an error or a pause are fetched again: count from the completed fences
         self._fence_passed = [self.fence_count] * len(UNITS)
         if self._pause_cycle is not None:
@@ -297,8 +310,13 @@ class NpuModel:
             addr = run.base + run.pc * INSTR_BYTES
             bad = addr + INSTR_BYTES > self.cfg.dram_bytes
             what = f"instruction fetch at 0x{addr:x} is outside DRAM, or PROGRAM_BASE"
+        lo, hi = run.window
         if run.base % INSTR_BYTES or bad:
             res = IsaError(ErrorCode.DRAM_RANGE, f"{what} is not 32-byte aligned")
+        elif run.ring and (run.base < lo or run.base + run.ring_size > hi):
+            res = self._protection(run.base, f"the ring at 0x{run.base:x}+{run.ring_size}", lo, hi)
+        elif addr < lo or addr + INSTR_BYTES > hi:
+            res = self._protection(addr, f"instruction fetch at 0x{addr:x}", lo, hi)
         elif self._beats_fault(addr, INSTR_BYTES):
             res = IsaError(ErrorCode.BUS, f"the memory answered the fetch at 0x{addr:x} with an error")
         else:
@@ -311,8 +329,19 @@ class NpuModel:
                     self._decode_cache[raw] = res
                 except IsaError as e:
                     res = e
+            if isinstance(res, Instr) and res.op in (Opcode.LOAD, Opcode.STORE):
+                start, end = dram_span(res)
+                if start < end and (start < lo or end > hi):
+                    what = "LOAD reads" if res.op == Opcode.LOAD else "STORE writes"
+                    res = self._protection(start, f"{what} DRAM [0x{start:x}, 0x{end:x})", lo, hi)
         run.fetched = (run.pc, res)
         return res
+
+    @staticmethod
+    def _protection(addr: int, what: str, lo: int, hi: int) -> IsaError:
+        e = IsaError(ErrorCode.PROTECTION, f"{what} is outside the memory window [0x{lo:x}, 0x{hi:x})")
+        e.fault_addr = addr  # type: ignore[attr-defined]
+        return e
 
     def _unit_ready(self, run: _Run, u: int) -> int | None:
         q = run.queues[u]
@@ -440,6 +469,7 @@ class NpuModel:
         ins = self._fetch(run)
         self.counters["STALL_DISPATCH"] += t - run.next_dispatch
         if isinstance(ins, IsaError):
+            self.fault_addr = getattr(ins, "fault_addr", 0)
             self._error_after_drain(run, t, ins.code, run.pc)
             return
         self.counters["INSTRET"] += 1

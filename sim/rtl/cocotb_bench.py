@@ -216,6 +216,9 @@ async def run_jobs(dut):
             bench.ram.write(addr, (jobs_path / name).read_bytes())
         await bench.write_reg("TIMEOUT", job.get("timeout", 0))
         bench.set_bus_fault(*(job.get("bus_fault") or (0, 0)))
+        lo, hi = job.get("dram_window") or (0, 0)
+        await bench.write_reg("DRAM_BASE", lo)
+        await bench.write_reg("DRAM_LIMIT", hi)
         res = {"name": job["name"], "pauses": [], "runs": 0, "run_cycles": []}
         t_job = time.perf_counter()
         pause_mode = job.get("pause", "none")
@@ -264,6 +267,7 @@ async def run_jobs(dut):
         res["status"] = Status(st).name
         res["error_code"] = await bench.read_reg("ERROR_CODE")
         res["error_pc"] = await bench.read_reg("ERROR_PC")
+        res["fault_addr"] = await bench.read_reg("FAULT_ADDR")
         res["counters"] = total
         res["wall_s"] = time.perf_counter() - t_job
         res["run_wall_s"] = run_wall

@@ -31,6 +31,7 @@ class RtlJob:
     timeout: int = 0
     max_cycles: int = 5_000_000
     bus_fault: tuple[int, int] | None = None  # DRAM [lo, hi) answers bus beats with SLVERR
+    dram_window: tuple[int, int] = (0, 0)  # DRAM_BASE, DRAM_LIMIT (0, 0: no memory window)
 
     def memory(self) -> dict[int, bytes]:
         """Everything the job puts in DRAM before it starts: its data and its program."""
@@ -73,6 +74,7 @@ class RunRecord:
     # latched the request, and the point ordinal it chose as target (None: no request was taken)
     pause_passed: int | None = None
     pause_target: int | None = None
+    fault_addr: int = 0  # FAULT_ADDR after the run (PROTECTION)
 
 
 def prepared_model(cfg: NpuConfig, job: RtlJob, trace: bool = False) -> NpuModel:
@@ -83,6 +85,7 @@ def prepared_model(cfg: NpuConfig, job: RtlJob, trace: bool = False) -> NpuModel
     m.load_program(job.program, job.base)
     m.timeout = job.timeout
     m.bus_fault = job.bus_fault
+    m.dram_base, m.dram_limit = job.dram_window
     return m
 
 
@@ -115,7 +118,9 @@ def run_model(cfg: NpuConfig, job: RtlJob, pause_passed: int | None = None) -> R
             pc = m.resume_pc
             continue
         break
-    return RunRecord(st.name, int(m.error_code), m.error_pc, pauses, total, m.read_dram(0, job.window))
+    rec = RunRecord(st.name, int(m.error_code), m.error_pc, pauses, total, m.read_dram(0, job.window))
+    rec.fault_addr = m.fault_addr
+    return rec
 
 
 def run_rtl(
@@ -151,6 +156,7 @@ def run_rtl(
                     "timeout": job.timeout,
                     "max_cycles": job.max_cycles,
                     "bus_fault": job.bus_fault,
+                    "dram_window": job.dram_window,
                 }
             )
         (d / "jobs.json").write_text(json.dumps(spec))
@@ -185,6 +191,7 @@ def run_rtl(
                     r["run_wall_s"],
                     r.get("pause_passed"),
                     r.get("pause_target"),
+                    r.get("fault_addr", 0),
                 )
             )
         return out
@@ -193,7 +200,7 @@ def run_rtl(
 def compare(model: RunRecord, rtl: RunRecord) -> list[str]:
     """Differences between a model run and an RTL run (empty when they agree)."""
     diffs = []
-    for f in ("status", "error_code", "pauses"):
+    for f in ("status", "error_code", "pauses", "fault_addr"):
         if getattr(model, f) != getattr(rtl, f):
             diffs.append(f"{f}: model {getattr(model, f)!r}, rtl {getattr(rtl, f)!r}")
     # the pc of a TIMEOUT depends on timing, every other error names a definite instruction

@@ -703,6 +703,46 @@ def bus_fault_jobs(cfg: NpuConfig) -> list[RtlJob]:
     ]
 
 
+#: the memory window of the protection jobs: "our" model's region; [0, OWN[0]) and [OWN[1], WINDOW)
+#: hold another tenant's bytes, which no job may change
+OWN = (0x1000, 0x7000)
+
+
+def protection_jobs(cfg: NpuConfig) -> list[RtlJob]:
+    """A program that LOADs or STOREs outside its memory window (below it, or running past its end),
+    or whose fetch starts or runs outside it, stops with PROTECTION at that instruction, touching
+    nothing outside; one that stays inside (its prefetch may not fault) runs to DONE. The other
+    tenant's bytes around the window are random, so a stray write shows in the DRAM compare."""
+
+    def rows64(op: str, spad: int, dram: int, rows: int = 1, **tokens) -> Instr:
+        return make(op, spad=spad, dram=dram, rows=rows, cols=64, spad_stride=64, dram_stride=64, **tokens)
+
+    rng = np.random.default_rng(41)
+    other = {0: rng.integers(0, 256, OWN[0], dtype=np.uint8).tobytes(),
+             OWN[1]: rng.integers(0, 256, WINDOW - OWN[1], dtype=np.uint8).tobytes()}  # fmt: skip
+    ok = rows64("load", 0, DATA, signal=[Unit.STORE])
+    store = rows64("store", 0, OUT, wait=[Unit.LOAD])
+    end = make("end")
+
+    def job(name: str, instrs: list[Instr], window: tuple[int, int] = OWN) -> RtlJob:
+        j = _raw(name, instrs, dram_window=window)
+        j.dram = {**other, **j.dram}
+        return j
+
+    return [
+        job("prot_inside", [ok, store, end]),
+        job("prot_load_below", [ok, store, rows64("load", 256, OWN[0] - 0x100), end]),
+        job("prot_load_across_limit", [ok, store, rows64("load", 256, OWN[1] - 0x40, rows=2), end]),
+        job("prot_store_below", [ok, rows64("store", 0, OWN[0] - 0x40, wait=[Unit.LOAD]), end]),
+        job("prot_store_across_limit",
+            [ok, rows64("store", 0, OWN[1] - 0x40, rows=2, wait=[Unit.LOAD]), end]),  # fmt: skip
+        job("prot_fetch_past_limit", [ok, store, ok, store, end], (OWN[0], PROG + 3 * 32)),
+        job("prot_fetch_below_base", [ok, store, end], (PROG + 32, OWN[1])),
+        job("prot_prefetch_at_limit", [ok, store, end], (OWN[0], PROG + 3 * 32)),
+        job("prot_no_upper_limit", [ok, store, end], (OWN[0], 0)),
+    ]
+
+
 def random_jobs(cfg: NpuConfig, seeds, pause: str = "none", cp_prob: float = 0.15) -> list[RtlJob]:
     jobs = []
     for s in seeds:

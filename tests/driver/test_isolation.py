@@ -234,3 +234,57 @@ def test_mutated_files_through_npu_run_end_in_a_clear_error_never_an_internal_on
         assert code in (0, 1, 2) and "internal error" not in err, (path, value, err)
         codes.append(code)
     assert len(codes) == 50 and 2 in codes, codes
+
+
+def escape_scenario(transport, victim, attacker, x, y):
+    """Runs on any backend: the attacker's program, changed in DRAM after a clean load (a bit flip,
+    or a driver bug), STOREs into the victim's region. Returns what the test checks."""
+    import dataclasses
+
+    from npu.driver import JobError
+    from npu.isa import Opcode, decode, encode
+
+    npu = Npu(transport=transport, config=victim.manifest.config)
+    v, a = npu.load(victim, "victim"), npu.load(attacker, "attacker")
+    want = v.run(x)
+    lo, hi = v.region
+    before = npu.tr.read_dram(lo, hi - lo)
+    base = a.program_base
+    n = a.manifest.program.instructions
+    prog = npu.tr.read_dram(base, 32 * n)
+    k = next(i for i in range(n) if decode(prog[32 * i : 32 * i + 32]).op == Opcode.STORE)
+    store = decode(prog[32 * k : 32 * k + 32])
+    evil = dataclasses.replace(store, fields={**store.fields, "dram": lo})
+    npu.tr.write_dram(base + 32 * k, encode(evil))
+    try:
+        a.run(y)
+        err = None
+    except JobError as e:
+        err = (int(e.code), e.pc, str(e))
+    after = npu.tr.read_dram(lo, hi - lo)
+    return err, k, lo, before == after, [np.array_equal(g, w) for g, w in zip(v.run(x), want, strict=True)]
+
+
+def _check_escape(result, where):
+    err, k, lo, untouched, same = result
+    assert err is not None, f"{where}: the changed program ran to the end"
+    code, pc, msg = err
+    assert (code, pc) == (10, k), (where, err)  # PROTECTION at the changed STORE
+    assert f"DRAM address 0x{lo:x} is outside the model's memory window" in msg, msg
+    assert untouched and all(same), where
+
+
+def test_a_program_changed_after_load_is_stopped_by_the_memory_window(models):
+    from npu.config import get_config
+    from npu.driver import ModelTransport
+
+    victim, x, other, y = models
+    _check_escape(escape_scenario(ModelTransport(get_config(CFG)), victim, other, x, y), "model")
+
+
+@pytest.mark.rtl
+def test_a_program_changed_after_load_is_stopped_by_the_memory_window_on_the_rtl(models):
+    from npu.sim.rtl.transport import run_on_rtl
+
+    victim, x, other, y = models
+    _check_escape(run_on_rtl(escape_scenario, victim, other, x, y, config=CFG, dram_bytes=1 << 18), "rtl")

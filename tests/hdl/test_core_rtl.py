@@ -18,7 +18,7 @@ import pytest
 
 from npu.config import get_config
 from npu.sim.rtl.core import compare, run_model, run_rtl
-from npu.sim.rtl.suite import directed_jobs, error_jobs, random_jobs
+from npu.sim.rtl.suite import OWN, PROG, WINDOW, directed_jobs, error_jobs, protection_jobs, random_jobs
 
 N_PAUSE_AT = 20
 CONFIGS = ["tiny", "default", "banked", "icebreaker"]
@@ -54,6 +54,7 @@ def _run_suite(cfg, n_random: int):
     groups = {
         "directed": directed_jobs(cfg),
         "errors": error_jobs(cfg),
+        "protection": protection_jobs(cfg),
         "random": random_jobs(cfg, range(n_random)),
         "random_pause_every": random_jobs(cfg, range(1000, 1000 + n_random // 4), pause="every", cp_prob=0.3),
     }
@@ -96,6 +97,44 @@ def test_error_codes_match_model(suite):
     _check(cfg, results["errors"])
     codes = {m.error_code for _, m, _ in results["errors"]}
     assert codes == set(range(1, 9)), codes  # every error code is exercised
+
+
+#: job -> (ERROR_CODE, ERROR_PC, FAULT_ADDR) of protection_jobs (docs/isa.md, PROTECTION)
+PROTECTION = {
+    "prot_inside": (0, 0, 0),
+    "prot_load_below": (10, 2, OWN[0] - 0x100),
+    "prot_load_across_limit": (10, 2, OWN[1] - 0x40),
+    "prot_store_below": (10, 1, OWN[0] - 0x40),
+    "prot_store_across_limit": (10, 1, OWN[1] - 0x40),
+    "prot_fetch_past_limit": (10, 3, PROG + 3 * 32),
+    "prot_fetch_below_base": (10, 0, PROG),
+    "prot_prefetch_at_limit": (0, 0, 0),
+    "prot_no_upper_limit": (0, 0, 0),
+}
+
+
+def _check_protection(cfg, results):
+    """The RTL agrees with the model (status, code, pc, FAULT_ADDR, DRAM), each job stops where the
+    spec says, and the other tenant's bytes around the window are what they were."""
+    _check(cfg, results)
+    for job, _, rtl in results:
+        assert (rtl.error_code, rtl.error_pc, rtl.fault_addr) == PROTECTION[job.name], (cfg.name, job.name)
+        for lo, hi in ((0, OWN[0]), (OWN[1], WINDOW)):
+            assert rtl.dram[lo:hi] == job.dram[lo], (cfg.name, job.name, hex(lo))
+    assert {j.name for j, _, _ in results} == set(PROTECTION)
+
+
+def test_memory_window_protection(suite):
+    cfg, results = suite
+    _check_protection(cfg, results["protection"])
+
+
+@pytest.mark.xdist_group("rtl-ulx3s")
+def test_memory_window_protection_on_the_ulx3s_core():
+    cfg = get_config("ulx3s")
+    jobs = protection_jobs(cfg)
+    rtl = run_rtl(cfg, jobs, fast_dram=True, stalls=True)
+    _check_protection(cfg, [(j, run_model(cfg, j), r) for j, r in zip(jobs, rtl, strict=True)])
 
 
 def test_random_programs(suite, request):

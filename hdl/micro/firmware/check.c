@@ -256,5 +256,13 @@ int check(instr_t *ins) {
         }
     }
     if (bad_overlap(ins)) return E_ILLEGAL_FIELD;
+    /* the run's memory window, after every ISA rule: a LOAD's or STORE's DRAM range (PROTECTION) */
+    for (int k = 0; k < nr + nw; k++) {
+        use_t *u = k < nr ? &r[k] : &w[k - nr];
+        if (u->mem == 3 && !empty(u->s) && (u->s.start < win_lo || u->s.end > win_hi)) {
+            fault_addr = u->s.start;
+            return E_PROTECTION;
+        }
+    }
     return 0;
 }

@@ -27,6 +27,10 @@ void decode(instr_t *ins);
 /* the engine's configuration, read from the hardware at boot */
 extern uint32_t spad_bytes, acc_bytes, dram_bytes, lanes, acc_row_bytes, queue_depth, token_depth;
 
+/* the memory window of the run, latched at START: [win_lo, win_hi); PROTECTION's address */
+extern uint32_t win_lo, fault_addr;
+extern uint64_t win_hi;
+
 /* the unit an instruction runs in (-1: a control instruction) */
 int unit_of(const instr_t *ins);
 /* decode checks and validation (npu.isa.decode + validate): 0 or the error code */

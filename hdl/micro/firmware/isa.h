@@ -50,6 +50,7 @@
 #define E_TOKEN 7
 #define E_TIMEOUT 8
 #define E_BUS 9
+#define E_PROTECTION 10
 #define ST_IDLE 1
 #define ST_RUNNING 2
 #define ST_PAUSED 4
@@ -86,6 +87,9 @@
 #define R_DMA_WR_BYTES 0x78
 #define R_INSTRET 0x80
 #define R_FENCE_COUNT 0x88
+#define R_DRAM_BASE 0x8c
+#define R_DRAM_LIMIT 0x90
+#define R_FAULT_ADDR 0x94
 
 #define OP_END 1
 #define OP_LOAD 2

@@ -13,6 +13,8 @@ void *memcpy(void *d, const void *s, unsigned n) {
 }
 
 uint32_t spad_bytes, acc_bytes, dram_bytes, lanes, acc_row_bytes, queue_depth, token_depth;
+uint32_t win_lo, fault_addr;
+uint64_t win_hi;
 
 #define QMAX 16
 #define UNITS 4
@@ -60,6 +62,7 @@ static void stop(uint32_t status, uint32_t code, uint32_t at_pc) {
     if (status == ST_ERROR) {
         REG(R_ERROR_CODE) = code;
         REG(R_ERROR_PC) = at_pc;
+        if (code == E_PROTECTION) REG(R_FAULT_ADDR) = fault_addr;
     }
     REG(R_RING_HEAD) = status == ST_PAUSED ? REG(R_RESUME_PC) : pc;
     REG(R_STATUS) = status;
@@ -74,6 +77,9 @@ static void start(void) {
     write_counters();
     REG(R_ERROR_CODE) = 0;
     REG(R_ERROR_PC) = 0;
+    REG(R_FAULT_ADDR) = 0;
+    win_lo = REG(R_DRAM_BASE);
+    win_hi = REG(R_DRAM_LIMIT) ? REG(R_DRAM_LIMIT) : (uint64_t)1 << 32;
     ring_size = REG(R_RING_SIZE);
     ring = ring_size != 0;
     base = ring ? REG(R_RING_BASE) : REG(R_PROGRAM_BASE);
@@ -111,7 +117,7 @@ static void control(uint32_t ev) {
     }
 }
 
-/* fetch the instruction at pc: 0, or the error code (DRAM_RANGE, BUS) */
+/* fetch the instruction at pc: 0, or the error code (DRAM_RANGE, PROTECTION, BUS) */
 static int fetch(instr_t *ins) {
     uint64_t addr;
     int bad;
@@ -124,6 +130,10 @@ static int fetch(instr_t *ins) {
         bad = addr + 32 > dram_bytes;
     }
     if ((base & 31) || bad) return E_DRAM_RANGE;
+    if (ring ? base < win_lo || (uint64_t)base + ring_size > win_hi : addr < win_lo || addr + 32 > win_hi) {
+        fault_addr = ring ? base : (uint32_t)addr;
+        return E_PROTECTION;
+    }
     MMIO(MMIO_EVENTS) = ACT_CLEAR_FAULT;
     for (int k = 0; k < 8; k++) ins->raw.w[k] = *(volatile uint32_t *)(DRAM_BASE + (uint32_t)addr + 4 * k);
     if (MMIO(MMIO_EVENTS) & EV_BUS_FAULT) return E_BUS;
