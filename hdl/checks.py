@@ -302,9 +302,11 @@ def _rules(op, word, f, e, cfg: NpuConfig, win=None) -> list[tuple[object, Error
     for cond in _overlaps(op, f, e):
         rules.append((cond, E.ILLEGAL_FIELD))
     if win is not None:
+        # 33 bits of the end suffice: an end at or above 2^33 is past DRAM, which DRAM_RANGE (earlier
+        # in the order) reports; a short compare keeps the stage's path short (Fmax)
         for space, ne, start, end in _spans(op, f, e):
             if space == "dram":
-                rules.append((ne & ((start < win[0]) | (end > win[1])), E.PROTECTION))
+                rules.append((ne & ((start < win[0]) | (end[:33] > win[1])), E.PROTECTION))
     return rules
 
 

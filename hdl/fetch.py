@@ -83,7 +83,8 @@ class Fetcher(wiring.Component):
         discard = Signal(16)  # beats of stale bursts (before a restart) still to drop
         bad_base = Signal()
         bad_win = Signal()  # the first instruction (or the ring) lies outside the window
-        win_last = Signal(signed(36))  # the window's last instruction address (limit - 32), latched
+        # the first pc past the window, minus 2 (non-ring mode; compared with out_pc, no adder)
+        win_end_m2 = Signal(signed(36))
         ring = Signal()  # latched at the restart
         mask = Signal(32)  # slots - 1 in ring mode, all ones otherwise
         # the registers more than one part reads or writes
@@ -96,7 +97,7 @@ class Fetcher(wiring.Component):
             discard=discard,
             bad_base=bad_base,
             bad_win=bad_win,
-            win_last=win_last,
+            win_end_m2=win_end_m2,
             ring=ring,
             mask=mask,
         )
@@ -118,21 +119,16 @@ class Fetcher(wiring.Component):
         m.d.comb += room.eq(self.BUF - buf.level - st.inflight - st.in_check)
         # instructions left in DRAM, up to 4, as parallel compares of `addr` with constants instead of
         # a subtraction (Fmax); 0 past the end, where the old difference wrapped (no request either)
-        # and inside the window: `addr <= win_last - 32 * (k - 1)`, against registers that follow the
-        # restart's window (no subtraction before the compare)
         fits = [Signal(name=f"dram_fits{k}") for k in range(1, 5)]
-        win_fits = [Signal(signed(36), name=f"win_last{k}") for k in range(1, 5)]
-        m.d.comb += [
-            f.eq((addr <= cfg.dram_bytes - k * INSTR_BYTES) & (Cat(addr, 0).as_signed() <= w))
-            for k, (f, w) in enumerate(zip(fits, win_fits, strict=True), 1)
-        ]
+        m.d.comb += [f.eq(addr <= cfg.dram_bytes - k * INSTR_BYTES) for k, f in enumerate(fits, 1)]
         in_dram = fits[0]
         upto4_left = Signal(3)
         m.d.comb += upto4_left.eq(Mux(fits[3], 4, Mux(fits[2], 3, Mux(fits[1], 2, Mux(fits[0], 1, 0)))))
         to_4k = Signal(8)
         m.d.comb += to_4k.eq((4096 - addr[:12]) >> log2(INSTR_BYTES))
-        # ring mode: no further than the tail, nor across the ring's end (the next burst wraps).
-        # `to_end` (mask - (req_pc & mask) + 1) is a register that follows req_pc (Fmax)
+        # ring mode: no further than the tail, nor across the ring's end (the next burst wraps);
+        # otherwise no further than the memory window's end. `to_end` (ring: mask - (req_pc & mask)
+        # + 1; else the instructions left in the window) is a register that follows req_pc (Fmax)
         avail = Signal(32)
         m.d.comb += avail.eq(Mux(st.ring, self.tail - st.req_pc, 4))
         to_end = Signal(32, init=4)
@@ -165,9 +161,8 @@ class Fetcher(wiring.Component):
                 st.req_pc.eq(st.req_pc + n),
                 addr.eq(Mux(wrap, st.base, addr + (n << log2(INSTR_BYTES)))),
             ]
-            with m.If(st.ring):
-                m.d.sync += to_end.eq(Mux(wrap, slots, to_end - n))
-        return SimpleNamespace(addr=addr, to_end=to_end, slots=slots, n=n, win_fits=win_fits)
+            m.d.sync += to_end.eq(Mux(wrap, slots, to_end - n))
+        return SimpleNamespace(addr=addr, to_end=to_end, slots=slots, n=n)
 
     def _assemble(self, m: Module, st, buf, check, n) -> SimpleNamespace:
         """The R side: beats assembled into instructions, checked on their way into the buffer."""
@@ -215,11 +210,6 @@ class Fetcher(wiring.Component):
         """Whether pc's instruction lies past DRAM's end (base `b`, slot mask `msk`)."""
         return b + ((pc & msk) << log2(INSTR_BYTES)) > self.cfg.dram_bytes - INSTR_BYTES
 
-    @staticmethod
-    def _past_window(b, msk, pc, last):
-        """Whether pc's instruction lies past the window's last instruction address `last`."""
-        return Cat(b + ((pc & msk) << log2(INSTR_BYTES)), 0).as_signed() > last
-
     def _output(self, m: Module, st, buf) -> SimpleNamespace:
         """The output: the head of the buffer, or a "bad" marker once requests ran off DRAM or the
         memory window."""
@@ -256,7 +246,7 @@ class Fetcher(wiring.Component):
                 past_head.eq(past_next),
                 past_next.eq(self._past_dram(st.base, st.mask, st.out_pc + 2)),
                 win_head.eq(win_next),
-                win_next.eq(self._past_window(st.base, st.mask, st.out_pc + 2, st.win_last)),
+                win_next.eq(~st.ring & (st.out_pc >= st.win_end_m2)),  # out_pc + 2 past the window
             ]
         m.d.comb += self.idle.eq((st.inflight == 0) & (st.discard == 0))
         return SimpleNamespace(past_head=past_head, past_next=past_next, win_head=win_head, win_next=win_next)
@@ -280,31 +270,31 @@ class Fetcher(wiring.Component):
         m.d.comb += new_mask.eq(Mux(size != 0, (size >> log2(INSTR_BYTES)) - 1, 0xFFFFFFFF))
         # the window: [win_base, win_hi), win_hi = 2^32 for a limit of 0
         win_hi = Signal(33)
-        last = Signal(signed(36))
         first_addr = Signal(40)
+        left = Signal(33)  # instructions from the first one to the window's end (non-ring mode)
         check = m.submodules.check
         with m.If(self.restart):  # the window LOAD and STORE are checked against, for the run
             m.d.sync += [check.win_base.eq(self.win_base), check.win_hi.eq(win_hi)]
         m.d.comb += [
             win_hi.eq(Mux(self.win_limit == 0, 1 << 32, self.win_limit)),
-            last.eq(win_hi - INSTR_BYTES),
             first_addr.eq(self.base + ((self.start_pc & new_mask) << log2(INSTR_BYTES))),
+            left.eq(Mux(first_addr >= win_hi, 0, (win_hi - first_addr) >> log2(INSTR_BYTES))),
         ]
         outside = Mux(size != 0, (self.base < self.win_base) | (self.base + size > win_hi),
                       first_addr < self.win_base)  # fmt: skip
         with m.If(self.restart):
-            m.d.sync += [st.win_last.eq(last), st.bad_win.eq(outside)]
-            m.d.sync += [w.eq(last - k * INSTR_BYTES) for k, w in enumerate(req.win_fits)]
             m.d.sync += [
-                out.win_head.eq(self._past_window(self.base, new_mask, self.start_pc, last)),
-                out.win_next.eq(self._past_window(self.base, new_mask, self.start_pc + 1, last)),
+                st.bad_win.eq(outside),
+                st.win_end_m2.eq(self.start_pc + left - 2),
+                out.win_head.eq((size == 0) & (left == 0)),
+                out.win_next.eq((size == 0) & (left <= 1)),
             ]
             m.d.sync += [
                 st.base.eq(self.base),
                 st.ring.eq(size != 0),
                 st.mask.eq(new_mask),
                 req.addr.eq(first_addr),
-                req.to_end.eq(Mux(size != 0, new_mask - (self.start_pc & new_mask) + 1, 4)),
+                req.to_end.eq(Mux(size != 0, new_mask - (self.start_pc & new_mask) + 1, left)),
                 req.slots.eq(new_mask + 1),
                 st.bad_base.eq((self.base[: log2(INSTR_BYTES)] != 0) | ((size != 0) & ~ring_ok)),
                 st.req_pc.eq(self.start_pc),

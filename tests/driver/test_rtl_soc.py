@@ -45,6 +45,8 @@ def submit_all(npu, c, xs):
 
 
 def start(view, base: int) -> None:
+    view.set_reg("DRAM_BASE", 0)  # no memory window (the Npu left its last job's)
+    view.set_reg("DRAM_LIMIT", 0)
     view.set_reg("PROGRAM_BASE", base)
     view.set_reg("RESUME_PC", 0)
     view.set_reg("CONTROL", int(Control.START | Control.IRQ_ENABLE))
