@@ -48,6 +48,7 @@ from npu.manifest_check import check_container
 from npu.program import ProgramBuilder, copy_range
 from npu.registers import COUNTERS, NPU_MAGIC, SOC_MAGIC, Control, Status
 
+from .memory import DeviceMemory
 from .resolve import resolve
 from .sched import Operator, make_dispatch
 from .trace import Trace
@@ -348,7 +349,7 @@ class Npu:
         self.closed = False
         self.aux_bytes = min(AUX_BYTES, self.dram_bytes // 16)
         top = self.dram_bytes // PAGE * PAGE
-        self._free: list[tuple[int, int]] = [(round_up(self.aux_bytes, PAGE), top)]  # sorted, disjoint
+        self.memory = DeviceMemory(round_up(self.aux_bytes, PAGE), top)  # the models' DRAM
         self._waiting: list[tuple[int, int, Job]] = []  # arrived, not started: (-priority, id, job)
         self._admit_dirty = False  # an arrival or a freed instance since the last admission pass
         self._arrivals: list[tuple[int, int, Job]] = []
@@ -428,13 +429,12 @@ class Npu:
             placed: list[Instance] = []
             try:
                 for _ in range(instances):
-                    off = self._alloc(size)
+                    off = self.memory.alloc(size)
                     if off is None:
-                        free = sum(e - s for s, e in self._free)
-                        biggest = max([e - s for s, e in self._free] + [0])
+                        mem = self.memory
                         raise DriverError(
-                            f"{name or 'model'}: needs {size} bytes of DRAM, {free} are free "
-                            f"(the largest free range is {biggest} bytes); unload a model first"
+                            f"{name or 'model'}: needs {size} bytes of DRAM, {mem.free_bytes} are free (the "
+                            f"largest free range is {mem.largest} bytes); unload a model first"
                         )
                     placed.append(Instance(man, (off, off + size), round_up(off + end, 64)))
                     m, p = relocate(man, prog, off)
@@ -444,7 +444,7 @@ class Npu:
                     self.tr.write_dram(m.program.base, p)
             except BaseException:
                 for inst in placed:
-                    self._release_range(*inst.region)
+                    self.memory.release(*inst.region)
                 raise
             name = name or f"model{len(self.models)}"
             lm = LoadedModel(
@@ -466,25 +466,7 @@ class Npu:
             self.models.remove(model)
             self.jobs = [j for j in self.jobs if j.model is not model]
             for inst in model.instances:
-                self._release_range(*inst.region)
-
-    def _alloc(self, size: int) -> int | None:
-        for i, (s, e) in enumerate(self._free):  # first fit
-            if e - s >= size:
-                self._free[i : i + 1] = [(s + size, e)] if e - s > size else []
-                return s
-        return None
-
-    def _release_range(self, start: int, end: int) -> None:
-        self._free.append((start, end))
-        self._free.sort()
-        merged: list[tuple[int, int]] = []
-        for s, e in self._free:
-            if merged and merged[-1][1] == s:
-                merged[-1] = (merged[-1][0], e)
-            else:
-                merged.append((s, e))
-        self._free = merged
+                self.memory.release(*inst.region)
 
     # -- jobs -------------------------------------------------------------------------------------
     def submit(
@@ -966,14 +948,14 @@ class Npu:
             job.inst.save_busy = job.inst.save_busy or nbytes > 0
             return None
         size = round_up(nbytes, PAGE)
-        off = self._alloc(size)
+        off = self.memory.alloc(size)
         if off is None:
             raise DriverError(f"no free DRAM for a second dump of {nbytes} bytes of job {job.id}")
         return (off, off + size)
 
     def _free_save_area(self, job: Job, sv: _Saved) -> None:
         if sv.area is not None:
-            self._release_range(*sv.area)
+            self.memory.release(*sv.area)
         elif sv.ranges:
             job.inst.save_busy = False
 

@@ -155,7 +155,7 @@ class LayerwiseScheduler:
         self.requests: list[Request] = []
         self._ids = itertools.count()
         self._placed: dict[int, tuple] = {}
-        base = npu._alloc(RING_SLOTS * INSTR_BYTES)
+        base = npu.memory.alloc(RING_SLOTS * INSTR_BYTES)
         if base is None:
             raise DriverError("no DRAM left for the command ring")
         self.ring = Ring(self.tr, base, RING_SLOTS * INSTR_BYTES)

@@ -743,6 +743,21 @@ def protection_jobs(cfg: NpuConfig) -> list[RtlJob]:
     ]
 
 
+def random_window_jobs(cfg: NpuConfig, seeds) -> list[RtlJob]:
+    """Random programs under random memory windows (byte-granular, some without an upper limit):
+    windows that cut through the data, the outputs or the program stop runs with PROTECTION at
+    any instruction, fetch included; the RTL must agree with the model on where and on DRAM."""
+    jobs = random_jobs(cfg, seeds)
+    for s, j in zip(seeds, jobs, strict=True):
+        rng = np.random.default_rng(s + 77)
+        end = j.base + len(j.program)
+        lo = 0 if rng.random() < 0.4 else int(rng.integers(0, j.base + 1))
+        hi = 0 if rng.random() < 0.3 else int(rng.integers(max(lo, j.base - 512), end + 128))
+        j.dram_window = (lo, hi)
+        j.name = f"{j.name}-window"
+    return jobs
+
+
 def random_jobs(cfg: NpuConfig, seeds, pause: str = "none", cp_prob: float = 0.15) -> list[RtlJob]:
     jobs = []
     for s in seeds:

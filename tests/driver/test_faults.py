@@ -329,10 +329,10 @@ def test_load_and_unload_return_dram(small_models, tmp_path):
     c_small, c_mlp, x_small, x_mlp = small_models
     with Npu("model", "tiny") as npu:
         ref = npu.load(c_mlp).run(x_mlp)
-        free0 = sum(e - s for s, e in npu._free)
+        free0 = npu.memory.free_bytes
         for _ in range(10_000):
             npu.load(c_small).unload()
-        assert sum(e - s for s, e in npu._free) == free0
+        assert npu.memory.free_bytes == free0
         with npu.load(c_mlp) as m:
             assert np.array_equal(m.run(x_mlp)[0], ref[0])
             j = m.submit(x_mlp)
@@ -351,7 +351,7 @@ def test_load_and_unload_return_dram(small_models, tmp_path):
                 ms.append(npu.load(c_mlp))
         for m in ms:
             m.unload()
-        assert len(npu._free) == 1
+        assert len(npu.memory.ranges) == 1
 
 
 class HungTransport(ModelTransport):

@@ -1,10 +1,11 @@
 """NpuCore (and the micro core, `icebreaker`) in cocotb (Verilator by default, SIM=icarus for Icarus)
 against the golden model.
 
-Every job runs on both; DRAM, status, error code and pause points must agree. The DRAM (cocotbext-axi's
-AxiRam) stalls every AXI channel at random, so agreement cannot depend on bus timing. The jobs of one
-configuration run in one simulation (the Verilog build is cached in build/sim), on one test worker
-(`xdist_group`). A failing random seed replays alone with:
+Every job runs on both; DRAM, status, error code, FAULT_ADDR and pause points must agree. The DRAM
+(the in-simulator RAM, and cocotbext-axi's AxiRam for the directed and error jobs once more) stalls
+every AXI channel at random, so agreement cannot depend on bus timing. The jobs of one configuration
+run in one simulation per DRAM model (the Verilog builds are cached in build/sim), on one test
+worker (`xdist_group`). A failing random seed replays alone with:
 npu hdl replay --config NAME --seed N [--pause every] [--waves]
 The number of random programs is pytest's `--rtl-seeds` (default 100). The long sweep
 (`make test-slow`, marker `slow`) runs `--rtl-sweep` more (default 1000 per preset) on the
@@ -18,7 +19,16 @@ import pytest
 
 from npu.config import get_config
 from npu.sim.rtl.core import compare, run_model, run_rtl
-from npu.sim.rtl.suite import OWN, PROG, WINDOW, directed_jobs, error_jobs, protection_jobs, random_jobs
+from npu.sim.rtl.suite import (
+    OWN,
+    PROG,
+    WINDOW,
+    directed_jobs,
+    error_jobs,
+    protection_jobs,
+    random_jobs,
+    random_window_jobs,
+)
 
 N_PAUSE_AT = 20
 CONFIGS = ["tiny", "default", "banked", "icebreaker"]
@@ -46,8 +56,7 @@ def suite_results() -> dict:
 
 def _run_suite(cfg, n_random: int):
     # the micro core runs the ISA from firmware, one bus beat per processor access: its jobs take
-    # far more cycles, so it runs a quarter of the random programs, on the in-simulator RAM (which
-    # stalls every channel at random too) rather than cocotbext-axi's
+    # far more cycles, so it runs a quarter of the random programs
     micro = cfg.core == "micro"
     if micro:
         n_random //= 4
@@ -55,6 +64,7 @@ def _run_suite(cfg, n_random: int):
         "directed": directed_jobs(cfg),
         "errors": error_jobs(cfg),
         "protection": protection_jobs(cfg),
+        "random_window": random_window_jobs(cfg, range(3000, 3000 + max(8, n_random // 5))),
         "random": random_jobs(cfg, range(n_random)),
         "random_pause_every": random_jobs(cfg, range(1000, 1000 + n_random // 4), pause="every", cp_prob=0.3),
     }
@@ -65,8 +75,16 @@ def _run_suite(cfg, n_random: int):
         length = run_model(cfg, job).counters["CYCLES"]
         job.pause_at = [int(rng.integers(0, max(1, length)))]
     groups["random_pause_at"] = paused
-    jobs = [j for g in groups.values() for j in g]
-    rtl = run_rtl(cfg, jobs, stalls=True, fast_dram=micro)
+    # every job on the in-simulator RAM, which stalls every AXI channel at random and runs programs
+    # about ten times as fast as cocotbext-axi's AxiRam (docs/testing.md); AxiRam, whose model also
+    # follows the AXI protocol beat by beat, runs the directed and error jobs once more (every
+    # instruction type and edge case), with its own random stalls
+    if not micro:
+        groups["directed_axiram"] = groups["directed"]
+        groups["errors_axiram"] = groups["errors"]
+    fast = [j for name, g in groups.items() if not name.endswith("_axiram") for j in g]
+    axi = [j for name, g in groups.items() if name.endswith("_axiram") for j in g]
+    rtl = run_rtl(cfg, fast, stalls=True, fast_dram=True) + (run_rtl(cfg, axi, stalls=True) if axi else [])
     results = {}
     i = 0
     for name, g in groups.items():
@@ -89,12 +107,14 @@ def _check(cfg, results):
 def test_every_instruction_type_and_edge_case(suite):
     cfg, results = suite
     _check(cfg, results["directed"])
+    _check(cfg, results.get("directed_axiram", []))
     assert all(m.status == "DONE" for _, m, _ in results["directed"])
 
 
 def test_error_codes_match_model(suite):
     cfg, results = suite
     _check(cfg, results["errors"])
+    _check(cfg, results.get("errors_axiram", []))
     codes = {m.error_code for _, m, _ in results["errors"]}
     assert codes == set(range(1, 9)), codes  # every error code is exercised
 
@@ -127,6 +147,13 @@ def _check_protection(cfg, results):
 def test_memory_window_protection(suite):
     cfg, results = suite
     _check_protection(cfg, results["protection"])
+
+
+def test_random_programs_under_random_memory_windows(suite):
+    cfg, results = suite
+    _check(cfg, results["random_window"])
+    codes = [m.error_code for _, m, _ in results["random_window"]]
+    assert 10 in codes and 0 in codes, codes  # some runs stop on the window, some finish
 
 
 @pytest.mark.xdist_group("rtl-ulx3s")
