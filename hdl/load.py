@@ -257,8 +257,17 @@ class LoadUnit(wiring.Component):
         w_active = Signal()
         wo = Signal(lw)
         m.d.comb += wo.eq(w_addr[:lw])
+        # w_left <= W, kept beside it (as the reader's seg_small): this cycle's byte count and the
+        # row's end need only short compares, not 18-bit ones on the path through the memory's
+        # grant to the row registers (Fmax)
+        w_small = Signal()
+        short = w_left[: lw + 1]  # w_left when w_small
+        room = Signal(range(W + 1))
+        m.d.comb += room.eq(W - wo)
         need = Signal(range(W + 1))
-        m.d.comb += need.eq(min_(W - wo, w_left))
+        m.d.comb += need.eq(Mux(w_small, min_(room, short), room))
+        row_end = Signal()  # this word ends the row (need == w_left)
+        m.d.comb += row_end.eq(w_small & (need == short))
         ready = Signal()  # a word is ready to write
         w_more = Signal()  # rows are left to write (registered)
         m.d.comb += ready.eq(w_active & w_more & (need != 0) & (fifo.count >= need))
@@ -281,21 +290,27 @@ class LoadUnit(wiring.Component):
         ]
         with m.If(write):
             m.d.comb += fifo.pop_n.eq(need)
-            with m.If(need == w_left):
+            with m.If(row_end):
                 m.d.sync += [
                     w_more.eq(w_row + 1 < tr),
                     w_row.eq(w_row + 1),
                     w_row_addr.eq(w_row_addr + f.spad_stride),
                     w_addr.eq(w_row_addr + f.spad_stride),
                     w_left.eq(tw),
+                    w_small.eq(tw <= W),
                 ]
             with m.Else():
-                m.d.sync += [w_addr.eq(w_addr + need), w_left.eq(w_left - need)]
+                m.d.sync += [
+                    w_addr.eq(w_addr + need),
+                    w_left.eq(w_left - need),
+                    w_small.eq(w_left - need <= W),
+                ]
         return SimpleNamespace(
             active=w_active,
             more=w_more,
             row=w_row,
             left=w_left,
+            small=w_small,
             addr=w_addr,
             row_addr=w_row_addr,
             to_acc=to_acc,
@@ -342,6 +357,7 @@ class LoadUnit(wiring.Component):
                 wr.more.eq((ntr != 0) & (ntw != 0)),
                 wr.row.eq(0),
                 wr.left.eq(ntw),
+                wr.small.eq(ntw <= W),
                 wr.addr.eq(nf.spad),
                 wr.row_addr.eq(nf.spad),
                 wr.to_acc.eq(is_acc(nf.spad)),
