@@ -329,6 +329,18 @@ class NpuCore(wiring.Component):
             load_fault.eq(rarb.r1.valid & rarb.r1.ready & rarb.r1_err),
             store_fault.eq(bus.bvalid & bus.bready & bus.bresp[1]),
         ]
+        # the address a PROTECTION at the head would report: followed until a halt begins, then
+        # held (no enable through the halt's priority chain below: Fmax); used only if the halt's
+        # code is PROTECTION
+        head = fetch.out.payload
+        access = Mux(
+            head.bad,
+            fetch.bad_addr,
+            Mux(header(head.instr).opcode == Opcode.STORE, view(Opcode.STORE, head.instr).dram,
+                view(Opcode.LOAD, head.instr).dram),
+        )  # fmt: skip
+        with m.If(~halting):
+            m.d.sync += halt_fault.eq(access)
         stop_now = Signal()
         with m.If(running & ~halting):
             with m.If(load_fault | store_fault):
@@ -343,14 +355,6 @@ class NpuCore(wiring.Component):
                 start_halt(Status.ERROR, ErrorCode.DEADLOCK, pc)
             with m.Elif(disp.error):
                 start_halt(Status.ERROR, disp.error_code, pc)
-                head = fetch.out.payload
-                access = Mux(
-                    head.bad,
-                    fetch.bad_addr,
-                    Mux(header(head.instr).opcode == Opcode.STORE, view(Opcode.STORE, head.instr).dram,
-                        view(Opcode.LOAD, head.instr).dram),
-                )  # fmt: skip
-                m.d.sync += halt_fault.eq(Mux(disp.error_code == ErrorCode.PROTECTION, access, 0))
             with m.If(disp.end):  # END with every unit drained: done, unless tokens are left over
                 m.d.comb += stop_now.eq(1)
                 with m.If(~tokens.any):
@@ -389,7 +393,7 @@ class NpuCore(wiring.Component):
         with m.If(halting & all_idle):
             m.d.comb += stop_now.eq(1)
             m.d.sync += [status.eq(halt_status), error_code.eq(halt_code), error_pc.eq(halt_pc),
-                         fault_addr.eq(halt_fault)]  # fmt: skip
+                         fault_addr.eq(Mux(halt_code == ErrorCode.PROTECTION, halt_fault, 0))]  # fmt: skip
             with m.If(resetting):
                 m.d.sync += [status.eq(Status.IDLE), error_code.eq(0), error_pc.eq(0), fault_addr.eq(0)]
         m.d.comb += regs.stop_event.eq(stop_now & ~resetting)
@@ -420,8 +424,7 @@ class NpuCore(wiring.Component):
         with m.If(fence_event):
             m.d.sync += fences_done.eq(fences_done + 1)
         with m.If(restart):
-            m.d.sync += [status.eq(Status.RUNNING), error_code.eq(0), error_pc.eq(0), fault_addr.eq(0),
-                         halt_fault.eq(0)]  # fmt: skip
+            m.d.sync += [status.eq(Status.RUNNING), error_code.eq(0), error_pc.eq(0), fault_addr.eq(0)]
             # markers dropped by an error or a pause are fetched again: count from the completed fences
             m.d.sync += [fence_passed[u].eq(fences_done + fence_event) for u in UNITS]
         with m.If(regs.soft_reset):
