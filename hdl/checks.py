@@ -348,8 +348,9 @@ class InstructionCheck(wiring.Component):
                 "out_extra": Out(extra),
                 "out_valid": Out(1),
                 "code": Out(ErrorCode),
-                "win_base": In(32),  # the memory window [win_base, win_hi) of LOAD and STORE
-                "win_hi": In(33),
+                # the memory window [win_base, win_hi) of LOAD and STORE (reset: none)
+                "win_base": In(32),
+                "win_hi": In(33, init=1 << 32),
             }
         )
 

@@ -12,7 +12,7 @@ from npu.hdl.checks import CHECK_LATENCY, InstructionCheck
 from npu.hdl.common import ByteFifo
 from npu.hdl.fetch import ReadArbiter
 from npu.hdl.spad import BankedScratchpad, Client
-from npu.isa import FORMATS, ErrorCode, Instr, IsaError, Opcode, decode, encode, validate
+from npu.isa import FORMATS, ErrorCode, Instr, IsaError, Opcode, decode, dram_span, encode, validate
 
 CFGS = [get_config("tiny"), get_config("default")]
 
@@ -86,21 +86,30 @@ def plausible_words(cfg, n, seed):
     return words
 
 
-def python_code(word, cfg) -> int:
+def python_code(word, cfg, window: tuple[int, int] | None = None) -> int:
+    """The model's code: `validate`'s, then the memory window's on a LOAD's or STORE's DRAM range."""
     try:
-        validate(decode(word.to_bytes(32, "little")), cfg)
+        ins = decode(word.to_bytes(32, "little"))
+        validate(ins, cfg)
     except IsaError as e:
         return int(e.code)
+    start, end = dram_span(ins)
+    if window is not None and start < end and (start < window[0] or end > window[1]):
+        return int(ErrorCode.PROTECTION)
     return 0
 
 
+@pytest.mark.parametrize("window", [None, (0x1000, 0x20000)], ids=["no-window", "window"])
 @pytest.mark.parametrize("cfg", CFGS, ids=lambda c: c.name)
-def test_hardware_checks_match_isa_validate(cfg):
+def test_hardware_checks_match_isa_validate(cfg, window):
     words = plausible_words(cfg, 600, seed=cfg.config_id)
     dut = InstructionCheck(cfg)
     got = []
 
     async def bench(ctx):
+        if window is not None:  # else the ports' reset values: no window
+            ctx.set(dut.win_base, window[0])
+            ctx.set(dut.win_hi, window[1])
         # one word a cycle, with a bubble now and then: every code comes out CHECK_LATENCY later
         sent = 0
         for cycle in range(len(words) * 2 + CHECK_LATENCY):
@@ -123,9 +132,10 @@ def test_hardware_checks_match_isa_validate(cfg):
     sim.run()
     assert [w for w, _ in got] == words
     got = [c for _, c in got]
-    codes = [python_code(w, cfg) for w in words]
+    codes = [python_code(w, cfg, window) for w in words]
     seen = {ErrorCode(c).name for c in codes}
     assert {"NONE", "ILLEGAL_FIELD", "MISALIGNED", "SPAD_RANGE", "DRAM_RANGE"} <= seen
+    assert ("PROTECTION" in seen) == (window is not None)
     mismatches = [(hex(w), c, g) for w, c, g in zip(words, codes, got, strict=True) if c != g]
     assert not mismatches, mismatches[:5]
 

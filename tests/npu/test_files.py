@@ -54,16 +54,21 @@ def test_sigint_mid_write_leaves_the_old_file(tmp_path, monkeypatch, kind):
         signal.raise_signal(signal.SIGINT)
         real_write(self, data)  # never reached: the interrupt lands first
 
+    # Python's own SIGINT handler (a test worker may have replaced or ignored it)
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
     monkeypatch.setattr(type(target), "write_bytes", half_then_sigint)
     monkeypatch.setattr(type(target), "write_text", lambda self, s: half_then_sigint(self, s.encode()))
-    with pytest.raises(KeyboardInterrupt):
-        if kind == "bytes":
-            write_atomic(target, b"new" * 1000)
-        elif kind == "chrome":
-            Trace().save_chrome(target)
-        else:
-            with replacing(target) as tmp:
-                np.save(tmp, np.zeros(10))
-                tmp.write_bytes(tmp.read_bytes())  # the interrupted write
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            if kind == "bytes":
+                write_atomic(target, b"new" * 1000)
+            elif kind == "chrome":
+                Trace().save_chrome(target)
+            else:
+                with replacing(target) as tmp:
+                    np.save(tmp, np.zeros(10))
+                    tmp.write_bytes(tmp.read_bytes())  # the interrupted write
+    finally:
+        signal.signal(signal.SIGINT, old)
     assert target.read_bytes() == OLD
     assert [p.name for p in tmp_path.iterdir()] == [target.name]
