@@ -4,6 +4,7 @@ number of jobs run (kept records, trace events) shows as a slope."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,8 +17,6 @@ def rss_bytes() -> int:
     """The process's resident set now (Linux /proc), else its peak (resource)."""
     try:
         pages = int(Path("/proc/self/statm").read_text().split()[1])
-        import os
-
         return pages * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         import resource
