@@ -499,10 +499,10 @@ def footprint(i: Instr) -> tuple[list[Span], list[Span]]:
         tr = f["pad_top"] + f["rows"] + f["pad_bottom"]
         tw = f["pad_left"] + f["cols"] + f["pad_right"]
         w.append(("onchip", extent(f["spad"], tr, tw, f["spad_stride"])))
-        r.append(("dram", extent(f["dram"], f["rows"], f["cols"], f["dram_stride"])))
+        r.append(("dram", dram_span(i)))
     elif op == Opcode.STORE:
         r.append(("onchip", extent(f["spad"], f["rows"], f["cols"], f["spad_stride"])))
-        w.append(("dram", extent(f["dram"], f["rows"], f["cols"], f["dram_stride"])))
+        w.append(("dram", dram_span(i)))
     elif op == Opcode.MATMUL:
         m, n, k = f["m"], f["n"], f["k"]
         if k > 0:
