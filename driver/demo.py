@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from npu.container import Container
+from npu.files import tree_digest
 
 from .runtime import Npu, Priority
 
@@ -36,16 +37,8 @@ def _sources_digest() -> str:
     golden model (the order search's cost model) and the model zoo."""
     import npu
 
-    root = Path(npu.__file__).parent
-    h = hashlib.sha256()
-    for pkg in ("compiler", "sim", "models"):
-        mod = importlib.import_module(f"npu.{pkg}")
-        files = sorted(Path(mod.__file__).parent.rglob("*.py"))
-        for f in files:
-            h.update(f.name.encode() + f.read_bytes())
-    for f in sorted(root.glob("*.py")):
-        h.update(f.name.encode() + f.read_bytes())
-    return h.hexdigest()
+    pkgs = [Path(importlib.import_module(f"npu.{p}").__file__).parent for p in ("compiler", "sim", "models")]
+    return tree_digest([*pkgs, *sorted(Path(npu.__file__).parent.glob("*.py"))])
 
 
 def compile_zoo(

@@ -4,9 +4,11 @@ half a file in place of the user's old one."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -34,3 +36,31 @@ def write_atomic(path: str | Path, data: bytes | str) -> None:
             tmp.write_bytes(data)
         else:
             tmp.write_text(data)
+
+
+def tree_digest(paths: Iterable[str | Path], suffixes: tuple[str, ...] = (".py",)) -> str:
+    """SHA-256 of the files under `paths` (folders recursively) with these suffixes: names and
+    contents, in a stable order. What a cached result's sources are keyed by."""
+    h = hashlib.sha256()
+    for root in map(Path, paths):
+        files = sorted(root.rglob("*")) if root.is_dir() else [root]
+        for f in files:
+            if f.suffix in suffixes and "__pycache__" not in f.parts and f.is_file():
+                h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+class JsonCache:
+    """Results on disk, one JSON file per key (written atomically; an unreadable file is a miss)."""
+
+    def __init__(self, directory: str | Path):
+        self.dir = Path(directory)
+
+    def get(self, key: str) -> dict | None:
+        try:
+            return json.loads((self.dir / f"{key}.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def put(self, key: str, result: dict) -> None:
+        write_atomic(self.dir / f"{key}.json", json.dumps(result))

@@ -117,7 +117,7 @@ def test_no_package_or_compiler_module_imports_itself_back(tmp_path):
 
     def package(m: str) -> str | None:
         parts = m.split(".")
-        if len(parts) < 2 or parts[1] not in ("cli", "hdl", "compiler", "driver", "sim", "models"):
+        if len(parts) < 2 or parts[1] not in ("cli", "explore", "hdl", "compiler", "driver", "sim", "models"):
             return "contracts"
         return ".".join(parts[:3]) if parts[1] == "sim" and len(parts) > 2 else ".".join(parts[:2])
 

@@ -28,6 +28,8 @@ class Board:
     resource_bels: dict[str, str] = field(default_factory=dict)
     nextpnr_opts: str = ""
     synth_opts: str = ""
+    #: the device's resources, keyed as resource_bels (what a design must fit: `npu dse`)
+    capacity: dict[str, int] = field(default_factory=dict)
     #: how openFPGALoader names the board
     loader_board: str = ""
 
@@ -63,6 +65,7 @@ BOARDS: dict[str, Board] = {
             "dsp": "MULT18X18D",
             "lutram": "TRELLIS_RAMW",
         },  # fmt: skip
+        capacity={"lut": 83_640, "ff": 83_640, "bram": 208, "dsp": 156, "lutram": 10_455},
         # the static (electrostatic) placer spreads the design so that router2 routes it in minutes;
         # HeAP's denser placement took router1 45-75 minutes (docs/boards.md)
         nextpnr_opts="--placer static --router router2",
@@ -87,6 +90,7 @@ BOARDS: dict[str, Board] = {
             "dsp": "ICESTORM_DSP",
             "spram": "ICESTORM_SPRAM",
         },  # fmt: skip
+        capacity={"lc": 5_280, "bram": 30, "dsp": 8, "spram": 4},
         synth_opts="-dsp",
         loader_board="ice40_generic",
     ),

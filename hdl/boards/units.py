@@ -197,3 +197,40 @@ def unit_timing(board: Board, cfg: NpuConfig, name: str, clock_mhz: float, out: 
         "source_lines": _source_lines(log),
         "seconds": round(time.monotonic() - t0, 1),
     }
+
+
+#: Yosys's ECP5 cells as the board report counts them (nextpnr's TRELLIS_COMB holds a LUT4, half a
+#: CCU2C carry cell or half a distributed-RAM cell's logic)
+_ECP5_CELLS = {
+    "lut": {"LUT4": 1, "CCU2C": 2, "TRELLIS_DPR16X4": 2},
+    "ff": {"TRELLIS_FF": 1},
+    "bram": {"DP16KD": 1},
+    "dsp": {"MULT18X18D": 1},
+    "lutram": {"TRELLIS_DPR16X4": 1},
+}
+
+
+def core_resources(cfg: NpuConfig, out: Path, say: Callable[[str], None] = lambda s: None) -> dict:
+    """Synthesise `cfg`'s core alone for the ECP5 (Yosys `synth_ecp5`, no place and route): its cells
+    as the board report counts them (`lut`, `ff`, `bram`, `dsp`, `lutram`), Yosys's own counts under
+    `cells`, and the seconds taken. The board adds its DRAM controller, serial bridge and PLL."""
+    from npu.hdl.core import NpuCore
+
+    if cfg.core != "pipelined":
+        raise BuildError(f"config {cfg.name}: synthesis estimates cover the pipelined core, not {cfg.core!r}")
+    if not cfg.spad_banked:  # a scratchpad of many ports is logic, not block RAM, on an FPGA
+        raise BuildError(f"config {cfg.name}: synthesis estimates need a banked scratchpad (spad_banked)")
+    env = tool_env("ecp5")
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    say(f"synthesis (yosys) of the core of {cfg.describe()}")
+    (out / "core.il").write_text(rtlil.convert(NpuCore(cfg), name="core"))
+    script = "read_rtlil core.il; synth_ecp5 -top core; tee -q -o stat.json stat -json"
+    r = subprocess.run([env["YOSYS"], "-q", "-l", "yosys.log", "-p", script], cwd=out,
+                       capture_output=True, text=True)  # fmt: skip
+    if r.returncode:
+        raise BuildError(f"yosys failed on the core of {cfg.name}: {r.stderr[-2000:]}")
+    stat = json.loads((out / "stat.json").read_text())
+    cells = {k: int(v) for k, v in stat["design"]["num_cells_by_type"].items()}
+    used = {res: sum(n * cells.get(c, 0) for c, n in kinds.items()) for res, kinds in _ECP5_CELLS.items()}
+    return {**used, "cells": cells, "seconds": round(time.monotonic() - t0, 1)}

@@ -10,7 +10,7 @@ import sys
 import warnings
 
 from ..errors import NpuError
-from . import asm, bench, build, compile, config, demo, disasm, flash, hdl, pipeline, profile, regress
+from . import asm, bench, build, compile, config, demo, disasm, dse, flash, hdl, pipeline, profile, regress
 from . import run as run_cmd
 from .common import CliError
 
@@ -28,6 +28,7 @@ COMMANDS = {
     "build": build,
     "flash": flash,
     "regress": regress,
+    "dse": dse,
 }
 
 __all__ = ["CliError", "build_parser", "main"]

@@ -7,6 +7,7 @@ workers and reports what finished. Each failing seed replays with `npu hdl repla
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -34,23 +35,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-def _progress(total: int):
-    """A progress bar on stderr (tqdm, with the cluster extra), or None: a line per shard instead."""
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, unit="program", desc="npu regress", file=sys.stderr)
-
-
 def run(args: argparse.Namespace) -> int:
-    from npu.sim.rtl.regress import FIRST_SEED, ResultCache, plan, run_shard, sources_digest
+    from npu.files import JsonCache
+    from npu.sim.rtl.regress import FIRST_SEED, plan, run_shard, sources_digest
 
     cfg = get_config(args.config)
     first = FIRST_SEED if args.first_seed is None else args.first_seed
     shards = plan(cfg.name, args.programs, first, args.shard_size)
     digest = sources_digest()
-    cache = ResultCache(Path(args.cache))
+    cache = JsonCache(Path(args.cache))
     results: dict = {}
     for s in shards:
         hit = None if args.no_cache else cache.get(s.key(digest))
@@ -58,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
             results[s] = hit
     todo = [s for s in shards if s not in results]
     engine = workers.engine_of(args)
-    bar = _progress(args.programs)
+    bar = workers.progress(args.programs, "npu regress", "program")
     if bar is not None:
         bar.update(sum(len(s.seeds) for s in results))
     errors, interrupted = [], False
@@ -71,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
                 )
             else:
                 results[shard] = res
-                cache.put(shard.key(digest), shard, res)
+                cache.put(shard.key(digest), {**res, "shard": dataclasses.asdict(shard)})
             if bar is not None:
                 bar.update(len(shard.seeds))
             else:

@@ -7,7 +7,9 @@ leaving the iteration (Ctrl-C) cancels what is still running."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -75,6 +77,8 @@ def _local(fn: Callable, items: list, workers: int | None) -> Iterator[tuple[Any
 def _ray(fn: Callable, items: list, address: str | None, workers: int | None) -> Iterator[tuple[Any, Any]]:
     import ray
 
+    if ray.is_initialized() and address and ray.get_runtime_context().gcs_address != address:
+        ray.shutdown()  # an earlier run's instance in this process: join the cluster asked for
     if not ray.is_initialized():
         kw = {} if address or os.environ.get("RAY_ADDRESS") else {"num_cpus": workers}
         if kw:  # a local instance: its workers run at normal priority (Ray's default niceness of 15
@@ -83,15 +87,62 @@ def _ray(fn: Callable, items: list, address: str | None, workers: int | None) ->
         ray.init(address=address, include_dashboard=False, log_to_driver=False, **kw)
     task = ray.remote(max_retries=3)(fn)  # a task whose worker is lost runs again
     pending = {task.remote(x): x for x in items}
+    # Ray prints its notices (a task retried after its node was lost) on stdout, which belongs to
+    # the command's output (--json): they go to stderr while the tasks run
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                for ref in ready:
+                    x = pending.pop(ref)
+                    try:
+                        yield x, ray.get(ref)
+                    except Exception as e:  # RayTaskError: the task raised; the caller reports it
+                        yield x, e
+        finally:
+            for ref in pending:
+                ray.cancel(ref, force=True)
+
+
+def progress(total: int, desc: str, unit: str):
+    """A progress bar on stderr (tqdm, with the cluster extra), or None: the caller prints lines."""
     try:
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            for ref in ready:
-                x = pending.pop(ref)
-                try:
-                    yield x, ray.get(ref)
-                except Exception as e:  # RayTaskError: the task raised; the caller reports it
-                    yield x, e
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit=unit, desc=desc, file=sys.stderr)
+
+
+def run_cached(fn: Callable, tasks: list, cache, args: argparse.Namespace, desc: str, unit: str = "task"
+               ) -> tuple[dict, list[tuple[Any, Exception]], bool]:  # fmt: skip
+    """Run `fn` over `tasks` (each with a `key()`), results taken from and put in `cache` (a
+    npu.files.JsonCache; None: no cache): (task -> result, the tasks that raised with their errors,
+    whether Ctrl-C stopped the run, keeping what finished)."""
+    results: dict = {}
+    for t in tasks:
+        hit = cache.get(t.key()) if cache is not None else None
+        if hit is not None:
+            results[t] = hit
+    todo = [t for t in tasks if t not in results]
+    bar = progress(len(tasks), desc, unit) if todo else None
+    if bar is not None:
+        bar.update(len(results))
+    errors, interrupted = [], False
+    try:
+        for task, res in run_tasks(fn, todo, args):
+            if isinstance(res, Exception):
+                errors.append((task, res))
+            else:
+                results[task] = res
+                if cache is not None:
+                    cache.put(task.key(), res)
+            if bar is not None:
+                bar.update(1)
+            else:
+                print(f"{desc}: {len(results) + len(errors)}/{len(tasks)}", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:
+        interrupted = True
     finally:
-        for ref in pending:
-            ray.cancel(ref, force=True)
+        if bar is not None:
+            bar.close()
+    return results, errors, interrupted

@@ -10,11 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from npu.config import get_config
-from npu.files import write_atomic
+from npu.files import tree_digest
 
 #: seeds of `npu regress` start here by default, away from the test suite's (0.., 1000.., 10000..)
 FIRST_SEED = 1_000_000
@@ -45,12 +45,9 @@ def sources_digest() -> str:
     import npu.hdl
     import npu.sim.golden
 
-    h = hashlib.sha256()
-    roots = [Path(m.__file__).parent for m in (npu.config, npu.hdl, npu.sim.golden)] + [Path(__file__).parent]
-    for root in roots:
-        for f in sorted(root.rglob("*.py")):
-            h.update(f.name.encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()
+    contracts = Path(npu.config.__file__).parent.glob("*.py")
+    packages = [Path(m.__file__).parent for m in (npu.hdl, npu.sim.golden)] + [Path(__file__).parent]
+    return tree_digest([*sorted(contracts), *packages])
 
 
 def run_shard(shard: Shard) -> dict:
@@ -72,19 +69,3 @@ def run_shard(shard: Shard) -> dict:
             failures.append({"seed": seed, "pause": shard.pause, "differs": diffs[0]})
     return {"programs": len(jobs), "failures": failures, "cycles": cycles,
             "wall_s": round(time.perf_counter() - t0, 3)}  # fmt: skip
-
-
-class ResultCache:
-    """Shard results on disk, one JSON file per shard key (written atomically)."""
-
-    def __init__(self, directory: Path):
-        self.dir = Path(directory)
-
-    def get(self, key: str) -> dict | None:
-        try:
-            return json.loads((self.dir / f"{key}.json").read_text())
-        except (OSError, ValueError):
-            return None
-
-    def put(self, key: str, shard: Shard, result: dict) -> None:
-        write_atomic(self.dir / f"{key}.json", json.dumps({**result, "shard": asdict(shard)}))

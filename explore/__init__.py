@@ -1,0 +1,1 @@
+"""Exploration over hardware configurations: `npu dse` (dse.py)."""
