@@ -220,8 +220,9 @@ def _package(name: str) -> Path:
 
 
 def sources_digest(kind: str) -> str:
-    """The sources an `evaluate` ("eval") or `synthesize`/`place_and_route` ("hw") result depends on."""
-    contracts = sorted(_package("npu").glob("*.py"))
+    """The sources an `evaluate` ("eval") or `synthesize`/`place_and_route` ("hw") result depends on
+    (this module's own among them)."""
+    contracts = [*sorted(_package("npu").glob("*.py")), Path(__file__)]
     if kind == "eval":
         return tree_digest(
             [*contracts, *(_package(p) for p in ("npu.compiler", "npu.sim.golden", "npu.models"))]
@@ -257,7 +258,7 @@ def evaluate(task: EvalTask) -> dict:
             cm = compile_onnx(path, cfg, calib=calib, activations=task.activations)
         except NpuError as e:  # the model does not fit this configuration: a result, not a failure
             return {"model": task.model.name, "error": str(e).replace(str(path), task.model.name)}
-        compile_s = time.perf_counter() - t0
+        compile_s, t1 = time.perf_counter() - t0, time.perf_counter()
         _, counters = run_container(cm.to_container(), inputs, cm.cfg)
     cycles, macs = counters["CYCLES"], cm.placement.macs_npu
     return {
@@ -267,6 +268,7 @@ def evaluate(task: EvalTask) -> dict:
         "utilization": round(macs / (cycles * cfg.macs_per_cycle), 4) if cycles else 0.0,
         "latency_us": round(cycles / cfg.clock_mhz, 3),
         "compile_s": round(compile_s, 2),
+        "run_s": round(time.perf_counter() - t1, 2),
     }
 
 

@@ -149,6 +149,9 @@ def _synthesis(args, rows: list[dict], front: list[int], configs: dict, board, c
     fastest point that fits the board. Returns whether Ctrl-C stopped it."""
     from npu.explore import dse
 
+    if not get_config(out["base"]).spad_banked:
+        _say(f"synthesis left out: {out['base']} has a multi-port scratchpad (FPGAs need spad_banked)")
+        return False
     pick = [i for i in front if rows[i]["valid"]][: args.synth]
     if rows[0].get("latency_us") is not None and 0 not in pick:
         pick.append(0)  # the base, for comparison

@@ -107,3 +107,16 @@ def test_a_model_that_does_not_fit_is_a_result_not_a_crash(tmp_path, capsys):
 def test_bad_input_is_a_clear_error(args, message, capsys):
     assert main(["dse", "--engine", "local", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_multi_port_base_is_explored_without_synthesis(tmp_path, capsys):
+    """The `default` preset's multi-port scratchpad is not an FPGA design: its points are evaluated,
+    synthesis is left out with the reason, and the run succeeds."""
+    args = ["dse", "--config", "default", "--models", "digits_mlp", "--param", "queue_depth=4",
+            "--synth", "2", "--engine", "local", "--workers", "1", "--no-cache", "--out", str(tmp_path),
+            "--json"]  # fmt: skip
+    assert main(args) == 0
+    out = capsys.readouterr()
+    r = json.loads(out.out)
+    assert "synthesis left out: default has a multi-port scratchpad" in out.err
+    assert len(r["points"]) == 2 and all("resources" not in p for p in r["points"]) and "best" not in r
