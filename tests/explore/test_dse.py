@@ -120,3 +120,28 @@ def test_a_multi_port_base_is_explored_without_synthesis(tmp_path, capsys):
     r = json.loads(out.out)
     assert "synthesis left out: default has a multi-port scratchpad" in out.err
     assert len(r["points"]) == 2 and all("resources" not in p for p in r["points"]) and "best" not in r
+
+
+def test_ctrl_c_keeps_the_finished_results(tmp_path, capsys, monkeypatch):
+    """Ctrl-C after the first result: the command exits 130, writes what finished (marked interrupted)
+    and keeps it in the cache, so the next run only runs the rest."""
+    from npu.cli import workers
+
+    def one_then_ctrl_c(fn, items, args):
+        items = list(items)
+        yield items[0], fn(items[0])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(workers, "run_tasks", one_then_ctrl_c)
+    args = ["dse", "--models", "digits_mlp", "--param", "array=1x2x8,1x4x8", "--synth", "0",
+            "--engine", "local", "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out"),
+            "--json"]  # fmt: skip
+    assert main(args) == 130
+    r = json.loads(capsys.readouterr().out)
+    assert r["interrupted"] and sum(len(p.get("models", {})) for p in r["points"]) == 1
+    assert json.loads((tmp_path / "out" / "dse.json").read_text())["interrupted"]
+    assert len(list((tmp_path / "cache").glob("*.json"))) == 1
+    monkeypatch.undo()
+    assert main(args) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert not r["interrupted"] and all(p["latency_us"] for p in r["points"])
