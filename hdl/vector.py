@@ -501,11 +501,10 @@ class VectorUnit(wiring.Component):
                 xa.eq(ya - fa.zp_a),
                 xb.eq(yb - fa.zp_b),
             ]
-            # S3: partial products, each at most 34 x 17 bits (two DSP blocks and one add)
-            p_lo = Signal(signed(52), name=f"p_lo{l}")
-            p_hi = Signal(signed(51), name=f"p_hi{l}")
-            p_a = Signal(signed(49), name=f"p_a{l}")
-            p_b = Signal(signed(49), name=f"p_b{l}")
+            # S3: four 18 x 17-bit partial products (one DSP block each, registered at its output so
+            # that no path runs from a DSP through an adder), shared by VMAP/POOL/VMUL (x * mult:
+            # x = xh * 2^17 + xl, mult = mh * 2^16 + ml) and VADD (xa * mult_a + xb * mult_b, each
+            # multiplier split the same way)
             mult_l = Signal(signed(32), name=f"mult{l}")
             # per column: a half step's columns start at an entry's first or second half
             m_lane = m_rd.data[32 * l : 32 * l + 32]
@@ -513,15 +512,26 @@ class VectorUnit(wiring.Component):
                 hl = l + HV
                 m_lane = Mux(ctl["col"][2][vw - 1], m_rd.data[32 * hl : 32 * hl + 32], m_lane)
             m.d.sync += mult_l.eq(Mux(per_col, m_lane, mult))
-            m.d.sync += [
-                p_lo.eq(x * mult_l[:16]),
-                p_hi.eq(x * mult_l[16:].as_signed()),
-                p_a.eq(xa * fa.mult_a),
-                p_b.eq(xb * fa.mult_b),
+            xl, xh = x[:17], x[17:34].as_signed()
+            ml, mh = mult_l[:16], mult_l[16:].as_signed()
+            operands = [  # (VMAP's, VADD's): q0 + (q1 << 17 | q1) + (q2 << 16) + (q3 << 33 | q3 << 16)
+                ((xl, ml), (xa, fa.mult_a[:16])),
+                ((xh, ml), (xb, fa.mult_b[:16])),
+                ((xl, mh), (xa, fa.mult_a[16:].as_signed())),
+                ((xh, mh), (xb, fa.mult_b[16:].as_signed())),
             ]
+            q = []
+            for k, ((a_map, b_map), (a_add, b_add)) in enumerate(operands):
+                a, b = Signal(signed(18), name=f"qa{k}_{l}"), Signal(signed(17), name=f"qb{k}_{l}")
+                qk = Signal(signed(35), name=f"q{k}_{l}")
+                m.d.comb += [a.eq(Mux(is_add, a_add, a_map)), b.eq(Mux(is_add, b_add, b_map))]
+                m.d.sync += qk.eq(a * b)
+                q.append(qk)
             # S3b: the product; the lane's shift (its column's, clamped, or the instruction's)
             prod = Signal(signed(68), name=f"prod{l}")
-            m.d.sync += prod.eq(Mux(is_add, p_a + p_b, (p_hi << 16) + p_lo))
+            m.d.sync += prod.eq(
+                q[0] + Mux(is_add, q[1], q[1] << 17) + (q[2] << 16) + Mux(is_add, q[3] << 16, q[3] << 33)
+            )
             s_raw = s_rd.data[8 * l : 8 * l + 6]
             if l < HV:
                 hl = l + HV
