@@ -321,7 +321,7 @@ def gemm_reference(
     return requant(acc, mult, shift, zp_out, zp_out if relu else -128, 127).astype(np.int8)
 
 
-def requant_params(k: int) -> tuple[int, int]:
+def gemm_requant(k: int) -> tuple[int, int]:
     """A multiplier/shift that maps a typical k-long int8 dot product back into int8 range."""
     scale = 1.0 / (128.0 * np.sqrt(k) / 3)
     shift = 24

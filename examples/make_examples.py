@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from npu.asm import disassemble
-from npu.compiler.programs import gemm_program, requant_params
+from npu.compiler.programs import gemm_program, gemm_requant
 from npu.config import get_config
 
 HERE = Path(__file__).parent
@@ -17,7 +17,7 @@ GEMM = dict(m=192, n=128, k=256, a=0x10000, bt=0x20000, c=0x30000, seed_a=1, see
 def gemm_example() -> str:
     g = GEMM
     cfg = get_config("default")
-    mult, shift = requant_params(g["k"])
+    mult, shift = gemm_requant(g["k"])
     prog = gemm_program(
         cfg,
         g["m"],

@@ -55,8 +55,9 @@ RING_SLOTS = 4096  # 128 KiB of ring: a few large layers
 
 
 @dataclass
-class Layer:
-    """One NPU segment with the estimator's inputs."""
+class RingLayer:
+    """One NPU segment as the ring runs it (a layer of the layer-wise schedule), with the
+    estimator's inputs."""
 
     index: int  # segment index in the manifest
     program: bytes  # its instructions (END dropped), relocated
@@ -88,15 +89,15 @@ class Request:
     def done(self) -> bool:
         return self.finish is not None
 
-    def next_layer(self) -> Layer | None:
+    def next_layer(self) -> RingLayer | None:
         s = self.steps[self.next_step] if self.next_step < len(self.steps) else None
-        return s if isinstance(s, Layer) else None
+        return s if isinstance(s, RingLayer) else None
 
-    def upcoming(self, k: int) -> list[Layer]:
+    def upcoming(self, k: int) -> list[RingLayer]:
         """Its next `k` NPU layers in order (fewer before a host step or the end)."""
         out = []
         for s in self.steps[self.next_step : self.next_step + k]:
-            if not isinstance(s, Layer):
+            if not isinstance(s, RingLayer):
                 break
             out.append(s)
         return out
@@ -112,7 +113,7 @@ class Estimator:
     t_compute: int = 0
     in_use: int = 0
 
-    def idle(self, layer: Layer) -> tuple[int, int]:
+    def idle(self, layer: RingLayer) -> tuple[int, int]:
         """(compute idle, DMA idle) that appending `layer` now would cause."""
         dma_idle = 0
         if self.in_use + layer.footprint > self.capacity:  # DMA waits for compute to free memory
@@ -121,14 +122,14 @@ class Estimator:
         compute_idle = max(0, dma_start + layer.dma - self.t_compute)
         return compute_idle, dma_idle
 
-    def add(self, layer: Layer, now: int) -> None:
+    def add(self, layer: RingLayer, now: int) -> None:
         self.t_dma, self.t_compute = max(self.t_dma, now), max(self.t_compute, now)
         _, d_idle = self.idle(layer)
         self.t_dma += d_idle + layer.dma
         self.t_compute = max(self.t_compute, self.t_dma) + layer.compute
         self.in_use += layer.footprint
 
-    def remove(self, layer: Layer) -> None:
+    def remove(self, layer: RingLayer) -> None:
         self.in_use = max(0, self.in_use - layer.footprint)
 
 
@@ -191,7 +192,7 @@ class LayerwiseScheduler:
                         from npu.compiler.assemble import segment_figures
 
                         s = replace(s, **segment_figures(decode_program(raw), self.cfg))
-                    steps.append(Layer(i, raw, s.dma_cycles, s.compute_cycles, s.spad_bytes))
+                    steps.append(RingLayer(i, raw, s.dma_cycles, s.compute_cycles, s.spad_bytes))
                 else:
                     steps.append(s)
             self._placed[key] = (lm, man, lm.host, steps)
@@ -297,7 +298,7 @@ class LayerwiseScheduler:
         tr.set_reg("CONTROL", int(Control.IRQ_ENABLE))
         ring.start()
         self.t0 = tr.now()
-        inflight: deque[tuple[Request, Layer]] = deque()
+        inflight: deque[tuple[Request, RingLayer]] = deque()
         done_fences = 0
         base = tr.reg("FENCE_COUNT")
         while not all(r.done for r in self.requests):

@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from npu.arith import round_up
-from npu.compiler.programs import choose_tiling, gemm_program, gemm_reference, requant_params
+from npu.compiler.programs import choose_tiling, gemm_program, gemm_reference, gemm_requant
 from npu.config import NpuConfig
 from npu.isa import encode_program
 from npu.sim.golden.model import NpuModel
@@ -19,7 +19,7 @@ def bench_gemm(cfg: NpuConfig, m: int, n: int, k: int, *, seed: int = 0) -> dict
     rng = np.random.default_rng(seed)
     a = rng.integers(-128, 128, (m, k), dtype=np.int8)
     bt = rng.integers(-128, 128, (n, k), dtype=np.int8)
-    mult, shift = requant_params(k)
+    mult, shift = gemm_requant(k)
     a_addr = 0x10000
     b_addr = a_addr + round_up(m * k, 4096)
     c_addr = b_addr + round_up(n * k, 4096)
@@ -79,7 +79,7 @@ def gemm_job(cfg: NpuConfig, size: int, seed: int = 0, cancel_every: int = 0):
     rng = np.random.default_rng(seed)
     a = rng.integers(-128, 128, (m, k), dtype=np.int8)
     bt = rng.integers(-128, 128, (n, k), dtype=np.int8)
-    mult, shift = requant_params(k)
+    mult, shift = gemm_requant(k)
     a_addr = 0x1000
     b_addr = a_addr + m * k
     c_addr = b_addr + n * k

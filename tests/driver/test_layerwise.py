@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from npu.driver import DriverError, Npu
-from npu.driver.sched.layerwise import POLICIES, Estimator, Layer, LayerwiseScheduler
+from npu.driver.sched.layerwise import POLICIES, Estimator, LayerwiseScheduler, RingLayer
 from npu.driver.sched.layerwise_bench import (
     RTL_POLICIES,
     exhaustive,
@@ -80,7 +80,7 @@ def _request(i: int, layers: list[tuple[int, int]]):
     """A request of layers (DMA cycles, compute cycles), 100 on-chip bytes each, arrived at 0."""
     from npu.driver.sched.layerwise import Request
 
-    steps = [Layer(k, b"", dma, compute, 100) for k, (dma, compute) in enumerate(layers)]
+    steps = [RingLayer(k, b"", dma, compute, 100) for k, (dma, compute) in enumerate(layers)]
     return Request(i, f"r{i}", 0, [], None, None, steps)
 
 
@@ -100,12 +100,12 @@ def test_near_ties_go_to_the_earlier_arrival():
 
 def test_estimator_follows_the_seed():
     est = Estimator(capacity=1000)
-    dma_heavy, compute_heavy = Layer(0, b"", 100, 10, 100), Layer(0, b"", 10, 100, 100)
+    dma_heavy, compute_heavy = RingLayer(0, b"", 100, 10, 100), RingLayer(0, b"", 10, 100, 100)
     assert est.idle(dma_heavy) == (100, 0) and est.idle(compute_heavy) == (10, 0)
     est.add(compute_heavy, 0)  # DMA free at 10, compute busy until 110
     assert est.idle(dma_heavy) == (0, 0)  # its DMA hides under the compute
     est.in_use = 950
-    assert est.idle(Layer(0, b"", 10, 10, 100))[1] == 100  # memory full: DMA waits for compute
+    assert est.idle(RingLayer(0, b"", 10, 10, 100))[1] == 100  # memory full: DMA waits for compute
 
 
 def test_a_window_of_layers_looks_past_the_next_one():

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from npu.arith import round_up
-from npu.compiler.programs import gemm_program, gemm_reference, requant_params
+from npu.compiler.programs import gemm_program, gemm_reference, gemm_requant
 from npu.config import ACC_BASE, get_config
 from npu.isa import ErrorCode, Opcode, Unit, encode, encode_program, make
 from npu.registers import REG, Control, Status
@@ -165,7 +165,7 @@ def _gemm_setup(cfg, m_, n_, k_, cancel_every, seed=0):
     rng = np.random.default_rng(seed)
     a = rng.integers(-128, 128, (m_, k_), dtype=np.int8)
     bt = rng.integers(-128, 128, (n_, k_), dtype=np.int8)
-    mult, shift = requant_params(k_)
+    mult, shift = gemm_requant(k_)
     A, B, C = 0x4000, 0x4000 + m_ * k_, 0x4000 + m_ * k_ + n_ * k_
     P = round_up((C + m_ * n_), 32)
     prog = gemm_program(
