@@ -82,7 +82,7 @@ def _ray(fn: Callable, items: list, address: str | None, workers: int | None) ->
     if not ray.is_initialized():
         kw = {} if address or os.environ.get("RAY_ADDRESS") else {"num_cpus": workers}
         if kw:  # a local instance: its workers run at normal priority (Ray's default niceness of 15
-            # starved simulations 20x behind any other work on the machine, docs/cluster.md)
+            # starved simulations 20x behind any other work on the machine, docs/scale-out.md)
             os.environ.setdefault("RAY_worker_niceness", "0")
         ray.init(address=address, include_dashboard=False, log_to_driver=False, **kw)
     task = ray.remote(max_retries=3)(fn)  # a task whose worker is lost runs again
