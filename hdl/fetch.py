@@ -340,18 +340,27 @@ class ReadArbiter(wiring.Component):
         m.submodules.owners = owners = fifo.SyncFIFOBuffered(width=1, depth=OUTSTANDING)
         last_grant = Signal()
         pick = Signal()  # requester granted this cycle if it asks
-        v0, v1 = self.ar0.valid, self.ar1.valid
+        # the fetcher's request waits in a register (taken when it is empty): no path runs from the
+        # fetcher's burst arithmetic through the grant into the load unit's request (Fmax); a fetch
+        # burst is 4 instructions, so one request per two cycles is more than the fetcher needs
+        r0 = Signal.like(self.ar0.payload)
+        v0 = Signal()
+        v1 = self.ar1.valid
         m.d.comb += pick.eq(Mux(v0 & v1, ~last_grant, v1))
         can = owners.w_rdy
         m.d.comb += [
-            self.m_araddr.eq(Mux(pick, self.ar1.payload.addr, self.ar0.payload.addr)),
-            self.m_arlen.eq(Mux(pick, self.ar1.payload.len, self.ar0.payload.len)),
+            self.m_araddr.eq(Mux(pick, self.ar1.payload.addr, r0.addr)),
+            self.m_arlen.eq(Mux(pick, self.ar1.payload.len, r0.len)),
             self.m_arvalid.eq((v0 | v1) & can),
-            self.ar0.ready.eq(self.m_arready & can & ~pick),
+            self.ar0.ready.eq(~v0),
             self.ar1.ready.eq(self.m_arready & can & pick),
             owners.w_data.eq(pick),
             owners.w_en.eq(self.m_arvalid & self.m_arready),
         ]
+        with m.If(self.ar0.valid & ~v0):
+            m.d.sync += [v0.eq(1), r0.eq(self.ar0.payload)]
+        with m.Elif(self.m_arready & can & ~pick):
+            m.d.sync += v0.eq(0)
         with m.If(self.m_arvalid & self.m_arready):
             m.d.sync += last_grant.eq(pick)
         owner = owners.r_data
