@@ -145,3 +145,37 @@ def test_ctrl_c_keeps_the_finished_results(tmp_path, capsys, monkeypatch):
     assert main(args) == 0
     r = json.loads(capsys.readouterr().out)
     assert not r["interrupted"] and all(p["latency_us"] for p in r["points"])
+
+
+def _fixed_synthesis(task):  # module-level: the workers get it by reference
+    dsp = 200 if task.config.pes_per_cluster == 4 else 60
+    return {"lut": 30_000, "ff": 10_000, "bram": 40, "dsp": dsp, "lutram": 300, "cells": {}, "seconds": 1.0}
+
+
+def _fixed_build(task):
+    return {
+        "achieved_mhz": 40.0,
+        "timing_met": False,
+        "resources": {},
+        "build_seconds": 1.0,
+        "bitstream": None,
+    }
+
+
+def test_synthesis_and_place_and_route_choose_the_fastest_point_that_fits(tmp_path, capsys, monkeypatch):
+    """The front's synthesis and the board builds, with the tools replaced by fixed figures (the real
+    ones take minutes each; `npu build` and core_resources are tested with the board flow): the
+    1x4x8 point is over the board's DSP budget here, so the base is the best that fits and is built."""
+
+    monkeypatch.setattr(dse, "synthesize", _fixed_synthesis)
+    monkeypatch.setattr(dse, "place_and_route", _fixed_build)
+    args = ["dse", "--board", "ulx3s", "--models", "digits_mlp", "--param", "array=1x2x8,1x4x8",
+            "--synth", "2", "--pnr", "1", "--engine", "local", "--workers", "1", "--no-cache",
+            "--out", str(tmp_path), "--json"]  # fmt: skip
+    assert main(args) == 0
+    r = json.loads(capsys.readouterr().out)
+    base, wide = r["points"]
+    assert wide["fits"] is False and base["fits"] is True and r["best"] == "(the base)"
+    assert wide["resources"]["dsp"] == 200 and r["front"] == ["array=1x4x8", "(the base)"]
+    assert "pnr" not in wide and base["pnr"]["achieved_mhz"] == 40.0
+    assert base["pnr"]["latency_us"] == pytest.approx(base["latency_us"] * 50 / 40, rel=1e-3)
