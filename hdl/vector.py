@@ -81,11 +81,13 @@ def add_round(t, z):
     return (t + Cat(Const(1, 1), z).as_signed()) >> 1
 
 
-def clamp(m: Module, v, lo, hi, name: str):
-    """v clamped to [lo, hi], int16 bounds (an int8 destination's in the int8 range)."""
-    y = Signal(signed(16), name=name)
-    m.d.comb += y.eq(Mux(v < lo, lo, Mux(v > hi, hi, v)))
-    return y
+def clamp_bounds(m: Module, lo, hi, z, name: str) -> tuple[Signal, Signal]:
+    """The clamp bounds [lo, hi] of `add_round(t, z)` as bounds of `t` itself: add_round(t, z) < lo
+    exactly when t < 2 (lo - z) - 1, and > hi exactly when t > 2 (hi - z). Registered from the
+    instruction's fields, so the clamp's compares run beside the add instead of after it (Fmax)."""
+    t_lo, t_hi = Signal(signed(20), name=f"{name}_lo"), Signal(signed(20), name=f"{name}_hi")
+    m.d.sync += [t_lo.eq(((lo - z) << 1) - 1), t_hi.eq((hi - z) << 1)]
+    return t_lo, t_hi
 
 
 class VectorUnit(wiring.Component):
@@ -471,6 +473,7 @@ class VectorUnit(wiring.Component):
         lo_b, hi_b, kzp, mult, valid, ctl, a_bytes = u.lo_b, u.hi_b, u.kzp, u.mult, u.valid, u.ctl, u.a_bytes
         b_bytes, c_bytes, lut, m_rd, s_rd = u.b_bytes, u.c_bytes, u.lut, u.m_rd, u.s_rd
         shift, zp_out = pick("shift"), pick("zp_out")
+        t_lo, t_hi = clamp_bounds(m, lo_b, hi_b, zp_out, "clamp")
         HV = VL // 2  # the lanes of a half step (int16 operands)
         results = []
         for l in range(VL):
@@ -549,8 +552,17 @@ class VectorUnit(wiring.Component):
                 m.d.sync += d.eq(pmax_d[-1])
                 pmax_d.append(d)
             pmax_w = pmax_d[-1]
+            # S5's value, and whether it is below or above the clamp bounds (int16 bounds, an int8
+            # destination's in the int8 range): POOL max compares its maximum, the others their
+            # shifted product before the add (clamp_bounds)
+            pool_max = is_pool & ~fp.mode
             val = Signal(signed(69), name=f"val{l}")
-            m.d.comb += val.eq(Mux(is_pool & ~fp.mode, pmax_w, add_round(shifted, zp_out)))
+            below, above = Signal(name=f"below{l}"), Signal(name=f"above{l}")
+            m.d.comb += [
+                val.eq(Mux(pool_max, pmax_w, add_round(shifted, zp_out))),
+                below.eq(Mux(pool_max, pmax_w < lo_b, shifted < t_lo)),
+                above.eq(Mux(pool_max, pmax_w > hi_b, shifted > t_hi)),
+            ]
             # VLUT: the lane's byte (x + 128) picks a table word at S2 and its byte at S3
             idx = Signal(8, name=f"idx{l}")
             m.d.comb += idx.eq(xa8.as_unsigned() ^ 0x80)
@@ -566,7 +578,8 @@ class VectorUnit(wiring.Component):
                 looked.append(d)
             # registered: the clamp's compares and the write's byte placement take a cycle each
             result = Signal(signed(16), name=f"result{l}")
-            m.d.sync += result.eq(Mux(is_lut, looked[-1], clamp(m, val, lo_b, hi_b, f"y{l}")))
+            clamped = Mux(below, lo_b, Mux(above, hi_b, val[:16]))
+            m.d.sync += result.eq(Mux(is_lut, looked[-1], clamped))
             results.append(result)
 
         u.results = results
