@@ -213,8 +213,9 @@ def _service(cfg: NpuConfig, args: argparse.Namespace):
     from npu.driver.service_bench import bench_service, format_service
 
     if args.backend != "model":
-        raise CliError("bench service measures the driver on the golden model; --backend rtl is not "
-                       "supported")
+        raise CliError(
+            "bench service measures the driver on the golden model; --backend rtl is not supported"
+        )
     res = bench_service(
         args.config or "tiny",
         args.jobs or 20_000,

@@ -254,7 +254,9 @@ def _plot(out: dict, rows: list[dict], path: Path) -> None:
         ax.scatter(
             [rows[0]["macs_per_cycle"]], [rows[0]["latency_us"]], marker="*", s=160, c="C3", label="base"
         )
-    ax.set(xscale="log", yscale="log", xlabel="MACs/cycle", ylabel="latency (us, geometric mean)")
+    ax.set(xlabel="MACs/cycle", ylabel="latency (us, geometric mean)")
+    if ok:  # no point evaluated (every task failed, or Ctrl-C came first): empty axes, not an error
+        ax.set(xscale="log", yscale="log")
     ax.legend(fontsize=8)
     ax = axes[1]
     syn = [r for r in ok if "resources" in r]

@@ -62,6 +62,9 @@ def run_tasks(fn: Callable, items: Iterable, args: argparse.Namespace) -> Iterat
 def _local(fn: Callable, items: list, workers: int | None) -> Iterator[tuple[Any, Any]]:
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()  # a forked worker must not inherit Ray's client threads (it crashes in gRPC)
     pool = ProcessPoolExecutor(max_workers=workers or os.cpu_count())
     try:
         futures = {pool.submit(fn, x): x for x in items}

@@ -179,3 +179,18 @@ def test_synthesis_and_place_and_route_choose_the_fastest_point_that_fits(tmp_pa
     assert wide["resources"]["dsp"] == 200 and r["front"] == ["array=1x4x8", "(the base)"]
     assert "pnr" not in wide and base["pnr"]["achieved_mhz"] == 40.0
     assert base["pnr"]["latency_us"] == pytest.approx(base["latency_us"] * 50 / 40, rel=1e-3)
+
+
+def _broken_evaluate(task):
+    raise RuntimeError("a bug in the task")
+
+
+def test_failing_tasks_are_reported_and_the_run_still_writes_its_output(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(dse, "evaluate", _broken_evaluate)
+    args = ["dse", "--models", "digits_mlp", "--param", "array=1x2x8,1x4x8", "--synth", "0",
+            "--engine", "local", "--workers", "1", "--no-cache", "--out", str(tmp_path),
+            "--json"]  # fmt: skip
+    assert main(args) == 1
+    r = json.loads(capsys.readouterr().out)
+    assert len(r["errors"]) == 2 and all("a bug in the task" in e["error"] for e in r["errors"])
+    assert all(p["latency_us"] is None for p in r["points"]) and (tmp_path / "front.png").exists()
