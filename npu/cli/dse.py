@@ -169,14 +169,9 @@ def _synthesis(args, rows: list[dict], front: list[int], configs: dict, board, c
                 row["resources"], {k: v for k, v in board.capacity.items() if k in row["resources"]}
             )
     synthed = [r for r in rows if "resources" in r]
-    for r in synthed:
-        r.update({f"res_{k}": v for k, v in r["resources"].items()})
-    keys = ("latency_us", "res_lut", "res_dsp", "res_bram")
-    out["front"] = [rows[i]["label"] for i in dse.pareto(rows, keys)]
-    for r in synthed:
-        for k in list(r):
-            if k.startswith("res_"):
-                del r[k]
+    # the resource front: latency against LUT, DSP and block RAM (flattened copies of the rows)
+    flat = [{"latency_us": r["latency_us"], **r["resources"]} if "resources" in r else {} for r in rows]
+    out["front"] = [rows[i]["label"] for i in dse.pareto(flat, ("latency_us", "lut", "dsp", "bram"))]
     fitting = sorted((r for r in synthed if r.get("fits", True)), key=lambda r: r["latency_us"])
     out["best"] = fitting[0]["label"] if fitting else None
     return stopped
