@@ -115,7 +115,7 @@ def make_point(base: NpuConfig, changes: dict) -> Point:
         c, p = fields.get("clusters", base.clusters), fields.get("pes_per_cluster", base.pes_per_cluster)
         lanes, bus = fields.get("lanes", base.lanes), fields.get("bus_bytes", base.bus_bytes)
         least = 2 * max(2, c, p, bus // lanes)
-        fields["spad_banks"] = max(base.spad_banks, least + least % 2)
+        fields["spad_banks"] = max(base.spad_banks, least)
     label = _label(changes) or "(the base)"
     name = base.name if not changes else f"{base.name}+{label.replace(' ', ',')}"
     try:
@@ -219,6 +219,7 @@ def _package(name: str) -> Path:
     return Path(importlib.import_module(name).__file__).parent
 
 
+@functools.cache  # every task's key names it: the sources are read once per process
 def sources_digest(kind: str) -> str:
     """The sources an `evaluate` ("eval") or `synthesize`/`place_and_route` ("hw") result depends on
     (this module's own among them)."""
