@@ -8,8 +8,8 @@ def pytest_addoption(parser):
     parser.addoption(
         "--rtl-seeds",
         type=int,
-        default=100,
-        help="random programs per preset in the RTL differential suite (default 100)",
+        default=40,
+        help="random programs per preset in the RTL differential suite (default 40; make test-all: 100)",
     )
     parser.addoption(
         "--rtl-sweep",

@@ -7,7 +7,7 @@ every AXI channel at random, so agreement cannot depend on bus timing. The jobs 
 run in one simulation per DRAM model (the Verilog builds are cached in build/sim), on one test
 worker (`xdist_group`). A failing random seed replays alone with:
 npu hdl replay --config NAME --seed N [--pause every] [--waves]
-The number of random programs is pytest's `--rtl-seeds` (default 100). The long sweep
+The number of random programs is pytest's `--rtl-seeds` (default 40; `make test-all` 100). The long sweep
 (`make test-slow`, marker `slow`) runs `--rtl-sweep` more (default 1000 per preset) on the
 in-simulator RAM, stalling at random too.
 """
@@ -60,13 +60,15 @@ def _run_suite(cfg, n_random: int):
     micro = cfg.core == "micro"
     if micro:
         n_random //= 4
+    # the pause-every programs are not scaled down with a small seed count: their checks need pauses
+    n_pause_every = max(8, n_random // 4)
     groups = {
         "directed": directed_jobs(cfg),
         "errors": error_jobs(cfg),
         "protection": protection_jobs(cfg),
         "random_window": random_window_jobs(cfg, range(3000, 3000 + max(8, n_random // 5))),
         "random": random_jobs(cfg, range(n_random)),
-        "random_pause_every": random_jobs(cfg, range(1000, 1000 + n_random // 4), pause="every", cp_prob=0.3),
+        "random_pause_every": random_jobs(cfg, range(1000, 1000 + n_pause_every), pause="every", cp_prob=0.3),
     }
     # pauses requested at random cycles (seeded) anywhere in the uninterrupted run
     paused = random_jobs(cfg, range(2000, 2000 + N_PAUSE_AT), pause="none", cp_prob=0.3)
