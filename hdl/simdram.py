@@ -47,19 +47,21 @@ endmodule
 
 
 class SimDram(wiring.Component):
-    """The RAM. With `stalls`, every channel is throttled pseudo-randomly (a 16-bit LFSR, about one
-    cycle in four per channel): AR, AW and W drop READY, R and B hold back VALID (never withdrawing a
-    VALID already shown), as a busy interconnect or DRAM controller would.
+    """The RAM. With `stall_en` high, every channel is throttled pseudo-randomly (a 16-bit LFSR from
+    reset, about one cycle in four per channel): AR, AW and W drop READY, R and B hold back VALID
+    (never withdrawing a VALID already shown), as a busy interconnect or DRAM controller would. A port,
+    not a build parameter, so one simulator build serves runs with and without stalls.
 
     `fault_lo`/`fault_hi`: beats at addresses in [fault_lo, fault_hi) are answered with SLVERR (reads
     return zeros, writes are dropped and the burst's response is SLVERR), as a faulting slave would."""
 
-    def __init__(self, cfg: NpuConfig, size: int, stalls: bool = False, bus: AxiSignature | None = None):
+    def __init__(self, cfg: NpuConfig, size: int, bus: AxiSignature | None = None):
         """`bus`: the AXI4 signature served (the core's by default); ids are echoed in R and B."""
         self.cfg = cfg
         self.size = size
-        self.stalls = stalls
-        super().__init__({"bus": In(bus or dram_signature(cfg)), "fault_lo": In(32), "fault_hi": In(32)})
+        super().__init__(
+            {"bus": In(bus or dram_signature(cfg)), "fault_lo": In(32), "fault_hi": In(32), "stall_en": In(1)}
+        )
 
     def elaborate(self, platform):
         m = Module()
@@ -75,13 +77,14 @@ class SimDram(wiring.Component):
             i_clk=ClockSignal("sync"), i_raddr=rp_addr, o_rdata=rp_data,
             i_waddr=wp_addr, i_wen=wp_en, i_wdata=wp_data,
         )  # fmt: skip
-        # per-channel stall bits (all zero without `stalls`)
+        # per-channel stall bits (all zero unless `stall_en`, registered: a primary input in the
+        # handshake logic would make Verilator re-evaluate it on every input change)
         stall = {ch: Signal(name=f"stall_{ch}") for ch in ("ar", "r", "aw", "w", "b")}
-        if self.stalls:
-            lfsr = Signal(16, init=0xACE1)
-            m.d.sync += lfsr.eq(Cat(lfsr[1:], lfsr[0] ^ lfsr[2] ^ lfsr[3] ^ lfsr[5]))
-            for k, s in enumerate(stall.values()):
-                m.d.comb += s.eq(lfsr[2 * k] & lfsr[2 * k + 1])
+        en = Signal()
+        lfsr = Signal(16, init=0xACE1)
+        m.d.sync += [en.eq(self.stall_en), lfsr.eq(Cat(lfsr[1:], lfsr[0] ^ lfsr[2] ^ lfsr[3] ^ lfsr[5]))]
+        for k, s in enumerate(stall.values()):
+            m.d.comb += s.eq(en & lfsr[2 * k] & lfsr[2 * k + 1])
         r_shown = Signal()  # R beat offered and not yet taken: it must stay valid
         b_shown = Signal()
 
@@ -156,16 +159,16 @@ class NpuSimTop(wiring.Component):
     """NpuCore (or, with `soc`, NpuSoc) + SimDram; the AXI4-Lite register port and the interrupt(s)
     are the top's ports."""
 
-    def __init__(self, config: NpuConfig | str, dram_size: int, stalls: bool = False, soc: bool = False):
+    def __init__(self, config: NpuConfig | str, dram_size: int, soc: bool = False):
         self.cfg = get_config(config)
         self.dram_size = dram_size
-        self.stalls = stalls
         self.soc = soc
-        # fault_lo/fault_hi: the RAM's faulting range (see SimDram), set by the bench
+        # fault_lo/fault_hi: the RAM's faulting range, stall_en its random stalls (see SimDram), set
+        # by the bench
         ports = {"ctrl": In(soc_regs_signature() if soc else regs_signature()), "irq": Out(1)}
         if soc:
             ports["irqs"] = Out(self.cfg.engines)
-        super().__init__({**ports, "fault_lo": In(32), "fault_hi": In(32)})
+        super().__init__({**ports, "fault_lo": In(32), "fault_hi": In(32), "stall_en": In(1)})
 
     def elaborate(self, platform):
         m = Module()
@@ -178,7 +181,7 @@ class NpuSimTop(wiring.Component):
         m.d.comb += [npu.clk.eq(ClockSignal("sync")), npu.rst.eq(rst_q)]
         inner = NpuSoc(self.cfg) if self.soc else engine_core(self.cfg)
         m.submodules.core = core = DomainRenamer("npu")(inner)
-        ram = SimDram(self.cfg, self.dram_size, self.stalls, bus=inner.signature.members["bus"].signature)
+        ram = SimDram(self.cfg, self.dram_size, bus=inner.signature.members["bus"].signature)
         m.submodules.dram = dram = DomainRenamer("npu")(ram)
         wiring.connect(m, core.bus, dram.bus)
         wiring.connect(m, wiring.flipped(self.ctrl), core.ctrl)
@@ -188,5 +191,6 @@ class NpuSimTop(wiring.Component):
             self.irq.eq(core.irq),
             dram.fault_lo.eq(self.fault_lo),
             dram.fault_hi.eq(self.fault_hi),
+            dram.stall_en.eq(self.stall_en),
         ]
         return m

@@ -85,15 +85,15 @@ def soc_verilog(config: NpuConfig | str) -> str:
     return _cached(f"soc {cfg!r}", lambda: _convert(FlatPorts(NpuSoc(cfg), PREFIXES), SOC_TOPLEVEL, cfg))
 
 
-def sim_top_verilog(config: NpuConfig | str, dram_size: int, stalls: bool = False, soc: bool = False) -> str:
-    """The core (or the SoC) with the simulation-only in-simulator DRAM (hdl/simdram.py),
-    optionally stalling every AXI channel at random."""
+def sim_top_verilog(config: NpuConfig | str, dram_size: int, soc: bool = False) -> str:
+    """The core (or the SoC) with the simulation-only in-simulator DRAM (hdl/simdram.py), which
+    stalls every AXI channel at random while its `stall_en` port is high."""
     from .simdram import SIM_DRAM_VERILOG, NpuSimTop
 
     cfg = get_config(config)
-    top = lambda: FlatPorts(NpuSimTop(cfg, dram_size, stalls, soc), PREFIXES)  # noqa: E731
+    top = lambda: FlatPorts(NpuSimTop(cfg, dram_size, soc), PREFIXES)  # noqa: E731
     make = lambda: _convert(top(), "npu_sim_top", cfg) + SIM_DRAM_VERILOG  # noqa: E731
-    return _cached(f"simtop {cfg!r} {dram_size} {stalls} {soc}", make)
+    return _cached(f"simtop {cfg!r} {dram_size} {soc}", make)
 
 
 def board_sim_verilog(board, cfg: NpuConfig) -> str:

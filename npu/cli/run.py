@@ -111,7 +111,7 @@ def _run_npub(args: argparse.Namespace) -> int:
     )
     with np.printoptions(threshold=60, edgeitems=3, linewidth=100, precision=4):
         for t, y in zip(c.manifest.outputs, outs, strict=True):
-            print(f"{t.name}: float32 {'x'.join(map(str, y.shape))}")
+            print(f"{t.name}: {y.dtype} {'x'.join(map(str, y.shape))}")
             print(y)
     if args.save:
         print(f"output saved to {args.save}")

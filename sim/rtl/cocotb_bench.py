@@ -66,8 +66,9 @@ class NpuBench:
     def __init__(self, dut, config, fast_dram_size: int = 0, stalls: bool = False):
         self.dut = dut
         self.cfg = get_config(config)
-        if fast_dram_size:  # stalls, if any, are built into the in-simulator RAM
+        if fast_dram_size:  # stalls, if any, come from the in-simulator RAM (its stall_en port)
             self.ram = FastDram(dut.core.dram.mem.mem, self.cfg.bus_bytes, fast_dram_size)
+            dut.stall_en.value = int(stalls)
         else:
             self.ram = AxiRam(AxiBus.from_prefix(dut, "m_axi"), dut.clk, dut.rst, size=self.cfg.dram_bytes)
             if stalls:

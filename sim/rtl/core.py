@@ -53,10 +53,16 @@ def write_job_files(d: Path, job: RtlJob, prefix: str) -> list[list]:
     return entries
 
 
-def fast_dram_bytes(extent: int) -> int:
-    """Size of the in-simulator RAM for jobs within [0, extent): a power of two, with the bench's
-    4 KiB clearing program above them."""
-    return 1 << (extent + 4096 - 1).bit_length()
+#: the in-simulator RAM of a configuration with more DRAM than this holds this much
+SIM_DRAM_CAP = 2 << 20
+
+
+def sim_dram_bytes(cfg: NpuConfig, extent: int = 0) -> int:
+    """Size of the in-simulator RAM for jobs within [0, extent) on `cfg`: a power of two with room for
+    the bench's 4 KiB clearing program above them, and otherwise the configuration's DRAM (at most
+    SIM_DRAM_CAP). One size per configuration whatever the jobs, so every run of a preset (each
+    suite, the driver's transport, with or without stalls) shares one simulator build."""
+    return 1 << (max(extent + 4096, min(cfg.dram_bytes, SIM_DRAM_CAP)) - 1).bit_length()
 
 
 @dataclass
@@ -141,7 +147,7 @@ def run_rtl(
     BUILD.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=BUILD, prefix="jobs-") as tmp:
         d = Path(tmp)
-        fast_size = fast_dram_bytes(max(j.extent for j in jobs)) if fast_dram else 0
+        fast_size = sim_dram_bytes(cfg, max(j.extent for j in jobs)) if fast_dram else 0
         spec = {"config": cfg.name, "jobs": [], "fast_dram": fast_size, "stalls": stalls}
         for j, job in enumerate(jobs):
             entries = write_job_files(d, job, f"j{j}")
@@ -161,8 +167,7 @@ def run_rtl(
             )
         (d / "jobs.json").write_text(json.dumps(spec))
         if fast_size:
-            verilog, top = sim_top_verilog(cfg, fast_size, stalls), "npu_sim_top"
-            name = f"simtop-{cfg.name}" + ("-stalls" if stalls else "")
+            verilog, top, name = sim_top_verilog(cfg, fast_size), "npu_sim_top", f"simtop-{cfg.name}"
         else:
             verilog, top, name = core_verilog(cfg), TOPLEVEL, f"core-{cfg.name}"
         # build and simulator output go to build.log / sim.log, so `--json` output stays clean

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from npu.config import NpuConfig
 from npu.container import relocate_program
-from npu.sim.rtl.core import RtlJob, RunRecord, fast_dram_bytes, write_job_files
+from npu.sim.rtl.core import RtlJob, RunRecord, sim_dram_bytes, write_job_files
 
 #: one round: engine index -> its job
 Round = dict[int, RtlJob]
@@ -77,7 +77,7 @@ def run_soc_rtl(
     BUILD.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=BUILD, prefix="soc-jobs-") as tmp:
         d = Path(tmp)
-        fast_size = fast_dram_bytes(max(round_window(r) for r in rounds)) if fast_dram else 0
+        fast_size = sim_dram_bytes(cfg, max(round_window(r) for r in rounds)) if fast_dram else 0
         spec = {"config": dataclasses.asdict(cfg), "fast_dram": fast_size, "stalls": stalls, "rounds": []}
         for k, rnd in enumerate(rounds):
             entries, jobs = [], {}
@@ -92,8 +92,8 @@ def run_soc_rtl(
             spec["rounds"].append({"window": round_window(rnd), "dram": entries, "jobs": jobs})
         (d / "jobs.json").write_text(json.dumps(spec))
         if fast_size:
-            verilog, top = sim_top_verilog(cfg, fast_size, stalls, soc=True), "npu_sim_top"
-            name = f"soctop-{cfg.engines}x{cfg.engine.name}" + ("-stalls" if stalls else "")
+            verilog, top = sim_top_verilog(cfg, fast_size, soc=True), "npu_sim_top"
+            name = f"soctop-{cfg.engines}x{cfg.engine.name}"
         else:
             verilog, top, name = soc_verilog(cfg), SOC_TOPLEVEL, f"soc-{cfg.engines}x{cfg.engine.name}"
         build_and_test(

@@ -211,10 +211,15 @@ def run_on_rtl(
     import sys
 
     from npu.hdl.verilog import sim_top_verilog
+    from npu.sim.rtl.core import sim_dram_bytes
     from npu.sim.rtl.hdlsim import BUILD, build_and_test
 
     cfg = get_config(config)
     soc = cfg.engines > 1
+    # the core addresses no more than its configuration's DRAM; the RAM is the configuration's size
+    # (sim_dram_bytes), so these runs share the simulator build of the preset's RTL suite
+    dram_bytes = min(dram_bytes, cfg.dram_bytes)
+    ram_bytes = max(sim_dram_bytes(cfg), 1 << (dram_bytes - 1).bit_length())
     target = fn if isinstance(fn, str) else f"{fn.__module__}:{fn.__qualname__}"
     what = f"{cfg.engines}-engine SoC of {cfg.engine.name}" if soc else f"{cfg.name} core"
     print(
@@ -224,9 +229,9 @@ def run_on_rtl(
         flush=True,
     )
     if soc:  # the SoC bench's top with the in-simulator DRAM (npu.sim.rtl.soc.run_soc_rtl, fast_dram)
-        verilog, name = sim_top_verilog(cfg, dram_bytes, soc=True), f"soctop-{cfg.engines}x{cfg.engine.name}"
+        verilog, name = sim_top_verilog(cfg, ram_bytes, soc=True), f"soctop-{cfg.engines}x{cfg.engine.name}"
     else:
-        verilog, name = sim_top_verilog(cfg, dram_bytes), f"simtop-{cfg.name}"
+        verilog, name = sim_top_verilog(cfg, ram_bytes), f"simtop-{cfg.name}"
     BUILD.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=BUILD, prefix="driver-") as tmp:
         d = Path(tmp)

@@ -95,3 +95,26 @@ def test_model_too_large_for_dram(tmp_path):
     path = mlp_onnx(tmp_path / "big.onnx", [rng.normal(size=(256, 300))], [np.zeros(300)], 2)
     with pytest.raises(CompileError, match="more than the 65536 bytes of DRAM"):
         compile_onnx(path, "tiny", calib=rng.normal(size=(8, 256)).astype(np.float32))
+
+
+def test_run_prints_each_outputs_own_dtype(tmp_path, capsys):
+    """An ArgMax after the MLP (run on the host) gives an int64 output: `npu run` says int64, not float."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(3)
+    path = mlp_onnx(tmp_path / "m.onnx", [rng.normal(0, 0.3, (12, 6))], [rng.normal(0, 0.1, 6)], 4)
+    m = onnx.load(str(path))
+    logits = m.graph.output[0].name
+    m.graph.node.append(helper.make_node("ArgMax", [logits], ["label"], axis=1, keepdims=0))
+    m.graph.output.append(helper.make_tensor_value_info("label", TensorProto.INT64, [4]))
+    onnx.save(m, str(path))
+    np.save(tmp_path / "calib.npy", rng.normal(0, 1, (32, 12)).astype(np.float32))
+    np.save(tmp_path / "x.npy", rng.normal(0, 1, (4, 12)).astype(np.float32))
+    d = tmp_path
+    assert main(["compile", str(path), "-o", str(d / "m.npub"), "--calib", str(d / "calib.npy")]) == 0
+    capsys.readouterr()
+    assert main(["run", str(d / "m.npub"), "--input", str(d / "x.npy"), "--save", str(d / "y.npy")]) == 0
+    out = capsys.readouterr().out
+    assert "label: int64 4" in out and re.search(r"\n\S+: float32 4x6", out), out
+    assert np.load(tmp_path / "y.1.npy").dtype == np.int64
