@@ -53,16 +53,12 @@ def write_job_files(d: Path, job: RtlJob, prefix: str) -> list[list]:
     return entries
 
 
-#: the in-simulator RAM of a configuration with more DRAM than this holds this much
-SIM_DRAM_CAP = 2 << 20
-
-
 def sim_dram_bytes(cfg: NpuConfig, extent: int = 0) -> int:
-    """Size of the in-simulator RAM for jobs within [0, extent) on `cfg`: a power of two with room for
-    the bench's 4 KiB clearing program above them, and otherwise the configuration's DRAM (at most
-    SIM_DRAM_CAP). One size per configuration whatever the jobs, so every run of a preset (each
-    suite, the driver's transport, with or without stalls) shares one simulator build."""
-    return 1 << (max(extent + 4096, min(cfg.dram_bytes, SIM_DRAM_CAP)) - 1).bit_length()
+    """Size of the in-simulator RAM for jobs within [0, extent) on `cfg`: the configuration's DRAM
+    (a power of two at least), whatever the jobs, so every run of a preset (each suite, the driver's
+    transport, with or without stalls) shares one simulator build. The array costs its memory only;
+    the bench writes and reads back just the jobs' bytes."""
+    return 1 << (max(extent, cfg.dram_bytes) - 1).bit_length()
 
 
 @dataclass

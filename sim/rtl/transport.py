@@ -216,10 +216,10 @@ def run_on_rtl(
 
     cfg = get_config(config)
     soc = cfg.engines > 1
-    # the core addresses no more than its configuration's DRAM; the RAM is the configuration's size
-    # (sim_dram_bytes), so these runs share the simulator build of the preset's RTL suite
+    # the core addresses no more than its configuration's DRAM; the RAM is the configuration's (see
+    # sim_dram_bytes), so these runs share the simulator build of the preset's RTL suite
     dram_bytes = min(dram_bytes, cfg.dram_bytes)
-    ram_bytes = max(sim_dram_bytes(cfg), 1 << (dram_bytes - 1).bit_length())
+    ram_bytes = sim_dram_bytes(cfg, dram_bytes)
     target = fn if isinstance(fn, str) else f"{fn.__module__}:{fn.__qualname__}"
     what = f"{cfg.engines}-engine SoC of {cfg.engine.name}" if soc else f"{cfg.name} core"
     print(
