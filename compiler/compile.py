@@ -20,6 +20,7 @@ from . import region
 from .assemble import Lowered, assemble
 from .cleanup import cleanup
 from .dram import DramPlan
+from .errors import DramTooSmall
 from .frontend import Prepared
 from .graph import CompileError
 from .load import is_qdq, load
@@ -54,6 +55,7 @@ class CompiledModel:
     frontend: list[str] = field(default_factory=list)  # what the front end did (opset, pads, layouts)
     regions: Regions | None = None  # the on-chip regions the program keeps to (None: whole memories)
     quantisation: str = "the model's own (QDQ)"  # how a float model was quantised (report)
+    points_note: str = ""  # why the cancellation points differ from what the options asked (report)
 
     @property
     def program(self) -> bytes:
@@ -126,17 +128,27 @@ class CompiledModel:
             )
         return lines
 
+    @property
+    def max_cp_gap(self) -> int:
+        """The largest estimated cycles between consecutive cancellation points of one program
+        segment, from its start to the first (the longest an urgent model waits for this one)."""
+        gap, last = 0, {}
+        for p in self.lowered.points:
+            gap = max(gap, p.est_cycles - last.get(p.segment, 0))
+            last[p.segment] = p.est_cycles
+        return gap
+
     def _points_report(self) -> list[str]:
         pts = self.lowered.points
         if not pts:
             return ["cancellation points: none"]
         spill = sum(p.kind == "spill" for p in pts)
-        ts = [p.est_cycles for p in pts]
-        gaps = [b - a for a, b in zip([0] + ts, ts, strict=False) if b >= a]
         lines = [
             f"cancellation points: {len(pts)} ({spill} spill points at operator boundaries, "
-            f"{len(pts) - spill} interval points), largest estimated gap {max(gaps, default=0)} cycles, "
-            f"largest live data {max(p.live_bytes for p in pts)} bytes",
+            f"{len(pts) - spill} interval points), largest estimated gap {self.max_cp_gap} cycles "
+            f"({self.max_cp_gap / self.cfg.clock_mhz:,.1f} us at {self.cfg.clock_mhz:g} MHz), "
+            f"largest live data {max(p.live_bytes for p in pts)} bytes"
+            + (f" ({self.points_note})" if self.points_note else ""),
             f"  {'id':>4} {'pc':>6} {'kind':<8} {'est cycle':>10} {'live bytes':>10} {'dump':>6} "
             f"{'restore':>7}  ranges",
         ]
@@ -228,16 +240,33 @@ def compile_onnx(
     cfg = get_config(config).engine  # a model runs on one engine (of a SoC preset: its engine)
     prepared = load(path, opts.input_shapes)
     if opts.activations != "auto" or is_qdq(prepared.model):  # a QDQ model keeps its own types
-        compiled = _compile(_fresh(prepared), cfg, calib, opts, path)
+        compiled = _compile_fitting(prepared, cfg, calib, opts, path)
     else:
         try:
-            compiled = _compile(_fresh(prepared), cfg, calib, opts.replace(activations="int16"), path)
+            compiled = _compile_fitting(prepared, cfg, calib, opts.replace(activations="int16"), path)
             compiled.quantisation += " (auto)"
         except CompileError as e:
-            compiled = _compile(_fresh(prepared), cfg, calib, opts.replace(activations="int8"), path)
+            compiled = _compile_fitting(prepared, cfg, calib, opts.replace(activations="int8"), path)
             compiled.quantisation += f" (auto: int16 activations did not compile: {e})"
     compiled.compile_s = time.perf_counter() - t0
     return compiled
+
+
+def _compile_fitting(prepared: Prepared, cfg: NpuConfig, calib, opts: CompileOptions, path) -> CompiledModel:
+    """`_compile`; when the points of the default pause budget (not an interval asked for) make the
+    program too large for the DRAM (operators cut into more steps), again with points at operator
+    boundaries only, which the report says."""
+    try:
+        return _compile(_fresh(prepared), cfg, calib, opts, path)
+    except DramTooSmall as e:
+        if opts.cp_interval or not opts.interval(cfg):
+            raise
+        compiled = _compile(_fresh(prepared), cfg, calib, opts.replace(max_pause_us=0), path)
+        compiled.points_note = (
+            f"only at operator boundaries: with points at most {opts.max_pause_us:g} us apart "
+            f"(--max-pause-us) the model did not fit: {e}"
+        )
+        return compiled
 
 
 def _fresh(prepared: Prepared) -> Prepared:
@@ -289,9 +318,8 @@ def _lower(
     """Lower into the configuration's DRAM; if every tensor at its own range does not fit, the
     arena may: lower into a virtual DRAM as large as the address field allows (timing does not
     depend on it; the planned addresses are checked against the real DRAM after assembly)."""
-    kw = dict(
-        step=opts.step, max_live=opts.cp_max_live, nhwc_inputs=set(prepared.nhwc_inputs), reasons=reasons
-    )
+    kw = dict(step=opts.step(plan_cfg), max_live=opts.cp_max_live, nhwc_inputs=set(prepared.nhwc_inputs))
+    kw["reasons"] = reasons
     try:
         return lower(model, plan_cfg, str(path), **kw)
     except DramFull:
@@ -328,7 +356,7 @@ def _compile(prepared: Prepared, cfg: NpuConfig, calib, opts: CompileOptions, pa
             objective=opts.order_objective,
         )
     policy = (
-        PointPolicy(opts.cp_interval, opts.cp_max_live, opts.cp_every_instruction)
+        PointPolicy(opts.interval(cfg), opts.cp_max_live, opts.cp_every_instruction)
         if opts.cancel_points
         else None
     )
@@ -339,7 +367,7 @@ def _compile(prepared: Prepared, cfg: NpuConfig, calib, opts: CompileOptions, pa
     base = round_up(low.dram_end, 4096)
     if base + len(low.program) * 32 > cfg.dram_bytes:
         dp = low.dram_plan
-        raise CompileError(
+        raise DramTooSmall(
             f"{path}: weights, activations and program need more than the "
             f"{cfg.dram_bytes} bytes of DRAM on {cfg.name}: {dp.const_bytes} bytes of constants, "
             f"{dp.arena_bytes} of activations ({dp.mode}; at least {dp.lower_bound} live at once), "

@@ -6,3 +6,7 @@ from npu.errors import NpuError
 
 class CompileError(NpuError, ValueError):
     """A model the compiler cannot take; the message names the file, node, operator and reason."""
+
+
+class DramTooSmall(CompileError):
+    """Weights, activations and program together need more DRAM than the configuration has."""

@@ -10,6 +10,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from npu.config import NpuConfig
+
 from .errors import CompileError
 
 ORDERS = ("search", "default")
@@ -21,6 +23,8 @@ CALIB_METHODS = ("minmax", "percentile", "entropy")
 ACTIVATIONS = ("int8", "int16")  # what the quantiser takes; the option adds "auto"
 OUTPUT_PRECISIONS = ("int32", "int8")
 ROUNDINGS = ("auto", "nearest", "gptq")
+#: default bound on the gap between cancellation points (a latency budget, not a cycle count)
+MAX_PAUSE_US = 500.0
 
 
 def region(text: str) -> tuple[int, int]:
@@ -123,11 +127,18 @@ class CompileOptions:
         True, "place cancellation points (the driver pauses a running model at them)", cli="toggle"
     )
     cp_interval: int = _option(
-        0, "also place cancellation points inside operators, at most N estimated cycles apart where "
-        "possible (default 0: only at operator boundaries)", type=int, metavar="N", minimum=0)  # fmt: skip
+        0, "cancellation points at most N estimated cycles apart where possible, operators cut to fit "
+        "(default 0: from --max-pause-us)", type=int, metavar="N", minimum=0)  # fmt: skip
+    max_pause_us: float = _option(
+        MAX_PAUSE_US, "the longest a running model may go without a cancellation point - the wait of an "
+        "urgent model - in microseconds at the configuration's clock (default 500: 50,000 cycles at "
+        "100 MHz); operators are cut and points placed inside them to keep every gap within it where "
+        "a point can go (the report gives the largest gap); 0: points at operator boundaries only",
+        type=float, metavar="US", minimum=0)  # fmt: skip
     cp_max_live: int | None = _option(
-        None, "skip interior points whose live on-chip data exceed BYTES (default: a quarter of the "
-        "scratchpad)", type=int, metavar="BYTES", minimum=0)  # fmt: skip
+        None, "skip interior points whose live on-chip data exceed BYTES (default: prefer points "
+        "within a quarter of the scratchpad, taking a larger one only where no smaller one keeps the "
+        "gap within the interval)", type=int, metavar="BYTES", minimum=0)  # fmt: skip
     cp_every_instruction: bool = _option(
         False, "a cancellation point after every instruction where no dependency token is outstanding "
         "(for tests of preemption)", cli="flag")  # fmt: skip
@@ -179,10 +190,18 @@ class CompileOptions:
     def resolved_dram_plan(self) -> str:
         return self.dram_plan or ("arena" if self.granularity == "segment" else "bump")
 
-    @property
-    def step(self) -> int:
+    def interval(self, cfg: NpuConfig) -> int:
+        """Estimated cycles wanted between cancellation points: --cp-interval, else --max-pause-us at
+        the configuration's clock; 0 without points (or with one after every instruction)."""
+        if self.cp_interval:
+            return self.cp_interval
+        if not self.cancel_points or self.cp_every_instruction:
+            return 0
+        return round(self.max_pause_us * cfg.clock_mhz)
+
+    def step(self, cfg: NpuConfig) -> int:
         """The longest step an operator is split into (lower.py splits at half of it; 0: no limit)."""
-        wanted = (self.cp_interval, self.step_cycles if self.granularity == "step" else 0)
+        wanted = (self.interval(cfg), self.step_cycles if self.granularity == "step" else 0)
         return min((c for c in wanted if c > 0), default=0)
 
 

@@ -7,8 +7,8 @@ read after it before being overwritten (a backward liveness pass over the operat
 
 * Spill points: every operator boundary (all tensors are in DRAM: nothing live).
 * Interval points: with `interval`, inside operators so that the estimated cycles between consecutive
-  points stay within `interval` wherever a candidate allows it, skipping candidates whose live data
-  exceed `max_live` bytes.
+  points stay within `interval` wherever a candidate allows it, preferring candidates whose live data
+  are within `max_live` bytes (an explicit `max_live` skips the others).
 
 Estimated cycles come from the golden model's timing of the segment with `--cp-interval`, otherwise
 from the largest per-unit sum of instruction durations since the segment started (a lower bound of
@@ -119,30 +119,41 @@ def dma_cycles(ranges: list[tuple[int, int]], cfg: NpuConfig) -> tuple[int, int]
 
 def choose(cands: list[Candidate], policy: PointPolicy, cfg: NpuConfig) -> list[Candidate]:
     """Every boundary, plus interior candidates so that gaps stay within the interval where possible
-    (the naive `every_instruction` policy takes every candidate)."""
+    (the naive `every_instruction` policy takes every candidate). An explicit `max_live` is a hard
+    limit; the default (a quarter of the scratchpad) is a preference: a candidate with more live
+    data is taken only where no smaller one keeps the gap within the interval (dumping resident
+    weights costs far less than the gap it closes)."""
     if policy.every_instruction:
         return list(cands)
+    hard = policy.max_live is not None
     max_live = cfg.spad_bytes // 4 if policy.max_live is None else policy.max_live
     chosen: list[Candidate] = []
     last_t = 0
-    prev: Candidate | None = None
+    small: Candidate | None = None  # the latest candidate since the last point within max_live
+    big: Candidate | None = None  # the latest one above it (default budget only)
     for c in cands:
         if c.boundary:
-            if policy.interval and c.t - last_t > policy.interval and prev is not None:
-                chosen.append(prev)
+            if policy.interval and c.t - last_t > policy.interval and (small or big):
+                chosen.append(small or big)
             chosen.append(c)
-            last_t, prev = c.t, None
+            last_t, small, big = c.t, None, None
             continue
-        if not policy.interval or c.live_bytes > max_live:
+        over = c.live_bytes > max_live
+        if not policy.interval or (over and hard):
             continue
         if c.t - last_t > policy.interval:
-            if prev is not None:
-                chosen.append(prev)
-                last_t = prev.t
-                prev = None
+            f = small or big
+            if f is not None:
+                chosen.append(f)
+                last_t = f.t
+                small = None
+                big = big if big is not None and big.t > f.t else None
             if c.t - last_t > policy.interval:
                 chosen.append(c)
-                last_t = c.t
+                last_t, small, big = c.t, None, None
                 continue
-        prev = c
+        if over:
+            big = c
+        else:
+            small = c
     return chosen

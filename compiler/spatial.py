@@ -572,19 +572,27 @@ def pool_program(
     fill = -128 if mode == 0 else x.q.zero_point  # int16: the high byte (-32768 for max pooling)
     if g.kh > 255 or g.kw > 255 or g.sh > 255 or g.sw > 255:
         raise CompileError(f"{where}: pooling window or stride above 255")
+    # a max over a kh x kw window is the max over kw columns of maxima over kh rows: two passes
+    # (kh x 1 over the padded width, then 1 x kw) take kh * wp + kw * ow steps a row instead of
+    # kh * kw * ow (not for a 3 x 3 stride-2 pool, whose first pass would cover the whole width)
+    separable = mode == 0 and g.kh > 1 and g.kw > 1 and g.kh * g.wp + g.kw * g.ow < g.kh * g.kw * g.ow
+    cts = sorted({cp} | {max(ca, round_up(cdiv(cp, d), ca)) for d in (2, 4, 8, 16, 32, 64)}, reverse=True)
     best = None
-    for ct in sorted(
-        {cp} | {max(ca, round_up(cdiv(cp, d), ca)) for d in (2, 4, 8, 16, 32, 64)}, reverse=True
-    ):
+    for ct in cts:
+        vec = cdiv(ct * e, cfg.vector_lanes)
         lo, hi, rows = 1, g.oh, 0
         while lo <= hi:
             r = (lo + hi) // 2
-            need = 2 * (g.in_rows(r) * g.wp * ct + r * g.ow * ct) * e
-            step = r * g.ow * g.kh * g.kw * cdiv(ct * e, cfg.vector_lanes)
+            mid = r * g.wp * ct * e if separable else 0
+            need = 2 * (g.in_rows(r) * g.wp * ct + r * g.ow * ct) * e + mid
+            taps = g.kh * g.wp + g.kw * g.ow if separable else g.kh * g.kw * g.ow
+            step = r * taps * vec
             if (
                 need <= spad_regions(cfg)[0]
                 and g.wp * ct * e <= 0xFFFF
-                and (not max_step or r == 1 or step <= max_step)
+                # with a cancellation interval a band must not take longer than a step: fewer rows,
+                # then narrower channel tiles (one row of the narrowest tile is the least there is)
+                and (not max_step or step <= max_step or (r == 1 and ct == cts[-1]))
             ):
                 rows, lo = r, r + 1
             else:
@@ -604,6 +612,8 @@ def pool_program(
     in_bufs = [0, round_up(in_bytes, cfg.lanes)]
     o0 = 2 * in_bufs[1]
     out_bufs = [o0, o0 + round_up(out_bytes, cfg.lanes)]
+    mid = out_bufs[1] + round_up(out_bytes, cfg.lanes)  # the separable pool's column maxima
+    mid_bytes = rows_max * g.wp * ct * e if separable else 0
     k = 0
     for c0 in range(0, cp, ct):
         cl = min(ct, cp - c0)  # the last channel tile may be narrower
@@ -646,22 +656,14 @@ def pool_program(
                                 pad_value=fill,
                                 pad_i16=pad16,
                             )
-                b.add(
-                    "pool",
-                    src=ib,
-                    dst=ob,
-                    channels=cl,
-                    in_w=g.wp,
-                    out_h=rows,
-                    out_w=g.ow,
-                    kh=g.kh,
-                    kw=g.kw,
-                    sh=g.sh,
-                    sw=g.sw,
-                    mode=mode,
-                    **rq,
-                    **flags,
-                )
+                if separable:
+                    b.add("pool", src=ib, dst=mid, channels=cl, in_w=g.wp, out_h=rows, out_w=g.wp, kh=g.kh,
+                          kw=1, sh=g.sh, sw=1, mode=mode, **rq, **flags)  # fmt: skip
+                    b.add("pool", src=mid, dst=ob, channels=cl, in_w=g.wp, out_h=rows, out_w=g.ow, kh=1,
+                          kw=g.kw, sh=1, sw=g.sw, mode=mode, **rq, **flags)  # fmt: skip
+                else:
+                    b.add("pool", src=ib, dst=ob, channels=cl, in_w=g.wp, out_h=rows, out_w=g.ow, kh=g.kh,
+                          kw=g.kw, sh=g.sh, sw=g.sw, mode=mode, **rq, **flags)  # fmt: skip
                 row = g.ow * cl
                 if rescale is not None:
                     b.add("vmap", src=ob, dst=ob, rows=rows, cols=row, src_stride=row * e, dst_stride=row * e,
@@ -677,10 +679,12 @@ def pool_program(
     parts = ([f"frame x{g.n}"] if g.n > 1 else []) + ([f"channel x{cdiv(cp, ct)}"] if ct < cp else [])
     if rows_max < g.oh:
         parts.append(f"height x{cdiv(g.oh, rows_max)} (halo {max(g.kh - g.sh, 0)})")
+    if separable:
+        parts.append(f"separable ({g.kh}x1 then 1x{g.kw})")
     return {
         "split": ", ".join(parts) or "none",
         "tile": {"c": ct, "rows": rows_max},
-        "spad_bytes": 2 * (in_bytes + out_bytes),
+        "spad_bytes": 2 * (in_bytes + out_bytes) + mid_bytes,
     }
 
 

@@ -83,7 +83,7 @@ def build_models(config: str = "default", cp_interval: int = 20_000, cache: Path
 def strategy_models(config: str = "default", cp_interval: int = 20_000, cache: Path | None = None) -> dict:
     """The perception CNN compiled for each preemption strategy."""
     return {
-        "spill points": compile_zoo("perception", config, cache)[0],
+        "spill points": compile_zoo("perception", config, cache, max_pause_us=0)[0],
         "interval points": compile_zoo("perception", config, cache, cp_interval=cp_interval)[0],
         "naive checkpoint": compile_zoo("perception", config, cache, cp_every_instruction=True)[0],
     }

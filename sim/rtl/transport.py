@@ -219,7 +219,7 @@ def run_on_rtl(
     # the core addresses no more than its configuration's DRAM; the RAM is the configuration's (see
     # sim_dram_bytes), so these runs share the simulator build of the preset's RTL suite
     dram_bytes = min(dram_bytes, cfg.dram_bytes)
-    ram_bytes = sim_dram_bytes(cfg)
+    ram_bytes = sim_dram_bytes(cfg, dram_bytes)
     target = fn if isinstance(fn, str) else f"{fn.__module__}:{fn.__qualname__}"
     what = f"{cfg.engines}-engine SoC of {cfg.engine.name}" if soc else f"{cfg.name} core"
     print(

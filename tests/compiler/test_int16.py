@@ -97,6 +97,7 @@ NETS = {
     "conv-relu-maxpool": lambda net: net.maxpool(
         net.relu(net.conv(net.input, 16, 3, pad=1, relu=False)), 3, 2, 1
     ),
+    "conv-sppf-maxpool": lambda net: net.maxpool(net.conv(net.input, 16, 3, pad=1, relu=False), 5, 1, 2),
     "avgpool-gap-gemm": lambda net: net.gemm(
         net.flatten(net.gap(net.avgpool(net.conv(net.input, 16, 3, pad=1), 2, 2))), 10
     ),

@@ -95,19 +95,21 @@ def test_conv_batchnorm_relu_batch2(tmp_path, config):
 
 
 @pytest.mark.parametrize("config", ["tiny", "default", "banked"])
-@pytest.mark.parametrize("kind", ["max2", "max3p1", "avg2", "avg3p1_incl", "gap"])
+@pytest.mark.parametrize("kind", ["max2", "max3p1", "max5s1p2", "avg2", "avg3p1_incl", "gap"])
 def test_pooling(tmp_path, config, kind):
     net = Net("pool", (1, 12, 11, 10), seed=7)
     x = net.conv(net.input, 12, 3)
     y = {
         "max2": lambda: net.maxpool(x, 2, 2),
         "max3p1": lambda: net.maxpool(x, 3, 2, 1),
+        "max5s1p2": lambda: net.maxpool(x, 5, 1, 2),  # a spatial-pyramid pool: two separable passes
         "avg2": lambda: net.avgpool(x, 2, 2),
         "avg3p1_incl": lambda: net.avgpool(x, 3, 1, 1, count_include_pad=1),
         "gap": lambda: net.gap(x),
     }[kind]()
     cm = check(tmp_path, net, [y], config)
     assert [la.placement for la in cm.lowered.layers] == ["npu", "npu"]
+    assert ("separable" in cm.lowered.layers[1].split) == (kind == "max5s1p2"), cm.lowered.layers[1].split
 
 
 def test_average_pool_excluding_padding_runs_on_the_host(tmp_path):
@@ -190,10 +192,11 @@ def test_convolution_wider_than_the_memories_is_split_into_strips(tmp_path, conf
 
 def test_pooling_split_by_channels_stays_inside_its_tensor(tmp_path):
     """Global average pooling over a map too large for one band of all 24 channels: channel tiles
-    of 16 and 8 (the last tile is narrower, it must not read the next tensor)."""
+    of 16 and 8 (the last tile is narrower, it must not read the next tensor). Without a pause
+    budget: with one, a band's step is also bounded and the tiles are narrower still."""
     net = Net("gap24", (1, 24, 80, 80), seed=9)
     y = net.gap(net.conv(net.input, 24, 1))
-    cm = compile_model(tmp_path, net.model([y]), "default", calib_for((1, 24, 80, 80), n=4))
+    cm = compile_model(tmp_path, net.model([y]), "default", calib_for((1, 24, 80, 80), n=4), max_pause_us=0)
     assert "channel x2" in cm.lowered.layers[1].split
     compare_int8(cm, np.random.default_rng(3).normal(0, 1, (1, 24, 80, 80)).astype(np.float32))
 

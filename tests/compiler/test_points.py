@@ -78,7 +78,7 @@ def test_cp_interval_bounds_the_estimated_gap(tmp_path):
     import onnx
 
     onnx.save(z.model, str(tmp_path / "perc.onnx"))
-    spill = compile_onnx(tmp_path / "perc.onnx", calib=z.calib, order="default")
+    spill = compile_onnx(tmp_path / "perc.onnx", calib=z.calib, order="default", max_pause_us=0)
     assert all(p.kind == "spill" and p.live_bytes == 0 for p in spill.lowered.points)
     gaps_spill = _gaps(spill.lowered.points)
     interval = 10_000
@@ -87,16 +87,14 @@ def test_cp_interval_bounds_the_estimated_gap(tmp_path):
     gaps = _gaps(pts)
     assert len(pts) > len(spill.lowered.points)
     assert max(gaps) < max(gaps_spill)
-    # a gap above the interval has no usable candidate inside it (one indivisible step)
-    max_live = cm.cfg.spad_bytes // 4
+    # a gap above the interval has no candidate inside it (one indivisible step): the default live
+    # budget is a preference, a candidate above it is taken where nothing smaller closes the gap
     for a, b in zip(pts, pts[1:], strict=False):
         if a.segment == b.segment and b.est_cycles - a.est_cycles > interval:
             inside = [
                 c
                 for c in cm.lowered.candidates
-                if c["segment"] == a.segment
-                and a.est_cycles < c["est_cycles"] < b.est_cycles
-                and c["live_bytes"] <= max_live
+                if c["segment"] == a.segment and a.est_cycles < c["est_cycles"] < b.est_cycles
             ]
             assert not inside, (a, b, inside[:3])
     # a tight live-data budget skips the points that would dump the resident weights
@@ -108,6 +106,67 @@ def test_cp_interval_bounds_the_estimated_gap(tmp_path):
     assert "interval points" in cm.report()
 
 
+def test_the_default_interval_is_a_pause_budget_at_the_configurations_clock(tmp_path):
+    """--max-pause-us at the preset's clock is --cp-interval in cycles (100 us at 100 MHz: 10,000
+    cycles); the default budget places interval points; the report and max_cp_gap give the gap."""
+    z = zoo.perception()
+    import onnx
+
+    onnx.save(z.model, str(tmp_path / "perc.onnx"))
+    kw = dict(calib=z.calib, order="default")
+    by_budget = compile_onnx(tmp_path / "perc.onnx", "default", max_pause_us=100, **kw)
+    by_cycles = compile_onnx(tmp_path / "perc.onnx", "default", cp_interval=10_000, **kw)
+    assert by_budget.lowered.program == by_cycles.lowered.program
+    assert by_budget.lowered.points == by_cycles.lowered.points
+    assert by_budget.max_cp_gap == max(_gaps(by_budget.lowered.points))
+    assert f"largest estimated gap {by_budget.max_cp_gap} cycles" in by_budget.report()
+    spill = compile_onnx(tmp_path / "perc.onnx", "default", max_pause_us=0, **kw)
+    default = compile_onnx(tmp_path / "perc.onnx", "default", **kw)
+    assert default.max_cp_gap <= 50_000 < spill.max_cp_gap, (default.max_cp_gap, spill.max_cp_gap)
+    assert any(p.kind == "interval" for p in default.lowered.points)
+    # an explicit interval wins over the budget; no points at all means no interval
+    assert compile_onnx(tmp_path / "perc.onnx", "default", cp_interval=10_000, max_pause_us=1e6, **kw)\
+        .lowered.points == by_cycles.lowered.points  # fmt: skip
+    assert compile_onnx(tmp_path / "perc.onnx", "default", cancel_points=False, **kw).lowered.points == []
+
+
 def _gaps(points):
     ts = [p.est_cycles for p in points]
     return [b - a for a, b in zip([0] + ts, ts, strict=False) if b >= a]
+
+
+def test_a_program_too_large_with_the_pause_budget_falls_back_to_operator_boundaries(tmp_path):
+    """On `tiny` (64 KiB of DRAM, 24 MHz) the default budget's cut operators make a program that does
+    not fit: the compiler keeps points at operator boundaries and the report says why; an interval
+    asked for in cycles is never dropped (the error says what does not fit)."""
+    from npu.compiler import CompileError
+    from tests.compiler.test_int16 import _two_convs
+
+    path, calib = _two_convs(tmp_path, 32)
+    cm = compile_onnx(path, "tiny", calib=calib, activations="int8")
+    assert all(p.kind == "spill" for p in cm.lowered.points)
+    assert "only at operator boundaries: with points at most 500 us apart (--max-pause-us) the model did " \
+           "not fit" in cm.report()  # fmt: skip
+    assert cm.max_cp_gap > 500 * cm.cfg.clock_mhz
+    with pytest.raises(CompileError, match="bytes of DRAM on tiny"):
+        compile_onnx(path, "tiny", calib=calib, activations="int8", cp_interval=12_000)
+
+
+def test_the_default_live_budget_is_a_preference_an_explicit_one_a_limit():
+    """choose(): candidates every 4,000 cycles, interval 10,000, the ones at 4k and 16k within the
+    live budget, the rest above it. The default budget takes the small ones where they close the
+    gap and a large one only where none does; an explicit --cp-max-live never takes a large one."""
+    from npu.compiler.points import Candidate, PointPolicy, choose
+    from npu.config import PRESETS
+
+    cfg = PRESETS["default"]
+    big = [(0, cfg.spad_bytes // 4 + 1)]
+    small = [(0, 64)]
+    cands = [Candidate(k, 4000 * k, False, small if k in (1, 4) else big) for k in range(1, 10)]
+    cands.append(Candidate(10, 40_000, True, []))
+    soft = choose(cands, PointPolicy(interval=10_000), cfg)
+    times = [c.t for c in soft]
+    assert times[:2] == [4000, 12000]  # 4k (small), then 12k: no small one before 16k closes the gap
+    assert all(b - a <= 10_000 for a, b in zip([0, *times], times, strict=False))
+    hard = choose(cands, PointPolicy(interval=10_000, max_live=cfg.spad_bytes // 4), cfg)
+    assert [c.t for c in hard] == [4000, 16000, 40_000]
