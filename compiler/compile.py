@@ -16,11 +16,12 @@ from npu.config import NpuConfig, get_config
 from npu.container import Container, DramImage, Manifest, NpuSegment, ProgramInfo
 from npu.isa import encode_program
 
-from . import region
+from . import accuracy, region
+from .accuracy import Accuracy
 from .assemble import Lowered, assemble
 from .cleanup import cleanup
 from .dram import DramPlan
-from .errors import DramTooSmall
+from .errors import AccuracyError, DramTooSmall
 from .frontend import Prepared
 from .graph import CompileError
 from .load import is_qdq, load
@@ -56,6 +57,7 @@ class CompiledModel:
     regions: Regions | None = None  # the on-chip regions the program keeps to (None: whole memories)
     quantisation: str = "the model's own (QDQ)"  # how a float model was quantised (report)
     points_note: str = ""  # why the cancellation points differ from what the options asked (report)
+    accuracy: Accuracy | None = None  # the accuracy guard's check (None: not run)
 
     @property
     def program(self) -> bytes:
@@ -207,6 +209,7 @@ class CompiledModel:
             *self._order_report(),
             *self._points_report(),
             f"quantisation: {self.quantisation}",
+            f"accuracy: {self.accuracy.describe() if self.accuracy else 'not checked'}",
             f"predicted cycles: {total} on the NPU (cost model); host: {host}",
             *([f"on-chip: {self.regions.describe()}"] if self.regions else []),
             f"scratchpad peak: {peak} of "
@@ -245,6 +248,8 @@ def compile_onnx(
         try:
             compiled = _compile_fitting(prepared, cfg, calib, opts.replace(activations="int16"), path)
             compiled.quantisation += " (auto)"
+        except AccuracyError:
+            raise  # int8 would be less accurate still
         except CompileError as e:
             compiled = _compile_fitting(prepared, cfg, calib, opts.replace(activations="int8"), path)
             compiled.quantisation += f" (auto: int16 activations did not compile: {e})"
@@ -297,7 +302,8 @@ def _quantize(prepared: Prepared, calib, opts: CompileOptions, path: str | Path)
         f"weights per {'channel' if per_channel else 'tensor'} ({opts.weight_scales}), "
         f"outputs {opts.output_precision}"
     )
-    float_clean = model
+    float_clean = onnx.ModelProto()
+    float_clean.CopyFrom(model)  # the float graph the quantiser sees (the accuracy guard's reference)
     model = quantize_float_model(
         model, calib, str(path), per_channel=per_channel, calib_method=opts.calib_method,
         activations=opts.activations,
@@ -309,17 +315,17 @@ def _quantize(prepared: Prepared, calib, opts: CompileOptions, path: str | Path)
     if opts.output_precision == "int32":
         kept = keep_output_precision(model, str(path), clamped=clamped)
         prepared.notes += [f"{what}: {how}" for what, how in kept]
-    return model, quantisation, clamped
+    return model, quantisation, clamped, float_clean
 
 
 def _lower(
-    model, plan_cfg: NpuConfig, opts: CompileOptions, path, prepared: Prepared, reasons=None
+    model, plan_cfg: NpuConfig, opts: CompileOptions, path, prepared: Prepared, reasons=None, host_nodes=None
 ) -> Lowering:
     """Lower into the configuration's DRAM; if every tensor at its own range does not fit, the
     arena may: lower into a virtual DRAM as large as the address field allows (timing does not
     depend on it; the planned addresses are checked against the real DRAM after assembly)."""
     kw = dict(step=opts.step(plan_cfg), max_live=opts.cp_max_live, nhwc_inputs=set(prepared.nhwc_inputs))
-    kw["reasons"] = reasons
+    kw["reasons"], kw["host_nodes"] = reasons, host_nodes
     try:
         return lower(model, plan_cfg, str(path), **kw)
     except DramFull:
@@ -329,23 +335,55 @@ def _lower(
 
 
 def _compile(prepared: Prepared, cfg: NpuConfig, calib, opts: CompileOptions, path) -> CompiledModel:
-    """The pass pipeline after loading: quantise, lower, order, assemble, relocate into the regions."""
+    """The pass pipeline after loading: quantise, lower, order, assemble, relocate into the
+    regions; then the accuracy guard (compiler/accuracy.py) for a float model."""
     t0 = time.perf_counter()
-    regions = region.resolve(cfg, opts.spad_region, opts.acc_region)
     model = prepared.model
-    float_model = not is_qdq(model)
-    quantisation = "the model's own (QDQ)"
-    if float_model:
-        model, quantisation, clamped = _quantize(prepared, calib, opts, path)
+    if is_qdq(model):
+        return _build(model, prepared, cfg, opts, path, "the model's own (QDQ)", False, t0)
+    check = None
+    if opts.accuracy_check and calib is not None:
+        float_model = onnx.ModelProto()
+        float_model.CopyFrom(model)
+        calib, check = accuracy.hold_back(model, calib, prepared.nhwc_inputs, str(path))
+    model, quantisation, clamped, float_clean = _quantize(prepared, calib, opts, path)
+    if check is not None:
+        use = "held back for" if check.held_back else "reused by"
+        quantisation += f" ({check.samples} {use} the accuracy check)"
+    qdq = onnx.ModelProto()
+    qdq.CopyFrom(model)  # before _build keeps results float in place: a repair starts from it again
+    notes = list(prepared.notes)
+    compiled = _build(model, prepared, cfg, opts, path, quantisation, True, t0, clamped)
+    if check is None:
+        return compiled
+
+    def rebuild(host_nodes: dict[str, str]) -> CompiledModel:
+        m = onnx.ModelProto()
+        m.CopyFrom(qdq)
+        again = dataclasses.replace(prepared, notes=list(notes))
+        return _build(m, again, cfg, opts, path, quantisation, True, t0, clamped, host_nodes)
+
+    hint = "--activations int16, " if opts.activations == "int8" else ""
+    return accuracy.guard(
+        compiled, float_model, float_clean, check, opts.target_cosine, rebuild, str(path), hint
+    )
+
+
+def _build(
+    model, prepared: Prepared, cfg: NpuConfig, opts: CompileOptions, path, quantisation: str,
+    float_model: bool, t0: float, clamped=frozenset(), host_nodes: dict[str, str] | None = None,
+) -> CompiledModel:  # fmt: skip
+    """Lower (`host_nodes` on the host), order, assemble and relocate a QDQ model."""
+    regions = region.resolve(cfg, opts.spad_region, opts.acc_region)
     plan_cfg = region.view(cfg, regions) if regions else cfg  # the passes plan inside the regions
-    lowering = _lower(model, plan_cfg, opts, path, prepared)
+    lowering = _lower(model, plan_cfg, opts, path, prepared, dict(host_nodes or {}), host_nodes)
     if opts.output_precision == "int32" and float_model:
         # host operators placed so by their lowering's conditions (not known before lowering)
         host = {f.layer.node: f.layer.reason or "" for f in lowering.frags if f.kind == "host"}
         kept = keep_output_precision(model, str(path), set(host), clamped)
         if kept:
             prepared.notes += [f"{what}: {how}" for what, how in kept]
-            lowering = _lower(model, plan_cfg, opts, path, prepared, host)
+            lowering = _lower(model, plan_cfg, opts, path, prepared, host, host_nodes)
     search = None
     if opts.order == "search":
         search = search_order(
@@ -362,7 +400,11 @@ def _compile(prepared: Prepared, cfg: NpuConfig, calib, opts: CompileOptions, pa
     )
     low = assemble(
         lowering,
-        search.order if search else None, policy, opts.granularity, opts.resolved_dram_plan, opts.step_cycles
+        search.order if search else None,
+        policy,
+        opts.granularity,
+        opts.resolved_dram_plan,
+        opts.step_cycles,
     )
     base = round_up(low.dram_end, 4096)
     if base + len(low.program) * 32 > cfg.dram_bytes:

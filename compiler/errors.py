@@ -10,3 +10,8 @@ class CompileError(NpuError, ValueError):
 
 class DramTooSmall(CompileError):
     """Weights, activations and program together need more DRAM than the configuration has."""
+
+
+class AccuracyError(CompileError):
+    """The compiled model's outputs fall below the target cosine against the float model and the
+    accuracy guard could not repair them (compiler/accuracy.py)."""

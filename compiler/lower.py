@@ -108,9 +108,11 @@ class Lowerer:
         max_live: int = 0,
         nhwc_inputs: set[str] = frozenset(),
         reasons: dict[str, str] | None = None,
+        host_nodes: dict[str, str] | None = None,
     ):
         self.graph, self.cfg, self.source = graph, cfg, graph.source
         self.reasons = reasons or {}  # node -> why an earlier lowering placed it on the host
+        self.host_nodes = host_nodes or {}  # node -> why it must run on the host (accuracy guard)
         self.nhwc_inputs = nhwc_inputs  # graph inputs the caller gives channels-last
         self.input_acts: dict[str, Act] = {}  # graph input -> its quantised placement
         self.max_live = max_live or cfg.spad_bytes // 4
@@ -460,9 +462,11 @@ def lower(
     max_live: int | None = None,
     nhwc_inputs: set[str] = frozenset(),
     reasons: dict[str, str] | None = None,
+    host_nodes: dict[str, str] | None = None,
 ) -> Lowering:
     """Lower every operator of a QDQ model (in ONNX order; `Lowering.assemble` orders them). `step`:
     split operators so that no step between cancellation point candidates exceeds it (0: no limit).
     `nhwc_inputs`: NCHW graph inputs that the compiled model takes channels-last. `reasons`: why an
-    earlier lowering placed nodes on the host (kept for those whose results then stay float)."""
-    return Lowerer(Graph(model, source), cfg, step, max_live or 0, nhwc_inputs, reasons).run()
+    earlier lowering placed nodes on the host (kept for those whose results then stay float).
+    `host_nodes`: nodes placed on the host whatever their operator, with the reason."""
+    return Lowerer(Graph(model, source), cfg, step, max_live or 0, nhwc_inputs, reasons, host_nodes).run()

@@ -123,6 +123,13 @@ class CompileOptions:
         "by host operators such as Softmax stores its int32 accumulators, dequantised on the host with "
         "one scale per column, so logits are neither clipped nor rounded to the calibrated int8 scale) "
         "or int8 (the calibrated output scale)", choices=OUTPUT_PRECISIONS)  # fmt: skip
+    accuracy_check: bool = _option(
+        True, "run the compiled float model against onnxruntime float on calibration samples (held "
+        "back from calibration when there are 8 or more) and repair or refuse a result below "
+        "--target-cosine", cli="toggle")  # fmt: skip
+    target_cosine: float = _option(
+        0.99, "the least cosine per output the accuracy check accepts (default 0.99)", type=float,
+        metavar="C", minimum=0)  # fmt: skip
     cancel_points: bool = _option(
         True, "place cancellation points (the driver pauses a running model at them)", cli="toggle"
     )
@@ -177,6 +184,8 @@ class CompileOptions:
             ):
                 least = "a positive number" if meta["minimum"] == 1e-9 else f"a number >= {meta['minimum']}"
                 raise OptionError(f.name, f"{f.name} must be {least}, not {value!r}")
+        if self.target_cosine > 1:
+            raise OptionError("target_cosine", f"target_cosine must be at most 1, not {self.target_cosine!r}")
 
     def replace(self, **changes: Any) -> CompileOptions:
         """A copy with `changes`; an unknown option is a CompileError listing the known ones."""

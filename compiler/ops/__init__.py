@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 def placement(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
     """None when the NPU runs this node (or views it), else why it goes to the host."""
+    if n.name in ctx.host_nodes:
+        return ctx.host_nodes[n.name]
     if n.domain not in ("", "ai.onnx"):
         return f"custom domain {n.domain}"
     if any(i in ctx.host_float for i in n.input if i):
@@ -55,7 +57,7 @@ def placement(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
 
 
 def lower_node(ctx: Lowerer, n: onnx.NodeProto) -> None:
-    if is_absorbed(ctx, n):  # a step of a table function that later tables compute from its source
+    if n.name not in ctx.host_nodes and is_absorbed(ctx, n):  # a step later tables compute from its source
         return
     if n.name and n.name in ctx.fused:  # a Relu its producer clamped (Lowerer.fuse_relu): a view
         ctx.new_frag(n, "view", ctx.shape(n.output[0], n))

@@ -194,6 +194,8 @@ def plan(ctx: Lowerer) -> dict[str, Lut]:
     for n in ctx.graph.nodes:
         if n.op_type not in OPS or n.domain not in ("", "ai.onnx") or len(n.output) != 1 or _own_rule(ctx, n):
             continue
+        if n.name in ctx.host_nodes:  # the host computes it from its own input
+            continue
         cs = ctx.graph.consumers.get(n.output[0], [])
         if len(cs) != 1 or cs[0].op_type != "QuantizeLinear":
             continue

@@ -45,7 +45,10 @@ def test_command_line_values_reach_the_options():
         ({"step_cycles": 0}, "step_cycles must be a number >= 1, not 0"),
         ({"order_budget_s": 0}, "order_budget_s must be a positive number, not 0"),
         ({"activations": "int4"}, "activations must be one of auto, int8, int16, not 'int4'"),
-        ({"activation": "int8"}, "unknown compile option 'activation'; options: acc_region, activations"),
+        (
+            {"activation": "int8"},
+            "unknown compile option 'activation'; options: acc_region, accuracy_check, activations",
+        ),
     ],
 )
 def test_a_bad_option_is_a_compile_error_naming_it(change, message):

@@ -172,7 +172,10 @@ def test_report_names_the_quantisation_and_the_host_share(tmp_path):
     path, _ = classifier(tmp_path / "s.onnx", softmax=True)
     calib = np.random.default_rng(2).normal(0, 0.5, (32, 32)).astype(np.float32)
     report = compile_onnx(path, "tiny", calib=calib, calib_method="percentile").report()
-    assert "quantisation: int16 activations (percentile calibration, 32 samples), weights per" in report
+    # one batch of 4 of the 32 samples held back for the accuracy check
+    assert "quantisation: int16 activations (percentile calibration, 28 samples), weights per" in report
+    assert "(4 held back for the accuracy check)" in report
+    assert "accuracy: cosine against onnxruntime float on 4 held-back calibration samples" in report
     assert "(auto)" in report  # the default chose int16
     assert "outputs int32" in report
     assert "host: 1 operators in 1 steps, 0 MACs" in report

@@ -1,0 +1,273 @@
+"""The accuracy guard: a compiled float model is run (golden model) against onnxruntime running the
+float model on check samples, and its cosine per output compared with a target.
+
+* Check samples: with at least `HOLD_BACK_FROM` calibration batches, the last `CHECK_BATCHES` are
+  held back from calibration (data the quantiser never saw); with fewer, the first ones are used in
+  sample (the report says which).
+* Below the target, the operators losing the most accuracy are found by running the quantised
+  (QDQ) model and the float model in onnxruntime with every intermediate tensor exposed: a node's
+  loss is the cosine of its inputs (as quantised) minus the cosine of its result, both against
+  float. The worst node (if on the NPU) and the NPU nodes whose quantised results it reads move to
+  the host, where results read only by the host
+  stay float (compiler/outputs.py) - a logarithm of a quantised power spectrum is the typical
+  case - and the model is checked again; if that does not reach the target, the compile fails
+  with `AccuracyError` naming the worst operators.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from .errors import AccuracyError
+from .graph import Graph
+
+#: calibration batches from which the check samples are held back rather than reused
+HOLD_BACK_FROM = 8
+#: batches the check runs (each costs one golden-model run and one onnxruntime run)
+CHECK_BATCHES = 2
+#: repair rounds, each moving one more group of nodes to the host and checking again
+REPAIR_ROUNDS = 4
+
+
+@dataclass
+class CheckData:
+    """Check samples: `feeds` for the float model (NCHW), `inputs` for CompiledModel.run (as the
+    user gives them: channels-last for a folded input), one entry per batch."""
+
+    feeds: list[dict[str, np.ndarray]]
+    inputs: list[list[np.ndarray]]
+    held_back: bool
+
+    @property
+    def samples(self) -> int:
+        return sum(len(x[0]) for x in self.inputs)
+
+
+@dataclass
+class Accuracy:
+    """The guard's result (CompiledModel.accuracy, the report)."""
+
+    target: float
+    samples: int
+    held_back: bool
+    cosines: dict[str, float]  # per output: the least over the check samples
+    moved: dict[str, str] = field(default_factory=dict)  # node -> why the guard put it on the host
+
+    @property
+    def worst(self) -> float:
+        return min(self.cosines.values(), default=1.0)
+
+    def describe(self) -> str:
+        where = "held-back calibration samples" if self.held_back else "calibration samples (in sample)"
+        cos = ", ".join(f"{k} {v:.4f}" for k, v in self.cosines.items())
+        text = f"cosine against onnxruntime float on {self.samples} {where}: {cos} (target {self.target:g})"
+        if self.moved:
+            text += f"; repaired by moving {', '.join(self.moved)} to the host"
+        return text
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine similarity; 0 when either has a NaN or infinity the other does not have at the same
+    place (a logarithm of a value quantised to zero is no match for the float result)."""
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    fa, fb = np.isfinite(a), np.isfinite(b)
+    if not (fa.all() and fb.all()):
+        same = (fa == fb) & ((a == b) | np.isnan(a) & np.isnan(b) | fa)
+        if not same.all():
+            return 0.0
+        a, b = a[fa], b[fb]
+    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    if na == 0 and nb == 0:
+        return 1.0
+    return float(a @ b / (na * nb + 1e-30))
+
+
+def hold_back(
+    model: onnx.ModelProto, calib: object, nhwc: Mapping, source: str
+) -> tuple[object, CheckData | None]:
+    """(the calibration data for the quantiser, the check samples) from the user's `calib` (one
+    array, or one per input name; channels-last for the inputs in `nhwc`). None when the data do
+    not look like samples of the model's inputs (the quantiser then says what is wrong)."""
+    g = Graph(model, source)
+    try:
+        raw = dict(calib) if isinstance(calib, Mapping) else {g.inputs[0]: calib}
+        raw = {k: np.asarray(v) for k, v in raw.items()}
+        batch = {n: g.shape(n, source)[0] for n in g.inputs}
+        want = {n: list(nhwc[n] if n in nhwc else g.shape(n, source)) for n in g.inputs}
+        if set(raw) != set(g.inputs) or any(
+            a.dtype.kind not in "biuf" or list(a.shape[1:]) != want[n][1:] for n, a in raw.items()
+        ):
+            return calib, None
+        n_batches = min(len(raw[n]) // batch[n] for n in g.inputs)
+    except Exception:  # malformed data: _quantize names the problem
+        return calib, None
+    if n_batches == 0:
+        return calib, None
+    held = n_batches >= HOLD_BACK_FROM
+    k = min(CHECK_BATCHES, n_batches // HOLD_BACK_FROM) if held else min(CHECK_BATCHES, n_batches)
+    first = n_batches - k if held else 0
+    feeds, inputs = [], []
+    for b in range(first, first + k):
+        user = {n: raw[n][b * batch[n] : (b + 1) * batch[n]].astype(np.float32) for n in g.inputs}
+        feeds.append({n: a.transpose(0, 3, 1, 2) if n in nhwc else a for n, a in user.items()})
+        inputs.append([user[n] for n in g.inputs])
+    if held:
+        kept = {n: raw[n][: first * batch[n]] for n in g.inputs}
+        calib = kept if isinstance(calib, Mapping) else kept[g.inputs[0]]
+    return calib, CheckData(feeds, inputs, held)
+
+
+def _session(model: onnx.ModelProto, extra: list[str] = ()):
+    import onnxruntime as ort
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    have = {o.name for o in m.graph.output}
+    m.graph.output.extend(onnx.ValueInfoProto(name=n) for n in extra if n not in have)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    return ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def output_cosines(run: Callable, float_model: onnx.ModelProto, check: CheckData) -> dict[str, float]:
+    """The least cosine over the check samples of each output of `run` (a CompiledModel's) against
+    onnxruntime running `float_model`."""
+    sess = _session(float_model)
+    names = [o.name for o in sess.get_outputs()]
+    out: dict[str, float] = {}
+    for feeds, inputs in zip(check.feeds, check.inputs, strict=True):
+        want = sess.run(None, feeds)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a host log of a value quantised to 0
+            got = run(*inputs)
+        for name, w, y in zip(names, want, got, strict=True):
+            out[name] = min(out.get(name, 1.0), cosine(y, w))
+    return out
+
+
+@dataclass(frozen=True)
+class Loss:
+    node: str
+    op: str
+    before: float  # cosine of its inputs as the quantised model sees them (the least)
+    after: float  # cosine of its result
+
+    @property
+    def drop(self) -> float:
+        return self.before - self.after
+
+    def describe(self) -> str:
+        return f"{self.node} ({self.op}): cosine {self.before:.4f} -> {self.after:.4f}"
+
+
+def losses(float_model: onnx.ModelProto, qdq: onnx.ModelProto, feeds: dict, nodes: set[str]) -> list[Loss]:
+    """Per node of `nodes` (names in the QDQ model), the accuracy it loses on one check sample,
+    worst first (module docstring)."""
+    fvals_names = [o for n in float_model.graph.node for o in n.output if o]
+    qnames = [o for n in qdq.graph.node for o in n.output if o]
+    fs = _session(float_model, fvals_names)
+    fv = dict(zip([o.name for o in fs.get_outputs()], fs.run(None, feeds), strict=True))
+    qs = _session(qdq, qnames)
+    qv = dict(zip([o.name for o in qs.get_outputs()], qs.run(None, feeds), strict=True))
+    producer = {o: n for n in qdq.graph.node for o in n.output}
+
+    def source(t: str) -> str | None:
+        """The float tensor a DequantizeLinear output stands for (None for a constant)."""
+        p = producer.get(t)
+        if p is None or p.op_type != "DequantizeLinear":
+            return t if t in fv else None
+        q = producer.get(p.input[0])
+        return q.input[0] if q is not None and q.op_type == "QuantizeLinear" and q.input[0] in fv else None
+
+    out = []
+    for n in qdq.graph.node:
+        if n.name not in nodes or not n.output or n.output[0] not in fv or n.output[0] not in qv:
+            continue
+        before = [cosine(qv[i], fv[s]) for i in n.input if i in qv and (s := source(i)) is not None]
+        after = cosine(qv[n.output[0]], fv[n.output[0]])
+        out.append(Loss(n.name, n.op_type, min(before, default=1.0), after))
+    return sorted(out, key=lambda x: -x.drop)
+
+
+def upstream(qdq: onnx.ModelProto, node: str, npu: set[str]) -> list[str]:
+    """The NPU nodes whose quantised results `node` reads, directly or through host nodes whose
+    results are float (moving them to the host keeps those results float too)."""
+    producer = {o: n for n in qdq.graph.node for o in n.output}
+    start = next(x for x in qdq.graph.node if x.name == node)
+    found, stack, seen = [], [start], {node}
+    while stack:
+        for i in stack.pop().input:
+            p = producer.get(i)
+            if p is not None and p.op_type == "DequantizeLinear":
+                q = producer.get(p.input[0])
+                p = producer.get(q.input[0]) if q is not None and q.op_type == "QuantizeLinear" else None
+                if p is not None and p.name in npu and p.name not in found:
+                    found.append(p.name)
+            elif p is not None and p.name not in seen and p.name not in npu:
+                seen.add(p.name)
+                stack.append(p)  # a float result of the host: look at what it reads
+    return found
+
+
+def guard(
+    compiled,
+    float_model: onnx.ModelProto,
+    float_clean: onnx.ModelProto,
+    check: CheckData,
+    target: float,
+    rebuild: Callable[[dict[str, str]], object],
+    source: str,
+    hint: str = "",
+):
+    """`compiled` if it reaches `target` on the check samples, else a rebuild with the worst
+    operators on the host that does; AccuracyError otherwise (`hint`: options worth trying first).
+    Sets `compiled.accuracy`."""
+    cos = output_cosines(compiled.run, float_model, check)
+    acc = Accuracy(target, check.samples, check.held_back, cos)
+    if acc.worst >= target:
+        compiled.accuracy = acc
+        return compiled
+    ranked = _ranked(compiled, float_clean, check)
+    first = ranked
+    moved: dict[str, str] = {}
+    for _ in range(REPAIR_ROUNDS):
+        # the worst node with something left to move: itself, if on the NPU, and the NPU nodes
+        # whose quantised results it reads
+        npu = {la.node for la in compiled.lowered.layers if la.placement == "npu"}
+        want = dict(moved)
+        for x in ranked:
+            new = [n for n in [x.node, *upstream(compiled.qdq, x.node, npu)] if n in npu and n not in moved]
+            if new:
+                want.update((n, f"the accuracy guard: {x.describe()} with quantised data") for n in new)
+                break
+        if want == moved:
+            break
+        moved = want
+        repaired = rebuild(moved)
+        cos2 = output_cosines(repaired.run, float_model, check)
+        if min(cos2.values(), default=1.0) >= target:
+            repaired.accuracy = Accuracy(target, check.samples, check.held_back, cos2, moved)
+            return repaired
+        compiled = repaired
+        ranked = _ranked(repaired, float_clean, check)
+    worst = min(cos, key=cos.get)
+    names = "; ".join(x.describe() for x in first[:3]) or "none stands out (the loss is spread out)"
+    raise AccuracyError(
+        f"{source}: output {worst!r} of the compiled model reaches cosine {cos[worst]:.4f} against "
+        f"onnxruntime float on {acc.samples} {'held-back ' if acc.held_back else ''}calibration "
+        f"sample(s), below the target {target:g}; the operators losing the most: {names}"
+        + (f"; moving {', '.join(moved)} to the host did not reach it" if moved else "")
+        + f". Try {hint}calibration data like the real inputs, a lower --target-cosine, or "
+        "--no-accuracy-check to take the model as it is"
+    )
+
+
+def _ranked(compiled, float_clean: onnx.ModelProto, check: CheckData) -> list[Loss]:
+    """The nodes (NPU or host) that lose accuracy on the first check sample, worst first."""
+    nodes = {la.node for la in compiled.lowered.layers if la.placement in ("npu", "host")}
+    return [x for x in losses(float_clean, compiled.qdq, check.feeds[0], nodes) if x.drop > 0]

@@ -1,0 +1,125 @@
+"""The accuracy guard (compiler/accuracy.py): a compiled float model is checked against onnxruntime
+float on calibration samples; one below --target-cosine is repaired (operators to the host) or
+refused with the operators named, never returned silently."""
+
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from npu.compiler import compile_onnx
+from npu.compiler.accuracy import cosine, hold_back
+from npu.compiler.errors import AccuracyError
+from tests.compiler.helpers import ort_outputs
+
+N, WIN, HOP, MELS = 4096, 256, 128, 32
+
+
+def logmel_model() -> onnx.ModelProto:
+    """An audio front end: a short-time Fourier transform as a 1-D convolution (cosine and sine
+    rows under a Hann window), squared, a mel projection (of re^2 + im^2), a floor and a log."""
+    f = WIN // 2 + 1
+    t, k = np.arange(WIN), np.arange(f)[:, None]
+    hann = 0.5 - 0.5 * np.cos(2 * np.pi * t / WIN)
+    w = np.concatenate([np.cos(2 * np.pi * k * t / WIN) * hann, -np.sin(2 * np.pi * k * t / WIN) * hann])
+    mel = np.zeros((f, MELS))
+    edges = np.linspace(0, f - 1, MELS + 2)
+    bins = np.arange(f)
+    for m in range(MELS):
+        lo, c, hi = edges[m : m + 3]
+        mel[:, m] = np.clip(np.minimum((bins - lo) / (c - lo), (hi - bins) / (hi - c)), 0, None)
+    nodes = [
+        helper.make_node("Conv", ["audio", "w"], ["spec"], name="stft", strides=[HOP], kernel_shape=[WIN]),
+        helper.make_node("Mul", ["spec", "spec"], ["power"], name="square"),
+        helper.make_node("Transpose", ["power"], ["power_t"], name="frames_first", perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["power_t", "mel"], ["melspec"], name="mel"),
+        helper.make_node("Add", ["melspec", "eps"], ["mel_eps"], name="floor"),
+        helper.make_node("Log", ["mel_eps"], ["logmel"], name="log"),
+    ]
+    frames = (N - WIN) // HOP + 1
+    g = helper.make_graph(
+        nodes,
+        "logmel",
+        [helper.make_tensor_value_info("audio", TensorProto.FLOAT, [1, 1, N])],
+        [helper.make_tensor_value_info("logmel", TensorProto.FLOAT, [1, frames, MELS])],
+        [
+            numpy_helper.from_array(w[:, None, :].astype(np.float32), "w"),
+            numpy_helper.from_array(np.concatenate([mel, mel]).astype(np.float32), "mel"),
+            numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+        ],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def tones(k: int, seed: int) -> np.ndarray:
+    """Decaying two-partial tones in a little noise (the quiet tails are what a log brings out)."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(N) / 16000
+    out = []
+    for _ in range(k):
+        f0 = rng.uniform(100, 2000)
+        x = 0.5 * np.sin(2 * np.pi * f0 * t) + 0.2 * np.sin(2 * np.pi * 3.1 * f0 * t)
+        out.append(((x + rng.normal(0, 0.01, N)) * np.exp(-t * rng.uniform(0, 20)))[None])
+    return np.array(out, np.float32)
+
+
+@pytest.fixture(scope="module")
+def logmel(tmp_path_factory):
+    path = tmp_path_factory.mktemp("logmel") / "logmel.onnx"
+    onnx.save(logmel_model(), str(path))
+    return path
+
+
+def _cosines(cm, model, x) -> list[float]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # log(0) of the unrepaired model
+        return [cosine(cm.run(x[i : i + 1])[0], ort_outputs(model, x[i : i + 1])[0]) for i in range(len(x))]
+
+
+def test_an_audio_front_end_below_the_target_is_repaired(logmel):
+    """Without the guard the compiled log-mel front end is far from float on new audio (its floor
+    and log read a mel spectrum quantised to zero in the quiet frames); with it (the default) the
+    compile moves the operators that lose accuracy to the host and says so in the report, and new
+    audio reaches the target."""
+    model, calib, new = logmel_model(), tones(16, seed=0), tones(4, seed=99)
+    unchecked = compile_onnx(logmel, calib=calib, accuracy_check=False)
+    assert unchecked.accuracy is None and "accuracy: not checked" in unchecked.report()
+    assert min(_cosines(unchecked, model, new)) < 0.99
+    cm = compile_onnx(logmel, calib=calib)
+    acc = cm.accuracy
+    assert acc.held_back and acc.samples == 2 and acc.worst >= 0.99, acc
+    assert "floor" in acc.moved and "accuracy guard" in acc.moved["floor"]
+    placed = {la.node: la.placement for la in cm.lowered.layers}
+    assert all(placed[n] == "host" for n in acc.moved)
+    assert "repaired by moving floor" in cm.report()
+    assert min(_cosines(cm, model, new)) >= 0.99
+
+
+def test_a_model_that_cannot_be_repaired_is_refused_naming_the_operators(logmel):
+    """A target no placement reaches: an AccuracyError with the output, its cosine, the operators
+    losing the most and what the repair tried."""
+    with pytest.raises(AccuracyError) as e:
+        compile_onnx(logmel, calib=tones(16, seed=0), target_cosine=1.0)
+    msg = str(e.value)
+    assert "output 'logmel'" in msg and "below the target 1" in msg
+    assert "the operators losing the most: log (Log)" in msg and "did not reach it" in msg
+
+
+def test_check_samples_are_held_back_from_eight_batches_else_reused():
+    model = logmel_model()
+    many, check = hold_back(model, tones(16, seed=1), {}, "m")
+    assert len(many) == 14 and check.held_back and check.samples == 2
+    few, check = hold_back(model, tones(4, seed=1), {}, "m")
+    assert len(few) == 4 and not check.held_back and check.samples == 2
+    # data that do not match the input are left to the quantiser's error message
+    bad = np.zeros((16, 3, N), np.float32)
+    assert hold_back(model, bad, {}, "m") == (bad, None)
+
+
+def test_cosine_counts_a_non_finite_mismatch_as_no_match():
+    a = np.array([1.0, 2.0, 3.0])
+    assert cosine(a, a) == pytest.approx(1.0)
+    assert cosine(np.array([1.0, -np.inf, 3.0]), a) == 0.0
+    assert cosine(np.array([1.0, -np.inf, 3.0]), np.array([1.0, -np.inf, 3.0])) == pytest.approx(1.0)
