@@ -16,8 +16,8 @@ float model on check samples, and its cosine per output compared with a target.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -233,7 +233,7 @@ def guard(
         compiled.accuracy = acc
         return compiled
     ranked = _ranked(compiled, float_clean, check)
-    first = ranked
+    first, worst = ranked, acc.worst
     moved: dict[str, str] = {}
     for _ in range(REPAIR_ROUNDS):
         # the worst node with something left to move: itself, if on the NPU, and the NPU nodes
@@ -253,12 +253,15 @@ def guard(
         if min(cos2.values(), default=1.0) >= target:
             repaired.accuracy = Accuracy(target, check.samples, check.held_back, cos2, moved)
             return repaired
+        if min(cos2.values(), default=1.0) <= worst + 1e-4:
+            break  # the move did not help: the loss is not where the ranking points (spread out)
+        worst = min(cos2.values(), default=1.0)
         compiled = repaired
         ranked = _ranked(repaired, float_clean, check)
-    worst = min(cos, key=cos.get)
+    name = min(cos, key=cos.get)
     names = "; ".join(x.describe() for x in first[:3]) or "none stands out (the loss is spread out)"
     raise AccuracyError(
-        f"{source}: output {worst!r} of the compiled model reaches cosine {cos[worst]:.4f} against "
+        f"{source}: output {name!r} of the compiled model reaches cosine {cos[name]:.4f} against "
         f"onnxruntime float on {acc.samples} {'held-back ' if acc.held_back else ''}calibration "
         f"sample(s), below the target {target:g}; the operators losing the most: {names}"
         + (f"; moving {', '.join(moved)} to the host did not reach it" if moved else "")
