@@ -173,3 +173,110 @@ def format_compile(result: dict) -> str:
         f"in {r['compile_s']} s"
         for r in result["models"]
     )
+
+
+def bench_models(cfg: NpuConfig, names: list[str] | None = None, max_inputs: int | None = None) -> dict:
+    """`npu bench models`: per model of the real-model set (`npu.models.real`, downloaded once) and
+    the zoo's small models, compiled with the default options: MACs, golden-model and predicted
+    cycles, utilisation of the int8 MAC peak (NPU MACs / (golden cycles x MACs a cycle)), the int8
+    share of the NPU's MACs, the least cosine against onnxruntime float over the held-out inputs
+    (the first `max_inputs`), compile seconds, the largest cancellation-point gap and the
+    accuracy guard's verdict (a refused model is measured compiled with the check off)."""
+    import tempfile
+    import time
+    from pathlib import Path
+
+    import onnx
+
+    from npu.models import zoo
+
+    from .accuracy import _session, cosine
+    from .compile import compile_onnx
+    from .errors import AccuracyError
+    from .load import load
+    from .placement import int8_mac_share
+
+    try:
+        from npu.models.real.catalog import MODELS
+        from npu.models.real.fetch import fetch
+        from npu.models.real.inputs import calibration, held_out
+    except ImportError as e:  # Pillow renders the calibration pages
+        raise CompileError(f"bench models needs the dev extras (pip install -e '.[dev]'): {e}") from None
+    real = {m.name: m for m in MODELS}
+    zoo_names = list(zoo.ZOO)
+    known = [*real, *zoo_names, *zoo.IMAGENET]
+    for n in names or []:
+        if n not in known:
+            raise CompileError(f"unknown model {n!r}; choose from {', '.join(known)}")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names or [*real, *zoo_names]:
+            print(f"bench models: {name}", file=sys.stderr, flush=True)
+            if name in real:
+                m = real[name]
+                path, calib, xs = fetch(m, say=lambda _s: None), calibration(m), held_out(m)
+                shapes, kind = {m.input: m.shape}, "real"
+            else:
+                z = _zoo_model(name)
+                path, calib, shapes, kind = Path(tmp) / f"{name}.onnx", z.calib, {}, "zoo"
+                onnx.save(z.model, str(path))
+                batch = z.model.graph.input[0].type.tensor_type.shape.dim[0].dim_value or 1
+                xs = np.stack([z.test[i : i + batch] for i in range(0, len(z.test) - batch + 1, batch)])
+            t0 = time.perf_counter()
+            verdict = "passed"
+            try:
+                cm = compile_onnx(path, cfg, calib=calib, input_shapes=shapes)
+                if cm.accuracy is not None and cm.accuracy.moved:
+                    verdict = "repaired"
+            except AccuracyError as e:
+                verdict = f"refused: {e}"
+                cm = compile_onnx(path, cfg, calib=calib, input_shapes=shapes, accuracy_check=False)
+            compile_s = time.perf_counter() - t0
+            sess = _session(load(path, shapes or None).model)
+            cos, cycles = 1.0, None
+            for x in list(xs)[:max_inputs]:
+                x = x if kind == "zoo" else x[None]
+                got, counters = _run(cm, x)
+                want = sess.run(None, {sess.get_inputs()[0].name: x})
+                cos = min(cos, *(cosine(g, w) for g, w in zip(got, want, strict=True)))
+                cycles = counters["CYCLES"] if cycles is None else cycles  # the first input's
+            p = cm.placement
+            rows.append(
+                {
+                    "name": name,
+                    "set": kind,
+                    "macs": p.macs_npu + p.macs_host,
+                    "cycles": cycles,
+                    "predicted_cycles": sum(
+                        la.est_cycles or 0 for la in cm.lowered.layers if la.placement == "npu"
+                    ),
+                    "utilization": round(p.macs_npu / (cycles * cfg.macs_per_cycle), 4) if cycles else None,
+                    "int8_mac_share": round(int8_mac_share(cm.qdq, cm.lowered.layers), 4),
+                    "cosine": round(cos, 5),
+                    "compile_s": round(compile_s, 2),
+                    "max_cp_gap": cm.max_cp_gap,
+                    "accuracy_check": verdict,
+                }
+            )
+    utils = [r["utilization"] for r in rows if r["set"] == "real" and r["utilization"]]
+    gm = float(np.exp(np.mean(np.log(utils)))) if utils else None
+    return {"config": cfg.name, "models": rows, "real_geomean_utilization": gm and round(gm, 4)}
+
+
+def _run(cm: CompiledModel, x: np.ndarray):
+    from npu.sim.golden.runner import run_container
+
+    return run_container(cm.to_container(), [x], cm.cfg)
+
+
+def format_models(result: dict) -> str:
+    """`bench_models`'s figures as text."""
+    lines = [
+        f"{r['name']} ({r['set']}): {r['macs']:,} MACs, {r['cycles']:,} cycles (predicted "
+        f"{r['predicted_cycles']:,}), utilisation {r['utilization']}, int8 MAC share {r['int8_mac_share']}, "
+        f"cosine {r['cosine']}, compile {r['compile_s']} s, largest point gap {r['max_cp_gap']:,}, "
+        f"accuracy check {r['accuracy_check'].split(':')[0]}"
+        for r in result["models"]
+    ]
+    gm = result["real_geomean_utilization"]
+    return "\n".join(lines + ([f"real-model set: geometric-mean utilisation {gm}"] if gm else []))

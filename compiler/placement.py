@@ -81,3 +81,26 @@ def placement(qdq: onnx.ModelProto, layers: list[Layer]) -> Placement:
         c[0] += 1
         c[1] += node_macs(g, n, shapes)
     return Placement(counts["npu"][0], counts["host"][0], counts["npu"][1], counts["host"][1])
+
+
+def int8_mac_share(qdq: onnx.ModelProto, layers: list[Layer]) -> float:
+    """The share of the NPU's MACs whose activation input is int8 (the rest int16); 1.0 with none."""
+    g = Graph(qdq)
+    host = {la.node for la in layers if la.placement == "host"}
+    shapes = g.static_shapes()
+    inits = {t.name: t for t in qdq.graph.initializer}
+    narrow = total = 0
+    for n in g.nodes:
+        if n.op_type not in MAC_OPS or n.name in host:
+            continue
+        macs = node_macs(g, n, shapes)
+        total += macs
+        p = g.producers.get(n.input[0])
+        zp = (
+            inits.get(p.input[2])
+            if p is not None and p.op_type == "DequantizeLinear" and len(p.input) > 2
+            else None
+        )
+        if zp is None or zp.data_type in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8):
+            narrow += macs
+    return narrow / total if total else 1.0

