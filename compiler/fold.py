@@ -66,7 +66,7 @@ def _fold_once(model: onnx.ModelProto, source: str) -> tuple[onnx.ModelProto, bo
         changed = True
     if not changed:
         return model, False
-    used = {x for n in nodes for x in n.input} | outputs
+    used = {x for n in nodes for x in _reads(n)} | outputs
     g = model.graph
     del g.node[:]
     g.node.extend(nodes)
@@ -81,12 +81,24 @@ def _fold_once(model: onnx.ModelProto, source: str) -> tuple[onnx.ModelProto, bo
     return model, True
 
 
+def _reads(n: onnx.NodeProto) -> set[str]:
+    """The names a node reads, including those its subgraphs (If/Loop bodies) take from outside."""
+    names = set(n.input)
+    for a in n.attribute:
+        for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
+            for m in sub.node:
+                names |= _reads(m)
+    return names
+
+
 def _evaluate(
     n: onnx.NodeProto, consts: dict, shapes: dict, model: onnx.ModelProto, graph: Graph
 ) -> list | None:
     """The node's output values when they are known before run time, else None."""
     if n.domain not in ("", "ai.onnx") or n.op_type in KEEP | RANDOM:
         return None
+    if any(x.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for x in n.attribute):
+        return None  # If/Loop/Scan: control.py inlines the static ones
     a = node_attrs(n)
     if n.op_type == "Shape" and n.input[0] in shapes:
         s = np.array(shapes[n.input[0]], np.int64)

@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 from onnx import helper, version_converter
 
+from .control import inline_control_flow
 from .fold import fold_constants, refresh_shapes
 from .graph import CompileError, Graph, node_attrs
 
@@ -52,6 +53,10 @@ def prepare(
     set_input_shapes(p.model, input_shapes or {}, source)
     check_static_inputs(p.model, source)
     p.model = fold_constants(p.model, source)
+    for _ in range(8):  # a nested If or Loop becomes static once the one around it is inlined
+        if not inline_control_flow(p.model, source, p.notes):
+            break
+        p.model = fold_constants(p.model, source)
     explicit_pads(p.model, p.notes)
     p.nhwc_inputs = fold_input_layout(p.model, p.notes)
     if any(n.op_type == "QuantizeLinear" for n in p.model.graph.node):
