@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +31,7 @@ from .order import SearchResult, search_order
 from .outputs import clamped_by_quantisation, keep_output_precision
 from .placement import Placement, placement
 from .points import PointPolicy
+from .progress import reporting, stage
 from .quantize import (
     calibration_batches,
     check_calibration,
@@ -228,12 +229,14 @@ def compile_onnx(
     config: str | NpuConfig = "default",
     calib: np.ndarray | Mapping[str, np.ndarray] | None = None,
     options: CompileOptions | None = None,
+    progress: Callable[[str], None] | None = None,
     **changes,
 ) -> CompiledModel:
     """Compile an ONNX model (a float model with calibration inputs `calib`: an array for its one
     input, or one array per input name; or a QDQ model) for `config`, with `options` (default
     CompileOptions(); keyword arguments change single options, e.g. `activations="int8"`: see
-    CompileOptions for each option's choices and meaning).
+    CompileOptions for each option's choices and meaning). `progress` is called with a line as each
+    stage starts (loading, quantising, lowering, order search, assembly, the accuracy check).
 
     This is the driver around one pass pipeline (`_compile`): the model is loaded once; with
     `activations="auto"` a float model compiles with int16 activations and falls back to int8 when
@@ -241,18 +244,22 @@ def compile_onnx(
     opts = (options or CompileOptions()).replace(**changes)
     t0 = time.perf_counter()
     cfg = get_config(config).engine  # a model runs on one engine (of a SoC preset: its engine)
-    prepared = load(path, opts.input_shapes)
-    if opts.activations != "auto" or is_qdq(prepared.model):  # a QDQ model keeps its own types
-        compiled = _compile_fitting(prepared, cfg, calib, opts, path)
-    else:
-        try:
-            compiled = _compile_fitting(prepared, cfg, calib, opts.replace(activations="int16"), path)
-            compiled.quantisation += " (auto)"
-        except AccuracyError:
-            raise  # int8 would be less accurate still
-        except CompileError as e:
-            compiled = _compile_fitting(prepared, cfg, calib, opts.replace(activations="int8"), path)
-            compiled.quantisation += f" (auto: int16 activations did not compile: {e})"
+    with reporting(progress):
+        stage(f"loading {path}")
+        prepared = load(path, opts.input_shapes)
+        if opts.activations != "auto" or is_qdq(prepared.model):  # a QDQ model keeps its own types
+            compiled = _compile_fitting(prepared, cfg, calib, opts, path)
+        else:
+            try:
+                compiled = _compile_fitting(prepared, cfg, calib, opts.replace(activations="int16"), path)
+                compiled.quantisation += " (auto)"
+            except AccuracyError:
+                raise  # int8 would be less accurate still
+            except CompileError as e:
+                stage(f"int16 activations did not compile ({e}); again with int8")
+                compiled = _compile_fitting(prepared, cfg, calib, opts.replace(activations="int8"), path)
+                compiled.quantisation += f" (auto: int16 activations did not compile: {e})"
+        stage("done")
     compiled.compile_s = time.perf_counter() - t0
     return compiled
 
@@ -346,6 +353,7 @@ def _compile(prepared: Prepared, cfg: NpuConfig, calib, opts: CompileOptions, pa
         float_model = onnx.ModelProto()
         float_model.CopyFrom(model)
         calib, check = accuracy.hold_back(model, calib, prepared.nhwc_inputs, str(path))
+    stage(f"quantising ({opts.activations} activations, onnxruntime calibration)")
     model, quantisation, clamped, float_clean = _quantize(prepared, calib, opts, path)
     if check is not None:
         use = "held back for" if check.held_back else "reused by"
@@ -363,6 +371,7 @@ def _compile(prepared: Prepared, cfg: NpuConfig, calib, opts: CompileOptions, pa
         again = dataclasses.replace(prepared, notes=list(notes))
         return _build(m, again, cfg, opts, path, quantisation, True, t0, clamped, host_nodes)
 
+    stage(f"accuracy check on {check.samples} calibration samples (golden model against onnxruntime)")
     hint = "--activations int16, " if opts.activations == "int8" else ""
     return accuracy.guard(
         compiled, float_model, float_clean, check, opts.target_cosine, rebuild, str(path), hint
@@ -376,6 +385,8 @@ def _build(
     """Lower (`host_nodes` on the host), order, assemble and relocate a QDQ model."""
     regions = region.resolve(cfg, opts.spad_region, opts.acc_region)
     plan_cfg = region.view(cfg, regions) if regions else cfg  # the passes plan inside the regions
+    moved = f" again, {len(host_nodes or ())} operators moved to the host by the accuracy guard"
+    stage("lowering" + (moved if host_nodes else ""))
     lowering = _lower(model, plan_cfg, opts, path, prepared, dict(host_nodes or {}), host_nodes)
     if opts.output_precision == "int32" and float_model:
         # host operators placed so by their lowering's conditions (not known before lowering)
@@ -386,6 +397,7 @@ def _build(
             lowering = _lower(model, plan_cfg, opts, path, prepared, host, host_nodes)
     search = None
     if opts.order == "search":
+        stage(f"searching the operator order ({len(lowering.frags)} operators)")
         search = search_order(
             lowering,
             budget_s=opts.order_budget_s,
@@ -398,6 +410,7 @@ def _build(
         if opts.cancel_points
         else None
     )
+    stage("assembling programs and placing cancellation points")
     low = assemble(
         lowering,
         search.order if search else None,

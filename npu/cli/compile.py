@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +48,15 @@ def run(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as e:
             raise CliError(f"--calib {args.calib}: cannot read: {e}") from None
     try:
-        cm = compile_onnx(args.model, args.config, calib=calib, options=options.from_arguments(args))
+        # stage by stage on a terminal (a compile of a large model takes minutes)
+        say = (
+            (lambda line: print(f"npu compile: {line}", file=sys.stderr, flush=True))
+            if sys.stderr.isatty()
+            else None
+        )
+        cm = compile_onnx(
+            args.model, args.config, calib=calib, options=options.from_arguments(args), progress=say
+        )
     except CompileError as e:
         raise CliError(str(e)) from None
     cm.to_container().save(out)

@@ -97,6 +97,21 @@ def test_an_audio_front_end_below_the_target_is_repaired(logmel):
     assert min(_cosines(cm, model, new)) >= 0.99
 
 
+def test_progress_names_each_stage_and_the_repair_rounds(logmel):
+    """`compile_onnx(progress=...)` (what `npu compile` prints on a terminal): one line a stage,
+    in order, with the seconds since the start; each repair round lowers again."""
+    lines: list[str] = []
+    compile_onnx(logmel, calib=tones(16, seed=0), progress=lines.append)
+    stages = [line.split("s  ", 1)[1] for line in lines]
+    order = ["loading", "quantising", "lowering", "searching", "assembling", "accuracy check"]
+    assert [next(s for s in stages if s.startswith(w)) for w in order] and stages[-1] == "done"
+    firsts = [min(i for i, s in enumerate(stages) if s.startswith(w)) for w in order]
+    assert firsts == sorted(firsts), stages
+    assert sum("moved to the host by the accuracy guard" in s for s in stages) == 3, stages
+    secs = [float(line.split(" s ", 1)[0]) for line in lines]
+    assert secs == sorted(secs)
+
+
 def test_a_model_that_cannot_be_repaired_is_refused_naming_the_operators(logmel):
     """A target no placement reaches: an AccuracyError with the output, its cosine, the operators
     losing the most and what the repair tried."""
