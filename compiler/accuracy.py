@@ -25,6 +25,7 @@ import onnx
 
 from .errors import AccuracyError
 from .graph import Graph
+from .quantize import ort_session
 
 #: calibration batches from which the check samples are held back rather than reused
 HOLD_BACK_FROM = 8
@@ -122,32 +123,31 @@ def hold_back(
     return calib, CheckData(feeds, inputs, held)
 
 
-def _session(model: onnx.ModelProto, extra: list[str] = ()):
-    import onnxruntime as ort
-
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    have = {o.name for o in m.graph.output}
-    m.graph.output.extend(onnx.ValueInfoProto(name=n) for n in extra if n not in have)
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    return ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-
-
-def output_cosines(run: Callable, float_model: onnx.ModelProto, check: CheckData) -> dict[str, float]:
-    """The least cosine over the check samples of each output of `run` (a CompiledModel's) against
-    onnxruntime running `float_model`."""
-    sess = _session(float_model)
+def float_outputs(float_model: onnx.ModelProto, check: CheckData) -> dict[str, list[np.ndarray]]:
+    """onnxruntime's outputs of the float model on each check sample, by output name."""
+    sess = ort_session(float_model)
     names = [o.name for o in sess.get_outputs()]
+    runs = [sess.run(None, feeds) for feeds in check.feeds]
+    return {name: [r[k] for r in runs] for k, name in enumerate(names)}
+
+
+def output_cosines(run: Callable, want: dict[str, list[np.ndarray]], check: CheckData) -> dict[str, float]:
+    """The least cosine over the check samples of each output of `run` (a CompiledModel's) against
+    the float model's (`float_outputs`)."""
     out: dict[str, float] = {}
-    for feeds, inputs in zip(check.feeds, check.inputs, strict=True):
-        want = sess.run(None, feeds)
+    for k, inputs in enumerate(check.inputs):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # a host log of a value quantised to 0
             got = run(*inputs)
-        for name, w, y in zip(names, want, got, strict=True):
-            out[name] = min(out.get(name, 1.0), cosine(y, w))
+        for (name, w), y in zip(want.items(), got, strict=True):
+            out[name] = min(out.get(name, 1.0), cosine(y, w[k]))
     return out
+
+
+def intermediates(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every node output of `model` on one sample (onnxruntime)."""
+    sess = ort_session(model, [o for n in model.graph.node for o in n.output if o])
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds), strict=True))
 
 
 @dataclass(frozen=True)
@@ -165,15 +165,10 @@ class Loss:
         return f"{self.node} ({self.op}): cosine {self.before:.4f} -> {self.after:.4f}"
 
 
-def losses(float_model: onnx.ModelProto, qdq: onnx.ModelProto, feeds: dict, nodes: set[str]) -> list[Loss]:
-    """Per node of `nodes` (names in the QDQ model), the accuracy it loses on one check sample,
-    worst first (module docstring)."""
-    fvals_names = [o for n in float_model.graph.node for o in n.output if o]
-    qnames = [o for n in qdq.graph.node for o in n.output if o]
-    fs = _session(float_model, fvals_names)
-    fv = dict(zip([o.name for o in fs.get_outputs()], fs.run(None, feeds), strict=True))
-    qs = _session(qdq, qnames)
-    qv = dict(zip([o.name for o in qs.get_outputs()], qs.run(None, feeds), strict=True))
+def losses(fv: dict[str, np.ndarray], qdq: onnx.ModelProto, feeds: dict, nodes: set[str]) -> list[Loss]:
+    """Per node of `nodes` (names in the QDQ model), the accuracy it loses on one check sample
+    against the float model's intermediates `fv` on it, worst first (module docstring)."""
+    qv = intermediates(qdq, feeds)
     producer = {o: n for n in qdq.graph.node for o in n.output}
 
     def source(t: str) -> str | None:
@@ -227,12 +222,14 @@ def guard(
     """`compiled` if it reaches `target` on the check samples, else a rebuild with the worst
     operators on the host that does; AccuracyError otherwise (`hint`: options worth trying first).
     Sets `compiled.accuracy`."""
-    cos = output_cosines(compiled.run, float_model, check)
+    reference = float_outputs(float_model, check)  # run once for every round
+    cos = output_cosines(compiled.run, reference, check)
     acc = Accuracy(target, check.samples, check.held_back, cos)
     if acc.worst >= target:
         compiled.accuracy = acc
         return compiled
-    ranked = _ranked(compiled, float_clean, check)
+    fv = intermediates(float_clean, check.feeds[0])
+    ranked = _ranked(compiled, fv, check)
     first, worst = ranked, acc.worst
     moved: dict[str, str] = {}
     for _ in range(REPAIR_ROUNDS):
@@ -249,7 +246,7 @@ def guard(
             break
         moved = want
         repaired = rebuild(moved)
-        cos2 = output_cosines(repaired.run, float_model, check)
+        cos2 = output_cosines(repaired.run, reference, check)
         if min(cos2.values(), default=1.0) >= target:
             repaired.accuracy = Accuracy(target, check.samples, check.held_back, cos2, moved)
             return repaired
@@ -257,7 +254,7 @@ def guard(
             break  # the move did not help: the loss is not where the ranking points (spread out)
         worst = min(cos2.values(), default=1.0)
         compiled = repaired
-        ranked = _ranked(repaired, float_clean, check)
+        ranked = _ranked(repaired, fv, check)
     name = min(cos, key=cos.get)
     names = "; ".join(x.describe() for x in first[:3]) or "none stands out (the loss is spread out)"
     raise AccuracyError(
@@ -270,8 +267,8 @@ def guard(
     )
 
 
-def _ranked(compiled, float_clean: onnx.ModelProto, check: CheckData) -> list[Loss]:
+def _ranked(compiled, fv: dict[str, np.ndarray], check: CheckData) -> list[Loss]:
     """The nodes (NPU or host) that lose accuracy (over 1e-5 of cosine) on the first check sample,
     worst first."""
     nodes = {la.node for la in compiled.lowered.layers if la.placement in ("npu", "host")}
-    return [x for x in losses(float_clean, compiled.qdq, check.feeds[0], nodes) if x.drop > 1e-5]
+    return [x for x in losses(fv, compiled.qdq, check.feeds[0], nodes) if x.drop > 1e-5]

@@ -30,11 +30,15 @@ def _zoo_model(name: str):
     return models[name]()
 
 
-def _measured_cycles(cm: CompiledModel, x: np.ndarray) -> int:
+def _run(cm: CompiledModel, x: np.ndarray) -> tuple[list[np.ndarray], dict[str, int]]:
+    """(outputs, counters) of one run of `cm` on the golden model."""
     from npu.sim.golden.runner import run_container
 
-    _, counters = run_container(cm.to_container(), [x], cm.cfg)
-    return counters["CYCLES"]
+    return run_container(cm.to_container(), [x], cm.cfg)
+
+
+def _measured_cycles(cm: CompiledModel, x: np.ndarray) -> int:
+    return _run(cm, x)[1]["CYCLES"]
 
 
 def bench_order(cfg: NpuConfig, names: list[str] | None = None, timeout_s: float = 60.0) -> dict:
@@ -190,11 +194,11 @@ def bench_models(cfg: NpuConfig, names: list[str] | None = None, max_inputs: int
 
     from npu.models import zoo
 
-    from .accuracy import _session, cosine
+    from .accuracy import cosine
     from .compile import compile_onnx
     from .errors import AccuracyError
     from .load import load
-    from .placement import int8_mac_share
+    from .quantize import ort_session
 
     try:
         from npu.models.real.catalog import MODELS
@@ -232,7 +236,7 @@ def bench_models(cfg: NpuConfig, names: list[str] | None = None, max_inputs: int
                 verdict = f"refused: {e}"
                 cm = compile_onnx(path, cfg, calib=calib, input_shapes=shapes, accuracy_check=False)
             compile_s = time.perf_counter() - t0
-            sess = _session(load(path, shapes or None).model)
+            sess = ort_session(load(path, shapes or None).model)
             cos, cycles = 1.0, None
             for x in list(xs)[:max_inputs]:
                 x = x if kind == "zoo" else x[None]
@@ -251,7 +255,7 @@ def bench_models(cfg: NpuConfig, names: list[str] | None = None, max_inputs: int
                         la.est_cycles or 0 for la in cm.lowered.layers if la.placement == "npu"
                     ),
                     "utilization": round(p.macs_npu / (cycles * cfg.macs_per_cycle), 4) if cycles else None,
-                    "int8_mac_share": round(int8_mac_share(cm.qdq, cm.lowered.layers), 4),
+                    "int8_mac_share": round(p.int8_mac_share, 4),
                     "cosine": round(cos, 5),
                     "compile_s": round(compile_s, 2),
                     "max_cp_gap": cm.max_cp_gap,
@@ -261,12 +265,6 @@ def bench_models(cfg: NpuConfig, names: list[str] | None = None, max_inputs: int
     utils = [r["utilization"] for r in rows if r["set"] == "real" and r["utilization"]]
     gm = float(np.exp(np.mean(np.log(utils)))) if utils else None
     return {"config": cfg.name, "models": rows, "real_geomean_utilization": gm and round(gm, 4)}
-
-
-def _run(cm: CompiledModel, x: np.ndarray):
-    from npu.sim.golden.runner import run_container
-
-    return run_container(cm.to_container(), [x], cm.cfg)
 
 
 def format_models(result: dict) -> str:

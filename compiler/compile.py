@@ -387,7 +387,7 @@ def _build(
     plan_cfg = region.view(cfg, regions) if regions else cfg  # the passes plan inside the regions
     moved = f" again, {len(host_nodes or ())} operators moved to the host by the accuracy guard"
     stage("lowering" + (moved if host_nodes else ""))
-    lowering = _lower(model, plan_cfg, opts, path, prepared, dict(host_nodes or {}), host_nodes)
+    lowering = _lower(model, plan_cfg, opts, path, prepared, host_nodes=host_nodes)
     if opts.output_precision == "int32" and float_model:
         # host operators placed so by their lowering's conditions (not known before lowering)
         host = {f.layer.node: f.layer.reason or "" for f in lowering.frags if f.kind == "host"}

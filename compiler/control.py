@@ -49,12 +49,8 @@ def _stays_true(body: onnx.GraphProto) -> bool:
     cond_in, cond_out = body.input[1].name, body.output[0].name
     if cond_out == cond_in:
         return True
-    for n in body.node:
-        if cond_out in n.output:
-            if n.op_type == "Identity" and n.input[0] == cond_in:
-                return True
-            consts = _constants(body)
-            return cond_out in consts and bool(np.all(consts[cond_out]))
+    if any(n.op_type == "Identity" and n.input[0] == cond_in and n.output[0] == cond_out for n in body.node):
+        return True
     consts = _constants(body)
     return cond_out in consts and bool(np.all(consts[cond_out]))
 
@@ -111,9 +107,7 @@ def inline_control_flow(model: onnx.ModelProto, source: str, notes: list[str]) -
         if n.op_type == "If" and n.input[0] in consts:
             cond = bool(np.all(consts[n.input[0]]))
             _if(n, cond, out, inits)
-            notes.append(
-                f"If {n.name}: its condition is constant ({cond}), that branch taken"
-            )
+            notes.append(f"If {n.name}: its condition is constant ({cond}), that branch taken")
             changed = True
         elif n.op_type == "Loop":
             m = consts.get(n.input[0]) if n.input[0] else None

@@ -49,6 +49,11 @@ class Placement:
     nodes_host: int
     macs_npu: int
     macs_host: int
+    macs_npu_int8: int = 0  # of macs_npu: those whose activation input is int8 (the rest int16)
+
+    @property
+    def int8_mac_share(self) -> float:
+        return self.macs_npu_int8 / self.macs_npu if self.macs_npu else 1.0
 
     @property
     def node_share(self) -> float:
@@ -74,33 +79,22 @@ def placement(qdq: onnx.ModelProto, layers: list[Layer]) -> Placement:
     host = {la.node for la in layers if la.placement == "host"}
     shapes = g.static_shapes()
     counts = {"npu": [0, 0], "host": [0, 0]}
+    int8 = 0
     for n in g.nodes:
         if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
             continue
         c = counts["host" if n.name in host else "npu"]
-        c[0] += 1
-        c[1] += node_macs(g, n, shapes)
-    return Placement(counts["npu"][0], counts["host"][0], counts["npu"][1], counts["host"][1])
-
-
-def int8_mac_share(qdq: onnx.ModelProto, layers: list[Layer]) -> float:
-    """The share of the NPU's MACs whose activation input is int8 (the rest int16); 1.0 with none."""
-    g = Graph(qdq)
-    host = {la.node for la in layers if la.placement == "host"}
-    shapes = g.static_shapes()
-    inits = {t.name: t for t in qdq.graph.initializer}
-    narrow = total = 0
-    for n in g.nodes:
-        if n.op_type not in MAC_OPS or n.name in host:
-            continue
         macs = node_macs(g, n, shapes)
-        total += macs
-        p = g.producers.get(n.input[0])
-        zp = (
-            inits.get(p.input[2])
-            if p is not None and p.op_type == "DequantizeLinear" and len(p.input) > 2
-            else None
-        )
-        if zp is None or zp.data_type in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8):
-            narrow += macs
-    return narrow / total if total else 1.0
+        c[0] += 1
+        c[1] += macs
+        if macs and n.name not in host and not _int16_input(g, n):
+            int8 += macs
+    return Placement(counts["npu"][0], counts["host"][0], counts["npu"][1], counts["host"][1], int8)
+
+
+def _int16_input(g: Graph, n: onnx.NodeProto) -> bool:
+    """The node's activation input is dequantised from int16 (its zero point's type)."""
+    p = g.producers.get(n.input[0])
+    if p is None or p.op_type != "DequantizeLinear" or len(p.input) < 3 or p.input[2] not in g.consts:
+        return False
+    return g.consts[p.input[2]].dtype == np.int16

@@ -13,7 +13,7 @@ import logging
 import math
 import tempfile
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,6 +166,23 @@ def _quiet_quantiser() -> Iterator[None]:
         yield
     finally:
         root.removeFilter(f)
+
+
+def ort_session(model: onnx.ModelProto, outputs: Sequence[str] = ()):
+    """onnxruntime on a float or QDQ model, with `outputs` (intermediate tensors) added to its
+    outputs. Basic optimisations only: the QDQ pairs are computed as written (in float) instead of
+    being fused into integer kernels, whose x86 versions without VNNI saturate 16-bit pair sums;
+    the IR version capped at what onnxruntime reads."""
+    import onnxruntime as ort
+
+    m = onnx.ModelProto.FromString(model.SerializeToString())
+    m.ir_version = min(m.ir_version, ORT_MAX_IR)
+    have = {o.name for o in m.graph.output}
+    m.graph.output.extend(onnx.ValueInfoProto(name=n) for n in dict.fromkeys(outputs) if n not in have)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.log_severity_level = 3  # untyped added outputs are fine; no warning for each
+    return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 def check_calibration(calib: object, name: str, shape: list[int], source: str) -> np.ndarray:

@@ -29,6 +29,7 @@ from onnx import numpy_helper
 
 from .graph import CompileError
 from .options import ROUNDINGS
+from .quantize import ort_session
 
 #: "auto" keeps GPTQ's rounding when the model's output error on the calibration inputs is at most
 #: this fraction of nearest rounding's (a per-layer gain that does not carry through the model, or
@@ -231,7 +232,7 @@ def _hessians(
         for name in outs:
             if name not in have and name not in inputs:
                 m.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
-        sess = _session(m)
+        sess = ort_session(m)
         fetch = [n for n in outs if n not in inputs]
         fetch += [o for o in graph_outs if o not in fetch] if not float_outs else []
         for feed in batches:
@@ -281,20 +282,6 @@ def _error(w: np.ndarray, scale: np.ndarray, q: np.ndarray, h: np.ndarray) -> fl
     return float(np.sum((e @ h) * e))  # tr(E H E^T) through one BLAS product
 
 
-def _session(model: onnx.ModelProto):
-    import onnxruntime as ort
-
-    from .quantize import ORT_MAX_IR
-
-    m = onnx.ModelProto.FromString(model.SerializeToString())
-    m.ir_version = min(m.ir_version, ORT_MAX_IR)
-    so = ort.SessionOptions()
-    # basic optimisations only: the QDQ pairs are computed as written (in float) instead of being
-    # fused into integer kernels, whose x86 versions without VNNI saturate 16-bit pair sums
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
-
-
 def output_errors(
     models: list[onnx.ModelProto], want: list[list[np.ndarray]], batches: list[dict[str, np.ndarray]]
 ) -> list[float]:
@@ -305,7 +292,7 @@ def output_errors(
     energy = [sum(float(np.sum(np.square(w[k], dtype=np.float64))) for w in want) for k in outs]
     errs = []
     for m in models:
-        sess = _session(m)
+        sess = ort_session(m)
         err = [0.0] * len(energy)
         for feed, w in zip(batches, want, strict=True):
             for k, (g, r) in enumerate(zip(sess.run(None, feed), w, strict=True)):
