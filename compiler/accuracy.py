@@ -218,10 +218,11 @@ def guard(
     rebuild: Callable[[dict[str, str]], object],
     source: str,
     hint: str = "",
+    rounds: int = REPAIR_ROUNDS,
 ):
     """`compiled` if it reaches `target` on the check samples, else a rebuild with the worst
-    operators on the host that does; AccuracyError otherwise (`hint`: options worth trying first).
-    Sets `compiled.accuracy`."""
+    operators on the host that does (at most `rounds` rebuilds); AccuracyError otherwise (`hint`:
+    options worth trying first). Sets `compiled.accuracy`."""
     reference = float_outputs(float_model, check)  # run once for every round
     cos = output_cosines(compiled.run, reference, check)
     acc = Accuracy(target, check.samples, check.held_back, cos)
@@ -232,7 +233,7 @@ def guard(
     ranked = _ranked(compiled, fv, check)
     first, worst = ranked, acc.worst
     moved: dict[str, str] = {}
-    for _ in range(REPAIR_ROUNDS):
+    for _ in range(rounds):
         # the worst node with something left to move: itself, if on the NPU, and the NPU nodes
         # whose quantised results it reads
         npu = {la.node for la in compiled.lowered.layers if la.placement == "npu"}

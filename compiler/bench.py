@@ -260,6 +260,7 @@ def bench_models(cfg: NpuConfig, names: list[str] | None = None, max_inputs: int
                     "compile_s": round(compile_s, 2),
                     "max_cp_gap": cm.max_cp_gap,
                     "accuracy_check": verdict,
+                    "quantisation": cm.quantisation,
                 }
             )
     utils = [r["utilization"] for r in rows if r["set"] == "real" and r["utilization"]]

@@ -16,7 +16,7 @@ from npu.config import NpuConfig, get_config
 from npu.container import Container, DramImage, Manifest, NpuSegment, ProgramInfo
 from npu.isa import encode_program
 
-from . import accuracy, region
+from . import accuracy, precision, region
 from .accuracy import Accuracy
 from .assemble import Lowered, assemble
 from .cleanup import cleanup
@@ -29,14 +29,17 @@ from .lower import VIRTUAL_DRAM, DramFull, Lowering, lower
 from .options import CompileOptions
 from .order import SearchResult, search_order
 from .outputs import clamped_by_quantisation, keep_output_precision
-from .placement import Placement, placement
+from .placement import Placement, layer_macs, placement
 from .points import PointPolicy
 from .progress import reporting, stage
 from .quantize import (
+    calibrated_ranges_of,
     calibration_batches,
     check_calibration,
+    clipped_tensors,
     per_channel_choice,
     quantize_float_model,
+    with_headroom,
 )
 from .region import Regions
 from .rounding import round_weights
@@ -183,15 +186,22 @@ class CompiledModel:
     def report(self) -> str:
         """Placement, splits, cancellation points, predicted cycles and scratchpad peak."""
         low = self.lowered
-        lines = [f"{'#':>3}  {'node':<28} {'op':<18} {'where':<5} {'est cycles':>10}  split / reason"]
+        lines = [
+            f"{'#':>3}  {'node':<28} {'op':<18} {'where':<5} {'est cycles':>10} {'util':>5}  split / reason"
+        ]
         total = 0
         peak = 0
+        macs = layer_macs(self.qdq)  # util: MACs over (predicted cycles x the array's MACs a cycle)
         for i, la in enumerate(low.layers):
             est = (la.est_cycles or 0) if la.placement == "npu" else 0
             total += est
             peak = max(peak, la.spad_bytes or 0)
             note = (la.split or "") if la.placement != "host" else (la.reason or "")
-            lines.append(f"{i:>3}  {str(la.node)[:28]:<28} {la.op:<18} {la.placement:<5} {est:>10}  {note}")
+            m = macs.get(str(la.node), 0)
+            util = f"{m / (est * self.cfg.macs_per_cycle):.2f}" if m and est else ""
+            lines.append(
+                f"{i:>3}  {str(la.node)[:28]:<28} {la.op:<18} {la.placement:<5} {est:>10} {util:>5}  {note}"
+            )
         n_npu = sum(la.placement == "npu" for la in low.layers)
         n_host = sum(la.placement == "host" for la in low.layers)
         steps = sum(s.kind == "host" for s in low.segments)
@@ -239,8 +249,9 @@ def compile_onnx(
     stage starts (loading, quantising, lowering, order search, assembly, the accuracy check).
 
     This is the driver around one pass pipeline (`_compile`): the model is loaded once; with
-    `activations="auto"` a float model compiles with int16 activations and falls back to int8 when
-    that does not fit the configuration (the report says why)."""
+    `activations="auto"` a float model compiles with an int8/int16 mix (compiler/precision.py),
+    with int16 everywhere when the mix fails the accuracy check, and with int8 when int16 does not
+    fit the configuration (the report says why)."""
     opts = (options or CompileOptions()).replace(**changes)
     t0 = time.perf_counter()
     cfg = get_config(config).engine  # a model runs on one engine (of a SoC preset: its engine)
@@ -250,30 +261,53 @@ def compile_onnx(
         if opts.activations != "auto" or is_qdq(prepared.model):  # a QDQ model keeps its own types
             compiled = _compile_fitting(prepared, cfg, calib, opts, path)
         else:
-            try:
-                compiled = _compile_fitting(prepared, cfg, calib, opts.replace(activations="int16"), path)
-                compiled.quantisation += " (auto)"
-            except AccuracyError:
-                raise  # int8 would be less accurate still
-            except CompileError as e:
-                stage(f"int16 activations did not compile ({e}); again with int8")
-                compiled = _compile_fitting(prepared, cfg, calib, opts.replace(activations="int8"), path)
-                compiled.quantisation += f" (auto: int16 activations did not compile: {e})"
+            compiled = _compile_auto(prepared, cfg, calib, opts, path)
         stage("done")
     compiled.compile_s = time.perf_counter() - t0
     return compiled
 
 
-def _compile_fitting(prepared: Prepared, cfg: NpuConfig, calib, opts: CompileOptions, path) -> CompiledModel:
+class _MixRefused(AccuracyError):
+    """The accuracy check refused an int8/int16 mix (auto then takes int16 everywhere)."""
+
+
+def _compile_auto(prepared: Prepared, cfg: NpuConfig, calib, opts: CompileOptions, path) -> CompiledModel:
+    """`activations="auto"` for a float model (compile_onnx)."""
+    try:
+        compiled = _compile_fitting(prepared, cfg, calib, opts.replace(activations="mixed"), path, auto=True)
+        compiled.quantisation += " (auto)"
+        return compiled
+    except _MixRefused as e:
+        why = f"the int8/int16 mix failed the accuracy check: {e}"
+    except AccuracyError:
+        raise  # int16 everywhere was refused: int8 would be less accurate still
+    except CompileError as e:
+        why = f"the int8/int16 mix did not compile: {e}"
+    stage(f"{why}; again with int16 activations")
+    try:
+        compiled = _compile_fitting(prepared, cfg, calib, opts.replace(activations="int16"), path)
+        compiled.quantisation += f" (auto: {why})"
+    except AccuracyError:
+        raise
+    except CompileError as e:
+        stage(f"int16 activations did not compile ({e}); again with int8")
+        compiled = _compile_fitting(prepared, cfg, calib, opts.replace(activations="int8"), path)
+        compiled.quantisation += f" (auto: int16 activations did not compile: {e})"
+    return compiled
+
+
+def _compile_fitting(
+    prepared: Prepared, cfg: NpuConfig, calib, opts: CompileOptions, path, auto: bool = False
+) -> CompiledModel:
     """`_compile`; when the points of the default pause budget (not an interval asked for) make the
     program too large for the DRAM (operators cut into more steps), again with points at operator
     boundaries only, which the report says."""
     try:
-        return _compile(_fresh(prepared), cfg, calib, opts, path)
+        return _compile(_fresh(prepared), cfg, calib, opts, path, auto)
     except DramTooSmall as e:
         if opts.cp_interval or not opts.interval(cfg):
             raise
-        compiled = _compile(_fresh(prepared), cfg, calib, opts.replace(max_pause_us=0), path)
+        compiled = _compile(_fresh(prepared), cfg, calib, opts.replace(max_pause_us=0), path, auto)
         compiled.points_note = (
             f"only at operator boundaries: with points at most {opts.max_pause_us:g} us apart "
             f"(--max-pause-us) the model did not fit: {e}"
@@ -288,7 +322,7 @@ def _fresh(prepared: Prepared) -> Prepared:
     return dataclasses.replace(prepared, model=model, notes=list(prepared.notes))
 
 
-def _quantize(prepared: Prepared, calib, opts: CompileOptions, path: str | Path):
+def _quantize(prepared: Prepared, calib, opts: CompileOptions, path: str | Path, cfg: NpuConfig):
     """A float model quantised as `opts` say: (the QDQ model, the quantisation's description)."""
     model = prepared.model
     if calib is None:
@@ -311,9 +345,26 @@ def _quantize(prepared: Prepared, calib, opts: CompileOptions, path: str | Path)
     )
     float_clean = onnx.ModelProto()
     float_clean.CopyFrom(model)  # the float graph the quantiser sees (the accuracy guard's reference)
+    mix, ranges = None, None
+    if opts.activations == "mixed":
+        ranges = calibrated_ranges_of(model, calib, opts.calib_method, str(path))
+
+        def quantize(int16: set[str]) -> onnx.ModelProto:
+            return quantize_float_model(
+                model, calib, str(path), per_channel=per_channel, calib_method=opts.calib_method,
+                activations="mixed", int16=int16, ranges=ranges,
+            )  # fmt: skip
+
+        stage("choosing int8 or int16 per activation (onnxruntime on calibration samples)")
+        batches = calibration_batches(model, calib, str(path))
+        wide = with_headroom(ranges, clipped_tensors(model))
+        mix = precision.choose(
+            model, batches, wide, quantize, opts.target_cosine, cfg.macs_per_cycle, cfg.vector_lanes
+        )
+        quantisation = quantisation.replace("mixed activations", mix.describe())
     model = quantize_float_model(
         model, calib, str(path), per_channel=per_channel, calib_method=opts.calib_method,
-        activations=opts.activations,
+        activations=opts.activations, int16=mix.int16 if mix else None, ranges=ranges,
     )  # fmt: skip
     if opts.weight_rounding != "nearest":
         batches = calibration_batches(float_clean, calib, str(path))
@@ -322,7 +373,7 @@ def _quantize(prepared: Prepared, calib, opts: CompileOptions, path: str | Path)
     if opts.output_precision == "int32":
         kept = keep_output_precision(model, str(path), clamped=clamped)
         prepared.notes += [f"{what}: {how}" for what, how in kept]
-    return model, quantisation, clamped, float_clean
+    return model, quantisation, clamped, float_clean, mix
 
 
 def _lower(
@@ -341,9 +392,12 @@ def _lower(
         return lower(model, dataclasses.replace(plan_cfg, dram_bytes=VIRTUAL_DRAM), str(path), **kw)
 
 
-def _compile(prepared: Prepared, cfg: NpuConfig, calib, opts: CompileOptions, path) -> CompiledModel:
+def _compile(
+    prepared: Prepared, cfg: NpuConfig, calib, opts: CompileOptions, path, auto: bool = False
+) -> CompiledModel:
     """The pass pipeline after loading: quantise, lower, order, assemble, relocate into the
-    regions; then the accuracy guard (compiler/accuracy.py) for a float model."""
+    regions; then the accuracy guard (compiler/accuracy.py) for a float model. `auto`: an int8/int16
+    mix the guard refuses is not repaired but raises _MixRefused (int16 everywhere comes next)."""
     t0 = time.perf_counter()
     model = prepared.model
     if is_qdq(model):
@@ -353,8 +407,13 @@ def _compile(prepared: Prepared, cfg: NpuConfig, calib, opts: CompileOptions, pa
         float_model = onnx.ModelProto()
         float_model.CopyFrom(model)
         calib, check = accuracy.hold_back(model, calib, prepared.nhwc_inputs, str(path))
+    unchecked = auto and check is None  # a mix auto chooses stands on the golden-model check
+    if unchecked:
+        opts = opts.replace(activations="int16")
     stage(f"quantising ({opts.activations} activations, onnxruntime calibration)")
-    model, quantisation, clamped, float_clean = _quantize(prepared, calib, opts, path)
+    model, quantisation, clamped, float_clean, mix = _quantize(prepared, calib, opts, path, cfg)
+    if unchecked:
+        quantisation += " (int16 everywhere: without the accuracy check auto takes no int8 tensor)"
     if check is not None:
         use = "held back for" if check.held_back else "reused by"
         quantisation += f" ({check.samples} {use} the accuracy check)"
@@ -372,7 +431,15 @@ def _compile(prepared: Prepared, cfg: NpuConfig, calib, opts: CompileOptions, pa
         return _build(m, again, cfg, opts, path, quantisation, True, t0, clamped, host_nodes)
 
     stage(f"accuracy check on {check.samples} calibration samples (golden model against onnxruntime)")
-    hint = "--activations int16, " if opts.activations == "int8" else ""
+    hint = "--activations int16, " if opts.activations != "int16" else ""
+    if auto and mix is not None and len(mix.int16) < mix.tensors:  # some int8: auto's next step is int16
+        try:
+            return accuracy.guard(
+                compiled, float_model, float_clean, check, opts.target_cosine, rebuild, str(path), hint,
+                rounds=0,
+            )  # fmt: skip
+        except AccuracyError as e:
+            raise _MixRefused(str(e)) from None
     return accuracy.guard(
         compiled, float_model, float_clean, check, opts.target_cosine, rebuild, str(path), hint
     )

@@ -302,12 +302,13 @@ class Lowerer:
         return fused[1]
 
     def fusable_relu(self, name: str) -> tuple[onnx.NodeProto, QTensor] | None:
-        """The Relu that alone reads the int16 tensor a node makes as `name`, and that Relu's
-        quantised output: onnxruntime keeps a Relu after a symmetric (int16) tensor as a node of
-        its own, where an int8 one folds it into the range; the producer's requantisation can
-        clamp at zero itself, straight to the Relu's quantisation (one rounding less)."""
+        """The Relu that alone reads the tensor a node makes as `name`, and that Relu's quantised
+        output of the same type: onnxruntime keeps a Relu after a symmetric (int16) tensor as a
+        node of its own, and after every tensor of a mix (compiler/precision.py), where it folds
+        one into an int8 range; the producer's requantisation can clamp at zero itself, straight to
+        the Relu's quantisation (one rounding less)."""
         cs = self.graph.consumers.get(name, [])
-        if len(cs) != 1 or cs[0].op_type != "QuantizeLinear" or not self.qt[cs[0].output[0]].wide:
+        if len(cs) != 1 or cs[0].op_type != "QuantizeLinear":
             return None
         if name in self.graph.outputs or cs[0].output[0] in self.graph.outputs:
             return None
@@ -318,7 +319,9 @@ class Lowerer:
         if len(rs) != 1 or rs[0].op_type != "Relu" or rs[0].domain not in ("", "ai.onnx"):
             return None
         qs = self.graph.consumers.get(rs[0].output[0], [])
-        if len(qs) != 1 or qs[0].op_type != "QuantizeLinear" or not self.qt[qs[0].output[0]].wide:
+        if len(qs) != 1 or qs[0].op_type != "QuantizeLinear":
+            return None
+        if self.qt[qs[0].output[0]].elem != self.qt[cs[0].output[0]].elem:
             return None
         return rs[0], self.qt[qs[0].output[0]]
 

@@ -20,7 +20,7 @@ GRANULARITIES = ("segment", "operator", "step")
 DRAM_PLANS = ("arena", "bump")
 WEIGHT_SCALES = ("auto", "per-channel", "per-tensor")
 CALIB_METHODS = ("minmax", "percentile", "entropy")
-ACTIVATIONS = ("int8", "int16")  # what the quantiser takes; the option adds "auto"
+ACTIVATIONS = ("int8", "int16", "mixed")  # what the quantiser takes; the option adds "auto"
 OUTPUT_PRECISIONS = ("int32", "int8")
 ROUNDINGS = ("auto", "nearest", "gptq")
 #: default bound on the gap between cancellation points (a latency budget, not a cycle count)
@@ -100,8 +100,11 @@ class CompileOptions:
     activations: str = _option(
         "auto", "a float model's activation type: int16 (symmetric, twice the calibrated range, int8 "
         "weights: keeps the accuracy int8 activations lose on real models), int8 (asymmetric: about "
-        "half the cycles, as int16 MATMULs and vector passes take twice as long), or auto (default: "
-        "int16, or int8 when the int16 model does not fit the configuration: the report says why)",
+        "half the cycles, as int16 MATMULs and vector passes take twice as long), mixed (int8 where "
+        "the model's outputs stay within half the --target-cosine error on calibration samples, "
+        "int16 elsewhere: compiler/precision.py), or auto (default: mixed, int16 everywhere when the "
+        "mix fails the accuracy check or the check is off, int8 when the int16 model does not fit the "
+        "configuration: the report says why)",
         choices=("auto", *ACTIVATIONS))  # fmt: skip
     weight_scales: str = _option(
         "auto", "how a float model's weights are quantised: one scale per output channel (accurate; "

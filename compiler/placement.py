@@ -68,8 +68,16 @@ class Placement:
         return (
             f"placement: {self.nodes_npu} of {self.nodes_npu + self.nodes_host} operators "
             f"({100 * self.node_share:.1f} %) and {self.macs_npu:,} of {self.macs_npu + self.macs_host:,} "
-            f"MACs ({100 * self.mac_share:.1f} %) on the NPU"
+            f"MACs ({100 * self.mac_share:.1f} %) on the NPU, {100 * self.int8_mac_share:.1f} % of "
+            "those with int8 activations"
         )
+
+
+def layer_macs(qdq: onnx.ModelProto) -> dict[str, int]:
+    """MACs per node name of the quantised graph (the report's per-layer utilisation)."""
+    g = Graph(qdq)
+    shapes = g.static_shapes()
+    return {n.name: node_macs(g, n, shapes) for n in g.nodes if n.name}
 
 
 def placement(qdq: onnx.ModelProto, layers: list[Layer]) -> Placement:

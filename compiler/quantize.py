@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import shape_inference
+from onnx import numpy_helper, shape_inference
 
 from npu.container import TensorDesc
 from npu.tensors import Layout
@@ -316,14 +316,10 @@ def calibration_batches(model: onnx.ModelProto, calib: object, source: str) -> l
 INT16_HEADROOM = 2.0
 
 
-def _int16_overrides(model_path: Path, batches: list, method, source: str) -> dict:
-    """onnxruntime's per-tensor range overrides for int16 activations: the calibrated range of every
-    activation times INT16_HEADROOM, except where a Clip bounds it (the quantiser folds a Clip into
-    its output's range, which must stay the Clip's)."""
+def calibrated_ranges(model_path: Path, batches: list, method, source: str) -> dict[str, tuple[float, float]]:
+    """Every activation's calibrated range (onnxruntime's calibrator over `batches`), by tensor."""
     from onnxruntime.quantization.calibrate import create_calibrator
 
-    model = onnx.load(str(model_path))
-    clipped = {o for n in model.graph.node if n.op_type == "Clip" for o in n.output}
     with tempfile.TemporaryDirectory() as d:
         cal = create_calibrator(model_path, augmented_model_path=str(Path(d) / "augmented.onnx"),
                                 calibrate_method=method)  # fmt: skip
@@ -342,9 +338,105 @@ def _int16_overrides(model_path: Path, batches: list, method, source: str) -> di
         lo, hi = (float(np.asarray(v).reshape(-1)[0]) for v in ranges[name].range_value)
         if not (math.isfinite(lo) and math.isfinite(hi)):
             raise CompileError(f"{source}: calibration gives tensor {name!r} the range {lo}..{hi}")
-        k = 1.0 if name in clipped else INT16_HEADROOM
-        out[name] = [{"rmin": np.float32(k * min(lo, 0.0)), "rmax": np.float32(k * max(hi, 0.0))}]
+        out[name] = (lo, hi)
     return out
+
+
+def calibrated_ranges_of(
+    model: onnx.ModelProto, calib, calib_method: str, source: str
+) -> dict[str, tuple[float, float]]:
+    """calibrated_ranges for a model in memory and calibration data as quantize_float_model takes."""
+    from onnxruntime.quantization import CalibrationMethod
+
+    methods = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile,
+               "entropy": CalibrationMethod.Entropy}  # fmt: skip
+    batches = calibration_batches(model, calib, source)
+    with tempfile.TemporaryDirectory() as d, _quiet_quantiser():
+        src = Path(d) / "float.onnx"
+        m = onnx.ModelProto.FromString(model.SerializeToString())
+        m.ir_version = min(m.ir_version, ORT_MAX_IR)
+        onnx.save(m, str(src))
+        return calibrated_ranges(src, batches, methods[calib_method], source)
+
+
+def clipped_tensors(model: onnx.ModelProto) -> set[str]:
+    """Outputs of Clip nodes: the quantiser folds a Clip into its output's range, which must stay
+    the Clip's (no int16 headroom there)."""
+    return {o for n in model.graph.node if n.op_type == "Clip" for o in n.output}
+
+
+def with_headroom(
+    ranges: Mapping[str, tuple[float, float]], clipped: set[str]
+) -> dict[str, tuple[float, float]]:
+    """Each range (widened to include 0) times INT16_HEADROOM, but where a Clip bounds it."""
+    out = {}
+    for name, (lo, hi) in ranges.items():
+        k = 1.0 if name in clipped else INT16_HEADROOM
+        out[name] = (k * min(lo, 0.0), k * max(hi, 0.0))
+    return out
+
+
+def range_overrides(
+    ranges: Mapping[str, tuple[float, float]], int8: set[str], clipped: set[str]
+) -> dict:
+    """onnxruntime's per-tensor overrides for a quantisation whose default is int16 (symmetric):
+    every tensor's calibrated range times INT16_HEADROOM (but where a Clip bounds it), and the
+    tensors in `int8` int8 (asymmetric). An int8 tensor of a mix keeps the headroom too, so that it
+    is chosen only where inputs beyond the calibrated range cost no more than they cost int16. (The
+    default stays symmetric so that onnxruntime keeps every Relu: one folded into an asymmetric
+    range would be lost where the range is int16.)"""
+    from onnxruntime.quantization import QuantType
+
+    out = {}
+    for name, (lo, hi) in with_headroom(ranges, clipped).items():
+        o = {"rmin": np.float32(lo), "rmax": np.float32(hi)}
+        if name in int8:
+            o.update(quant_type=QuantType.QInt8, symmetric=False)
+        out[name] = [o]
+    return out
+
+
+def fold_int8_relus(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A Relu between two int8 tensors whose output range starts at 0 folded into that range, as
+    onnxruntime folds it when every activation is int8: x -> Q -> DQ -> Relu -> Q' -> DQ' becomes
+    x -> Q' -> DQ' (Q' clamps at its zero point, real 0). A mix keeps the int16 default's Relu nodes
+    (compiler/precision.py), and a Relu computed after a rounding to the wider pre-Relu range would
+    round twice where the NPU's producer rounds once."""
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    producer = {o: n for n in g.node for o in n.output}
+    consumers: dict[str, list] = {}
+    for n in g.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    outputs = {o.name for o in g.output}
+
+    def int8_zp(q) -> int | None:
+        zp = inits.get(q.input[2]) if len(q.input) > 2 else None
+        if zp is None or zp.data_type != onnx.TensorProto.INT8:
+            return None
+        return int(numpy_helper.to_array(zp).reshape(-1)[0])
+
+    drop = set()
+    for r in g.node:
+        if r.op_type != "Relu" or r.domain not in ("", "ai.onnx"):
+            continue
+        dq = producer.get(r.input[0])
+        q1 = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+        after = consumers.get(r.output[0], [])
+        if q1 is None or q1.op_type != "QuantizeLinear" or [n.op_type for n in after] != ["QuantizeLinear"]:
+            continue
+        q2 = after[0]
+        if int8_zp(q1) is None or int8_zp(q2) != -128 or {r.input[0], dq.input[0], r.output[0]} & outputs:
+            continue
+        if len(consumers.get(r.input[0], [])) != 1 or len(consumers.get(dq.input[0], [])) != 1:
+            continue
+        q2.input[0] = q1.input[0]
+        drop.update(id(n) for n in (q1, dq, r))
+    kept = [n for n in g.node if id(n) not in drop]
+    del g.node[:]
+    g.node.extend(kept)
+    return model
 
 
 def quantize_float_model(
@@ -354,12 +446,16 @@ def quantize_float_model(
     per_channel: bool = False,
     calib_method: str = "minmax",
     activations: str = "int8",
+    int16: set[str] | None = None,
+    ranges: Mapping[str, tuple[float, float]] | None = None,
 ) -> onnx.ModelProto:
     """Static QDQ quantisation of a float model with onnxruntime, from calibration inputs;
     weights get one scale per output channel (`per_channel`) or one per tensor; activation ranges
     from `calib_method`: the extremes seen (minmax), the 99.999th percentile of magnitudes
     (percentile) or the range that keeps the histogram's entropy (entropy). `activations`: "int8"
-    (asymmetric), or "int16" (symmetric, INT16_HEADROOM times the calibrated ranges)."""
+    (asymmetric), "int16" (symmetric, INT16_HEADROOM times the calibrated ranges), or "mixed": the
+    tensors in `int16` int16 and the others int8. `ranges` (calibrated_ranges), when given, are
+    taken instead of calibrating again."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         CalibrationMethod,
@@ -378,7 +474,7 @@ def quantize_float_model(
     batches = calibration_batches(model, calib, source)
 
     class Reader(CalibrationDataReader):
-        def __init__(self):
+        def __init__(self, batches):
             self.it = iter(batches)
 
         def get_next(self):
@@ -389,18 +485,25 @@ def quantize_float_model(
         model = onnx.ModelProto.FromString(model.SerializeToString())
         model.ir_version = min(model.ir_version, ORT_MAX_IR)  # onnxruntime lags the onnx package
         onnx.save(model, str(src))
-        options = {"WeightSymmetric": True, "ActivationSymmetric": activations == "int16"}
-        if activations == "int16":
-            options["TensorQuantOverrides"] = _int16_overrides(src, batches, methods[calib_method], source)
+        options = {"WeightSymmetric": True, "ActivationSymmetric": activations != "int8"}
+        if activations != "int8":
+            if ranges is None:
+                ranges = calibrated_ranges(src, batches, methods[calib_method], source)
+            int8 = set() if activations == "int16" else set(ranges) - set(int16 or ())
+            options["TensorQuantOverrides"] = range_overrides(ranges, int8, clipped_tensors(model))
         quantize_static(
             str(src),
             str(dst),
-            Reader(),
+            # every range is given: one batch is enough for the calibrator onnxruntime runs anyway
+            Reader(batches if activations == "int8" else batches[:1]),
             quant_format=QuantFormat.QDQ,
             per_channel=per_channel,
             calibrate_method=methods[calib_method],
-            activation_type=QuantType.QInt16 if activations == "int16" else QuantType.QInt8,
+            activation_type=QuantType.QInt8 if activations == "int8" else QuantType.QInt16,
             weight_type=QuantType.QInt8,
             extra_options=options,
         )
-        return shape_inference.infer_shapes(onnx.load(str(dst)))
+        qdq = onnx.load(str(dst))
+        if activations == "mixed":
+            qdq = fold_int8_relus(qdq)
+        return shape_inference.infer_shapes(qdq)

@@ -56,7 +56,8 @@ def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     else:
         yq, lo = ctx.q_out(n.output[0], n), -128
         if (relu_q := ctx.fuse_relu(n.output[0])) is not None:
-            yq, lo = relu_q, 0  # straight to the Relu's output, clamped at zero
+            # straight to the Relu's output, clamped at zero (int16: the high byte's bound)
+            yq, lo = relu_q, 0 if relu_q.wide else relu_q.zero_point
         y = ctx.place(yq, f"{where} output")
         plan_cfg, rq = ctx.per_column(b, channel_requant(x.q, s_w, yq, where, lo), where)
     dil = a.get("dilations", [1, 1])

@@ -89,7 +89,7 @@ def lower_add(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     xa, xb = (ctx.act_in(i, n) for i in n.input if i)
     yq, lo = ctx.q_out(n.output[0], n), -128
     if (relu_q := ctx.fuse_relu(n.output[0])) is not None:  # a residual's Relu: the sum clamped at 0
-        yq, lo = relu_q, 0
+        yq, lo = relu_q, 0 if relu_q.wide else relu_q.zero_point
     y = ctx.place(yq, f"{where} output", xa.layout)
     ma, mb, shift = add_multipliers(xa.q.scale / yq.scale, xb.q.scale / yq.scale, where)
     params = dict(

@@ -79,10 +79,8 @@ def lower_gemm(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         cfg, rq = ctx.per_column(b, channel_requant(x.q, s_w, yq, where), where)
         zp_out = yq.zero_point
         y = ctx.place(yq, f"{where} output")
-        if yq.elem != ea:
-            raise CompileError(f"{where}: a GEMM from int8 to int16 activations or back")
     try:
-        tiling = choose_tiling(cfg, m_, n_, wt.shape[1], ea, 1 if wide else ea)
+        tiling = choose_tiling(cfg, m_, n_, wt.shape[1], ea, 1 if wide else y.layout.elem)
     except ValueError:
         cm, cn, lanes = cfg.clusters, cfg.pes_per_cluster, cfg.lanes
         raise CompileError(
@@ -109,6 +107,6 @@ def lower_gemm(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         out_i32=wide,
         relu=relu,
         ea=ea,
-        ey=1 if wide else ea,
+        ey=1 if wide else y.layout.elem,
     )
     ctx.op_done(n, b, [m_, n_, k_])

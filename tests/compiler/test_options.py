@@ -44,7 +44,7 @@ def test_command_line_values_reach_the_options():
         ({"cp_interval": -1}, "cp_interval must be a number >= 0, not -1"),
         ({"step_cycles": 0}, "step_cycles must be a number >= 1, not 0"),
         ({"order_budget_s": 0}, "order_budget_s must be a positive number, not 0"),
-        ({"activations": "int4"}, "activations must be one of auto, int8, int16, not 'int4'"),
+        ({"activations": "int4"}, "activations must be one of auto, int8, int16, mixed, not 'int4'"),
         (
             {"activation": "int8"},
             "unknown compile option 'activation'; options: acc_region, accuracy_check, activations",

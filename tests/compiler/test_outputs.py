@@ -137,8 +137,8 @@ def test_container_keeps_int32_outputs_and_cli_option(tmp_path, capsys):
     np.testing.assert_array_equal(raw[0], cm.run_int8(calib[:4])[0])
     manifest = json.loads(json.dumps(back.manifest.to_json()))
     assert manifest["outputs"][0]["layout"]["elem"] == 4
-    # int8 output precision: the output at its activation type (int16 by default)
-    cases = (("int8", "auto", 2), ("int8", "int8", 1), ("int32", "auto", 4), ("int32", "int8", 4))
+    # int8 output precision: the output at its activation type
+    cases = (("int8", "int16", 2), ("int8", "int8", 1), ("int32", "auto", 4), ("int32", "int8", 4))
     for prec, act, elem in cases:
         out = tmp_path / f"{prec}-{act}.npub"
         assert main(["compile", str(path), "--config", "tiny", "--calib", str(tmp_path / "calib.npy"),
@@ -173,9 +173,10 @@ def test_report_names_the_quantisation_and_the_host_share(tmp_path):
     calib = np.random.default_rng(2).normal(0, 0.5, (32, 32)).astype(np.float32)
     report = compile_onnx(path, "tiny", calib=calib, calib_method="percentile").report()
     # one batch of 4 of the 32 samples held back for the accuracy check
-    assert "quantisation: int16 activations (percentile calibration, 28 samples), weights per" in report
+    assert "quantisation: mixed activations: 5 of 5 tensors int8 (summed int8 loss " in report
+    assert "(percentile calibration, 28 samples), weights per" in report
     assert "(4 held back for the accuracy check)" in report
     assert "accuracy: cosine against onnxruntime float on 4 held-back calibration samples" in report
-    assert "(auto)" in report  # the default chose int16
+    assert "(auto)" in report
     assert "outputs int32" in report
     assert "host: 1 operators in 1 steps, 0 MACs" in report
