@@ -198,8 +198,6 @@ def assemble(
     return out
 
 
-
-
 def _busy_times(items: list[Item], cfg: NpuConfig) -> list[int]:
     """Estimated time at each item position and at the end (one entry more than `items`): the
     busiest unit's summed durations so far."""
@@ -230,11 +228,13 @@ def _step_cuts(items: list[Item], cfg: NpuConfig, step_cycles: int) -> list[int]
 
 
 def _merge_layer(out: Lowered, la: Layer, first: int, cfg: NpuConfig) -> None:
-    """A layer cut into several segments: its pc range and cost figures cover all of them."""
+    """A layer cut into several segments (each holding only this layer): its pc range and cost
+    figures cover all of them."""
     segs = out.segments[first:]
     if len(segs) > 1:
         la.pc = [segs[0].pc, la.pc[1]]
-        la.compute_cycles, la.dma_cycles, la.est_cycles = _estimate(out.program[segs[0].pc : la.pc[1]], cfg)
+        la.compute_cycles, la.dma_cycles, _ = _estimate(out.program[segs[0].pc : la.pc[1]], cfg)
+        la.est_cycles = sum(s.est_cycles or 0 for s in segs)
 
 
 def _link_segments(low: Lowering, out: Lowered, seg_of: dict[int, int], first_of: dict[int, int]) -> None:
@@ -281,6 +281,50 @@ def _simulated_times(cfg: NpuConfig, seg: list[Item]) -> list[int]:
     return t_at
 
 
+def _program_times(cfg: NpuConfig, instrs: list[Instr]) -> list[int]:
+    """Cycle at which each pc of a built segment is reached (the latest end of the instructions
+    before it), and its end, from the golden model's timing: the final program's, cancellation
+    points (which wait for the units to drain) included."""
+    m = timing_run(cfg, instrs, trace=True)
+    end_of: dict[int, int] = {}
+    for e in m.trace:
+        if e.unit in ("load", "matrix", "vector", "store"):
+            end_of[e.pc] = max(end_of.get(e.pc, 0), e.end)
+    reach, latest = [], 0
+    for pc in range(len(instrs)):
+        reach.append(latest)
+        latest = max(latest, end_of.get(pc, latest))
+    reach.append(max(latest, m.counter_values()["CYCLES"]))
+    return reach
+
+
+#: times a segment's points are chosen again with a shorter interval when the drains at the points
+#: stretch a gap past it
+POINT_RETRIES = 3
+
+
+def _with_points(cfg: NpuConfig, seg: list[Item], chosen: list[Candidate], first_id: int):
+    """The segment built with cancellation points at `chosen` (ids from `first_id`): (the built
+    program, item index -> builder position, [(point id, candidate)], _program_times of it)."""
+    at = {c.pos: c for c in chosen}
+    b = ProgramBuilder(cfg)
+    new_index: dict[int, int] = {}
+    point_ids: list[tuple[int, Candidate]] = []
+    for i in range(len(seg) + 1):
+        new_index[i] = len(b)
+        if i in at:
+            cp = first_id + len(point_ids)
+            b.cancel_point(cp)
+            point_ids.append((cp, at[i]))
+        if i < len(seg) and seg[i].kind != "cand":
+            b.extend([seg[i]])
+    built = b.build()
+    # the golden model's timing of the built segment (no data) is the cost model of its layers, its
+    # points and itself: the busiest unit's summed durations missed the waits between units and at
+    # the points by 10-30 % (docs/compiler.md)
+    return built, new_index, point_ids, _program_times(cfg, built.instrs)
+
+
 def _emit_segment(
     cfg: NpuConfig, out: Lowered, seg: list[Item], cands: list[Candidate], spans, policy: PointPolicy | None
 ) -> None:
@@ -295,26 +339,25 @@ def _emit_segment(
         c.t = t_at[c.pos]
     chosen = choose(cands, policy, cfg) if policy is not None else []
     seg_no = len(out.segments)
-    out.candidates += [
-        {"segment": seg_no, "est_cycles": c.t, "live_bytes": c.live_bytes, "boundary": c.boundary}
-        for c in cands
-    ]
-    at = {c.pos: c for c in chosen}
-    b = ProgramBuilder(cfg)
-    new_index: dict[int, int] = {}
-    point_ids: list[tuple[int, Candidate]] = []
-    for i in range(len(seg) + 1):
-        new_index[i] = len(b)
-        if i in at:
-            cp = len(out.points) + len(point_ids)
-            b.cancel_point(cp)
-            point_ids.append((cp, at[i]))
-        if i < len(seg) and seg[i].kind != "cand":
-            b.extend([seg[i]])
-    built = b.build()
+    built, new_index, point_ids, reach = _with_points(cfg, seg, chosen, len(out.points))
+    # the points were chosen on the segment's timing without them, and each point waits for the
+    # units to drain: where that stretches a gap past the interval, choose again with a shorter one
+    for _ in range(POINT_RETRIES if policy is not None and policy.interval else 0):
+        at = sorted(reach[pc] for pc in built.cancel_points.values())
+        gap = max((b - a for a, b in zip([0, *at], at, strict=False)), default=0)
+        if gap <= policy.interval:
+            break
+        policy = replace(policy, interval=max(1, int(policy.interval * policy.interval / gap * 0.97)))
+        chosen = choose(cands, policy, cfg)
+        built, new_index, point_ids, reach = _with_points(cfg, seg, chosen, len(out.points))
     start = len(out.program)
     out.program.extend(built.instrs)
     pcs = built.item_pcs + [len(built.instrs) - 1]
+    out.candidates += [  # when the final program reaches each candidate position
+        {"segment": seg_no, "est_cycles": reach[pcs[new_index[c.pos]]], "live_bytes": c.live_bytes,
+         "boundary": c.boundary}
+        for c in cands
+    ]  # fmt: skip
     for cp, c in point_ids:
         pc = start + built.cancel_points[cp]
         dump, restore = dma_cycles(c.live, cfg)
@@ -324,7 +367,7 @@ def _emit_segment(
                 pc=pc,
                 kind="spill" if c.boundary else "interval",
                 segment=seg_no,
-                est_cycles=c.t,
+                est_cycles=reach[built.cancel_points[cp]],
                 live_ranges=[list(r) for r in c.live],
                 live_bytes=c.live_bytes,
                 dump_cycles=dump,
@@ -334,5 +377,7 @@ def _emit_segment(
     for la, i0, i1 in spans:
         p0, p1 = pcs[new_index[i0]], pcs[new_index[i1]]
         la.pc = [start + p0, start + p1]
-        la.compute_cycles, la.dma_cycles, la.est_cycles = _estimate(built.instrs[p0:p1], cfg)
-    out.segments.append(NpuSegment(start, len(out.program) - 1, **segment_figures(built.instrs, cfg)))
+        la.compute_cycles, la.dma_cycles, _ = _estimate(built.instrs[p0:p1], cfg)
+        la.est_cycles = reach[p1] - reach[p0]
+    figures = {**segment_figures(built.instrs, cfg), "est_cycles": reach[-1]}
+    out.segments.append(NpuSegment(start, len(out.program) - 1, **figures))
