@@ -298,9 +298,8 @@ def _program_times(cfg: NpuConfig, instrs: list[Instr]) -> list[int]:
     return reach
 
 
-#: times a segment's points are chosen again with a shorter interval when the drains at the points
-#: stretch a gap past it
-POINT_RETRIES = 3
+#: rounds of points added where the drains at the points stretch a gap past the interval
+POINT_RETRIES = 4
 
 
 def _with_points(cfg: NpuConfig, seg: list[Item], chosen: list[Candidate], first_id: int):
@@ -341,14 +340,26 @@ def _emit_segment(
     seg_no = len(out.segments)
     built, new_index, point_ids, reach = _with_points(cfg, seg, chosen, len(out.points))
     # the points were chosen on the segment's timing without them, and each point waits for the
-    # units to drain: where that stretches a gap past the interval, choose again with a shorter one
+    # units to drain: where that stretches a gap past the interval, the candidate nearest the gap's
+    # middle becomes a point too, and the segment is built and timed again
+    limit = cfg.spad_bytes // 4 if policy is None or policy.max_live is None else policy.max_live
     for _ in range(POINT_RETRIES if policy is not None and policy.interval else 0):
-        at = sorted(reach[pc] for pc in built.cancel_points.values())
-        gap = max((b - a for a, b in zip([0, *at], at, strict=False)), default=0)
-        if gap <= policy.interval:
+        pcs = built.item_pcs + [len(built.instrs) - 1]
+        when = {c.pos: reach[pcs[new_index[c.pos]]] for c in cands}
+        at = sorted(when[c.pos] for c in chosen)
+        taken = {c.pos for c in chosen}
+        extra = []
+        for a, b in zip([0, *at], at, strict=False):
+            if b - a <= policy.interval:
+                continue
+            inside = [c for c in cands if c.pos not in taken and a < when[c.pos] < b]
+            small = [c for c in inside if c.live_bytes <= limit]  # the live-data limit, as choose() keeps it
+            inside = small if small or policy.max_live is not None else inside  # explicit: hard
+            if inside:
+                extra.append(min(inside, key=lambda c: abs(when[c.pos] - (a + b) / 2)))
+        if not extra:
             break
-        policy = replace(policy, interval=max(1, int(policy.interval * policy.interval / gap * 0.97)))
-        chosen = choose(cands, policy, cfg)
+        chosen = sorted([*chosen, *extra], key=lambda c: c.pos)
         built, new_index, point_ids, reach = _with_points(cfg, seg, chosen, len(out.points))
     start = len(out.program)
     out.program.extend(built.instrs)
