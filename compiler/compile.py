@@ -362,10 +362,13 @@ def _quantize(prepared: Prepared, calib, opts: CompileOptions, path: str | Path,
             model, batches, wide, quantize, opts.target_cosine, cfg.macs_per_cycle, cfg.vector_lanes
         )
         quantisation = quantisation.replace("mixed activations", mix.describe())
-    model = quantize_float_model(
-        model, calib, str(path), per_channel=per_channel, calib_method=opts.calib_method,
-        activations=opts.activations, int16=mix.int16 if mix else None, ranges=ranges,
-    )  # fmt: skip
+    if mix is not None and mix.qdq is not None:
+        model = mix.qdq  # the selection quantised this very mix already
+    else:
+        model = quantize_float_model(
+            model, calib, str(path), per_channel=per_channel, calib_method=opts.calib_method,
+            activations=opts.activations, int16=mix.int16 if mix else None, ranges=ranges,
+        )  # fmt: skip
     if opts.weight_rounding != "nearest":
         batches = calibration_batches(float_clean, calib, str(path))
         model, rounded = round_weights(model, float_clean, batches, str(path), opts.weight_rounding)

@@ -65,6 +65,7 @@ class Choice:
     spent: float  # the int8 tensors' summed losses
     budget: float
     response: float  # the all-int8 model's output error over its summed losses
+    qdq: onnx.ModelProto | None = None  # the chosen mix's QDQ model, where the search built it
 
     def describe(self) -> str:
         if len(self.int16) == self.tensors and self.response < RESPONSE:
@@ -174,18 +175,23 @@ def choose(
         return set(ranges) - {t for i in order[:k] for t in units[i]}
 
     seen: dict[int, float] = {}
+    passed: dict[int, onnx.ModelProto] = {}  # the largest k that passed so far: its QDQ model
 
     def worst(k: int) -> float:
         """The least output cosine with the first `k` groups of the order int8."""
         nonlocal steps
         if k not in seen:
             steps += 1
-            sess = ort_session(quantize(int16_beyond(k)))
+            q = quantize(int16_beyond(k))
+            sess = ort_session(q)
             least = 1.0
             for f, want in zip(batches, reference, strict=True):
                 got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, f), strict=True))
                 least = min([least, *(cosine(got[n], w) for n, w in zip(names, want, strict=True))])
             seen[k] = least
+            if least >= goal and k >= max(passed, default=-1):
+                passed.clear()
+                passed[k] = q
         return seen[k]
 
     n = len(order)
@@ -210,7 +216,9 @@ def choose(
     if best_cos is None:  # nothing in int8 passed: all int16, checked like any mix
         best_cos = worst(0) if best_k == 0 else best_cos
     spent = sum(g_lost[i] for i in order[:best_k])
-    return Choice(int16_beyond(best_k), len(ranges), best_cos, goal, steps, spent, budget, response)
+    return Choice(
+        int16_beyond(best_k), len(ranges), best_cos, goal, steps, spent, budget, response, passed.get(best_k)
+    )
 
 
 def feeds_of(batches: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:

@@ -342,21 +342,29 @@ def calibrated_ranges(model_path: Path, batches: list, method, source: str) -> d
     return out
 
 
-def calibrated_ranges_of(
-    model: onnx.ModelProto, calib, calib_method: str, source: str
-) -> dict[str, tuple[float, float]]:
-    """calibrated_ranges for a model in memory and calibration data as quantize_float_model takes."""
+def calibration_method(name: str):
+    """onnxruntime's CalibrationMethod for `--calib-method` `name` (CompileError naming the choices)."""
     from onnxruntime.quantization import CalibrationMethod
 
     methods = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile,
                "entropy": CalibrationMethod.Entropy}  # fmt: skip
+    if name not in methods:
+        raise CompileError(f"calib_method must be one of {', '.join(CALIB_METHODS)}, not {name!r}")
+    return methods[name]
+
+
+def calibrated_ranges_of(
+    model: onnx.ModelProto, calib, calib_method: str, source: str
+) -> dict[str, tuple[float, float]]:
+    """calibrated_ranges for a model in memory and calibration data as quantize_float_model takes."""
+    method = calibration_method(calib_method)
     batches = calibration_batches(model, calib, source)
     with tempfile.TemporaryDirectory() as d, _quiet_quantiser():
         src = Path(d) / "float.onnx"
         m = onnx.ModelProto.FromString(model.SerializeToString())
         m.ir_version = min(m.ir_version, ORT_MAX_IR)
         onnx.save(m, str(src))
-        return calibrated_ranges(src, batches, methods[calib_method], source)
+        return calibrated_ranges(src, batches, method, source)
 
 
 def clipped_tensors(model: onnx.ModelProto) -> set[str]:
@@ -456,18 +464,9 @@ def quantize_float_model(
     (asymmetric), "int16" (symmetric, INT16_HEADROOM times the calibrated ranges), or "mixed": the
     tensors in `int16` int16 and the others int8. `ranges` (calibrated_ranges), when given, are
     taken instead of calibrating again."""
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        CalibrationMethod,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
-    methods = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile,
-               "entropy": CalibrationMethod.Entropy}  # fmt: skip
-    if calib_method not in methods:
-        raise CompileError(f"calib_method must be one of {', '.join(CALIB_METHODS)}, not {calib_method!r}")
+    method = calibration_method(calib_method)
     if activations not in ACTIVATIONS:
         raise CompileError(f"activations must be one of {', '.join(ACTIVATIONS)}, not {activations!r}")
 
@@ -488,7 +487,7 @@ def quantize_float_model(
         options = {"WeightSymmetric": True, "ActivationSymmetric": activations != "int8"}
         if activations != "int8":
             if ranges is None:
-                ranges = calibrated_ranges(src, batches, methods[calib_method], source)
+                ranges = calibrated_ranges(src, batches, method, source)
             int8 = set() if activations == "int16" else set(ranges) - set(int16 or ())
             options["TensorQuantOverrides"] = range_overrides(ranges, int8, clipped_tensors(model))
         quantize_static(
@@ -498,7 +497,7 @@ def quantize_float_model(
             Reader(batches if activations == "int8" else batches[:1]),
             quant_format=QuantFormat.QDQ,
             per_channel=per_channel,
-            calibrate_method=methods[calib_method],
+            calibrate_method=method,
             activation_type=QuantType.QInt8 if activations == "int8" else QuantType.QInt16,
             weight_type=QuantType.QInt8,
             extra_options=options,
