@@ -258,6 +258,15 @@ def _link_segments(low: Lowering, out: Lowered, seg_of: dict[int, int], first_of
         s.deps = sorted(d - {i})
 
 
+def _unit_ends(m) -> dict[int, int]:
+    """The latest end of each pc's unit work in a traced timing run (`timing_run(..., trace=True)`)."""
+    end_of: dict[int, int] = {}
+    for e in m.trace:
+        if e.unit in ("load", "matrix", "vector", "store"):
+            end_of[e.pc] = max(end_of.get(e.pc, 0), e.end)
+    return end_of
+
+
 def _simulated_times(cfg: NpuConfig, seg: list[Item]) -> list[int]:
     """Cycle at which each item position is reached, from the golden model's timing: the latest end
     of the instructions before it (what a point there waits for)."""
@@ -265,10 +274,7 @@ def _simulated_times(cfg: NpuConfig, seg: list[Item]) -> list[int]:
     b.extend(it for it in seg if it.kind == "instr")
     built = b.build()
     m = timing_run(cfg, built.instrs, trace=True)
-    end_of = {}
-    for e in m.trace:
-        if e.unit in ("load", "matrix", "vector", "store"):
-            end_of[e.pc] = max(end_of.get(e.pc, 0), e.end)
+    end_of = _unit_ends(m)
     # pc of each instr item in order (the builder may add SYNCs between them)
     instr_pcs = [pc for pc, ins in enumerate(built.instrs) if ins.op != Opcode.SYNC and ins.op != Opcode.END]
     t_at, latest, k = [], 0, 0
@@ -286,10 +292,7 @@ def _program_times(cfg: NpuConfig, instrs: list[Instr]) -> list[int]:
     before it), and its end, from the golden model's timing: the final program's, cancellation
     points (which wait for the units to drain) included."""
     m = timing_run(cfg, instrs, trace=True)
-    end_of: dict[int, int] = {}
-    for e in m.trace:
-        if e.unit in ("load", "matrix", "vector", "store"):
-            end_of[e.pc] = max(end_of.get(e.pc, 0), e.end)
+    end_of = _unit_ends(m)
     reach, latest = [], 0
     for pc in range(len(instrs)):
         reach.append(latest)
