@@ -56,6 +56,8 @@ from .transport import EngineView, ModelTransport, SocModelTransport, Transport
 
 AUX_BYTES = 0x10000  # DRAM reserved at address 0 for the driver's dump and restore programs (at most)
 RUN = Control.START | Control.IRQ_ENABLE
+#: cycles a bare program's run waits between status reads (run_raw)
+RAW_WAIT_QUANTUM = 1 << 14
 TIMEOUT_MAX = 0xFFFF_FFFF  # the TIMEOUT register's range; longer budgets are kept by the driver
 PAGE = 4096  # models are placed on DRAM pages
 #: with a wall-clock timeout, no single wait is longer than this many cycles: an engine that never
@@ -594,7 +596,9 @@ class Npu:
             e.tr.set_reg("CONTROL", int(RUN))
             waited = 0
             while True:
-                waited += self.tr.wait(max_cycles - waited)
+                # in quanta: a WAIT that reaches a core already stopped (a short program, a slow
+                # link) runs out its whole limit before it answers
+                waited += self.tr.wait(min(self.wait_quantum or RAW_WAIT_QUANTUM, max_cycles - waited))
                 st = e.tr.status()
                 if st != Status.RUNNING or waited >= max_cycles:
                     break

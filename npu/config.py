@@ -65,6 +65,13 @@ class NpuConfig:
     token_depth: int = 255
     #: cycles from a DMA request to its first beat
     dma_latency: int = 16
+    #: bytes the DRAM moves a cycle when it is narrower than the bus (a board's SDR SDRAM: 2), so a
+    #: bus word takes bus_bytes / dram_word_bytes cycles and the fetcher, the load and the store
+    #: units take turns on it; 0: a bus word a cycle on separate read and write channels
+    dram_word_bytes: int = 0
+    #: with dram_word_bytes: cycles each burst costs besides its words (the request, row activation
+    #: and read latency the memory does not overlap with the previous burst, refresh on average)
+    dram_burst_cycles: int = 0
     #: pipeline latency of one matrix instruction
     matrix_latency: int = 4
     #: pipeline latency of one vector instruction (hdl/vector.py: two setup cycles, seven stages)
@@ -163,8 +170,14 @@ class NpuConfig:
         need(self.clock_mhz > 0, "clock_mhz", "must be positive")
         need(1 <= self.queue_depth <= 64, "queue_depth", "must be 1..64")
         need(1 <= self.token_depth <= 255, "token_depth", "must be 1..255")
-        for f in ("dma_latency", "matrix_latency", "vector_latency"):
+        for f in ("dma_latency", "matrix_latency", "vector_latency", "dram_burst_cycles"):
             need(0 <= getattr(self, f) <= 1024, f, "must be 0..1024")
+        need(
+            self.dram_word_bytes == 0
+            or (_pow2(self.dram_word_bytes) and self.dram_word_bytes < self.bus_bytes),
+            "dram_word_bytes",
+            f"must be 0 or a power of two below bus_bytes ({self.bus_bytes})",
+        )
 
     def hardware_dict(self) -> dict:
         """All fields that change the hardware (everything but the name)."""
@@ -174,6 +187,9 @@ class NpuConfig:
             d.pop("spad_banked")  # ids of the multi-port configurations stay what they were
         if d["core"] == "pipelined":
             d.pop("core")
+        for f in ("dram_word_bytes", "dram_burst_cycles"):  # ids of the configurations before them
+            if not d[f]:
+                d.pop(f)
         return d
 
     @property
@@ -277,7 +293,11 @@ PRESETS["ulx3s"] = NpuConfig(
     dram_bytes=32 * 1024 * 1024,
     clock_mhz=50.0,
     queue_depth=4,
-    dma_latency=16,
+    # the SDR SDRAM behind the register slice and the interconnect (hdl/mem/sdram.py): 16 bits a
+    # cycle; latency and burst cost measured by the DMA probes of `npu bench board` (docs/boards.md)
+    dma_latency=20,
+    dram_word_bytes=2,
+    dram_burst_cycles=8,
     matrix_latency=3,
     vector_latency=10,
 )

@@ -15,6 +15,8 @@ from .arith import cdiv
 #: Channel cycles a write burst takes besides its beats: the memory takes the next burst's address
 #: only once this one's response has been taken (hdl/simdram.py), so bursts do not overlap.
 WRITE_BURST_CYCLES = 2
+#: Instructions the fetcher asks for in one burst (hdl/fetch.py)
+FETCH_BURST = 4
 #: A STORE's cycles besides its bursts: issuing the first address, the read word's register
 #: before the unit's FIFO (hdl/store.py), taking the last response.
 STORE_CYCLES = 3
@@ -154,21 +156,33 @@ def banked_vector_steps(
     return int(_most_per_bank(spad_bank(np.stack(words, 1), cfg), np.stack(valid, 1), cfg.spad_banks).sum())
 
 
+def _dram_cycles(cfg: NpuConfig, beats: int, bursts: int) -> int:
+    """Cycles the DRAM takes for `beats` bus words in `bursts` bursts: a word a cycle, or, with a
+    DRAM narrower than the bus, its words and each burst's own cost (npu.config: dram_word_bytes)."""
+    if not cfg.dram_word_bytes:
+        return beats
+    return beats * (cfg.bus_bytes // cfg.dram_word_bytes) + bursts * cfg.dram_burst_cycles
+
+
 def duration(i: Instr, cfg: NpuConfig) -> int:
     """Cycles a unit is busy with one instruction (>= 1)."""
     f = i.fields
     op = i.op
     if op == Opcode.LOAD:
-        beats = dma_beats(f["dram"], f["rows"], f["cols"], f["dram_stride"], cfg.bus_bytes)
+        args = (f["dram"], f["rows"], f["cols"], f["dram_stride"], cfg.bus_bytes)
+        beats = dma_beats(*args)
         tr = f["pad_top"] + f["rows"] + f["pad_bottom"]
         tw = f["pad_left"] + f["cols"] + f["pad_right"]
         pad_bytes = tr * tw - f["rows"] * f["cols"]
-        data = cfg.dma_latency + beats if beats else 0
+        data = 0
+        if beats:
+            data = cfg.dma_latency + _dram_cycles(cfg, beats, dma_bursts(*args) if cfg.dram_word_bytes else 0)
         return max(1, data + cdiv(pad_bytes, cfg.bus_bytes))
     if op == Opcode.STORE:
         args = (f["dram"], f["rows"], f["cols"], f["dram_stride"], cfg.bus_bytes)
         beats = dma_beats(*args)
-        return STORE_CYCLES + beats + WRITE_BURST_CYCLES * dma_bursts(*args) if beats else 1
+        bursts = dma_bursts(*args) if beats else 0
+        return STORE_CYCLES + _dram_cycles(cfg, beats, bursts) + WRITE_BURST_CYCLES * bursts if beats else 1
     if op == Opcode.MATMUL:
         if cfg.spad_banked and f["m"] and f["n"]:
             return cfg.matrix_latency + max(1, banked_matmul_steps(f, cfg))

@@ -32,7 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "overlap and speedup of the pipeline machinery; layerwise: pairs of a compute- and a "
         "memory-intensive model on one engine through the command ring, per policy (layer-wise scheduling; "
         "--backend rtl adds two pairs on the RTL core); service: host time and memory per job over many "
-        "jobs of one model (a long-running device stays flat)",
+        "jobs of one model (a long-running device stays flat); board: per-inference cycles of the tinyML "
+        "models on a board's simulated top (--board; the bitstream's RTL, its DRAM model, the UART), the "
+        "golden model's beside them, latency at the last build's Fmax, DMA probes",
     )
     p.add_argument(
         "--models", nargs="+", help="order, banks, compile, models: models (default: a representative set)"
@@ -95,6 +97,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int_in(1, 100),
         default=1,
         help="opqueue: run the model part for this many seeds from --seed on (p99_cut_mean: the cuts' mean)",
+    )
+    p.add_argument(
+        "--board", default="ulx3s", help="board: the board (ulx3s, icebreaker; default ulx3s)"
+    )
+    p.add_argument(
+        "--no-probes", action="store_true", help="board: skip the DMA probe programs (models only)"
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -221,6 +229,15 @@ def _models(cfg: NpuConfig, args: argparse.Namespace):
     return bench_models(cfg, args.models, args.inputs), format_models
 
 
+def _board(cfg: NpuConfig, args: argparse.Namespace):
+    if args.backend != "model" or args.config:
+        raise CliError("bench board runs the board's own preset on its simulated top: use --board, not "
+                       "--backend or --config")  # fmt: skip
+    from npu.sim.rtl.board_bench import bench_board, format_board
+
+    return bench_board(args.board, args.models, probes=not args.no_probes), format_board
+
+
 def _service(cfg: NpuConfig, args: argparse.Namespace):
     import sys
 
@@ -251,6 +268,7 @@ BENCHES: dict[str, Bench] = {
     "pipeline": _pipeline,
     "layerwise": _layerwise,
     "service": _service,
+    "board": _board,
 }
 
 

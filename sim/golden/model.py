@@ -21,7 +21,8 @@ from npu.config import NpuConfig, get_config
 from npu.isa import INSTR_BYTES, ErrorCode, Instr, IsaError, Opcode, Unit, decode, dram_span, validate
 from npu.registers import BY_OFFSET, COUNTERS, ISA_VERSION, NPU_MAGIC, REG, Control, Status
 from npu.sim.golden.kernels import OnChip, execute
-from npu.timing import dma_bytes, duration
+from npu.sim.golden.narrow_dram import NarrowDram
+from npu.timing import FETCH_BURST, dma_bursts, dma_bytes, duration
 
 UNITS = tuple(Unit)
 _BUSY = {
@@ -66,6 +67,8 @@ class _Run:
         self.passed = [0] * len(UNITS)  # cancellation-point markers each unit has passed
         self.target: int | None = None  # ordinal of the point a pending pause stops at
         self.window = (0, 1 << 32)  # [DRAM_BASE, DRAM_LIMIT) as latched at START
+        self.fetch_pc0 = pc  # a narrow DRAM (NarrowDram): where the fetcher's bursts started,
+        self.bursts: list[int] = []  # and when each burst's words start
 
 
 class NpuModel:
@@ -84,6 +87,8 @@ class NpuModel:
         self.dram = np.zeros(self.cfg.dram_bytes, np.uint8)
         #: the DRAM port shared with other engines (`npu.sim.golden.system.DramPort`); None: alone
         self.port = None
+        #: a DRAM narrower than the bus, which the fetcher and the DMA units take in turn
+        self.narrow = NarrowDram(self.cfg) if self.cfg.dram_word_bytes else None
         self.chip = OnChip(self.cfg)
         self.now = 0
         self.trace: list[TraceEvent] | None = [] if trace else None
@@ -219,6 +224,8 @@ class NpuModel:
             if run is not None and run.ring and run.pc == self.ring_tail and value != self.ring_tail:
                 # the fetcher was starved: it asks for the new instructions now
                 run.next_dispatch = max(run.next_dispatch, self.now + self.cfg.dma_latency)
+                if self.narrow is not None:
+                    self._fetch_from(run, self.now)
             self.ring_tail = value
 
     @property
@@ -251,6 +258,8 @@ class NpuModel:
         base = self.ring_base if ring else self.program_base
         self._run = _Run(self.cfg, self.now, base, self.resume_pc, self.timeout, ring)
         self._run.window = (self.dram_base, self.dram_limit or 1 << 32)
+        if self.narrow is not None:
+            self._fetch_from(self._run, self.now)
         # markers dropped by an error or a pause are fetched again: count from the completed fences
         self._fence_passed = [self.fence_count] * len(UNITS)
         if self._pause_cycle is not None:
@@ -289,6 +298,8 @@ class NpuModel:
             self.error_pc = pc
         self.irq_pending = True
         self._pause_cycle = None
+        if self.narrow is not None:  # the fetcher's prefetches past the stop are not waited for
+            self.narrow.stop(t)
         # the count of the next instruction (a pause drops what followed the point: resume after it)
         self.ring_head = self.resume_pc if status == Status.PAUSED else run.pc
         self._run = None
@@ -375,10 +386,24 @@ class NpuModel:
             t = max(t, q[0][2] + 1, run.busy_until[u])
         return t
 
+    def _fetch_from(self, run: _Run, t: int) -> None:
+        """A narrow DRAM: the fetcher starts at `run.pc` and asks for two bursts (its buffer)."""
+        run.fetch_pc0 = run.pc
+        run.bursts = [self.narrow.fetch(t), self.narrow.fetch(t)]
+
+    def _instr_ready(self, run: _Run) -> int:
+        """A narrow DRAM: the cycle instruction `run.pc`'s words have arrived."""
+        i = run.pc - run.fetch_pc0
+        while len(run.bursts) <= i // FETCH_BURST:  # not asked for yet (not reached in order)
+            run.bursts.append(self.narrow.fetch(self.now))
+        return run.bursts[i // FETCH_BURST] + (i % FETCH_BURST + 1) * self.narrow.instr_cycles
+
     def _dispatch_ready(self, run: _Run) -> int | None:
         if run.ring and run.pc == self.ring_tail:
             return None  # the ring is empty: wait for the host's doorbell
         base = run.next_dispatch
+        if self.narrow is not None:  # its words have arrived
+            base = max(base, self._instr_ready(run))
         ins = self._fetch(run)
         if isinstance(ins, IsaError):
             return base
@@ -497,6 +522,8 @@ class NpuModel:
             self._stop(Status.DONE, t, pc=pc)
             return
         run.pc = (run.pc + 1) & 0xFFFFFFFF
+        if self.narrow is not None and (run.pc - run.fetch_pc0) % FETCH_BURST == FETCH_BURST - 1:
+            run.bursts.append(self.narrow.fetch(t))  # a burst's slots are free: the next but one
         run.next_dispatch = t + self.cfg.instr_beats
 
     def _pause(self, run: _Run, t: int) -> None:
@@ -546,6 +573,10 @@ class NpuModel:
         if faulted:
             self.dram[lo:hi] = kept  # the faulting beats of a STORE are dropped
         d = duration(ins, self.cfg)
+        narrow = self.narrow is not None and ins.op in (Opcode.LOAD, Opcode.STORE)
+        if narrow:  # the memory serves one transfer at a time
+            bursts = dma_bursts(ins.dram, ins.rows, ins.cols, ins.dram_stride, self.cfg.bus_bytes)
+            d += self.narrow.transfer(t, d, bursts)
         xfer = None
         if self.port is not None and ins.op in (Opcode.LOAD, Opcode.STORE):
             xfer = self.port.transfer(self, ins, t)  # other engines' bursts on the shared channel
@@ -572,9 +603,13 @@ class NpuModel:
                 self._error_after_drain(run, end, ErrorCode.TOKEN, pc)
                 return
             ch.append(end)
-        if xfer is not None:
+        if xfer is not None or narrow:
             ordinal = len(run.starts[u])  # the unit's instructions so far: this one is the latest
-            xfer.retime = lambda extra, now: self._retime(run, u, ordinal, extra, now, signalled, ev)
+            retime = lambda extra, now: self._retime(run, u, ordinal, extra, now, signalled, ev)  # noqa: E731
+            if xfer is not None:
+                xfer.retime = retime
+            else:
+                self.narrow.retime_with(retime)
 
     def _retime(
         self,

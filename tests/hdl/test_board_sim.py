@@ -44,3 +44,16 @@ def test_board_runs_zoo_models_and_a_pause_over_the_uart(name, tmp_path):
     build_and_test(
         v, "board_top", "npu.sim.rtl.cocotb_board", name=f"board-{name}", extra_env=env, quiet=True
     )
+
+
+def test_bench_board_cycles_match_the_golden_model_on_the_ulx3s(tmp_path):
+    """`npu bench board`'s measurement on the ULX3S top (SDRAM model, serial bridge): bit-exact
+    outputs, and the golden model's cycles (the narrow-DRAM timing) within 10 % of the board's."""
+    from npu.sim.rtl.board_bench import bench_board
+
+    r = bench_board("ulx3s", ["digits_cnn", "planning"], probes=False, build_root=tmp_path)
+    assert [m["name"] for m in r["models"]] == ["digits_cnn", "planning"]
+    assert r["achieved_mhz"] is None and r["models"][0]["latency_ms"] is None  # no build in tmp_path
+    for m in r["models"]:
+        assert m["bit_exact"], m
+        assert m["cycles"] > 0 and abs(m["model_error"]) <= 0.10, m

@@ -1,0 +1,217 @@
+"""`npu bench board`: what one inference of each tinyML model costs on a board.
+
+Each model is compiled for the board's preset (int8 activations, as the zoo's benches run), run on
+the golden model (the reference outputs and the model's cycle count), then run once on the board's
+simulated top - the bitstream's own RTL with the SDRAM or SPRAM model, driven over the UART by the
+host's driver (sim/rtl/cocotb_board_bench.py). The figures: the board's cycles per inference (the
+core's CYCLES counter of the job), the golden model's beside it and its error, the latency at the
+Fmax the last `npu build` of the board routed, the MAC utilisation, and whether every output is
+bit-exact against the golden model. The board's peak, resources and Fmax come from that build's
+report (build/boards/<board>/build_report.json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from npu.config import NpuConfig, get_config
+
+#: the tinyML set (npu.models.zoo.TINYML) in the order the bench runs it
+DEFAULT_MODELS = ("ds_cnn_kws", "resnet8", "mobilenet_v1_025_vww", "fc_autoencoder")
+
+
+def board_macs_per_cycle(cfg: NpuConfig) -> float:
+    """MACs a cycle the board's core sustains: the array's, or the micro core's firmware rate."""
+    if cfg.core == "micro":
+        from npu.hdl.micro import MATMUL_CYCLES_PER_MAC
+
+        return cfg.engines / MATMUL_CYCLES_PER_MAC
+    return float(cfg.macs_per_cycle * cfg.engines)
+
+
+#: DMA shapes the probes time: (rows, cols, DRAM stride) of one LOAD or STORE
+PROBE_SHAPES = ((1, 8, 8), (1, 64, 64), (1, 512, 512), (1, 2048, 2048), (16, 64, 64), (16, 64, 2048),
+                (64, 32, 4096), (64, 256, 256))  # fmt: skip
+
+
+def probe_programs(cfg: NpuConfig) -> dict[str, bytes]:
+    """Raw programs of one LOAD or one STORE per shape of PROBE_SHAPES that fits the scratchpad
+    (and an empty program: the fixed cost of a run), by label."""
+    from npu.asm import assemble
+    from npu.isa import encode_program
+
+    progs = {"empty": "end"}
+    dram = cfg.dram_bytes // 2  # above the driver's area, below the models the driver loads
+    for rows, cols, stride in PROBE_SHAPES:
+        if rows * cols > cfg.spad_bytes // 2 or (rows - 1) * stride + cols > cfg.dram_bytes // 4:
+            continue
+        for op in ("load", "store"):
+            progs[f"{op} {rows}x{cols}/{stride}"] = (
+                f"{op} spad=0 dram={dram} rows={rows} cols={cols} spad_stride={cols} "
+                f"dram_stride={stride}\nend"
+            )
+    return {k: encode_program(assemble(t).instrs) for k, t in progs.items()}
+
+
+def _last_build(board: str, build_root: Path) -> dict | None:
+    path = build_root / board / "build_report.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _compile(name: str, cfg: NpuConfig, tmp: Path):
+    """(CompiledModel, its container file, one test input) of zoo model `name` for `cfg`."""
+    import onnx
+
+    from npu.compiler import compile_onnx
+    from npu.compiler.errors import CompileError
+    from npu.models import zoo
+
+    every = {**zoo.ZOO, **zoo.IMAGENET, **getattr(zoo, "TINYML", {})}
+    if name not in every:
+        raise CompileError(f"unknown zoo model {name!r}; choose from {', '.join(every)}")
+    z = every[name]()
+    onnx.save(z.model, str(tmp / f"{name}.onnx"))
+    cm = compile_onnx(tmp / f"{name}.onnx", cfg, calib=z.calib, activations="int8")
+    batch = z.model.graph.input[0].type.tensor_type.shape.dim[0].dim_value or 1
+    path = tmp / f"{name}.npub"
+    cm.to_container().save(path)
+    return cm, path, z.test[:batch]
+
+
+def bench_board(
+    board_name: str,
+    names: list[str] | None = None,
+    *,
+    probes: bool = True,
+    build_root: Path = Path("build/boards"),
+    say: Callable[[str], None] = lambda s: print(f"bench board: {s}", file=sys.stderr, flush=True),
+) -> dict:
+    from npu.compiler.errors import CompileError
+    from npu.driver.runtime import Npu
+    from npu.hdl.boards.boards import BOARDS
+    from npu.hdl.boards.top import SIM_DIVISOR
+    from npu.hdl.verilog import board_sim_verilog
+
+    from .hdlsim import build_and_test
+
+    if board_name not in BOARDS:
+        raise CompileError(f"unknown board {board_name!r}; choose from {', '.join(BOARDS)}")
+    board = BOARDS[board_name]
+    cfg = get_config(board.preset)
+    build = _last_build(board.name, build_root)
+    # the slowest clock's routed Fmax (the core's: the boards have one clock domain)
+    fmax = min(v["achieved_mhz"] for v in build["fmax"].values()) if build and build.get("fmax") else None
+    macs = board_macs_per_cycle(cfg)
+    rows, runs = [], []
+    with tempfile.TemporaryDirectory(prefix="bench-board-") as tmpdir:
+        tmp = Path(tmpdir)
+        golden = Npu("model", cfg)
+        for name in names or DEFAULT_MODELS:
+            say(f"{name}: compiling for {cfg.name}")
+            try:
+                cm, path, x = _compile(name, cfg, tmp)
+            except CompileError as e:  # e.g. does not fit the board's memories
+                rows.append({"name": name, "error": str(e)})
+                continue
+            job = golden.load(path, name).submit(x, int8=True)
+            ref = job.result()
+            rows.append(
+                {
+                    "name": name,
+                    "macs": cm.placement.macs_npu,
+                    "model_cycles": int(job.counters["CYCLES"]),
+                    "_ref": ref,
+                }
+            )
+            runs.append((rows[-1], path, x))
+        probe = probe_programs(cfg) if probes else {}
+        probe_rows = []
+        for k, (label, prog) in enumerate(probe.items()):
+            (tmp / f"probe{k}.bin").write_bytes(prog)
+            golden.run_raw(prog)
+            probe_rows.append({"probe": label, "model_cycles": int(golden.counters()["CYCLES"])})
+        if runs or probe:
+            say(f"board simulation of {len(runs)} model(s) and {len(probe)} DMA probes on {board.name}")
+            inputs = tmp / "inputs.npz"
+            np.savez(inputs, **{f"x{k}": x for k, (_, _, x) in enumerate(runs)})
+            result = tmp / "result.json"
+            env = {
+                "BOARD_CONFIG": cfg.name,
+                "BOARD_MODELS": os.pathsep.join(str(p) for _, p, _ in runs),
+                "BOARD_PROGRAMS": os.pathsep.join(str(tmp / f"probe{k}.bin") for k in range(len(probe))),
+                "BOARD_INPUTS": str(inputs),
+                "BOARD_RESULT": str(result),
+                "BOARD_DRAM": board.dram,
+                "BOARD_CLOCK_MHZ": str(board.clock_mhz),
+                "BOARD_DIVISOR": str(SIM_DIVISOR),
+            }
+            build_and_test(
+                board_sim_verilog(board, cfg),
+                "board_top",
+                "npu.sim.rtl.cocotb_board_bench",
+                name=f"board-{board.name}",
+                extra_env=env,
+                quiet=True,
+            )
+            measured = json.loads(result.read_text())
+            outs = np.load(str(result) + ".npz")
+            for k, ((row, _, _), got) in enumerate(zip(runs, measured["rows"], strict=True)):
+                ref = row.pop("_ref")
+                cycles = got["cycles"]
+                row["cycles"] = cycles
+                row["model_error"] = round((row["model_cycles"] - cycles) / cycles, 4)
+                row["latency_ms"] = round(cycles / fmax / 1000, 4) if fmax else None
+                row["utilization"] = round(row["macs"] / (cycles * macs), 4)
+                row["bit_exact"] = all(np.array_equal(outs[f"y{k}_{i}"], r) for i, r in enumerate(ref))
+            for row, got in zip(probe_rows, measured["probes"], strict=True):
+                row["cycles"] = got["cycles"]
+                row["model_error"] = round((row["model_cycles"] - got["cycles"]) / got["cycles"], 4)
+                if got["status"] != "DONE":
+                    row["status"] = got["status"]
+            say(f"simulated {measured['simulated_cycles']:,} cycles in {measured['seconds']:.0f} s")
+    return {
+        "board": board.name,
+        "config": cfg.name,
+        "macs_per_cycle": round(macs, 4),
+        "clock_mhz": board.clock_mhz,
+        "achieved_mhz": fmax,
+        "timing_met": build["timing_met"] if build else None,
+        "peak_gops": round(2 * macs * fmax / 1000, 6) if fmax else None,
+        "resources": build["resources"] if build else None,
+        "build_report": str(build_root / board.name / "build_report.json") if build else None,
+        "models": rows,
+        "dma_probes": probe_rows,
+    }
+
+
+def format_board(r: dict) -> str:
+    head = f"{r['board']} ({r['config']}): {r['macs_per_cycle']} MACs/cycle, " + (
+        f"{r['achieved_mhz']} MHz routed (timing {'met' if r['timing_met'] else 'not met'}), "
+        f"peak {r['peak_gops']} GOPS"
+        if r["achieved_mhz"]
+        else f"no build report (npu build --board {r['board']}): latencies not known"
+    )
+    lines = [head]
+    for m in r["models"]:
+        if "error" in m:
+            lines.append(f"  {m['name']}: {m['error']}")
+            continue
+        lat = f"{m['latency_ms']} ms, " if m["latency_ms"] is not None else ""
+        lines.append(
+            f"  {m['name']}: {m['cycles']:,} cycles ({lat}golden model {m['model_cycles']:,}, "
+            f"error {m['model_error']:+.1%}), utilisation {m['utilization']}, "
+            f"{'bit-exact' if m['bit_exact'] else 'OUTPUTS DIFFER'}"
+        )
+    for p in r.get("dma_probes", []):
+        lines.append(
+            f"  probe {p['probe']}: {p['cycles']:,} cycles, golden model {p['model_cycles']:,} "
+            f"({p['model_error']:+.1%})"
+        )
+    return "\n".join(lines)
