@@ -166,6 +166,8 @@ def _dram_cycles(cfg: NpuConfig, beats: int, bursts: int) -> int:
 
 def duration(i: Instr, cfg: NpuConfig) -> int:
     """Cycles a unit is busy with one instruction (>= 1)."""
+    if cfg.core == "micro":  # the firmware's costs (one instruction at a time)
+        return micro_duration(i)
     f = i.fields
     op = i.op
     if op == Opcode.LOAD:
@@ -229,3 +231,89 @@ def dma_bytes(i: Instr) -> tuple[int, int]:
 
 def ideal_matmul_cycles(m: int, n: int, k: int, cfg: NpuConfig) -> float:
     return m * n * k / cfg.macs_per_cycle
+
+
+# -- the micro core (hdl/micro/: the ISA run from firmware, one instruction at a time) ---------------
+#: features of an instruction the firmware's cost is linear in (hdl/micro/firmware/kernels.c's loops)
+MICRO_FEATURES: dict[Opcode, tuple[str, ...]] = {
+    Opcode.LOAD: ("base", "rows", "words", "bytes", "pad_bytes"),
+    Opcode.STORE: ("base", "rows", "words", "words_unaligned", "bytes"),
+    Opcode.MATMUL: ("base", "outputs", "macs", "macs_i16"),
+    Opcode.VMAP: ("base", "elems_i32", "elems", "per_col"),
+    Opcode.VLUT: ("base", "elems"),
+    Opcode.VMUL: ("base", "elems"),
+    Opcode.VADD: ("base", "elems"),
+    Opcode.POOL: ("base", "outputs", "window"),
+}
+
+#: cycles per feature, measured on the RTL by `npu bench board --board icebreaker` (its probe
+#: programs) and fitted by `python -m npu.sim.rtl.probes` (docs/micro.md); an instruction's fetch
+#: and checks are in `base`; SYNC and the markers cost MICRO_OTHER, a run MICRO_RUN besides its
+#: instructions (starting, END)
+MICRO_COSTS: dict[Opcode, dict[str, float]] = {
+    Opcode.LOAD: {"base": 10757.62, "rows": 308.85, "words": 35.0, "bytes": 52.88, "pad_bytes": 7.95},
+    Opcode.STORE: {"base": 8521.0, "rows": 78.96, "words": 48.0, "words_unaligned": 96.01, "bytes": 0.0},
+    Opcode.MATMUL: {"base": 11287.86, "outputs": 110.23, "macs": 31.2, "macs_i16": 98.19},
+    Opcode.VMAP: {"base": 13555.73, "elems_i32": 375.38, "elems": 409.09, "per_col": 0.0},
+    Opcode.VLUT: {"base": 14876.79, "elems": 35.4},
+    Opcode.VMUL: {"base": 13979.22, "elems": 463.22},
+    Opcode.VADD: {"base": 12399.0, "elems": 459.0},
+    Opcode.POOL: {"base": 15542.56, "outputs": 256.26, "window": 101.64},
+}
+MICRO_OTHER = 6_111
+MICRO_RUN = 2_338
+
+
+def micro_features(i: Instr) -> dict[str, int]:
+    """The firmware's loop counts for `i` (MICRO_FEATURES)."""
+    f, op = i.fields, i.op
+    if op == Opcode.LOAD:
+        tr = f["pad_top"] + f["rows"] + f["pad_bottom"]
+        tw = f["pad_left"] + f["cols"] + f["pad_right"]
+        rows, cols = f["rows"], f["cols"]
+        aligned = (f["dram"] ^ (f["spad"] + f["pad_left"])) & 3 == 0 and f["dram_stride"] % 4 == 0
+        words = rows * (cols // 4) if aligned else 0
+        return {"base": 1, "rows": tr, "words": words, "bytes": rows * cols - 4 * words,
+                "pad_bytes": tr * tw - rows * cols}  # fmt: skip
+    if op == Opcode.STORE:
+        # whole words where the DRAM side is aligned: read as a word, or byte by byte when the
+        # scratchpad side is not aligned with it
+        dram_ok = f["dram"] % 4 == 0 and f["dram_stride"] % 4 == 0
+        words = f["rows"] * (f["cols"] // 4) if dram_ok else 0
+        spad_ok = f["spad"] % 4 == 0 and f["spad_stride"] % 4 == 0
+        slow = 0 if spad_ok else words
+        return {"base": 1, "rows": f["rows"], "words": words - slow, "words_unaligned": slow,
+                "bytes": f["rows"] * f["cols"] - 4 * words}  # fmt: skip
+    if op == Opcode.MATMUL:
+        outputs, macs = f["m"] * f["n"], f["m"] * f["n"] * f["k"]
+        return {
+            "base": 1,
+            "outputs": outputs,
+            "macs": 0 if f["a_i16"] else macs,
+            "macs_i16": macs if f["a_i16"] else 0,
+        }
+    if op == Opcode.VMAP:
+        n = f["rows"] * f["cols"]
+        i32 = f["src_type"] == 1
+        return {
+            "base": 1,
+            "elems_i32": n if i32 else 0,
+            "elems": 0 if i32 else n,
+            "per_col": f["cols"] * f["per_col"],
+        }
+    if op in (Opcode.VLUT, Opcode.VMUL):
+        return {"base": 1, "elems": f["rows"] * f["cols"]}
+    if op == Opcode.VADD:
+        return {"base": 1, "elems": f["len"]}
+    if op == Opcode.POOL:
+        outputs = f["out_h"] * f["out_w"] * f["channels"]
+        return {"base": 1, "outputs": outputs, "window": outputs * f["kh"] * f["kw"]}
+    return {}
+
+
+def micro_duration(i: Instr) -> int:
+    """Cycles the micro core's firmware takes for `i`, its fetch and checks included."""
+    costs = MICRO_COSTS.get(i.op)
+    if costs is None:
+        return MICRO_OTHER
+    return max(1, round(sum(costs[k] * v for k, v in micro_features(i).items())))

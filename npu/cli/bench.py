@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--backend rtl adds two pairs on the RTL core); service: host time and memory per job over many "
         "jobs of one model (a long-running device stays flat); board: per-inference cycles of the tinyML "
         "models on a board's simulated top (--board; the bitstream's RTL, its DRAM model, the UART), the "
-        "golden model's beside them, latency at the last build's Fmax, DMA probes",
+        "golden model's beside them, latency at the last build's Fmax, probe programs of single instructions",
     )
     p.add_argument(
         "--models", nargs="+", help="order, banks, compile, models: models (default: a representative set)"
@@ -102,7 +102,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--board", default="ulx3s", help="board: the board (ulx3s, icebreaker; default ulx3s)"
     )
     p.add_argument(
-        "--no-probes", action="store_true", help="board: skip the DMA probe programs (models only)"
+        "--no-probes", action="store_true", help="board: skip the probe programs (models only)"
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
 

@@ -22,7 +22,7 @@ from npu.isa import INSTR_BYTES, ErrorCode, Instr, IsaError, Opcode, Unit, decod
 from npu.registers import BY_OFFSET, COUNTERS, ISA_VERSION, NPU_MAGIC, REG, Control, Status
 from npu.sim.golden.kernels import OnChip, execute
 from npu.sim.golden.narrow_dram import NarrowDram
-from npu.timing import FETCH_BURST, dma_bursts, dma_bytes, duration
+from npu.timing import FETCH_BURST, MICRO_OTHER, MICRO_RUN, dma_bursts, dma_bytes, duration
 
 UNITS = tuple(Unit)
 _BUSY = {
@@ -55,7 +55,8 @@ class _Run:
         self.timeout = timeout
         self.ring = ring_size != 0  # fetching from the command ring (base = RING_BASE)
         self.ring_size = ring_size
-        self.next_dispatch = t0 + cfg.dma_latency  # first fetch pays the DRAM latency
+        # the first fetch pays the DRAM latency; the micro core's firmware its start and END
+        self.next_dispatch = t0 + (MICRO_RUN if cfg.core == "micro" else cfg.dma_latency)
         self.queues: list[deque] = [deque() for _ in UNITS]
         self.starts: list[list[int]] = [[] for _ in UNITS]
         self.dispatched = [0] * len(UNITS)
@@ -89,6 +90,10 @@ class NpuModel:
         self.port = None
         #: a DRAM narrower than the bus, which the fetcher and the DMA units take in turn
         self.narrow = NarrowDram(self.cfg) if self.cfg.dram_word_bytes else None
+        #: the micro core: one processor fetches, checks and runs every instruction in turn (its
+        #: firmware's costs: npu.timing.MICRO_COSTS); the cycle it is free again
+        self.serial = self.cfg.core == "micro"
+        self.cpu_free = 0
         self.chip = OnChip(self.cfg)
         self.now = 0
         self.trace: list[TraceEvent] | None = [] if trace else None
@@ -300,6 +305,7 @@ class NpuModel:
         self._pause_cycle = None
         if self.narrow is not None:  # the fetcher's prefetches past the stop are not waited for
             self.narrow.stop(t)
+        self.cpu_free = min(self.cpu_free, t)
         # the count of the next instruction (a pause drops what followed the point: resume after it)
         self.ring_head = self.resume_pc if status == Status.PAUSED else run.pc
         self._run = None
@@ -359,7 +365,7 @@ class NpuModel:
         if not q:
             return None
         _, ins, td = q[0][:3]
-        t = max(td + 1, run.busy_until[u])
+        t = max(td + 1, run.busy_until[u], self.cpu_free)
         if ins.op == Opcode.CANCEL_POINT:
             # a marker: passed at once, unless a pending pause stops at it (the unit parks)
             return None if run.target == q[0][3] else t
@@ -404,6 +410,8 @@ class NpuModel:
         base = run.next_dispatch
         if self.narrow is not None:  # its words have arrived
             base = max(base, self._instr_ready(run))
+        if self.serial:
+            base = max(base, self.cpu_free)
         ins = self._fetch(run)
         if isinstance(ins, IsaError):
             return base
@@ -439,7 +447,8 @@ class NpuModel:
             if t is not None and (best_t is None or t < best_t):
                 best_t, best_u = t, u
         td = self._dispatch_ready(run)
-        if td is not None and (best_t is None or td < best_t):
+        # the micro core's firmware dispatches while it can before it runs a queue head
+        if td is not None and (best_t is None or td < best_t or (self.serial and td == best_t)):
             best_t, best_u = td, None
         tp = self._parked_ready(run)
         if tp is not None and (best_t is None or tp < best_t):
@@ -521,8 +530,10 @@ class NpuModel:
             self.resume_pc = pc
             self._stop(Status.DONE, t, pc=pc)
             return
+        if self.serial:  # the firmware's fetch, checks and queueing of the instruction
+            self.cpu_free = max(t, self.cpu_free) + MICRO_OTHER
         run.pc = (run.pc + 1) & 0xFFFFFFFF
-        if self.narrow is not None and (run.pc - run.fetch_pc0) % FETCH_BURST == FETCH_BURST - 1:
+        if self.narrow is not None and (run.pc - run.fetch_pc0) % FETCH_BURST == 0:
             run.bursts.append(self.narrow.fetch(t))  # a burst's slots are free: the next but one
         run.next_dispatch = t + self.cfg.instr_beats
 
@@ -573,6 +584,9 @@ class NpuModel:
         if faulted:
             self.dram[lo:hi] = kept  # the faulting beats of a STORE are dropped
         d = duration(ins, self.cfg)
+        if self.serial:  # the rest of the firmware's cost, after the dispatch's MICRO_OTHER
+            d = max(1, d - MICRO_OTHER)
+            self.cpu_free = t + d
         narrow = self.narrow is not None and ins.op in (Opcode.LOAD, Opcode.STORE)
         if narrow:  # the memory serves one transfer at a time
             bursts = dma_bursts(ins.dram, ins.rows, ins.cols, ins.dram_stride, self.cfg.bus_bytes)

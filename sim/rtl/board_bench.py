@@ -7,7 +7,9 @@ host's driver (sim/rtl/cocotb_board_bench.py). The figures: the board's cycles p
 core's CYCLES counter of the job), the golden model's beside it and its error, the latency at the
 Fmax the last `npu build` of the board routed, the MAC utilisation, and whether every output is
 bit-exact against the golden model. The board's peak, resources and Fmax come from that build's
-report (build/boards/<board>/build_report.json).
+report (build/boards/<board>/build_report.json). Before the models, the probe programs of
+sim/rtl/probes.py (one instruction of a chosen shape each) are timed the same way: the calibration
+of the golden model's narrow-DRAM and micro-core timing (docs/isa.md, Timing).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import numpy as np
 
 from npu.config import NpuConfig, get_config
 
+from .probes import dma_probes, encode, op_probes
+
 #: the tinyML set (npu.models.zoo.TINYML) in the order the bench runs it
 DEFAULT_MODELS = ("ds_cnn_kws", "resnet8", "mobilenet_v1_025_vww", "fc_autoencoder")
 
@@ -34,30 +38,6 @@ def board_macs_per_cycle(cfg: NpuConfig) -> float:
 
         return cfg.engines / MATMUL_CYCLES_PER_MAC
     return float(cfg.macs_per_cycle * cfg.engines)
-
-
-#: DMA shapes the probes time: (rows, cols, DRAM stride) of one LOAD or STORE
-PROBE_SHAPES = ((1, 8, 8), (1, 64, 64), (1, 512, 512), (1, 2048, 2048), (16, 64, 64), (16, 64, 2048),
-                (64, 32, 4096), (64, 256, 256))  # fmt: skip
-
-
-def probe_programs(cfg: NpuConfig) -> dict[str, bytes]:
-    """Raw programs of one LOAD or one STORE per shape of PROBE_SHAPES that fits the scratchpad
-    (and an empty program: the fixed cost of a run), by label."""
-    from npu.asm import assemble
-    from npu.isa import encode_program
-
-    progs = {"empty": "end"}
-    dram = cfg.dram_bytes // 2  # above the driver's area, below the models the driver loads
-    for rows, cols, stride in PROBE_SHAPES:
-        if rows * cols > cfg.spad_bytes // 2 or (rows - 1) * stride + cols > cfg.dram_bytes // 4:
-            continue
-        for op in ("load", "store"):
-            progs[f"{op} {rows}x{cols}/{stride}"] = (
-                f"{op} spad=0 dram={dram} rows={rows} cols={cols} spad_stride={cols} "
-                f"dram_stride={stride}\nend"
-            )
-    return {k: encode_program(assemble(t).instrs) for k, t in progs.items()}
 
 
 def _last_build(board: str, build_root: Path) -> dict | None:
@@ -108,12 +88,17 @@ def bench_board(
     build = _last_build(board.name, build_root)
     # the slowest clock's routed Fmax (the core's: the boards have one clock domain)
     fmax = min(v["achieved_mhz"] for v in build["fmax"].values()) if build and build.get("fmax") else None
+    if build and build.get("config_id") != f"{cfg.config_id:#010x}":
+        say(
+            f"the last build ({build_root / board.name}) is of configuration {build.get('config_id')}, not "
+            f"{cfg.config_id:#010x}: its Fmax and resources are quoted, rebuild for this one's"
+        )
     macs = board_macs_per_cycle(cfg)
     rows, runs = [], []
     with tempfile.TemporaryDirectory(prefix="bench-board-") as tmpdir:
         tmp = Path(tmpdir)
         golden = Npu("model", cfg)
-        for name in names or DEFAULT_MODELS:
+        for name in DEFAULT_MODELS if names is None else names:
             say(f"{name}: compiling for {cfg.name}")
             try:
                 cm, path, x = _compile(name, cfg, tmp)
@@ -131,14 +116,14 @@ def bench_board(
                 }
             )
             runs.append((rows[-1], path, x))
-        probe = probe_programs(cfg) if probes else {}
+        probe = encode({**dma_probes(cfg), **op_probes(cfg)}) if probes else {}
         probe_rows = []
         for k, (label, prog) in enumerate(probe.items()):
             (tmp / f"probe{k}.bin").write_bytes(prog)
             golden.run_raw(prog)
             probe_rows.append({"probe": label, "model_cycles": int(golden.counters()["CYCLES"])})
         if runs or probe:
-            say(f"board simulation of {len(runs)} model(s) and {len(probe)} DMA probes on {board.name}")
+            say(f"board simulation of {len(runs)} model(s) and {len(probe)} probe programs on {board.name}")
             inputs = tmp / "inputs.npz"
             np.savez(inputs, **{f"x{k}": x for k, (_, _, x) in enumerate(runs)})
             result = tmp / "result.json"
@@ -186,8 +171,9 @@ def bench_board(
         "peak_gops": round(2 * macs * fmax / 1000, 6) if fmax else None,
         "resources": build["resources"] if build else None,
         "build_report": str(build_root / board.name / "build_report.json") if build else None,
+        "build_config_id": build.get("config_id") if build else None,
         "models": rows,
-        "dma_probes": probe_rows,
+        "probes": probe_rows,
     }
 
 
@@ -209,7 +195,7 @@ def format_board(r: dict) -> str:
             f"error {m['model_error']:+.1%}), utilisation {m['utilization']}, "
             f"{'bit-exact' if m['bit_exact'] else 'OUTPUTS DIFFER'}"
         )
-    for p in r.get("dma_probes", []):
+    for p in r.get("probes", []):
         lines.append(
             f"  probe {p['probe']}: {p['cycles']:,} cycles, golden model {p['model_cycles']:,} "
             f"({p['model_error']:+.1%})"

@@ -46,14 +46,35 @@ def test_board_runs_zoo_models_and_a_pause_over_the_uart(name, tmp_path):
     )
 
 
-def test_bench_board_cycles_match_the_golden_model_on_the_ulx3s(tmp_path):
-    """`npu bench board`'s measurement on the ULX3S top (SDRAM model, serial bridge): bit-exact
-    outputs, and the golden model's cycles (the narrow-DRAM timing) within 10 % of the board's."""
+@pytest.mark.parametrize(
+    ("name", "models"), [("ulx3s", ["digits_cnn", "planning"]), ("icebreaker", ["digits_mlp"])]
+)
+def test_bench_board_cycles_match_the_golden_model(name, models, tmp_path):
+    """`npu bench board`'s measurement on a board's top (SDRAM or SPRAM model, serial bridge):
+    bit-exact outputs, and the golden model's cycles (the ULX3S's narrow-DRAM rule, the micro core's
+    firmware costs) within 10 % of the board's."""
     from npu.sim.rtl.board_bench import bench_board
 
-    r = bench_board("ulx3s", ["digits_cnn", "planning"], probes=False, build_root=tmp_path)
-    assert [m["name"] for m in r["models"]] == ["digits_cnn", "planning"]
+    r = bench_board(name, models, probes=False, build_root=tmp_path)
+    assert [m["name"] for m in r["models"]] == models
     assert r["achieved_mhz"] is None and r["models"][0]["latency_ms"] is None  # no build in tmp_path
     for m in r["models"]:
         assert m["bit_exact"], m
         assert m["cycles"] > 0 and abs(m["model_error"]) <= 0.10, m
+
+
+def test_micro_costs_are_the_fit_of_the_firmware_on_the_rtl(tmp_path):
+    """npu.timing's micro-core costs are what the probe programs measure on the iCEBreaker's top
+    now (a firmware change that moves them fails here: refit with `python -m npu.sim.rtl.probes`)."""
+    from npu.config import get_config
+    from npu.sim.rtl.board_bench import bench_board
+    from npu.sim.rtl.probes import fit_micro
+    from npu.timing import MICRO_COSTS, MICRO_OTHER, MICRO_RUN
+
+    r = bench_board("icebreaker", [], build_root=tmp_path)
+    assert all(p["model_error"] is not None for p in r["probes"])
+    fit = fit_micro({p["probe"]: p["cycles"] for p in r["probes"]}, get_config("icebreaker"))
+    assert fit["MICRO_RUN"] == MICRO_RUN and abs(fit["MICRO_OTHER"] - MICRO_OTHER) <= 2
+    for op, costs in MICRO_COSTS.items():
+        for k, v in costs.items():
+            assert fit["MICRO_COSTS"][op.name][k] == pytest.approx(v, rel=0.01, abs=1.0), (op.name, k)
