@@ -4,7 +4,7 @@
 * constant folding and shape inference to a fixpoint (`fold.py`: Constant, Shape/Size of static
   tensors and any node whose inputs are all constants, evaluated with `onnx.reference`);
 * Sum of more than two inputs becomes a chain of Adds;
-* BatchNormalization after a Conv (or a ConvTranspose) is folded into its weights and bias, and so
+* BatchNormalization after a Conv, a ConvTranspose or a Gemm is folded into its weights and bias, and so
   is an Add, Sub, Mul or Div of a per-channel (or scalar) constant after a Conv (batch normalisation
   exported as Mul and Add, or a bias kept apart from its convolution);
 * MatMul of an activation by a constant, followed by an Add of a constant vector, becomes Gemm (an
@@ -216,10 +216,15 @@ def _fold_batchnorm(nodes: list, consts: dict, outputs: set[str]) -> list:
         if bn.op_type != "BatchNormalization" or len(bn.output) != 1:
             continue
         conv = producers.get(bn.input[0])
+        if conv is not None and conv.op_type == "Gemm":
+            if _fold_batchnorm_into_gemm(bn, conv, consts, cons, outputs):
+                drop.add(id(bn))
+            continue
         if (
             conv is None
             or conv.op_type not in ("Conv", "ConvTranspose")
-            or node_attrs(conv).get("group", 1) != 1 and conv.op_type == "ConvTranspose"
+            or node_attrs(conv).get("group", 1) != 1
+            and conv.op_type == "ConvTranspose"
             or len(cons.get(conv.output[0], [])) != 1
             or conv.output[0] in outputs
             or not all(x in consts for x in list(bn.input[1:5]) + [conv.input[1]])
@@ -240,6 +245,46 @@ def _fold_batchnorm(nodes: list, consts: dict, outputs: set[str]) -> list:
         conv.output[0] = bn.output[0]
         drop.add(id(bn))
     return [n for n in nodes if id(n) not in drop]
+
+
+def _fold_batchnorm_into_gemm(bn, gemm, consts: dict, cons: dict, outputs: set[str]) -> bool:
+    """A BatchNormalization of a Gemm's output columns (a dense layer's batch normalisation) into
+    the Gemm's weights and bias; False (nothing changed) when it cannot be."""
+    a = node_attrs(gemm)
+    if (
+        a.get("transA", 0)
+        or len(cons.get(gemm.output[0], [])) != 1
+        or gemm.output[0] in outputs
+        or not all(x in consts for x in list(bn.input[1:5]) + [gemm.input[1]])
+        or len(gemm.input) > 2
+        and gemm.input[2]
+        and gemm.input[2] not in consts
+    ):
+        return False
+    eps = node_attrs(bn).get("epsilon", 1e-5)
+    gamma, beta, mean, var = (consts[x].astype(np.float64) for x in bn.input[1:5])
+    f = gamma / np.sqrt(var + eps)
+    w = consts[gemm.input[1]].astype(np.float64) * a.get("alpha", 1.0)
+    n = w.shape[0] if a.get("transB", 0) else w.shape[1]
+    if f.shape != (n,):
+        return False
+    c = (
+        consts[gemm.input[2]].astype(np.float64) * a.get("beta", 1.0)
+        if len(gemm.input) > 2 and gemm.input[2]
+        else 0.0
+    )
+    c = np.broadcast_to(c, (1, n)).reshape(n)
+    wname, bname = gemm.input[1] + "_bnfold", gemm.output[0] + "_bnfold_bias"
+    consts[wname] = (w * (f[:, None] if a.get("transB", 0) else f[None, :])).astype(np.float32)
+    consts[bname] = ((c - mean) * f + beta).astype(np.float32)
+    data = gemm.input[0]
+    del gemm.input[:]
+    gemm.input.extend([data, wname, bname])
+    keep = [x for x in gemm.attribute if x.name not in ("alpha", "beta")]
+    del gemm.attribute[:]
+    gemm.attribute.extend(keep)
+    gemm.output[0] = bn.output[0]
+    return True
 
 
 def _channel_vector(c: np.ndarray, channels: int) -> np.ndarray | None:

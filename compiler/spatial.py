@@ -337,6 +337,8 @@ def conv_program(
     def window(co0: int, co_t: int) -> tuple[int, int]:
         real = range(co0, min(co0 + co_t, cout))
         groups_used = {co // cout_g for co in real}
+        if not groups_used:  # a tile of the output's pitch padding only: zero weights, any window
+            return 0, min(ca, cpx)
         phys = np.concatenate([chanx[gi * cin_g : (gi + 1) * cin_g] for gi in sorted(groups_used)])
         lo, hi = int(phys.min()) // ca * ca, round_up(int(phys.max()) + 1, ca)
         return lo, hi - lo

@@ -11,17 +11,19 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from .zoo import IMAGENET, ZOO
+from .zoo import IMAGENET, TINYML, ZOO
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m npu.models", description=__doc__)
     p.add_argument("-o", "--out", default="models/out", help="output folder (default models/out)")
     p.add_argument(
-        "names", nargs="*", help=f"models (default: all of {', '.join(ZOO)}; also {', '.join(IMAGENET)})"
+        "names",
+        nargs="*",
+        help=f"models (default: all of {', '.join(ZOO)}; also {', '.join([*IMAGENET, *TINYML])})",
     )
     args = p.parse_args(argv)
-    every = {**ZOO, **IMAGENET}
+    every = {**ZOO, **IMAGENET, **TINYML}
     names = args.names or list(ZOO)
     unknown = [n for n in names if n not in every]
     if unknown:

@@ -45,7 +45,7 @@ class Net:
         cout: int,
         k: int | tuple[int, int],
         stride: int = 1,
-        pad: int | None = None,
+        pad: int | tuple[int, int, int, int] | None = None,
         groups: int = 1,
         bn: bool = False,
         relu: bool = True,
@@ -56,13 +56,15 @@ class Net:
         n, cin, h, w = self.shapes[x]
         kh, kw = (k, k) if isinstance(k, int) else k
         ekh, ekw = (kh - 1) * dilation + 1, (kw - 1) * dilation + 1  # the dilated kernel's extent
-        ph, pw = (ekh // 2, ekw // 2) if pad is None else (pad, pad)
+        # pads (top, left, bottom, right): symmetric from an int, or given (TensorFlow's "same")
+        pads = pad if isinstance(pad, tuple) else (ekh // 2, ekw // 2) * 2 if pad is None else (pad,) * 4
         if weight is None:
             fan_in = cin // groups * kh * kw
             weight = self.rng.normal(0, np.sqrt(2.0 / fan_in), (cout, cin // groups, kh, kw))
         if bias is None:
             bias = self.rng.normal(0, 0.05, cout) if not bn else np.zeros(cout)
-        oh, ow = (h + 2 * ph - ekh) // stride + 1, (w + 2 * pw - ekw) // stride + 1
+        oh = (h + pads[0] + pads[2] - ekh) // stride + 1
+        ow = (w + pads[1] + pads[3] - ekw) // stride + 1
         extra = {"dilations": [dilation, dilation]} if dilation != 1 else {}
         y = self.node(
             "Conv",
@@ -70,22 +72,27 @@ class Net:
             (n, cout, oh, ow),
             kernel_shape=[kh, kw],
             strides=[stride, stride],
-            pads=[ph, pw, ph, pw],
+            pads=list(pads),
             group=groups,
             **extra,
         )
         if bn:
-            scale = self.rng.uniform(0.5, 1.5, cout).astype(np.float32)
-            shift = self.rng.normal(0, 0.1, cout).astype(np.float32)
-            mean = self.rng.normal(0, 0.1, cout).astype(np.float32)
-            var = self.rng.uniform(0.5, 1.5, cout).astype(np.float32)
-            y = self.node(
-                "BatchNormalization",
-                [y, self.const(scale), self.const(shift), self.const(mean), self.const(var)],
-                (n, cout, oh, ow),
-                epsilon=1e-5,
-            )
+            y = self.batchnorm(y)
         return self.relu(y) if relu else y
+
+    def batchnorm(self, x: str) -> str:
+        """BatchNormalization over axis 1 (of a conv's or a Gemm's output) with seeded statistics."""
+        c = self.shapes[x][1]
+        scale = self.rng.uniform(0.5, 1.5, c).astype(np.float32)
+        shift = self.rng.normal(0, 0.1, c).astype(np.float32)
+        mean = self.rng.normal(0, 0.1, c).astype(np.float32)
+        var = self.rng.uniform(0.5, 1.5, c).astype(np.float32)
+        return self.node(
+            "BatchNormalization",
+            [x, self.const(scale), self.const(shift), self.const(mean), self.const(var)],
+            self.shapes[x],
+            epsilon=1e-5,
+        )
 
     def relu(self, x: str) -> str:
         return self.node("Relu", [x], self.shapes[x])

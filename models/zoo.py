@@ -13,6 +13,9 @@ rebuilds the same files offline.
   the size of a small CNN's, so layer-wise pairs with the zoo's CNNs are of comparable length.
 * `resnet50_like`, `inception_v1_like`, `squeezenet_like`: ImageNet-class topologies at 224x224
   (BatchNorm, Concat, residual Add, Softmax at the end), full widths by default.
+* `TINYML`: the four MLPerf Tiny reference architectures - keyword spotting DS-CNN on 49x10 MFCC
+  features, person detection MobileNetV1-0.25 at 96x96x3, image classification ResNet-8 at
+  32x32x3, the anomaly-detection fully connected autoencoder on 640 inputs (`npu bench board`).
 
 Weights other than the digits models are seeded He initialisations: the zoo tests compilation and
 numerics, not accuracy.
@@ -351,6 +354,75 @@ def squeezenet_like(batch: int = 1) -> ZooModel:
     return ZooModel("squeezenet_like", model, calib, test)
 
 
+def ds_cnn_kws(batch: int = 1) -> ZooModel:
+    """MLPerf Tiny keyword spotting: DS-CNN (small) on 49 x 10 MFCC features, 12 classes: a 10 x 4
+    stride-2 convolution to 64 channels, four depthwise-separable blocks (3 x 3 depthwise, 1 x 1
+    pointwise, 64 channels), average pooling over the 25 x 5 map, a dense layer and softmax."""
+    net = Net("ds_cnn_kws", (batch, 1, 49, 10), seed=21)
+    x = net.conv(net.input, 64, (10, 4), stride=2, pad=(4, 1, 5, 1), bn=True)  # "same": 25 x 5
+    for _ in range(4):
+        x = net.conv(x, 64, 3, groups=64, bn=True)
+        x = net.conv(x, 64, 1, bn=True)
+    x = _avgpool_all(net, x)
+    calib, test = _random_inputs((batch, 1, 49, 10), 16, 4, 21)
+    logits = net.gemm(net.flatten(x), 12)
+    model = normalise_logits(net.model([net.softmax(logits), logits]), calib)
+    return ZooModel("ds_cnn_kws", model, calib, test)
+
+
+def _avgpool_all(net: Net, x: str) -> str:
+    """Average pooling over the whole (possibly non-square) map, as Keras' AveragePooling2D does."""
+    n, c, h, w = net.shapes[x]
+    return net.node("AveragePool", [x], (n, c, 1, 1), kernel_shape=[h, w], strides=[1, 1])
+
+
+def mobilenet_v1_025_vww(batch: int = 1) -> ZooModel:
+    """MLPerf Tiny visual wake words (person detection): MobileNetV1 with width 0.25 at 96 x 96 x 3,
+    2 classes: a 3 x 3 stride-2 stem, 13 depthwise-separable blocks, global pooling, dense, softmax;
+    ReLU6 after every batch normalisation, as in the reference."""
+    net = Net("mobilenet_v1_025_vww", (batch, 3, 96, 96), seed=22)
+
+    def conv_bn_relu6(x: str, out: int, k: int, stride: int = 1, groups: int = 1) -> str:
+        return net.clip(net.conv(x, out, k, stride=stride, groups=groups, bn=True, relu=False), 0.0, 6.0)
+
+    x = conv_bn_relu6(net.input, 8, 3, stride=2)
+    blocks = ((16, 1), (32, 2), (32, 1), (64, 2), (64, 1), (128, 2), *[(128, 1)] * 5, (256, 2), (256, 1))
+    for out, stride in blocks:
+        c = net.shapes[x][1]
+        x = conv_bn_relu6(conv_bn_relu6(x, c, 3, stride, groups=c), out, 1)
+    calib, test = _random_inputs((batch, 3, 96, 96), 32, 4, 22)
+    logits = net.gemm(net.flatten(net.gap(x)), 2)
+    return ZooModel(
+        "mobilenet_v1_025_vww", normalise_logits(net.model([net.softmax(logits), logits]), calib), calib, test
+    )
+
+
+def resnet8(batch: int = 1) -> ZooModel:
+    """MLPerf Tiny image classification: ResNet-8 at 32 x 32 x 3, 10 classes: a 3 x 3 convolution to 16
+    channels, three residual stacks (16, 32, 64 channels, strides 1, 2, 2; a 1 x 1 projection where
+    the shape changes), 8 x 8 average pooling, dense, softmax."""
+    net = Net("resnet8", (batch, 3, 32, 32), seed=23)
+    x = net.conv(net.input, 16, 3, bn=True)
+    for out, stride in ((16, 1), (32, 2), (64, 2)):
+        x = _basic_block(net, x, out, stride)
+    calib, test = _random_inputs((batch, 3, 32, 32), 8, 4, 23)
+    logits = net.gemm(net.flatten(net.avgpool(x, 8, 8)), 10)
+    return ZooModel("resnet8", normalise_logits(net.model([net.softmax(logits), logits]), calib), calib, test)
+
+
+def fc_autoencoder(batch: int = 1) -> ZooModel:
+    """MLPerf Tiny anomaly detection: the fully connected autoencoder on 640 inputs (5 frames of 128
+    log-mel bands): four dense layers of 128, a bottleneck of 8, four of 128 (each with batch
+    normalisation and ReLU), and a linear dense layer back to 640."""
+    net = Net("fc_autoencoder", (batch, 640), seed=24)
+    x = net.input
+    for width in (128, 128, 128, 128, 8, 128, 128, 128, 128):
+        x = net.relu(net.batchnorm(net.gemm(x, width)))
+    y = net.gemm(x, 640)
+    calib, test = _random_inputs((batch, 640), 32, 4, 24)
+    return ZooModel("fc_autoencoder", net.model([y]), calib, test)
+
+
 ZOO = {
     "digits_mlp": digits_mlp,
     "digits_cnn": digits_cnn,
@@ -367,4 +439,11 @@ IMAGENET = {
     "resnet50_like": resnet50_like,
     "inception_v1_like": inception_v1_like,
     "squeezenet_like": squeezenet_like,
+}
+#: the MLPerf Tiny reference architectures (seeded weights): what `npu bench board` measures
+TINYML = {
+    "ds_cnn_kws": ds_cnn_kws,
+    "mobilenet_v1_025_vww": mobilenet_v1_025_vww,
+    "resnet8": resnet8,
+    "fc_autoencoder": fc_autoencoder,
 }

@@ -1,6 +1,6 @@
 """`npu bench board`: what one inference of each tinyML model costs on a board.
 
-Each model is compiled for the board's preset (int8 activations, as the zoo's benches run), run on
+Each model is compiled for the board's preset with the compiler's default options, run on
 the golden model (the reference outputs and the model's cycle count), then run once on the board's
 simulated top - the bitstream's own RTL with the SDRAM or SPRAM model, driven over the UART by the
 host's driver (sim/rtl/cocotb_board_bench.py). The figures: the board's cycles per inference (the
@@ -58,7 +58,7 @@ def _compile(name: str, cfg: NpuConfig, tmp: Path):
         raise CompileError(f"unknown zoo model {name!r}; choose from {', '.join(every)}")
     z = every[name]()
     onnx.save(z.model, str(tmp / f"{name}.onnx"))
-    cm = compile_onnx(tmp / f"{name}.onnx", cfg, calib=z.calib, activations="int8")
+    cm = compile_onnx(tmp / f"{name}.onnx", cfg, calib=z.calib)  # the defaults a user gets
     batch = z.model.graph.input[0].type.tensor_type.shape.dim[0].dim_value or 1
     path = tmp / f"{name}.npub"
     cm.to_container().save(path)
@@ -112,6 +112,7 @@ def bench_board(
                     "name": name,
                     "macs": cm.placement.macs_npu,
                     "model_cycles": int(job.counters["CYCLES"]),
+                    "quantisation": cm.quantisation,
                     "_ref": ref,
                 }
             )
