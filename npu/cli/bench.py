@@ -104,6 +104,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-probes", action="store_true", help="board: skip the probe programs (models only)"
     )
+    p.add_argument("--plot", metavar="PNG", help="board: also draw the latency per model into this PNG")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -233,9 +234,12 @@ def _board(cfg: NpuConfig, args: argparse.Namespace):
     if args.backend != "model" or args.config:
         raise CliError("bench board runs the board's own preset on its simulated top: use --board, not "
                        "--backend or --config")  # fmt: skip
-    from npu.sim.rtl.board_bench import bench_board, format_board
+    from npu.sim.rtl.board_bench import bench_board, format_board, save_plot
 
-    return bench_board(args.board, args.models, probes=not args.no_probes), format_board
+    result = bench_board(args.board, args.models, probes=not args.no_probes)
+    if args.plot:
+        save_plot([result], args.plot)
+    return result, format_board
 
 
 def _service(cfg: NpuConfig, args: argparse.Namespace):

@@ -202,3 +202,34 @@ def format_board(r: dict) -> str:
             f"({p['model_error']:+.1%})"
         )
     return "\n".join(lines)
+
+
+def save_plot(results: list[dict], path: str | Path) -> None:
+    """A bar chart of the latency per inference of each model on each board of `results` (bench
+    board JSONs): at the last build's Fmax, or at the board's nominal clock when it has no build."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from npu.files import replacing
+
+    names = list(dict.fromkeys(m["name"] for r in results for m in r["models"] if "cycles" in m))
+    fig, ax = plt.subplots(figsize=(2 + 1.6 * max(1, len(names)), 4))
+    width = 0.8 / max(1, len(results))
+    for k, r in enumerate(results):
+        mhz = r["achieved_mhz"] or r["clock_mhz"]
+        lat = {m["name"]: m["cycles"] / mhz / 1000 for m in r["models"] if "cycles" in m}
+        xs = [i + k * width for i, n in enumerate(names) if n in lat]
+        label = f"{r['board']} ({r['macs_per_cycle']:g} MACs/cycle, {mhz:g} MHz"
+        label += ")" if r["achieved_mhz"] else " nominal)"
+        ax.bar(xs, [lat[n] for n in names if n in lat], width, label=label)
+    ax.set_xticks([i + width * (len(results) - 1) / 2 for i in range(len(names))], names, fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("latency per inference (ms)")
+    ax.set_title("npu bench board: board simulation, one inference each")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    with replacing(path) as tmp:
+        fig.savefig(tmp, dpi=110)
+    plt.close(fig)

@@ -53,7 +53,7 @@ def test_bench_board_cycles_match_the_golden_model(name, models, tmp_path):
     """`npu bench board`'s measurement on a board's top (SDRAM or SPRAM model, serial bridge):
     bit-exact outputs, and the golden model's cycles (the ULX3S's narrow-DRAM rule, the micro core's
     firmware costs) within 10 % of the board's."""
-    from npu.sim.rtl.board_bench import bench_board
+    from npu.sim.rtl.board_bench import bench_board, save_plot
 
     r = bench_board(name, models, probes=False, build_root=tmp_path)
     assert [m["name"] for m in r["models"]] == models
@@ -61,6 +61,8 @@ def test_bench_board_cycles_match_the_golden_model(name, models, tmp_path):
     for m in r["models"]:
         assert m["bit_exact"], m
         assert m["cycles"] > 0 and abs(m["model_error"]) <= 0.10, m
+    save_plot([r], tmp_path / "latency.png")  # --plot: at the nominal clock without a build
+    assert (tmp_path / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_micro_costs_are_the_fit_of_the_firmware_on_the_rtl(tmp_path):
