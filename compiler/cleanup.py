@@ -235,7 +235,8 @@ def _fold_batchnorm(nodes: list, consts: dict, outputs: set[str]) -> list:
         w = consts[conv.input[1]].astype(np.float64)
         b = consts[conv.input[2]].astype(np.float64) if len(conv.input) > 2 and conv.input[2] else 0.0
         f = gamma / np.sqrt(var + eps)
-        wname, bname = conv.input[1] + "_bnfold", conv.output[0] + "_bnfold_bias"
+        # named after the node, not its weight: a weight two convolutions share folds twice
+        wname, bname = conv.output[0] + "_bnfold_weight", conv.output[0] + "_bnfold_bias"
         axis = (1, -1, 1, 1) if conv.op_type == "ConvTranspose" else (-1, 1, 1, 1)  # output channels
         consts[wname] = (w * f.reshape(axis)).astype(np.float32)
         consts[bname] = ((b - mean) * f + beta).astype(np.float32)
@@ -268,13 +269,16 @@ def _fold_batchnorm_into_gemm(bn, gemm, consts: dict, cons: dict, outputs: set[s
     n = w.shape[0] if a.get("transB", 0) else w.shape[1]
     if f.shape != (n,):
         return False
-    c = (
+    c = np.asarray(
         consts[gemm.input[2]].astype(np.float64) * a.get("beta", 1.0)
         if len(gemm.input) > 2 and gemm.input[2]
         else 0.0
     )
-    c = np.broadcast_to(c, (1, n)).reshape(n)
-    wname, bname = gemm.input[1] + "_bnfold", gemm.output[0] + "_bnfold_bias"
+    if c.size != 1 and c.shape not in ((n,), (1, n)):
+        return False  # a bias per row (M x N, M x 1): not one per output column
+    c = np.broadcast_to(c.reshape(-1), (n,))
+    # named after the node, not its weight: a weight two Gemms share folds twice
+    wname, bname = gemm.output[0] + "_bnfold_weight", gemm.output[0] + "_bnfold_bias"
     consts[wname] = (w * (f[:, None] if a.get("transB", 0) else f[None, :])).astype(np.float32)
     consts[bname] = ((c - mean) * f + beta).astype(np.float32)
     data = gemm.input[0]
