@@ -12,21 +12,14 @@ the golden model's, computed beforehand by the pytest side (`BOARD_CASE`, an .np
 from __future__ import annotations
 
 import os
-import queue
 import sys
-import threading
 import time
 
 import cocotb
 import numpy as np
-from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles
-from cocotbext.uart import UartSink, UartSource
 
+from npu.sim.rtl.board_harness import run_host, start_board
 from npu.sim.rtl.cocotb_bridge import QueueStream
-
-CLOCK_MHZ = float(os.environ.get("BOARD_CLOCK_MHZ", 50))
-DIVISOR = int(os.environ["BOARD_DIVISOR"])  # the top's SIM_DIVISOR
 
 
 def say(msg: str) -> None:
@@ -75,60 +68,9 @@ def host(stream: QueueStream, out: dict) -> None:
 
 @cocotb.test()
 async def model_with_preemption(dut):
-    period_ps = 2 * round(1e6 / CLOCK_MHZ / 2)
-    cocotb.start_soon(Clock(dut.clk, period_ps, unit="ps").start())
-    sdram = None
-    if os.environ.get("BOARD_DRAM") == "sdram":
-        from npu.hdl.mem.sdram import SdramTiming
-        from npu.sim.rtl.sdram_model import SdramModel
-
-        sdram = SdramModel(dut, dut.clk, timing=SdramTiming(), clock_mhz=CLOCK_MHZ, read_delay=-1)
-        sdram.start()
-    baud = CLOCK_MHZ * 1e6 / DIVISOR
-    dut.rx.value = 1
-    src, sink = UartSource(dut.rx, baud=baud), UartSink(dut.tx, baud=baud)
-    dut.rst.value = 1
-    await ClockCycles(dut.clk, 8)
-    dut.rst.value = 0
-
-    stream, out, errors = QueueStream(), {}, []
-
-    def run():
-        try:
-            host(stream, out)
-        except BaseException as e:  # noqa: BLE001 - reported by the test
-            errors.append(e)
-
-    th = threading.Thread(target=run, name="host", daemon=True)
-    th.start()
-    cycles, moved = 0, 0
-    while th.is_alive():
-        await ClockCycles(dut.clk, 64)
-        cycles += 64
-        if cycles % (1 << 20) == 0:
-            say(
-                f"{cycles} cycles, {moved} bytes from the board, running {dut.running.value}, "
-                f"error {dut.error.value}"
-            )
-            if os.environ.get("BOARD_DEBUG"):
-                import traceback
-
-                frame = sys._current_frames().get(th.ident)
-                say(
-                    "host at: "
-                    + " <- ".join(f"{f.name}:{f.lineno}" for f in traceback.extract_stack(frame)[-6:])
-                )
-        while True:
-            try:
-                src.write_nowait(stream.to_dev.get_nowait())
-            except queue.Empty:
-                break
-        data = sink.read_nowait()
-        if data:
-            moved += len(data)
-            stream.from_dev.put(bytes(data))
-    if errors:
-        raise errors[0]
+    sdram = await start_board(dut)
+    out: dict = {}
+    await run_host(dut, lambda stream: host(stream, out), say)
     case = np.load(os.environ["BOARD_CASE"])
     for name in ("alone", "low"):
         for k, (a, b) in enumerate(

@@ -13,21 +13,15 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import sys
-import threading
 import time
 
 import cocotb
 import numpy as np
-from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, Timer
-from cocotbext.uart import UartSink, UartSource
 
+from npu.sim.rtl.board_harness import run_host, start_board
 from npu.sim.rtl.cocotb_bridge import QueueStream
 
-CLOCK_MHZ = float(os.environ.get("BOARD_CLOCK_MHZ", 50))
-DIVISOR = int(os.environ["BOARD_DIVISOR"])  # the top's SIM_DIVISOR
 T0 = time.monotonic()
 
 
@@ -91,48 +85,9 @@ def host(stream: QueueStream, sdram, out: dict) -> None:
 
 @cocotb.test()
 async def models_per_inference(dut):
-    period_ps = 2 * round(1e6 / CLOCK_MHZ / 2)
-    cocotb.start_soon(Clock(dut.clk, period_ps, unit="ps").start())
-    sdram = None
-    if os.environ.get("BOARD_DRAM") == "sdram":
-        from npu.hdl.mem.sdram import SdramTiming
-        from npu.sim.rtl.sdram_model import SdramModel
-
-        sdram = SdramModel(dut, dut.clk, timing=SdramTiming(), clock_mhz=CLOCK_MHZ, read_delay=-1)
-        sdram.start()
-    baud = CLOCK_MHZ * 1e6 / DIVISOR
-    dut.rx.value = 1
-    src, sink = UartSource(dut.rx, baud=baud), UartSink(dut.tx, baud=baud)
-    dut.rst.value = 1
-    await ClockCycles(dut.clk, 8)
-    dut.rst.value = 0
-
-    stream, out, errors = QueueStream(), {"rows": [], "outputs": {}, "probes": []}, []
-
-    def run():
-        try:
-            host(stream, sdram, out)
-        except BaseException as e:  # noqa: BLE001 - reported by the test
-            errors.append(e)
-
-    th = threading.Thread(target=run, name="host", daemon=True)
-    th.start()
-    cycles, step = 0, 64
-    while th.is_alive():
-        await Timer(step * period_ps, unit="ps")  # one wake-up per step, not one per clock edge
-        cycles += step
-        if cycles % (1 << 22) == 0:
-            say(f"{cycles:,} cycles simulated, running {dut.running.value}, error {dut.error.value}")
-        while True:
-            try:
-                src.write_nowait(stream.to_dev.get_nowait())
-            except queue.Empty:
-                break
-        data = sink.read_nowait()
-        if data:
-            stream.from_dev.put(bytes(data))
-    if errors:
-        raise errors[0]
+    sdram = await start_board(dut)
+    out: dict = {"rows": [], "outputs": {}, "probes": []}
+    cycles = await run_host(dut, lambda stream: host(stream, sdram, out), say)
     if sdram is not None:
         sdram.check()
     result = os.environ["BOARD_RESULT"]
