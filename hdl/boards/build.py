@@ -101,6 +101,16 @@ def _overused(tim: Path) -> list[str]:
     return list(out.values())
 
 
+def board_macs_per_cycle(cfg: NpuConfig) -> float:
+    """MACs a cycle the board's core sustains: the array's, or for the micro core the firmware's
+    multiply-accumulate loop, not the nominal geometry."""
+    if cfg.core == "micro":
+        from ..micro import MATMUL_CYCLES_PER_MAC
+
+        return cfg.engines / MATMUL_CYCLES_PER_MAC
+    return cfg.macs_per_cycle * cfg.engines
+
+
 def _report(board: Board, cfg: NpuConfig, build_dir: Path, clock_mhz: float, seconds: float) -> dict:
     rep = json.loads((build_dir / "report.json").read_text())
     util = {k: {"used": v["used"], "available": v["available"]} for k, v in rep.get("utilization", {}).items()
@@ -110,11 +120,7 @@ def _report(board: Board, cfg: NpuConfig, build_dir: Path, clock_mhz: float, sec
     met = bool(fmax) and all(v["achieved_mhz"] >= v["target_mhz"] for v in fmax.values())
     bits = next((p for p in (build_dir / f"{TOP}.bit", build_dir / f"{TOP}.bin") if p.exists()), None)
     resources = {name: util.get(bel) for name, bel in board.resource_bels.items() if bel in util}
-    macs = cfg.macs_per_cycle * cfg.engines
-    if cfg.core == "micro":  # the firmware's multiply-accumulate loop, not the nominal geometry
-        from ..micro import MATMUL_CYCLES_PER_MAC
-
-        macs = cfg.engines / MATMUL_CYCLES_PER_MAC
+    macs = board_macs_per_cycle(cfg)
     return {
         "board": board.name,
         "device": board.device,

@@ -31,15 +31,6 @@ from .probes import dma_probes, encode, op_probes
 DEFAULT_MODELS = ("ds_cnn_kws", "resnet8", "mobilenet_v1_025_vww", "fc_autoencoder")
 
 
-def board_macs_per_cycle(cfg: NpuConfig) -> float:
-    """MACs a cycle the board's core sustains: the array's, or the micro core's firmware rate."""
-    if cfg.core == "micro":
-        from npu.hdl.micro import MATMUL_CYCLES_PER_MAC
-
-        return cfg.engines / MATMUL_CYCLES_PER_MAC
-    return float(cfg.macs_per_cycle * cfg.engines)
-
-
 def _last_build(board: str, build_root: Path) -> dict | None:
     path = build_root / board / "build_report.json"
     return json.loads(path.read_text()) if path.exists() else None
@@ -76,6 +67,7 @@ def bench_board(
     from npu.compiler.errors import CompileError
     from npu.driver.runtime import Npu
     from npu.hdl.boards.boards import BOARDS
+    from npu.hdl.boards.build import board_macs_per_cycle
     from npu.hdl.boards.top import SIM_DIVISOR
     from npu.hdl.verilog import board_sim_verilog
 
