@@ -189,9 +189,10 @@ def losses(fv: dict[str, np.ndarray], qdq: onnx.ModelProto, feeds: dict, nodes: 
     return sorted(out, key=lambda x: -x.drop)
 
 
-def upstream(qdq: onnx.ModelProto, node: str, npu: set[str]) -> list[str]:
-    """The NPU nodes whose quantised results `node` reads, directly or through host nodes whose
-    results are float (moving them to the host keeps those results float too)."""
+def upstream(qdq: onnx.ModelProto, node: str, npu: set[str], views: set[str] = frozenset()) -> list[str]:
+    """The NPU nodes whose quantised results `node` reads, directly, through views of them (a
+    reshape moves no data: the result is its input's) or through host nodes whose results are
+    float (moving them to the host keeps those results float too)."""
     producer = {o: n for n in qdq.graph.node for o in n.output}
     start = next(x for x in qdq.graph.node if x.name == node)
     found, stack, seen = [], [start], {node}
@@ -203,6 +204,9 @@ def upstream(qdq: onnx.ModelProto, node: str, npu: set[str]) -> list[str]:
                 p = producer.get(q.input[0]) if q is not None and q.op_type == "QuantizeLinear" else None
                 if p is not None and p.name in npu and p.name not in found:
                     found.append(p.name)
+                elif p is not None and p.name in views and p.name not in seen:
+                    seen.add(p.name)
+                    stack.append(p)
             elif p is not None and p.name not in seen and p.name not in npu:
                 seen.add(p.name)
                 stack.append(p)  # a float result of the host: look at what it reads
@@ -237,9 +241,11 @@ def guard(
         # the worst node with something left to move: itself, if on the NPU, and the NPU nodes
         # whose quantised results it reads
         npu = {la.node for la in compiled.lowered.layers if la.placement == "npu"}
+        views = {la.node for la in compiled.lowered.layers if la.placement == "view"}
         want = dict(moved)
         for x in ranked:
-            new = [n for n in [x.node, *upstream(compiled.qdq, x.node, npu)] if n in npu and n not in moved]
+            up = upstream(compiled.qdq, x.node, npu, views)
+            new = [n for n in [x.node, *up] if n in npu and n not in moved]
             if new:
                 want.update((n, f"the accuracy guard: {x.describe()} with quantised data") for n in new)
                 break

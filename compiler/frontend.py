@@ -4,7 +4,8 @@ In order: initializers listed as graph inputs (IR 3) are taken as constants; ops
 supported one are converted (`onnx.version_converter`); graph inputs
 get the static shapes the user gives (`input_shapes`, `--input-shape NAME=1x3x224x224`) and every
 input must then be static; constant subgraphs and shapes are folded to a fixpoint (`fold.py`);
-`auto_pad` becomes explicit pads; a channels-last graph input transposed to NCHW is taken as it is
+`auto_pad` becomes explicit pads; 1-D convolutions and pooling become 2-D ones of height 1
+(`lift1d.py`); a channels-last graph input transposed to NCHW is taken as it is
 (the NPU's activations are HWC already); a QDQ tensor quantised for several consumers gets one
 QuantizeLinear. What was done is listed in `Prepared.notes` (the compile report).
 """
@@ -23,6 +24,7 @@ from onnx import helper, version_converter
 from .control import inline_control_flow
 from .fold import fold_constants, refresh_shapes
 from .graph import CompileError, Graph, node_attrs
+from .lift1d import lift_1d
 
 SUPPORTED_OPSET = 13
 NCHW_FROM_NHWC = [0, 3, 1, 2]
@@ -58,6 +60,7 @@ def prepare(
             break
         p.model = fold_constants(p.model, source)
     explicit_pads(p.model, p.notes)
+    lift_1d(p.model, p.notes)
     p.nhwc_inputs = fold_input_layout(p.model, p.notes)
     if any(n.op_type == "QuantizeLinear" for n in p.model.graph.node):
         share_quantize(p.model, p.notes)

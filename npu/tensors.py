@@ -8,6 +8,8 @@ runtime reads (and the `.npub` manifest records).
 * `flat`: the 2-D view (N, C*H*W) of an `hwc` tensor (ONNX Flatten/Reshape), no data moved.
 * `nhwc`: the channels-last view (N, H, W, C) of an `hwc` tensor: a model input given channels-last
   (its Transpose to NCHW folded by the compiler), no data moved.
+* `ncw`: the 3-D view (N, C, W) of an `hwc` tensor of height 1: a 1-D sequence (ONNX Conv1d's
+  layout) that the compiler runs as a map of height 1, no data moved.
 
 Elements are `elem` bytes: 1 (int8), 2 (int16 little-endian: int16 activations, docs/isa.md) or 4
 (int32 little-endian: accumulator values a Gemm or Conv stores for a result only the host reads,
@@ -28,7 +30,7 @@ ELEM_TYPES = {1: np.int8, 2: "<i2", 4: "<i4"}
 
 @dataclass(frozen=True)
 class Layout:
-    kind: str  # "dense" | "hwc" | "flat" | "nhwc"
+    kind: str  # "dense" | "hwc" | "flat" | "nhwc" | "ncw"
     shape: tuple[int, ...]  # logical shape (for flat: (N, C*H*W); for nhwc: (N, H, W, C))
     nchw: tuple[int, int, int, int] | None = None  # hwc and flat: the 4-D tensor
     cp: int = 0
@@ -66,6 +68,13 @@ class Layout:
             raise ValueError("only an hwc tensor has a channels-last view")
         n, c, h, w = self.nchw
         return Layout("nhwc", (n, h, w, c), self.nchw, self.cp, self.chan, self.elem)
+
+    def squeeze_height(self) -> Layout:
+        """The same bytes seen as an (N, C, W) sequence (an hwc tensor of height 1)."""
+        if self.kind != "hwc" or self.nchw[2] != 1:
+            raise ValueError("only an hwc tensor of height 1 has a sequence view")
+        n, c, _, w = self.nchw
+        return Layout("ncw", (n, c, w), self.nchw, self.cp, self.chan, self.elem)
 
     @property
     def nbytes(self) -> int:
@@ -118,8 +127,9 @@ class Layout:
     def from_json(d: dict) -> Layout:
         if d["kind"] == "dense":
             return Layout.dense(tuple(d["shape"]), int(d.get("elem", 1)))
-        if d["kind"] not in ("hwc", "flat", "nhwc"):
+        if d["kind"] not in ("hwc", "flat", "nhwc", "ncw"):
             raise ValueError(f"unknown tensor layout kind {d['kind']!r}")
         nchw, elem = tuple(d["nchw"]), int(d.get("elem", 1))
         lay = Layout("hwc", nchw, nchw, int(d["cp"]), tuple(d["chan"]), elem)
-        return {"flat": lay.flatten, "nhwc": lay.channels_last}.get(d["kind"], lambda: lay)()
+        views = {"flat": lay.flatten, "nhwc": lay.channels_last, "ncw": lay.squeeze_height}
+        return views.get(d["kind"], lambda: lay)()

@@ -1,5 +1,6 @@
 """Flatten, Reshape and Gather of channels: new views of an activation's bytes (no program, no data
 moved) where the layout allows it: any reshape of a dense tensor, the flat view of an HWC tensor,
+the sequence view of an HWC map of height 1,
 and an HWC tensor's channels selected or permuted (its channel map, `Layout.chan`). A reshape of a
 dense tensor whose output is quantised differently (the quantiser folds a following Relu into it)
 is one requantising VMAP over its bytes."""
@@ -28,6 +29,8 @@ def view_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
     lay = x.layout
     if out.elem != x.q.elem:
         return "a reshape from int8 to int16 or back"
+    if lay.kind == "dense" and len(out.shape) == 4 and _feeds_maps(ctx, n.output[0]):
+        return "a reshape of a dense tensor into a feature map (the NPU keeps maps HWC)"
     if (out.scale, out.zero_point) != (x.q.scale, x.q.zero_point):
         # a dense tensor's bytes in order, requantised (a Relu the quantiser folded into the
         # reshape's output range): one VMAP over them
@@ -36,7 +39,32 @@ def view_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
         return None
     if lay.kind == "hwc" and tuple(out.shape) == lay.flatten().shape:
         return None
+    if lay.kind == "hwc" and lay.nchw[2] == 1 and tuple(out.shape) == lay.squeeze_height().shape:
+        return None  # a map of height 1 back to its sequence (compiler/lift1d.py)
     return "a reshape that moves data"
+
+
+#: operators that read an NCHW map in the NPU's HWC layout
+MAP_READERS = {
+    "Conv",
+    "ConvTranspose",
+    "MaxPool",
+    "AveragePool",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+    "Resize",
+}
+
+
+def _feeds_maps(ctx: Lowerer, name: str) -> bool:
+    """Whether `name` (through its QuantizeLinear/DequantizeLinear pair) feeds a map reader."""
+    for c in ctx.graph.consumers.get(name, []):
+        if c.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            if _feeds_maps(ctx, c.output[0]):
+                return True
+        elif c.op_type in MAP_READERS:
+            return True
+    return False
 
 
 @rule("Flatten", "Reshape", check=view_check, view=True, int16=True)
@@ -54,8 +82,10 @@ def lower_view(ctx: Lowerer, n: onnx.NodeProto) -> None:
     lay = x.layout
     if lay.kind == "dense":
         lay = Layout.dense(out.shape, lay.elem)
-    elif tuple(out.shape) != tuple(lay.shape):
+    elif tuple(out.shape) == lay.flatten().shape:
         lay = lay.flatten()
+    elif tuple(out.shape) != tuple(lay.shape):
+        lay = lay.squeeze_height()
     ctx.acts[out.name] = Act(out, x.addr, lay)
     ctx.new_frag(n, "view", out.shape)
 

@@ -2,8 +2,10 @@
 int8 outputs within 1 LSB on at least 99 % of the elements."""
 
 import numpy as np
+import onnx
 import pytest
 
+from npu.compiler import compile_onnx
 from npu.container import HostTensor
 from npu.models.builder import Net
 from tests.compiler.helpers import compare_int8, compile_model
@@ -52,7 +54,8 @@ def test_conv(tmp_path, config, spec):
 
 @pytest.mark.parametrize("config", ["tiny", "default", "banked"])
 @pytest.mark.parametrize(
-    "spec", [(8, 16, 3, 1, 2, 1, 13, 12), (8, 8, 3, 2, 3, 1, 17, 15), (16, 16, 3, 1, 4, 16, 12, 12)],
+    "spec",
+    [(8, 16, 3, 1, 2, 1, 13, 12), (8, 8, 3, 2, 3, 1, 17, 15), (16, 16, 3, 1, 4, 16, 12, 12)],
     ids=["d2", "d3-s2", "d4-depthwise"],
 )
 def test_dilated_conv(tmp_path, config, spec):
@@ -280,34 +283,89 @@ def test_matmul_of_two_activations_runs_on_the_host(tmp_path):
     assert cosine(cm.run(x)[0], ort_outputs(m, x)[0]) > 0.99
 
 
-def test_one_dimensional_convolution_runs_on_the_host(tmp_path):
-    """A Conv1d (audio, sequences) and its pooling go to the host with their reason; the model
-    compiles and the rest (the classifier's Gemm) stays on the NPU."""
+def _tcn_model(rng) -> onnx.ModelProto:
+    """A small temporal CNN on (1, 8, 64) sequences: Conv1d, BN, Relu, MaxPool1d, a dilated Conv1d
+    with a residual Add, a depthwise Conv1d, a Concat, an AveragePool1d, and a classifier; the
+    Concat's (1, 32, 32) sequence is a second output."""
     from onnx import TensorProto, helper, numpy_helper
 
+    def w(name, shape, s=0.3):
+        return numpy_helper.from_array(rng.normal(0, s, shape).astype(np.float32), name)
+
+    var = numpy_helper.from_array(np.abs(rng.normal(1, 0.1, 16)).astype(np.float32), "bn_v")
+    inits = [w("w1", (16, 8, 5)), w("b1", (16,), 0.1), w("w2", (16, 16, 3)), w("w3", (16, 1, 3)),
+             w("bn_s", (16,), 0.2), w("bn_b", (16,), 0.1), w("bn_m", (16,), 0.1), var,
+             w("fw", (10, 32))]  # fmt: skip
+    n = helper.make_node
+    nodes = [
+        n("Conv", ["x", "w1", "b1"], ["c1"], pads=[2, 2], name="conv1"),
+        n("BatchNormalization", ["c1", "bn_s", "bn_b", "bn_m", "bn_v"], ["bn"], name="bn"),
+        n("Relu", ["bn"], ["r1"], name="relu1"),
+        n("MaxPool", ["r1"], ["p1"], kernel_shape=[2], strides=[2], name="pool1"),
+        n("Conv", ["p1", "w2"], ["c2"], pads=[2, 2], dilations=[2], name="conv2"),
+        n("Relu", ["c2"], ["r2"], name="relu2"),
+        n("Add", ["r2", "p1"], ["res"], name="residual"),
+        n("Conv", ["res", "w3"], ["dw"], pads=[1, 1], group=16, name="dwconv"),
+        n("Concat", ["dw", "res"], ["cat"], axis=1, name="concat"),
+        n("AveragePool", ["cat"], ["ap"], kernel_shape=[3], strides=[2], name="pool2"),
+        n("GlobalAveragePool", ["ap"], ["g"], name="gap"),
+        n("Flatten", ["g"], ["f"], name="flatten"),
+        n("Gemm", ["f", "fw"], ["y"], transB=1, name="fc"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 64])
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10]),
+            helper.make_tensor_value_info("cat", TensorProto.FLOAT, [1, 32, 32])]  # fmt: skip
+    g = helper.make_graph(nodes, "tcn", [x], outs, inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("activations", ["int8", "auto"])
+def test_one_dimensional_convolutions_run_on_the_npu_as_maps_of_height_one(tmp_path, activations):
+    """Conv1d, MaxPool1d, AveragePool1d and what follows them (BN, Relu, Add, Concat, global pool)
+    run on the NPU as 2-D operators of height 1; the graph's 3-D output is a view of the NPU's map
+    (layout `ncw`) and survives the container; results follow onnxruntime float."""
+    from npu.container import Container
     from tests.compiler.helpers import cosine, ort_outputs
 
     rng = np.random.default_rng(6)
-    inits = [numpy_helper.from_array(rng.normal(0, 0.3, s).astype(np.float32), name)
-             for name, s in (("w", (16, 8, 3)), ("b", (16,)), ("fw", (10, 16)))]  # fmt: skip
-    nodes = [
-        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1]),
-        helper.make_node("Relu", ["c"], ["r"]),
-        helper.make_node("GlobalAveragePool", ["r"], ["g"]),
-        helper.make_node("Flatten", ["g"], ["f"]),
-        helper.make_node("Gemm", ["f", "fw"], ["y"], transB=1),
-    ]
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 50])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])
-    g = helper.make_graph(nodes, "c1d", [x], [y], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    cm = compile_model(tmp_path, m, "default", rng.normal(0, 1, (8, 8, 50)).astype(np.float32))
-    place = {la.op: (la.placement, la.reason) for la in cm.lowered.layers}
-    assert place["Conv"] == ("host", "a 1-D convolution (the NPU's are 2-D)")
-    assert place["GlobalAveragePool"][0] == "host" and place["Gemm"] == ("npu", None)
-    xs = rng.normal(0, 1, (1, 8, 50)).astype(np.float32)
-    assert cosine(cm.run(xs)[0], ort_outputs(m, xs)[0]) > 0.99
+    m = _tcn_model(rng)
+    calib = rng.normal(0, 1, (16, 8, 64)).astype(np.float32)
+    cm = compile_model(tmp_path, m, "default", calib, activations=activations)
+    place = {la.node: la.placement for la in cm.lowered.layers}
+    for node in ("conv1", "pool1", "conv2", "residual", "dwconv", "concat", "pool2", "gap", "fc"):
+        assert place[node] == "npu", (node, place)
+    assert "1-D convolutions/poolings" in cm.report()
+    back = Container.from_bytes(cm.to_container().to_bytes())
+    layouts = {d.name: d.layout.kind for d in back.manifest.outputs if hasattr(d, "layout")}
+    assert layouts["cat"] == "ncw", layouts
+    for seed in range(3):
+        xs = np.random.default_rng(100 + seed).normal(0, 1, (1, 8, 64)).astype(np.float32)
+        got, ref = cm.run(xs), ort_outputs(m, xs)
+        assert [g.shape for g in got] == [(1, 10), (1, 32, 32)]
+        assert min(cosine(a, b) for a, b in zip(got, ref, strict=True)) > 0.99
+
+
+def test_a_quantised_one_dimensional_convolution_stays_on_the_host(tmp_path):
+    """A model quantised before it reaches the compiler (QDQ) keeps its 1-D convolution on the host,
+    with the reason."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    rng = np.random.default_rng(7)
+    m = _tcn_model(rng)
+    src, qdq = tmp_path / "f.onnx", tmp_path / "q.onnx"
+    onnx.save(m, str(src))
+    batches = iter([{"x": rng.normal(0, 1, (1, 8, 64)).astype(np.float32)} for _ in range(4)])
+
+    class Reader(CalibrationDataReader):
+        def get_next(self):
+            return next(batches, None)
+
+    quantize_static(str(src), str(qdq), Reader(), quant_format=QuantFormat.QDQ)
+    cm = compile_onnx(qdq, "default")
+    place = {la.node: (la.placement, la.reason) for la in cm.lowered.layers if la.op == "Conv"}
+    assert place["conv1"] == ("host", "a 1-D convolution (the NPU's are 2-D)"), place
 
 
 def test_transformer_block_compiles_with_its_linear_layers_on_the_npu(tmp_path):
