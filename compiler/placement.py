@@ -14,11 +14,29 @@ from .graph import Graph
 
 #: operators that multiply and accumulate (the rest count as no MACs)
 MAC_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+#: recurrent cells: gates per step (each a product of the input and of the hidden state)
+RNN_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+
+
+def _recurrent_macs(g: Graph, n: onnx.NodeProto, shapes: dict[str, tuple[int, ...]]) -> int:
+    """An LSTM, GRU or RNN over its whole sequence: per step, direction and batch row, the gates'
+    products with the input (W) and the hidden state (R)."""
+    x = shapes.get(n.input[0])
+    w = g.consts[n.input[1]].shape if n.input[1] in g.consts else shapes.get(n.input[1])
+    if x is None or w is None or len(x) != 3 or len(w) != 3:
+        return 0
+    layout = next((a.i for a in n.attribute if a.name == "layout"), 0)
+    steps, batch = (x[1], x[0]) if layout else (x[0], x[1])
+    dirs, rows, inputs = w
+    hidden = rows // RNN_GATES[n.op_type]
+    return int(dirs * steps * batch * rows * (inputs + hidden))
 
 
 def node_macs(g: Graph, n: onnx.NodeProto, shapes: dict[str, tuple[int, ...]]) -> int:
     """Multiply-accumulates of one node from the graph's static shapes (`Graph.static_shapes`; 0
     where unknown or not a MAC op)."""
+    if n.op_type in RNN_GATES:
+        return _recurrent_macs(g, n, shapes)
     out = shapes.get(n.output[0]) if n.output else None
     if n.op_type not in MAC_OPS or out is None:
         return 0

@@ -38,7 +38,7 @@ from onnx import shape_inference
 
 from .accuracy import cosine, intermediates
 from .graph import Graph
-from .placement import node_macs
+from .placement import MAC_OPS, node_macs
 from .quantize import ort_session
 
 #: calibration batches the selection runs on (each search step runs them all through onnxruntime)
@@ -96,7 +96,7 @@ def _macs(model: onnx.ModelProto) -> dict[str, float]:
     shapes = g.static_shapes()
     out: dict[str, float] = {}
     for n in g.nodes:
-        macs = node_macs(g, n, shapes)
+        macs = node_macs(g, n, shapes) if n.op_type in MAC_OPS else 0  # not a host-only LSTM's
         for i in n.input[:2] if macs else ():
             if i and i not in g.consts:
                 out[i] = out.get(i, 0.0) + macs

@@ -412,3 +412,33 @@ def test_transformer_block_compiles_with_its_linear_layers_on_the_npu(tmp_path):
     assert cm.placement.mac_share > 0.9
     xs = rng.normal(0, 1, (1, t, d)).astype(np.float32)
     assert cosine(cm.run(xs)[0], ort_outputs(m, xs)[0]) > 0.99
+
+
+def test_an_lstm_on_the_host_counts_its_macs_there(tmp_path):
+    """A recurrent cell the NPU does not run is counted in the report's MACs on the host (per step,
+    direction and batch row: the gates' products with the input and the hidden state), so the MAC
+    share does not read 100 % with the LSTM's work left out."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(8)
+    t, i, h = 6, 16, 32
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.3, (1, 4 * h, i)).astype(np.float32), "W"),
+        numpy_helper.from_array(rng.normal(0, 0.3, (1, 4 * h, h)).astype(np.float32), "R"),
+        numpy_helper.from_array(np.array([t, h], np.int64), "shape"),
+        numpy_helper.from_array(rng.normal(0, 0.3, (h, 10)).astype(np.float32), "fw"),
+    ]
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0, 2], name="time_first"),
+        helper.make_node("LSTM", ["xt", "W", "R"], ["Y"], hidden_size=h, name="lstm"),
+        helper.make_node("Reshape", ["Y", "shape"], ["y2"], name="flat"),
+        helper.make_node("MatMul", ["y2", "fw"], ["y"], name="fc"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, t, i])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [t, 10])
+    g = helper.make_graph(nodes, "lstm", [x], [y], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 14)])
+    cm = compile_model(tmp_path, m, "default", rng.normal(0, 1, (8, t, i)).astype(np.float32))
+    p = cm.placement
+    assert p.macs_host == t * 4 * h * (i + h) and p.macs_npu == t * h * 10, p
+    assert f"{t * h * 10:,} of {t * h * 10 + t * 4 * h * (i + h):,} MACs" in cm.report()
