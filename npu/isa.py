@@ -362,7 +362,14 @@ class Instr:
         return UNIT_OF[self.op]
 
     def with_tokens(self, wait: int, signal: int) -> Instr:
-        return Instr(self.op, dict(self.fields), wait, signal)
+        """The same instruction with other token masks. Its fields were checked when it was made,
+        so they are not checked again (the compiler re-tokens every instruction of a program several
+        times); the footprint, which tokens do not change, comes along."""
+        new = object.__new__(Instr)
+        d = new.__dict__
+        d.update(self.__dict__)
+        d["fields"], d["wait"], d["signal"] = dict(self.fields), wait, signal
+        return new
 
     def __repr__(self) -> str:
         from .asm import format_instr
@@ -490,7 +497,16 @@ def dram_span(i: Instr) -> tuple[int, int]:
 
 
 def footprint(i: Instr) -> tuple[list[Span], list[Span]]:
-    """(reads, writes) of an instruction as bounding spans; empty spans are left out."""
+    """(reads, writes) of an instruction as bounding spans; empty spans are left out. Computed once
+    per instruction (instructions are immutable; the lists are shared: do not change them)."""
+    fp = i.__dict__.get("_footprint")
+    if fp is None:
+        fp = _footprint(i)
+        i.__dict__["_footprint"] = fp
+    return fp
+
+
+def _footprint(i: Instr) -> tuple[list[Span], list[Span]]:
     f = i.fields
     r: list[tuple[str, tuple[int, int]]] = []
     w: list[tuple[str, tuple[int, int]]] = []
