@@ -19,6 +19,7 @@ from cocotb.utils import get_sim_time
 from npu.config import NpuConfig, get_config
 from npu.registers import SOC_REG, Control, Status
 from npu.sim.rtl.cocotb_bench import NpuBench, clear_program
+from npu.sim.rtl.cycles import Cycles
 
 PERIOD_NS = 10
 
@@ -60,7 +61,7 @@ async def drive(bench: NpuBench, e: int, job: dict, t0: int, res: dict) -> None:
             wait = pause_at - (now_cycles() - t0)
             pause_at = None
             if wait > 0:
-                await ClockCycles(bench.dut.clk, wait)
+                await Cycles(bench.dut.clk, wait)
             if not (int(bench.dut.irqs.value) >> e) & 1:
                 await bench.write_reg("CONTROL", int(Control.PAUSE | Control.IRQ_ENABLE), engine=e)
                 res["pause_requested"] = now_cycles() - t0

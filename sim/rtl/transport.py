@@ -73,20 +73,22 @@ class RtlTransport(Transport):
         self._mem_wr(addr, bytes(data))
 
     async def _wait_async(self, max_cycles: int | None) -> int:
-        from cocotb.triggers import ClockCycles, First, RisingEdge
+        from cocotb.triggers import First, RisingEdge
+
+        from .cycles import Cycles
 
         t0 = self.now()
         clk = self.dut.clk
         running = Status(await self.bench.regs.read_dword(0x10)) == Status.RUNNING
         if not running:
             if max_cycles:
-                await ClockCycles(clk, max_cycles)
+                await Cycles(clk, max_cycles)
             return self.now() - t0
         if self.dut.irq.value != 1:
             if max_cycles is None:
                 await RisingEdge(self.dut.irq)
             else:
-                await First(RisingEdge(self.dut.irq), ClockCycles(clk, max_cycles))
+                await First(RisingEdge(self.dut.irq), Cycles(clk, max_cycles))
         return self.now() - t0
 
     def wait(self, max_cycles: int | None) -> int:
@@ -145,7 +147,9 @@ class SocRtlTransport(RtlTransport):
         interrupts may be pending and uncleared. Engines are running if STATUS says so when `wait`
         is called (one register read per engine); one the host last saw running that has stopped
         meanwhile ends the wait at once."""
-        from cocotb.triggers import ClockCycles, First, ValueChange
+        from cocotb.triggers import First, ValueChange
+
+        from .cycles import Cycles
 
         t0 = self.now()
         deadline = None if max_cycles is None else t0 + max_cycles
@@ -159,7 +163,7 @@ class SocRtlTransport(RtlTransport):
             return self.now() - t0
         if not running:
             if max_cycles and self.now() < deadline:
-                await ClockCycles(clk, deadline - self.now())
+                await Cycles(clk, deadline - self.now())
             return self.now() - t0
         # a running engine whose line is up already either stopped since its STATUS read, or has a
         # stale IRQ.PENDING: read again, and poll the stale ones
@@ -185,7 +189,7 @@ class SocRtlTransport(RtlTransport):
                 step = self.POLL_CYCLES if left is None else min(left, self.POLL_CYCLES)
             triggers = [ValueChange(irqs)] if watch else []
             if step is not None:
-                triggers.append(ClockCycles(clk, step))
+                triggers.append(Cycles(clk, step))
             await (First(*triggers) if len(triggers) > 1 else triggers[0])
             if stale and (left is None or self.now() < deadline):
                 for e in stale:
