@@ -168,6 +168,42 @@ class ModelDevice:
             raise RunError(f"the NPU stopped with {st.name}: {m.error_code.name} at pc {m.error_pc}")
 
 
+class InOrderDevice(ModelDevice):
+    """The golden model's values without its timing: each segment's instructions decoded, checked
+    (`validate`, as the hardware's dispatch checks them) and executed by the same kernels one after
+    another in program order, the control instructions (SYNC, BARRIER, FENCE, cancellation points)
+    passed. A program whose tokens order every pair of instructions that touch the same bytes - the
+    compiler's programs (`npu.program.ProgramBuilder`) - computes the same values in any order its
+    tokens allow, so this gives the timed model's results in about half its time; no cycles are
+    counted (`counters` stays empty)."""
+
+    def run_segment(self, pc: int) -> None:
+        from npu.isa import INSTR_BYTES, IsaError, Opcode, decode, validate
+        from npu.sim.golden.kernels import execute
+
+        m = self.model
+        passed = (Opcode.SYNC, Opcode.BARRIER, Opcode.FENCE, Opcode.CANCEL_POINT)
+        cache: dict[bytes, object] = {}
+        while True:
+            addr = m.program_base + pc * INSTR_BYTES
+            if addr < 0 or addr + INSTR_BYTES > len(m.dram):
+                raise RunError(f"the program ran off DRAM at pc {pc} without an END")
+            raw = m.dram[addr : addr + INSTR_BYTES].tobytes()
+            ins = cache.get(raw)
+            if ins is None:
+                try:
+                    ins = decode(raw)
+                    validate(ins, m.cfg)
+                except IsaError as e:
+                    raise RunError(f"the NPU stopped with ERROR: {e.code.name} at pc {pc}: {e}") from None
+                cache[raw] = ins
+            if ins.op == Opcode.END:
+                return
+            if ins.op not in passed:
+                execute(m.chip, m.dram, ins)
+            pc += 1
+
+
 def run_container(
     container,
     inputs: list[np.ndarray],
@@ -175,9 +211,11 @@ def run_container(
     model: NpuModel | None = None,
     max_cycles: int | None = None,
     int8: bool = False,
+    in_order: bool = False,
 ) -> tuple[list[np.ndarray], dict[str, int]]:
     """Run a compiled `.npub` on the golden model: quantise the float inputs, run the NPU and host
-    segments, dequantise (or, with `int8`, return the raw int8 outputs)."""
+    segments, dequantise (or, with `int8`, return the raw int8 outputs). `in_order`: the values
+    only, without the timing (`InOrderDevice`: no counters)."""
     from npu.executor import HostStepError, HostSteps, run_segments
 
     if container.config_id != cfg.config_id:
@@ -191,7 +229,7 @@ def run_container(
     for d in man.dram:
         m.write_dram(d.addr, container.blobs[d.blob])
     m.load_program(container.blobs["program"], man.program.base)
-    dev = ModelDevice(m, max_cycles)
+    dev = InOrderDevice(m) if in_order else ModelDevice(m, max_cycles)
     try:
         outs = run_segments(man, HostSteps(container.blobs, man.segments), dev, inputs, int8=int8)
     except (ValueError, HostStepError) as e:
