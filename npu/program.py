@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .config import NpuConfig
-from .isa import ErrorCode, Instr, IsaError, Opcode, Span, Unit, footprint, make, validate
+from .isa import ErrorCode, Instr, IsaError, Opcode, Unit, footprint, make, validate
 
 NUNITS = len(Unit)
 
@@ -35,20 +35,31 @@ class Item:
     label: str = ""
 
 
-@dataclass
 class _Hist:
-    pos: int  # index in the output program
-    reads: list[Span]
-    writes: list[Span]
-    clock: tuple[int, ...]  # per unit: last instruction known complete when this one completes
-    cps_before: int
-    item: int  # index of the builder item (stable across passes); -1 for a SYNC
-    signal: int = 0
+    """One emitted instruction of a unit, as the token assignment sees it."""
 
-    def __post_init__(self) -> None:
-        # (space, start, end) tuples: the conflict scan compares them inline (its hot loop)
-        self.w = [(x.space, x.start, x.end) for x in self.writes]
-        self.rw = [(x.space, x.start, x.end) for x in self.reads] + self.w
+    __slots__ = ("pos", "w", "rw", "clock", "cps_before", "item", "signal")
+
+    def __init__(self, pos: int, w: list, rw: list, clock: tuple[int, ...], cps_before: int, item: int):
+        self.pos = pos  # index in the output program
+        self.w, self.rw = w, rw  # (space, start, end) it writes; it reads or writes
+        self.clock = clock  # per unit: last instruction known complete when this one completes
+        self.cps_before = cps_before
+        self.item = item  # index of the builder item (stable across passes); -1 for a SYNC
+        self.signal = 0
+
+
+def _span_tuples(ins: Instr) -> tuple[list, list, list]:
+    """(reads, writes, reads + writes) of an instruction as (space, start, end) tuples, which the
+    conflict scan compares inline (its hot loop); cached on the immutable instruction."""
+    d = ins.__dict__
+    t = d.get("_span_tuples")
+    if t is None:
+        r, w = footprint(ins) if ins.op != Opcode.SYNC else ([], [])
+        rs = [(x.space, x.start, x.end) for x in r]
+        ws = [(x.space, x.start, x.end) for x in w]
+        t = d["_span_tuples"] = (rs, ws, rs + ws)
+    return t
 
 
 @dataclass
@@ -140,7 +151,8 @@ class ProgramBuilder:
 
         def emit(ins: Instr, item: int, forced: dict[int, int] | None = None) -> None:
             u = int(ins.unit)
-            reads, writes = footprint(ins) if ins.op != Opcode.SYNC else ([], [])
+            rs, ws, rws = _span_tuples(ins)
+            known_u = known[u]
             wait = 0
             for p in range(NUNITS):
                 if p == u:
@@ -150,8 +162,8 @@ class ProgramBuilder:
                         continue
                     j = seq_of_item[forced[p]][1]
                 else:
-                    j = self._latest_conflict(hist[p], known[u][p], reads, writes)
-                if j <= known[u][p]:
+                    j = _latest_conflict(hist[p], known_u[p], rs, ws)
+                if j <= known_u[p]:
                     continue
                 h = hist[p][j]
                 if h.cps_before < n_cp:  # token would be outstanding at a cancellation point
@@ -159,10 +171,10 @@ class ProgramBuilder:
                     crossings[key] = max(crossings.get(key, -1), h.item)
                 h.signal |= 1 << u
                 wait |= 1 << p
-                known[u] = [max(a, b) for a, b in zip(known[u], h.clock, strict=False)]
+                known_u = known[u] = [a if a >= b else b for a, b in zip(known_u, h.clock, strict=False)]
             seq = len(hist[u])
-            known[u][u] = seq
-            hist[u].append(_Hist(len(out), reads, writes, tuple(known[u]), n_cp, item))
+            known_u[u] = seq
+            hist[u].append(_Hist(len(out), ws, rws, tuple(known_u), n_cp, item))
             if item >= 0:
                 seq_of_item[item] = (u, seq)
             out.append(ins.with_tokens(wait, 0))
@@ -200,23 +212,6 @@ class ProgramBuilder:
             check_tokens(out, self.cfg)
         return prog, crossings
 
-    @staticmethod
-    def _latest_conflict(hist: list[_Hist], floor: int, reads: list[Span], writes: list[Span]) -> int:
-        """The latest entry after `floor` that writes what this reads or touches what this writes."""
-        ws = [(x.space, x.start, x.end) for x in writes]
-        rs = [(x.space, x.start, x.end) for x in reads]
-        for j in range(len(hist) - 1, floor, -1):
-            h = hist[j]
-            for sp, a, b in ws:
-                for s2, c, d in h.rw:
-                    if a < d and c < b and sp == s2:
-                        return j
-            for sp, a, b in rs:
-                for s2, c, d in h.w:
-                    if a < d and c < b and sp == s2:
-                        return j
-        return -1
-
 
 COPY_CHUNK = 0x8000  # bytes per DMA row when copying a range between on-chip memory and DRAM
 
@@ -236,6 +231,22 @@ def copy_range(op: str, onchip: int, n: int, dram: int) -> list[Instr]:
             )
         )
     return out
+
+
+def _latest_conflict(hist: list[_Hist], floor: int, rs: list, ws: list) -> int:
+    """The latest entry after `floor` that writes what this reads (`rs`) or touches what this
+    writes (`ws`)."""
+    for j in range(len(hist) - 1, floor, -1):
+        h = hist[j]
+        for sp, a, b in ws:
+            for s2, c, d in h.rw:
+                if a < d and c < b and sp == s2:
+                    return j
+        for sp, a, b in rs:
+            for s2, c, d in h.w:
+                if a < d and c < b and sp == s2:
+                    return j
+    return -1
 
 
 def check_tokens(instrs: list[Instr], cfg: NpuConfig) -> None:
