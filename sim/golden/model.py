@@ -98,6 +98,9 @@ class NpuModel:
         self.now = 0
         self.trace: list[TraceEvent] | None = [] if trace else None
         self._decode_cache: dict[bytes, Instr] = {}
+        #: a timing-only model's program given as instructions (`load_instructions`): DRAM address ->
+        #: the instruction, or the IsaError its checks raise
+        self._predecoded: dict[int, Instr | IsaError] | None = None
         self._hi_latch = 0
         self.soft_reset()
 
@@ -337,8 +340,9 @@ class NpuModel:
         elif self._beats_fault(addr, INSTR_BYTES):
             res = IsaError(ErrorCode.BUS, f"the memory answered the fetch at 0x{addr:x} with an error")
         else:
-            raw = self.dram[addr : addr + INSTR_BYTES].tobytes()
-            res = self._decode_cache.get(raw)  # type: ignore[assignment]
+            pre = self._predecoded
+            raw = b"" if pre is not None and addr in pre else self.dram[addr : addr + INSTR_BYTES].tobytes()
+            res = pre[addr] if not raw else self._decode_cache.get(raw)  # type: ignore[index,assignment]
             if res is None:
                 try:
                     res = decode(raw)
@@ -670,7 +674,25 @@ class NpuModel:
         return addr // W * W < hi and -(-(addr + n) // W) * W > lo
 
     # -- convenience for tests, tools and the driver ------------------------------------------------
+    def load_instructions(self, instrs: list[Instr], base: int) -> None:
+        """A timing-only model's program as instructions (the compiler's cost model): fetched
+        without encoding them into DRAM and decoding them back (about half of such a run), checked
+        as a fetch checks them. DRAM keeps what it held (a timing-only model computes no data)."""
+        if not self.timing_only:
+            raise ValueError("only a timing-only model takes a program as instructions")
+        pre: dict[int, Instr | IsaError] = {}
+        for i, ins in enumerate(instrs):
+            try:
+                validate(ins, self.cfg)
+                pre[base + i * INSTR_BYTES] = ins
+            except IsaError as e:
+                pre[base + i * INSTR_BYTES] = e
+        self._predecoded = pre
+        self.program_base = base
+        self.resume_pc = 0
+
     def load_program(self, program: bytes, base: int) -> None:
+        self._predecoded = None
         self.write_dram(base, program)
         self.program_base = base
         self.resume_pc = 0

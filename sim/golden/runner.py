@@ -132,11 +132,14 @@ def timing_run(
 ) -> NpuModel:
     """Run a program on the golden model for its timing only (data are not computed): the cost
     model of the compiler. Returns the model after DONE (its counters, and its trace with `trace`)."""
-    from npu.isa import encode_program
-
     m = model or NpuModel(cfg, trace=trace, timing_only=True)
     m.soft_reset()
-    m.load_program(encode_program(instrs), base)
+    if m.timing_only:
+        m.load_instructions(list(instrs), base)
+    else:
+        from npu.isa import encode_program
+
+        m.load_program(encode_program(instrs), base)
     m.start(pc=0)
     st = m.run()
     if st != Status.DONE:
