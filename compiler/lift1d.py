@@ -98,12 +98,12 @@ def lift_1d(model: onnx.ModelProto, notes: list[str]) -> None:
     outputs = set(graph.outputs)
     inits: list[onnx.TensorProto] = []
     nodes: list[onnx.NodeProto] = []
-    made: dict[str, str] = {}  # names already created (4-D inputs, reshaped constants)
+    made: set[str] = set()  # names already created (4-D inputs, reshaped constants, shapes)
 
     def shape_const(name: str, shape) -> str:
         if name not in made:
             inits.append(numpy_helper.from_array(np.asarray(shape, np.int64), name))
-            made[name] = name
+            made.add(name)
         return name
 
     def to_4d(t: str) -> str:
@@ -117,13 +117,13 @@ def lift_1d(model: onnx.ModelProto, notes: list[str]) -> None:
                 return t
             if t + SUFFIX not in made:
                 inits.append(numpy_helper.from_array(_lift_const(c), t + SUFFIX))
-                made[t + SUFFIX] = t
+                made.add(t + SUFFIX)
             return t + SUFFIX
         if t + SUFFIX not in made:
             n_, c_, l_ = shapes[t]
             shp = shape_const(t + SUFFIX + "_shape", [n_, c_, 1, l_])
             nodes.append(helper.make_node("Reshape", [t, shp], [t + SUFFIX], name=t + SUFFIX + "_in"))
-            made[t + SUFFIX] = t
+            made.add(t + SUFFIX)
         return t + SUFFIX
 
     for i, n in enumerate(graph.nodes):

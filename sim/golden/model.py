@@ -341,21 +341,29 @@ class NpuModel:
             res = IsaError(ErrorCode.BUS, f"the memory answered the fetch at 0x{addr:x} with an error")
         else:
             pre = self._predecoded
-            raw = b"" if pre is not None and addr in pre else self.dram[addr : addr + INSTR_BYTES].tobytes()
-            res = pre[addr] if not raw else self._decode_cache.get(raw)  # type: ignore[index,assignment]
-            if res is None:
-                try:
-                    res = decode(raw)
-                    validate(res, self.cfg)
-                    self._decode_cache[raw] = res
-                except IsaError as e:
-                    res = e
+            if pre is not None and addr in pre:
+                res = pre[addr]
+            else:
+                res = self.decoded(self.dram[addr : addr + INSTR_BYTES].tobytes())
             if isinstance(res, Instr) and res.op in (Opcode.LOAD, Opcode.STORE):
                 start, end = dram_span(res)
                 if start < end and (start < lo or end > hi):
                     what = "LOAD reads" if res.op == Opcode.LOAD else "STORE writes"
                     res = self._protection(start, f"{what} DRAM [0x{start:x}, 0x{end:x})", lo, hi)
         run.fetched = (run.pc, res)
+        return res
+
+    def decoded(self, raw: bytes) -> Instr | IsaError:
+        """An instruction word decoded and checked as the dispatch checks it (`validate`), or the
+        IsaError the checks raise; valid words are cached."""
+        res = self._decode_cache.get(raw)
+        if res is None:
+            try:
+                res = decode(raw)
+                validate(res, self.cfg)
+                self._decode_cache[raw] = res
+            except IsaError as e:
+                return e
         return res
 
     @staticmethod

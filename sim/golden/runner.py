@@ -181,25 +181,18 @@ class InOrderDevice(ModelDevice):
     counted (`counters` stays empty)."""
 
     def run_segment(self, pc: int) -> None:
-        from npu.isa import INSTR_BYTES, IsaError, Opcode, decode, validate
+        from npu.isa import INSTR_BYTES, IsaError, Opcode
         from npu.sim.golden.kernels import execute
 
         m = self.model
         passed = (Opcode.SYNC, Opcode.BARRIER, Opcode.FENCE, Opcode.CANCEL_POINT)
-        cache: dict[bytes, object] = {}
         while True:
             addr = m.program_base + pc * INSTR_BYTES
             if addr < 0 or addr + INSTR_BYTES > len(m.dram):
                 raise RunError(f"the program ran off DRAM at pc {pc} without an END")
-            raw = m.dram[addr : addr + INSTR_BYTES].tobytes()
-            ins = cache.get(raw)
-            if ins is None:
-                try:
-                    ins = decode(raw)
-                    validate(ins, m.cfg)
-                except IsaError as e:
-                    raise RunError(f"the NPU stopped with ERROR: {e.code.name} at pc {pc}: {e}") from None
-                cache[raw] = ins
+            ins = m.decoded(m.dram[addr : addr + INSTR_BYTES].tobytes())
+            if isinstance(ins, IsaError):
+                raise RunError(f"the NPU stopped with ERROR: {ins.code.name} at pc {pc}: {ins}")
             if ins.op == Opcode.END:
                 return
             if ins.op not in passed:
