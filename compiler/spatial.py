@@ -120,15 +120,51 @@ def _load_band(
     fill: int,
     label: str,
     col0: int = 0,
+    c0: int = 0,
+    cl: int = 0,
 ) -> None:
-    """Padded input rows for output rows [y0, y0 + rows_out) of frame n, all channels, at `buf`;
-    `g` may be a strip of the tensor's width starting at input column `col0` (Geometry.strip).
-    `fill`: the padding's int8 value, or for an int16 tensor its high byte (0, or -128 for -32768)."""
+    """Padded input rows for output rows [y0, y0 + rows_out) of frame n at `buf`: all channels, or
+    with `cl` the slice of channels [c0, c0 + cl) (a pixel `cl` elements wide on chip: one DMA row
+    per pixel, an input row per LOAD, its border pixels as pad rows); `g` may be a strip of the
+    tensor's width starting at input column `col0` (Geometry.strip). `fill`: the padding's int8
+    value, or for an int16 tensor its high byte (0, or -128 for -32768)."""
     e = x.layout.elem
     cp = x.layout.cp * e  # bytes of a pixel
     width = x.layout.nchw[3]  # the tensor's row, of which the band reads g.w columns
     top = y0 * g.sh - g.pt  # first input row (may be negative: padding)
     bottom = top + g.in_rows(rows_out)
+    pad16 = int(e == 2 and fill != 0)
+    if cl and cl * e < cp:
+        px = cl * e  # bytes of a pixel on chip
+        row = g.wp * px
+        i = 0
+        while i < bottom - top:
+            h = top + i
+            if 0 <= h < g.h:
+                b.add(
+                    "load",
+                    spad=buf + i * row,
+                    dram=x.addr + ((n * g.h + h) * width + col0) * cp + c0 * e,
+                    rows=g.w,
+                    cols=px,
+                    spad_stride=px,
+                    dram_stride=cp,
+                    pad_top=g.pl,
+                    pad_bottom=g.wp - g.w - g.pl,
+                    pad_value=fill,
+                    pad_i16=pad16,
+                    label=label,
+                )
+                i += 1
+                continue
+            # a run of padding rows (above or below the map): one LOAD without data
+            run = 1
+            while run < 255 and i + run < bottom - top and not 0 <= h + run < g.h:
+                run += 1
+            b.add("load", spad=buf + i * row, rows=0, cols=0, pad_top=run, pad_left=row, spad_stride=row,
+                  pad_value=fill, pad_i16=pad16, label=label)  # fmt: skip
+            i += run
+        return
     r0, r1 = max(top, 0), min(bottom, g.h)
     pad_top, pad_bottom = r0 - top, bottom - r1
     if r1 <= r0:  # only padding
@@ -146,7 +182,7 @@ def _load_band(
         pad_left=g.pl * cp,
         pad_right=(g.wp - g.w - g.pl) * cp if r1 > r0 else g.wp * cp - g.pl * cp,
         pad_value=fill,
-        pad_i16=int(e == 2 and fill != 0),
+        pad_i16=pad16,
         label=label,
     )
 
@@ -158,6 +194,18 @@ class ConvTile:
     win0: int  # first physical input channel of the tile's window
     chunks: list[tuple[int, int]]  # (offset in window, length) of each input-channel chunk
     w_addr: list[int]  # DRAM address of each chunk's weight block
+    # per chunk, the tile's output columns [lo, hi) its input channels reach (a grouped convolution's
+    # chunk feeds its groups' columns only); (0, 0): none, the chunk's MATMULs are left out
+    cols: list[tuple[int, int]]
+    wlen: int  # input channels of the window
+
+    def pitch(self, cpx: int, windowed: bool) -> int:
+        """Elements of an input pixel in the band: the window's (windowed band) or the tensor's."""
+        return self.wlen if windowed else cpx
+
+    def base(self, windowed: bool) -> int:
+        """Element offset of the window's first channel in a band pixel."""
+        return 0 if windowed else self.win0
 
 
 @dataclass
@@ -201,12 +249,16 @@ def plan_conv(
     max_live: int = 0,
     ex: int = 1,
     ey: int = 1,
+    cols_of: Callable[[int, int], int] | None = None,
 ) -> ConvPlan:
     """Pick output/input channel tile sizes and the row band height with the cost model.
     `win_of(co_t)`: the input channels a tile of co_t output channels reads: all of them, or for a
-    grouped convolution the widest window of its groups. `ex`, `ey`: the input's and the output's
-    element bytes (int16: 2; the output's int8 or int16 tile on chip)."""
+    grouped convolution the widest window of its groups; a window narrower than the tensor is all
+    the band holds of a pixel (`windowed`). `cols_of(co_t, ci_t)`: the output columns a chunk of
+    ci_t input channels reaches (a grouped convolution's MATMULs are that narrow). `ex`, `ey`: the
+    input's and the output's element bytes (int16: 2; the output's int8 or int16 tile on chip)."""
     ca = channel_align(cfg)
+    full = cpx
     cpx *= ex  # bytes of an input pixel from here on
     if g.wp * cpx > 0xFFFF:
         raise CompileError(f"{where}: an input row of {g.wp} x {cpx} bytes exceeds one DMA row (65535)")
@@ -217,9 +269,12 @@ def plan_conv(
     for co_t in co_opts:
         n_co = cdiv(cout_p, co_t)
         win = win_of(co_t)
+        windowed = win < full
+        px = win * ex if windowed else cpx  # bytes of a band pixel on chip
         ci_opts = sorted({max(ca, round_up(cdiv(win, d), ca)) for d in (1, 2, 3, 4, 6, 8, 16, 32, 64, 128)})
         for ci_t in ci_opts:
             n_ci = cdiv(win, ci_t)
+            n_mm = co_t if cols_of is None else cols_of(co_t, ci_t)  # a MATMUL's output columns
             wbytes = co_t * bank_stride(cfg, taps * ci_t, cfg.lanes)
             wbufs = 1 if n_ci == 1 and n_co == 1 else 2
             act_bytes, w_base = spad_regions(cfg)
@@ -232,9 +287,9 @@ def plan_conv(
             while lo <= hi:  # largest band that fits (sizes grow with rows)
                 r = (lo + hi) // 2
                 m = _conv_m(g, r, band_mode)
-                steps = cdiv(m, cfg.clusters) * cdiv(co_t, cfg.pes_per_cluster) * cdiv(ex * ci_t, cfg.lanes)
+                steps = cdiv(m, cfg.clusters) * cdiv(n_mm, cfg.pes_per_cluster) * cdiv(ex * ci_t, cfg.lanes)
                 fits = (
-                    2 * (g.in_rows(r) * g.wp * cpx + m * co_t * ey) <= room
+                    2 * (g.in_rows(r) * g.wp * px + m * co_t * ey) <= room
                     and 2 * m * acc_row_stride(cfg, co_t) <= cfg.acc_bytes
                     and m <= 0xFFFF
                     # with a cancellation interval, one band must not take longer than it
@@ -249,11 +304,15 @@ def plan_conv(
             bands = cdiv(g.oh, rows) * g.n
             m = _conv_m(g, rows, band_mode)
             mm_per_band = n_ci * taps * (1 if band_mode else rows)
-            steps = cdiv(m, cfg.clusters) * cdiv(co_t, cfg.pes_per_cluster) * cdiv(ex * ci_t, cfg.lanes)
+            steps = cdiv(m, cfg.clusters) * cdiv(n_mm, cfg.pes_per_cluster) * cdiv(ex * ci_t, cfg.lanes)
             matrix = n_co * bands * (mm_per_band * cfg.matrix_latency + n_ci * taps * steps)
-            in_bytes = n_co * bands * g.in_rows(rows) * g.wp * cpx
             w_bytes = (n_co * taps * win * co_t) * (bands if n_ci > 1 else 1)
-            load = (in_bytes + w_bytes) // cfg.bus_bytes + n_co * bands * (2 + n_ci) * cfg.dma_latency
+            loads = 2 + n_ci + (g.in_rows(rows) if windowed else 0)  # a windowed band: a LOAD a row
+            if windowed:  # one DMA row per pixel: the bus words each touches
+                in_beats = n_co * bands * g.in_rows(rows) * g.w * cdiv(px, cfg.bus_bytes)
+            else:
+                in_beats = n_co * bands * g.in_rows(rows) * g.wp * cpx // cfg.bus_bytes
+            load = in_beats + w_bytes // cfg.bus_bytes + n_co * bands * loads * cfg.dma_latency
             vector = n_co * bands * m * cdiv(co_t * ey, cfg.vector_lanes)
             est = max(matrix, load, vector)
             band = n_ci * taps * (cfg.matrix_latency + steps)
@@ -261,7 +320,7 @@ def plan_conv(
             live_blocked = bool(max_step) and bands > g.n and n_ci == 1 and wbytes > max_live
             key = (bool(max_step) and band > max_step, live_blocked, est, n_co * n_ci)
             if best is None or key < best[0]:
-                spad = wbufs * wbytes + 2 * (g.in_rows(rows) * g.wp * cpx + m * co_t * ey)
+                spad = wbufs * wbytes + 2 * (g.in_rows(rows) * g.wp * px + m * co_t * ey)
                 best = (key, ConvPlan(co_t, ci_t, rows, band_mode, est, spad))
     if best is None:
         # what the smallest tiling (one output row, the narrowest channel tiles) would need
@@ -346,9 +405,19 @@ def conv_program(
     def win_of(co_t: int) -> int:
         return max(window(c0, co_t)[1] for c0 in range(0, cout, co_t)) if groups > 1 else cpx
 
-    plan, gp = plan_conv_strips(
-        g, lambda geo: plan_conv(cfg, geo, cpx, cpy, win_of, co_step, where, max_step, max_live, ex, ey)
-    )
+    def cols_of(co_t: int, ci_t: int) -> int:
+        if groups == 1:
+            return co_t
+        # groups a chunk of ci_t channels spans (aligned when cin_g divides it), their columns
+        spans = ci_t // cin_g if ci_t % cin_g == 0 else cdiv(ci_t, cin_g) + 1
+        return min(co_t, round_up(spans * cout_g, cfg.pes_per_cluster))
+
+    def plan_for(geo: Geometry) -> ConvPlan:
+        return plan_conv(cfg, geo, cpx, cpy, win_of, co_step, where, max_step, max_live, ex, ey, cols_of)
+
+    plan, gp = plan_conv_strips(g, plan_for)
+    windowed = win_of(plan.co_t) < cpx  # the bands hold a tile's window of channels only
+    band_px = win_of(plan.co_t) if windowed else cpx
     strips = [(g, 0, 0)]  # (geometry, first input column, first output column) of each strip
     if plan.cols:
         strips = [g.strip(x0, min(plan.cols, g.ow - x0)) + (x0,) for x0 in range(0, g.ow, plan.cols)]
@@ -357,7 +426,7 @@ def conv_program(
     bias_p = np.zeros(cpy, np.int64)
     bias_p[:cout] = bias
     bias_addr = const(bias_p.astype("<i4").tobytes(), f"{where} bias")
-    w_bufs, in_bufs, out_bufs, acc_bufs = _conv_buffers(cfg, plan, gp, tiles, taps, cpx, ex, ey)
+    w_bufs, in_bufs, out_bufs, acc_bufs = _conv_buffers(cfg, plan, gp, tiles, taps, band_px, ex, ey)
 
     zpx = x.q.zero_point
     bm = plan.band_mode
@@ -385,7 +454,11 @@ def conv_program(
                 m = _conv_m(gs, rows, bm)
                 ib, ob, ab = in_bufs[k % 2], out_bufs[k % 2], acc_bufs[k % 2]
                 k += 1
-                _load_band(b, x, gs, n, y0, rows, ib, zpx if ex == 1 else 0, f"input n{n} y{y0} x{x0}", col0)
+                fill, label = zpx if ex == 1 else 0, f"input n{n} y{y0} x{x0}"
+                if windowed:
+                    _load_band(b, x, gs, n, y0, rows, ib, fill, label, col0, t.win0, t.wlen)
+                else:
+                    _load_band(b, x, gs, n, y0, rows, ib, fill, label, col0)
                 b.add(
                     "load",
                     spad=ab,
@@ -396,7 +469,9 @@ def conv_program(
                     dram_stride=0,
                     label="bias",
                 )
-                for (c0, cl), wa in zip(t.chunks, t.w_addr, strict=True):
+                for (c0, cl), wa, reach in zip(t.chunks, t.w_addr, t.cols, strict=True):
+                    if reach[1] == reach[0]:
+                        continue  # input channels no output of the tile reads
                     if multi:
                         wb = w_bufs[nw % 2]
                         nw += 1
@@ -410,7 +485,8 @@ def conv_program(
                             dram_stride=taps * cl,
                             label=f"weights co{t.co0} ci{c0}",
                         )
-                    _conv_matmuls(b, cfg, g, gs, t, bm, wb, c0, cl, ib, ab, m, rows, cpx, ex)
+                    px = t.pitch(cpx, windowed)
+                    _conv_matmuls(b, cfg, g, gs, t, bm, wb, c0, cl, ib, ab, m, rows, px, ex, reach, windowed)
                 _conv_output(b, y, rq, g, gs, t, bm, n, y0, x0, rows, m, ab, ob, cpy, ey, c_stride)
                 b.candidate()  # between bands: only the resident weights are live
     return {
@@ -437,12 +513,23 @@ def _conv_tiles(cfg, plan, x: Act, y: Act, weights, groups: int, g: Geometry, wi
             gi = co // cout_g
             phys = chanx[gi * cin_g : (gi + 1) * cin_g] - win0
             dense[co - co0][:, :, phys] = weights[co].transpose(1, 2, 0)
-        chunks, addrs = [], []
+        # which of the window's channels each output column reads (by the groups, not the values)
+        reads = np.zeros((co_t, wlen), bool)
+        for co in range(co0, min(co0 + co_t, cout)):
+            phys = chanx[(co // cout_g) * cin_g : (co // cout_g + 1) * cin_g] - win0
+            reads[co - co0, phys] = True
+        chunks, addrs, reach = [], [], []
         for c0 in range(0, wlen, plan.ci_t):
             cl = min(plan.ci_t, wlen - c0)
             chunks.append((c0, cl))
             addrs.append(const(np.ascontiguousarray(dense[..., c0 : c0 + cl]).tobytes(), f"{where} weights"))
-        tiles.append(ConvTile(co0, co_t, win0, chunks, addrs))
+            used = np.flatnonzero(reads[:, c0 : c0 + cl].any(axis=1))
+            pes = cfg.pes_per_cluster  # C's columns start at an accumulator row boundary
+            if len(used):
+                reach.append((int(used[0]) // pes * pes, min(co_t, round_up(int(used[-1]) + 1, pes))))
+            else:
+                reach.append((0, 0))
+        tiles.append(ConvTile(co0, co_t, win0, chunks, addrs, reach, wlen))
     return tiles
 
 
@@ -465,26 +552,29 @@ def _conv_buffers(cfg, plan, gp, tiles, taps: int, cpx: int, ex: int, ey: int):
     return w_bufs, in_bufs, out_bufs, acc_bufs
 
 
-def _conv_matmuls(b, cfg, g, gs, t, band_mode, wb, c0, cl, ib, ab, m, rows, cpx, ex) -> None:
+def _conv_matmuls(b, cfg, g, gs, t, band_mode, wb, c0, cl, ib, ab, m, rows, cpx, ex, reach, windowed) -> None:
     """One input chunk's MATMULs for a band: one per tap (band mode: the whole band at once; else
-    one per output row)."""
+    one per output row), over the output columns `reach` the chunk feeds. `cpx`: elements of a
+    band pixel."""
     taps = g.kh * g.kw
     c_stride = acc_row_stride(cfg, t.co_t)
+    b_stride = bank_stride(cfg, taps * cl, cfg.lanes)
+    lo, hi = reach
     for ky in range(g.kh):
         for kx in range(g.kw):
-            bw = wb + (ky * g.kw + kx) * cl
-            chan = (t.win0 + c0 + kx * g.dw * cpx) * ex  # bytes into the band
+            bw = wb + (ky * g.kw + kx) * cl + lo * b_stride
+            chan = (t.base(windowed) + c0 + kx * g.dw * cpx) * ex  # bytes into the band
             if band_mode:
                 b.add(
                     "matmul",
                     a=ib + ky * g.dh * gs.wp * cpx * ex + chan,
                     b=bw,
-                    c=ab,
+                    c=ab + 4 * lo,
                     m=m,
-                    n=t.co_t,
+                    n=hi - lo,
                     k=cl,
                     a_stride=cpx * ex,
-                    b_stride=bank_stride(cfg, taps * cl, cfg.lanes),
+                    b_stride=b_stride,
                     c_stride=c_stride,
                     accumulate=1,
                     a_i16=int(ex == 2),
@@ -495,12 +585,12 @@ def _conv_matmuls(b, cfg, g, gs, t, band_mode, wb, c0, cl, ib, ab, m, rows, cpx,
                         "matmul",
                         a=ib + (r * g.sh + ky * g.dh) * gs.wp * cpx * ex + chan,
                         b=bw,
-                        c=ab + r * gs.ow * c_stride,
+                        c=ab + r * gs.ow * c_stride + 4 * lo,
                         m=gs.ow,
-                        n=t.co_t,
+                        n=hi - lo,
                         k=cl,
                         a_stride=g.sw * cpx * ex,
-                        b_stride=bank_stride(cfg, taps * cl, cfg.lanes),
+                        b_stride=b_stride,
                         c_stride=c_stride,
                         accumulate=1,
                         a_i16=int(ex == 2),
@@ -512,6 +602,10 @@ def _conv_output(b, y, rq, g, gs, t, band_mode, n, y0, x0, rows, m, ab, ob, cpy,
     wv = gs.wp if band_mode else gs.ow
     if rq is None:  # int32 results: each output row's pixels straight from the accumulators
         out = y.addr + (((n * g.oh + y0) * g.ow + x0) * cpy + t.co0) * 4
+        if wv == gs.ow == g.ow:  # the band's pixels are the output's, back to back
+            b.add("store", spad=ab, dram=out, rows=rows * g.ow, cols=4 * t.co_t, spad_stride=c_stride,
+                  dram_stride=4 * cpy, label="output (int32)")  # fmt: skip
+            return
         for r in range(rows):
             b.add(
                 "store",
@@ -539,6 +633,10 @@ def _conv_output(b, y, rq, g, gs, t, band_mode, n, y0, x0, rows, m, ab, ob, cpy,
             dram_stride=g.ow * cpy * ey,
             label="output",
         )
+        return
+    if wv == gs.ow == g.ow:  # the band's pixels are the output's, back to back: one DMA row each
+        b.add("store", spad=ob, dram=out, rows=rows * g.ow, cols=t.co_t * ey, spad_stride=t.co_t * ey,
+              dram_stride=cpy * ey, label="output")  # fmt: skip
         return
     for r in range(rows):
         b.add(
@@ -624,40 +722,7 @@ def pool_program(
                 rows = min(rows_max, g.oh - y0)
                 ib, ob = in_bufs[k % 2], out_bufs[k % 2]
                 k += 1
-                if cl == cp:
-                    _load_band(b, x, g, n, y0, rows, ib, fill, f"input n{n} y{y0}")
-                else:  # a channel slice: one DMA row per pixel, padding pixels as pad rows
-                    top = y0 * g.sh - g.pt
-                    pad16 = int(e == 2 and fill != 0)
-                    for i in range(g.in_rows(rows)):
-                        h = top + i
-                        dst = ib + i * g.wp * cl * e
-                        if 0 <= h < g.h:
-                            b.add(
-                                "load",
-                                spad=dst,
-                                dram=x.addr + (((n * g.h + h) * g.w) * cp + c0) * e,
-                                rows=g.w,
-                                cols=cl * e,
-                                spad_stride=cl * e,
-                                dram_stride=cp * e,
-                                pad_top=g.pl,
-                                pad_bottom=g.wp - g.w - g.pl,
-                                pad_value=fill,
-                                pad_i16=pad16,
-                            )
-                        else:
-                            b.add(
-                                "load",
-                                spad=dst,
-                                rows=0,
-                                cols=0,
-                                pad_top=1,
-                                pad_left=g.wp * cl * e,
-                                spad_stride=0,
-                                pad_value=fill,
-                                pad_i16=pad16,
-                            )
+                _load_band(b, x, g, n, y0, rows, ib, fill, f"input n{n} y{y0}", c0=c0, cl=cl)
                 if separable:
                     b.add("pool", src=ib, dst=mid, channels=cl, in_w=g.wp, out_h=rows, out_w=g.wp, kh=g.kh,
                           kw=1, sh=g.sh, sw=1, mode=mode, **rq, **flags)  # fmt: skip
