@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, replace
 
 from npu.config import ACC_BASE, NpuConfig
 from npu.container import CancelPoint, HostTensor, Layer, NpuSegment, Segment, TensorDesc
-from npu.isa import Instr, Opcode, footprint
-from npu.program import Item, ProgramBuilder
+from npu.isa import Instr, footprint
+from npu.program import Item, ProgramBuilder, start_order
 from npu.sim.golden.runner import timing_run
 from npu.timing import dma_bytes, duration
 
@@ -267,22 +267,19 @@ def _unit_ends(m) -> dict[int, int]:
     return end_of
 
 
-def _simulated_times(cfg: NpuConfig, seg: list[Item]) -> list[int]:
-    """Cycle at which each item position is reached, from the golden model's timing: the latest end
-    of the instructions before it (what a point there waits for)."""
-    b = ProgramBuilder(cfg)
-    b.extend(it for it in seg if it.kind == "instr")
-    built = b.build()
-    m = timing_run(cfg, built.instrs, trace=True)
-    end_of = _unit_ends(m)
-    # pc of each instr item in order (the builder may add SYNCs between them)
-    instr_pcs = [pc for pc, ins in enumerate(built.instrs) if ins.op != Opcode.SYNC and ins.op != Opcode.END]
-    t_at, latest, k = [], 0, 0
-    for it in seg:
+def _simulated_times(cfg: NpuConfig, seg: list[Item], cuts) -> list[int]:
+    """Cycle at which each item position is reached, from the golden model's timing of the segment
+    built without points (each operator's instructions in the order they can start, as
+    `_with_points` builds it): the latest end of the items before it (what a point there waits
+    for; the instructions after it in the built order do not move their ends much)."""
+    built, new_index, _, _ = _with_points(cfg, seg, [], 0, cuts, timed=False)
+    end_of = _unit_ends(timing_run(cfg, built.instrs, trace=True))
+    pcs = built.item_pcs
+    t_at, latest = [], 0
+    for i, it in enumerate(seg):
         t_at.append(latest)
         if it.kind == "instr":
-            latest = max(latest, end_of.get(instr_pcs[k], latest))
-            k += 1
+            latest = max(latest, end_of.get(pcs[new_index[i]], latest))
     t_at.append(latest)
     return t_at
 
@@ -305,43 +302,64 @@ def _program_times(cfg: NpuConfig, instrs: list[Instr]) -> list[int]:
 POINT_RETRIES = 4
 
 
-def _with_points(cfg: NpuConfig, seg: list[Item], chosen: list[Candidate], first_id: int):
+def _with_points(
+    cfg: NpuConfig, seg: list[Item], chosen: list[Candidate], first_id: int, cuts=(), timed: bool = True
+):
     """The segment built with cancellation points at `chosen` (ids from `first_id`): (the built
-    program, item index -> builder position, [(point id, candidate)], _program_times of it)."""
+    program, item index -> builder position, [(point id, candidate)], _program_times of it).
+
+    Between points (and `cuts`: its operators' boundaries) the instructions go in the order they
+    can start (`npu.program.start_order`): nothing crosses a point, so what is live there is what
+    the points pass computed, and an operator's instructions stay together. An item inside a piece
+    maps to its instruction's new position (a candidate: the next instruction's)."""
     at = {c.pos: c for c in chosen}
     b = ProgramBuilder(cfg)
     new_index: dict[int, int] = {}
     point_ids: list[tuple[int, Candidate]] = []
-    for i in range(len(seg) + 1):
-        new_index[i] = len(b)
-        if i in at:
+    bounds = sorted({0, len(seg), *at, *(c for c in cuts if 0 <= c <= len(seg))})
+    for lo, hi in zip(bounds, bounds[1:] + [None], strict=True):
+        new_index[lo] = len(b)
+        if lo in at:
             cp = first_id + len(point_ids)
             b.cancel_point(cp)
-            point_ids.append((cp, at[i]))
-        if i < len(seg) and seg[i].kind != "cand":
-            b.extend([seg[i]])
+            point_ids.append((cp, at[lo]))
+        if hi is None:
+            break
+        index = [i for i in range(lo, hi) if seg[i].kind != "cand"]
+        base = len(b)
+        if all(seg[i].kind == "instr" for i in index):
+            order = start_order([seg[i].instr for i in index], cfg)
+        else:  # a barrier or a point of its own inside: kept as it is
+            order = list(range(len(index)))
+        b.extend([seg[index[k]] for k in order])
+        placed = {index[k]: base + n for n, k in enumerate(order)}
+        nxt = len(b)
+        for i in range(hi - 1, lo, -1):  # inside the piece: the item's own or the next one's place
+            nxt = placed.get(i, nxt)
+            new_index[i] = nxt
     built = b.build()
     # the golden model's timing of the built segment (no data) is the cost model of its layers, its
     # points and itself: the busiest unit's summed durations missed the waits between units and at
     # the points by 10-30 % (docs/compiler.md)
-    return built, new_index, point_ids, _program_times(cfg, built.instrs)
+    return built, new_index, point_ids, _program_times(cfg, built.instrs) if timed else []
 
 
 def _emit_segment(
     cfg: NpuConfig, out: Lowered, seg: list[Item], cands: list[Candidate], spans, policy: PointPolicy | None
 ) -> None:
+    cuts = {i for _, i0, i1 in spans for i in (i0, i1)}
     t_at = _busy_times(seg, cfg)
     if policy is not None and policy.every_instruction:
         whole = [(0, cfg.spad_bytes), (ACC_BASE, ACC_BASE + cfg.acc_bytes)]
         cands = [Candidate(i, 0, False, whole) for i, it in enumerate(seg) if it.kind == "instr" and i > 0]
         cands.append(Candidate(len(seg), 0, True, []))
     if policy is not None and policy.interval:
-        t_at = _simulated_times(cfg, seg)
+        t_at = _simulated_times(cfg, seg, cuts)
     for c in cands:
         c.t = t_at[c.pos]
     chosen = choose(cands, policy, cfg) if policy is not None else []
     seg_no = len(out.segments)
-    built, new_index, point_ids, reach = _with_points(cfg, seg, chosen, len(out.points))
+    built, new_index, point_ids, reach = _with_points(cfg, seg, chosen, len(out.points), cuts)
     # the points were chosen on the segment's timing without them, and each point waits for the
     # units to drain: where that stretches a gap past the interval, the candidate nearest the gap's
     # middle becomes a point too, and the segment is built and timed again
@@ -363,7 +381,7 @@ def _emit_segment(
         if not extra:
             break
         chosen = sorted([*chosen, *extra], key=lambda c: c.pos)
-        built, new_index, point_ids, reach = _with_points(cfg, seg, chosen, len(out.points))
+        built, new_index, point_ids, reach = _with_points(cfg, seg, chosen, len(out.points), cuts)
     start = len(out.program)
     out.program.extend(built.instrs)
     pcs = built.item_pcs + [len(built.instrs) - 1]

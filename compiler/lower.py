@@ -18,7 +18,7 @@ from npu.arith import round_up
 from npu.config import ACC_BASE, NpuConfig
 from npu.container import HostStep, HostTensor, Layer, TensorDesc
 from npu.isa import ONCHIP_ADDR_FIELDS, Instr, footprint
-from npu.program import Item, ProgramBuilder, schedule
+from npu.program import Item, ProgramBuilder
 from npu.tensors import Layout
 from npu.timing import bank_stride
 
@@ -372,9 +372,8 @@ class Lowerer:
         return f
 
     def op_done(self, n: onnx.NodeProto, b: ProgramBuilder, shape, info: dict | None = None) -> None:
-        """Record an NPU operator's program (`b`) as its fragment, in the order its instructions
-        can start (`npu.program.schedule`)."""
-        self.new_frag(n, "npu", shape, info).items = schedule(b.items, self.cfg)
+        """Record an NPU operator's program (`b`) as its fragment."""
+        self.new_frag(n, "npu", shape, info).items = b.items
 
     # -- the graph --------------------------------------------------------------------------------
     def run(self) -> Lowering:

@@ -277,9 +277,9 @@ def check_tokens(instrs: list[Instr], cfg: NpuConfig) -> None:
             raise IsaError(ErrorCode.TOKEN, f"pc {pc}: {ins.op.name} with tokens outstanding")
 
 
-def schedule(items: list[Item], cfg: NpuConfig) -> list[Item]:
-    """Reorder a run of instruction items (and candidates, no points or barriers) into the order
-    they would start in with unbounded unit queues, so that the in-order dispatcher meets each
+def start_order(instrs: list[Instr], cfg: NpuConfig) -> list[int]:
+    """A reordering of a run of unit instructions into the order they would start in with
+    unbounded unit queues (indices into `instrs`), so that the in-order dispatcher meets each
     unit's instructions when that unit can take them: emitted band by band, the next band's loads
     sit behind this band's stores, which wait for its compute, and a full store queue then holds
     the dispatch of everything behind it.
@@ -288,29 +288,17 @@ def schedule(items: list[Item], cfg: NpuConfig) -> list[Item]:
     token assignment orders (`footprint`: a read after a write, a write after a read or a write of
     the same bytes by another unit). Sorting by start keeps every such pair in order (the consumer
     starts after its producer ends) and each unit's own order, so the program computes the same
-    values. A candidate becomes two: after the last instruction that came before it (what it
-    separated is done, the next band's prefetched data live) and before the first that came after
-    it; the points pass computes what is live at each and chooses."""
+    values. The micro core runs one instruction at a time: its order is kept."""
     from .timing import duration
 
-    if cfg.core == "micro" or any(it.kind not in ("instr", "cand") for it in items):
-        return list(items)  # the micro core runs one instruction at a time in any order
-    instrs: list[tuple[int, Item]] = []  # (candidates before it, item)
-    n_cand = 0
-    for it in items:
-        if it.kind == "cand":
-            n_cand += 1
-        else:
-            instrs.append((n_cand, it))
-    if n_cand == 0 and len(instrs) < 3:
-        return list(items)
+    if cfg.core == "micro" or len(instrs) < 3:
+        return list(range(len(instrs)))
     free = [0] * NUNITS
     done: list[list[tuple[int, list, list]]] = [[] for _ in range(NUNITS)]  # (end, writes, touches)
     starts = []
-    for _, it in instrs:
-        ins = it.instr
+    for ins in instrs:
         u = int(ins.unit)
-        rs, ws, _ = _span_tuples(ins)
+        rs, ws, rws = _span_tuples(ins)
         t = free[u]
         for p in range(NUNITS):
             if p == u:
@@ -323,33 +311,9 @@ def schedule(items: list[Item], cfg: NpuConfig) -> list[Item]:
                     break
         end = t + duration(ins, cfg)
         free[u] = end
-        _, w, rw = _span_tuples(ins)
-        done[u].append((end, w, rw))
+        done[u].append((end, ws, rws))
         starts.append(t)
-    order = sorted(range(len(instrs)), key=lambda i: (starts[i], i))
-    out: list[Item] = []
-    # candidate c (1-based) goes after the last instruction with fewer than c candidates before it
-    # (what it separated is done) and before the first with c or more (nothing after it started)
-    last_before = [0] * (n_cand + 1)
-    first_from = [len(order)] * (n_cand + 2)
-    for pos, i in enumerate(order):
-        g = instrs[i][0]
-        last_before[g] = max(last_before[g], pos + 1)
-        first_from[g] = min(first_from[g], pos)
-    for g in range(n_cand, -1, -1):
-        first_from[g] = min(first_from[g], first_from[g + 1])
-    after: set[int] = set()  # new positions a candidate goes before
-    pos = 0
-    for c in range(1, n_cand + 1):
-        pos = max(pos, last_before[c - 1])
-        after |= {pos, first_from[c]}
-    cand = Item("cand")
-    for pos in range(len(order) + 1):
-        if pos in after:
-            out.append(cand)  # several candidates in one place are one
-        if pos < len(order):
-            out.append(instrs[order[pos]][1])
-    return out
+    return sorted(range(len(instrs)), key=lambda i: (starts[i], i))
 
 
 def _overlaps(a: list, b: list) -> bool:
