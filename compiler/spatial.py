@@ -270,7 +270,7 @@ def plan_conv(
         n_co = cdiv(cout_p, co_t)
         win = win_of(co_t)
         windowed = win < full
-        px = win * ex if windowed else cpx  # bytes of a band pixel on chip
+        px = win * ex  # bytes of a band pixel on chip (the whole pixel unless windowed)
         ci_opts = sorted({max(ca, round_up(cdiv(win, d), ca)) for d in (1, 2, 3, 4, 6, 8, 16, 32, 64, 128)})
         for ci_t in ci_opts:
             n_ci = cdiv(win, ci_t)
@@ -416,8 +416,8 @@ def conv_program(
         return plan_conv(cfg, geo, cpx, cpy, win_of, co_step, where, max_step, max_live, ex, ey, cols_of)
 
     plan, gp = plan_conv_strips(g, plan_for)
-    windowed = win_of(plan.co_t) < cpx  # the bands hold a tile's window of channels only
-    band_px = win_of(plan.co_t) if windowed else cpx
+    band_px = win_of(plan.co_t)  # elements of a band's pixel: the widest tile window (else cpx)
+    windowed = band_px < cpx  # the bands hold a tile's window of channels only
     strips = [(g, 0, 0)]  # (geometry, first input column, first output column) of each strip
     if plan.cols:
         strips = [g.strip(x0, min(plan.cols, g.ow - x0)) + (x0,) for x0 in range(0, g.ow, plan.cols)]
@@ -509,14 +509,12 @@ def _conv_tiles(cfg, plan, x: Act, y: Act, weights, groups: int, g: Geometry, wi
         co_t = min(plan.co_t, cpy - co0)
         win0, wlen = window(co0, co_t) if groups > 1 else (0, cpx)
         dense = np.zeros((co_t, g.kh, g.kw, wlen), np.int8)
+        # which of the window's channels each output column reads (by the groups, not the values)
+        reads = np.zeros((co_t, wlen), bool)
         for co in range(co0, min(co0 + co_t, cout)):
             gi = co // cout_g
             phys = chanx[gi * cin_g : (gi + 1) * cin_g] - win0
             dense[co - co0][:, :, phys] = weights[co].transpose(1, 2, 0)
-        # which of the window's channels each output column reads (by the groups, not the values)
-        reads = np.zeros((co_t, wlen), bool)
-        for co in range(co0, min(co0 + co_t, cout)):
-            phys = chanx[(co // cout_g) * cin_g : (co // cout_g + 1) * cin_g] - win0
             reads[co - co0, phys] = True
         chunks, addrs, reach = [], [], []
         for c0 in range(0, wlen, plan.ci_t):

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from .config import NpuConfig
 from .isa import ErrorCode, Instr, IsaError, Opcode, Unit, footprint, make, validate
+from .timing import duration
 
 NUNITS = len(Unit)
 
@@ -289,9 +290,7 @@ def start_order(instrs: list[Instr], cfg: NpuConfig) -> list[int]:
     the same bytes by another unit). Sorting by start keeps every such pair in order (the consumer
     starts after its producer ends) and each unit's own order, so the program computes the same
     values. The micro core runs one instruction at a time: its order is kept."""
-    from .timing import duration
-
-    if cfg.core == "micro" or len(instrs) < 3:
+    if cfg.core == "micro":
         return list(range(len(instrs)))
     free = [0] * NUNITS
     done: list[list[tuple[int, list, list]]] = [[] for _ in range(NUNITS)]  # (end, writes, touches)
@@ -317,6 +316,8 @@ def start_order(instrs: list[Instr], cfg: NpuConfig) -> list[int]:
 
 
 def _overlaps(a: list, b: list) -> bool:
+    """Whether two lists of (space, start, end) spans share a byte (`_latest_conflict` inlines the
+    same test in its hot loop)."""
     for sp, s, e in a:
         for s2, c, d in b:
             if s < d and c < e and sp == s2:
