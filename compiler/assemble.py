@@ -267,12 +267,12 @@ def _unit_ends(m) -> dict[int, int]:
     return end_of
 
 
-def _simulated_times(cfg: NpuConfig, seg: list[Item], cuts) -> list[int]:
+def _simulated_times(cfg: NpuConfig, seg: list[Item]) -> list[int]:
     """Cycle at which each item position is reached, from the golden model's timing of the segment
-    built without points (each operator's instructions in the order they can start, as
-    `_with_points` builds it): the latest end of the items before it (what a point there waits
-    for; the instructions after it in the built order do not move their ends much)."""
-    built, new_index, _, _ = _with_points(cfg, seg, [], 0, cuts, timed=False)
+    built without points (in the order its instructions can start, as `_with_points` builds it):
+    the latest end of the items before it (what a point there waits for; the instructions after it
+    in the built order do not move their ends much)."""
+    built, new_index, _, _ = _with_points(cfg, seg, [], 0, timed=False)
     end_of = _unit_ends(timing_run(cfg, built.instrs, trace=True))
     pcs = built.item_pcs
     t_at, latest = [], 0
@@ -302,21 +302,21 @@ def _program_times(cfg: NpuConfig, instrs: list[Instr]) -> list[int]:
 POINT_RETRIES = 4
 
 
-def _with_points(
-    cfg: NpuConfig, seg: list[Item], chosen: list[Candidate], first_id: int, cuts=(), timed: bool = True
-):
+def _with_points(cfg: NpuConfig, seg: list[Item], chosen: list[Candidate], first_id: int, timed: bool = True):
     """The segment built with cancellation points at `chosen` (ids from `first_id`): (the built
     program, item index -> builder position, [(point id, candidate)], _program_times of it).
 
-    Between points (and `cuts`: its operators' boundaries) the instructions go in the order they
-    can start (`npu.program.start_order`): nothing crosses a point, so what is live there is what
-    the points pass computed, and an operator's instructions stay together. An item inside a piece
-    maps to its instruction's new position (a candidate: the next instruction's)."""
+    Between points (and barriers) the instructions go in the order they can start
+    (`npu.program.start_order`), across operator boundaries that are not points: the next
+    operator's loads run under this one's compute. Nothing crosses a point, so what is live there
+    is what the points pass computed. An item maps to its instruction's new position (a candidate:
+    the least position of the instructions after it in its piece, where they start)."""
     at = {c.pos: c for c in chosen}
+    walls = {i + d for i, it in enumerate(seg) if it.kind not in ("instr", "cand") for d in (0, 1)}
     b = ProgramBuilder(cfg)
     new_index: dict[int, int] = {}
     point_ids: list[tuple[int, Candidate]] = []
-    bounds = sorted({0, len(seg), *at, *(c for c in cuts if 0 <= c <= len(seg))})
+    bounds = sorted({0, len(seg), *at, *(w for w in walls if w <= len(seg))})
     for lo, hi in zip(bounds, bounds[1:] + [None], strict=True):
         new_index[lo] = len(b)
         if lo in at:
@@ -329,14 +329,14 @@ def _with_points(
         base = len(b)
         if all(seg[i].kind == "instr" for i in index):
             order = start_order([seg[i].instr for i in index], cfg)
-        else:  # a barrier or a point of its own inside: kept as it is
+        else:  # a barrier: kept as it is
             order = list(range(len(index)))
         b.extend([seg[index[k]] for k in order])
         placed = {index[k]: base + n for n, k in enumerate(order)}
         nxt = len(b)
-        for i in range(hi - 1, lo, -1):  # inside the piece: the item's own or the next one's place
-            nxt = placed.get(i, nxt)
-            new_index[i] = nxt
+        for i in range(hi - 1, lo, -1):  # an instruction: its place; a candidate: the least place after it
+            new_index[i] = placed.get(i, nxt)
+            nxt = min(nxt, new_index[i])
     built = b.build()
     # the golden model's timing of the built segment (no data) is the cost model of its layers, its
     # points and itself: the busiest unit's summed durations missed the waits between units and at
@@ -347,19 +347,18 @@ def _with_points(
 def _emit_segment(
     cfg: NpuConfig, out: Lowered, seg: list[Item], cands: list[Candidate], spans, policy: PointPolicy | None
 ) -> None:
-    cuts = {i for _, i0, i1 in spans for i in (i0, i1)}
     t_at = _busy_times(seg, cfg)
     if policy is not None and policy.every_instruction:
         whole = [(0, cfg.spad_bytes), (ACC_BASE, ACC_BASE + cfg.acc_bytes)]
         cands = [Candidate(i, 0, False, whole) for i, it in enumerate(seg) if it.kind == "instr" and i > 0]
         cands.append(Candidate(len(seg), 0, True, []))
     if policy is not None and policy.interval:
-        t_at = _simulated_times(cfg, seg, cuts)
+        t_at = _simulated_times(cfg, seg)
     for c in cands:
         c.t = t_at[c.pos]
     chosen = choose(cands, policy, cfg) if policy is not None else []
     seg_no = len(out.segments)
-    built, new_index, point_ids, reach = _with_points(cfg, seg, chosen, len(out.points), cuts)
+    built, new_index, point_ids, reach = _with_points(cfg, seg, chosen, len(out.points))
     # the points were chosen on the segment's timing without them, and each point waits for the
     # units to drain: where that stretches a gap past the interval, the candidate nearest the gap's
     # middle becomes a point too, and the segment is built and timed again
@@ -381,7 +380,7 @@ def _emit_segment(
         if not extra:
             break
         chosen = sorted([*chosen, *extra], key=lambda c: c.pos)
-        built, new_index, point_ids, reach = _with_points(cfg, seg, chosen, len(out.points), cuts)
+        built, new_index, point_ids, reach = _with_points(cfg, seg, chosen, len(out.points))
     start = len(out.program)
     out.program.extend(built.instrs)
     pcs = built.item_pcs + [len(built.instrs) - 1]
@@ -406,10 +405,29 @@ def _emit_segment(
                 restore_cycles=restore,
             )
         )
-    for la, i0, i1 in spans:
-        p0, p1 = pcs[new_index[i0]], pcs[new_index[i1]]
-        la.pc = [start + p0, start + p1]
-        la.compute_cycles, la.dma_cycles, _ = _estimate(built.instrs[p0:p1], cfg)
-        la.est_cycles = reach[p1] - reach[p0]
+    _layer_figures(cfg, built.instrs, reach, start, spans, [pcs[new_index[i]] for i in range(len(seg))], seg)
     figures = {**segment_figures(built.instrs, cfg), "est_cycles": reach[-1]}
     out.segments.append(NpuSegment(start, len(out.program) - 1, **figures))
+
+
+def _layer_figures(
+    cfg: NpuConfig, instrs: list[Instr], reach: list[int], start: int, spans, pc_of, seg
+) -> None:
+    """Each layer's pc range (its first instruction to its last: layers overlap where the program
+    order interleaves them), cost figures of its own instructions, and its share of the segment's
+    cycles: each pc's advance of the time reached (`reach`) goes to the layer of that instruction, a
+    point's to the layer after it, so the layers' cycles add up to the segment's."""
+    owner: list[int | None] = [None] * len(instrs)
+    for k, (la, i0, i1) in enumerate(spans):
+        mine = [pc_of[i] for i in range(i0, i1) if seg[i].kind == "instr"]
+        for pc in mine:
+            owner[pc] = k
+        lo, hi = (min(mine), max(mine) + 1) if mine else (pc_of[i0] if i0 < len(pc_of) else len(instrs),) * 2
+        la.pc = [start + lo, start + hi]
+        la.compute_cycles, la.dma_cycles, _ = _estimate([instrs[pc] for pc in sorted(mine)], cfg)
+        la.est_cycles = 0
+    nxt = next((k for k in reversed(owner) if k is not None), None)
+    for pc in range(len(instrs) - 1, -1, -1):
+        nxt = owner[pc] if owner[pc] is not None else nxt
+        if nxt is not None:
+            spans[nxt][0].est_cycles += reach[pc + 1] - reach[pc]
