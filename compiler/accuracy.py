@@ -25,6 +25,7 @@ import onnx
 
 from .errors import AccuracyError
 from .graph import Graph
+from .lower import FUSED_NOTE
 from .quantize import ort_session
 
 #: calibration batches from which the check samples are held back rather than reused
@@ -240,8 +241,8 @@ def guard(
     for _ in range(rounds):
         # the worst node with something left to move: itself, if on the NPU, and the NPU nodes
         # whose quantised results it reads
-        npu = {la.node for la in compiled.lowered.layers if la.placement == "npu"}
-        views = {la.node for la in compiled.lowered.layers if la.placement == "view"}
+        npu = {la.node for la in compiled.lowered.layers if _on_npu(la)}
+        views = {la.node for la in compiled.lowered.layers if la.placement == "view" and not _on_npu(la)}
         want = dict(moved)
         for x in ranked:
             up = upstream(compiled.qdq, x.node, npu, views)
@@ -274,8 +275,13 @@ def guard(
     )
 
 
+def _on_npu(la) -> bool:
+    """An NPU operator, or a node its producer computes on the NPU (a fused Relu or table)."""
+    return la.placement == "npu" or (la.placement == "view" and (la.split or "").startswith(FUSED_NOTE))
+
+
 def _ranked(compiled, fv: dict[str, np.ndarray], check: CheckData) -> list[Loss]:
     """The nodes (NPU or host) that lose accuracy (over 1e-5 of cosine) on the first check sample,
     worst first."""
-    nodes = {la.node for la in compiled.lowered.layers if la.placement in ("npu", "host")}
+    nodes = {la.node for la in compiled.lowered.layers if la.placement == "host" or _on_npu(la)}
     return [x for x in losses(fv, compiled.qdq, check.feeds[0], nodes) if x.drop > 1e-5]

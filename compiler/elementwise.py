@@ -8,6 +8,7 @@ zero point and stays harmless).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from npu.arith import round_up
 from npu.config import NpuConfig
@@ -132,6 +133,73 @@ def lut_program(
     _chunked(b, cfg, (src,), dst, n, unit, max_step, op, head)
 
 
+@dataclass(frozen=True)
+class OutputPass:
+    """A function of one activation (ops/lut.py) that the activation's producer computes on each
+    output tile before storing it, instead of a pass of its own over DRAM: one VLUT in place
+    (`passes` None, int8) or int16 vector `passes` (`ops.lut.Unary16`), then the channel padding set
+    to `zero` where `fix_padding`. `table`: DRAM address of the VLUT's 256 bytes (None: none)."""
+
+    table: int | None
+    passes: list | None
+    zero: int
+    fix_padding: bool
+    how: str
+
+    @property
+    def scratch(self) -> int:
+        """Scratch bytes an output element needs (int16 passes: an int16 and an int8 buffer)."""
+        return 3 if self.passes is not None else 0
+
+    @property
+    def steps(self) -> int:
+        """Vector passes over the tile (for the planner's estimate)."""
+        return len(self.passes) if self.passes is not None else 1
+
+    def emit(self, b: ProgramBuilder, buf: int, c: int, unit: int, pad_runs, table: int, scratch: int) -> int:
+        """The passes over a tile of c elements (`unit` a pixel) at `buf`, the VLUT table resident
+        at spad `table`, `scratch` free; returns where the result is."""
+        if self.passes is None:
+            rows, cols = _rows(c, unit)
+            b.add("vlut", src=buf, dst=buf, rows=rows, cols=cols, src_stride=cols, dst_stride=cols,
+                  table=table)  # fmt: skip
+            out, e = buf, 1
+        else:
+            bufs = {"x": buf, "w": scratch, "n": scratch + 2 * c}
+            out, e = _vector_passes(b, bufs, c, unit, self.passes, table), 2
+        if self.fix_padding:
+            _reset_padding(b, out, e * c, e * unit, pad_runs, self.zero, e)
+        return out
+
+
+_SIZE = {"x": 2, "w": 2, "n": 1}  # element bytes of the int16 passes' buffers
+
+
+def _vector_passes(b: ProgramBuilder, bufs: dict[str, int], c: int, unit: int, passes, table: int) -> int:
+    """Unary16 `passes` over c int16 elements (`unit` a pixel or row) in `bufs` ("x" the source,
+    "w" int16 and "n" int8 scratch), the VLUT table at spad `table`; returns the result's buffer."""
+    rows, cols = _rows(2 * c, 2 * unit)  # a DMA row holds 65535 bytes
+    cols //= 2
+    for op, a, bb, d, fields in passes:
+        flags = {}
+        if op in ("vmap", "vlut"):
+            f = dict(src=bufs[a], dst=bufs[d], rows=rows, cols=cols, src_stride=_SIZE[a] * cols,
+                     dst_stride=_SIZE[d] * cols)  # fmt: skip
+            if op == "vlut":
+                f["table"] = table
+            else:
+                flags = {"src_i16": int(_SIZE[a] == 2), "dst_i16": int(_SIZE[d] == 2)}
+        elif op == "vmul":
+            f = dict(a=bufs[a], b=bufs[bb], dst=bufs[d], rows=rows, cols=cols, a_stride=_SIZE[a] * cols,
+                     b_stride=_SIZE[bb] * cols, dst_stride=_SIZE[d] * cols)  # fmt: skip
+        else:  # vadd over the whole chunk
+            f = dict(a=bufs[a], b=bufs[bb], dst=bufs[d], len=c)
+        if op in ("vmul", "vadd"):
+            flags = {f"{k}_i16": int(_SIZE[v] == 2) for k, v in (("a", a), ("b", bb), ("dst", d))}
+        b.add(op, **f, **{**fields, **flags})
+    return bufs[passes[-1][3]]
+
+
 def lut16_program(
     b: ProgramBuilder,
     cfg: NpuConfig,
@@ -150,7 +218,6 @@ def lut16_program(
     scratch); a VLUT's table at DRAM `table` is loaded once. Channel-padding runs (offset, width)
     of the result then get the output's zero point. Chunks are double-buffered."""
     ey = yq.elem
-    size = {"x": 2, "w": 2, "n": 1}
     head = _load_resident(b, cfg, table, LUT_BYTES) if table is not None else 0
     per = _chunk(cfg, unit, (cfg.spad_bytes - head) // 10, max_step // 4 if max_step else 0)
     slot = round_up(5 * per, cfg.lanes)
@@ -161,25 +228,8 @@ def lut16_program(
         cols //= 2
         b.add("load", spad=bufs["x"], dram=src + 2 * off, rows=rows, cols=2 * cols, spad_stride=2 * cols,
               dram_stride=2 * cols)  # fmt: skip
-        for op, a, bb, d, fields in passes:
-            flags = {}
-            if op in ("vmap", "vlut"):
-                f = dict(src=bufs[a], dst=bufs[d], rows=rows, cols=cols, src_stride=size[a] * cols,
-                         dst_stride=size[d] * cols)  # fmt: skip
-                if op == "vlut":
-                    f["table"] = 0
-                else:
-                    flags = {"src_i16": int(size[a] == 2), "dst_i16": int(size[d] == 2)}
-            elif op == "vmul":
-                f = dict(a=bufs[a], b=bufs[bb], dst=bufs[d], rows=rows, cols=cols, a_stride=size[a] * cols,
-                         b_stride=size[bb] * cols, dst_stride=size[d] * cols)  # fmt: skip
-            else:  # vadd over the whole chunk
-                f = dict(a=bufs[a], b=bufs[bb], dst=bufs[d], len=c)
-            if op in ("vmul", "vadd"):
-                flags = {f"{k}_i16": int(size[v] == 2) for k, v in (("a", a), ("b", bb), ("dst", d))}
-            b.add(op, **f, **{**fields, **flags})
-        out = bufs[passes[-1][3]]
-        assert size[passes[-1][3]] == ey
+        out = _vector_passes(b, bufs, c, unit, passes, 0)
+        assert _SIZE[passes[-1][3]] == ey
         _reset_padding(b, out, ey * c, ey * unit, pad_runs, yq.zero_point, ey)
         b.add("store", spad=out, dram=dst + ey * off, rows=rows, cols=ey * cols, spad_stride=ey * cols,
               dram_stride=ey * cols)  # fmt: skip

@@ -53,6 +53,11 @@ class Frag:
         return self._top
 
 
+#: a fused node's layer (`split`): a view of its producer's result, computed on the NPU by it (the
+#: accuracy guard may move such a node to the host like any NPU operator)
+FUSED_NOTE = "computed in the output pass of "
+
+
 @dataclass
 class Lowering:
     """Every operator lowered, not yet ordered; `assemble` turns an order into programs."""
@@ -126,7 +131,14 @@ class Lowerer:
         self.acts: dict[str, Act] = {}  # Q output name -> placed tensor
         self.qt: dict[str, QTensor] = {}
         self.host_float: set[str] = set()  # float tensors computed by host steps
-        self.fused: set[str] = set()  # Relu nodes their producer's requantisation computed
+        # Relu nodes their producer's requantisation computed, and table functions a convolution's
+        # output pass computed: node -> its producer (each lowers as a view, `FUSED_NOTE`)
+        self.fused: dict[str, str] = {}
+        self.output_tables: dict[str, onnx.NodeProto] = {}  # Conv -> table function it computes too
+        # table functions and the steps they absorb (ops/lut.py `plan`, made before the first node
+        # is lowered)
+        self._lut_plan: dict | None = None
+        self._lut_absorbed: set[str] = set()
         self.input_float: set[str] = set()  # graph inputs without a QuantizeLinear (host steps read them)
         self.frags: list[Frag] = []
         self.frag_of: dict[str, int] = {}  # float tensor name -> producing fragment
@@ -298,7 +310,7 @@ class Lowerer:
         fused = self.fusable_relu(name)
         if fused is None or not fused[0].name or fused[0].name in self.reasons:
             return None
-        self.fused.add(fused[0].name)
+        self.fused[fused[0].name] = self.graph.producers[name].name
         return fused[1]
 
     def fusable_relu(self, name: str) -> tuple[onnx.NodeProto, QTensor] | None:
@@ -317,6 +329,8 @@ class Lowerer:
             return None
         rs = self.graph.consumers.get(dqs[0].output[0], [])
         if len(rs) != 1 or rs[0].op_type != "Relu" or rs[0].domain not in ("", "ai.onnx"):
+            return None
+        if rs[0].name in self._lut_absorbed:  # a table function computes it from `name` itself
             return None
         qs = self.graph.consumers.get(rs[0].output[0], [])
         if len(qs) != 1 or qs[0].op_type != "QuantizeLinear":

@@ -25,9 +25,11 @@ import numpy as np
 from npu.arith import cdiv, round_up
 from npu.compiler.programs import acc_row_stride, add_requant
 from npu.config import ACC_BASE, NpuConfig
+from npu.isa import LUT_BYTES
 from npu.program import ProgramBuilder
 from npu.timing import bank_stride
 
+from .elementwise import OutputPass
 from .graph import CompileError
 from .quantize import Act, quant_multiplier
 from .region import memory_name
@@ -250,19 +252,24 @@ def plan_conv(
     ex: int = 1,
     ey: int = 1,
     cols_of: Callable[[int, int], int] | None = None,
+    post: OutputPass | None = None,
 ) -> ConvPlan:
     """Pick output/input channel tile sizes and the row band height with the cost model.
     `win_of(co_t)`: the input channels a tile of co_t output channels reads: all of them, or for a
     grouped convolution the widest window of its groups; a window narrower than the tensor is all
     the band holds of a pixel (`windowed`). `cols_of(co_t, ci_t)`: the output columns a chunk of
     ci_t input channels reaches (a grouped convolution's MATMULs are that narrow). `ex`, `ey`: the
-    input's and the output's element bytes (int16: 2; the output's int8 or int16 tile on chip)."""
+    input's and the output's element bytes (int16: 2; the output's int8 or int16 tile on chip).
+    `post`: a function computed on each output tile (its scratch, table and vector passes)."""
     ca = channel_align(cfg)
     full = cpx
     cpx *= ex  # bytes of an input pixel from here on
     if g.wp * cpx > 0xFFFF:
         raise CompileError(f"{where}: an input row of {g.wp} x {cpx} bytes exceeds one DMA row (65535)")
     band_mode = g.sh == 1 and g.sw == 1
+    post_elem = post.scratch if post else 0  # scratch bytes an output element's function needs
+    post_fixed = LUT_BYTES + cfg.lanes if post and post.table is not None else 0
+    post_steps = post.steps if post else 0
     best = None
     co_opts = sorted({min(cout_p, co_step * (1 << j)) for j in range(16)} | {cout_p})
     taps = g.kh * g.kw
@@ -282,6 +289,7 @@ def plan_conv(
                 room = act_bytes if wbufs * round_up(wbytes, cfg.lanes) <= cfg.spad_bytes - w_base else -1
             else:
                 room = cfg.spad_bytes - wbufs * wbytes
+            room -= post_fixed
             rows = 0
             lo, hi = 1, g.oh
             while lo <= hi:  # largest band that fits (sizes grow with rows)
@@ -289,7 +297,7 @@ def plan_conv(
                 m = _conv_m(g, r, band_mode)
                 steps = cdiv(m, cfg.clusters) * cdiv(n_mm, cfg.pes_per_cluster) * cdiv(ex * ci_t, cfg.lanes)
                 fits = (
-                    2 * (g.in_rows(r) * g.wp * px + m * co_t * ey) <= room
+                    2 * (g.in_rows(r) * g.wp * px + m * co_t * ey) + m * co_t * post_elem <= room
                     and 2 * m * acc_row_stride(cfg, co_t) <= cfg.acc_bytes
                     and m <= 0xFFFF
                     # with a cancellation interval, one band must not take longer than it
@@ -313,7 +321,7 @@ def plan_conv(
             else:
                 in_beats = n_co * bands * g.in_rows(rows) * g.wp * cpx // cfg.bus_bytes
             load = in_beats + w_bytes // cfg.bus_bytes + n_co * bands * loads * cfg.dma_latency
-            vector = n_co * bands * m * cdiv(co_t * ey, cfg.vector_lanes)
+            vector = n_co * bands * m * cdiv(co_t * ey, cfg.vector_lanes) * (1 + post_steps)
             est = max(matrix, load, vector)
             band = n_ci * taps * (cfg.matrix_latency + steps)
             # between bands the weights stay on chip: too many of them and no point can go there
@@ -321,6 +329,7 @@ def plan_conv(
             key = (bool(max_step) and band > max_step, live_blocked, est, n_co * n_ci)
             if best is None or key < best[0]:
                 spad = wbufs * wbytes + 2 * (g.in_rows(rows) * g.wp * px + m * co_t * ey)
+                spad += m * co_t * post_elem + post_fixed
                 best = (key, ConvPlan(co_t, ci_t, rows, band_mode, est, spad))
     if best is None:
         # what the smallest tiling (one output row, the narrowest channel tiles) would need
@@ -329,7 +338,7 @@ def plan_conv(
         ci_t = max(ca, round_up(cdiv(win, 128), ca))
         m = _conv_m(g, 1, band_mode)
         w = co_t * bank_stride(cfg, taps * ci_t, cfg.lanes) * (1 if co_t >= cout_p and ci_t >= win else 2)
-        spad = w + 2 * (g.in_rows(1) * g.wp * cpx + m * co_t * ey)
+        spad = w + 2 * (g.in_rows(1) * g.wp * cpx + m * co_t * ey) + m * co_t * post_elem + post_fixed
         raise CompileError(
             f"{where}: no tiling fits {memory_name(cfg)} and {memory_name(cfg, acc=True)}: the smallest "
             f"(one output row of {g.ow} pixels, {co_t} output and {ci_t} input channels, an input band of "
@@ -378,12 +387,14 @@ def conv_program(
     where: str,
     max_step: int = 0,
     max_live: int = 0,
+    post: OutputPass | None = None,
 ) -> dict:
     """Emit a convolution. `weights` int8 (Cout, Cin/groups, kh, kw); `bias` int64 (Cout), the input
     zero point already folded in; `rq` the requantisation fields of the VMAP (mult, shift, zp_out,
     lo, hi; mult and shift may be per output channel, see `add_requant`), or None: `y` holds the
-    int32 accumulators (4-byte elements, stored from the accumulator memory as they are). Returns
-    the plan for the compile report."""
+    int32 accumulators (4-byte elements, stored from the accumulator memory as they are). `post`:
+    a function of the requantised output computed on each band before it is stored (`y` is then
+    that function's output, of the same element type). Returns the plan for the compile report."""
     ca = channel_align(cfg)
     cout, cin_g = weights.shape[:2]
     cpx, cpy = x.layout.cp, y.layout.cp
@@ -413,7 +424,9 @@ def conv_program(
         return min(co_t, round_up(spans * cout_g, cfg.pes_per_cluster))
 
     def plan_for(geo: Geometry) -> ConvPlan:
-        return plan_conv(cfg, geo, cpx, cpy, win_of, co_step, where, max_step, max_live, ex, ey, cols_of)
+        return plan_conv(
+            cfg, geo, cpx, cpy, win_of, co_step, where, max_step, max_live, ex, ey, cols_of, post
+        )
 
     plan, gp = plan_conv_strips(g, plan_for)
     band_px = win_of(plan.co_t)  # elements of a band's pixel: the widest tile window (else cpx)
@@ -426,7 +439,13 @@ def conv_program(
     bias_p = np.zeros(cpy, np.int64)
     bias_p[:cout] = bias
     bias_addr = const(bias_p.astype("<i4").tobytes(), f"{where} bias")
-    w_bufs, in_bufs, out_bufs, acc_bufs = _conv_buffers(cfg, plan, gp, tiles, taps, band_px, ex, ey)
+    w_bufs, in_bufs, out_bufs, acc_bufs, extra = _conv_buffers(
+        cfg, plan, gp, tiles, taps, band_px, ex, ey, post
+    )
+    if post is not None and post.table is not None:  # the function's table, resident for the operator
+        b.add("load", spad=extra[0], dram=post.table, rows=1, cols=LUT_BYTES, spad_stride=LUT_BYTES,
+              dram_stride=LUT_BYTES, label="table")  # fmt: skip
+    out_pass = (post, *extra, y.layout.chan) if post is not None else None
 
     zpx = x.q.zero_point
     bm = plan.band_mode
@@ -487,7 +506,7 @@ def conv_program(
                         )
                     px = t.pitch(cpx, windowed)
                     _conv_matmuls(b, cfg, g, gs, t, bm, wb, c0, cl, ib, ab, m, rows, px, ex, reach, windowed)
-                _conv_output(b, y, rq, g, gs, t, bm, n, y0, x0, rows, m, ab, ob, cpy, ey, c_stride)
+                _conv_output(b, y, rq, g, gs, t, bm, n, y0, x0, rows, m, ab, ob, cpy, ey, c_stride, out_pass)
                 b.candidate()  # between bands: only the resident weights are live
     return {
         "split": plan.describe(g, cpy, win_of(plan.co_t)),
@@ -531,8 +550,9 @@ def _conv_tiles(cfg, plan, x: Act, y: Act, weights, groups: int, g: Geometry, wi
     return tiles
 
 
-def _conv_buffers(cfg, plan, gp, tiles, taps: int, cpx: int, ex: int, ey: int):
-    """On-chip double buffers of a convolution: (weights, input bands, outputs, accumulators)."""
+def _conv_buffers(cfg, plan, gp, tiles, taps: int, cpx: int, ex: int, ey: int, post: OutputPass | None):
+    """On-chip double buffers of a convolution: (weights, input bands, outputs, accumulators), and
+    for an output function (table, scratch) - one scratch: the vector unit runs the bands in turn."""
     m_max = _conv_m(gp, plan.rows, plan.band_mode)
     in_bytes = gp.in_rows(plan.rows) * gp.wp * cpx * ex
     wbytes = plan.co_t * bank_stride(cfg, taps * plan.ci_t, cfg.lanes)
@@ -545,9 +565,15 @@ def _conv_buffers(cfg, plan, gp, tiles, taps: int, cpx: int, ex: int, ey: int):
     out_bufs = [base, base + round_up(m_max * plan.co_t * ey, cfg.lanes)]
     acc_tile = m_max * acc_row_stride(cfg, plan.co_t)
     acc_bufs = [ACC_BASE, ACC_BASE + acc_tile]
-    assert out_bufs[1] + m_max * plan.co_t * ey <= act_bytes and 2 * acc_tile <= cfg.acc_bytes
+    end = out_bufs[1] + round_up(m_max * plan.co_t * ey, cfg.lanes)
+    table = end
+    if post is not None and post.table is not None:
+        end += round_up(LUT_BYTES, cfg.lanes)
+    scratch = end
+    end += m_max * plan.co_t * (post.scratch if post else 0)
+    assert end <= act_bytes and 2 * acc_tile <= cfg.acc_bytes
     assert w_bufs[-1] + wbytes <= cfg.spad_bytes
-    return w_bufs, in_bufs, out_bufs, acc_bufs
+    return w_bufs, in_bufs, out_bufs, acc_bufs, (table, scratch)
 
 
 def _conv_matmuls(b, cfg, g, gs, t, band_mode, wb, c0, cl, ib, ab, m, rows, cpx, ex, reach, windowed) -> None:
@@ -595,8 +621,11 @@ def _conv_matmuls(b, cfg, g, gs, t, band_mode, wb, c0, cl, ib, ab, m, rows, cpx,
                     )
 
 
-def _conv_output(b, y, rq, g, gs, t, band_mode, n, y0, x0, rows, m, ab, ob, cpy, ey, c_stride) -> None:
-    """A band's results to DRAM: int32 accumulators as they are (rq None), or requantised."""
+def _conv_output(
+    b, y, rq, g, gs, t, band_mode, n, y0, x0, rows, m, ab, ob, cpy, ey, c_stride, out_pass
+) -> None:
+    """A band's results to DRAM: int32 accumulators as they are (rq None), or requantised (and
+    through `out_pass`: (OutputPass, table, scratch, the output's real channels), where given)."""
     wv = gs.wp if band_mode else gs.ow
     if rq is None:  # int32 results: each output row's pixels straight from the accumulators
         out = y.addr + (((n * g.oh + y0) * g.ow + x0) * cpy + t.co0) * 4
@@ -619,6 +648,9 @@ def _conv_output(b, y, rq, g, gs, t, band_mode, n, y0, x0, rows, m, ab, ob, cpy,
     add_requant(
         b, rq, t.co0, src=ab, dst=ob, rows=m, cols=t.co_t, src_stride=c_stride, dst_stride=t.co_t * ey,
     )  # fmt: skip
+    if out_pass is not None:
+        post, table, scratch, chan = out_pass
+        ob = post.emit(b, ob, m * t.co_t, t.co_t, _pad_runs(chan, t.co0, t.co_t), table, scratch)
     out = y.addr + (((n * g.oh + y0) * g.ow + x0) * cpy + t.co0) * ey
     if t.co_t == cpy:
         b.add(
@@ -647,6 +679,20 @@ def _conv_output(b, y, rq, g, gs, t, band_mode, n, y0, x0, rows, m, ab, ob, cpy,
             dram_stride=cpy * ey,
             label="output",
         )
+
+
+def _pad_runs(chan, co0: int, co_t: int) -> list[tuple[int, int]]:
+    """(offset, width) runs of a tile's columns co0 .. co0 + co_t - 1 that are channel padding."""
+    real = set(chan)
+    runs: list[tuple[int, int]] = []
+    for j in range(co_t):
+        if co0 + j in real:
+            continue
+        if runs and runs[-1][0] + runs[-1][1] == j:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((j, 1))
+    return runs
 
 
 def pool_program(

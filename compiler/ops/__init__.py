@@ -22,10 +22,11 @@ from npu.isa import ErrorCode, IsaError
 from npu.program import ProgramBuilder
 
 from ..graph import CompileError
+from ..lower import FUSED_NOTE
 from ..region import memory_name
 from . import conv, convtranspose, eltwise, gemm, pool, resize, split, view  # noqa: F401 - each registers its operators
 from .host import lower_host
-from .lut import is_absorbed
+from .lut import as_reading_source, is_absorbed, sole_reader
 from .registry import RULES, WIDE_OPS
 
 if TYPE_CHECKING:
@@ -59,8 +60,10 @@ def placement(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
 def lower_node(ctx: Lowerer, n: onnx.NodeProto) -> None:
     if n.name not in ctx.host_nodes and is_absorbed(ctx, n):  # a step later tables compute from its source
         return
-    if n.name and n.name in ctx.fused:  # a Relu its producer clamped (Lowerer.fuse_relu): a view
-        ctx.new_frag(n, "view", ctx.shape(n.output[0], n))
+    if n.name and n.name in ctx.fused:  # a Relu its producer clamped (Lowerer.fuse_relu), or a
+        # table function its producer computed (Conv's output pass): a view of the producer's result
+        note = {"split": FUSED_NOTE + ctx.fused[n.name]}
+        ctx.new_frag(as_reading_source(ctx, n), "view", ctx.shape(n.output[0], n), note)
         return
     reason = placement(ctx, n)
     if reason is not None:
@@ -70,6 +73,10 @@ def lower_node(ctx: Lowerer, n: onnx.NodeProto) -> None:
     if r.view:
         r.lower(ctx, n)
         return
+    if n.op_type == "Conv":  # an activation function alone reading the result: in its output pass
+        t = sole_reader(ctx, n.output[0])
+        if t is not None and placement(ctx, t) is None:
+            ctx.output_tables[n.name] = t
     try:
         r.lower(ctx, n, ProgramBuilder(ctx.cfg))
     except IsaError as e:  # a buffer past the end: the memory (or the region) is too small

@@ -13,6 +13,7 @@ from npu.program import ProgramBuilder
 from ..graph import CompileError, node_attrs
 from ..quantize import channel_requant
 from ..spatial import conv_program, geometry
+from . import lut
 from .registry import rule
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     bias = ctx.bias(n, 2, cout, x, s_w) - x.q.zero_point * w.astype(np.int64).sum(axis=(1, 2, 3))
     if np.abs(bias).max(initial=0) >= 2**31:
         raise CompileError(f"{where}: folded bias overflows int32")
+    post = None
     if ctx.wide_output(n.output[0]):  # the accumulators themselves are the result (compiler/outputs.py)
         shape = ctx.shape(n.output[0], n)
         y = ctx.place_wide(n.output[0], shape, x.q.scale * np.asarray(s_w, np.float64), f"{where} output")
@@ -58,9 +60,19 @@ def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         if (relu_q := ctx.fuse_relu(n.output[0])) is not None:
             # straight to the Relu's output, clamped at zero (int16: the high byte's bound)
             yq, lo = relu_q, 0 if relu_q.wide else relu_q.zero_point
-        y = ctx.place(yq, f"{where} output")
+        stored = yq
+        if relu_q is None and (t := ctx.output_tables.get(n.name)) is not None:
+            # the activation function after it, on each band before the store (the function's
+            # node lowers as a view): its vector passes run under the next band's MATMULs
+            post, stored = lut.output_pass(ctx, t)
+            ctx.fused[t.name] = n.name
+        y = ctx.place(stored, f"{where} output")
         plan_cfg, rq = ctx.per_column(b, channel_requant(x.q, s_w, yq, where, lo), where)
     dil = a.get("dilations", [1, 1])
     geo = geometry(x, y, (kh, kw), a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0]), where, dil)
-    info = conv_program(b, plan_cfg, x, y, w, bias, groups, geo, rq, ctx.const, where, ctx.step, ctx.max_live)
+    info = conv_program(
+        b, plan_cfg, x, y, w, bias, groups, geo, rq, ctx.const, where, ctx.step, ctx.max_live, post
+    )
+    if post is not None:  # (the function's view fragment follows this one: its readers wait for it)
+        info["split"] += f"; then {t.op_type} {t.name} on each band ({post.how})"
     ctx.op_done(n, b, y.q.shape, info)

@@ -37,7 +37,7 @@ from onnx.reference import ReferenceEvaluator
 from npu.program import ProgramBuilder
 from npu.sim.golden.kernels import requant
 
-from ..elementwise import lut16_program, lut_program, step_unit
+from ..elementwise import OutputPass, lut16_program, lut_program, step_unit
 from ..graph import CompileError, node_attrs
 from ..quantize import QTensor, quant_multiplier
 
@@ -187,7 +187,7 @@ def _own_rule(ctx: Lowerer, n: onnx.NodeProto) -> bool:
 def plan(ctx: Lowerer) -> dict[str, Lut]:
     """Table functions by node name (computed once per lowering): every node of `OPS` whose output
     feeds one QuantizeLinear and is a function of one int8 activation, at its deepest source."""
-    if getattr(ctx, "_lut_plan", None) is not None:
+    if ctx._lut_plan is not None:
         return ctx._lut_plan
     tr = _Tracer(ctx)
     out = {}
@@ -254,6 +254,64 @@ def _absorbed(ctx: Lowerer, luts: dict[str, Lut], tr: _Tracer) -> set[str]:
 def is_absorbed(ctx: Lowerer, n: onnx.NodeProto) -> bool:
     plan(ctx)
     return (n.name or (n.output[0] if n.output else "")) in ctx._lut_absorbed
+
+
+def sole_reader(ctx: Lowerer, name: str) -> onnx.NodeProto | None:
+    """The table function that alone reads what a node makes as `name` (through its
+    QuantizeLinear), of the same element type, where the producer may compute it on each output
+    tile (`output_pass`) instead of a pass of its own over DRAM; None otherwise. A table function
+    reads its source (the nodes between are absorbed); a tensor that is a graph output, or read by
+    anything else, has to be stored as it is."""
+    g = ctx.graph
+    cs = g.consumers.get(name, [])
+    if len(cs) != 1 or cs[0].op_type != "QuantizeLinear" or name in g.outputs:
+        return None
+    src = cs[0].output[0]
+    if src in g.outputs or any(o in g.outputs for d in g.consumers.get(src, []) for o in d.output):
+        return None
+    luts = plan(ctx)
+    deq = {n.output[0]: n.input[0] for n in g.nodes if n.op_type == "DequantizeLinear"}
+    readers = []
+    for n in g.nodes:
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear") or is_absorbed(ctx, n):
+            continue
+        key = n.name or (n.output[0] if n.output else "")
+        if key in luts:
+            reads = luts[key].source == src
+        else:
+            reads = any(i == src or deq.get(i) == src for i in n.input)
+        if reads:
+            readers.append(n)
+    if len(readers) != 1 or not readers[0].name or readers[0].name not in luts:
+        return None
+    t = readers[0]
+    if t.name in ctx.reasons or check(ctx, t) is not None:
+        return None
+    return t if ctx.q_out(t.output[0], t).elem == ctx.qt[src].elem else None
+
+
+def output_pass(ctx: Lowerer, t: onnx.NodeProto) -> tuple[OutputPass, QTensor]:
+    """Table function `t` (`sole_reader`) as its source's producer computes it on each output tile,
+    and its output's quantisation (what the producer stores)."""
+    lut = plan(ctx)[t.name]
+    xq, yq = ctx.qt[lut.source], ctx.q_out(t.output[0], t)
+    where = ctx.where(t)
+    if xq.wide:
+        u = table16(lut.values, xq, yq, where)
+        addr = None if u.table is None else ctx.const(u.table.tobytes(), f"{where} table")
+        how = f"int16 through a {u.how}: error {u.error:.2f} steps"
+        return OutputPass(addr, u.passes, yq.zero_point, u.zero != yq.zero_point, how), yq
+    tb = table(lut.values, yq.scale, yq.zero_point)
+    addr = ctx.const(tb.tobytes(), f"{where} table")
+    fix = int(tb[xq.zero_point + 128]) != yq.zero_point
+    return OutputPass(addr, None, yq.zero_point, fix, "256-entry table (VLUT)"), yq
+
+
+def as_reading_source(ctx: Lowerer, n: onnx.NodeProto) -> onnx.NodeProto:
+    """A table function's node as reading its source (the nodes between are absorbed or run on
+    their own): what its fragment depends on."""
+    lut = plan(ctx).get(n.name or n.output[0])
+    return n if lut is None else helper.make_node(n.op_type, [lut.source], list(n.output), name=n.name)
 
 
 def check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
@@ -533,9 +591,7 @@ def lower(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         pad_runs = _pad_runs(lay)
     addr = ctx.const(t.tobytes(), f"{ctx.where(n)} table")
     lut_program(b, ctx.cfg, x.addr, y.addr, x.nbytes, addr, unit, pad_runs, yq.zero_point, ctx.step)
-    # the fragment reads the source (the nodes between are absorbed or run on their own)
-    src_node = helper.make_node(n.op_type, [lut.source], list(n.output), name=n.name)
-    ctx.op_done(src_node, b, yq.shape, {"split": "256-entry table (VLUT)"})
+    ctx.op_done(as_reading_source(ctx, n), b, yq.shape, {"split": "256-entry table (VLUT)"})
 
 
 def _lower16(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder, lut: Lut, x, yq: QTensor) -> None:
@@ -549,5 +605,5 @@ def _lower16(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder, lut: Lut, x, yq
     addr = None if t.table is None else ctx.const(t.table.tobytes(), f"{where} table")
     unit = lay.cp if lay.kind != "dense" else step_unit(replace(lay, elem=1))
     lut16_program(b, ctx.cfg, x.addr, y.addr, lay.nbytes // 2, addr, unit, pad_runs, t.passes, yq, ctx.step)
-    src_node = helper.make_node(n.op_type, [lut.source], list(n.output), name=n.name)
-    ctx.op_done(src_node, b, yq.shape, {"split": f"int16 through a {t.how}: error {t.error:.2f} steps"})
+    how = f"int16 through a {t.how}: error {t.error:.2f} steps"
+    ctx.op_done(as_reading_source(ctx, n), b, yq.shape, {"split": how})
