@@ -25,7 +25,7 @@ import onnx
 
 from .errors import AccuracyError
 from .graph import Graph
-from .lower import FUSED_NOTE
+from .ops.registry import FUSED_NOTE
 from .quantize import ort_session
 
 #: calibration batches from which the check samples are held back rather than reused

@@ -53,11 +53,6 @@ class Frag:
         return self._top
 
 
-#: a fused node's layer (`split`): a view of its producer's result, computed on the NPU by it (the
-#: accuracy guard may move such a node to the host like any NPU operator)
-FUSED_NOTE = "computed in the output pass of "
-
-
 @dataclass
 class Lowering:
     """Every operator lowered, not yet ordered; `assemble` turns an order into programs."""

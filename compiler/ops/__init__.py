@@ -22,12 +22,11 @@ from npu.isa import ErrorCode, IsaError
 from npu.program import ProgramBuilder
 
 from ..graph import CompileError
-from ..lower import FUSED_NOTE
 from ..region import memory_name
 from . import conv, convtranspose, eltwise, gemm, pool, resize, split, view  # noqa: F401 - each registers its operators
 from .host import lower_host
 from .lut import as_reading_source, is_absorbed, sole_reader
-from .registry import RULES, WIDE_OPS
+from .registry import FUSED_NOTE, RULES, WIDE_OPS
 
 if TYPE_CHECKING:
     from ..lower import Lowerer

@@ -128,7 +128,7 @@ def test_a_function_alone_after_a_convolution_runs_in_its_output_pass(tmp_path, 
     band has nothing to overlap, docs/compiler.md). The first convolution's 6 channels are padded
     to 8, which the function must leave at its output's zero point."""
     import npu.compiler.ops as ops
-    from npu.compiler.lower import FUSED_NOTE
+    from npu.compiler.ops.registry import FUSED_NOTE
     from npu.sim.golden.runner import run_container
 
     model = _model(kind, size=32)
