@@ -416,7 +416,8 @@ def _layer_figures(
     """Each layer's pc range (its first instruction to its last: layers overlap where the program
     order interleaves them), cost figures of its own instructions, and its share of the segment's
     cycles: each pc's advance of the time reached (`reach`) goes to the layer of that instruction, a
-    point's to the layer after it, so the layers' cycles add up to the segment's."""
+    point's to the layer after it, so the layers' cycles add up to the segment's up to its end
+    point (what the device's CYCLES count)."""
     owner: list[int | None] = [None] * len(instrs)
     for k, (la, i0, i1) in enumerate(spans):
         mine = [pc_of[i] for i in range(i0, i1) if seg[i].kind == "instr"]
@@ -426,7 +427,7 @@ def _layer_figures(
         la.pc = [start + lo, start + hi]
         la.compute_cycles, la.dma_cycles, _ = _estimate([instrs[pc] for pc in sorted(mine)], cfg)
         la.est_cycles = 0
-    nxt = next((k for k in reversed(owner) if k is not None), None)
+    nxt = None  # after the last instruction (the segment's end point): no layer's
     for pc in range(len(instrs) - 1, -1, -1):
         nxt = owner[pc] if owner[pc] is not None else nxt
         if nxt is not None:
