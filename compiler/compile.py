@@ -26,6 +26,7 @@ from .frontend import Prepared
 from .graph import CompileError
 from .load import is_qdq, load
 from .lower import VIRTUAL_DRAM, DramFull, Lowering, lower
+from .ops.registry import FUSED_NOTE
 from .options import CompileOptions
 from .order import SearchResult, search_order
 from .outputs import clamped_by_quantisation, keep_output_precision
@@ -205,7 +206,12 @@ class CompiledModel:
             lines.append(
                 f"{i:>3}  {str(la.node)[:28]:<28} {la.op:<18} {la.placement:<5} {est:>10} {util:>5}  {note}"
             )
+        def fused(la) -> bool:
+            return la.placement == "view" and (la.split or "").startswith(FUSED_NOTE)
+
         n_npu = sum(la.placement == "npu" for la in low.layers)
+        n_fused = sum(map(fused, low.layers))
+        n_views = sum(la.placement == "view" for la in low.layers) - n_fused
         n_host = sum(la.placement == "host" for la in low.layers)
         steps = sum(s.kind == "host" for s in low.segments)
         host = "nothing"
@@ -215,8 +221,8 @@ class CompiledModel:
         lines += [
             "",
             *(f"front end: {note}" for note in self.frontend),
-            f"operators: {n_npu} on the NPU, {n_host} on the host, "
-            f"{sum(la.placement == 'view' for la in low.layers)} views (no data moved)",
+            f"operators: {n_npu} on the NPU, {n_host} on the host, {n_views} views (no data moved)"
+            + (f", {n_fused} computed in their producer's output pass" if n_fused else ""),
             self.placement.describe() + " (ONNX operators of the quantised graph; steps of a table "
             "function count as NPU work)",
             f"segments: {len(low.segments)} (" + ", ".join(s.kind for s in low.segments) + ")",
