@@ -7,6 +7,7 @@ independent operators can overlap); a host step ends the current NPU segment.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from npu.config import ACC_BASE, NpuConfig
@@ -93,6 +94,7 @@ def assemble(
     granularity: str = "segment",
     dram: str = "arena",
     step_cycles: int = 0,
+    timed: bool = True,
 ) -> Lowered:
     """Programs and host steps for one operator order (a topological order of the fragments), with
     cancellation points placed by `policy` (None: no points). `granularity` "operator" makes every
@@ -101,7 +103,9 @@ def assemble(
     model): a segment after a cut that leaves on-chip data is `chained`, it continues on the data of
     the one before, whose end point records that data as live.
     `dram`: "arena" (activations share one arena by liveness in this order) or "bump" (every tensor
-    at its own range, the addresses lowering gave)."""
+    at its own range, the addresses lowering gave). Not `timed`: the cost figures (segments', layers',
+    points') are the busiest unit's summed durations, not the golden model's timing (for a build
+    whose values alone matter)."""
     order = list(range(len(low.frags))) if order is None else order  # default: the ONNX order
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {', '.join(GRANULARITIES)}, not {granularity!r}")
@@ -145,7 +149,7 @@ def assemble(
             return
         for i in pending:
             seg_of[i] = len(out.segments)
-        _emit_segment(cfg, out, seg, cands, spans, policy)
+        _emit_segment(cfg, out, seg, cands, spans, policy, timed)
         out.segments[-1].chained = chained
         seg, cands, spans, pending = [], [], [], []
 
@@ -158,7 +162,7 @@ def assemble(
             k_npu += 1
             while items and items[-1].kind == "cand":  # the boundary point follows anyway
                 items = items[:-1]
-            live = fragment_liveness(items, cfg)
+            live = fragment_liveness(items, cfg) if timed or policy else defaultdict(list)  # for points
             if granularity == "step":  # segments cut between steps; each but the last ends on a
                 # boundary point whose live ranges are the on-chip data the next one continues on
                 first_of[idx] = len(out.segments)
@@ -345,7 +349,13 @@ def _with_points(cfg: NpuConfig, seg: list[Item], chosen: list[Candidate], first
 
 
 def _emit_segment(
-    cfg: NpuConfig, out: Lowered, seg: list[Item], cands: list[Candidate], spans, policy: PointPolicy | None
+    cfg: NpuConfig,
+    out: Lowered,
+    seg: list[Item],
+    cands: list[Candidate],
+    spans,
+    policy: PointPolicy | None,
+    timed: bool = True,
 ) -> None:
     t_at = _busy_times(seg, cfg)
     if policy is not None and policy.every_instruction:
@@ -358,7 +368,9 @@ def _emit_segment(
         c.t = t_at[c.pos]
     chosen = choose(cands, policy, cfg) if policy is not None else []
     seg_no = len(out.segments)
-    built, new_index, point_ids, reach = _with_points(cfg, seg, chosen, len(out.points))
+    built, new_index, point_ids, reach = _with_points(cfg, seg, chosen, len(out.points), timed)
+    if not timed:
+        reach = _busy_times([Item("barrier" if i.unit is None else "instr", i) for i in built.instrs], cfg)
     # the points were chosen on the segment's timing without them, and each point waits for the
     # units to drain: where that stretches a gap past the interval, the candidate nearest the gap's
     # middle becomes a point too, and the segment is built and timed again

@@ -206,6 +206,7 @@ class CompiledModel:
             lines.append(
                 f"{i:>3}  {str(la.node)[:28]:<28} {la.op:<18} {la.placement:<5} {est:>10} {util:>5}  {note}"
             )
+
         def fused(la) -> bool:
             return la.placement == "view" and (la.split or "").startswith(FUSED_NOTE)
 
@@ -430,31 +431,45 @@ def _compile(
         use = "held back for" if check.held_back else "reused by"
         quantisation += f" ({check.samples} {use} the accuracy check)"
     qdq = onnx.ModelProto()
-    qdq.CopyFrom(model)  # before _build keeps results float in place: a repair starts from it again
+    qdq.CopyFrom(model)  # before lowering keeps results float in place: a repair starts from it again
     notes = list(prepared.notes)
-    compiled = _build(model, prepared, cfg, opts, path, quantisation, True, t0, clamped)
     if check is None:
-        return compiled
+        return _build(model, prepared, cfg, opts, path, quantisation, True, t0, clamped)
+    # The guard checks values, which neither the operator order nor the cancellation points change:
+    # it runs on builds without the order search and the points, and only the build it accepts is
+    # searched and given its points (a refused one, or a repair's trials, cost no search).
+    built: dict[int, tuple] = {}
+
+    def values(m: onnx.ModelProto, prep: Prepared, host_nodes: dict[str, str] | None) -> CompiledModel:
+        lowering, regions = _lowered(m, prep, cfg, opts, path, True, clamped, host_nodes)
+        a = (lowering, regions, m, prep, cfg, opts, path, quantisation, t0)
+        try:
+            got, full = _assembled(*a, timed=False), False
+        except DramTooSmall:  # in the ONNX order: the searched order's arena may fit
+            got, full = _assembled(*a), True
+        built[id(got)] = (got, a, full)
+        return got
 
     def rebuild(host_nodes: dict[str, str]) -> CompiledModel:
         m = onnx.ModelProto()
         m.CopyFrom(qdq)
-        again = dataclasses.replace(prepared, notes=list(notes))
-        return _build(m, again, cfg, opts, path, quantisation, True, t0, clamped, host_nodes)
+        return values(m, dataclasses.replace(prepared, notes=list(notes)), host_nodes)
 
+    compiled = values(model, prepared, None)
     stage(f"accuracy check on {check.samples} calibration samples (golden model against onnxruntime)")
     hint = "--activations int16, " if opts.activations != "int16" else ""
+    args = (float_model, float_clean, check, opts.target_cosine, rebuild, str(path), hint)
     if auto and mix is not None and len(mix.int16) < mix.tensors:  # some int8: auto's next step is int16
         try:
-            return accuracy.guard(
-                compiled, float_model, float_clean, check, opts.target_cosine, rebuild, str(path), hint,
-                rounds=0,
-            )  # fmt: skip
+            checked = accuracy.guard(compiled, *args, rounds=0)
         except AccuracyError as e:
             raise _MixRefused(str(e)) from None
-    return accuracy.guard(
-        compiled, float_model, float_clean, check, opts.target_cosine, rebuild, str(path), hint
-    )
+    else:
+        checked = accuracy.guard(compiled, *args)
+    _, a, full = built[id(checked)]
+    final = checked if full else _assembled(*a)
+    final.accuracy = checked.accuracy
+    return final
 
 
 def _build(
@@ -462,6 +477,15 @@ def _build(
     float_model: bool, t0: float, clamped=frozenset(), host_nodes: dict[str, str] | None = None,
 ) -> CompiledModel:  # fmt: skip
     """Lower (`host_nodes` on the host), order, assemble and relocate a QDQ model."""
+    lowering, regions = _lowered(model, prepared, cfg, opts, path, float_model, clamped, host_nodes)
+    return _assembled(lowering, regions, model, prepared, cfg, opts, path, quantisation, t0)
+
+
+def _lowered(
+    model, prepared: Prepared, cfg: NpuConfig, opts: CompileOptions, path, float_model: bool,
+    clamped=frozenset(), host_nodes: dict[str, str] | None = None,
+) -> tuple[Lowering, Regions | None]:  # fmt: skip
+    """A QDQ model lowered (`host_nodes` on the host) inside the on-chip regions the options give."""
     regions = region.resolve(cfg, opts.spad_region, opts.acc_region)
     plan_cfg = region.view(cfg, regions) if regions else cfg  # the passes plan inside the regions
     moved = f" again, {len(host_nodes or ())} operators moved to the host by the accuracy guard"
@@ -474,8 +498,17 @@ def _build(
         if kept:
             prepared.notes += [f"{what}: {how}" for what, how in kept]
             lowering = _lower(model, plan_cfg, opts, path, prepared, host, host_nodes)
+    return lowering, regions
+
+
+def _assembled(
+    lowering: Lowering, regions: Regions | None, model, prepared: Prepared, cfg: NpuConfig,
+    opts: CompileOptions, path, quantisation: str, t0: float, timed: bool = True,
+) -> CompiledModel:  # fmt: skip
+    """Order (the search), assemble with cancellation points and relocate a lowering. Not `timed`:
+    only the values matter (the accuracy guard's builds): the ONNX order, no points."""
     search = None
-    if opts.order == "search":
+    if timed and opts.order == "search":
         stage(f"searching the operator order ({len(lowering.frags)} operators)")
         search = search_order(
             lowering,
@@ -486,10 +519,10 @@ def _build(
         )
     policy = (
         PointPolicy(opts.interval(cfg), opts.cp_max_live, opts.cp_every_instruction)
-        if opts.cancel_points
+        if opts.cancel_points and timed
         else None
     )
-    stage("assembling programs and placing cancellation points")
+    stage("assembling programs and placing cancellation points" if timed else "assembling (values only)")
     low = assemble(
         lowering,
         search.order if search else None,
@@ -497,6 +530,7 @@ def _build(
         opts.granularity,
         opts.resolved_dram_plan,
         opts.step_cycles,
+        timed,
     )
     base = round_up(low.dram_end, 4096)
     if base + len(low.program) * 32 > cfg.dram_bytes:
