@@ -33,6 +33,7 @@ from npu.models import zoo
 from npu.models.builder import Net
 from npu.sim.golden.model import NpuModel
 from npu.sim.golden.runner import ModelDevice, run_container
+from tests.compiler.conftest import IMAGENET_GROUP
 from tests.compiler.helpers import compare_int8
 
 CFG = get_config("default")
@@ -333,10 +334,11 @@ def test_a_model_too_large_for_one_range_per_tensor_fits_with_the_arena(tmp_path
 # -- (c) close to the lower bound -----------------------------------------------------------------
 
 
+@IMAGENET_GROUP
 @pytest.mark.parametrize("name", list(zoo.IMAGENET))
-def test_arena_peak_is_within_1_3x_of_the_lower_bound_on_imagenet_class_models(build, name, capsys):
+def test_arena_peak_is_within_1_3x_of_the_lower_bound_on_imagenet_class_models(imagenet_int8, name, capsys):
     t0 = time.perf_counter()
-    cm, _ = build(name)
+    cm, _ = imagenet_int8(name)
     p = cm.dram_plan
     with capsys.disabled():
         print(
