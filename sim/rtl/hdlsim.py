@@ -202,8 +202,12 @@ def _build(verilog: str, toplevel: str, build_dir: Path, sim: str, waves: bool, 
         else []
     )
     build_log = build_dir / "build.log" if quiet else None
-    if quiet and not (build_dir / ("npu_sim_top" if toplevel == "npu_sim_top" else toplevel)).exists():
+    binary = build_dir / ("npu_sim_top" if toplevel == "npu_sim_top" else toplevel)
+    fresh = sim == "verilator" and not binary.exists()
+    if quiet and not binary.exists():
         print(f"building the {sim} model of {toplevel} (first time only; log: {build_log})", file=sys.stderr)
+    if fresh:
+        _take_runtime_objects(runner, waves)
     try:
         runner.build(
             sources=sources,
@@ -220,4 +224,53 @@ def _build(verilog: str, toplevel: str, build_dir: Path, sim: str, waves: bool, 
             sys.stderr.write(build_log.read_text()[-4000:])
         shutil.rmtree(build_dir, ignore_errors=True)  # never reuse a half-built folder
         raise
+    if fresh:
+        _share_runtime_objects(build_dir, waves)
     return runner
+
+
+#: Verilator's runtime library, which every model's build compiles alike (about 12 s of g++ a build,
+#: about 20 builds in a test run): compiled by the first build, shared by the others. Not cocotb's
+#: main (verilator.o): it includes the model's own class.
+RUNTIME_OBJECTS = ("verilated.o", "verilated_vpi.o", "verilated_threads.o", "verilated_dpi.o")
+
+
+def _shared_runtime(waves: bool) -> Path:
+    """The folder of shared runtime objects for the current tools and flags (everything their compile
+    depends on: tool versions and paths, make flags, tracing)."""
+    from importlib.metadata import version
+
+    key = "|".join(
+        [os.environ.get("VERILATOR_ROOT", ""), version("cocotb"), os.environ.get("MAKEFLAGS", ""), str(waves)]
+    )
+    return BUILD / f"runtime-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def _take_runtime_objects(runner, waves: bool) -> None:
+    """Copy the shared runtime objects into a fresh build between Verilator and make: make rebuilds
+    them when they are older than the makefile Verilator has just written."""
+    shared = _shared_runtime(waves)
+    if not all((shared / o).exists() for o in RUNTIME_OBJECTS):
+        return
+    orig = runner._build_command
+
+    def build_command():
+        cmds = orig()
+        copy = ["cp", *(str(shared / o) for o in RUNTIME_OBJECTS), str(runner.build_dir)]
+        return [cmds[0], copy, *cmds[1:]]
+
+    runner._build_command = build_command
+
+
+def _share_runtime_objects(build_dir: Path, waves: bool) -> None:
+    """After a fresh build: share the runtime objects it compiled, if none are shared yet."""
+    shared = _shared_runtime(waves)
+    if shared.exists() or not all((build_dir / o).exists() for o in RUNTIME_OBJECTS):
+        return
+    tmp = Path(tempfile.mkdtemp(dir=BUILD, prefix="runtime-tmp-"))
+    for o in RUNTIME_OBJECTS:
+        shutil.copyfile(build_dir / o, tmp / o)
+    try:
+        os.rename(tmp, shared)  # atomic: another worker may be sharing its own at the same time
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
