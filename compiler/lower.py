@@ -134,6 +134,7 @@ class Lowerer:
         # is lowered)
         self._lut_plan: dict | None = None
         self._lut_absorbed: set[str] = set()
+        self._lut_readers: dict = {}  # int8 tensor -> the kept nodes reading it (ops/lut.py)
         self.input_float: set[str] = set()  # graph inputs without a QuantizeLinear (host steps read them)
         self.frags: list[Frag] = []
         self.frag_of: dict[str, int] = {}  # float tensor name -> producing fragment

@@ -205,6 +205,24 @@ def plan(ctx: Lowerer) -> dict[str, Lut]:
             out[n.name or n.output[0]] = Lut(src, v)
     ctx._lut_plan = out
     ctx._lut_absorbed = _absorbed(ctx, out, tr)
+    ctx._lut_readers = _readers(ctx, out)
+    return out
+
+
+def _readers(ctx: Lowerer, luts: dict[str, Lut]) -> dict[str, list[onnx.NodeProto]]:
+    """The kept nodes reading each tensor (`sole_reader`'s question, for every tensor at once): a
+    table function reads its source, any other node its inputs (an int8 tensor through its
+    DequantizeLinear nodes); absorbed nodes and the quantisation nodes read nothing."""
+    g = ctx.graph
+    deq = {n.output[0]: n.input[0] for n in g.nodes if n.op_type == "DequantizeLinear"}
+    out: dict[str, list[onnx.NodeProto]] = {}
+    for n in g.nodes:
+        key = n.name or (n.output[0] if n.output else "")
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear") or key in ctx._lut_absorbed:
+            continue
+        srcs = {luts[key].source} if key in luts else {*n.input, *(deq[i] for i in n.input if i in deq)}
+        for src in srcs:
+            out.setdefault(src, []).append(n)
     return out
 
 
@@ -270,18 +288,7 @@ def sole_reader(ctx: Lowerer, name: str) -> onnx.NodeProto | None:
     if src in g.outputs or any(o in g.outputs for d in g.consumers.get(src, []) for o in d.output):
         return None
     luts = plan(ctx)
-    deq = {n.output[0]: n.input[0] for n in g.nodes if n.op_type == "DequantizeLinear"}
-    readers = []
-    for n in g.nodes:
-        if n.op_type in ("QuantizeLinear", "DequantizeLinear") or is_absorbed(ctx, n):
-            continue
-        key = n.name or (n.output[0] if n.output else "")
-        if key in luts:
-            reads = luts[key].source == src
-        else:
-            reads = any(i == src or deq.get(i) == src for i in n.input)
-        if reads:
-            readers.append(n)
+    readers = ctx._lut_readers.get(src, [])
     if len(readers) != 1 or not readers[0].name or readers[0].name not in luts:
         return None
     t = readers[0]
