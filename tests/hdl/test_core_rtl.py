@@ -74,7 +74,8 @@ def _run_suite(cfg, n_random: int):
         "random_pause_every": random_jobs(cfg, range(1000, 1000 + n_pause_every), pause="every", cp_prob=0.3),
     }
     # pauses requested at random cycles (seeded) anywhere in the uninterrupted run
-    paused = random_jobs(cfg, range(2000, 2000 + N_PAUSE_AT), pause="none", cp_prob=0.3)
+    n_pause_at = N_PAUSE_AT // 2 if micro else N_PAUSE_AT  # a million cycles each from firmware
+    paused = random_jobs(cfg, range(2000, 2000 + n_pause_at), pause="none", cp_prob=0.3)
     rng = np.random.default_rng(2000)
     for job in paused:
         length = run_model(cfg, job).counters["CYCLES"]
