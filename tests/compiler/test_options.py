@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from npu.cli import build_parser, main
-from npu.compiler import CompileError, CompileOptions
+from npu.compiler import CompileError, CompileOptions, compile_onnx
 from npu.compiler.options import flag_of, from_arguments
 
 
@@ -61,3 +61,35 @@ def test_the_cli_names_a_bad_value_by_its_flag(tmp_path, capsys):
     assert "npu: error: --cp-interval must be a number >= 0, not -5" in capsys.readouterr().err
     assert main(["compile", "m.onnx", "--input-shape", "x=1x2", "--input-shape", "x=1x3"]) == 2
     assert "--input-shape x is given twice" in capsys.readouterr().err
+
+
+def test_the_garbage_collector_thresholds_are_restored_after_a_compile(tmp_path):
+    """compile_onnx raises the collector's thresholds while it runs (docs/compiler.md, compile
+    time) and restores them after, when it fails too, and across compiles in several threads."""
+    import gc
+    import threading
+
+    import onnx
+
+    from npu.models import zoo
+
+    z = zoo.ZOO["digits_mlp"]()
+    onnx.save(z.model, str(tmp_path / "m.onnx"))
+    before = gc.get_threshold()
+    seen = []
+
+    def one():
+        cm = compile_onnx(
+            tmp_path / "m.onnx", "tiny", calib=z.calib, progress=lambda _s: seen.append(gc.get_threshold())
+        )
+        assert cm.lowered.program
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen and all(s != before for s in seen) and gc.get_threshold() == before
+    with pytest.raises(CompileError):
+        compile_onnx(tmp_path / "missing.onnx", "tiny", calib=z.calib)
+    assert gc.get_threshold() == before
