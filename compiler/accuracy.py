@@ -25,7 +25,7 @@ import onnx
 
 from .errors import AccuracyError
 from .graph import Graph
-from .ops.registry import FUSED_NOTE
+from .ops.registry import is_fused
 from .quantize import ort_session
 
 #: calibration batches from which the check samples are held back rather than reused
@@ -277,7 +277,7 @@ def guard(
 
 def _on_npu(la) -> bool:
     """An NPU operator, or a node its producer computes on the NPU (a fused Relu or table)."""
-    return la.placement == "npu" or (la.placement == "view" and (la.split or "").startswith(FUSED_NOTE))
+    return la.placement == "npu" or is_fused(la)
 
 
 def _ranked(compiled, fv: dict[str, np.ndarray], check: CheckData) -> list[Loss]:

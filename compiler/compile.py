@@ -29,7 +29,7 @@ from .frontend import Prepared
 from .graph import CompileError
 from .load import is_qdq, load
 from .lower import VIRTUAL_DRAM, DramFull, Lowering, lower
-from .ops.registry import FUSED_NOTE
+from .ops.registry import is_fused
 from .options import CompileOptions
 from .order import SearchResult, search_order
 from .outputs import clamped_by_quantisation, keep_output_precision
@@ -210,11 +210,8 @@ class CompiledModel:
                 f"{i:>3}  {str(la.node)[:28]:<28} {la.op:<18} {la.placement:<5} {est:>10} {util:>5}  {note}"
             )
 
-        def fused(la) -> bool:
-            return la.placement == "view" and (la.split or "").startswith(FUSED_NOTE)
-
         n_npu = sum(la.placement == "npu" for la in low.layers)
-        n_fused = sum(map(fused, low.layers))
+        n_fused = sum(map(is_fused, low.layers))
         n_views = sum(la.placement == "view" for la in low.layers) - n_fused
         n_host = sum(la.placement == "host" for la in low.layers)
         steps = sum(s.kind == "host" for s in low.segments)

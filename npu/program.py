@@ -52,7 +52,9 @@ class _Hist:
 
 def _span_tuples(ins: Instr) -> tuple[list, list, list]:
     """(reads, writes, reads + writes) of an instruction as (space, start, end) tuples, which the
-    conflict scan compares inline (its hot loop); cached on the immutable instruction."""
+    conflict scan compares inline (its hot loop); cached on the immutable instruction. Plain tuples,
+    not the footprint's named-tuple spans: the collector does not track tuples of atomic values,
+    and the tracked spans made a warm 56,000-instruction build 0.67 -> 1.2 s."""
     d = ins.__dict__
     t = d.get("_span_tuples")
     if t is None:

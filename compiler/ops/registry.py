@@ -32,6 +32,13 @@ RULES: dict[str, OpRule] = {}
 #: Relu its requantisation clamps, a table function a convolution's output pass computes); the
 #: accuracy guard may move such a node to the host like any NPU operator
 FUSED_NOTE = "computed in the output pass of "
+
+
+def is_fused(layer) -> bool:
+    """A layer (npu.container.Layer) that its producer computes in its output pass (FUSED_NOTE)."""
+    return layer.placement == "view" and (layer.split or "").startswith(FUSED_NOTE)
+
+
 #: operators whose results can stay int32 accumulators (compiler/outputs.py), by their results' rank
 WIDE_OPS = {"Gemm": 2, "MatMul": 2, "Conv": 4}
 
