@@ -4,9 +4,9 @@ against the golden model.
 Every job runs on both; DRAM, status, error code, FAULT_ADDR and pause points must agree. The DRAM
 (the in-simulator RAM, and cocotbext-axi's AxiRam for the directed and error jobs once more on
 `tiny` and `default`, one per bus width) stalls every AXI channel at random, so agreement cannot
-depend on bus timing. The jobs of one configuration
-run in one simulation per DRAM model (the Verilog builds are cached in build/sim), on one test
-worker (`xdist_group`). A failing random seed replays alone with:
+depend on bus timing. The jobs of one configuration run in one simulation per DRAM model (the
+Verilog builds are cached in build/sim), on one test worker (`xdist_group`). A failing random seed
+replays alone with:
 npu hdl replay --config NAME --seed N [--pause every] [--waves]
 The number of random programs is pytest's `--rtl-seeds` (default 40; `make test-all` 100). The long sweep
 (`make test-slow`, marker `slow`) runs `--rtl-sweep` more (default 1000 per preset) on the
