@@ -111,13 +111,23 @@ class CompiledModel:
         from npu.sim.golden.runner import run_container
 
         in_order = model is None and not timed
-        return run_container(self.to_container(), list(inputs), self.cfg, model=model, in_order=in_order)[0]
+        return run_container(self._container(), list(inputs), self.cfg, model=model, in_order=in_order)[0]
 
     def run_int8(self, *inputs: np.ndarray, model=None) -> list[np.ndarray]:
         """Run on the golden model; int8 outputs (host-computed float outputs stay float)."""
         from npu.sim.golden.runner import run_container
 
-        return run_container(self.to_container(), list(inputs), self.cfg, model=model, int8=True)[0]
+        return run_container(self._container(), list(inputs), self.cfg, model=model, int8=True)[0]
+
+    def _container(self) -> Container:
+        """`to_container`, built once for the runs (encoding a large program takes a fifth of a
+        run); built again if a field it depends on was replaced since."""
+        low = self.lowered
+        key = (id(low), id(low.program), len(low.program), id(low.dram), self.program_base, self.granularity,
+               self.regions)  # fmt: skip
+        if getattr(self, "_runs", (None,))[0] != key:
+            self._runs = (key, self.to_container())
+        return self._runs[1]
 
     def _order_report(self) -> list[str]:
         if self.search is None:

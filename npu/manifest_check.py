@@ -8,6 +8,7 @@ value. The driver runs it in `Npu.load` and the golden model's runner before wri
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -168,6 +169,18 @@ def _check_points(man: Manifest, cfg: NpuConfig | None, where: str) -> None:
 def _check_program(program: bytes, base: int, where: str) -> None:
     """Every LOAD reads and every STORE writes inside the model's data, [0, program.base). (An
     instruction that does not decode is left to the device, which stops on it with an error.)"""
+    bad = _dram_outside(bytes(program), base)  # bytes(b) is b itself: hashed once
+    if bad:
+        pc, kind, start, end = bad
+        raise ContainerError(
+            f"{where}.program: pc {pc}: {kind} DRAM [{start}, {end}), outside the model's data [0, {base})"
+        )
+
+
+@functools.lru_cache(maxsize=8)
+def _dram_outside(program: bytes, base: int) -> tuple[int, str, int, int] | None:
+    """The first LOAD or STORE reaching DRAM outside [0, base), or None; cached, as a compiled
+    model run on many inputs checks its one program each time."""
     ops = np.frombuffer(program, np.uint8)[::INSTR_BYTES] & 0xF
     for pc in np.flatnonzero((ops == Opcode.LOAD) | (ops == Opcode.STORE)):
         try:
@@ -177,8 +190,10 @@ def _check_program(program: bytes, base: int, where: str) -> None:
         reads, writes = footprint(ins)
         for span in reads + writes:
             if span.space == "dram" and not (0 <= span.start and span.end <= base):
-                kind = "LOAD reads" if ins.op == Opcode.LOAD else "STORE writes"
-                raise ContainerError(
-                    f"{where}.program: pc {pc}: {kind} DRAM [{span.start}, {span.end}), outside the "
-                    f"model's data [0, {base})"
+                return (
+                    int(pc),
+                    "LOAD reads" if ins.op == Opcode.LOAD else "STORE writes",
+                    span.start,
+                    span.end,
                 )
+    return None

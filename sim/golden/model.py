@@ -32,6 +32,18 @@ _BUSY = {
     Unit.STORE: "BUSY_STORE",
 }
 
+#: valid instruction words decoded and checked, per configuration, shared by every model instance (a
+#: compiled model run on many inputs builds a model per run); bounded for long-running processes
+_DECODED: dict[NpuConfig, dict[bytes, Instr]] = {}
+_DECODED_MAX = 1 << 20
+
+
+def _decode_cache(cfg: NpuConfig) -> dict[bytes, Instr]:
+    cache = _DECODED.setdefault(cfg, {})
+    if len(cache) > _DECODED_MAX:
+        cache.clear()
+    return cache
+
 
 @dataclass
 class TraceEvent:
@@ -97,7 +109,7 @@ class NpuModel:
         self.chip = OnChip(self.cfg)
         self.now = 0
         self.trace: list[TraceEvent] | None = [] if trace else None
-        self._decode_cache: dict[bytes, Instr] = {}
+        self._decode_cache = _decode_cache(self.cfg)
         #: a timing-only model's program given as instructions (`load_instructions`): DRAM address ->
         #: the instruction, or the IsaError its checks raise
         self._predecoded: dict[int, Instr | IsaError] | None = None
