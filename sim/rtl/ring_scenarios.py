@@ -16,6 +16,10 @@ from npu.sim.rtl.randprog import random_program, sequential_reference
 
 RING_BASE = 0x8000
 WAIT_STEP = 20_000  # host waits are bounded: a ring that runs dry raises no interrupt
+#: the micro core's firmware takes about 25 times NpuCore's cycles an instruction: the racing host's
+#: waits are scaled by it, so appends land at random moments of as many instructions on both cores
+#: (unscaled, the host polled a full ring some 50,000 times a scenario through the RTL's bus)
+MICRO_PACE = 25
 
 
 def layers(cfg: NpuConfig, seeds: list[int], cp_prob: float = 0.0):
@@ -101,10 +105,11 @@ def racing_appends(tr, seeds: list[int], slots: int, seed: int) -> dict:
     ring = Ring(tr, RING_BASE, slots * INSTR_BYTES, reuse="dispatched")
     ring.start()
     blob, rng, k = encode_program(instrs), random.Random(seed), 0
+    pace = MICRO_PACE if tr.cfg.core == "micro" else 1
     while k < len(instrs):
         k += ring.append(blob[k * INSTR_BYTES : (k + rng.randint(1, 6)) * INSTR_BYTES], partial=True)
         tr.set_reg("IRQ", 1)
-        tr.wait(rng.choice([1, 2, 5, 30, 200]))
+        tr.wait(pace * rng.choice([1, 2, 5, 30, 200]))
     _settle(tr, len(seeds))
     rec = _record(tr, ref, t0, [])
     rec["match"] = tr.read_dram(ref.out_base, ref.out_bytes) == want
