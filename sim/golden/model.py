@@ -11,6 +11,7 @@ interleave register accesses with simulated time (`advance`), e.g. to raise a pa
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,13 +37,19 @@ _BUSY = {
 #: compiled model run on many inputs builds a model per run); bounded for long-running processes
 _DECODED: dict[NpuConfig, dict[bytes, Instr]] = {}
 _DECODED_MAX = 1 << 20
+_DECODED_CONFIGS = 8
+_DECODED_LOCK = threading.Lock()
 
 
 def _decode_cache(cfg: NpuConfig) -> dict[bytes, Instr]:
-    cache = _DECODED.setdefault(cfg, {})
-    if len(cache) > _DECODED_MAX:
-        cache.clear()
-    return cache
+    with _DECODED_LOCK:  # models are made from several threads (the driver's jobs)
+        cache = _DECODED.pop(cfg, None)
+        if cache is None or len(cache) > _DECODED_MAX:
+            cache = {}
+        _DECODED[cfg] = cache  # the most recent last: a design-space sweep's configurations drop out
+        while len(_DECODED) > _DECODED_CONFIGS:
+            del _DECODED[next(iter(_DECODED))]
+        return cache
 
 
 @dataclass
