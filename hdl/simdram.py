@@ -157,18 +157,24 @@ class SimDram(wiring.Component):
 
 class NpuSimTop(wiring.Component):
     """NpuCore (or, with `soc`, NpuSoc) + SimDram; the AXI4-Lite register port and the interrupt(s)
-    are the top's ports."""
+    are the top's ports. With `ext_dram` high (from reset on) the core's AXI4 master is the top's
+    `bus` port instead (m_axi_*: the bench serves it with cocotbext-axi's AxiRam), so one simulator
+    build serves both memories: a build costs about half a minute of g++ per design."""
 
     def __init__(self, config: NpuConfig | str, dram_size: int, soc: bool = False):
         self.cfg = get_config(config)
         self.dram_size = dram_size
         self.soc = soc
+        self._inner = NpuSoc(self.cfg) if soc else engine_core(self.cfg)
         # fault_lo/fault_hi: the RAM's faulting range, stall_en its random stalls (see SimDram), set
         # by the bench
         ports = {"ctrl": In(soc_regs_signature() if soc else regs_signature()), "irq": Out(1)}
         if soc:
             ports["irqs"] = Out(self.cfg.engines)
-        super().__init__({**ports, "fault_lo": In(32), "fault_hi": In(32), "stall_en": In(1)})
+        ports["bus"] = Out(self._inner.signature.members["bus"].signature)
+        super().__init__(
+            {**ports, "fault_lo": In(32), "fault_hi": In(32), "stall_en": In(1), "ext_dram": In(1)}
+        )
 
     def elaborate(self, platform):
         m = Module()
@@ -179,11 +185,23 @@ class NpuSimTop(wiring.Component):
         rst_q = Signal(init=1)
         m.d.sync += rst_q.eq(ResetSignal("sync"))
         m.d.comb += [npu.clk.eq(ClockSignal("sync")), npu.rst.eq(rst_q)]
-        inner = NpuSoc(self.cfg) if self.soc else engine_core(self.cfg)
+        inner = self._inner
         m.submodules.core = core = DomainRenamer("npu")(inner)
-        ram = SimDram(self.cfg, self.dram_size, bus=inner.signature.members["bus"].signature)
+        bus_sig = inner.signature.members["bus"].signature
+        ram = SimDram(self.cfg, self.dram_size, bus=bus_sig)
         m.submodules.dram = dram = DomainRenamer("npu")(ram)
-        wiring.connect(m, core.bus, dram.bus)
+        # the core's bus to the in-simulator RAM or to the `bus` port; the select is registered (a
+        # primary input in the handshake logic would make Verilator re-evaluate it on every input
+        # change) and only VALIDs are gated: the other side never sees a request
+        ext = Signal()
+        m.d.sync += ext.eq(self.ext_dram)
+        for name, member in bus_sig.members.items():
+            c, d, x = getattr(core.bus, name), getattr(dram.bus, name), getattr(self.bus, name)
+            if member.flow == Out:
+                valid = name.endswith("valid")
+                m.d.comb += [d.eq(c & ~ext if valid else c), x.eq(c & ext if valid else c)]
+            else:
+                m.d.comb += c.eq(Mux(ext, x, d))
         wiring.connect(m, wiring.flipped(self.ctrl), core.ctrl)
         if self.soc:
             m.d.comb += self.irqs.eq(core.irqs)

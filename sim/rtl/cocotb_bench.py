@@ -71,6 +71,8 @@ class NpuBench:
             self.ram = FastDram(dut.core.dram.mem.mem, self.cfg.bus_bytes, fast_dram_size)
             dut.stall_en.value = int(stalls)
         else:
+            if hasattr(dut, "ext_dram"):  # the sim top (hdl/simdram.py): its bus port, not its RAM
+                dut.ext_dram.value = 1
             self.ram = AxiRam(AxiBus.from_prefix(dut, "m_axi"), dut.clk, dut.rst, size=self.cfg.dram_bytes)
             if stalls:
                 channels = (

@@ -137,7 +137,7 @@ def run_rtl(
     for the in-simulator RAM of hdl/simdram.py (for long runs). `stalls`: the DRAM side stalls every
     AXI channel at random (cocotbext-axi pause generators on AxiRam, an LFSR in the in-simulator
     RAM), so results must not depend on timing; cycle counts then differ from the model's."""
-    from npu.hdl.verilog import TOPLEVEL, core_verilog, sim_top_verilog
+    from npu.hdl.verilog import sim_top_verilog
     from npu.sim.rtl.hdlsim import BUILD, build_and_test
 
     BUILD.mkdir(parents=True, exist_ok=True)
@@ -162,10 +162,9 @@ def run_rtl(
                 }
             )
         (d / "jobs.json").write_text(json.dumps(spec))
-        if fast_size:
-            verilog, top, name = sim_top_verilog(cfg, fast_size), "npu_sim_top", f"simtop-{cfg.name}"
-        else:
-            verilog, top, name = core_verilog(cfg), TOPLEVEL, f"core-{cfg.name}"
+        # AxiRam serves the sim top's bus port (ext_dram): the in-simulator RAM's build, not one more
+        verilog = sim_top_verilog(cfg, fast_size or sim_dram_bytes(cfg))
+        top, name = "npu_sim_top", f"simtop-{cfg.name}"
         # build and simulator output go to build.log / sim.log, so `--json` output stays clean
         build_and_test(
             verilog,

@@ -93,7 +93,7 @@ PUBLIC_VLT = (
     + "".join(
         f'public_flat_rw -module "{top}" -var "{var}"\n'
         for top in ("npu_core", "npu_soc", "npu_sim_top")  # KNOWN_TOPS
-        for var in ("clk", "rst", "irq", "irqs", "m_axi_*", "s_axil_*", "fault_*", "stall_en")
+        for var in ("clk", "rst", "irq", "irqs", "m_axi_*", "s_axil_*", "fault_*", "stall_en", "ext_dram")
     )
     + 'public_flat_rw -module "*" -var "mem"\n'
     # read-only views the bench samples to check which point a pause request targets

@@ -67,7 +67,7 @@ def run_soc_rtl(
     cfg: NpuConfig, rounds: list[Round], *, fast_dram: bool = False, stalls: bool = False, waves: bool = False
 ) -> SocRecord:
     """Run `rounds` on the SoC of `cfg` (`cfg.engines` engines) in one simulation."""
-    from npu.hdl.verilog import SOC_TOPLEVEL, sim_top_verilog, soc_verilog
+    from npu.hdl.verilog import sim_top_verilog
     from npu.sim.rtl.hdlsim import BUILD, build_and_test
 
     for rnd in rounds:
@@ -91,11 +91,9 @@ def run_soc_rtl(
                 }
             spec["rounds"].append({"window": round_window(rnd), "dram": entries, "jobs": jobs})
         (d / "jobs.json").write_text(json.dumps(spec))
-        if fast_size:
-            verilog, top = sim_top_verilog(cfg, fast_size, soc=True), "npu_sim_top"
-            name = f"soctop-{cfg.engines}x{cfg.engine.name}"
-        else:
-            verilog, top, name = soc_verilog(cfg), SOC_TOPLEVEL, f"soc-{cfg.engines}x{cfg.engine.name}"
+        # AxiRam serves the sim top's bus port (ext_dram): the in-simulator RAM's build, not one more
+        verilog, top = sim_top_verilog(cfg, fast_size or sim_dram_bytes(cfg), soc=True), "npu_sim_top"
+        name = f"soctop-{cfg.engines}x{cfg.engine.name}"
         build_and_test(
             verilog,
             top,

@@ -12,8 +12,14 @@ from npu.sim.rtl.core import compare, run_model, run_rtl
 from npu.sim.rtl.gemm_bench import gemm_job
 from npu.sim.rtl.suite import bus_fault_jobs, directed_jobs, random_jobs
 
+#: each preset's RTL runs in the simulation suites (inside the sim top); converting the larger
+#: presets' own tops again takes 20-30 s each on a fresh clone: `make test-all` (slow)
+_SLOW = pytest.mark.slow
 
-@pytest.mark.parametrize("name", ["tiny", "default", "banked"])
+
+@pytest.mark.parametrize(
+    "name", ["tiny", pytest.param("default", marks=_SLOW), pytest.param("banked", marks=_SLOW)]
+)
 def test_npu_hdl_verilog(name, tmp_path, capsys):
     out = tmp_path / "npu.v"
     assert main(["hdl", "verilog", "--config", name, "-o", str(out)]) == 0
@@ -76,7 +82,14 @@ def test_icarus(monkeypatch):
         assert not compare(run_model(cfg, job), rec), job.name
 
 
-@pytest.mark.parametrize("args", [["--config", "duo"], ["--config", "tiny", "--engines", "4"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--config", "tiny", "--engines", "2"],
+        pytest.param(["--config", "duo"], marks=_SLOW),
+        pytest.param(["--config", "tiny", "--engines", "4"], marks=_SLOW),
+    ],
+)
 def test_npu_hdl_verilog_soc(args, tmp_path, capsys):
     out = tmp_path / "soc.v"
     assert main(["hdl", "verilog", *args, "-o", str(out)]) == 0
