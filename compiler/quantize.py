@@ -9,10 +9,13 @@ data; QDQ models are taken as they are.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import math
 import tempfile
+import threading
 import warnings
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -447,6 +450,26 @@ def fold_int8_relus(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def content_key(model: onnx.ModelProto, batches: list[dict[str, np.ndarray]], *extra: object) -> str:
+    """A digest of a model, its calibration feeds and `extra` (options): what a quantisation step's
+    result depends on, for the memos of this step and of the weight rounding."""
+    h = hashlib.sha256(model.SerializeToString())
+    for feed in batches:
+        for k in sorted(feed):
+            a = np.ascontiguousarray(feed[k])
+            h.update(f"{k}|{a.dtype}|{a.shape}".encode())
+            h.update(a.tobytes())
+    h.update(repr(extra).encode())
+    return h.hexdigest()
+
+
+#: the last quantised models: compiling one model again in a process (a design-space sweep over
+#: configurations, a compile with other options) skips onnxruntime's quantiser
+MEMO_MODELS = 4
+_memo: OrderedDict[str, bytes] = OrderedDict()
+_memo_lock = threading.Lock()
+
+
 def quantize_float_model(
     model: onnx.ModelProto,
     calib: np.ndarray,
@@ -471,6 +494,13 @@ def quantize_float_model(
         raise CompileError(f"activations must be one of {', '.join(ACTIVATIONS)}, not {activations!r}")
 
     batches = calibration_batches(model, calib, source)
+    spans = None if ranges is None else sorted((k, float(lo), float(hi)) for k, (lo, hi) in ranges.items())
+    asked = (per_channel, method, activations, sorted(int16 or ()), spans, INT16_HEADROOM)
+    key = content_key(model, batches, *asked)
+    with _memo_lock:
+        if key in _memo:
+            _memo.move_to_end(key)
+            return onnx.ModelProto.FromString(_memo[key])  # a copy: callers edit what they get
 
     class Reader(CalibrationDataReader):
         def __init__(self, batches):
@@ -505,4 +535,9 @@ def quantize_float_model(
         qdq = onnx.load(str(dst))
         if activations == "mixed":
             qdq = fold_int8_relus(qdq)
-        return shape_inference.infer_shapes(qdq)
+        qdq = shape_inference.infer_shapes(qdq)
+    with _memo_lock:
+        _memo[key] = qdq.SerializeToString()
+        while len(_memo) > MEMO_MODELS:
+            _memo.popitem(last=False)
+    return qdq

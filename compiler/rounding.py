@@ -19,7 +19,10 @@ whose outputs barely change either way keeps the quantiser's rounding.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -29,7 +32,7 @@ from onnx import numpy_helper
 
 from .graph import CompileError
 from .options import ROUNDINGS
-from .quantize import ort_session
+from .quantize import content_key, ort_session
 
 #: "auto" keeps GPTQ's rounding when the model's output error on the calibration inputs is at most
 #: this fraction of nearest rounding's (a per-layer gain that does not carry through the model, or
@@ -301,6 +304,65 @@ def output_errors(
     return errs
 
 
+#: float models (with their calibration data) whose rounding results are kept: `auto` activations
+#: quantise a model up to twice (int8/int16 mix, then int16), a design-space sweep compiles it for
+#: every configuration, and the layers' Hessians and GPTQ depend on neither
+MEMO_MODELS = 2
+_memo: OrderedDict[str, dict] = OrderedDict()
+_memo_lock = threading.Lock()
+
+
+def _layer_key(la: _Layer) -> str:
+    """What a layer's rounding depends on besides the float model and the data: its input tensor,
+    the quantiser's int8 weights and their scales."""
+    h = hashlib.sha256(f"{la.act}|{la.groups}|{la.weight.name}".encode())
+    h.update(numpy_helper.to_array(la.weight).tobytes())
+    h.update(np.ascontiguousarray(la.scale, dtype=np.float64).tobytes())
+    return h.hexdigest()
+
+
+def _rounded_layers(layers: list[_Layer], float_model, batches) -> tuple[list, list[list[np.ndarray]]]:
+    """Per layer (best int8 rows, GPTQ's error, nearest's error), or None for a layer with too few
+    inputs, and the float model's outputs per batch; from the memo when this model, these data
+    and every layer's quantisation were rounded before (same results: nothing here is random)."""
+    key = content_key(float_model, batches)
+    lkeys = [_layer_key(la) for la in layers]
+    with _memo_lock:
+        entry = _memo.get(key)
+        if entry is not None:
+            _memo.move_to_end(key)
+            if all(k in entry["layers"] for k in lkeys):
+                return [entry["layers"][k] for k in lkeys], entry["want"]
+    hs, counts, want = _hessians(layers, float_model, batches)
+    results = []
+    for la, h, count in zip(layers, hs, counts, strict=True):
+        if count < MIN_SAMPLES * la.cols:
+            results.append(None)  # too few inputs to know the layer's input correlations: nearest
+            continue
+        w = la.rows_matrix()
+        per = w.shape[0] // la.groups
+        nearest = la.rows_matrix(numpy_helper.to_array(la.weight))  # the quantiser's rounding
+        best = nearest.copy()
+        err_g = err_n = 0.0
+        for g in range(la.groups):
+            r = slice(g * per, (g + 1) * per)
+            hg = h[g].astype(np.float64)
+            cand = gptq(w[r], la.scale[r], hg)
+            eg, en = _error(w[r], la.scale[r], cand, hg), _error(w[r], la.scale[r], nearest[r], hg)
+            if eg < en:
+                best[r] = cand
+            err_g += min(eg, en)
+            err_n += en
+        results.append((best, err_g, err_n))
+    with _memo_lock:
+        entry = _memo.setdefault(key, {"want": want, "layers": {}})
+        entry["layers"].update(zip(lkeys, results, strict=True))
+        _memo.move_to_end(key)
+        while len(_memo) > MEMO_MODELS:
+            _memo.popitem(last=False)
+    return results, want
+
+
 def round_weights(
     qdq: onnx.ModelProto,
     float_model: onnx.ModelProto,
@@ -320,31 +382,19 @@ def round_weights(
     if not layers:
         return nearest_model, RoundingReport(0, 0, 1.0)
     try:
-        hs, counts, want = _hessians(layers, float_model, batches)
+        results, want = _rounded_layers(layers, float_model, batches)
     except Exception as e:  # onnxruntime's errors name the node; keep ours naming the model
         why = f"gathering the layers' inputs for GPTQ rounding failed: {e}"
         if mode == "auto":  # the default: the quantiser's rounding is a fine answer
             return nearest_model, RoundingReport(len(layers), 0, 1.0, kept=False, skipped=why)
         raise CompileError(f"{source}: {why}") from e
     changed, err_g, err_n = 0, 0.0, 0.0
-    for la, h, count in zip(layers, hs, counts, strict=True):
-        if count < MIN_SAMPLES * la.cols:
-            continue  # too few inputs to know the layer's input correlations: nearest rounding
-        w = la.rows_matrix()
-        rows = w.shape[0]
-        per = rows // la.groups
-        nearest = la.rows_matrix(numpy_helper.to_array(la.weight))  # the quantiser's rounding
-        best = nearest.copy()
-        for g in range(la.groups):
-            r = slice(g * per, (g + 1) * per)
-            hg = h[g].astype(np.float64)
-            cand = gptq(w[r], la.scale[r], hg)
-            eg, en = _error(w[r], la.scale[r], cand, hg), _error(w[r], la.scale[r], nearest[r], hg)
-            if eg < en:
-                best[r] = cand
-            err_g += min(eg, en)
-            err_n += en
-        if not np.array_equal(best, nearest):
+    for la, res in zip(layers, results, strict=True):
+        if res is None:
+            continue
+        best, eg, en = res
+        err_g, err_n = err_g + eg, err_n + en
+        if not np.array_equal(best, la.rows_matrix(numpy_helper.to_array(la.weight))):
             changed += 1
         la.weight.CopyFrom(numpy_helper.from_array(la.from_rows(best), la.weight.name))
     report = RoundingReport(len(layers), changed, err_g / err_n if err_n > 0 else 1.0)

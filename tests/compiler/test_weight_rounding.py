@@ -124,3 +124,45 @@ def test_command_line(rounded, tmp_path, capsys):
     args = ["compile", str(path), "-o", str(tmp_path / "m.npub"), "--calib", str(tmp_path / "calib.npy")]
     assert main(args + ["--config", "tiny", "--weight-rounding", "gptq", "--report"]) == 0
     assert "weights rounded by GPTQ in" in capsys.readouterr().out
+
+
+def test_a_model_rounded_again_on_the_same_data_comes_from_the_memo(rounded, monkeypatch):
+    """The rounding of a float model on given calibration data is kept (per layer: its input, int8
+    weights and scales): a repeat compile and the same weights under int16 activations (`auto`'s
+    retry) skip the Hessians and take the same weights; other data are rounded afresh."""
+    _model, path, cms, _held = rounded
+    calib = _smooth(np.random.default_rng(1), 32, (3, 16, 16))  # the fixture's calibration inputs
+    compile_onnx(path, "tiny", calib=calib, weight_rounding="gptq")  # kept, if another test evicted it
+
+    def gathered(*_a, **_k):
+        raise AssertionError("the Hessians were gathered again")
+
+    monkeypatch.setattr("npu.compiler.rounding._hessians", gathered)
+    for activations in ("int8", "int16"):
+        again = compile_onnx(path, "tiny", calib=calib, weight_rounding="gptq", activations=activations)
+        assert "GPTQ in " in again.quantisation, again.quantisation
+        weights = {k: v for k, v in _inits(cms["gptq"].qdq).items() if v.dtype == np.int8}
+        assert all(np.array_equal(v, _inits(again.qdq)[k]) for k, v in weights.items()), activations
+    with pytest.raises(CompileError, match="gathered again"):
+        compile_onnx(path, "tiny", calib=calib[:16], weight_rounding="gptq", activations="int8")
+
+
+def test_a_model_quantised_again_comes_from_the_memo(monkeypatch):
+    """onnxruntime's quantiser runs once for a model, its calibration data and the options; a copy
+    comes back each time (editing it leaves the memo as it was)."""
+    from npu.compiler.quantize import quantize_float_model
+
+    net = Net("memo", (1, 3, 8, 8), seed=3)
+    model = net.model([net.conv(net.input, 8, 3)])
+    calib = np.random.default_rng(3).normal(size=(4, 3, 8, 8)).astype(np.float32)
+    first = quantize_float_model(model, calib, "memo")
+    first.graph.node.pop()  # the caller's copy only
+
+    def quantiser(*_a, **_k):
+        raise AssertionError("quantised again")
+
+    monkeypatch.setattr("onnxruntime.quantization.quantize_static", quantiser)
+    again = quantize_float_model(model, calib, "memo")
+    assert len(again.graph.node) == len(first.graph.node) + 1
+    with pytest.raises(AssertionError, match="quantised again"):
+        quantize_float_model(model, calib, "memo", activations="int16")
