@@ -29,19 +29,23 @@ example: $(STAMP)
 zoo: $(STAMP)
 	$(BIN)/python -m npu.models -o models/out
 
+# one pytest worker per core: each keeps numpy's BLAS and onnxruntime to one thread (their spinning
+# thread pools, two per core, slowed the real-model tests by about a quarter: docs/testing.md)
+ONE_THREAD := OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+
 ## the test suite (what CI runs): every feature and every RTL suite, fewer random seeds
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q -n auto --dist loadgroup --durations=15
+	$(ONE_THREAD) $(BIN)/pytest -q -n auto --dist loadgroup --durations=15
 
 ## the long sweeps only: 1000 random programs per preset on the RTL against the model (tests marked slow)
 test-slow: $(STAMP)
-	$(BIN)/pytest -q -n auto --dist loadgroup -m slow --rtl-sweep 1000
+	$(ONE_THREAD) $(BIN)/pytest -q -n auto --dist loadgroup -m slow --rtl-sweep 1000
 
 ## everything: the suite with the full random seeds plus the long sweeps
 test-all: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q -n auto --dist loadgroup -m "" --rtl-seeds 100 --rtl-sweep 1000 --durations=30
+	$(ONE_THREAD) $(BIN)/pytest -q -n auto --dist loadgroup -m "" --rtl-seeds 100 --rtl-sweep 1000 --durations=30
 
 bench: $(STAMP)
 	$(BIN)/npu bench model --json

@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import logging
 import math
+import os
 import tempfile
 import threading
 import warnings
@@ -185,7 +186,16 @@ def ort_session(model: onnx.ModelProto, outputs: Sequence[str] = ()):
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     so.log_severity_level = 3  # untyped added outputs are fine; no warning for each
+    so.intra_op_num_threads = ort_threads()
     return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def ort_threads() -> int:
+    """onnxruntime's threads per session: OMP_NUM_THREADS, as numpy's BLAS takes it, when set (the
+    test suite sets 1: one worker per core, whose spinning thread pools slowed each other by about
+    a fifth), else 0 (onnxruntime's default: one per core)."""
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() else 0
 
 
 def check_calibration(calib: object, name: str, shape: list[int], source: str) -> np.ndarray:

@@ -7,6 +7,7 @@ import onnx
 import onnxruntime as ort
 
 from npu.compiler import compile_onnx
+from npu.compiler.quantize import ort_threads
 from npu.container import HostTensor
 
 
@@ -30,6 +31,7 @@ def ort_session(model: onnx.ModelProto) -> ort.InferenceSession:
         # its fusions of int16 QDQ pairs are not exact (a MatMul of int16 activations off by up to
         # 65 of their steps); unfused, every node runs as the QDQ graph defines it
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.intra_op_num_threads = ort_threads()
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
