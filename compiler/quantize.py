@@ -192,8 +192,7 @@ def ort_session(model: onnx.ModelProto, outputs: Sequence[str] = ()):
 
 def ort_threads() -> int:
     """onnxruntime's threads per session: OMP_NUM_THREADS, as numpy's BLAS takes it, when set (the
-    test suite sets 1: one worker per core, whose spinning thread pools slowed each other by about
-    a fifth), else 0 (onnxruntime's default: one per core)."""
+    test suite sets 1: one worker per core, docs/testing.md), else 0 (onnxruntime's default)."""
     value = os.environ.get("OMP_NUM_THREADS", "")
     return int(value) if value.isdigit() else 0
 

@@ -159,7 +159,7 @@ class NpuSimTop(wiring.Component):
     """NpuCore (or, with `soc`, NpuSoc) + SimDram; the AXI4-Lite register port and the interrupt(s)
     are the top's ports. With `ext_dram` high (from reset on) the core's AXI4 master is the top's
     `bus` port instead (m_axi_*: the bench serves it with cocotbext-axi's AxiRam), so one simulator
-    build serves both memories: a build costs about half a minute of g++ per design."""
+    build serves both memories (docs/simulation.md)."""
 
     def __init__(self, config: NpuConfig | str, dram_size: int, soc: bool = False):
         self.cfg = get_config(config)
