@@ -300,12 +300,15 @@ def concat_program(
     y: Act,
     pixels: int,
     max_step: int = 0,
+    out_w: int | None = None,
 ) -> None:
     """Copy each input (act, width in bytes per pixel, byte offset in an output pixel, rescale) into
     its slice of the output's pixels; `rescale` is a VMAP when the input is quantised differently
-    (inputs and output share one element type)."""
+    (inputs and output share one element type). `out_w`: bytes of an output pixel (row) when not
+    its channel pitch or second dimension."""
     e = y.layout.elem
-    out_w = (y.layout.cp if y.layout.kind == "hwc" else y.q.shape[1]) * e
+    if out_w is None:
+        out_w = (y.layout.cp if y.layout.kind == "hwc" else y.q.shape[1]) * e
     k = 0
     for act, width, off, rescale in parts:
         per = max(1, min(0xFFFF, (cfg.spad_bytes // 2) // width, _step_bytes(cfg, max_step) // width))

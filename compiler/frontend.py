@@ -25,6 +25,7 @@ from .control import inline_control_flow
 from .fold import fold_constants, refresh_shapes
 from .graph import CompileError, Graph, node_attrs
 from .lift1d import lift_1d
+from .rnn import unroll_recurrent
 
 SUPPORTED_OPSET = 13
 NCHW_FROM_NHWC = [0, 3, 1, 2]
@@ -59,6 +60,7 @@ def prepare(
         if not inline_control_flow(p.model, source, p.notes):
             break
         p.model = fold_constants(p.model, source)
+    unroll_recurrent(p.model, p.notes)
     explicit_pads(p.model, p.notes)
     lift_1d(p.model, p.notes)
     p.nhwc_inputs = fold_input_layout(p.model, p.notes)

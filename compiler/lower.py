@@ -9,6 +9,7 @@ the fragments into NPU program segments and host steps.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -123,6 +124,7 @@ class Lowerer:
         self.ca = channel_align(cfg)
         self.alloc = DramAllocator(0x1000, cfg.dram_bytes)
         self.dram: list[tuple[int, bytes]] = []
+        self._const_at: dict[bytes, int] = {}  # digest of a constant image -> its address
         self.acts: dict[str, Act] = {}  # Q output name -> placed tensor
         self.qt: dict[str, QTensor] = {}
         self.host_float: set[str] = set()  # float tensors computed by host steps
@@ -358,9 +360,14 @@ class Lowerer:
         return not self.quantised(name)
 
     def const(self, data: bytes, what: str) -> int:
-        """A constant DRAM image (weights, biases); its address."""
+        """A constant DRAM image (weights, biases); its address. Equal images are stored once (the
+        program only reads them): an unrolled recurrent layer's steps share their weights."""
+        key = hashlib.sha256(data).digest()
+        if key in self._const_at:
+            return self._const_at[key]
         addr = self.alloc.take(len(data), what, "const")
         self.dram.append((addr, data))
+        self._const_at[key] = addr
         return addr
 
     def _trace(self, name: str) -> str:

@@ -165,6 +165,9 @@ def gemm_program(
     out_i32: bool = False,
     ea: int = 1,
     ey: int = 1,
+    a_row: int | None = None,
+    bt_row: int | None = None,
+    bt_col: int = 1,
 ) -> BuiltProgram | None:
     """Tiled GEMM + requantise (+ ReLU) program; a cancellation point after every
     `cancel_every` output tiles (0: none). `mult`/`shift`: one pair, or one per output column.
@@ -173,8 +176,12 @@ def gemm_program(
     `per_col`: per-channel `mult`/`shift` from a table already in the scratchpad
     (`per_column_table`; plan with the configuration it returns). `out_i32`: C is stored as it is
     (m x n int32, no requantisation). `ea`, `ey`: bytes of an A and an output element (int16
-    activations: 2)."""
+    activations: 2). `a_row`, `bt_row`: bytes between rows of A and of B^T in DRAM (default: dense,
+    `k` elements); `bt_col`: bytes between B^T's elements along k (1: its rows are contiguous; else
+    each B^T row is loaded as a column, one byte a DMA row: a transposed activation operand)."""
     t = tiling or choose_tiling(cfg, m, n, k, ea, ey)
+    a_row = k * ea if a_row is None else a_row
+    bt_row = k if bt_row is None else bt_row
     b = builder if builder is not None else ProgramBuilder(cfg)
     a_stride_sp = row_stride(cfg, t.tk * ea)
     b_stride_sp = row_stride(cfg, t.tk)
@@ -187,8 +194,10 @@ def gemm_program(
     )
     o_buf = [o_base, o_base + t.tm * t.tn * ey]
 
-    def load_rows(spad: int, dram: int, rows: int, cols: int, label: str, stride: int, e: int = 1) -> None:
-        """An operand tile: `rows` rows of `cols` elements of `e` bytes, k elements apart in DRAM."""
+    def load_rows(
+        spad: int, dram: int, rows: int, cols: int, label: str, stride: int, e: int, row: int
+    ) -> None:
+        """An operand tile: `rows` rows of `cols` elements of `e` bytes, `row` bytes apart in DRAM."""
         b.add(
             "load",
             spad=spad,
@@ -196,9 +205,18 @@ def gemm_program(
             rows=rows,
             cols=cols * e,
             spad_stride=stride,
-            dram_stride=k * e,
+            dram_stride=row,
             label=label,
         )
+
+    def load_bt(spad: int, n0: int, k0: int, tn: int, tk: int, label: str) -> None:
+        """A B^T tile: rows n0.. of k elements k0.., as rows or (`bt_col` > 1) column by column."""
+        if bt_col == 1:
+            load_rows(spad, bt_addr + n0 * bt_row + k0, tn, tk, label, b_stride_sp, 1, bt_row)
+            return
+        for j in range(tn):
+            b.add("load", spad=spad + j * b_stride_sp, dram=bt_addr + (n0 + j) * bt_row + k0 * bt_col,
+                  rows=tk, cols=1, spad_stride=1, dram_stride=bt_col, label=f"{label} row {j}")  # fmt: skip
 
     c_stride = acc_row_stride(cfg, t.tn)
     c_buf = [ACC_BASE, ACC_BASE + round_up(t.tm, cfg.clusters) * c_stride]
@@ -209,16 +227,7 @@ def gemm_program(
         tn = min(t.tn, n - n0)
         if not ksplit:  # B^T tile stays on chip for the whole N tile
             bb = b_buf[ni % 2]
-            b.add(
-                "load",
-                spad=bb,
-                dram=bt_addr + n0 * k,
-                rows=tn,
-                cols=k,
-                spad_stride=b_stride_sp,
-                dram_stride=k,
-                label=f"load B n{n0}",
-            )
+            load_bt(bb, n0, 0, tn, k, f"load B n{n0}")
         for m0 in range(0, m, t.tm):
             tm = min(t.tm, m - m0)
             cbuf = c_buf[it % 2]
@@ -238,10 +247,11 @@ def gemm_program(
                 if ksplit:
                     bb = b_buf[n_bload % 2]
                     n_bload += 1
-                    load_rows(bb, bt_addr + n0 * k + k0, tn, tk, f"load B n{n0} k{k0}", b_stride_sp)
+                    load_bt(bb, n0, k0, tn, tk, f"load B n{n0} k{k0}")
                 ab = a_buf[n_aload % 2]
                 n_aload += 1
-                load_rows(ab, a_addr + (m0 * k + k0) * ea, tm, tk, f"load A m{m0} k{k0}", a_stride_sp, ea)
+                a_at = a_addr + m0 * a_row + k0 * ea
+                load_rows(ab, a_at, tm, tk, f"load A m{m0} k{k0}", a_stride_sp, ea, a_row)
                 b.add(
                     "matmul",
                     a=ab,

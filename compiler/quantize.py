@@ -396,21 +396,54 @@ def with_headroom(
     return out
 
 
+#: operators that pass an activation's values through unchanged (its quantisation with them)
+VIEW_OPS = frozenset({"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze"})
+
+
+def matmul_operands(model: onnx.ModelProto) -> tuple[set[str], set[str]]:
+    """The tensors that feed a MatMul of two activations, through the views before it: (those of its
+    first operand, those of its second). The NPU multiplies them without zero points (symmetric,
+    both) and the second one as the MATMUL's int8 B^T operand (compiler/ops/gemm.py)."""
+    g = model.graph
+    consts = {t.name for t in g.initializer} | {
+        o for n in g.node if n.op_type == "Constant" for o in n.output
+    }
+    producer = {o: n for n in g.node for o in n.output}
+
+    def chain(t: str) -> set[str]:
+        out = {t}
+        while (p := producer.get(t)) is not None and p.op_type in VIEW_OPS:
+            t = p.input[0]
+            out.add(t)
+        return out
+
+    first: set[str] = set()
+    second: set[str] = set()
+    for n in g.node:
+        if n.op_type == "MatMul" and len(n.input) == 2 and not set(n.input) & consts:
+            first |= chain(n.input[0])
+            second |= chain(n.input[1])
+    return first - second, second
+
+
 def range_overrides(
-    ranges: Mapping[str, tuple[float, float]], int8: set[str], clipped: set[str]
+    ranges: Mapping[str, tuple[float, float]], int8: set[str], clipped: set[str], sym8: set[str] = frozenset()
 ) -> dict:
     """onnxruntime's per-tensor overrides for a quantisation whose default is int16 (symmetric):
     every tensor's calibrated range times INT16_HEADROOM (but where a Clip bounds it), and the
     tensors in `int8` int8 (asymmetric). An int8 tensor of a mix keeps the headroom too, so that it
     is chosen only where inputs beyond the calibrated range cost no more than they cost int16. (The
     default stays symmetric so that onnxruntime keeps every Relu: one folded into an asymmetric
-    range would be lost where the range is int16.)"""
+    range would be lost where the range is int16.) The tensors in `sym8` are int8 and symmetric
+    (the second operand of a MatMul of two activations)."""
     from onnxruntime.quantization import QuantType
 
     out = {}
     for name, (lo, hi) in with_headroom(ranges, clipped).items():
         o = {"rmin": np.float32(lo), "rmax": np.float32(hi)}
-        if name in int8:
+        if name in sym8:
+            o.update(quant_type=QuantType.QInt8, symmetric=True)
+        elif name in int8:
             o.update(quant_type=QuantType.QInt8, symmetric=False)
         out[name] = [o]
     return out
@@ -524,11 +557,19 @@ def quantize_float_model(
         model.ir_version = min(model.ir_version, ORT_MAX_IR)  # onnxruntime lags the onnx package
         onnx.save(model, str(src))
         options = {"WeightSymmetric": True, "ActivationSymmetric": activations != "int8"}
+        first, second = matmul_operands(model)
         if activations != "int8":
             if ranges is None:
                 ranges = calibrated_ranges(src, batches, method, source)
             int8 = set() if activations == "int16" else set(ranges) - set(int16 or ())
-            options["TensorQuantOverrides"] = range_overrides(ranges, int8, clipped_tensors(model))
+            overrides = range_overrides(ranges, int8, clipped_tensors(model), second)
+            for t in first:  # symmetric either way: int16 is, an int8 one is made so
+                for o in overrides.get(t, []):
+                    if o.get("quant_type") == QuantType.QInt8:
+                        o["symmetric"] = True
+            options["TensorQuantOverrides"] = overrides
+        elif first | second:  # int8: the operands of a product of two activations symmetric
+            options["TensorQuantOverrides"] = {t: [{"symmetric": True}] for t in first | second}
         quantize_static(
             str(src),
             str(dst),

@@ -92,7 +92,9 @@ def _check_tensors(man: Manifest, images: list[tuple[int, int, str]], where: str
         lay = t.layout
         if min(lay.shape, default=0) < 1 or math.prod(t.shape) != math.prod(lay.shape):
             raise ContainerError(f"{w}.layout: shape {list(lay.shape)} does not hold the tensor's {t.shape}")
-        if lay.kind != "dense" and (len(lay.chan) != lay.nchw[1] or max(lay.chan, default=0) >= lay.cp):
+        if lay.kind not in ("dense", "perm") and (
+            len(lay.chan) != lay.nchw[1] or max(lay.chan, default=0) >= lay.cp
+        ):
             raise ContainerError(f"{w}.layout: channels {list(lay.chan)[:8]} do not fit the pitch {lay.cp}")
         lo, hi = _ZP_RANGE[lay.elem] if t.scales is None else (0, 0)  # accumulators: scales[c] x q
         if not lo <= t.zero_point <= hi:

@@ -10,6 +10,8 @@ runtime reads (and the `.npub` manifest records).
   (its Transpose to NCHW folded by the compiler), no data moved.
 * `ncw`: the 3-D view (N, C, W) of an `hwc` tensor of height 1: a 1-D sequence (ONNX Conv1d's
   layout) that the compiler runs as a map of height 1, no data moved.
+* `perm`: a transposed view of a dense tensor of shape `base`: logical axis i is axis `perm[i]` of
+  it (ONNX Transpose), no data moved (the attention heads a MatMul of two activations reads).
 
 Elements are `elem` bytes: 1 (int8), 2 (int16 little-endian: int16 activations, docs/isa.md) or 4
 (int32 little-endian: accumulator values a Gemm or Conv stores for a result only the host reads,
@@ -30,12 +32,33 @@ ELEM_TYPES = {1: np.int8, 2: "<i2", 4: "<i4"}
 
 @dataclass(frozen=True)
 class Layout:
-    kind: str  # "dense" | "hwc" | "flat" | "nhwc" | "ncw"
+    kind: str  # "dense" | "hwc" | "flat" | "nhwc" | "ncw" | "perm"
     shape: tuple[int, ...]  # logical shape (for flat: (N, C*H*W); for nhwc: (N, H, W, C))
     nchw: tuple[int, int, int, int] | None = None  # hwc and flat: the 4-D tensor
     cp: int = 0
     chan: tuple[int, ...] = ()
     elem: int = 1  # bytes per element: 1 int8, 2 int16, 4 int32
+    base: tuple[int, ...] = ()  # perm: the dense tensor's shape
+    perm: tuple[int, ...] = ()  # perm: logical axis i is axis perm[i] of the dense tensor
+
+    @staticmethod
+    def transposed(base: tuple[int, ...], perm: tuple[int, ...], elem: int = 1) -> Layout:
+        """A dense tensor of shape `base` seen through ONNX Transpose(perm)."""
+        base, perm = tuple(int(s) for s in base), tuple(int(p) for p in perm)
+        if sorted(perm) != list(range(len(base))):
+            raise ValueError(f"perm {list(perm)} is not a permutation of {len(base)} axes")
+        return Layout("perm", tuple(base[p] for p in perm), elem=elem, base=base, perm=perm)
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """Bytes between neighbours along each logical axis (dense and perm layouts)."""
+        if self.kind not in ("dense", "perm"):
+            raise ValueError(f"a {self.kind} tensor has no strides per axis")
+        base = self.shape if self.kind == "dense" else self.base
+        dense = [self.elem] * len(base)
+        for i in range(len(base) - 2, -1, -1):
+            dense[i] = dense[i + 1] * base[i + 1]
+        return tuple(dense) if self.kind == "dense" else tuple(dense[p] for p in self.perm)
 
     @staticmethod
     def dense(shape: tuple[int, ...], elem: int = 1) -> Layout:
@@ -78,7 +101,7 @@ class Layout:
 
     @property
     def nbytes(self) -> int:
-        if self.kind == "dense":
+        if self.kind in ("dense", "perm"):
             return int(np.prod(self.shape)) * self.elem
         n, _, h, w = self.nchw
         return n * h * w * self.cp * self.elem
@@ -93,6 +116,11 @@ class Layout:
         if self.kind == "dense":
             n = int(np.prod(self.shape))
             return np.arange(0, n * self.elem, self.elem, dtype=np.int64).reshape(self.shape)
+        if self.kind == "perm":
+            n = int(np.prod(self.base))
+            return (
+                np.arange(0, n * self.elem, self.elem, dtype=np.int64).reshape(self.base).transpose(self.perm)
+            )
         n, c, h, w = self.nchw
         pix = np.arange(n * h * w, dtype=np.int64).reshape(n, 1, h, w) * self.cp
         off = (pix + np.asarray(self.chan, np.int64).reshape(1, c, 1, 1)) * self.elem
@@ -117,7 +145,9 @@ class Layout:
 
     def to_json(self) -> dict:
         d = {"kind": self.kind, "shape": list(self.shape)}
-        if self.kind != "dense":
+        if self.kind == "perm":
+            d.update(base=list(self.base), perm=list(self.perm))
+        elif self.kind != "dense":
             d.update(nchw=list(self.nchw), cp=self.cp, chan=list(self.chan))
         if self.elem != 1:
             d["elem"] = self.elem
@@ -127,6 +157,13 @@ class Layout:
     def from_json(d: dict) -> Layout:
         if d["kind"] == "dense":
             return Layout.dense(tuple(d["shape"]), int(d.get("elem", 1)))
+        if d["kind"] == "perm":
+            lay = Layout.transposed(tuple(d["base"]), tuple(d["perm"]), int(d.get("elem", 1)))
+            if list(lay.shape) != list(d["shape"]):
+                raise ValueError(
+                    f"a perm layout of shape {d['shape']} that its base and perm make {list(lay.shape)}"
+                )
+            return lay
         if d["kind"] not in ("hwc", "flat", "nhwc", "ncw"):
             raise ValueError(f"unknown tensor layout kind {d['kind']!r}")
         nchw, elem = tuple(d["nchw"]), int(d.get("elem", 1))

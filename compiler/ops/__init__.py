@@ -1,6 +1,7 @@
 """Operator lowering, one module per family behind one registry (`registry.RULES`):
 
 * `gemm`: Gemm, MatMul;  `conv`: Conv;  `pool`: MaxPool, AveragePool, GlobalAveragePool;
+* `heads`: Transpose, and MatMul of two activations (attention's heads, Q K^T, P V);
 * `convtranspose`: ConvTranspose with stride = kernel (a GEMM per input row and kernel row);
 * `resize`: Resize with nearest-neighbour sampling by integer factors (a DMA program);
 * `split`: Split along channels (a DMA copy per output);
@@ -23,7 +24,7 @@ from npu.program import ProgramBuilder
 
 from ..graph import CompileError
 from ..region import memory_name
-from . import conv, convtranspose, eltwise, gemm, pool, resize, split, view  # noqa: F401 - each registers its operators
+from . import conv, convtranspose, eltwise, gemm, heads, pool, resize, split, view  # noqa: F401 - each registers its operators
 from .host import lower_host
 from .lut import as_reading_source, is_absorbed, sole_reader
 from .registry import FUSED_NOTE, RULES, WIDE_OPS

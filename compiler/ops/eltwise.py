@@ -5,6 +5,7 @@ element-wise function of one activation through a table (`lut`)."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -158,10 +159,14 @@ def lower_mul(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
 def concat_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
     ins = [ctx.act_in(i, n) for i in n.input]
     rank = len(ins[0].q.shape)
-    if node_attrs(n).get("axis") not in (1, 1 - rank) or rank not in (2, 4):
-        return "concatenation on an axis other than channels"
     if len({x.q.elem for x in ins} | {ctx.q_out(n.output[0], n).elem}) > 1:
         return "a concatenation of int8 and int16 tensors"
+    if all(x.layout.kind == "dense" for x in ins):
+        return None  # any axis: rows of the axes before it, each input a block of every row
+    if node_attrs(n).get("axis") not in (1, 1 - rank) or rank not in (2, 4):
+        return "concatenation on an axis other than channels"
+    if any(x.layout.kind not in ("dense", "hwc") for x in ins):
+        return "a concatenation of tensors laid out as " + ", ".join(sorted({x.layout.kind for x in ins}))
     return None
 
 
@@ -169,6 +174,9 @@ def concat_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
 def lower_concat(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     xs = [ctx.act_in(i, n) for i in n.input]
     yq = ctx.q_out(n.output[0], n)
+    if all(x.layout.kind == "dense" for x in xs):
+        _concat_dense(ctx, n, b, xs, yq)
+        return
     parts, off, chan = [], 0, []
     e = yq.elem
     for x in xs:
@@ -190,3 +198,19 @@ def lower_concat(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
 
 _OWN = {"Relu", "Clip", "Identity", "Add", "Mul"}  # rules above (or cleanup's) that try a table themselves
 rule(*sorted((lut.UNARY | lut.BINARY) - _OWN), check=lut.check, int16=True)(lut.lower)
+
+
+def _concat_dense(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder, xs: list, yq) -> None:
+    """Dense tensors joined on any axis: the output's rows are the axes before it, and each input
+    is a block of every row (a recurrent layer's steps joined into its sequence, heads joined)."""
+    rank = len(yq.shape)
+    axis = node_attrs(n).get("axis", 0) % rank
+    rows, e = math.prod(yq.shape[:axis]), yq.elem
+    parts, off = [], 0
+    for x in xs:
+        width = math.prod(x.q.shape[axis:])
+        parts.append((x, width * e, off * e, rescale_params(x.q, yq, ctx.where(n))))
+        off += width
+    y = ctx.place(yq, f"{ctx.where(n)} output", Layout.dense(yq.shape, e))
+    concat_program(b, ctx.cfg, parts, y, rows, ctx.step, out_w=off * e)
+    ctx.op_done(n, b, yq.shape)

@@ -14,6 +14,7 @@ from ..graph import CompileError, node_attrs
 from ..programs import acc_row_stride, choose_tiling, gemm_program
 from ..quantize import channel_requant, out_channel_axis
 from ..region import memory_name
+from .heads import lower_product, product_check
 from .registry import rule
 
 if TYPE_CHECKING:
@@ -25,8 +26,10 @@ def gemm_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
     a = node_attrs(n)
     if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
         return "transA, alpha or beta other than 0, 1, 1"
+    if n.op_type == "MatMul" and ctx.src_kind(n.input[0]) == ctx.src_kind(n.input[1]) == "act":
+        return product_check(ctx, n)  # attention's Q K^T and P V (ops/heads.py)
     if ctx.src_kind(n.input[1]) != "const":
-        return "the second operand is not a constant (a product of two activations)"
+        return "the second operand is neither a constant nor a quantised activation"
     if ctx.dq_source(n.input[1], n)[1].ndim != 2:
         return "weights of more than two dimensions (a batched MatMul)"
     rank = len(ctx.shape(n.input[0], n))
@@ -41,6 +44,9 @@ def gemm_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
 
 @rule("Gemm", "MatMul", check=gemm_check, int16=True)
 def lower_gemm(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
+    if ctx.src_kind(n.input[1]) == "act":
+        lower_product(ctx, n, b)
+        return
     where = ctx.where(n)
     x = ctx.act_in(n.input[0], n)
     a = node_attrs(n)

@@ -12,8 +12,10 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from npu.container import HostIO, HostStep
+from npu.tensors import Layout
 
 from ..graph import CompileError
+from .heads import read_as_rows
 
 if TYPE_CHECKING:
     from ..lower import Lowerer
@@ -69,7 +71,8 @@ def lower_host(ctx: Lowerer, n: onnx.NodeProto, reason: str) -> None:
         for c in ctx.graph.consumers.get(o, []):
             if c.op_type == "QuantizeLinear":
                 q = ctx.qt[c.output[0]]
-                a = ctx.place(q, f"{ctx.where(c)} output")
+                rows = Layout.dense(q.shape, q.elem) if read_as_rows(ctx, q.name) else None
+                a = ctx.place(q, f"{ctx.where(c)} output", rows)
                 quantize.append(HostIO(o, a.desc(q.name)))
     name = f"host{len(ctx.frags)}"
     m = helper.make_model(

@@ -7,6 +7,7 @@ is one requantising VMAP over its bytes."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import onnx
@@ -90,11 +91,29 @@ def lower_view(ctx: Lowerer, n: onnx.NodeProto) -> None:
     ctx.new_frag(n, "view", out.shape)
 
 
+def _block(ctx: Lowerer, n: onnx.NodeProto) -> int | None:
+    """The byte offset of a Gather that takes one index of a dense tensor's first axis longer than
+    1 (a recurrent layer's time step): a contiguous block, so a view; None otherwise."""
+    x = ctx.act_in(n.input[0], n)
+    idx = ctx.consts.get(n.input[1])
+    shape = x.q.shape
+    axis = node_attrs(n).get("axis", 0) % len(shape)
+    if x.layout.kind != "dense" or idx is None or idx.size != 1 or math.prod(shape[:axis]) != 1:
+        return None
+    i = int(idx.reshape(-1)[0]) % shape[axis]
+    return i * math.prod(shape[axis + 1 :]) * x.layout.elem
+
+
 def gather_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
     """A Gather of channels with constant, distinct indices is a view: the same bytes with the
-    channels mapped anew (channel shuffles and channel slices, compiler/cleanup.py)."""
+    channels mapped anew (channel shuffles and channel slices, compiler/cleanup.py); so is one index
+    of a dense tensor's leading axis (`_block`)."""
     axis = node_attrs(n).get("axis", 0)
     idx = ctx.consts.get(n.input[1])
+    if _block(ctx, n) is not None:
+        x, out = ctx.act_in(n.input[0], n), ctx.q_out(n.output[0], n)
+        same = (out.scale, out.zero_point, out.elem) == (x.q.scale, x.q.zero_point, x.q.elem)
+        return None if same else "a gather that changes quantisation"
     if idx is None or idx.ndim != 1 or axis not in (1, -3) or len(set(idx.tolist())) != idx.size:
         return "a gather other than of channels by constant, distinct indices"
     x = ctx.act_in(n.input[0], n)
@@ -109,6 +128,11 @@ def gather_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
 def lower_gather(ctx: Lowerer, n: onnx.NodeProto) -> None:
     x = ctx.act_in(n.input[0], n)
     out = ctx.q_out(n.output[0], n)
+    off = _block(ctx, n)
+    if off is not None:
+        ctx.acts[out.name] = Act(out, x.addr + off, Layout.dense(out.shape, x.layout.elem))
+        ctx.new_frag(n, "view", out.shape)
+        return
     c = x.q.shape[1]
     chan = tuple(x.layout.chan[int(i) % c] for i in ctx.consts[n.input[1]])
     ctx.acts[out.name] = Act(out, x.addr, Layout.hwc(out.shape, ctx.ca, chan, x.layout.cp, x.layout.elem))
