@@ -81,7 +81,9 @@ def subgraphs(deps: list[set[int]], merge_below: int = 3) -> list[list[int]]:
 
 
 def topo_orders(nodes: list[int], deps: list[set[int]]) -> Iterator[list[int]]:
-    """Every topological order of `nodes` (dependencies outside the set are satisfied)."""
+    """Every topological order of `nodes` (dependencies outside the set are satisfied), in the order
+    a depth-first search taking the lowest position first finds them. Iterative: a subgraph may
+    have thousands of operators (two branches of an unrolled bidirectional recurrent layer)."""
     inside = set(nodes)
     indeg = {v: len(deps[v] & inside) for v in nodes}
     users: dict[int, list[int]] = {v: [] for v in nodes}
@@ -89,25 +91,38 @@ def topo_orders(nodes: list[int], deps: list[set[int]]) -> Iterator[list[int]]:
         for d in deps[v] & inside:
             users[d].append(v)
     order: list[int] = []
-
-    def rec() -> Iterator[list[int]]:
-        if len(order) == len(nodes):
-            yield list(order)
-            return
-        for v in nodes:
-            if indeg[v] == 0 and v not in placed:
-                placed.add(v)
-                order.append(v)
-                for u in users[v]:
-                    indeg[u] -= 1
-                yield from rec()
-                for u in users[v]:
-                    indeg[u] += 1
-                order.pop()
-                placed.discard(v)
-
     placed: set[int] = set()
-    yield from rec()
+    n = len(nodes)
+
+    def undo() -> None:
+        v = order.pop()
+        placed.discard(v)
+        for u in users[v]:
+            indeg[u] += 1
+
+    pos = [0]  # per depth: the position in `nodes` to try next
+    while pos:
+        if len(order) == n:
+            yield list(order)
+            pos.pop()
+            if order:
+                undo()
+            continue
+        i = pos[-1]
+        while i < n and (indeg[nodes[i]] != 0 or nodes[i] in placed):
+            i += 1
+        if i == n:  # this depth has no choice left: back to the one before
+            pos.pop()
+            if order:
+                undo()
+            continue
+        pos[-1] = i + 1
+        v = nodes[i]
+        placed.add(v)
+        order.append(v)
+        for u in users[v]:
+            indeg[u] -= 1
+        pos.append(0)
 
 
 def random_order(nodes: list[int], deps: list[set[int]], rng: random.Random) -> list[int]:

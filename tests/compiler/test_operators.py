@@ -399,8 +399,8 @@ def test_a_quantised_one_dimensional_convolution_stays_on_the_host(tmp_path):
 
 def test_transformer_block_compiles_with_its_linear_layers_on_the_npu(tmp_path):
     """A pre-norm transformer block over a sequence (1 x 8 x 32): the Q/K/V, output and MLP
-    projections (MatMul + bias on a 3-D activation) run on the NPU, the attention's products of two
-    activations, LayerNormalization and Softmax on the host; the result follows onnxruntime."""
+    projections (MatMul + bias on a 3-D activation) and the attention's products of two activations
+    run on the NPU, LayerNormalization and Softmax on the host; the result follows onnxruntime."""
     from onnx import TensorProto, helper, numpy_helper
 
     from tests.compiler.helpers import cosine, ort_outputs
@@ -436,9 +436,10 @@ def test_transformer_block_compiles_with_its_linear_layers_on_the_npu(tmp_path):
     m.ir_version = 8
     cm = compile_model(tmp_path, m, "default", rng.normal(0, 1, (16, t, d)).astype(np.float32))
     layers = {la.node: la for la in cm.lowered.layers}
-    assert layers["scores"].placement == layers["mix"].placement == "host"
+    # the products of two activations too, since compiler/ops/heads.py (test_attention.py)
+    assert layers["scores"].placement == layers["mix"].placement == "npu"
     assert sum(la.op == "Gemm" and la.placement == "npu" for la in cm.lowered.layers) == 6  # q k v o, MLP
-    assert cm.placement.mac_share > 0.9
+    assert cm.placement.mac_share == 1.0
     xs = rng.normal(0, 1, (1, t, d)).astype(np.float32)
     assert cosine(cm.run(xs)[0], ort_outputs(m, xs)[0]) > 0.99
 
