@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import logging
 import math
 import os
@@ -354,6 +355,15 @@ def calibrated_ranges(model_path: Path, batches: list, method, source: str) -> d
     return out
 
 
+def _range_cache(path: Path, ranges: Mapping[str, tuple[float, float]], method) -> Path:
+    """`ranges` written as onnxruntime's calibration cache (`save_tensors_data`), for `method`."""
+    from onnxruntime.quantization.calibrate import TensorData, TensorsData, save_tensors_data
+
+    data = {k: TensorData(lowest=np.float32(lo), highest=np.float32(hi)) for k, (lo, hi) in ranges.items()}
+    save_tensors_data(TensorsData(method, data), path)
+    return path
+
+
 def calibration_method(name: str):
     """onnxruntime's CalibrationMethod for `--calib-method` `name` (CompileError naming the choices)."""
     from onnxruntime.quantization import CalibrationMethod
@@ -570,6 +580,13 @@ def quantize_float_model(
             options["TensorQuantOverrides"] = overrides
         elif first | second:  # int8: the operands of a product of two activations symmetric
             options["TensorQuantOverrides"] = {t: [{"symmetric": True}] for t in first | second}
+        cache = {}
+        takes_cache = "calibration_cache_path" in inspect.signature(quantize_static).parameters
+        if activations != "int8" and takes_cache:
+            # every range is given: onnxruntime (where quantize_static has the option) takes them as its
+            # calibration cache instead of calibrating again, whose graph surgery grows with the square of the
+            # nodes (an unrolled recurrent layer's thousands: docs/compiler.md)
+            cache["calibration_cache_path"] = _range_cache(Path(d) / "ranges.json", ranges, method)
         quantize_static(
             str(src),
             str(dst),
@@ -581,6 +598,7 @@ def quantize_float_model(
             activation_type=QuantType.QInt8 if activations == "int8" else QuantType.QInt16,
             weight_type=QuantType.QInt8,
             extra_options=options,
+            **cache,
         )
         qdq = onnx.load(str(dst))
         if activations == "mixed":

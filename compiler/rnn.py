@@ -16,10 +16,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 
-#: the most time steps x directions unrolled: each adds about 30 operators, and onnxruntime's
-#: quantiser takes time quadratic in the graph's nodes (a bidirectional LSTM of 16 steps compiled in
-#: 34 s, of 32 steps in 87 s, of 40 in 162 s; docs/compiler.md)
-MAX_STEPS = 48
+#: the most time steps x directions unrolled: each adds about 30 operators, and the compile time
+#: grows faster than the graph (onnxruntime's quantiser, one table per Sigmoid/Tanh: docs/compiler.md)
+MAX_STEPS = 32
 
 GATES = {"LSTM": "iofc", "GRU": "zrh"}
 DEFAULT_ACTS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"]}

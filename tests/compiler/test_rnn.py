@@ -119,7 +119,7 @@ def test_a_recurrent_layer_that_is_not_unrolled_stays_one_host_operator(tmp_path
         ({"consts": {"P": np.ones((1, 3 * H), np.float32)}}, "peephole"),
         ({"consts": {"h0": np.ones((1, B, H), np.float32)}}, "constant initial state"),
         ({"drop": "R"}, "not constants"),
-        ({"shape": (49, B, I)}, "more than the 48 unrolled"),
+        ({"shape": (33, B, I)}, "more than the 32 unrolled"),
         ({"shape": None}, "static"),
     ],
 )
