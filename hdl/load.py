@@ -244,22 +244,6 @@ class LoadUnit(wiring.Component):
             row_start=row_start,
         )
 
-    def _writer_plan(self, wo, need, row_end):
-        """`plan(m, first, left, name)`: the assignments that set the writer's word registers for
-        a word starting at byte `first` of a bus word with `left` bytes of the row to write."""
-        W = self.cfg.bus_bytes
-        lw = log2(W)
-
-        def plan(m: Module, first, left, name: str) -> list:
-            room = Signal(range(W + 1), name=f"{name}_room")
-            small = Signal(name=f"{name}_small")
-            n = Signal(range(W + 1), name=f"{name}_need")
-            m.d.comb += [room.eq(W - first), small.eq(left <= W)]
-            m.d.comb += n.eq(Mux(small, min_(room, left[: lw + 1]), room))
-            return [wo.eq(first), need.eq(n), row_end.eq(small & (n == left[: lw + 1]))]
-
-        return plan
-
     def _writer(self, m: Module, f, fifo, tr, tw) -> SimpleNamespace:
         """The writer: FIFO bytes into on-chip words with byte enables, one word per cycle."""
         cfg = self.cfg
@@ -271,17 +255,19 @@ class LoadUnit(wiring.Component):
         w_row_addr = Signal(40)
         to_acc = Signal()
         w_active = Signal()
+        wo = Signal(lw)
+        m.d.comb += wo.eq(w_addr[:lw])
         # w_left <= W, kept beside it (as the reader's seg_small): this cycle's byte count and the
         # row's end need only short compares, not 18-bit ones on the path through the memory's
-        # grant to the row registers (Fmax). The word's first byte `wo`, the bytes it takes
-        # (`need`) and whether it ends the row are registers too, worked out from the values
-        # w_addr and w_left are loaded with (`plan`), so the FIFO's count compare and the byte
-        # enables start from flip-flops (same cycles)
+        # grant to the row registers (Fmax)
         w_small = Signal()
-        wo = Signal(lw)
+        short = w_left[: lw + 1]  # w_left when w_small
+        room = Signal(range(W + 1))
+        m.d.comb += room.eq(W - wo)
         need = Signal(range(W + 1))
+        m.d.comb += need.eq(Mux(w_small, min_(room, short), room))
         row_end = Signal()  # this word ends the row (need == w_left)
-        plan = self._writer_plan(wo, need, row_end)
+        m.d.comb += row_end.eq(w_small & (need == short))
         ready = Signal()  # a word is ready to write
         w_more = Signal()  # rows are left to write (registered)
         m.d.comb += ready.eq(w_active & w_more & (need != 0) & (fifo.count >= need))
@@ -312,16 +298,12 @@ class LoadUnit(wiring.Component):
                     w_addr.eq(w_row_addr + f.spad_stride),
                     w_left.eq(tw),
                     w_small.eq(tw <= W),
-                    *plan(m, (w_row_addr[:lw] + f.spad_stride[:lw])[:lw], tw, "w_row_next"),
                 ]
             with m.Else():
-                left = Signal(18)
-                m.d.comb += left.eq(w_left - need)
                 m.d.sync += [
                     w_addr.eq(w_addr + need),
-                    w_left.eq(left),
-                    w_small.eq(left <= W),
-                    *plan(m, (wo + need)[:lw], left, "w_next"),
+                    w_left.eq(w_left - need),
+                    w_small.eq(w_left - need <= W),
                 ]
         return SimpleNamespace(
             active=w_active,
@@ -332,7 +314,6 @@ class LoadUnit(wiring.Component):
             addr=w_addr,
             row_addr=w_row_addr,
             to_acc=to_acc,
-            plan=plan,
         )
 
     def _control(self, m: Module, active, tr, tw, ar, gen, wr) -> None:
@@ -378,7 +359,6 @@ class LoadUnit(wiring.Component):
                 wr.left.eq(ntw),
                 wr.small.eq(ntw <= W),
                 wr.addr.eq(nf.spad),
-                *wr.plan(m, nf.spad[: log2(W)], ntw, "w_first"),
                 wr.row_addr.eq(nf.spad),
                 wr.to_acc.eq(is_acc(nf.spad)),
             ]
