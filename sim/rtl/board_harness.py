@@ -8,6 +8,7 @@ import os
 import queue
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 from cocotb.clock import Clock
@@ -19,6 +20,9 @@ from npu.sim.rtl.cocotb_bridge import QueueStream
 CLOCK_MHZ = float(os.environ.get("BOARD_CLOCK_MHZ", 50))
 DIVISOR = int(os.environ["BOARD_DIVISOR"])  # the top's SIM_DIVISOR
 PERIOD_PS = 2 * round(1e6 / CLOCK_MHZ / 2)
+#: the longest the simulated clock waits for the host's next request (wall seconds): a host that
+#: waits for the board's time to pass without asking (none of ours) only runs slower
+HOST_STALL_S = 30.0
 
 
 async def start_board(dut):
@@ -45,7 +49,8 @@ async def run_host(
     dut, host: Callable[[QueueStream], None], say: Callable[[str], None], step: int = 64
 ) -> int:
     """Run `host(stream)` in a thread while moving its bytes over the UART, a wake-up every `step`
-    cycles (not one per clock edge); its exception, if any, is raised here. The cycles simulated."""
+    cycles (not one per clock edge), in lock-step: after each whole reply the clock waits for the
+    host's next request. Its exception, if any, is raised here. The cycles simulated."""
     baud = CLOCK_MHZ * 1e6 / DIVISOR
     src, sink = UartSource(dut.rx, baud=baud), UartSink(dut.tx, baud=baud)
     stream, errors = QueueStream(), []
@@ -58,6 +63,20 @@ async def run_host(
 
     th = threading.Thread(target=run, name="host", daemon=True)
     th.start()
+
+    def next_request() -> None:
+        """Lock-step: the simulated clock stands while the host thinks, until its next request
+        (or its end), so the bytes reach the board at a cycle set by the board alone, never by how
+        fast this machine runs the host thread (which moved the cycles of a run by a few)."""
+        deadline = time.monotonic() + HOST_STALL_S
+        while th.is_alive() and time.monotonic() < deadline:
+            try:
+                src.write_nowait(stream.to_dev.get(timeout=0.01))
+                return
+            except queue.Empty:
+                pass
+
+    next_request()  # the first request (HELLO) at a fixed cycle too
     cycles, moved = 0, 0
     while th.is_alive():
         await Timer(step * PERIOD_PS, unit="ps")
@@ -84,6 +103,8 @@ async def run_host(
         if data:
             moved += len(data)
             stream.from_dev.put(bytes(data))
+            if data[-1] == 0 and stream.to_dev.empty():  # a whole frame (COBS delimiter) delivered
+                next_request()
     if errors:
         raise errors[0]
     return cycles
