@@ -244,6 +244,22 @@ class LoadUnit(wiring.Component):
             row_start=row_start,
         )
 
+    def _writer_plan(self, wo, need, row_end):
+        """`plan(m, first, left, name)`: the assignments that set the writer's word registers for
+        a word starting at byte `first` of a bus word with `left` bytes of the row to write."""
+        W = self.cfg.bus_bytes
+        lw = log2(W)
+
+        def plan(m: Module, first, left, name: str) -> list:
+            room = Signal(range(W + 1), name=f"{name}_room")
+            small = Signal(name=f"{name}_small")
+            n = Signal(range(W + 1), name=f"{name}_need")
+            m.d.comb += [room.eq(W - first), small.eq(left <= W)]
+            m.d.comb += n.eq(Mux(small, min_(room, left[: lw + 1]), room))
+            return [wo.eq(first), need.eq(n), row_end.eq(small & (n == left[: lw + 1]))]
+
+        return plan
+
     def _writer(self, m: Module, f, fifo, tr, tw) -> SimpleNamespace:
         """The writer: FIFO bytes into on-chip words with byte enables, one word per cycle."""
         cfg = self.cfg
@@ -255,19 +271,17 @@ class LoadUnit(wiring.Component):
         w_row_addr = Signal(40)
         to_acc = Signal()
         w_active = Signal()
-        wo = Signal(lw)
-        m.d.comb += wo.eq(w_addr[:lw])
         # w_left <= W, kept beside it (as the reader's seg_small): this cycle's byte count and the
         # row's end need only short compares, not 18-bit ones on the path through the memory's
-        # grant to the row registers (Fmax)
+        # grant to the row registers (Fmax). The word's first byte `wo`, the bytes it takes
+        # (`need`) and whether it ends the row are registers too, worked out from the values
+        # w_addr and w_left are loaded with (`plan`), so the FIFO's count compare and the byte
+        # enables start from flip-flops (same cycles)
         w_small = Signal()
-        short = w_left[: lw + 1]  # w_left when w_small
-        room = Signal(range(W + 1))
-        m.d.comb += room.eq(W - wo)
+        wo = Signal(lw)
         need = Signal(range(W + 1))
-        m.d.comb += need.eq(Mux(w_small, min_(room, short), room))
         row_end = Signal()  # this word ends the row (need == w_left)
-        m.d.comb += row_end.eq(w_small & (need == short))
+        plan = self._writer_plan(wo, need, row_end)
         ready = Signal()  # a word is ready to write
         w_more = Signal()  # rows are left to write (registered)
         m.d.comb += ready.eq(w_active & w_more & (need != 0) & (fifo.count >= need))
@@ -288,6 +302,11 @@ class LoadUnit(wiring.Component):
             ap.be.eq(be),
             ap.en.eq(ready & to_acc),
         ]
+        # the word plans are worked out outside the conditions that use them (plain wires)
+        left = Signal(18)
+        m.d.comb += left.eq(w_left - need)
+        row_next = plan(m, (w_row_addr[:lw] + f.spad_stride[:lw])[:lw], tw, "w_row_next")
+        word_next = plan(m, (wo + need)[:lw], left, "w_next")
         with m.If(write):
             m.d.comb += fifo.pop_n.eq(need)
             with m.If(row_end):
@@ -298,12 +317,14 @@ class LoadUnit(wiring.Component):
                     w_addr.eq(w_row_addr + f.spad_stride),
                     w_left.eq(tw),
                     w_small.eq(tw <= W),
+                    *row_next,
                 ]
             with m.Else():
                 m.d.sync += [
                     w_addr.eq(w_addr + need),
-                    w_left.eq(w_left - need),
-                    w_small.eq(w_left - need <= W),
+                    w_left.eq(left),
+                    w_small.eq(left <= W),
+                    *word_next,
                 ]
         return SimpleNamespace(
             active=w_active,
@@ -314,6 +335,7 @@ class LoadUnit(wiring.Component):
             addr=w_addr,
             row_addr=w_row_addr,
             to_acc=to_acc,
+            plan=plan,
         )
 
     def _control(self, m: Module, active, tr, tw, ar, gen, wr) -> None:
@@ -324,8 +346,9 @@ class LoadUnit(wiring.Component):
         m.d.comb += self.exec.done.eq(finished)
         with m.If(finished):
             m.d.sync += [active.eq(0), ar.active.eq(0), gen.active.eq(0), wr.active.eq(0)]
+        nf = view(Opcode.LOAD, self.exec.instr)
+        first_word = wr.plan(m, nf.spad[: log2(W)], nf.pad_left + nf.cols + nf.pad_right, "w_first")
         with m.If(self.exec.go):
-            nf = view(Opcode.LOAD, self.exec.instr)
             ntr = nf.pad_top + nf.rows + nf.pad_bottom
             ntw = nf.pad_left + nf.cols + nf.pad_right
             fb = burst_plan(m, nf.dram, nf.cols, W, "ar_first")
@@ -359,6 +382,7 @@ class LoadUnit(wiring.Component):
                 wr.left.eq(ntw),
                 wr.small.eq(ntw <= W),
                 wr.addr.eq(nf.spad),
+                *first_word,
                 wr.row_addr.eq(nf.spad),
                 wr.to_acc.eq(is_acc(nf.spad)),
             ]

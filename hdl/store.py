@@ -205,10 +205,11 @@ class StoreUnit(wiring.Component):
         m.d.sync += [new_burst.eq(burst_plan(m, w_addr, w_left, W, "w_next")[0]), w_calc.eq(active)]
         beats_left = Signal(9)
         m.d.comb += beats_left.eq(Mux(w_burst_left == 0, new_burst, w_burst_left))
+        # the beat's first byte in the bus word and its byte count, min(W - wo, w_left), are
+        # registers kept with w_addr and w_left (worked out from the values they are loaded with),
+        # so the FIFO's "enough bytes" compare and the strobes do not wait on the address arithmetic
         wo = Signal(lw)
-        m.d.comb += wo.eq(w_addr[:lw])
         wn = Signal(range(W + 1))
-        m.d.comb += wn.eq(min_(W - wo, w_left))
         can_w = Signal()
         w_more = Signal()  # rows are left to write
         settled = w_calc | (w_burst_left != 0)  # a new burst's length is known
@@ -226,20 +227,31 @@ class StoreUnit(wiring.Component):
             with m.If(beats_left == 1):
                 m.d.sync += w_bursts.eq(w_bursts + 1)
             with m.If(wn == w_left):
+                row_wo = (w_row_addr[:lw] + f.dram_stride[:lw])[:lw]
                 m.d.sync += [
                     w_more.eq(w_row + 1 < f.rows),
                     w_row.eq(w_row + 1),
                     w_row_addr.eq(w_row_addr + f.dram_stride),
                     w_addr.eq(w_row_addr + f.dram_stride),
                     w_left.eq(f.cols),
+                    wo.eq(row_wo),
+                    wn.eq(min_(W - row_wo, f.cols)),
                 ]
             with m.Else():
-                m.d.sync += [w_addr.eq(w_addr + wn), w_left.eq(w_left - wn)]
+                next_wo = (wo + wn)[:lw]
+                m.d.sync += [
+                    w_addr.eq(w_addr + wn),
+                    w_left.eq(w_left - wn),
+                    wo.eq(next_wo),
+                    wn.eq(min_(W - next_wo, w_left - wn)),
+                ]
         return SimpleNamespace(
             row=w_row,
             addr=w_addr,
             row_addr=w_row_addr,
             left=w_left,
+            wo=wo,
+            wn=wn,
             burst_left=w_burst_left,
             more=w_more,
             calc=w_calc,
@@ -283,6 +295,8 @@ class StoreUnit(wiring.Component):
                 wr.addr.eq(nf.dram),
                 wr.row_addr.eq(nf.dram),
                 wr.left.eq(nf.cols),
+                wr.wo.eq(nf.dram[: log2(W)]),
+                wr.wn.eq(min_(W - nf.dram[: log2(W)], nf.cols)),
                 wr.burst_left.eq(0),
                 wr.more.eq(nf.rows != 0),
                 wr.calc.eq(0),

@@ -199,7 +199,10 @@ def _build(verilog: str, toplevel: str, build_dir: Path, sim: str, waves: bool, 
     build_args = (
         ["-Wno-fatal", "-Wno-WIDTH", "-O3", "--x-assign", "fast", "--x-initial", "fast", "--noassert"]
         if sim == "verilator"
-        else []
+        # Verilog-2005, not cocotb's -g2012: under SystemVerilog rules a declaration's initial value
+        # makes no event at time 0, so Yosys's trigger for its combinational blocks never fires and
+        # a block whose inputs keep their initial values stays X (a FIFO's pop count, forever)
+        else ["-g2005"]
     )
     build_log = build_dir / "build.log" if quiet else None
     binary = build_dir / ("npu_sim_top" if toplevel == "npu_sim_top" else toplevel)
