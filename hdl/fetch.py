@@ -263,44 +263,62 @@ class Fetcher(wiring.Component):
             - (self.r.valid & (st.discard == 0))
             - (self.r.valid & (st.discard != 0))
         )
-        size = self.ring_size
-        ring_ok = (size >= INSTR_BYTES) & ((size & (size - 1)) == 0) & (
-            self.base + size <= cfg.dram_bytes)  # fmt: skip
-        new_mask = Signal(32)
-        m.d.comb += new_mask.eq(Mux(size != 0, (size >> log2(INSTR_BYTES)) - 1, 0xFFFFFFFF))
-        # the window: [win_base, win_hi), win_hi = 2^32 for a limit of 0
-        win_hi = Signal(33)
-        first_addr = Signal(40)
+        # The new stream's addresses are worked out a cycle ahead, every cycle, from the registers
+        # (base, start pc, ring size, window): those change only by register writes, and START
+        # follows the CONTROL write by a cycle, so at a restart these registers hold the values
+        # the restart reads; the restart itself only compares and adds once (Fmax: the chain
+        # ring size -> mask -> first address -> window distance -> window end was the board's
+        # critical path)
+        size, base, start_pc = Signal(32), Signal(32), Signal(32)
+        new_mask, first_addr, win_hi = Signal(32), Signal(40), Signal(33)
+        win_base, ring_ok, ring_to_end = Signal(32), Signal(), Signal(33)
+        mask_now = Signal(32)
+        m.d.comb += mask_now.eq(
+            Mux(self.ring_size != 0, (self.ring_size >> log2(INSTR_BYTES)) - 1, 0xFFFFFFFF)
+        )
+        masked_now = self.start_pc & mask_now
+        m.d.sync += [
+            size.eq(self.ring_size),
+            base.eq(self.base),
+            start_pc.eq(self.start_pc),
+            win_base.eq(self.win_base),
+            new_mask.eq(mask_now),
+            first_addr.eq(self.base + (masked_now << log2(INSTR_BYTES))),
+            # the window: [win_base, win_hi), win_hi = 2^32 for a limit of 0
+            win_hi.eq(Mux(self.win_limit == 0, 1 << 32, self.win_limit)),
+            ring_ok.eq(
+                (self.ring_size >= INSTR_BYTES)
+                & ((self.ring_size & (self.ring_size - 1)) == 0)
+                & (self.base + self.ring_size <= cfg.dram_bytes)
+            ),
+            ring_to_end.eq(mask_now - masked_now + 1),
+        ]
         left = Signal(33)  # instructions from the first one to the window's end (non-ring mode)
         check = m.submodules.check
         with m.If(self.restart):  # the window LOAD and STORE are checked against, for the run
-            m.d.sync += [check.win_base.eq(self.win_base), check.win_hi.eq(win_hi)]
-        m.d.comb += [
-            win_hi.eq(Mux(self.win_limit == 0, 1 << 32, self.win_limit)),
-            first_addr.eq(self.base + ((self.start_pc & new_mask) << log2(INSTR_BYTES))),
-            left.eq(Mux(first_addr >= win_hi, 0, (win_hi - first_addr) >> log2(INSTR_BYTES))),
-        ]
-        outside = Mux(size != 0, (self.base < self.win_base) | (self.base + size > win_hi),
-                      first_addr < self.win_base)  # fmt: skip
+            m.d.sync += [check.win_base.eq(win_base), check.win_hi.eq(win_hi)]
+        m.d.comb += left.eq(Mux(first_addr >= win_hi, 0, (win_hi - first_addr) >> log2(INSTR_BYTES)))
+        outside = Mux(size != 0, (base < win_base) | (base + size > win_hi),
+                      first_addr < win_base)  # fmt: skip
         with m.If(self.restart):
             m.d.sync += [
                 st.bad_win.eq(outside),
-                st.win_end_m2.eq(self.start_pc + left - 2),
+                st.win_end_m2.eq(start_pc + left - 2),
                 out.win_head.eq((size == 0) & (left == 0)),
                 out.win_next.eq((size == 0) & (left <= 1)),
             ]
             m.d.sync += [
-                st.base.eq(self.base),
+                st.base.eq(base),
                 st.ring.eq(size != 0),
                 st.mask.eq(new_mask),
                 req.addr.eq(first_addr),
-                req.to_end.eq(Mux(size != 0, new_mask - (self.start_pc & new_mask) + 1, left)),
+                req.to_end.eq(Mux(size != 0, ring_to_end, left)),
                 req.slots.eq(new_mask + 1),
-                st.bad_base.eq((self.base[: log2(INSTR_BYTES)] != 0) | ((size != 0) & ~ring_ok)),
-                st.req_pc.eq(self.start_pc),
-                st.out_pc.eq(self.start_pc),
-                out.past_head.eq(self._past_dram(self.base, new_mask, self.start_pc)),
-                out.past_next.eq(self._past_dram(self.base, new_mask, self.start_pc + 1)),
+                st.bad_base.eq((base[: log2(INSTR_BYTES)] != 0) | ((size != 0) & ~ring_ok)),
+                st.req_pc.eq(start_pc),
+                st.out_pc.eq(start_pc),
+                out.past_head.eq(self._past_dram(base, new_mask, start_pc)),
+                out.past_next.eq(self._past_dram(base, new_mask, start_pc + 1)),
                 st.inflight.eq(0),
                 st.in_check.eq(0),
                 st.discard.eq(stale),
