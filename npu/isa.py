@@ -589,11 +589,6 @@ def validate(i: Instr, cfg: NpuConfig) -> None:
         raise _err(ErrorCode.ILLEGAL_FIELD, i, "control instructions carry no tokens")
     if unit is not None and ((i.wait | i.signal) >> int(unit)) & 1:
         raise _err(ErrorCode.ILLEGAL_FIELD, i, f"token mask names its own unit ({UNIT_NAMES[unit]})")
-    # the rest depends on the fields and cfg only: an instruction that passed them on this cfg (and
-    # its re-tokened copies, which carry the mark) is not checked again (the compiler's cost model
-    # times whole programs dozens of times)
-    if i.__dict__.get("_fields_ok") is cfg:
-        return
     # field rules
     if "shift" in f and f["shift"] > MAX_SHIFT:
         raise _err(ErrorCode.ILLEGAL_FIELD, i, f"shift={f['shift']} exceeds {MAX_SHIFT}")
@@ -672,7 +667,6 @@ def validate(i: Instr, cfg: NpuConfig) -> None:
             )
     # destination may not partially overlap a source (an identical element-wise operand is fine)
     _check_overlap(i)
-    i.__dict__["_fields_ok"] = cfg
 
 
 def _required_memories(i: Instr):

@@ -165,17 +165,7 @@ def _dram_cycles(cfg: NpuConfig, beats: int, bursts: int) -> int:
 
 
 def duration(i: Instr, cfg: NpuConfig) -> int:
-    """Cycles a unit is busy with one instruction (>= 1). Kept in the instruction for `cfg` (its
-    re-tokened copies carry it: tokens do not change it); the compiler asks for it ~30 times each."""
-    got = i.__dict__.get("_duration")
-    if got is not None and got[0] is cfg:
-        return got[1]
-    d = _duration(i, cfg)
-    i.__dict__["_duration"] = (cfg, d)
-    return d
-
-
-def _duration(i: Instr, cfg: NpuConfig) -> int:
+    """Cycles a unit is busy with one instruction (>= 1)."""
     if cfg.core == "micro":  # the firmware's costs (one instruction at a time)
         return micro_duration(i)
     f = i.fields
