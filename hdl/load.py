@@ -302,7 +302,7 @@ class LoadUnit(wiring.Component):
             ap.be.eq(be),
             ap.en.eq(ready & to_acc),
         ]
-        # the word plans are worked out outside the conditions that use them (plain wires)
+        # the next word's plans, for the row's end and for a word within the row
         left = Signal(18)
         m.d.comb += left.eq(w_left - need)
         row_next = plan(m, (w_row_addr[:lw] + f.spad_stride[:lw])[:lw], tw, "w_row_next")
@@ -347,10 +347,10 @@ class LoadUnit(wiring.Component):
         with m.If(finished):
             m.d.sync += [active.eq(0), ar.active.eq(0), gen.active.eq(0), wr.active.eq(0)]
         nf = view(Opcode.LOAD, self.exec.instr)
-        first_word = wr.plan(m, nf.spad[: log2(W)], nf.pad_left + nf.cols + nf.pad_right, "w_first")
+        ntw = nf.pad_left + nf.cols + nf.pad_right
+        first_word = wr.plan(m, nf.spad[: log2(W)], ntw, "w_first")
         with m.If(self.exec.go):
             ntr = nf.pad_top + nf.rows + nf.pad_bottom
-            ntw = nf.pad_left + nf.cols + nf.pad_right
             fb = burst_plan(m, nf.dram, nf.cols, W, "ar_first")
             first = Signal(2)
             m.d.comb += first.eq(Mux(nf.pad_top != 0, TOP, _next_phase(TOP, nf)))
