@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper, shape_inference
+from onnx import helper, numpy_helper
 
 from .fold import fold_constants
 from .graph import Graph, node_attrs
+from .shapes import infer_in_place
 
 
 def cleanup(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -195,9 +196,7 @@ def _rebuild(model: onnx.ModelProto, nodes: list, consts: dict, outputs: set[str
     g.node.extend(nodes)
     del g.initializer[:]
     g.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items() if k in used)
-    del g.value_info[:]
-    inferred = shape_inference.infer_shapes(model)
-    g.value_info.extend(inferred.graph.value_info)
+    infer_in_place(model, outputs=False)
 
 
 def _consumers(nodes: list[onnx.NodeProto]) -> dict[str, list[onnx.NodeProto]]:

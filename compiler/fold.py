@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper, shape_inference
+from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from .graph import CompileError, Graph, node_attrs
+from .shapes import infer_in_place
 
 # never folded: quantisation nodes keep a QDQ model's structure, random operators their meaning
 KEEP = {"QuantizeLinear", "DequantizeLinear"}
@@ -34,7 +35,7 @@ def refresh_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
         dims = o.type.tensor_type.shape.dim
         if not all(d.HasField("dim_value") and d.dim_value > 0 for d in dims):
             o.type.tensor_type.ClearField("shape")
-    return shape_inference.infer_shapes(model, data_prop=True)
+    return infer_in_place(model, data_prop=True)
 
 
 def fold_constants(model: onnx.ModelProto, source: str = "model") -> onnx.ModelProto:

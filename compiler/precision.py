@@ -34,12 +34,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import shape_inference
 
 from .accuracy import cosine, intermediates
 from .graph import Graph
 from .placement import MAC_OPS, node_macs
 from .quantize import ort_session
+from .shapes import infer_shapes
 
 #: calibration batches the selection runs on (each search step runs them all through onnxruntime)
 SELECTION_BATCHES = 2
@@ -92,7 +92,7 @@ def fake_int8(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
 
 def _macs(model: onnx.ModelProto) -> dict[str, float]:
     """Per tensor: the MACs of the matrix operators reading it as data (not as weights)."""
-    g = Graph(shape_inference.infer_shapes(model))
+    g = Graph(infer_shapes(model))
     shapes = g.static_shapes()
     out: dict[str, float] = {}
     for n in g.nodes:

@@ -24,13 +24,14 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import numpy_helper, shape_inference
+from onnx import numpy_helper
 
 from npu.container import TensorDesc
 from npu.tensors import Layout
 
 from .graph import CompileError, Graph
 from .options import ACTIVATIONS, CALIB_METHODS, WEIGHT_SCALES
+from .shapes import infer_in_place
 
 ORT_MAX_IR = 10
 
@@ -603,7 +604,7 @@ def quantize_float_model(
         qdq = onnx.load(str(dst))
         if activations == "mixed":
             qdq = fold_int8_relus(qdq)
-        qdq = shape_inference.infer_shapes(qdq)
+        qdq = infer_in_place(qdq)
     with _memo_lock:
         _memo[key] = qdq.SerializeToString()
         while len(_memo) > MEMO_MODELS:

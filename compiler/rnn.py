@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper, shape_inference
+from onnx import helper, numpy_helper
+
+from .shapes import inferred_graph
 
 #: the most time steps x directions unrolled: each adds about 30 operators, and the compile time
 #: grows faster than the graph (onnxruntime's quantiser, one table per Sigmoid/Tanh: docs/compiler.md)
@@ -152,7 +154,7 @@ def unroll_recurrent(model: onnx.ModelProto, notes: list[str]) -> None:
     if not any(n.op_type in GATES and n.domain in ("", "ai.onnx") for n in g.node):
         return
     shapes = {}
-    for vi in [*shape_inference.infer_shapes(model).graph.value_info, *g.input]:
+    for vi in [*inferred_graph(model).value_info, *g.input]:
         dims = vi.type.tensor_type.shape.dim
         shapes[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else None for d in dims)
     consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
