@@ -33,6 +33,7 @@ from onnx import numpy_helper
 from .graph import CompileError
 from .options import ROUNDINGS
 from .quantize import content_key, ort_session
+from .shapes import skeleton
 
 #: "auto" keeps GPTQ's rounding when the model's output error on the calibration inputs is at most
 #: this fraction of nearest rounding's (a per-layer gain that does not carry through the model, or
@@ -180,23 +181,32 @@ def _is(node: onnx.NodeProto | None, op: str) -> bool:
     return node is not None and node.op_type == op
 
 
+def _conv_grid(layer: _Layer, h: int, w: int) -> tuple[int, int, int, int]:
+    """The output positions (rows, columns) and input strides H is gathered at for a convolution
+    over an h x w map: every position, or on a large map those of a coarser grid (neighbouring
+    windows overlap, so H's estimate loses little, and gathering it costs a fraction)."""
+    a = _attrs(layer.node)
+    _, _, kh, kw = layer.float_w.shape
+    sh, sw = a.get("strides", [1, 1])
+    dh, dw = a.get("dilations", [1, 1])
+    pt, pl, pb, pr = a.get("pads", [0, 0, 0, 0])
+    oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    g = max(1, math.ceil(math.sqrt(oh * ow / MAX_POSITIONS)))
+    return -(-oh // g), -(-ow // g), sh * g, sw * g
+
+
 def _columns(layer: _Layer, x: np.ndarray) -> np.ndarray:
     """The layer's input `x` as (groups, samples, columns) float32: im2col for a convolution."""
     if layer.node.op_type != "Conv":
         return x.reshape(1, -1, x.shape[-1]).astype(np.float32, copy=False)
     a = _attrs(layer.node)
     _, cig, kh, kw = layer.float_w.shape
-    sh, sw = a.get("strides", [1, 1])
     dh, dw = a.get("dilations", [1, 1])
     pt, pl, pb, pr = a.get("pads", [0, 0, 0, 0])
     n, c, h, w = x.shape
     xp = np.pad(x.astype(np.float32, copy=False), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
-    oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
-    ow = (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
-    # a large map: the output positions of a coarser grid (neighbouring windows overlap, so H's
-    # estimate loses little, and gathering it costs a fraction)
-    g = max(1, math.ceil(math.sqrt(oh * ow / MAX_POSITIONS)))
-    oh, ow, sh, sw = -(-oh // g), -(-ow // g), sh * g, sw * g
+    oh, ow, sh, sw = _conv_grid(layer, h, w)
     cols = np.empty((n, c, kh, kw, oh, ow), np.float32)
     for i in range(kh):
         for j in range(kw):
@@ -206,26 +216,83 @@ def _columns(layer: _Layer, x: np.ndarray) -> np.ndarray:
     return cols.reshape(n, g, k, oh * ow).transpose(1, 0, 3, 2).reshape(g, -1, k)
 
 
+def _input_vectors(layer: _Layer, dims: list[int] | None) -> int | None:
+    """The input vectors `_columns` makes of an input of shape `dims` (None: not known)."""
+    if dims is None or any(d <= 0 for d in dims):
+        return None
+    if layer.node.op_type != "Conv":
+        return math.prod(dims[:-1])
+    if len(dims) != 4:
+        return None
+    oh, ow, _, _ = _conv_grid(layer, dims[2], dims[3])
+    return dims[0] * oh * ow
+
+
+def _shapes(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> dict[str, list[int]]:
+    """Every tensor's shape in `model` fed `feed` (onnx's shape inference on the model's skeleton
+    with the feed's input shapes; a dimension it cannot give is 0)."""
+
+    def dims(vi) -> list[int]:
+        return [d.dim_value for d in vi.type.tensor_type.shape.dim]
+
+    sk = skeleton(model)
+    for i in sk.graph.input:
+        if i.name in feed:
+            shape = i.type.tensor_type.shape
+            del shape.dim[:]
+            for d in feed[i.name].shape:
+                shape.dim.add().dim_value = int(d)
+    try:
+        g = onnx.shape_inference.infer_shapes(sk).graph
+    except Exception:  # noqa: BLE001 - shapes are an optimisation here: unknown means gather
+        return {}
+    return {
+        vi.name: dims(vi) for vi in [*g.input, *g.value_info, *g.output] if vi.type.HasField("tensor_type")
+    }
+
+
+def _worth_gathering(layers: list[_Layer], float_model: onnx.ModelProto, batches: list[dict]) -> list[bool]:
+    """Per layer, whether the calibration batches give it MIN_SAMPLES input vectors per weight
+    column (else GPTQ leaves it at nearest rounding, and its H is not worth gathering: on a
+    ResNet-50-class net the deep layers' H were most of the gathering's time and memory). A layer
+    whose input shape inference does not give is gathered."""
+    by_shape: dict[tuple, dict[str, list[int]]] = {}
+    counts: list[int | None] = [0] * len(layers)
+    for feed in batches:
+        key = tuple(sorted((k, tuple(v.shape)) for k, v in feed.items()))
+        if key not in by_shape:
+            by_shape[key] = _shapes(float_model, feed)
+        shapes = by_shape[key]
+        for i, la in enumerate(layers):
+            n = _input_vectors(la, shapes.get(la.act))
+            counts[i] = None if n is None or counts[i] is None else counts[i] + n
+    return [c is None or c >= MIN_SAMPLES * la.cols for c, la in zip(counts, layers, strict=True)]
+
+
 def _hessians(
     layers: list[_Layer], float_model: onnx.ModelProto, batches: Iterable[dict[str, np.ndarray]]
 ) -> tuple[list[np.ndarray], list[int], list[list[np.ndarray]]]:
-    """H = X^T X per layer and group from the float model's inputs of each layer, the number of
-    input vectors each sums, gathered in as few passes over the calibration data as the memory
-    budget allows, and the float model's outputs for each batch (taken in the first pass)."""
+    """H = X^T X per layer and group from the float model's inputs of each layer (None for a layer
+    not worth gathering, `_worth_gathering`), the number of input vectors each sums, gathered in as
+    few passes over the calibration data as the memory budget allows, and the float model's
+    outputs for each batch (taken in the first pass)."""
     batches = list(batches)
     graph_outs = [o.name for o in float_model.graph.output]
     float_outs: list[list[np.ndarray]] = []
     hs: list[np.ndarray] = [None] * len(layers)  # type: ignore[list-item]
     counts = [0] * len(layers)
     chunks, cur, size = [], [], 0
+    worth = _worth_gathering(layers, float_model, batches)
     for i, la in enumerate(layers):
+        if not worth[i]:
+            continue
         b = 4 * la.groups * la.cols**2
         if cur and size + b > HESSIAN_BUDGET:
             chunks.append(cur)
             cur, size = [], 0
         cur.append(i)
         size += b
-    if cur:
+    if cur or not chunks:  # one pass at least: it takes the float outputs
         chunks.append(cur)
     for chunk in chunks:
         m = onnx.ModelProto.FromString(float_model.SerializeToString())
@@ -246,7 +313,10 @@ def _hessians(
             for i in chunk:
                 cols = _columns(layers[i], got[layers[i].act])
                 h = np.matmul(cols.transpose(0, 2, 1), cols)
-                hs[i] = h if hs[i] is None else hs[i] + h
+                if hs[i] is None:
+                    hs[i] = h
+                else:
+                    hs[i] += h
                 counts[i] += cols.shape[1]
     return hs, counts, float_outs
 

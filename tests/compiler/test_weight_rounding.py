@@ -166,3 +166,39 @@ def test_a_model_quantised_again_comes_from_the_memo(monkeypatch):
     assert len(again.graph.node) == len(first.graph.node) + 1
     with pytest.raises(AssertionError, match="quantised again"):
         quantize_float_model(model, calib, "memo", activations="int16")
+
+
+def test_layers_with_too_few_inputs_are_not_gathered(rounded, monkeypatch):
+    """A layer the calibration data give fewer than MIN_SAMPLES input vectors per weight column
+    keeps nearest rounding, so its Hessian is not gathered (from the inferred shapes, before any
+    onnxruntime pass): the head Gemm here sees one vector per sample. Gathering every layer gives
+    the same weights."""
+    from collections import OrderedDict
+
+    from npu.compiler import rounding
+
+    _model, path, _cms, _held = rounded
+    calib = _smooth(np.random.default_rng(1), 32, (3, 16, 16))
+    got = {}
+    real = rounding._hessians
+
+    def spy(layers, *a, **k):
+        hs, counts, outs = real(layers, *a, **k)
+        got.update(
+            {
+                la.node.op_type + str(i): h is not None
+                for i, (la, h) in enumerate(zip(layers, hs, strict=True))
+            }
+        )
+        return hs, counts, outs
+
+    monkeypatch.setattr(rounding, "_hessians", spy)
+    monkeypatch.setattr(rounding, "_memo", OrderedDict())
+    lean = compile_onnx(path, "tiny", calib=calib, weight_rounding="gptq")
+    assert [k for k, v in got.items() if not v] == ["Gemm3"]
+    monkeypatch.setattr(rounding, "_memo", OrderedDict())
+    monkeypatch.setattr(rounding, "_worth_gathering", lambda layers, *_: [True] * len(layers))
+    full = compile_onnx(path, "tiny", calib=calib, weight_rounding="gptq")
+    assert all(got.values())
+    assert _inits(lean.qdq).keys() == _inits(full.qdq).keys()
+    assert all(np.array_equal(v, _inits(full.qdq)[k]) for k, v in _inits(lean.qdq).items())
