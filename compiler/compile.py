@@ -143,8 +143,12 @@ class CompiledModel:
             lines.append(
                 f"  subgraph {i}: {len(s.order)} operators, {s.orders}"
                 f"{'+' if s.method.startswith('sampled') else ''} orders, {s.method}, "
-                f"{s.evaluated} evaluated, "
-                f"{s.default_cycles} -> {s.best_cycles} cycles, peak live {s.default_peak} -> "
+                + (
+                    f"{s.evaluated} evaluated, {s.default_cycles} -> {s.best_cycles} cycles"
+                    if s.method != "single"
+                    else "not timed"
+                )
+                + f", peak live {s.default_peak} -> "
                 f"{s.best_peak} bytes: "
                 + " ".join(str(n) for n in names[:12])
                 + (" ..." if len(names) > 12 else "")

@@ -177,7 +177,7 @@ class SubgraphResult:
     orders: int  # topological orders (counted up to the exhaustive limit + 1; streamed: those seen)
     evaluated: int
     method: str  # "exhaustive" | "sampled" | "single" | "budget"
-    default_cycles: int
+    default_cycles: int  # 0 where not timed ("single": one order; "budget")
     best_cycles: int
     order: list[int]
     default_peak: int = 0  # most activation bytes live at once in the ONNX order / the chosen one
@@ -254,6 +254,12 @@ def search_order(
                 cands, method = head, "exhaustive" if n > 1 else "single"
             else:
                 cands, method = _sampled(g, deps, samples, rng), "sampled"
+        if method == "single":  # nothing to choose: not timed (a chain is most subgraphs of a CNN)
+            pk = mem.peak(g, g)
+            res.subgraphs.append(SubgraphResult(_names(low, g), 1, 0, method, 0, 0, g, pk, pk))
+            res.order += g
+            parity += n_npu
+            continue
         default = cost.cycles(g, parity)
         best, best_c, seen, evaluated = g, default, 1, 1
         for cand in cands:
