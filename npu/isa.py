@@ -366,11 +366,12 @@ class Instr:
     def with_tokens(self, wait: int, signal: int) -> Instr:
         """The same instruction with other token masks. Its fields were checked when it was made,
         so they are not checked again (the compiler re-tokens every instruction of a program several
-        times); the footprint, which tokens do not change, comes along."""
+        times); the footprint, which tokens do not change, comes along, and so does the fields dict
+        itself (an instruction is immutable: nothing writes its fields after it is made)."""
         new = object.__new__(Instr)
         d = new.__dict__
         d.update(self.__dict__)
-        d["fields"], d["wait"], d["signal"] = dict(self.fields), wait, signal
+        d["wait"], d["signal"] = wait, signal
         return new
 
     def __repr__(self) -> str:

@@ -41,6 +41,12 @@ def dma_bursts(addr: int, rows: int, cols: int, stride: int, bus: int) -> int:
         return 0
     if cdiv(bus - 1 + cols, bus) <= 256 and cols <= 4096:
         # a row is one burst, or two when it crosses a 4 KiB boundary
+        if rows <= 32:  # numpy's call overhead is most of a short transfer's cost (cost model)
+            n = rows
+            for r in range(rows):
+                a = (addr + r * stride) % 4096
+                n += a - a % bus + cdiv(a % bus + cols, bus) * bus > 4096
+            return n
         a = (addr + np.arange(rows, dtype=np.int64) * stride) % 4096
         return rows + int(np.count_nonzero(a - a % bus + cdiv(a % bus + cols, bus) * bus > 4096))
     total = 0
