@@ -113,15 +113,18 @@ def exec_matmul(chip: OnChip, f: dict) -> None:
     acc, coff = chip.mem(f["c"])
     c = rows_view(acc, coff, m, n, f["c_stride"], np.int32)
     if k:
-        a = read_elems(chip.spad, f["a"], m, k, f["a_stride"], elem_bytes(f, "a"))
-        b = rows_view(chip.spad, f["b"], n, k, f["b_stride"]).view(np.int8)
-        # float64 BLAS is exact here: |sum| <= 65535 * 2**22 < 2**53
-        p = (a.astype(np.float64) @ b.T.astype(np.float64)).astype(np.int64)
+        es = elem_bytes(f, "a")
+        raw = rows_view(chip.spad, f["a"], m, es * k, f["a_stride"])
+        # straight to float64 (copies, read before any write), no int64 intermediates: float64
+        # BLAS is exact here, |sum| <= 65535 * 2**22 < 2**53, and so is adding an int32 to it
+        a = (raw.view(np.int8) if es == 1 else raw.view("<i2")).astype(np.float64)
+        b = rows_view(chip.spad, f["b"], n, k, f["b_stride"]).view(np.int8).astype(np.float64)
+        p = a @ b.T
     else:
-        p = np.zeros((m, n), np.int64)
+        p = np.zeros((m, n), np.float64)
     if f["accumulate"]:
-        p = p + c.astype(np.int64)
-    c[...] = p.astype(np.int32)  # wraps modulo 2**32, as the int32 accumulators do
+        p += c
+    c[...] = p.astype(np.int64).astype(np.int32)  # wraps modulo 2**32, as the int32 accumulators do
 
 
 def exec_vmap(chip: OnChip, f: dict) -> None:
