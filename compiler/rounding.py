@@ -33,7 +33,7 @@ from onnx import numpy_helper
 from .graph import CompileError
 from .options import ROUNDINGS
 from .quantize import content_key, ort_session
-from .shapes import skeleton
+from .shapes import inferred_graph
 
 #: "auto" keeps GPTQ's rounding when the model's output error on the calibration inputs is at most
 #: this fraction of nearest rounding's (a per-layer gain that does not carry through the model, or
@@ -235,15 +235,8 @@ def _shapes(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> dict[str, li
     def dims(vi) -> list[int]:
         return [d.dim_value for d in vi.type.tensor_type.shape.dim]
 
-    sk = skeleton(model)
-    for i in sk.graph.input:
-        if i.name in feed:
-            shape = i.type.tensor_type.shape
-            del shape.dim[:]
-            for d in feed[i.name].shape:
-                shape.dim.add().dim_value = int(d)
     try:
-        g = onnx.shape_inference.infer_shapes(sk).graph
+        g = inferred_graph(model, input_shapes={k: v.shape for k, v in feed.items()})
     except Exception:  # noqa: BLE001 - shapes are an optimisation here: unknown means gather
         return {}
     return {

@@ -10,6 +10,7 @@ model, tests/compiler/test_shapes.py)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 
 import onnx
 from onnx import TensorProto, helper, shape_inference
@@ -47,10 +48,19 @@ def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     return sk
 
 
-def inferred_graph(model: onnx.ModelProto, data_prop: bool = False) -> onnx.GraphProto:
+def inferred_graph(
+    model: onnx.ModelProto, data_prop: bool = False, input_shapes: Mapping[str, Sequence[int]] | None = None
+) -> onnx.GraphProto:
     """The graph onnx's shape inference returns for `model` (its value_info and outputs are what
-    the callers read), inferred on the skeleton."""
-    return shape_inference.infer_shapes(skeleton(model), data_prop=data_prop).graph
+    the callers read), inferred on the skeleton; `input_shapes` replace the named graph inputs'."""
+    sk = skeleton(model)
+    for i in sk.graph.input:
+        if input_shapes and i.name in input_shapes:
+            shape = i.type.tensor_type.shape
+            del shape.dim[:]
+            for d in input_shapes[i.name]:
+                shape.dim.add().dim_value = int(d)
+    return shape_inference.infer_shapes(sk, data_prop=data_prop).graph
 
 
 def infer_in_place(model: onnx.ModelProto, data_prop: bool = False, outputs: bool = True) -> onnx.ModelProto:

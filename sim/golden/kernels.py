@@ -40,10 +40,12 @@ def rows_view(buf: np.ndarray, off: int, rows: int, width: int, stride: int, dty
     return np.ndarray((rows, width), dtype, buffer=buf, offset=off, strides=(stride, es))
 
 
-def read_elems(buf: np.ndarray, off: int, rows: int, cols: int, stride: int, es: int) -> np.ndarray:
-    """rows x cols int8 (es 1) or little-endian int16 (es 2) elements as int64, a copy."""
-    raw = rows_view(buf, off, rows, es * cols, stride).copy()
-    return (raw.view(np.int8) if es == 1 else raw.view("<i2")).astype(np.int64)
+def read_elems(
+    buf: np.ndarray, off: int, rows: int, cols: int, stride: int, es: int, dtype=np.int64
+) -> np.ndarray:
+    """rows x cols int8 (es 1) or little-endian int16 (es 2) elements as `dtype`, a copy."""
+    raw = rows_view(buf, off, rows, es * cols, stride)
+    return (raw.view(np.int8) if es == 1 else raw.view("<i2")).astype(dtype)  # astype copies
 
 
 def to_bytes(y: np.ndarray, es: int) -> np.ndarray:
@@ -113,11 +115,9 @@ def exec_matmul(chip: OnChip, f: dict) -> None:
     acc, coff = chip.mem(f["c"])
     c = rows_view(acc, coff, m, n, f["c_stride"], np.int32)
     if k:
-        es = elem_bytes(f, "a")
-        raw = rows_view(chip.spad, f["a"], m, es * k, f["a_stride"])
         # straight to float64 (copies, read before any write), no int64 intermediates: float64
         # BLAS is exact here, |sum| <= 65535 * 2**22 < 2**53, and so is adding an int32 to it
-        a = (raw.view(np.int8) if es == 1 else raw.view("<i2")).astype(np.float64)
+        a = read_elems(chip.spad, f["a"], m, k, f["a_stride"], elem_bytes(f, "a"), np.float64)
         b = rows_view(chip.spad, f["b"], n, k, f["b_stride"]).view(np.int8).astype(np.float64)
         p = a @ b.T
     else:
