@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.version_converter
 from onnx import numpy_helper
 
 from npu.container import TensorDesc
@@ -523,6 +524,40 @@ _memo: OrderedDict[str, bytes] = OrderedDict()
 _memo_lock = threading.Lock()
 
 
+#: float models converted to opset 21 (int16 quantisation needs it), by a digest of the model: the
+#: int8/int16 choice quantises one model many times, and onnxruntime converts it on every call
+_opset21: OrderedDict[str, bytes] = OrderedDict()
+_opset21_lock = threading.Lock()
+
+
+def _at_opset21(model: onnx.ModelProto, src: Path, dst: Path) -> Path:
+    """`src` (the saved `model`), or where its opset is below 21, `dst` holding it converted as
+    onnxruntime's quantiser converts it (`update_opset_version`: the version converter on the
+    shape-inferred model, then shape inference again), which then has nothing to convert."""
+    from onnxruntime.quantization.quant_utils import (
+        load_model_with_shape_infer,
+        save_and_reload_model_with_shape_infer,
+    )
+
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 21)
+    if opset >= 21:
+        return src
+    key = hashlib.sha256(src.read_bytes()).hexdigest()
+    with _opset21_lock:
+        raw = _opset21.get(key)
+        if raw is not None:
+            _opset21.move_to_end(key)
+    if raw is None:
+        converted = onnx.version_converter.convert_version(load_model_with_shape_infer(src), 21)
+        raw = save_and_reload_model_with_shape_infer(converted).SerializeToString()
+        with _opset21_lock:
+            _opset21[key] = raw
+            while len(_opset21) > 2:
+                _opset21.popitem(last=False)
+    dst.write_bytes(raw)
+    return dst
+
+
 def quantize_float_model(
     model: onnx.ModelProto,
     calib: np.ndarray,
@@ -581,6 +616,8 @@ def quantize_float_model(
             options["TensorQuantOverrides"] = overrides
         elif first | second:  # int8: the operands of a product of two activations symmetric
             options["TensorQuantOverrides"] = {t: [{"symmetric": True}] for t in first | second}
+        if activations != "int8":  # int16 tensors need opset 21: converted once per model, not per call
+            src = _at_opset21(model, src, Path(d) / "float21.onnx")
         cache = {}
         takes_cache = "calibration_cache_path" in inspect.signature(quantize_static).parameters
         if activations != "int8" and takes_cache:

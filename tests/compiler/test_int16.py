@@ -205,3 +205,30 @@ def test_int16_is_never_less_accurate_than_int8_on_the_zoo(tmp_path, name):
         pairs = [(g, w) for x, ws in zip(xs, want, strict=True) for g, w in zip(cm.run(x), ws, strict=True)]
         worst[act] = min(cosine(g, w) for g, w in pairs)
     assert worst["int16"] >= worst["int8"] - 1e-5, worst
+
+
+def test_opset21_conversion_once_per_model(monkeypatch):
+    """int16 quantisation needs opset 21: a model below it is converted once, not on every call of
+    the int8/int16 choice, and the quantised models are those onnxruntime's own conversion gives."""
+    import onnx.version_converter
+
+    from npu.compiler import quantize
+
+    z = zoo.inception_small()
+    assert z.model.opset_import[0].version < 21
+    quantize._opset21.clear()
+    quantize._memo.clear()
+    calls = []
+    real = onnx.version_converter.convert_version
+    monkeypatch.setattr(onnx.version_converter, "convert_version", lambda m, v: calls.append(v) or real(m, v))
+    firsts = []
+    for int16 in (set(), {"never-a-tensor"}):
+        q = quantize.quantize_float_model(z.model, z.calib, activations="mixed", int16=int16)
+        firsts.append(q)
+        assert max(o.version for o in q.opset_import if o.domain in ("", "ai.onnx")) >= 21
+    assert calls == [21]
+    # the same model quantised with onnxruntime converting it itself (no pre-converted copy)
+    quantize._memo.clear()
+    monkeypatch.setattr(quantize, "_at_opset21", lambda model, src, dst: src)
+    again = quantize.quantize_float_model(z.model, z.calib, activations="mixed", int16=set())
+    assert again.SerializeToString() == firsts[0].SerializeToString()
