@@ -44,12 +44,18 @@ class Lowered:
         return {p.id: p.pc for p in self.points}
 
 
-def _estimate(instrs: list[Instr], cfg: NpuConfig) -> tuple[int, int, int]:
-    """Cost-model figures of an instruction range: compute and DMA busy cycles and a runtime estimate."""
+def _estimate(
+    instrs: list[Instr], cfg: NpuConfig, durations: list[int] | None = None
+) -> tuple[int, int, int]:
+    """Cost-model figures of an instruction range: compute and DMA busy cycles and a runtime estimate
+    (`durations`: the instructions' `duration`s, where the caller has them)."""
     busy = {"load": 0, "matrix": 0, "vector": 0, "store": 0}
-    for i in instrs:
+    durations = (
+        [duration(i, cfg) if i.unit is not None else 0 for i in instrs] if durations is None else durations
+    )
+    for i, d in zip(instrs, durations, strict=True):
         if i.unit is not None:
-            busy[i.unit.name.lower()] += duration(i, cfg)
+            busy[i.unit.name.lower()] += d
     compute = max(busy["matrix"], busy["vector"])
     dma = busy["load"] + busy["store"]
     return compute, dma, max(compute, busy["load"], busy["store"])
@@ -68,9 +74,11 @@ def _onchip_extent(instrs: list[Instr]) -> tuple[int, int]:
     return tuple(max(0, hi - lo) for lo, hi in (ext[False], ext[True]))  # type: ignore[return-value]
 
 
-def segment_figures(instrs: list[Instr], cfg: NpuConfig) -> dict[str, int]:
+def segment_figures(
+    instrs: list[Instr], cfg: NpuConfig, durations: list[int] | None = None
+) -> dict[str, int]:
     """A segment's on-chip footprint, DRAM traffic and cost-model cycles (NpuSegment's fields)."""
-    compute, dma, est = _estimate(instrs, cfg)
+    compute, dma, est = _estimate(instrs, cfg, durations)
     spad, acc = _onchip_extent(instrs)
     rd = wr = 0
     for i in instrs:
@@ -357,13 +365,12 @@ def _emit_segment(
     policy: PointPolicy | None,
     timed: bool = True,
 ) -> None:
-    t_at = _busy_times(seg, cfg)
     if policy is not None and policy.every_instruction:
         whole = [(0, cfg.spad_bytes), (ACC_BASE, ACC_BASE + cfg.acc_bytes)]
         cands = [Candidate(i, 0, False, whole) for i, it in enumerate(seg) if it.kind == "instr" and i > 0]
         cands.append(Candidate(len(seg), 0, True, []))
-    if policy is not None and policy.interval:
-        t_at = _simulated_times(cfg, seg)
+    # with an interval the points are placed on the golden model's timing, else on the estimate
+    t_at = _simulated_times(cfg, seg) if policy is not None and policy.interval else _busy_times(seg, cfg)
     for c in cands:
         c.t = t_at[c.pos]
     chosen = choose(cands, policy, cfg) if policy is not None else []
@@ -417,13 +424,16 @@ def _emit_segment(
                 restore_cycles=restore,
             )
         )
-    _layer_figures(cfg, built.instrs, reach, start, spans, [pcs[new_index[i]] for i in range(len(seg))], seg)
-    figures = {**segment_figures(built.instrs, cfg), "est_cycles": reach[-1]}
+    durs = [duration(i, cfg) if i.unit is not None else 0 for i in built.instrs]
+    _layer_figures(
+        cfg, built.instrs, reach, start, spans, [pcs[new_index[i]] for i in range(len(seg))], seg, durs
+    )
+    figures = {**segment_figures(built.instrs, cfg, durs), "est_cycles": reach[-1]}
     out.segments.append(NpuSegment(start, len(out.program) - 1, **figures))
 
 
 def _layer_figures(
-    cfg: NpuConfig, instrs: list[Instr], reach: list[int], start: int, spans, pc_of, seg
+    cfg: NpuConfig, instrs: list[Instr], reach: list[int], start: int, spans, pc_of, seg, durs: list[int]
 ) -> None:
     """Each layer's pc range (its first instruction to its last: layers overlap where the program
     order interleaves them), cost figures of its own instructions, and its share of the segment's
@@ -437,7 +447,10 @@ def _layer_figures(
             owner[pc] = k
         lo, hi = (min(mine), max(mine) + 1) if mine else (pc_of[i0] if i0 < len(pc_of) else len(instrs),) * 2
         la.pc = [start + lo, start + hi]
-        la.compute_cycles, la.dma_cycles, _ = _estimate([instrs[pc] for pc in sorted(mine)], cfg)
+        mine = sorted(mine)
+        la.compute_cycles, la.dma_cycles, _ = _estimate(
+            [instrs[pc] for pc in mine], cfg, [durs[pc] for pc in mine]
+        )
         la.est_cycles = 0
     nxt = None  # after the last instruction (the segment's end point): no layer's
     for pc in range(len(instrs) - 1, -1, -1):
