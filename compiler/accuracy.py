@@ -190,6 +190,107 @@ def losses(fv: dict[str, np.ndarray], qdq: onnx.ModelProto, feeds: dict, nodes: 
     return sorted(out, key=lambda x: -x.drop)
 
 
+@dataclass(frozen=True)
+class Split:
+    """Where a quantised model loses accuracy (onnxruntime on the check samples, the least output
+    cosine against the float model): its QDQ model as it is, with only its weights quantised (every
+    activation's QuantizeLinear/DequantizeLinear pair passed through) and with only its activations
+    quantised (the float weights and biases back). The first against the compiled model's own
+    cosine tells the NPU's arithmetic (tables, requantisation) from quantisation itself."""
+
+    qdq: float
+    weights: float
+    activations: float
+    npu: float | None = None  # the compiled model's own least cosine, when known
+
+    def describe(self) -> str:
+        lq, lw, la = 1.0 - self.qdq, 1.0 - self.weights, 1.0 - self.activations
+        if self.npu is not None and 1.0 - self.npu > 2.0 * lq:
+            verdict = "quantisation loses little of it, the NPU's arithmetic (tables, requantisation) "
+            verdict += "the rest"
+        elif lw > 2.0 * la and lw >= lq / 2:
+            verdict = "the int8 weights lose it"
+        elif la > 2.0 * lw and la >= lq / 2:
+            verdict = "the activations' quantisation loses it"
+        else:
+            verdict = "weights and activations both lose some"
+        return (
+            f"onnxruntime's QDQ model of it reaches {self.qdq:.4f}, with only the weights quantised "
+            f"{self.weights:.4f}, with only the activations quantised {self.activations:.4f}: {verdict}"
+        )
+
+
+def _replaced(model: onnx.ModelProto, swap: Callable[[onnx.NodeProto], list | None]) -> onnx.ModelProto:
+    """A copy of `model` with each node for which `swap` gives (nodes, initializers) replaced by them."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    nodes = []
+    for n in out.graph.node:
+        got = swap(n)
+        if got is None:
+            nodes.append(n)
+        else:
+            nodes.extend(got[0])
+            out.graph.initializer.extend(got[1])
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out
+
+
+def only_weights_quantised(qdq: onnx.ModelProto) -> onnx.ModelProto:
+    """`qdq` with every activation's QuantizeLinear -> DequantizeLinear pair passed through."""
+    producer = {o: n for n in qdq.graph.node for o in n.output}
+
+    def swap(n: onnx.NodeProto):
+        q = producer.get(n.input[0]) if n.op_type == "DequantizeLinear" else None
+        if q is None or q.op_type != "QuantizeLinear":
+            return None
+        return [onnx.helper.make_node("Identity", [q.input[0]], [n.output[0]], name=n.name)], []
+
+    return _replaced(qdq, swap)
+
+
+def only_activations_quantised(qdq: onnx.ModelProto, float_model: onnx.ModelProto) -> onnx.ModelProto:
+    """`qdq` with the float weights and biases of `float_model` back in place of their
+    DequantizeLinear (onnxruntime's quantiser names a weight's `<w>_DequantizeLinear_Output`, a
+    bias's after the bias)."""
+    consts = {t.name for t in qdq.graph.initializer}
+    floats = {t.name: t for t in float_model.graph.initializer}
+    suffix = "_DequantizeLinear_Output"
+
+    def swap(n: onnx.NodeProto):
+        if n.op_type != "DequantizeLinear" or n.input[0] not in consts:
+            return None
+        out = n.output[0]
+        name = out[: -len(suffix)] if out.endswith(suffix) else out
+        if name not in floats:
+            return None
+        t = onnx.TensorProto()
+        t.CopyFrom(floats[name])
+        t.name = f"{out}__float"
+        return [onnx.helper.make_node("Identity", [t.name], [out], name=n.name)], [t]
+
+    return _replaced(qdq, swap)
+
+
+def split_loss(
+    qdq: onnx.ModelProto, float_model: onnx.ModelProto, check: CheckData, npu: float | None = None
+) -> Split:
+    """The Split of `qdq` (quantised from `float_model`) on the check samples (`npu`: the compiled
+    model's least cosine there)."""
+    want = float_outputs(float_model, check)
+
+    def least(model: onnx.ModelProto) -> float:
+        sess = ort_session(model, optimized=False)  # docs/real_models.md: the rewritten graphs
+        names = [o.name for o in sess.get_outputs()]
+        runs = [dict(zip(names, sess.run(None, feeds), strict=True)) for feeds in check.feeds]
+        pairs = [(run[name], ws[k]) for name, ws in want.items() for k, run in enumerate(runs) if name in run]
+        return min((cosine(g, w) for g, w in pairs), default=1.0)
+
+    weights, activations = only_weights_quantised(qdq), only_activations_quantised(qdq, float_model)
+    return Split(least(qdq), least(weights), least(activations), npu)
+
+
 def upstream(qdq: onnx.ModelProto, node: str, npu: set[str], views: set[str] = frozenset()) -> list[str]:
     """The NPU nodes whose quantised results `node` reads, directly, through views of them (a
     reshape moves no data: the result is its input's) or through host nodes whose results are
@@ -224,10 +325,12 @@ def guard(
     source: str,
     hint: str = "",
     rounds: int = REPAIR_ROUNDS,
+    explain: bool = True,
 ):
     """`compiled` if it reaches `target` on the check samples, else a rebuild with the worst
     operators on the host that does (at most `rounds` rebuilds); AccuracyError otherwise (`hint`:
-    options worth trying first). Sets `compiled.accuracy`."""
+    options worth trying first; `explain`: with where the loss is, weights or activations, from
+    split_loss). Sets `compiled.accuracy`."""
     reference = float_outputs(float_model, check)  # run once for every round
     cos = output_cosines(compiled.run, reference, check)
     acc = Accuracy(target, check.samples, check.held_back, cos)
@@ -236,7 +339,7 @@ def guard(
         return compiled
     fv = intermediates(float_clean, check.feeds[0])
     ranked = _ranked(compiled, fv, check)
-    first, worst = ranked, acc.worst
+    first, worst, first_qdq = ranked, acc.worst, compiled.qdq
     moved: dict[str, str] = {}
     for _ in range(rounds):
         # the worst node with something left to move: itself, if on the NPU, and the NPU nodes
@@ -265,11 +368,18 @@ def guard(
         ranked = _ranked(repaired, fv, check)
     name = min(cos, key=cos.get)
     names = "; ".join(x.describe() for x in first[:3]) or "none stands out (the loss is spread out)"
+    where = ""
+    try:
+        if explain:
+            where = f"; {split_loss(first_qdq, float_clean, check, acc.worst).describe()}"
+    except Exception as e:  # noqa: BLE001 - a diagnostic of the refusal must not hide the refusal
+        where = f"; (where the loss is could not be measured: {type(e).__name__})"
     raise AccuracyError(
         f"{source}: output {name!r} of the compiled model reaches cosine {cos[name]:.4f} against "
         f"onnxruntime float on {acc.samples} {'held-back ' if acc.held_back else ''}calibration "
         f"sample(s), below the target {target:g}; the operators losing the most: {names}"
         + (f"; moving {', '.join(moved)} to the host did not reach it" if moved else "")
+        + where
         + f". Try {hint}calibration data like the real inputs, a lower --target-cosine, or "
         "--no-accuracy-check to take the model as it is"
     )

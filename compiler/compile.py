@@ -501,7 +501,7 @@ def _compile(
     args = (float_model, float_clean, check, opts.target_cosine, rebuild, str(path), hint)
     if auto and mix is not None and len(mix.int16) < mix.tensors:  # some int8: auto's next step is int16
         try:
-            checked = accuracy.guard(compiled, *args, rounds=0)
+            checked = accuracy.guard(compiled, *args, rounds=0, explain=False)
         except AccuracyError as e:
             raise _MixRefused(str(e)) from None
     else:

@@ -175,11 +175,13 @@ def _quiet_quantiser() -> Iterator[None]:
         root.removeFilter(f)
 
 
-def ort_session(model: onnx.ModelProto, outputs: Sequence[str] = ()):
+def ort_session(model: onnx.ModelProto, outputs: Sequence[str] = (), optimized: bool = True):
     """onnxruntime on a float or QDQ model, with `outputs` (intermediate tensors) added to its
     outputs. Basic optimisations only: the QDQ pairs are computed as written (in float) instead of
     being fused into integer kernels, whose x86 versions without VNNI saturate 16-bit pair sums;
-    the IR version capped at what onnxruntime reads."""
+    the IR version capped at what onnxruntime reads. `optimized=False`: none at all (a QDQ model
+    with float weights put back in place of their DequantizeLinear came out of the basic ones
+    wrong: cosine 0.44 against 0.9998 unoptimised, docs/real_models.md)."""
     import onnxruntime as ort
 
     m = onnx.ModelProto.FromString(model.SerializeToString())
@@ -187,7 +189,8 @@ def ort_session(model: onnx.ModelProto, outputs: Sequence[str] = ()):
     have = {o.name for o in m.graph.output}
     m.graph.output.extend(onnx.ValueInfoProto(name=n) for n in dict.fromkeys(outputs) if n not in have)
     so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    level = ort.GraphOptimizationLevel
+    so.graph_optimization_level = level.ORT_ENABLE_BASIC if optimized else level.ORT_DISABLE_ALL
     so.log_severity_level = 3  # untyped added outputs are fine; no warning for each
     so.intra_op_num_threads = ort_threads()
     return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])

@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from npu.compiler import compile_onnx
-from npu.compiler.accuracy import cosine, hold_back
+from npu.compiler.accuracy import CheckData, cosine, hold_back, split_loss
 from npu.compiler.errors import AccuracyError
 from tests.compiler.helpers import ort_outputs
 
@@ -124,6 +124,41 @@ def test_a_model_that_cannot_be_repaired_is_refused_naming_the_operators(logmel)
     msg = str(e.value)
     assert "output 'logmel'" in msg and "below the target 1" in msg
     assert "the operators losing the most: log (Log)" in msg and "did not reach it" in msg
+    # where the loss is: the log of quantised power spectra (activations), not the weights
+    assert "with only the weights quantised" in msg and "the activations' quantisation loses it" in msg, msg
+
+
+def gemm_model(w: np.ndarray) -> onnx.ModelProto:
+    g = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w"], ["y"], name="fc")],
+        "fc",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, w.shape[0]])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, w.shape[1]])],
+        [numpy_helper.from_array(w.astype(np.float32), "w")],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_the_loss_is_split_between_weights_and_activations(tmp_path):
+    """split_loss tells a model whose int8 weights lose the accuracy (one weight 1000 times the
+    others under one scale per tensor rounds the rest to zero) from one whose weights are fine."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(16, 64)).astype(np.float32)
+    check = CheckData([{"x": x[i : i + 1]} for i in (14, 15)], [[x[i : i + 1]] for i in (14, 15)], True)
+    spiky = rng.normal(size=(64, 32)) * 0.01
+    spiky[0, 0] = 10.0
+    for w, weights_lose in ((spiky, True), (rng.normal(size=(64, 32)), False)):
+        model = gemm_model(w)
+        onnx.save(model, tmp_path / "fc.onnx")
+        path = tmp_path / "fc.onnx"
+        cm = compile_onnx(path, calib=x[:14], weight_scales="per-tensor", accuracy_check=False)
+        split = split_loss(cm.qdq, model, check)
+        assert split.activations > 0.999, split
+        assert (split.weights < 0.99) == weights_lose, split
+        if weights_lose:
+            assert "the int8 weights lose it" in split.describe(), split.describe()
+    # the NPU well below its QDQ model: its own arithmetic, not quantisation
+    assert "the NPU's arithmetic" in type(split)(0.9999, 0.9999, 1.0, npu=0.95).describe()
 
 
 def test_check_samples_are_held_back_from_eight_batches_else_reused():
