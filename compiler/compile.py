@@ -46,7 +46,7 @@ from .quantize import (
     with_headroom,
 )
 from .region import Regions
-from .rounding import round_weights
+from .rounding import correct_biases, round_weights
 
 
 @dataclass
@@ -419,10 +419,14 @@ def _quantize(prepared: Prepared, calib, opts: CompileOptions, path: str | Path,
             model, calib, str(path), per_channel=per_channel, calib_method=opts.calib_method,
             activations=opts.activations, int16=mix.int16 if mix else None, ranges=ranges,
         )  # fmt: skip
-    if opts.weight_rounding != "nearest":
+    if opts.weight_rounding != "nearest" or opts.bias_correction:
         batches = calibration_batches(float_clean, calib, str(path))
+    if opts.weight_rounding != "nearest":
         model, rounded = round_weights(model, float_clean, batches, str(path), opts.weight_rounding)
         quantisation += f"; {rounded.describe()}"
+    if opts.bias_correction:
+        model, biased = correct_biases(model, float_clean, batches)
+        quantisation += f"; {biased.describe()}"
     if opts.output_precision == "int32":
         kept = keep_output_precision(model, str(path), clamped=clamped)
         prepared.notes += [f"{what}: {how}" for what, how in kept]

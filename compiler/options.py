@@ -121,6 +121,9 @@ class CompileOptions:
         "nearest where that is better); auto (default): gptq's if the whole model's outputs on the "
         "calibration inputs come out closer to the float model's, else nearest",
         choices=ROUNDINGS)  # fmt: skip
+    bias_correction: bool = _option(
+        True, "correct each layer's int32 bias for the mean error its int8 weights' rounding adds to "
+        "its outputs on the calibration inputs (default on)", cli="toggle")  # fmt: skip
     output_precision: str = _option(
         "int32", "a float model's outputs: int32 (default: a Gemm/MatMul read only as a graph output or "
         "by host operators such as Softmax stores its int32 accumulators, dequantised on the host with "

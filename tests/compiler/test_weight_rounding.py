@@ -58,7 +58,10 @@ def rounded(tmp_path_factory):
     onnx.save(model, str(path))
     rng = np.random.default_rng(1)
     calib, held = _smooth(rng, 32, (3, 16, 16)), _smooth(rng, 8, (3, 16, 16))
-    cms = {r: compile_onnx(path, "tiny", calib=calib, weight_rounding=r) for r in ("nearest", "gptq")}
+    cms = {
+        r: compile_onnx(path, "tiny", calib=calib, weight_rounding=r, bias_correction=False)  # the rounding alone
+        for r in ("nearest", "gptq")
+    }
     return model, path, cms, held
 
 
@@ -101,12 +104,12 @@ def test_auto_keeps_gptq_only_when_the_model_gains(rounded, monkeypatch):
     _model, path, cms, held = rounded
     rng = np.random.default_rng(1)
     calib = _smooth(rng, 32, (3, 16, 16))  # the fixture's calibration inputs
-    auto = compile_onnx(path, "tiny", calib=calib)  # the default
+    auto = compile_onnx(path, "tiny", calib=calib, bias_correction=False)  # the default rounding
     assert "the model's" in auto.quantisation, auto.quantisation
     assert _inits(auto.qdq).keys() == _inits(cms["gptq"].qdq).keys()
     assert all(np.array_equal(v, _inits(cms["gptq"].qdq)[k]) for k, v in _inits(auto.qdq).items())
     monkeypatch.setattr("npu.compiler.rounding.AUTO_MARGIN", 0.0)  # no gain is enough
-    kept = compile_onnx(path, "tiny", calib=calib)
+    kept = compile_onnx(path, "tiny", calib=calib, bias_correction=False)
     assert "weights rounded to nearest" in kept.quantisation, kept.quantisation
     assert all(np.array_equal(v, _inits(cms["nearest"].qdq)[k]) for k, v in _inits(kept.qdq).items())
 
@@ -202,3 +205,59 @@ def test_layers_with_too_few_inputs_are_not_gathered(rounded, monkeypatch):
     assert all(got.values())
     assert _inits(lean.qdq).keys() == _inits(full.qdq).keys()
     assert all(np.array_equal(v, _inits(full.qdq)[k]) for k, v in _inits(lean.qdq).items())
+
+
+@pytest.fixture(scope="module")
+def biased(tmp_path_factory):
+    """A convolutional net with coarse (per-tensor) int8 weights and int16 activations, on inputs
+    with a mean of their own (a bright image): compiled with and without the bias correction."""
+    net = Net("bias", (1, 8, 16, 16), seed=7)
+    y = net.conv(net.input, 16, 3, bn=True)
+    y = net.conv(y, 16, 1)
+    y = net.conv(y, 8, 3)
+    model = net.model([y])
+    path = tmp_path_factory.mktemp("bias") / "m.onnx"
+    onnx.save(model, str(path))
+    rng = np.random.default_rng(2)
+    calib, held = (_smooth(rng, n, (8, 16, 16)) + 2.0 for n in (16, 6))
+    opts = dict(activations="int16", weight_scales="per-tensor", weight_rounding="nearest", accuracy_check=False)
+    cms = {bc: compile_onnx(path, "tiny", calib=calib, bias_correction=bc, **opts) for bc in (False, True)}
+    return model, cms, held
+
+
+def test_bias_correction_changes_only_int32_biases(biased):
+    _model, cms, _held = biased
+    a, b = _inits(cms[False].qdq), _inits(cms[True].qdq)
+    changed = [k for k in a if not np.array_equal(a[k], b[k])]
+    assert changed and all(a[k].dtype == np.int32 for k in changed), changed
+    assert "biases corrected for the weights' rounding in 3 of 3 layers" in cms[True].quantisation
+
+
+def test_the_npu_runs_the_corrected_graph_exactly(biased):
+    _model, cms, held = biased
+    compare_int8(cms[True], held[:1])
+
+
+def test_bias_correction_removes_the_mean_error(biased):
+    """The outputs' mean error per channel on held-out inputs (what the correction targets) falls,
+    and the whole error with it."""
+    model, cms, held = biased
+    mean_err, err = {}, {}
+    for bc, cm in cms.items():
+        d = []
+        for i in range(len(held)):
+            (want,) = ort_outputs(model, held[i : i + 1])
+            (got,) = cm.run(held[i : i + 1])
+            d.append(got.reshape(want.shape) - want)
+        d = np.concatenate(d)
+        mean_err[bc] = float(np.abs(d.mean(axis=(0, 2, 3))).mean())
+        err[bc] = float(np.mean(d**2))
+    assert mean_err[True] < 0.5 * mean_err[False], mean_err
+    assert err[True] < err[False], err
+
+
+def test_layers_reading_int8_are_not_corrected(biased, tmp_path):
+    model, _cms, held = biased
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    cm = compile_onnx(tmp_path / "m.onnx", "tiny", calib=held, activations="int8", accuracy_check=False)
+    assert "biases corrected for the weights' rounding in 0 of 0 layers" in cm.quantisation
