@@ -66,9 +66,9 @@ BOARDS: dict[str, Board] = {
             "lutram": "TRELLIS_RAMW",
         },  # fmt: skip
         capacity={"lut": 83_640, "ff": 83_640, "bram": 208, "dsp": 156, "lutram": 10_455},
-        # the static (electrostatic) placer spreads the design so that router2 routes it in minutes;
-        # HeAP's denser placement took router1 45-75 minutes (docs/boards.md)
-        nextpnr_opts="--placer static --router router2",
+        # HeAP placement and router1 meet 50 MHz with the memory window (52.15 MHz, 37.5 minutes);
+        # the static placer with router2 routes in about 11 minutes but at 41-48 MHz (docs/boards.md)
+        nextpnr_opts="--placer heap --router router1",
         loader_board="ulx3s",
     ),
     "icebreaker": Board(

@@ -59,7 +59,8 @@ def rounded(tmp_path_factory):
     rng = np.random.default_rng(1)
     calib, held = _smooth(rng, 32, (3, 16, 16)), _smooth(rng, 8, (3, 16, 16))
     cms = {
-        r: compile_onnx(path, "tiny", calib=calib, weight_rounding=r, bias_correction=False)  # the rounding alone
+        # the rounding alone
+        r: compile_onnx(path, "tiny", calib=calib, weight_rounding=r, bias_correction=False)
         for r in ("nearest", "gptq")
     }
     return model, path, cms, held
@@ -220,7 +221,9 @@ def biased(tmp_path_factory):
     onnx.save(model, str(path))
     rng = np.random.default_rng(2)
     calib, held = (_smooth(rng, n, (8, 16, 16)) + 2.0 for n in (16, 6))
-    opts = dict(activations="int16", weight_scales="per-tensor", weight_rounding="nearest", accuracy_check=False)
+    opts = dict(
+        activations="int16", weight_scales="per-tensor", weight_rounding="nearest", accuracy_check=False
+    )
     cms = {bc: compile_onnx(path, "tiny", calib=calib, bias_correction=bc, **opts) for bc in (False, True)}
     return model, cms, held
 
