@@ -262,6 +262,18 @@ def _worth_gathering(layers: list[_Layer], float_model: onnx.ModelProto, batches
     return [c is None or c >= MIN_SAMPLES * la.cols for c, la in zip(counts, layers, strict=True)]
 
 
+def _exposing(float_model: onnx.ModelProto, names: list[str]):
+    """onnxruntime on `float_model` with the tensors `names` among its outputs: (the session, the
+    names to fetch from it; a graph input among `names` comes from the feed instead)."""
+    m = onnx.ModelProto.FromString(float_model.SerializeToString())
+    have = {o.name for o in m.graph.output}
+    inputs = {i.name for i in m.graph.input}
+    for name in names:
+        if name not in have and name not in inputs:
+            m.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    return ort_session(m), [n for n in names if n not in inputs]
+
+
 def _hessians(
     layers: list[_Layer], float_model: onnx.ModelProto, batches: Iterable[dict[str, np.ndarray]]
 ) -> tuple[list[np.ndarray], list[int], list[list[np.ndarray]]]:
@@ -288,15 +300,8 @@ def _hessians(
     if cur or not chunks:  # one pass at least: it takes the float outputs
         chunks.append(cur)
     for chunk in chunks:
-        m = onnx.ModelProto.FromString(float_model.SerializeToString())
         outs = list(dict.fromkeys(layers[i].act for i in chunk))
-        have = {o.name for o in m.graph.output}
-        inputs = {i.name for i in m.graph.input}
-        for name in outs:
-            if name not in have and name not in inputs:
-                m.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
-        sess = ort_session(m)
-        fetch = [n for n in outs if n not in inputs]
+        sess, fetch = _exposing(float_model, outs)
         fetch += [o for o in graph_outs if o not in fetch] if not float_outs else []
         for feed in batches:
             got = dict(zip(fetch, sess.run(fetch, feed), strict=True)) if fetch else {}
@@ -482,7 +487,6 @@ def round_weights(
 class BiasReport:
     layers: int  # layers with int8 weights, an int32 bias of their own and an int16 input
     corrected: int  # of them, whose bias changed
-    shift: float  # the largest correction, in steps of the layer's output bias scale
 
     def describe(self) -> str:
         return (
@@ -491,25 +495,41 @@ class BiasReport:
         )
 
 
-def _bias(qdq: onnx.ModelProto, layer: _Layer) -> tuple[onnx.TensorProto, np.ndarray] | None:
+@dataclass
+class _Index:
+    """A QDQ graph's lookups, made once: each tensor's producer, the initializers, the readers of each
+    tensor."""
+
+    producer: dict[str, onnx.NodeProto]
+    inits: dict[str, onnx.TensorProto]
+    readers: dict[str, int]
+
+    @classmethod
+    def of(cls, qdq: onnx.ModelProto) -> _Index:
+        readers: dict[str, int] = {}
+        for n in qdq.graph.node:
+            for i in n.input:
+                readers[i] = readers.get(i, 0) + 1
+        producer = {o: n for n in qdq.graph.node for o in n.output}
+        return cls(producer, {t.name: t for t in qdq.graph.initializer}, readers)
+
+
+def _bias(ix: _Index, layer: _Layer) -> tuple[onnx.TensorProto, np.ndarray] | None:
     """The layer's int32 bias initializer and its per-row scale, when a DequantizeLinear of zero
     point 0 read by this layer alone makes it."""
     n = layer.node
     if n.op_type not in ("Conv", "Gemm") or len(n.input) < 3 or not n.input[2]:
         return None
-    producer = {o: x for x in qdq.graph.node for o in x.output}
-    inits = {t.name: t for t in qdq.graph.initializer}
-    dq = producer.get(n.input[2])
-    if not _is(dq, "DequantizeLinear") or dq.input[0] not in inits or len(dq.input) < 2:
+    dq = ix.producer.get(n.input[2])
+    if not _is(dq, "DequantizeLinear") or dq.input[0] not in ix.inits or len(dq.input) < 2:
         return None
-    b, s = inits[dq.input[0]], inits.get(dq.input[1])
-    zp = inits.get(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None
+    b, s = ix.inits[dq.input[0]], ix.inits.get(dq.input[1])
+    zp = ix.inits.get(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None
     if b.data_type != onnx.TensorProto.INT32 or s is None:
         return None
     if zp is not None and numpy_helper.to_array(zp).any():
         return None
-    readers = sum(i in (b.name, dq.output[0]) for x in qdq.graph.node for i in x.input)
-    if readers != 2:
+    if ix.readers.get(b.name, 0) != 1 or ix.readers.get(dq.output[0], 0) != 1:
         return None  # shared: one correction cannot suit every reader
     rows = layer.rows_matrix().shape[0]
     scale = numpy_helper.to_array(s).astype(np.float64).reshape(-1)
@@ -518,28 +538,19 @@ def _bias(qdq: onnx.ModelProto, layer: _Layer) -> tuple[onnx.TensorProto, np.nda
     return b, np.broadcast_to(scale, (rows,))
 
 
-def _wide_input(qdq: onnx.ModelProto, layer: _Layer) -> bool:
+def _wide_input(ix: _Index, layer: _Layer) -> bool:
     """Whether the layer's input is quantised to 16 bits. Only those layers are corrected: with int8
     inputs their own rounding and clipping err as much as the weights, and the correction measured
     on the real-model set's rendered calibration pages made the real held-out inputs worse as often
     as better (docs/compiler.md, "Bias correction")."""
-    producer = {o: x for x in qdq.graph.node for o in x.output}
-    inits = {t.name: t for t in qdq.graph.initializer}
-    q = producer.get(producer[layer.node.input[0]].input[0])
-    zp = inits.get(q.input[2]) if q is not None and len(q.input) > 2 else None
+    q = ix.producer.get(ix.producer[layer.node.input[0]].input[0])
+    zp = ix.inits.get(q.input[2]) if q is not None and len(q.input) > 2 else None
     return zp is not None and zp.data_type in (onnx.TensorProto.INT16, onnx.TensorProto.UINT16)
 
 
 def _input_means(layers: list[_Layer], float_model: onnx.ModelProto, batches: list[dict]) -> list[np.ndarray]:
     """Per layer, its mean input column per group (groups x columns) over the calibration batches."""
-    m = onnx.ModelProto.FromString(float_model.SerializeToString())
-    inputs = {i.name for i in m.graph.input}
-    have = {o.name for o in m.graph.output}
-    fetch = [a for a in dict.fromkeys(la.act for la in layers) if a not in inputs]
-    for name in fetch:
-        if name not in have:
-            m.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
-    sess = ort_session(m)
+    sess, fetch = _exposing(float_model, list(dict.fromkeys(la.act for la in layers)))
     sums: list[np.ndarray | None] = [None] * len(layers)
     counts = [0] * len(layers)
     for feed in batches:
@@ -560,13 +571,14 @@ def correct_biases(
     adds to its outputs on the calibration `batches` (feeds of `float_model`); layers without a bias
     of their own are left as they are."""
     qdq = onnx.ModelProto.FromString(qdq.SerializeToString())
-    layers = [la for la in _layers(qdq, float_model) if _bias(qdq, la) is not None and _wide_input(qdq, la)]
-    if not layers:
-        return qdq, BiasReport(0, 0, 0.0)
-    means = _input_means(layers, float_model, batches)
-    corrected, shift = 0, 0.0
-    for la, mean in zip(layers, means, strict=True):
-        b, bscale = _bias(qdq, la)
+    ix = _Index.of(qdq)
+    found = [(la, _bias(ix, la)) for la in _layers(qdq, float_model) if _wide_input(ix, la)]
+    found = [(la, bias) for la, bias in found if bias is not None]
+    if not found:
+        return qdq, BiasReport(0, 0)
+    means = _input_means([la for la, _ in found], float_model, batches)
+    corrected = 0
+    for (la, (b, bscale)), mean in zip(found, means, strict=True):
         wq = la.rows_matrix(numpy_helper.to_array(la.weight)).astype(np.float64) * la.scale[:, None]
         err = wq - la.rows_matrix()
         per = err.shape[0] // la.groups
@@ -574,8 +586,6 @@ def correct_biases(
         steps = delta / bscale
         old = numpy_helper.to_array(b).astype(np.int64)
         new = np.clip(np.round(old - steps), -(2**31), 2**31 - 1).astype(np.int32)
-        if not np.array_equal(new, old):
-            corrected += 1
-            shift = max(shift, float(np.max(np.abs(steps))))
+        corrected += not np.array_equal(new, old)
         b.CopyFrom(numpy_helper.from_array(new, b.name))
-    return qdq, BiasReport(len(layers), corrected, shift)
+    return qdq, BiasReport(len(found), corrected)
