@@ -1,13 +1,15 @@
 """Mixed precision: which activations a float model keeps in int16, the rest int8.
 
 int16 activations take two lanes of the array each (twice the matrix steps of int8) and twice the
-bytes everywhere else, so a tensor is worth int8 where the model's accuracy allows it. The choice:
+bytes in every transfer and memory, so a tensor is worth int8 where the model's accuracy allows it.
+The choice:
 
 1. every activation's int8 loss: how far quantising it to int8 (over its calibrated range with the
    headroom int16 gets: inputs unlike the calibration reach beyond it, compiler/quantize.py) moves
    it from its float value on a calibration batch, as 1 - cosine;
 2. its benefit: the cycles int8 saves, MACs of the matrix operators reading it over the array's
-   MACs per cycle plus its elements over the vector lanes;
+   MACs per cycle plus its elements over the vector lanes (which stand for the bytes it moves:
+   the vector unit's own rate is the same for int16);
 3. tensors in order of loss per cycle saved, taken into int8 while their losses add up to at most
    a budget: quantisation noise adds up layer by layer (the output's noise-to-signal ratio is about
    the sum of the layers', Lin et al. 2016, "Fixed point quantization of deep convolutional

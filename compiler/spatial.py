@@ -321,7 +321,7 @@ def plan_conv(
             else:
                 in_beats = n_co * bands * g.in_rows(rows) * g.wp * cpx // cfg.bus_bytes
             load = in_beats + w_bytes // cfg.bus_bytes + n_co * bands * loads * cfg.dma_latency
-            vector = n_co * bands * m * cdiv(co_t * ey, cfg.vector_lanes) * (1 + post_steps)
+            vector = n_co * bands * m * cdiv(co_t, cfg.vector_lanes) * (1 + post_steps)  # int8 or int16
             est = max(matrix, load, vector)
             band = n_ci * taps * (cfg.matrix_latency + steps)
             # between bands the weights stay on chip: too many of them and no point can go there
@@ -723,7 +723,7 @@ def pool_program(
     cts = sorted({cp} | {max(ca, round_up(cdiv(cp, d), ca)) for d in (2, 4, 8, 16, 32, 64)}, reverse=True)
     best = None
     for ct in cts:
-        vec = cdiv(ct * e, cfg.vector_lanes)
+        vec = cdiv(ct, cfg.vector_lanes)  # int8 or int16 elements a step
         lo, hi, rows = 1, g.oh, 0
         while lo <= hi:
             r = (lo + hi) // 2

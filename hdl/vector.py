@@ -6,10 +6,11 @@ element-aligned group of lanes can be fetched at once; results are written as tw
 same reason. The arithmetic is exactly `sim/golden/kernels.py`: 64-bit products, rounding right shift (ties
 up), zero points and a clamp.
 
-int16 operands and destinations (`*_i16`, not VLUT) keep this byte machinery: a step with any of
-them takes vector_lanes / 2 elements, so it still reads and writes at most vector_lanes bytes of
-each operand (the same two lane words), and lane l of the first half takes bytes 2l, 2l + 1. The
-lanes' arithmetic is as wide as int16 needs (17-bit operands less their zero points, a 17 x 17 VMUL
+int16 operands and destinations (`*_i16`, not VLUT) keep this byte machinery at the same rate: a
+step takes vector_lanes elements whatever their type, so it reads and writes up to 2 *
+vector_lanes bytes of an int16 operand (still two lane words: the configuration keeps 2 *
+vector_lanes <= lanes), and lane l takes bytes 2l, 2l + 1 of an int16 one. The lanes'
+arithmetic is as wide as int16 needs (17-bit operands less their zero points, a 17 x 17 VMUL
 product, a 32-bit POOL window sum, a 16-bit clamp to lo * 256 .. hi * 256 + 255 for an int16
 destination); its stages are unchanged.
 
@@ -36,7 +37,7 @@ A per-column VMAP (`per_col`) first walks parameter steps through S0-S2 that cop
 and shifts into two memories of the unit (one entry: vector_lanes columns); its element steps read
 the multipliers of their columns at S1 (they arrive at S2 and are registered there, used at S3) and
 the shifts at S3 (clamped and registered at S3b, used at S4), so that no stage multiplies or shifts
-by a block RAM's output; a half step (int16) takes its columns from the entry's first or second half.
+by a block RAM's output.
 
 VLUT first walks 256 / vector_lanes table steps through S0-S2 that copy its table into a small
 memory of the unit (one read port per lane), then its element steps look their bytes up in it at S2
@@ -164,8 +165,8 @@ class VectorUnit(wiring.Component):
         is_mul, pick = u.is_mul, u.pick
         setup = Signal(range(SETUP_CYCLES + 1))
         # int16 operands (registered in the setup, read from S0 on): a (VMAP/POOL src), b, dst; a
-        # step takes VL / 2 elements when any is int16 (it moves at most VL bytes of each)
-        a16, b16, d16, half = Signal(), Signal(), Signal(), Signal()
+        # step takes VL elements of any type (it moves up to 2 VL bytes of an int16 operand)
+        a16, b16, d16 = Signal(), Signal(), Signal()
         a16_f = (is_map & fm.src_i16) | (is_mul & fv.a_i16) | (is_add & fa.a_i16) | (is_pool & fp.src_i16)
         b16_f = (is_mul & fv.b_i16) | (is_add & fa.b_i16)
         d16_f = (is_map & fm.dst_i16) | (is_mul & fv.dst_i16) | (is_add & fa.dst_i16) | (is_pool & fp.dst_i16)
@@ -192,7 +193,6 @@ class VectorUnit(wiring.Component):
                 a16.eq(a16_f),
                 b16.eq(b16_f),
                 d16.eq(d16_f),
-                half.eq(a16_f | b16_f | d16_f),
                 lo_b.eq(Mux(d16_f, pick("lo") << 8, pick("lo"))),
                 hi_b.eq(Mux(d16_f, Cat(Const(0xFF, 8), pick("hi")).as_signed(), pick("hi"))),
             ]
@@ -202,7 +202,7 @@ class VectorUnit(wiring.Component):
         with m.If(setup != 0):
             m.d.sync += setup.eq(setup - 1)
 
-        u.setup, u.a16, u.b16, u.d16, u.half, u.c_src, u.c_dst = setup, a16, b16, d16, half, c_src, c_dst
+        u.setup, u.a16, u.b16, u.d16, u.c_src, u.c_dst = setup, a16, b16, d16, c_src, c_dst
         u.lo_b, u.hi_b, u.row_c, u.ox_step, u.shw, u.oy_step = lo_b, hi_b, row_c, ox_step, shw, oy_step
         u.kzp, u.mult = kzp, mult
 
@@ -212,7 +212,7 @@ class VectorUnit(wiring.Component):
         VL = cfg.vector_lanes
         fm, fa, fp, fv, is_map, is_add, is_lut = u.fm, u.fa, u.fp, u.fv, u.is_map, u.is_add, u.is_lut
         is_mul, p_rem, p_src, in_pre, es32, setup = u.is_mul, u.p_rem, u.p_src, u.in_pre, u.es32, u.setup
-        a16, b16, d16, half = u.a16, u.b16, u.d16, u.half
+        a16, b16, d16 = u.a16, u.b16, u.d16
         t_steps = LUT_BYTES // VL
         t_left = Signal(range(t_steps + 1))  # VLUT: table steps still to issue
         t_src = Signal(AW)  # ... and the address of the next
@@ -240,8 +240,7 @@ class VectorUnit(wiring.Component):
         write = Signal()  # this step writes results
         first_tap = Signal()
         C = fp.channels
-        VLE = Signal(range(VL + 1))  # elements a step
-        m.d.comb += VLE.eq(Mux(half, VL // 2, VL))
+        VLE = VL  # elements a step, int8 or int16
         tap_last = Signal()
         m.d.comb += tap_last.eq((ty + 1 >= fp.kh) & (tx + 1 >= fp.kw))
         with m.If(in_table):
@@ -400,8 +399,8 @@ class VectorUnit(wiring.Component):
         off_b = Signal(ll)
         off_c = Signal(lw)
         m.d.sync += [off_a.eq(cur["off_a"]), off_b.eq(cur["off_b"]), off_c.eq(cur["off_c"])]
-        a_bytes = Signal(8 * VL)
-        b_bytes = Signal(8 * VL)
+        a_bytes = Signal(16 * VL)  # VL elements of int8 or int16
+        b_bytes = Signal(16 * VL)
         c_bytes = Signal(32 * VL)
         m.d.sync += [
             a_bytes.eq(Cat(words[0], words[1]) >> (off_a * 8)),
@@ -467,22 +466,21 @@ class VectorUnit(wiring.Component):
         """S2..S5, per lane (S3b a stage of its own): the arithmetic, VLUT's look-up, the results."""
         cfg = self.cfg
         VL, S = cfg.vector_lanes, WRITE_STAGE
-        tw = vw = log2(VL)
+        tw = log2(VL)
         fm, fa, fp, fv, is_map, is_add, is_pool = u.fm, u.fa, u.fp, u.fv, u.is_map, u.is_add, u.is_pool
         is_lut, is_mul, per_col, pick, a16, b16 = u.is_lut, u.is_mul, u.per_col, u.pick, u.a16, u.b16
         lo_b, hi_b, kzp, mult, valid, ctl, a_bytes = u.lo_b, u.hi_b, u.kzp, u.mult, u.valid, u.ctl, u.a_bytes
         b_bytes, c_bytes, lut, m_rd, s_rd = u.b_bytes, u.c_bytes, u.lut, u.m_rd, u.s_rd
         shift, zp_out = pick("shift"), pick("zp_out")
         t_lo, t_hi = clamp_bounds(m, lo_b, hi_b, zp_out, "clamp")
-        HV = VL // 2  # the lanes of a half step (int16 operands)
         results = []
         for l in range(VL):
             xa8 = a_bytes[8 * l : 8 * l + 8].as_signed()
             xb8 = b_bytes[8 * l : 8 * l + 8].as_signed()
             x32 = c_bytes[32 * l : 32 * l + 32].as_signed()
-            # the lane's element: int8 byte l, or (lanes of a half step) int16 bytes 2l, 2l + 1
-            ya = Mux(a16, a_bytes[16 * l : 16 * l + 16].as_signed(), xa8) if l < HV else xa8
-            yb = Mux(b16, b_bytes[16 * l : 16 * l + 16].as_signed(), xb8) if l < HV else xb8
+            # the lane's element: int8 byte l, or int16 bytes 2l, 2l + 1
+            ya = Mux(a16, a_bytes[16 * l : 16 * l + 16].as_signed(), xa8)
+            yb = Mux(b16, b_bytes[16 * l : 16 * l + 16].as_signed(), xb8)
             # S2: operands less their zero points; POOL's window sum (less kh * kw * zp_in) or maximum
             x = Signal(signed(34), name=f"x{l}")  # VMAP / POOL average: the multiplicand
             xa = Signal(signed(17), name=f"xa{l}")  # VADD
@@ -509,11 +507,7 @@ class VectorUnit(wiring.Component):
             # x = xh * 2^17 + xl, mult = mh * 2^16 + ml) and VADD (xa * mult_a + xb * mult_b, each
             # multiplier split the same way)
             mult_l = Signal(signed(32), name=f"mult{l}")
-            # per column: a half step's columns start at an entry's first or second half
-            m_lane = m_rd.data[32 * l : 32 * l + 32]
-            if l < HV:
-                hl = l + HV
-                m_lane = Mux(ctl["col"][2][vw - 1], m_rd.data[32 * hl : 32 * hl + 32], m_lane)
+            m_lane = m_rd.data[32 * l : 32 * l + 32]  # per column: a step's columns are one entry
             m.d.sync += mult_l.eq(Mux(per_col, m_lane, mult))
             xl, xh = x[:17], x[17:34].as_signed()
             ml, mh = mult_l[:16], mult_l[16:].as_signed()
@@ -536,9 +530,6 @@ class VectorUnit(wiring.Component):
                 q[0] + Mux(is_add, q[1], q[1] << 17) + (q[2] << 16) + Mux(is_add, q[3] << 16, q[3] << 33)
             )
             s_raw = s_rd.data[8 * l : 8 * l + 6]
-            if l < HV:
-                hl = l + HV
-                s_raw = Mux(ctl["col"][4][vw - 1], s_rd.data[8 * hl : 8 * hl + 6], s_raw)
             shift_l = Signal(6, name=f"shift{l}")
             m.d.sync += shift_l.eq(Mux(per_col, Mux(s_raw > MAX_SHIFT, MAX_SHIFT, s_raw), shift))
             # S4: the shift alone (its rounding bit below it, added at S5)
@@ -587,19 +578,19 @@ class VectorUnit(wiring.Component):
     def _write(self, m: Module, u: SimpleNamespace) -> None:
         """S6: the results' write."""
         cfg = self.cfg
-        VL, L, ll, HV, S = cfg.vector_lanes, cfg.lanes, log2(cfg.lanes), cfg.vector_lanes // 2, WRITE_STAGE
+        VL, L, ll, S = cfg.vector_lanes, cfg.lanes, log2(cfg.lanes), WRITE_STAGE
         d16, valid, results, ctl = u.d16, u.valid, u.results, u.ctl
         # S6 (cycle WRITE_STAGE after the operands): two-lane-word write of n elements at dst, VL
-        # int8 results or VL / 2 int16 ones (at most VL bytes)
+        # int8 or int16 results (at most 2 VL <= L bytes)
         n_w, dst_w = ctl["n"][S], ctl["dst"][S]
         do_write = Signal()
         m.d.comb += do_write.eq(valid[S] & ctl["write"][S] & (n_w != 0))
-        out = Signal(8 * VL)
-        m.d.comb += out.eq(Mux(d16, Cat(*results[:HV]), Cat(*[r[:8] for r in results])))
+        out = Signal(16 * VL)
+        m.d.comb += out.eq(Mux(d16, Cat(*results), Cat(*[r[:8] for r in results])))
         wdata = Signal(16 * L)
         m.d.comb += wdata.eq(out << (dst_w[:ll] * 8))
         be = Signal(2 * L)
-        m.d.comb += be.eq(low_bytes_mask(n_w << d16, VL) << dst_w[:ll])
+        m.d.comb += be.eq(low_bytes_mask(n_w << d16, 2 * VL) << dst_w[:ll])
         w0, w1 = self.w_ports
         m.d.comb += [
             w0.addr.eq(dst_w[ll:]),

@@ -110,7 +110,7 @@ class NpuConfig:
         for f in ("lanes", "pes_per_cluster", "vector_lanes"):
             need(_pow2(getattr(self, f)), f, "must be a power of two")
         # int16 activations (docs/isa.md): a matrix step reads lanes / 2 int16 elements of one lane
-        # word, a vector step with an int16 operand takes vector_lanes / 2 elements
+        # word; a vector step takes vector_lanes int16 elements, 2 * vector_lanes bytes
         for f in ("lanes", "vector_lanes"):
             need(getattr(self, f) >= 2, f, "must be >= 2 (int16 steps take half as many elements)")
         if self.spad_banked:
@@ -121,11 +121,6 @@ class NpuConfig:
                 "spad_banks",
                 "banked: must be even, with at least max(2, clusters, pes_per_cluster, bus_bytes / lanes) "
                 "banks per region",
-            )
-            need(
-                self.vector_lanes <= self.lanes,
-                "vector_lanes",
-                f"banked: must not exceed lanes ({self.lanes})",
             )
         else:
             need(_pow2(self.spad_banks), "spad_banks", "must be a power of two")
@@ -154,8 +149,12 @@ class NpuConfig:
             f"4 * pes_per_cluster must equal bus_bytes ({self.bus_bytes})",
         )
         need(self.lanes <= self.bus_bytes, "lanes", f"must not exceed bus_bytes ({self.bus_bytes})")
-        # the vector unit reads and writes an int8 group as at most two lane words
-        need(self.vector_lanes <= self.lanes, "vector_lanes", f"must not exceed lanes ({self.lanes})")
+        # the vector unit reads and writes a step's int16 elements as at most two lane words
+        need(
+            2 * self.vector_lanes <= self.lanes,
+            "vector_lanes",
+            f"must be at most half of lanes ({self.lanes}): a step moves 2 * vector_lanes bytes of int16",
+        )
         need(self.core in ("pipelined", "micro"), "core", 'must be "pipelined" or "micro"')
         need(
             self.core == "micro" or 4 * self.vector_lanes <= self.bus_bytes,

@@ -136,9 +136,9 @@ def banked_matmul_steps(f: dict, cfg: NpuConfig) -> int:
 
 
 def vector_elems(f: dict, cfg: NpuConfig, *operands: str) -> int:
-    """Elements a vector step takes: `vector_lanes`, half that when one of the operands (or dst) is
-    int16 (a step reads and writes at most `vector_lanes` bytes of each)."""
-    return cfg.vector_lanes // max(elem_bytes(f, o) for o in (*operands, "dst"))
+    """Elements a vector step takes: `vector_lanes`, int8 or int16 alike (a step reads and writes up
+    to 2 * vector_lanes bytes of an int16 operand, two lane words at most: NpuConfig.validate)."""
+    return cfg.vector_lanes
 
 
 def banked_vector_steps(

@@ -242,7 +242,7 @@ def test_int16_rules():
 
 
 def test_int16_costs():
-    """An int16 A takes twice the k steps; a vector step takes half the elements."""
+    """An int16 A takes twice the k steps; a vector step takes as many int16 elements as int8."""
     L, VL = CFG.lanes, CFG.vector_lanes
     mm = dict(
         a=0,
@@ -258,5 +258,6 @@ def test_int16_costs():
     d8, d16 = duration(make("matmul", **mm), CFG), duration(make("matmul", **mm, a_i16=1), CFG)
     assert d16 - CFG.matrix_latency == 2 * (d8 - CFG.matrix_latency) == 8
     vm = dict(src=0, dst=0x2000, rows=1, cols=4 * VL, src_stride=0, dst_stride=0)
-    assert duration(make("vmap", **vm, src_i16=1), CFG) - CFG.vector_latency == 8
+    assert duration(make("vmap", **vm, src_i16=1), CFG) - CFG.vector_latency == 4
+    assert duration(make("vmap", **vm, src_i16=1, dst_i16=1), CFG) - CFG.vector_latency == 4
     assert duration(make("vmap", **vm), CFG) - CFG.vector_latency == 4
