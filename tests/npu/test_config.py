@@ -39,3 +39,11 @@ def test_invalid_configs_name_the_field(change, field):
 def test_unknown_preset_lists_choices():
     with pytest.raises(ConfigError, match="tiny, default"):
         get_config("huge")
+
+
+def test_int16_vector_steps_need_half_the_lanes():
+    """A vector step moves 2 * vector_lanes bytes of int16 within two lane words."""
+    wide = dict(clusters=2, pes_per_cluster=8, bus_bytes=32)
+    assert get_config("default").replace(**wide, vector_lanes=4).vector_lanes == 4
+    with pytest.raises(ConfigError, match="vector_lanes=8 .*at most half of lanes"):
+        get_config("default").replace(**wide, vector_lanes=8)
