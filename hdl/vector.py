@@ -240,7 +240,6 @@ class VectorUnit(wiring.Component):
         write = Signal()  # this step writes results
         first_tap = Signal()
         C = fp.channels
-        VLE = VL  # elements a step, int8 or int16
         tap_last = Signal()
         m.d.comb += tap_last.eq((ty + 1 >= fp.kh) & (tx + 1 >= fp.kw))
         with m.If(in_table):
@@ -251,8 +250,8 @@ class VectorUnit(wiring.Component):
             m.d.comb += [
                 src.eq(row_src + Mux(es32, i1 << 2, i1 << a16)),
                 dst.eq(row_dst + (i1 << d16)),
-                n.eq(min_(VLE, fm.cols - i1)),
-                last.eq((i0 + 1 >= fm.rows) & (i1 + VLE >= fm.cols)),
+                n.eq(min_(VL, fm.cols - i1)),
+                last.eq((i0 + 1 >= fm.rows) & (i1 + VL >= fm.cols)),
                 write.eq(1),
             ]
         with m.Elif(is_mul):
@@ -260,8 +259,8 @@ class VectorUnit(wiring.Component):
                 src.eq(row_src + (i1 << a16)),
                 src_b.eq(row_b + (i1 << b16)),
                 dst.eq(row_dst + (i1 << d16)),
-                n.eq(min_(VLE, fv.cols - i1)),
-                last.eq((i0 + 1 >= fv.rows) & (i1 + VLE >= fv.cols)),
+                n.eq(min_(VL, fv.cols - i1)),
+                last.eq((i0 + 1 >= fv.rows) & (i1 + VL >= fv.cols)),
                 write.eq(1),
             ]
         with m.Elif(is_add):
@@ -269,18 +268,18 @@ class VectorUnit(wiring.Component):
                 src.eq(fa.a + (i1 << a16)),
                 src_b.eq(fa.b + (i1 << b16)),
                 dst.eq(fa.dst + (i1 << d16)),
-                n.eq(min_(VLE, fa.len - i1)),
-                last.eq(i1 + VLE >= fa.len),
+                n.eq(min_(VL, fa.len - i1)),
+                last.eq(i1 + VL >= fa.len),
                 write.eq(1),
             ]
         with m.Else():
             m.d.comb += [
                 src.eq(tap_src + (i2 << a16)),
                 dst.eq(pix_dst + (i2 << d16)),
-                n.eq(min_(VLE, C - i2)),
+                n.eq(min_(VL, C - i2)),
                 write.eq(tap_last),
                 first_tap.eq((ty == 0) & (tx == 0)),
-                last.eq(tap_last & (i2 + VLE >= C) & (i1 + 1 >= fp.out_w) & (i0 + 1 >= fp.out_h)),
+                last.eq(tap_last & (i2 + VL >= C) & (i1 + 1 >= fp.out_w) & (i0 + 1 >= fp.out_h)),
             ]
 
         # an instruction with nothing to do (registered in the first setup cycle: `done` starts from
@@ -302,7 +301,7 @@ class VectorUnit(wiring.Component):
         u.src, u.dst, u.t_left, u.t_src, u.in_table, u.i0, u.i1 = src, dst, t_left, t_src, in_table, i0, i1
         u.i2, u.ty, u.tx, u.row_src, u.row_b, u.row_dst = i2, ty, tx, row_src, row_b, row_dst
         u.oy_src, u.win_src, u.tap_row, u.tap_src, u.pix_dst = oy_src, win_src, tap_row, tap_src, pix_dst
-        u.src_b, u.n, u.last, u.write, u.first_tap, u.VLE = src_b, n, last, write, first_tap, VLE
+        u.src_b, u.n, u.last, u.write, u.first_tap = src_b, n, last, write, first_tap
         u.empty = empty
 
     def _issue(self, m: Module, u: SimpleNamespace) -> None:
@@ -613,7 +612,7 @@ class VectorUnit(wiring.Component):
         t_left, t_src, in_table, i0, i1, i2, ty = u.t_left, u.t_src, u.in_table, u.i0, u.i1, u.i2, u.ty
         tx, row_src, row_b, row_dst, oy_src = u.tx, u.row_src, u.row_b, u.row_dst, u.oy_src
         win_src, tap_row, tap_src, pix_dst, valid = u.win_src, u.tap_row, u.tap_src, u.pix_dst, u.valid
-        VLE, empty, load, issuing, stepping, asking = u.VLE, u.empty, u.load, u.issuing, u.stepping, u.asking
+        empty, load, issuing, stepping, asking = u.empty, u.load, u.issuing, u.stepping, u.asking
         prime, cur, step_done, ctl = u.prime, u.cur, u.step_done, u.ctl
         # the loops advance with each load (past the last step too: nothing issues it)
         with m.If(stepping & (empty | (step_done & cur["last"]))):
@@ -638,19 +637,19 @@ class VectorUnit(wiring.Component):
                 with m.Else():
                     m.d.sync += [p_rem.eq(0), in_pre.eq(0)]
             with m.Elif(is_mul):
-                with m.If(i1 + VLE >= fv.cols):
+                with m.If(i1 + VL >= fv.cols):
                     m.d.sync += [i1.eq(0), i0.eq(i0 + 1), row_src.eq(row_src + fv.a_stride)]
                     m.d.sync += [row_b.eq(row_b + fv.b_stride), row_dst.eq(row_dst + fv.dst_stride)]
                 with m.Else():
-                    m.d.sync += i1.eq(i1 + VLE)
+                    m.d.sync += i1.eq(i1 + VL)
             with m.Elif(is_map | is_lut):
-                with m.If(i1 + VLE >= fm.cols):
+                with m.If(i1 + VL >= fm.cols):
                     m.d.sync += [i1.eq(0), i0.eq(i0 + 1), row_src.eq(row_src + fm.src_stride),
                                  row_dst.eq(row_dst + fm.dst_stride)]  # fmt: skip
                 with m.Else():
-                    m.d.sync += i1.eq(i1 + VLE)
+                    m.d.sync += i1.eq(i1 + VL)
             with m.Elif(is_add):
-                m.d.sync += i1.eq(i1 + VLE)
+                m.d.sync += i1.eq(i1 + VL)
             with m.Else():
                 with m.If(tx + 1 < fp.kw):
                     m.d.sync += [tx.eq(tx + 1), tap_src.eq(tap_src + c_src)]
@@ -663,8 +662,8 @@ class VectorUnit(wiring.Component):
                     ]
                 with m.Else():
                     m.d.sync += [tx.eq(0), ty.eq(0), tap_row.eq(win_src), tap_src.eq(win_src)]
-                    with m.If(i2 + VLE < fp.channels):
-                        m.d.sync += i2.eq(i2 + VLE)
+                    with m.If(i2 + VL < fp.channels):
+                        m.d.sync += i2.eq(i2 + VL)
                     with m.Else():
                         m.d.sync += [i2.eq(0), pix_dst.eq(pix_dst + c_dst)]
                         with m.If(i1 + 1 < fp.out_w):

@@ -111,8 +111,8 @@ class NpuConfig:
             need(_pow2(getattr(self, f)), f, "must be a power of two")
         # int16 activations (docs/isa.md): a matrix step reads lanes / 2 int16 elements of one lane
         # word; a vector step takes vector_lanes int16 elements, 2 * vector_lanes bytes
-        for f in ("lanes", "vector_lanes"):
-            need(getattr(self, f) >= 2, f, "must be >= 2 (int16 steps take half as many elements)")
+        need(self.lanes >= 2, "lanes", "must be >= 2 (int16 matrix steps take half as many elements)")
+        need(self.vector_lanes >= 2, "vector_lanes", "must be >= 2")
         if self.spad_banked:
             need(
                 self.spad_banks % 2 == 0

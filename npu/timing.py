@@ -135,20 +135,14 @@ def banked_matmul_steps(f: dict, cfg: NpuConfig) -> int:
     return total
 
 
-def vector_elems(f: dict, cfg: NpuConfig, *operands: str) -> int:
-    """Elements a vector step takes: `vector_lanes`, int8 or int16 alike (a step reads and writes up
-    to 2 * vector_lanes bytes of an int16 operand, two lane words at most: NpuConfig.validate)."""
-    return cfg.vector_lanes
-
-
 def banked_vector_steps(
     a: int, b: int, rows: int, cols: int, a_stride: int, b_stride: int, cfg: NpuConfig,
-    es: tuple[int, int] = (1, 1), per_step: int | None = None,
+    es: tuple[int, int] = (1, 1),
 ) -> int:  # fmt: skip
     """Cycles of the steps of a two-operand vector instruction (VADD: one row; VMUL) on a banked
     scratchpad: a step reads one or two lane words of each operand and takes as many cycles as the
-    most of them one bank serves. `es`: the operands' element bytes; `per_step`: elements a step."""
-    VL, L = per_step or cfg.vector_lanes, cfg.lanes
+    most of them one bank serves. `es`: the operands' element bytes."""
+    VL, L = cfg.vector_lanes, cfg.lanes
     per_row = cdiv(cols, VL)
     off = np.tile(np.arange(per_row) * VL, rows)
     row = np.repeat(np.arange(rows), per_row)
@@ -201,7 +195,8 @@ def duration(i: Instr, cfg: NpuConfig) -> int:
         )
         return cfg.matrix_latency + max(1, steps)
     if op == Opcode.VMAP:
-        steps = f["rows"] * cdiv(f["cols"], vector_elems(f, cfg, "src"))
+        # a vector step takes vector_lanes elements, int8 or int16 alike (docs/isa.md, Timing)
+        steps = f["rows"] * cdiv(f["cols"], cfg.vector_lanes)
         if f["per_col"] and steps:  # the multipliers' and shifts' steps come first
             steps += cdiv(4 * f["cols"], cfg.vector_lanes) + cdiv(f["cols"], cfg.vector_lanes)
         return cfg.vector_latency + max(1, steps)
@@ -209,17 +204,16 @@ def duration(i: Instr, cfg: NpuConfig) -> int:
         steps = f["rows"] * cdiv(f["cols"], cfg.vector_lanes)
         return cfg.vector_latency + (LUT_BYTES // cfg.vector_lanes + steps if steps else 1)  # as VMAP
     if op in (Opcode.VMUL, Opcode.VADD):
-        e = vector_elems(f, cfg, "a", "b")
         es = (elem_bytes(f, "a"), elem_bytes(f, "b"))
         if op == Opcode.VMUL:
             rc = (f["rows"], f["cols"], f["a_stride"], f["b_stride"])
         else:
             rc = (1, f["len"], 0, 0)
         if cfg.spad_banked and rc[0] and rc[1]:
-            return cfg.vector_latency + banked_vector_steps(f["a"], f["b"], *rc, cfg, es, e)
-        return cfg.vector_latency + max(1, rc[0] * cdiv(rc[1], e))
+            return cfg.vector_latency + banked_vector_steps(f["a"], f["b"], *rc, cfg, es)
+        return cfg.vector_latency + max(1, rc[0] * cdiv(rc[1], cfg.vector_lanes))
     if op == Opcode.POOL:
-        steps = f["out_h"] * f["out_w"] * f["kh"] * f["kw"] * cdiv(f["channels"], vector_elems(f, cfg, "src"))
+        steps = f["out_h"] * f["out_w"] * f["kh"] * f["kw"] * cdiv(f["channels"], cfg.vector_lanes)
         return cfg.vector_latency + max(1, steps)
     if op == Opcode.SYNC:
         return 1
