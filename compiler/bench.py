@@ -232,6 +232,8 @@ def bench_models(cfg: NpuConfig, names: list[str] | None = None, max_inputs: int
                 cm = compile_onnx(path, cfg, calib=calib, input_shapes=shapes)
                 if cm.accuracy is not None and cm.accuracy.moved:
                     verdict = "repaired"
+                elif "int16 weights (" in cm.quantisation:  # the default takes them only as a repair
+                    verdict = "repaired (int16 weights)"
             except AccuracyError as e:
                 verdict = f"refused: {e}"
                 cm = compile_onnx(path, cfg, calib=calib, input_shapes=shapes, accuracy_check=False)

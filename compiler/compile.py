@@ -47,6 +47,7 @@ from .quantize import (
 )
 from .region import Regions
 from .rounding import correct_biases, round_weights
+from .wide_weights import split_weights
 
 
 @dataclass
@@ -282,8 +283,15 @@ def compile_onnx(
     with reporting(progress), _fewer_collections():
         stage(f"loading {path}")
         prepared = load(path, opts.input_shapes)
-        if opts.activations != "auto" or is_qdq(prepared.model):  # a QDQ model keeps its own types
+        if is_qdq(prepared.model):  # a QDQ model keeps its own types and weights
             compiled = _compile_fitting(prepared, cfg, calib, opts, path)
+        elif opts.activations != "auto":
+            try:
+                compiled = _compile_fitting(prepared, cfg, calib, opts, path)
+            except AccuracyError as e:
+                if opts.weight_precision != "auto":
+                    raise
+                compiled = _with_wide_weights(prepared, cfg, calib, opts, path, e)
         else:
             compiled = _compile_auto(prepared, cfg, calib, opts, path)
         stage("done")
@@ -318,7 +326,10 @@ def _fewer_collections() -> Iterator[None]:
 
 
 class _MixRefused(AccuracyError):
-    """The accuracy check refused an int8/int16 mix (auto then takes int16 everywhere)."""
+    """The accuracy check refused an int8/int16 mix (auto then takes int16 everywhere); with
+    `weights_lose` (its weights alone, activations float, stay below the target) int16 weights too."""
+
+    weights_lose: float | None = None  # that least cosine, when it is below the target
 
 
 def _compile_auto(prepared: Prepared, cfg: NpuConfig, calib, opts: CompileOptions, path) -> CompiledModel:
@@ -329,6 +340,17 @@ def _compile_auto(prepared: Prepared, cfg: NpuConfig, calib, opts: CompileOption
         return compiled
     except _MixRefused as e:
         why = f"the int8/int16 mix failed the accuracy check: {e}"
+        if e.weights_lose is not None:  # int16 activations alone cannot reach the target
+            why = (
+                f"the int8/int16 mix failed the accuracy check ({str(e).split(';')[0].split(': ', 1)[-1]}), "
+                f"and with only its int8 weights quantised the model reaches {e.weights_lose:.4f}"
+            )
+            stage(f"{why}; again with int16 activations and int16 weights")
+            compiled = _compile_fitting(
+                prepared, cfg, calib, opts.replace(activations="int16", weight_precision="int16"), path
+            )
+            compiled.quantisation += f" (auto: {why})"
+            return compiled
     except AccuracyError:
         raise  # int16 everywhere was refused: int8 would be less accurate still
     except CompileError as e:
@@ -337,12 +359,33 @@ def _compile_auto(prepared: Prepared, cfg: NpuConfig, calib, opts: CompileOption
     try:
         compiled = _compile_fitting(prepared, cfg, calib, opts.replace(activations="int16"), path)
         compiled.quantisation += f" (auto: {why})"
-    except AccuracyError:
-        raise
+    except AccuracyError as e:
+        if opts.weight_precision != "auto":
+            raise
+        compiled = _with_wide_weights(prepared, cfg, calib, opts.replace(activations="int16"), path, e)
     except CompileError as e:
         stage(f"int16 activations did not compile ({e}); again with int8")
         compiled = _compile_fitting(prepared, cfg, calib, opts.replace(activations="int8"), path)
         compiled.quantisation += f" (auto: int16 activations did not compile: {e})"
+    return compiled
+
+
+def _with_wide_weights(
+    prepared: Prepared, cfg: NpuConfig, calib, opts: CompileOptions, path, refused: AccuracyError
+) -> CompiledModel:
+    """The repair after `refused` (int8 weights, the guard's own repairs did not reach the target):
+    int16 weights (compiler/wide_weights.py); if they do not reach it either, `refused` stands,
+    with what they reached."""
+    stage("refused by the accuracy check with int8 weights; again with int16 weights")
+    try:
+        compiled = _compile_fitting(prepared, cfg, calib, opts.replace(weight_precision="int16"), path)
+    except AccuracyError as e:
+        first = str(e).split(";")[0].split(": ", 1)[-1]
+        raise AccuracyError(f"{refused}. With int16 weights (--weight-precision int16): {first}") from None
+    compiled.quantisation += (
+        " (auto: int16 activations with int8 weights were refused by the accuracy check: "
+        f"{str(refused).split(';')[0].split(': ', 1)[-1]})"
+    )
     return compiled
 
 
@@ -387,12 +430,17 @@ def _quantize(prepared: Prepared, calib, opts: CompileOptions, path: str | Path,
     model = cleanup(model)
     per_channel = per_channel_choice(model, opts.weight_scales, str(path))
     clamped = clamped_by_quantisation(model)
+    split: list[str] = []
+    if opts.weight_precision == "int16":
+        model, split = split_weights(model, per_channel)
     n_samples = min(len(a) for a in calib.values()) if isinstance(calib, Mapping) else len(calib)
     quantisation = (
         f"{opts.activations} activations ({opts.calib_method} calibration, {n_samples} samples), "
         f"weights per {'channel' if per_channel else 'tensor'} ({opts.weight_scales}), "
         f"outputs {opts.output_precision}"
     )
+    if split:
+        quantisation += f", int16 weights ({len(split)} layers as an int8 layer and its residual's)"
     float_clean = onnx.ModelProto()
     float_clean.CopyFrom(model)  # the float graph the quantiser sees (the accuracy guard's reference)
     mix, ranges = None, None
@@ -507,7 +555,11 @@ def _compile(
         try:
             checked = accuracy.guard(compiled, *args, rounds=0, explain=False)
         except AccuracyError as e:
-            raise _MixRefused(str(e)) from None
+            refused = _MixRefused(str(e))
+            if opts.weight_precision == "auto":
+                least = accuracy.weights_only(compiled.qdq, float_clean, check)
+                refused.weights_lose = least if least < opts.target_cosine else None
+            raise refused from None
     else:
         checked = accuracy.guard(compiled, *args)
     _, a, full = built[id(checked)]

@@ -434,8 +434,6 @@ class Lowerer:
         return Lowering(self.cfg, self.frags, self.dram, inputs, outputs, self.alloc.next, self.alloc.buffers)
 
 
-
-
 def _relocate_top(items: list[Item], cfg: NpuConfig) -> list[Item]:
     """The same fragment with its on-chip buffers moved to the top of the scratchpad and of the
     accumulators, so that consecutive operators use disjoint buffers where they fit and may overlap.

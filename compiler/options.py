@@ -23,6 +23,7 @@ CALIB_METHODS = ("minmax", "percentile", "entropy")
 ACTIVATIONS = ("int8", "int16", "mixed")  # what the quantiser takes; the option adds "auto"
 OUTPUT_PRECISIONS = ("int32", "int8")
 ROUNDINGS = ("auto", "nearest", "gptq")
+WEIGHT_PRECISIONS = ("auto", "int8", "int16")
 #: default bound on the gap between cancellation points (a latency budget, not a cycle count)
 MAX_PAUSE_US = 500.0
 
@@ -111,6 +112,11 @@ class CompileOptions:
         "requantised through a per-column table, a few %% more cycles), one per tensor, or auto "
         "(default: per channel when one scale would leave some channel 1/8 of the int8 range or less)",
         choices=WEIGHT_SCALES)  # fmt: skip
+    weight_precision: str = _option(
+        "auto", "a float model's weights: int8, int16 (each matrix operator as an int8 layer and a "
+        "layer of its rounding residual, added: about 15 bits of weight for twice the matrix steps: "
+        "compiler/wide_weights.py), or auto (default: int8, int16 where the accuracy check finds "
+        "that the int8 weights lose the model's accuracy)", choices=WEIGHT_PRECISIONS)  # fmt: skip
     calib_method: str = _option(
         "minmax", "how a float model's activation ranges come from the calibration inputs "
         "(onnxruntime's calibrators): the extremes seen (default), the 99.999th percentile, or entropy",

@@ -11,6 +11,7 @@ import onnx
 from npu.container import Layer
 
 from .graph import Graph
+from .wide_weights import is_residual
 
 #: operators that multiply and accumulate (the rest count as no MACs)
 MAC_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
@@ -99,7 +100,8 @@ def layer_macs(qdq: onnx.ModelProto) -> dict[str, int]:
 
 
 def placement(qdq: onnx.ModelProto, layers: list[Layer]) -> Placement:
-    """The quantised graph's operators (QuantizeLinear/DequantizeLinear left out) by placement:
+    """The quantised graph's operators (QuantizeLinear/DequantizeLinear and the residual layers of
+    int16 weights left out: compiler/wide_weights.py) by placement:
     host if a host step runs them, else NPU (views and absorbed table steps included)."""
     g = Graph(qdq)
     host = {la.node for la in layers if la.placement == "host"}
@@ -107,8 +109,8 @@ def placement(qdq: onnx.ModelProto, layers: list[Layer]) -> Placement:
     counts = {"npu": [0, 0], "host": [0, 0]}
     int8 = 0
     for n in g.nodes:
-        if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
-            continue
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear") or is_residual(n.name):
+            continue  # int16 weights' residual layers are the repair's work, not the model's
         c = counts["host" if n.name in host else "npu"]
         macs = node_macs(g, n, shapes)
         c[0] += 1

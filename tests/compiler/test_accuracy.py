@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from npu.compiler import compile_onnx
-from npu.compiler.accuracy import CheckData, cosine, hold_back, split_loss
+from npu.compiler.accuracy import CheckData, cosine, hold_back, split_loss, weights_only
 from npu.compiler.errors import AccuracyError
 from tests.compiler.helpers import ort_outputs
 
@@ -177,3 +177,19 @@ def test_cosine_counts_a_non_finite_mismatch_as_no_match():
     assert cosine(a, a) == pytest.approx(1.0)
     assert cosine(np.array([1.0, -np.inf, 3.0]), a) == 0.0
     assert cosine(np.array([1.0, -np.inf, 3.0]), np.array([1.0, -np.inf, 3.0])) == pytest.approx(1.0)
+
+
+def test_only_the_weights_quantised_keeps_what_int8_ranges_fold(tmp_path):
+    """The weights' share of the loss on an int8 model: a ResNet's Relus live in its int8 ranges
+    (the quantiser folds them), so its weights alone are measured in the float model, not by
+    passing the QDQ model's activation pairs through (which measured cosine -0.002)."""
+    from npu.models import zoo
+
+    z = zoo.ZOO["resnet_small"]()
+    path = tmp_path / "resnet.onnx"
+    onnx.save(z.model, path)
+    calib, check = hold_back(z.model, z.calib, {}, str(path))
+    cm = compile_onnx(path, calib=calib, activations="int8", accuracy_check=False)
+    assert weights_only(cm.qdq, z.model, check) >= 0.999
+    split = split_loss(cm.qdq, z.model, check)
+    assert split.weights >= 0.999 and split.qdq < split.weights, split

@@ -14,9 +14,9 @@ activations (`--activations int8`, the faster option) the task metric is asserte
 falls below 0.99 on two of the models (printed: docs/real_models.md).
 
 The accuracy guard (compiler/accuracy.py) checks each compile on two calibration pages it held back:
-a model it passes has cosine >= 0.99 there; one it refuses (the PP-OCRv4 detector with the default
-options, docs/real_models.md) must be refused with the output, its cosine and the operators named,
-and is then measured on the held-out inputs with the check off."""
+a model it passes has cosine >= 0.99 there (the PP-OCRv4 detector after its repair with int16
+weights, docs/real_models.md); one it refuses must be refused with the output, its cosine and the
+operators named, and is then measured on the held-out inputs with the check off."""
 
 import re
 import time

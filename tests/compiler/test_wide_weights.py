@@ -1,0 +1,92 @@
+"""int16 weights as an int8 layer plus its residual's (compiler/wide_weights.py): the split is exact in
+float, its int8 part lands on the quantiser's own grid, and `auto` takes it where the int8 weights lose a
+model's accuracy, counting the model's MACs once."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from npu.compiler import compile_onnx
+from npu.compiler.errors import AccuracyError
+from npu.compiler.quantize import quantize_float_model
+from npu.compiler.wide_weights import HI, LO, split_weights
+from npu.models.builder import Net
+from tests.compiler.helpers import compare_int8, cosine, ort_outputs
+from tests.compiler.test_accuracy import gemm_model
+
+
+def _layers() -> onnx.ModelProto:
+    """Conv, ConvTranspose, Gemm (B transposed) and MatMul, each with float weights off the int8 grid."""
+    net = Net("layers", (1, 6, 8, 8), seed=4)
+    y = net.conv(net.input, 8, 3)
+    w = net.rng.normal(0, 0.3, (8, 4, 2, 2)).astype(np.float32)  # ConvTranspose: (Cin, Cout, kh, kw)
+    y = net.node("ConvTranspose", [y, net.const(w)], (1, 4, 16, 16), kernel_shape=[2, 2], strides=[2, 2])
+    y = net.flatten(net.gap(y))
+    y = net.gemm(y, 10)
+    m = net.rng.normal(0, 0.4, (10, 5)).astype(np.float32)
+    return net.model([net.node("MatMul", [y, net.const(m)], (1, 5))])
+
+
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_the_split_is_exact_in_float_and_its_int8_part_on_the_quantisers_grid(per_channel):
+    model = _layers()
+    split, done = split_weights(onnx.ModelProto.FromString(model.SerializeToString()), per_channel)
+    assert len(done) == 4, done
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(1, 6, 8, 8)).astype(np.float32)
+    (want,), (got,) = ort_outputs(model, x), ort_outputs(split, x)
+    assert np.allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+    # the quantiser gives the int8 part the scale of its largest magnitude: its weights are exact there
+    calib = rng.normal(size=(8, 6, 8, 8)).astype(np.float32)
+    qdq = quantize_float_model(split, calib, per_channel=per_channel, activations="int16")
+    floats = {t.name: numpy_helper.to_array(t) for t in split.graph.initializer}
+    inits = {t.name: numpy_helper.to_array(t) for t in qdq.graph.initializer}
+    checked = 0
+    for n in qdq.graph.node:
+        name = n.input[0].removesuffix("_quantized")
+        if n.op_type == "DequantizeLinear" and name.endswith(HI) and name in floats:
+            q, s = inits[n.input[0]].astype(np.float64), inits[n.input[1]].astype(np.float64)
+            axis = next((a.i for a in n.attribute if a.name == "axis"), 1)
+            shape = [1] * q.ndim
+            if s.ndim:
+                shape[axis % q.ndim] = -1
+            assert np.abs(q).max() == 127 and np.allclose(
+                q * s.reshape(shape), floats[name], rtol=1e-6, atol=0
+            )
+            checked += 1
+    assert checked == 4, checked
+    lo = [w for name, w in floats.items() if name.endswith(LO)]
+    hi = [w for name, w in floats.items() if name.endswith(HI)]
+    for h, lo_w in zip(hi, lo, strict=True):  # the residual is under half a step of the int8 part's grid
+        assert np.abs(lo_w).max() <= np.abs(h).max() / 127 / 2 * (1 + 1e-5)
+
+
+def test_auto_takes_int16_weights_where_the_int8_weights_lose_the_model(tmp_path):
+    """One weight 1000 times the others under one scale per tensor rounds the rest to zero: int8
+    weights are refused (and say so), the default repairs it with int16 weights, bit-exact against
+    onnxruntime's QDQ model of the split, and counts the model's MACs once."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(20, 64)).astype(np.float32)
+    w = rng.normal(size=(64, 32)) * 0.01
+    w[0, 0] = 10.0
+    model = gemm_model(w)
+    path = tmp_path / "fc.onnx"
+    onnx.save(model, path)
+    with pytest.raises(AccuracyError) as e:
+        compile_onnx(path, calib=x[:16], weight_scales="per-tensor", weight_precision="int8")
+    assert "the int8 weights lose it" in str(e.value), e.value
+    # auto activations: the refused mix's weights alone are below the target, so int16 activations
+    # come with int16 weights at once; int16 activations asked for: after their own refusal
+    auto = compile_onnx(path, calib=x[:16], weight_scales="per-tensor")
+    assert "with only its int8 weights quantised the model reaches 0.9" in auto.quantisation
+    asked = compile_onnx(path, calib=x[:16], weight_scales="per-tensor", activations="int16")
+    assert "int16 activations with int8 weights were refused" in asked.quantisation, asked.quantisation
+    for cm in (auto, asked):
+        assert "int16 weights (1 layers" in cm.quantisation and cm.accuracy.worst >= 0.99, cm.accuracy
+        new = x[16:]
+        for i in range(len(new)):
+            assert cosine(cm.run(new[i : i + 1])[0], ort_outputs(model, new[i : i + 1])[0]) >= 0.99
+            compare_int8(cm, new[i : i + 1])
+        p = cm.placement
+        assert (p.nodes_npu + p.nodes_host, p.macs_npu + p.macs_host) == (1, 64 * 32), p
