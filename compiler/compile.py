@@ -46,8 +46,8 @@ from .quantize import (
     with_headroom,
 )
 from .region import Regions
-from .rounding import correct_biases, round_weights
-from .wide_weights import split_weights
+from .rounding import correct_biases, round_weights, weight_errors
+from .wide_weights import choose_wide, split_weights, step_costs
 
 
 @dataclass
@@ -289,7 +289,7 @@ def compile_onnx(
             try:
                 compiled = _compile_fitting(prepared, cfg, calib, opts, path)
             except AccuracyError as e:
-                if opts.weight_precision != "auto":
+                if getattr(e, "weights_lose", None) is None:
                     raise
                 compiled = _with_wide_weights(prepared, cfg, calib, opts, path, e)
         else:
@@ -326,43 +326,37 @@ def _fewer_collections() -> Iterator[None]:
 
 
 class _MixRefused(AccuracyError):
-    """The accuracy check refused an int8/int16 mix (auto then takes int16 everywhere); with
-    `weights_lose` (its weights alone, activations float, stay below the target) int16 weights too."""
+    """The accuracy check refused an int8/int16 mix (auto then takes int16 everywhere)."""
 
-    weights_lose: float | None = None  # that least cosine, when it is below the target
+
+def _first(e: Exception) -> str:
+    """An AccuracyError's first clause without the file name: the output and its cosine."""
+    return str(e).split(";")[0].split(": ", 1)[-1]
 
 
 def _compile_auto(prepared: Prepared, cfg: NpuConfig, calib, opts: CompileOptions, path) -> CompiledModel:
     """`activations="auto"` for a float model (compile_onnx)."""
+    int16 = opts.replace(activations="int16")
     try:
         compiled = _compile_fitting(prepared, cfg, calib, opts.replace(activations="mixed"), path, auto=True)
         compiled.quantisation += " (auto)"
         return compiled
-    except _MixRefused as e:
+    except AccuracyError as e:
+        if getattr(e, "weights_lose", None) is not None:  # int16 activations alone cannot reach the target
+            return _with_wide_weights(prepared, cfg, calib, int16, path, e)
+        if not isinstance(e, _MixRefused):
+            raise  # int16 everywhere was refused: int8 would be less accurate still
         why = f"the int8/int16 mix failed the accuracy check: {e}"
-        if e.weights_lose is not None:  # int16 activations alone cannot reach the target
-            why = (
-                f"the int8/int16 mix failed the accuracy check ({str(e).split(';')[0].split(': ', 1)[-1]}), "
-                f"and with only its int8 weights quantised the model reaches {e.weights_lose:.4f}"
-            )
-            stage(f"{why}; again with int16 activations and int16 weights")
-            compiled = _compile_fitting(
-                prepared, cfg, calib, opts.replace(activations="int16", weight_precision="int16"), path
-            )
-            compiled.quantisation += f" (auto: {why})"
-            return compiled
-    except AccuracyError:
-        raise  # int16 everywhere was refused: int8 would be less accurate still
     except CompileError as e:
         why = f"the int8/int16 mix did not compile: {e}"
     stage(f"{why}; again with int16 activations")
     try:
-        compiled = _compile_fitting(prepared, cfg, calib, opts.replace(activations="int16"), path)
+        compiled = _compile_fitting(prepared, cfg, calib, int16, path)
         compiled.quantisation += f" (auto: {why})"
     except AccuracyError as e:
-        if opts.weight_precision != "auto":
+        if getattr(e, "weights_lose", None) is None:
             raise
-        compiled = _with_wide_weights(prepared, cfg, calib, opts.replace(activations="int16"), path, e)
+        compiled = _with_wide_weights(prepared, cfg, calib, int16, path, e)
     except CompileError as e:
         stage(f"int16 activations did not compile ({e}); again with int8")
         compiled = _compile_fitting(prepared, cfg, calib, opts.replace(activations="int8"), path)
@@ -373,19 +367,34 @@ def _compile_auto(prepared: Prepared, cfg: NpuConfig, calib, opts: CompileOption
 def _with_wide_weights(
     prepared: Prepared, cfg: NpuConfig, calib, opts: CompileOptions, path, refused: AccuracyError
 ) -> CompiledModel:
-    """The repair after `refused` (int8 weights, the guard's own repairs did not reach the target):
-    int16 weights (compiler/wide_weights.py); if they do not reach it either, `refused` stands,
-    with what they reached."""
-    stage("refused by the accuracy check with int8 weights; again with int16 weights")
-    try:
-        compiled = _compile_fitting(prepared, cfg, calib, opts.replace(weight_precision="int16"), path)
-    except AccuracyError as e:
-        first = str(e).split(";")[0].split(": ", 1)[-1]
-        raise AccuracyError(f"{refused}. With int16 weights (--weight-precision int16): {first}") from None
-    compiled.quantisation += (
-        " (auto: int16 activations with int8 weights were refused by the accuracy check: "
-        f"{str(refused).split(';')[0].split(': ', 1)[-1]})"
+    """The repair after `refused`, whose int8 weights alone stay below the target (its
+    `weights_lose`): int16 weights (compiler/wide_weights.py) in the layers whose int8 weights lose
+    the most (its `wide`), then in every layer; if neither reaches the target, `refused` stands,
+    with what int16 weights reached."""
+    why = (
+        f"{_first(refused)}; with only its int8 weights quantised the model reaches "
+        f"{refused.weights_lose:.4f}"  # type: ignore[attr-defined]
     )
+    wide = opts.replace(weight_precision="int16")
+    layers = getattr(refused, "wide", ())
+    if layers:
+        stage(f"{why}: again with int16 weights in the {len(layers)} layers whose int8 weights lose the most")
+        try:
+            compiled = _compile_fitting(prepared, cfg, calib, wide.replace(wide_layers=layers), path)
+            compiled.quantisation += (
+                f" (auto: {why}; int16 weights where int8 ones lose the most: {', '.join(layers)})"
+            )
+            return compiled
+        except AccuracyError as e:
+            why += f"; with int16 weights in {len(layers)} layers {_first(e)}"
+    stage(f"{why}: again with int16 weights in every layer")
+    try:
+        compiled = _compile_fitting(prepared, cfg, calib, wide, path)
+    except AccuracyError as e:
+        raise AccuracyError(
+            f"{refused}. With int16 weights (--weight-precision int16): {_first(e)}"
+        ) from None
+    compiled.quantisation += f" (auto: {why})"
     return compiled
 
 
@@ -432,7 +441,7 @@ def _quantize(prepared: Prepared, calib, opts: CompileOptions, path: str | Path,
     clamped = clamped_by_quantisation(model)
     split: list[str] = []
     if opts.weight_precision == "int16":
-        model, split = split_weights(model, per_channel)
+        model, split = split_weights(model, per_channel, set(opts.wide_layers) or None)
     n_samples = min(len(a) for a in calib.values()) if isinstance(calib, Mapping) else len(calib)
     quantisation = (
         f"{opts.activations} activations ({opts.calib_method} calibration, {n_samples} samples), "
@@ -551,17 +560,23 @@ def _compile(
     stage(f"accuracy check on {check.samples} calibration samples (golden model against onnxruntime)")
     hint = "--activations int16, " if opts.activations != "int16" else ""
     args = (float_model, float_clean, check, opts.target_cosine, rebuild, str(path), hint)
-    if auto and mix is not None and len(mix.int16) < mix.tensors:  # some int8: auto's next step is int16
-        try:
-            checked = accuracy.guard(compiled, *args, rounds=0, explain=False)
-        except AccuracyError as e:
-            refused = _MixRefused(str(e))
-            if opts.weight_precision == "auto":
-                least = accuracy.weights_only(compiled.qdq, float_clean, check)
-                refused.weights_lose = least if least < opts.target_cosine else None
-            raise refused from None
-    else:
-        checked = accuracy.guard(compiled, *args)
+    # some int8 (auto's next step is int16), or int16 weights in some layers (next: in every one)
+    quick = (auto and mix is not None and len(mix.int16) < mix.tensors) or bool(opts.wide_layers)
+    try:
+        checked = accuracy.guard(compiled, *args, **(dict(rounds=0, explain=False) if quick else {}))
+    except AccuracyError as e:
+        refused = _MixRefused(str(e)) if quick else e
+        if opts.weight_precision == "auto":  # whether int8 weights alone lose it, and where most
+            least = accuracy.weights_only(compiled.qdq, float_clean, check)
+            if least < opts.target_cosine:
+                refused.weights_lose = least  # type: ignore[attr-defined]
+                batches = calibration_batches(float_clean, calib, path)
+                errors = weight_errors(compiled.qdq, float_clean, batches)
+                layers = choose_wide(
+                    errors, step_costs(float_clean, cfg.lanes), 1.0 - least, opts.target_cosine
+                )
+                refused.wide = tuple(layers)  # type: ignore[attr-defined]
+        raise refused from None
     _, a, full = built[id(checked)]
     final = checked if full else _assembled(*a)
     final.accuracy = checked.accuracy

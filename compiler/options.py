@@ -73,7 +73,8 @@ def _option(default: Any, help: str, *, choices: Sequence | None = None, flag: s
             type: Callable | None = None, metavar: str | None = None, minimum: float | None = None,
             cli: str = "value") -> Any:  # fmt: skip
     """A field with its command-line form: `cli` is "value", "flag" (store_true), "toggle"
-    (--x/--no-x), "append" (repeated NAME=VALUE pairs into a mapping) or "" (not on the CLI)."""
+    (--x/--no-x), "append" (repeated NAME=VALUE pairs into a mapping) or "list" (repeated values
+    into a tuple)."""
     meta = {"help": help, "choices": choices, "flag": flag, "type": type, "metavar": metavar,
             "minimum": minimum, "cli": cli}  # fmt: skip
     if isinstance(default, dict):
@@ -117,6 +118,10 @@ class CompileOptions:
         "layer of its rounding residual, added: about 15 bits of weight for twice the matrix steps: "
         "compiler/wide_weights.py), or auto (default: int8, int16 where the accuracy check finds "
         "that the int8 weights lose the model's accuracy)", choices=WEIGHT_PRECISIONS)  # fmt: skip
+    wide_layers: tuple[str, ...] = _option(
+        (), "with --weight-precision int16: only this matrix operator (its ONNX node name; repeat for "
+        "several) takes int16 weights (default: every one)", flag="--wide-layer", metavar="NODE",
+        cli="list")  # fmt: skip
     calib_method: str = _option(
         "minmax", "how a float model's activation ranges come from the calibration inputs "
         "(onnxruntime's calibrators): the extremes seen (default), the 99.999th percentile, or entropy",
@@ -246,6 +251,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         elif meta["cli"] == "append":
             p.add_argument(flag, dest=f.name, action="append", type=meta["type"], default=[],
                            metavar=meta["metavar"], help=help)  # fmt: skip
+        elif meta["cli"] == "list":
+            p.add_argument(flag, dest=f.name, action="append", default=[], metavar=meta["metavar"], help=help)
         elif meta["cli"] == "value":
             p.add_argument(flag, dest=f.name, default=default, choices=meta["choices"], type=meta["type"],
                            metavar=meta["metavar"], help=help)  # fmt: skip
@@ -256,6 +263,8 @@ def from_arguments(args: argparse.Namespace) -> CompileOptions:
     values = {}
     for f in dataclasses.fields(CompileOptions):
         value = getattr(args, f.name)
+        if f.metadata["cli"] == "list":
+            value = tuple(value)
         if f.metadata["cli"] == "append":
             pairs, value = value, dict(value)
             if len(value) < len(pairs):

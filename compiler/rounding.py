@@ -275,19 +275,22 @@ def _exposing(float_model: onnx.ModelProto, names: list[str]):
 
 
 def _hessians(
-    layers: list[_Layer], float_model: onnx.ModelProto, batches: Iterable[dict[str, np.ndarray]]
+    layers: list[_Layer],
+    float_model: onnx.ModelProto,
+    batches: Iterable[dict[str, np.ndarray]],
+    every: bool = False,
 ) -> tuple[list[np.ndarray], list[int], list[list[np.ndarray]]]:
     """H = X^T X per layer and group from the float model's inputs of each layer (None for a layer
-    not worth gathering, `_worth_gathering`), the number of input vectors each sums, gathered in as
-    few passes over the calibration data as the memory budget allows, and the float model's
-    outputs for each batch (taken in the first pass)."""
+    not worth gathering, `_worth_gathering`, unless `every`), the number of input vectors each
+    sums, gathered in as few passes over the calibration data as the memory budget allows, and the
+    float model's outputs for each batch (taken in the first pass)."""
     batches = list(batches)
     graph_outs = [o.name for o in float_model.graph.output]
     float_outs: list[list[np.ndarray]] = []
     hs: list[np.ndarray] = [None] * len(layers)  # type: ignore[list-item]
     counts = [0] * len(layers)
     chunks, cur, size = [], [], 0
-    worth = _worth_gathering(layers, float_model, batches)
+    worth = [True] * len(layers) if every else _worth_gathering(layers, float_model, batches)
     for i, la in enumerate(layers):
         if not worth[i]:
             continue
@@ -370,6 +373,30 @@ def output_errors(
                 err[k] += float(np.sum(np.square(g.astype(np.float64) - r)))
         errs.append(sum(e / max(en, 1e-30) for e, en in zip(err, energy, strict=True)))
     return errs
+
+
+def weight_errors(
+    qdq: onnx.ModelProto, float_model: onnx.ModelProto, batches: list[dict[str, np.ndarray]]
+) -> dict[str, float]:
+    """Per Conv/Gemm/MatMul node of `qdq` with int8 weights: the output error its int8 weights alone
+    add on the calibration `batches`, relative to its output's energy: tr(E H E^T) / tr(W H W^T)
+    with H = X^T X of its float inputs (every layer gathered, however few its input vectors)."""
+    layers = _layers(qdq, float_model)
+    if not layers:
+        return {}
+    hs, _, _ = _hessians(layers, float_model, batches, every=True)
+    out = {}
+    for la, h in zip(layers, hs, strict=True):
+        w, q = la.rows_matrix(), la.rows_matrix(numpy_helper.to_array(la.weight)).astype(np.float64)
+        per = w.shape[0] // la.groups
+        err = sig = 0.0
+        for g in range(la.groups):
+            r = slice(g * per, (g + 1) * per)
+            hg = h[g].astype(np.float64)
+            err += _error(w[r], la.scale[r], q[r], hg)
+            sig += float(np.sum((w[r] @ hg) * w[r]))
+        out[la.node.name] = err / sig if sig > 0 else 0.0
+    return out
 
 
 #: float models (with their calibration data) whose rounding results are kept: `auto` activations

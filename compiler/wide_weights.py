@@ -17,9 +17,12 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .errors import CompileError
 from .quantize import out_channel_axis
 from .shapes import infer_in_place
 
+#: the share of the target's error (1 - target cosine) the int8 weights that stay may take
+WEIGHT_SHARE = 0.25
 #: the operators whose constant weights (input 1) split
 SPLIT_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 #: suffixes of the names the split makes: the int8 layer keeps the node's name (and its MACs are
@@ -49,6 +52,18 @@ def split_weights(
     and the names of the nodes split. `per_channel`: the quantiser's weight scales (one per output
     channel or one per tensor), which `W_hi`'s grid must match."""
     inits = {t.name: t for t in model.graph.initializer}
+    if nodes is not None:
+        known = {
+            n.name
+            for n in model.graph.node
+            if n.op_type in SPLIT_OPS and n.input[1:2] and n.input[1] in inits
+        }
+        if set(nodes) - known:
+            raise CompileError(
+                f"--wide-layer {sorted(set(nodes) - known)[0]}: no matrix operator (Conv, ConvTranspose, "
+                f"Gemm, MatMul) of that name with constant weights; there are {len(known)}, e.g. "
+                f"{', '.join(sorted(known)[:5])}"
+            )
     done: list[str] = []
     out: list[onnx.NodeProto] = []
     for n in model.graph.node:
@@ -103,3 +118,43 @@ def split_weights(
 def is_residual(name: str) -> bool:
     """A node the split added (the residual's layer or the Add): not an operator of the model."""
     return name.endswith((LO, ADD))
+
+
+def step_costs(model: onnx.ModelProto, lanes: int) -> dict[str, float]:
+    """Per matrix operator: what splitting it adds, its matrix steps in MACs (a depthwise
+    convolution's MACs use one lane of `lanes`, so they count `lanes` times)."""
+    from .graph import Graph
+    from .placement import node_macs
+
+    g = Graph(model)
+    shapes = g.static_shapes()
+    out = {}
+    for n in g.nodes:
+        if n.op_type in SPLIT_OPS and n.name:
+            w = g.consts.get(n.input[1]) if len(n.input) > 1 else None
+            depthwise = n.op_type == "Conv" and w is not None and w.ndim == 4 and w.shape[1] == 1
+            out[n.name] = float(node_macs(g, n, shapes)) * (lanes if depthwise else 1)
+    return out
+
+
+def choose_wide(
+    errors: dict[str, float], costs: dict[str, float], weights_loss: float, target: float
+) -> list[str]:
+    """The layers to give int16 weights, from `errors` (each layer's output error from its int8
+    weights alone, relative to its output: rounding.weight_errors) and `weights_loss` (1 - the
+    model's least output cosine with every weight int8, measured). The model's loss is taken to
+    grow with the layers' summed errors (noise adds up layer by layer, as for the activations:
+    compiler/precision.py), scaled to the measured loss; layers go to int16 in order of error
+    removed per matrix step added (`costs`) until the int8 rest's share is within WEIGHT_SHARE of
+    the target's error. The accuracy check decides; every layer is the fallback."""
+    total = sum(errors.values())
+    if total <= 0 or weights_loss <= 0:
+        return sorted(errors)
+    scale, budget, left = weights_loss / total, WEIGHT_SHARE * (1.0 - target), total
+    chosen = []
+    for name in sorted(errors, key=lambda n: (-errors[n] / max(costs.get(n, 1.0), 1.0), n)):
+        if scale * left <= budget:
+            break
+        chosen.append(name)
+        left -= errors[name]
+    return chosen
