@@ -65,6 +65,7 @@ def split_weights(
                 f"{', '.join(sorted(known)[:5])}"
             )
     done: list[str] = []
+    made: set[str] = set()
     out: list[onnx.NodeProto] = []
     for n in model.graph.node:
         w_name = n.input[1] if len(n.input) > 1 else ""
@@ -88,12 +89,14 @@ def split_weights(
         base = n.name or n.output[0]
         y = n.output[0]
         hi_w, lo_w = f"{w_name}{HI}", f"{w_name}{LO}"
-        model.graph.initializer.extend(
-            [
-                numpy_helper.from_array(hi.astype(np.float32), hi_w),
-                numpy_helper.from_array(lo.astype(np.float32), lo_w),
-            ]
-        )
+        if hi_w not in made:  # a weight several operators share is split once
+            made.add(hi_w)
+            model.graph.initializer.extend(
+                [
+                    numpy_helper.from_array(hi.astype(np.float32), hi_w),
+                    numpy_helper.from_array(lo.astype(np.float32), lo_w),
+                ]
+            )
         a = onnx.NodeProto()
         a.CopyFrom(n)
         a.name, a.input[1], a.output[0] = base, hi_w, f"{y}{HI}"
@@ -103,7 +106,7 @@ def split_weights(
         b.name, b.input[1], b.output[0] = f"{base}{LO}", lo_w, f"{y}{LO}"
         if n.op_type == "Gemm":  # alpha scales the product, beta only the bias
             del b.attribute[:]
-            b.attribute.extend(a for a in n.attribute if a.name != "beta")
+            b.attribute.extend(at for at in n.attribute if at.name != "beta")
         out += [a, b, helper.make_node("Add", [a.output[0], b.output[0]], [y], name=f"{base}{ADD}")]
         done.append(n.name or y)
     del model.graph.node[:]

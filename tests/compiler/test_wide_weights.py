@@ -132,3 +132,16 @@ def test_auto_gives_int16_weights_to_the_layers_that_lose_the_most(tmp_path):
 def test_an_unknown_wide_layer_is_named():
     with pytest.raises(CompileError, match="--wide-layer nope: no matrix operator"):
         split_weights(_layers(), True, {"nope"})
+
+
+def test_a_weight_two_operators_share_is_split_once():
+    net = Net("shared", (1, 16), seed=2)
+    w = net.const(net.rng.normal(0, 0.3, (16, 16)).astype(np.float32))
+    y = net.node("MatMul", [net.node("MatMul", [net.input, w], (1, 16)), w], (1, 16))
+    model = net.model([y])
+    split, done = split_weights(onnx.ModelProto.FromString(model.SerializeToString()), True)
+    onnx.checker.check_model(split)
+    assert len(done) == 2 and len({t.name for t in split.graph.initializer}) == len(split.graph.initializer)
+    x = np.random.default_rng(1).normal(size=(1, 16)).astype(np.float32)
+    (want,), (got,) = ort_outputs(model, x), ort_outputs(split, x)
+    assert np.allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
