@@ -33,7 +33,7 @@ from .ops.registry import is_fused
 from .options import CompileOptions
 from .order import SearchResult, search_order
 from .outputs import clamped_by_quantisation, keep_output_precision
-from .placement import Placement, layer_macs, placement
+from .placement import Placement, layer_macs, matrix_steps, placement
 from .points import PointPolicy
 from .progress import reporting, stage
 from .quantize import (
@@ -47,7 +47,7 @@ from .quantize import (
 )
 from .region import Regions
 from .rounding import correct_biases, round_weights, weight_errors
-from .wide_weights import choose_wide, split_weights, step_costs
+from .wide_weights import choose_wide, split_weights
 
 
 @dataclass
@@ -371,10 +371,7 @@ def _with_wide_weights(
     `weights_lose`): int16 weights (compiler/wide_weights.py) in the layers whose int8 weights lose
     the most (its `wide`), then in every layer; if neither reaches the target, `refused` stands,
     with what int16 weights reached."""
-    why = (
-        f"{_first(refused)}; with only its int8 weights quantised the model reaches "
-        f"{refused.weights_lose:.4f}"  # type: ignore[attr-defined]
-    )
+    why = _first(refused)
     wide = opts.replace(weight_precision="int16")
     layers = getattr(refused, "wide", ())
     if layers:
@@ -536,6 +533,9 @@ def _compile(
     notes = list(prepared.notes)
     if check is None:
         return _build(model, prepared, cfg, opts, path, quantisation, True, t0, clamped)
+    quick = (auto and mix is not None and len(mix.int16) < mix.tensors) or bool(opts.wide_layers)
+    if opts.weight_precision == "auto":
+        _check_weights(qdq, float_clean, check, calib, cfg, opts, path, quick)
     # The guard checks values, which neither the operator order nor the cancellation points change:
     # it runs on builds without the order search and the points, and only the build it accepts is
     # searched and given its points (a refused one, or a repair's trials, cost no search).
@@ -560,27 +560,39 @@ def _compile(
     stage(f"accuracy check on {check.samples} calibration samples (golden model against onnxruntime)")
     hint = "--activations int16, " if opts.activations != "int16" else ""
     args = (float_model, float_clean, check, opts.target_cosine, rebuild, str(path), hint)
-    # some int8 (auto's next step is int16), or int16 weights in some layers (next: in every one)
-    quick = (auto and mix is not None and len(mix.int16) < mix.tensors) or bool(opts.wide_layers)
+    # some int8 (auto's next step is int16), or int16 weights in some layers (next: in every one):
+    # refused at once, without repair rounds
     try:
         checked = accuracy.guard(compiled, *args, **(dict(rounds=0, explain=False) if quick else {}))
     except AccuracyError as e:
-        refused = _MixRefused(str(e)) if quick else e
-        if opts.weight_precision == "auto":  # whether int8 weights alone lose it, and where most
-            least = accuracy.weights_only(compiled.qdq, float_clean, check)
-            if least < opts.target_cosine:
-                refused.weights_lose = least  # type: ignore[attr-defined]
-                batches = calibration_batches(float_clean, calib, path)
-                errors = weight_errors(compiled.qdq, float_clean, batches)
-                layers = choose_wide(
-                    errors, step_costs(float_clean, cfg.lanes), 1.0 - least, opts.target_cosine
-                )
-                refused.wide = tuple(layers)  # type: ignore[attr-defined]
-        raise refused from None
+        raise (_MixRefused(str(e)) if quick else e) from None
     _, a, full = built[id(checked)]
     final = checked if full else _assembled(*a)
     final.accuracy = checked.accuracy
     return final
+
+
+def _check_weights(
+    qdq: onnx.ModelProto, float_clean, check, calib, cfg: NpuConfig, opts: CompileOptions, path, quick: bool
+) -> None:
+    """Before lowering: the float model with only `qdq`'s int8 weights on the check samples
+    (onnxruntime). Below the target no activation type and no host placement reaches it: an
+    AccuracyError (a _MixRefused when `quick`) at once, with `weights_lose` (that cosine) and `wide`
+    (the layers whose int8 weights lose the most, compiler/wide_weights.py) for the repair."""
+    least = accuracy.weights_only(qdq, float_clean, check)
+    if least >= opts.target_cosine:
+        return
+    stage(f"int8 weights alone reach cosine {least:.4f}: choosing the layers that lose the most")
+    where = f"{check.samples} {'held-back ' if check.held_back else ''}calibration sample(s)"
+    msg = (
+        f"{path}: with only its int8 weights quantised (activations float, onnxruntime) the model "
+        f"reaches cosine {least:.4f} on {where}, below the target {opts.target_cosine:g}"
+    )
+    refused = _MixRefused(msg) if quick else AccuracyError(msg)
+    errors = weight_errors(qdq, float_clean, calibration_batches(float_clean, calib, path))
+    layers = choose_wide(errors, matrix_steps(float_clean, cfg.lanes), 1.0 - least, opts.target_cosine)
+    refused.weights_lose, refused.wide = least, tuple(layers)  # type: ignore[attr-defined]
+    raise refused
 
 
 def _build(

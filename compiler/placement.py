@@ -126,3 +126,18 @@ def _int16_input(g: Graph, n: onnx.NodeProto) -> bool:
     if p is None or p.op_type != "DequantizeLinear" or len(p.input) < 3 or p.input[2] not in g.consts:
         return False
     return g.consts[p.input[2]].dtype == np.int16
+
+
+def matrix_steps(model: onnx.ModelProto, lanes: int) -> dict[str, float]:
+    """Per matrix operator with constant weights: its matrix steps in MACs (a depthwise
+    convolution's MACs use one lane of `lanes`, so they count `lanes` times): what giving it int16
+    weights adds (compiler/wide_weights.py)."""
+    g = Graph(model)
+    shapes = g.static_shapes()
+    out = {}
+    for n in g.nodes:
+        w = g.consts.get(n.input[1]) if n.op_type in MAC_OPS and len(n.input) > 1 else None
+        if w is not None and n.name:
+            depthwise = n.op_type == "Conv" and w.ndim == 4 and w.shape[1] == 1
+            out[n.name] = float(node_macs(g, n, shapes)) * (lanes if depthwise else 1)
+    return out

@@ -123,23 +123,6 @@ def is_residual(name: str) -> bool:
     return name.endswith((LO, ADD))
 
 
-def step_costs(model: onnx.ModelProto, lanes: int) -> dict[str, float]:
-    """Per matrix operator: what splitting it adds, its matrix steps in MACs (a depthwise
-    convolution's MACs use one lane of `lanes`, so they count `lanes` times)."""
-    from .graph import Graph
-    from .placement import node_macs
-
-    g = Graph(model)
-    shapes = g.static_shapes()
-    out = {}
-    for n in g.nodes:
-        if n.op_type in SPLIT_OPS and n.name:
-            w = g.consts.get(n.input[1]) if len(n.input) > 1 else None
-            depthwise = n.op_type == "Conv" and w is not None and w.ndim == 4 and w.shape[1] == 1
-            out[n.name] = float(node_macs(g, n, shapes)) * (lanes if depthwise else 1)
-    return out
-
-
 def choose_wide(
     errors: dict[str, float], costs: dict[str, float], weights_loss: float, target: float
 ) -> list[str]:
