@@ -369,8 +369,8 @@ def _with_wide_weights(
 ) -> CompiledModel:
     """The repair after `refused`, whose int8 weights alone stay below the target (its
     `weights_lose`): int16 weights (compiler/wide_weights.py) in the layers whose int8 weights lose
-    the most (its `wide`), then in every layer; if neither reaches the target, `refused` stands,
-    with what int16 weights reached."""
+    the most (its `wide`), then in every layer; if neither reaches the target, the last refusal
+    (which names the operators and where the loss is), with `refused`'s figure."""
     why = _first(refused)
     wide = opts.replace(weight_precision="int16")
     layers = getattr(refused, "wide", ())
@@ -388,9 +388,8 @@ def _with_wide_weights(
     try:
         compiled = _compile_fitting(prepared, cfg, calib, wide, path)
     except AccuracyError as e:
-        raise AccuracyError(
-            f"{refused}. With int16 weights (--weight-precision int16): {_first(e)}"
-        ) from None
+        # the last compile's refusal names the operators and where the loss is
+        raise AccuracyError(f"{e} (That with int16 weights; before them, {_first(refused)}.)") from None
     compiled.quantisation += f" (auto: {why})"
     return compiled
 
