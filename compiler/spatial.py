@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -200,6 +200,9 @@ class ConvTile:
     # chunk feeds its groups' columns only); (0, 0): none, the chunk's MATMULs are left out
     cols: list[tuple[int, int]]
     wlen: int  # input channels of the window
+    # per chunk: None, or its MATMULs one A word of int16 channels each (`narrow_subs`): (first
+    # channel of the chunk, first output column, columns) - the chunk's weights rearranged to match
+    subs: list[list[tuple[int, int, int]] | None] = field(default_factory=list)
 
     def pitch(self, cpx: int, windowed: bool) -> int:
         """Elements of an input pixel in the band: the window's (windowed band) or the tensor's."""
@@ -235,6 +238,52 @@ class ConvPlan:
         return ", ".join(parts) or "none"
 
 
+def _narrow_width(cfg: NpuConfig) -> int:
+    """int16 channels in one A word (lanes / 2) when MATMULs that narrow keep C's columns at
+    accumulator-row boundaries (a multiple of pes_per_cluster), else 0."""
+    s = cfg.lanes // 2
+    return s if s and s % cfg.pes_per_cluster == 0 else 0
+
+
+def _chunk_steps(cfg: NpuConfig, m: int, n_mm: int, ci_t: int, ex: int, narrow: bool) -> tuple[int, int]:
+    """(matrix steps, MATMULs) of one chunk's tap: one MATMUL over `n_mm` columns and `ci_t`
+    channels, or with `narrow` one a word of int16 channels (each over its own columns)."""
+    s = _narrow_width(cfg)
+    if narrow and ex == 2 and s and ci_t % s == 0 and ci_t > s:
+        return cdiv(m, cfg.clusters) * (ci_t // s) * cdiv(s, cfg.pes_per_cluster), ci_t // s
+    return cdiv(m, cfg.clusters) * cdiv(n_mm, cfg.pes_per_cluster) * cdiv(ex * ci_t, cfg.lanes), 1
+
+
+def narrow_subs(
+    cfg: NpuConfig, reads: np.ndarray, dense: np.ndarray, ex: int
+) -> list[tuple[int, int, int]] | None:
+    """A depthwise chunk of int16 input as MATMULs of one A word (s = lanes / 2 channels) each: an
+    int16 MATMUL takes twice the k steps of int8, and over a whole chunk each k step feeds only the
+    columns of its own channels, so half the steps multiply zeros; one MATMUL a word spans only its
+    columns. `reads` (columns x chunk channels): which channels each output column reads; possible
+    when each word's columns are one aligned block of at most s that reads nothing else. Then
+    `dense` (columns x kh x kw x chunk channels, the chunk's weights) is rearranged in place: each
+    column's weights move to the first s channels, where its MATMUL reads them. Returns (first
+    channel, first column, columns) per MATMUL, or None (one MATMUL for the chunk)."""
+    s, pes = _narrow_width(cfg), cfg.pes_per_cluster
+    cl = reads.shape[1]
+    if ex != 2 or not s or cl % s or cl <= s:
+        return None
+    subs, moved = [], np.zeros_like(dense)
+    for c in range(0, cl, s):
+        cols = np.flatnonzero(reads[:, c : c + s].any(axis=1))
+        if not len(cols):
+            continue
+        lo = int(cols[0]) // pes * pes
+        hi = round_up(int(cols[-1]) + 1, pes)
+        if hi - lo > s or reads[cols][:, :c].any() or reads[cols][:, c + s :].any():
+            return None
+        moved[cols, ..., :s] = dense[cols, ..., c : c + s]
+        subs.append((c, lo, min(hi, reads.shape[0]) - lo))
+    dense[...] = moved
+    return subs
+
+
 def _conv_m(g: Geometry, rows: int, band_mode: bool) -> int:
     return (rows - 1) * g.wp + g.ow if band_mode else rows * g.ow
 
@@ -253,6 +302,7 @@ def plan_conv(
     ey: int = 1,
     cols_of: Callable[[int, int], int] | None = None,
     post: OutputPass | None = None,
+    narrow: bool = False,
 ) -> ConvPlan:
     """Pick output/input channel tile sizes and the row band height with the cost model.
     `win_of(co_t)`: the input channels a tile of co_t output channels reads: all of them, or for a
@@ -260,7 +310,9 @@ def plan_conv(
     the band holds of a pixel (`windowed`). `cols_of(co_t, ci_t)`: the output columns a chunk of
     ci_t input channels reaches (a grouped convolution's MATMULs are that narrow). `ex`, `ey`: the
     input's and the output's element bytes (int16: 2; the output's int8 or int16 tile on chip).
-    `post`: a function computed on each output tile (its scratch, table and vector passes)."""
+    `post`: a function computed on each output tile (its scratch, table and vector passes).
+    `narrow`: a depthwise convolution of int16 input whose chunks run as MATMULs of one A word each
+    where they can (`narrow_subs`): timed so."""
     ca = channel_align(cfg)
     full = cpx
     cpx *= ex  # bytes of an input pixel from here on
@@ -295,7 +347,7 @@ def plan_conv(
             while lo <= hi:  # largest band that fits (sizes grow with rows)
                 r = (lo + hi) // 2
                 m = _conv_m(g, r, band_mode)
-                steps = cdiv(m, cfg.clusters) * cdiv(n_mm, cfg.pes_per_cluster) * cdiv(ex * ci_t, cfg.lanes)
+                steps = _chunk_steps(cfg, m, n_mm, ci_t, ex, narrow)[0]
                 fits = (
                     2 * (g.in_rows(r) * g.wp * px + m * co_t * ey) + m * co_t * post_elem <= room
                     and 2 * m * acc_row_stride(cfg, co_t) <= cfg.acc_bytes
@@ -311,8 +363,8 @@ def plan_conv(
                 continue
             bands = cdiv(g.oh, rows) * g.n
             m = _conv_m(g, rows, band_mode)
-            mm_per_band = n_ci * taps * (1 if band_mode else rows)
-            steps = cdiv(m, cfg.clusters) * cdiv(n_mm, cfg.pes_per_cluster) * cdiv(ex * ci_t, cfg.lanes)
+            steps, per_chunk = _chunk_steps(cfg, m, n_mm, ci_t, ex, narrow)
+            mm_per_band = n_ci * taps * (1 if band_mode else rows) * per_chunk
             matrix = n_co * bands * (mm_per_band * cfg.matrix_latency + n_ci * taps * steps)
             w_bytes = (n_co * taps * win * co_t) * (bands if n_ci > 1 else 1)
             loads = 2 + n_ci + (g.in_rows(rows) if windowed else 0)  # a windowed band: a LOAD a row
@@ -425,8 +477,9 @@ def conv_program(
 
     def plan_for(geo: Geometry) -> ConvPlan:
         return plan_conv(
-            cfg, geo, cpx, cpy, win_of, co_step, where, max_step, max_live, ex, ey, cols_of, post
-        )
+            cfg, geo, cpx, cpy, win_of, co_step, where, max_step, max_live, ex, ey, cols_of, post,
+            narrow=groups > 1 and cin_g == 1 and cout_g == 1,
+        )  # fmt: skip
 
     plan, gp = plan_conv_strips(g, plan_for)
     band_px = win_of(plan.co_t)  # elements of a band's pixel: the widest tile window (else cpx)
@@ -435,7 +488,7 @@ def conv_program(
     if plan.cols:
         strips = [g.strip(x0, min(plan.cols, g.ow - x0)) + (x0,) for x0 in range(0, g.ow, plan.cols)]
     taps = g.kh * g.kw
-    tiles = _conv_tiles(cfg, plan, x, y, weights, groups, g, window, const, where)
+    tiles = _conv_tiles(cfg, plan, x, y, weights, groups, g, window, const, where, ex)
     bias_p = np.zeros(cpy, np.int64)
     bias_p[:cout] = bias
     bias_addr = const(bias_p.astype("<i4").tobytes(), f"{where} bias")
@@ -488,7 +541,7 @@ def conv_program(
                     dram_stride=0,
                     label="bias",
                 )
-                for (c0, cl), wa, reach in zip(t.chunks, t.w_addr, t.cols, strict=True):
+                for (c0, cl), wa, reach, subs in zip(t.chunks, t.w_addr, t.cols, t.subs, strict=True):
                     if reach[1] == reach[0]:
                         continue  # input channels no output of the tile reads
                     if multi:
@@ -505,7 +558,14 @@ def conv_program(
                             label=f"weights co{t.co0} ci{c0}",
                         )
                     px = t.pitch(cpx, windowed)
-                    _conv_matmuls(b, cfg, g, gs, t, bm, wb, c0, cl, ib, ab, m, rows, px, ex, reach, windowed)
+                    if subs is None:
+                        _conv_matmuls(
+                            b, cfg, g, gs, t, bm, wb, c0, cl, ib, ab, m, rows, px, ex, reach, windowed
+                        )
+                        continue
+                    for sc, lo, width in subs:  # one A word of channels each, its weights first in the row
+                        _conv_matmuls(b, cfg, g, gs, t, bm, wb, c0 + sc, _narrow_width(cfg), ib, ab, m, rows,
+                                      px, ex, (lo, lo + width), windowed, w_row=cl)  # fmt: skip
                 _conv_output(b, y, rq, g, gs, t, bm, n, y0, x0, rows, m, ab, ob, cpy, ey, c_stride, out_pass)
                 b.candidate()  # between bands: only the resident weights are live
     return {
@@ -516,9 +576,12 @@ def conv_program(
     }
 
 
-def _conv_tiles(cfg, plan, x: Act, y: Act, weights, groups: int, g: Geometry, window, const, where: str):
+def _conv_tiles(
+    cfg, plan, x: Act, y: Act, weights, groups: int, g: Geometry, window, const, where: str, ex: int = 1
+):
     """The weight blocks of each output tile in DRAM: per input chunk, [co_t][kh][kw][chunk], zero
-    where an output channel has no connection (grouped convolutions)."""
+    where an output channel has no connection (grouped convolutions); a depthwise chunk of int16
+    input rearranged for its MATMULs of one A word each (`narrow_subs`)."""
     cout, cin_g = weights.shape[:2]
     cout_g = cout // groups
     cpx, cpy = x.layout.cp, y.layout.cp
@@ -535,18 +598,21 @@ def _conv_tiles(cfg, plan, x: Act, y: Act, weights, groups: int, g: Geometry, wi
             phys = chanx[gi * cin_g : (gi + 1) * cin_g] - win0
             dense[co - co0][:, :, phys] = weights[co].transpose(1, 2, 0)
             reads[co - co0, phys] = True
-        chunks, addrs, reach = [], [], []
+        chunks, addrs, reach, subs = [], [], [], []
+        depthwise = groups > 1 and cin_g == 1 and cout_g == 1
         for c0 in range(0, wlen, plan.ci_t):
             cl = min(plan.ci_t, wlen - c0)
             chunks.append((c0, cl))
-            addrs.append(const(np.ascontiguousarray(dense[..., c0 : c0 + cl]).tobytes(), f"{where} weights"))
+            block = np.ascontiguousarray(dense[..., c0 : c0 + cl])
+            subs.append(narrow_subs(cfg, reads[:, c0 : c0 + cl], block, ex) if depthwise else None)
+            addrs.append(const(block.tobytes(), f"{where} weights"))
             used = np.flatnonzero(reads[:, c0 : c0 + cl].any(axis=1))
             pes = cfg.pes_per_cluster  # C's columns start at an accumulator row boundary
             if len(used):
                 reach.append((int(used[0]) // pes * pes, min(co_t, round_up(int(used[-1]) + 1, pes))))
             else:
                 reach.append((0, 0))
-        tiles.append(ConvTile(co0, co_t, win0, chunks, addrs, reach, wlen))
+        tiles.append(ConvTile(co0, co_t, win0, chunks, addrs, reach, wlen, subs))
     return tiles
 
 
@@ -576,17 +642,21 @@ def _conv_buffers(cfg, plan, gp, tiles, taps: int, cpx: int, ex: int, ey: int, p
     return w_bufs, in_bufs, out_bufs, acc_bufs, (table, scratch)
 
 
-def _conv_matmuls(b, cfg, g, gs, t, band_mode, wb, c0, cl, ib, ab, m, rows, cpx, ex, reach, windowed) -> None:
+def _conv_matmuls(
+    b, cfg, g, gs, t, band_mode, wb, c0, cl, ib, ab, m, rows, cpx, ex, reach, windowed, w_row: int = 0
+) -> None:
     """One input chunk's MATMULs for a band: one per tap (band mode: the whole band at once; else
     one per output row), over the output columns `reach` the chunk feeds. `cpx`: elements of a
-    band pixel."""
+    band pixel. `w_row`: the channels a tap takes in the weight rows, when more than `cl` (a
+    depthwise chunk's MATMULs of one word each read the first `cl` of each tap)."""
     taps = g.kh * g.kw
     c_stride = acc_row_stride(cfg, t.co_t)
-    b_stride = bank_stride(cfg, taps * cl, cfg.lanes)
+    w_row = w_row or cl
+    b_stride = bank_stride(cfg, taps * w_row, cfg.lanes)
     lo, hi = reach
     for ky in range(g.kh):
         for kx in range(g.kw):
-            bw = wb + (ky * g.kw + kx) * cl + lo * b_stride
+            bw = wb + (ky * g.kw + kx) * w_row + lo * b_stride
             chan = (t.base(windowed) + c0 + kx * g.dw * cpx) * ex  # bytes into the band
             if band_mode:
                 b.add(
