@@ -66,6 +66,7 @@ class CompiledModel:
     regions: Regions | None = None  # the on-chip regions the program keeps to (None: whole memories)
     quantisation: str = "the model's own (QDQ)"  # how a float model was quantised (report)
     points_note: str = ""  # why the cancellation points differ from what the options asked (report)
+    fit_note: str = ""  # why int16 depthwise convolutions run one MATMUL a chunk (report)
     accuracy: Accuracy | None = None  # the accuracy guard's check (None: not run)
 
     @property
@@ -237,6 +238,7 @@ class CompiledModel:
         lines += [
             "",
             *(f"front end: {note}" for note in self.frontend),
+            *([f"depthwise convolutions of int16 input: {self.fit_note}"] if self.fit_note else []),
             f"operators: {n_npu} on the NPU, {n_host} on the host, {n_views} views (no data moved)"
             + (f", {n_fused} computed in their producer's output pass" if n_fused else ""),
             self.placement.describe() + " (ONNX operators of the quantised graph; steps of a table "
@@ -397,20 +399,35 @@ def _with_wide_weights(
 def _compile_fitting(
     prepared: Prepared, cfg: NpuConfig, calib, opts: CompileOptions, path, auto: bool = False
 ) -> CompiledModel:
-    """`_compile`; when the points of the default pause budget (not an interval asked for) make the
-    program too large for the DRAM (operators cut into more steps), again with points at operator
-    boundaries only, which the report says."""
-    try:
-        return _compile(_fresh(prepared), cfg, calib, opts, path, auto)
-    except DramTooSmall as e:
-        if opts.cp_interval or not opts.interval(cfg):
-            raise
-        compiled = _compile(_fresh(prepared), cfg, calib, opts.replace(max_pause_us=0), path, auto)
-        compiled.points_note = (
-            f"only at operator boundaries: with points at most {opts.max_pause_us:g} us apart "
-            f"(--max-pause-us) the model did not fit: {e}"
-        )
+    """`_compile`; when the program does not fit the DRAM, again with the smaller programs: int16
+    depthwise chunks as one MATMUL each (not one an A word), then points at operator boundaries only
+    (where the default pause budget, not an interval asked for, cut operators into more steps), then
+    both. The report says what was given up; the first error stands if none fits."""
+    tries = [opts]
+    if opts.narrow_depthwise:
+        tries.append(opts.replace(narrow_depthwise=False))
+    if not opts.cp_interval and opts.interval(cfg):
+        tries += [t.replace(max_pause_us=0) for t in tries]
+    first = None
+    for t in tries:
+        try:
+            compiled = _compile(_fresh(prepared), cfg, calib, t, path, auto)
+        except DramTooSmall as e:
+            first = first or e
+            continue
+        if t is opts:
+            return compiled
+        if t.max_pause_us != opts.max_pause_us:
+            compiled.points_note = (
+                f"only at operator boundaries: with points at most {opts.max_pause_us:g} us apart "
+                f"(--max-pause-us) the model did not fit: {first}"
+            )
+        if t.narrow_depthwise != opts.narrow_depthwise:
+            compiled.fit_note = (
+                f"one MATMUL a chunk (--no-narrow-depthwise): the program did not fit: {first}"
+            )
         return compiled
+    raise first
 
 
 def _fresh(prepared: Prepared) -> Prepared:
@@ -494,6 +511,7 @@ def _lower(
     depend on it; the planned addresses are checked against the real DRAM after assembly)."""
     kw = dict(step=opts.step(plan_cfg), max_live=opts.cp_max_live, nhwc_inputs=set(prepared.nhwc_inputs))
     kw["reasons"], kw["host_nodes"] = reasons, host_nodes
+    kw["narrow_depthwise"] = opts.narrow_depthwise
     try:
         return lower(model, plan_cfg, str(path), **kw)
     except DramFull:

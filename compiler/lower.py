@@ -110,8 +110,10 @@ class Lowerer:
         nhwc_inputs: set[str] = frozenset(),
         reasons: dict[str, str] | None = None,
         host_nodes: dict[str, str] | None = None,
+        narrow_depthwise: bool = True,
     ):
         self.graph, self.cfg, self.source = graph, cfg, graph.source
+        self.narrow_depthwise = narrow_depthwise  # spatial.narrow_subs for int16 depthwise chunks
         self.reasons = reasons or {}  # node -> why an earlier lowering placed it on the host
         self.host_nodes = host_nodes or {}  # node -> why it must run on the host (accuracy guard)
         self.nhwc_inputs = nhwc_inputs  # graph inputs the caller gives channels-last
@@ -481,10 +483,15 @@ def lower(
     nhwc_inputs: set[str] = frozenset(),
     reasons: dict[str, str] | None = None,
     host_nodes: dict[str, str] | None = None,
+    narrow_depthwise: bool = True,
 ) -> Lowering:
     """Lower every operator of a QDQ model (in ONNX order; `Lowering.assemble` orders them). `step`:
     split operators so that no step between cancellation point candidates exceeds it (0: no limit).
     `nhwc_inputs`: NCHW graph inputs that the compiled model takes channels-last. `reasons`: why an
     earlier lowering placed nodes on the host (kept for those whose results then stay float).
-    `host_nodes`: nodes placed on the host whatever their operator, with the reason."""
-    return Lowerer(Graph(model, source), cfg, step, max_live or 0, nhwc_inputs, reasons, host_nodes).run()
+    `host_nodes`: nodes placed on the host whatever their operator, with the reason.
+    `narrow_depthwise`: int16 depthwise chunks as a MATMUL per A word (--narrow-depthwise)."""
+    low = Lowerer(
+        Graph(model, source), cfg, step, max_live or 0, nhwc_inputs, reasons, host_nodes, narrow_depthwise
+    )
+    return low.run()

@@ -181,6 +181,10 @@ class CompileOptions:
     input_shapes: Mapping[str, Sequence[int]] = _option(
         {}, "static shape of a graph input with dynamic dimensions (repeat for several inputs)",
         flag="--input-shape", type=input_shape, metavar="NAME=1x3x224x224", cli="append")  # fmt: skip
+    narrow_depthwise: bool = _option(
+        True, "a depthwise convolution of int16 input runs a MATMUL per A word of channels (half the "
+        "matrix steps, twice the MATMULs; default on); off: one per chunk, a smaller program (taken "
+        "again by itself when the program does not fit the DRAM)", cli="toggle")  # fmt: skip
     spad_region: tuple[int, int] | None = _option(
         None, "use only these bytes of the scratchpad (e.g. 0:128K; numbers decimal or 0x, K = 1024), "
         "so models resident at once never touch each other's on-chip data", type=region,

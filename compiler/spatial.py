@@ -440,13 +440,15 @@ def conv_program(
     max_step: int = 0,
     max_live: int = 0,
     post: OutputPass | None = None,
+    narrow: bool = True,
 ) -> dict:
     """Emit a convolution. `weights` int8 (Cout, Cin/groups, kh, kw); `bias` int64 (Cout), the input
     zero point already folded in; `rq` the requantisation fields of the VMAP (mult, shift, zp_out,
     lo, hi; mult and shift may be per output channel, see `add_requant`), or None: `y` holds the
     int32 accumulators (4-byte elements, stored from the accumulator memory as they are). `post`:
     a function of the requantised output computed on each band before it is stored (`y` is then
-    that function's output, of the same element type). Returns the plan for the compile report."""
+    that function's output, of the same element type). `narrow`: a depthwise convolution of int16
+    input takes a MATMUL per A word (`narrow_subs`). Returns the plan for the compile report."""
     ca = channel_align(cfg)
     cout, cin_g = weights.shape[:2]
     cpx, cpy = x.layout.cp, y.layout.cp
@@ -478,7 +480,7 @@ def conv_program(
     def plan_for(geo: Geometry) -> ConvPlan:
         return plan_conv(
             cfg, geo, cpx, cpy, win_of, co_step, where, max_step, max_live, ex, ey, cols_of, post,
-            narrow=groups > 1 and cin_g == 1 and cout_g == 1,
+            narrow=narrow and groups > 1 and cin_g == 1 and cout_g == 1,
         )  # fmt: skip
 
     plan, gp = plan_conv_strips(g, plan_for)
@@ -488,7 +490,7 @@ def conv_program(
     if plan.cols:
         strips = [g.strip(x0, min(plan.cols, g.ow - x0)) + (x0,) for x0 in range(0, g.ow, plan.cols)]
     taps = g.kh * g.kw
-    tiles = _conv_tiles(cfg, plan, x, y, weights, groups, g, window, const, where, ex)
+    tiles = _conv_tiles(cfg, plan, x, y, weights, groups, g, window, const, where, ex if narrow else 1)
     bias_p = np.zeros(cpy, np.int64)
     bias_p[:cout] = bias
     bias_addr = const(bias_p.astype("<i4").tobytes(), f"{where} bias")

@@ -71,7 +71,21 @@ def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     dil = a.get("dilations", [1, 1])
     geo = geometry(x, y, (kh, kw), a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0]), where, dil)
     info = conv_program(
-        b, plan_cfg, x, y, w, bias, groups, geo, rq, ctx.const, where, ctx.step, ctx.max_live, post
+        b,
+        plan_cfg,
+        x,
+        y,
+        w,
+        bias,
+        groups,
+        geo,
+        rq,
+        ctx.const,
+        where,
+        ctx.step,
+        ctx.max_live,
+        post,
+        narrow=ctx.narrow_depthwise,
     )
     if post is not None:  # (the function's view fragment follows this one: its readers wait for it)
         info["split"] += f"; then {t.op_type} {t.name} on each band ({post.how})"

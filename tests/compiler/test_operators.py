@@ -504,3 +504,20 @@ def test_an_lstm_on_the_host_counts_its_macs_there(tmp_path):
     assert p.macs_host == t * 4 * h * (i + h) and p.macs_npu == t * h * 10, p
     assert f"{t * h * 10:,} of {t * h * 10 + t * 4 * h * (i + h):,} MACs" in cm.report()
     assert "LSTM lstm: kept as one host operator (a cell clip)" in cm.report()
+
+
+def test_a_program_too_large_with_narrow_depthwise_matmuls_takes_one_a_chunk(tmp_path):
+    """On `tiny` (64 KiB of DRAM) a depthwise layer's MATMULs per A word (twice the MATMULs) leave
+    no room for the program; the compile takes one MATMUL a chunk instead and says so."""
+    net = Net("dwfit", (1, 3, 16, 16), seed=5)
+    y = net.conv(net.input, 16, 3, bn=True)
+    y = net.conv(y, 16, 3, groups=16)
+    y = net.conv(y, 24, 3, stride=2)
+    shape = net.shapes[net.input]
+    calib = calib_for(shape, n=32)
+    cm = compile_model(tmp_path, net.model([y]), "tiny", calib, activations="int16", max_pause_us=0)
+    assert "--no-narrow-depthwise" in cm.report() and "did not fit" in cm.fit_note, cm.fit_note
+    asked = compile_model(tmp_path, net.model([y]), "tiny", calib, activations="int16", max_pause_us=0,
+                          narrow_depthwise=False)  # fmt: skip
+    assert cm.program == asked.program and not asked.fit_note
+    compare_int8(cm, np.random.default_rng(3).normal(0, 1, shape).astype(np.float32))
