@@ -560,14 +560,8 @@ def conv_program(
                             label=f"weights co{t.co0} ci{c0}",
                         )
                     px = t.pitch(cpx, windowed)
-                    if subs is None:
-                        _conv_matmuls(
-                            b, cfg, g, gs, t, bm, wb, c0, cl, ib, ab, m, rows, px, ex, reach, windowed
-                        )
-                        continue
-                    for sc, lo, width in subs:  # one A word of channels each, its weights first in the row
-                        _conv_matmuls(b, cfg, g, gs, t, bm, wb, c0 + sc, _narrow_width(cfg), ib, ab, m, rows,
-                                      px, ex, (lo, lo + width), windowed, w_row=cl)  # fmt: skip
+                    _chunk_matmuls(b, cfg, g, gs, t, bm, wb, c0, cl, ib, ab, m, rows, px, ex, reach,
+                                   windowed, subs)  # fmt: skip
                 _conv_output(b, y, rq, g, gs, t, bm, n, y0, x0, rows, m, ab, ob, cpy, ey, c_stride, out_pass)
                 b.candidate()  # between bands: only the resident weights are live
     return {
@@ -576,6 +570,17 @@ def conv_program(
         "spad_bytes": plan.spad_bytes,
         "est_cycles": plan.est_cycles,
     }
+
+
+def _chunk_matmuls(b, cfg, g, gs, t, bm, wb, c0, cl, ib, ab, m, rows, px, ex, reach, windowed, subs) -> None:
+    """One input chunk's MATMULs: over the whole chunk, or (`subs`, see `narrow_subs`) one A word of
+    channels each, that word's weights first in the chunk's row."""
+    if subs is None:
+        _conv_matmuls(b, cfg, g, gs, t, bm, wb, c0, cl, ib, ab, m, rows, px, ex, reach, windowed)
+        return
+    for sc, lo, width in subs:
+        _conv_matmuls(b, cfg, g, gs, t, bm, wb, c0 + sc, _narrow_width(cfg), ib, ab, m, rows, px, ex,
+                      (lo, lo + width), windowed, w_row=cl)  # fmt: skip
 
 
 def _conv_tiles(
