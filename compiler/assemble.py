@@ -385,7 +385,8 @@ def _emit_segment(
     for _ in range(POINT_RETRIES if policy is not None and policy.interval else 0):
         pcs = built.item_pcs + [len(built.instrs) - 1]
         when = {c.pos: reach[pcs[new_index[c.pos]]] for c in cands}
-        at = sorted(when[c.pos] for c in chosen)
+        # the points' own times (where the units have drained), as the report and the pause see them
+        at = sorted(reach[built.cancel_points[cp]] for cp, _ in point_ids)
         taken = {c.pos for c in chosen}
         extra = []
         for a, b in zip([0, *at], at, strict=False):
@@ -403,9 +404,11 @@ def _emit_segment(
     start = len(out.program)
     out.program.extend(built.instrs)
     pcs = built.item_pcs + [len(built.instrs) - 1]
-    out.candidates += [  # when the final program reaches each candidate position
-        {"segment": seg_no, "est_cycles": reach[pcs[new_index[c.pos]]], "live_bytes": c.live_bytes,
-         "boundary": c.boundary}
+    # when the final program reaches each candidate position; a point's, when it is reached (drained)
+    point_at = {c.pos: reach[built.cancel_points[cp]] for cp, c in point_ids}
+    out.candidates += [
+        {"segment": seg_no, "est_cycles": point_at.get(c.pos, reach[pcs[new_index[c.pos]]]),
+         "live_bytes": c.live_bytes, "boundary": c.boundary}
         for c in cands
     ]  # fmt: skip
     for cp, c in point_ids:

@@ -479,7 +479,8 @@ def _quantize(prepared: Prepared, calib, opts: CompileOptions, path: str | Path,
         batches = calibration_batches(model, calib, str(path))
         wide = with_headroom(ranges, clipped_tensors(model))
         mix = precision.choose(
-            model, batches, wide, quantize, opts.target_cosine, cfg.macs_per_cycle, cfg.vector_lanes
+            model, batches, wide, quantize, opts.target_cosine, cfg.macs_per_cycle, cfg.vector_lanes,
+            a16_full_rate=cfg.a16_full_rate,
         )
         quantisation = quantisation.replace("mixed activations", mix.describe())
     if mix is not None and mix.qdq is not None:

@@ -142,10 +142,12 @@ def choose(
     target: float,
     macs_per_cycle: int,
     lanes: int,
+    a16_full_rate: bool = False,
 ) -> Choice:
     """The int16 set (module docstring): `batches` the selection samples (onnxruntime feeds),
     `ranges` the ranges a mix quantises with (calibrated, with headroom), `quantize(int16)` the
-    QDQ model of a mix."""
+    QDQ model of a mix. `a16_full_rate`: the array takes int16 A at the int8 rate, so int8 saves
+    no matrix steps, only the bytes moved."""
     batches = batches[:SELECTION_BATCHES]
     goal = 1.0 - (1.0 - target) / 2  # the NPU's own rounding and tables add to onnxruntime's
     fsess = ort_session(float_model)
@@ -158,7 +160,8 @@ def choose(
     for t in tensors:
         x = np.asarray(fv[t], np.float64)
         lost[t] = 1.0 - cosine(fake_int8(x, *ranges[t]), x)
-        saved[t] = macs.get(t, 0.0) / macs_per_cycle + x.size / lanes
+        matrix = 0.0 if a16_full_rate else macs.get(t, 0.0) / macs_per_cycle
+        saved[t] = matrix + x.size / lanes
     # a group's tensors go int8 together; int8 first where it costs least per cycle saved
     units = groups(float_model, tensors)
     g_lost = [sum(lost[t] for t in u) for u in units]

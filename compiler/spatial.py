@@ -27,7 +27,7 @@ from npu.compiler.programs import acc_row_stride, add_requant
 from npu.config import ACC_BASE, NpuConfig
 from npu.isa import LUT_BYTES
 from npu.program import ProgramBuilder
-from npu.timing import bank_stride
+from npu.timing import a_step_bytes, bank_stride
 
 from .elementwise import OutputPass
 from .graph import CompileError
@@ -241,6 +241,8 @@ class ConvPlan:
 def _narrow_width(cfg: NpuConfig) -> int:
     """int16 channels in one A word (lanes / 2) when MATMULs that narrow keep C's columns at
     accumulator-row boundaries (a multiple of pes_per_cluster), else 0."""
+    if cfg.a16_full_rate:  # an int16 step takes lanes channels, as int8: nothing to narrow
+        return 0
     s = cfg.lanes // 2
     return s if s and s % cfg.pes_per_cluster == 0 else 0
 
@@ -251,7 +253,8 @@ def _chunk_steps(cfg: NpuConfig, m: int, n_mm: int, ci_t: int, ex: int, narrow: 
     s = _narrow_width(cfg)
     if narrow and ex == 2 and s and ci_t % s == 0 and ci_t > s:
         return cdiv(m, cfg.clusters) * (ci_t // s) * cdiv(s, cfg.pes_per_cluster), ci_t // s
-    return cdiv(m, cfg.clusters) * cdiv(n_mm, cfg.pes_per_cluster) * cdiv(ex * ci_t, cfg.lanes), 1
+    k_bytes = a_step_bytes(cfg, ex) * ci_t
+    return cdiv(m, cfg.clusters) * cdiv(n_mm, cfg.pes_per_cluster) * cdiv(k_bytes, cfg.lanes), 1
 
 
 def narrow_subs(

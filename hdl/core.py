@@ -55,6 +55,8 @@ def spad_clients(cfg: NpuConfig) -> list[Client]:
     return [
         *[Client(f"vec_{x}{k}", "A", False) for x in "ab" for k in range(2)],
         *[Client(f"mat_a{i}", "A", False) for i in range(cfg.clusters)],
+        # int16 A at the int8 rate: each cluster's second A word of a step
+        *[Client(f"mat_ah{i}", "A", False) for i in range(cfg.clusters if cfg.a16_full_rate else 0)],
         *[Client(f"mat_b{j}", "A", False) for j in range(cfg.pes_per_cluster)],
         Client("store", "A", False, lanes=WL),
         *[Client(f"vec_w{k}", "B", True) for k in range(2)],
@@ -110,6 +112,7 @@ class NpuCore(wiring.Component):
             [sp(f"mat_b{j}") for j in range(CN)],
             [ac(f"mat_c{i}") for i in range(CM)],
             [ac(f"mat_w{i}") for i in range(CM)],
+            [sp(f"mat_ah{i}") for i in range(CM if cfg.a16_full_rate else 0)],
         )
         m.submodules.vector = vector = VectorUnit(
             cfg,

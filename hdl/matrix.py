@@ -16,6 +16,10 @@ int16 elements) and B^T word kb // 2, whose lower or upper half holds the matchi
 Each lane multiplies one A byte by its element's B^T byte, the low byte unsigned and the high byte
 signed (9 x 8 bits either way); the high bytes' products count 256 times in the sum, which is then
 the int16 dot product. So an int16 A costs twice the steps and no wider multiplier.
+
+With `a16_full_rate` a lane multiplies a whole A element, int16 or sign-extended int8, by its B^T
+byte (16 x 8 bits), and each cluster reads a second A word of the step (`a_hi_ports`) when A is
+int16: a step covers `lanes` elements either way, so int16 A takes int8's steps.
 """
 
 from __future__ import annotations
@@ -34,11 +38,14 @@ from .spad import gather
 
 
 class MatrixUnit(wiring.Component):
-    def __init__(self, cfg: NpuConfig, a_ports, b_ports, c_rports, c_wports):
+    def __init__(self, cfg: NpuConfig, a_ports, b_ports, c_rports, c_wports, a_hi_ports=()):
         """a_ports, b_ports: scratchpad clients (hdl/spad.py) of one lane word each; c_rports,
-        c_wports: accumulator read and write clients of one word, one per cluster."""
+        c_wports: accumulator read and write clients of one word, one per cluster; a_hi_ports (with
+        `a16_full_rate`): each cluster's second A word of an int16 step."""
         self.cfg = cfg
         self.a_ports, self.b_ports = a_ports, b_ports
+        self.a_hi_ports = list(a_hi_ports)
+        assert len(self.a_hi_ports) == (cfg.clusters if cfg.a16_full_rate else 0)
         self.c_rports, self.c_wports = c_rports, c_wports
         super().__init__({"exec": In(exec_signature())})
 
@@ -73,7 +80,10 @@ class MatrixUnit(wiring.Component):
         # request never waits on the instruction's arithmetic (Fmax: the requests cross the
         # memories' arbiters to other units' grants in the same cycle).
         nf = view(Opcode.MATMUL, self.exec.instr)
-        n_kb = Mux(nf.k == 0, 1, ((nf.k << nf.a_i16) + L - 1) >> ll)  # k steps; int16 A: 2k bytes a row
+        if cfg.a16_full_rate:  # k steps: lanes elements a step, int8 or int16
+            n_kb = Mux(nf.k == 0, 1, (nf.k + L - 1) >> ll)
+        else:  # int16 A: 2k bytes a row, lanes bytes a step
+            n_kb = Mux(nf.k == 0, 1, ((nf.k << nf.a_i16) + L - 1) >> ll)
         kb = Signal(16)  # the step's k step (its lanes' first byte)
         k_left = Signal(16)  # k steps of this tile after the current one
         k_last = Signal(16)  # KB - 1
@@ -113,7 +123,7 @@ class MatrixUnit(wiring.Component):
         v1 = Signal()  # stage 1 holds a step (its products)
         s1_done = Signal()  # ... and finishes with it this cycle
         issuing = Signal()  # stage 0 has steps left to issue
-        ports = list(self.a_ports) + list(self.b_ports) + list(self.c_rports)
+        ports = list(self.a_ports) + list(self.b_ports) + list(self.c_rports) + self.a_hi_ports
         need = []
         for r, port in enumerate(ports):
             nd = Signal(name=f"op_need{r}")
@@ -122,10 +132,13 @@ class MatrixUnit(wiring.Component):
             elif r < CM + CN:
                 j = r - CM
                 m.d.comb += [port.addr.eq(b_addr[j][ll:]), nd.eq(issuing & ~empty & col_ok[j])]
-            else:
+            elif r < 2 * CM + CN:
                 i = r - CM - CN
                 m.d.comb += port.addr.eq(c_addr[i][lw:])
                 m.d.comb += nd.eq(issuing & ~empty & last_k & f.accumulate & row_ok[i])
+            else:  # int16 A at the int8 rate: the step's second A word
+                i = r - 2 * CM - CN
+                m.d.comb += [port.addr.eq(a_addr[i][ll:] + 1), nd.eq(issuing & ~empty & row_ok[i] & f.a_i16)]
             need.append(nd)
         s1_free = Signal()  # stage 1 can take a step
         m.d.comb += s1_free.eq(~v1 | s1_done)
@@ -138,7 +151,8 @@ class MatrixUnit(wiring.Component):
         g_free = Signal()  # gather's registers may be refilled
         m.d.comb += g_free.eq(~vg | r_free)
         step_done, vals = gather(m, ports, need, issuing & ~empty, g_free)
-        a_vals, b_vals, c_vals = vals[:CM], vals[CM : CM + CN], vals[CM + CN :]
+        a_vals, b_vals, c_vals = vals[:CM], vals[CM : CM + CN], vals[CM + CN : 2 * CM + CN]
+        u.a_hi_vals = vals[2 * CM + CN :]
         u.vg, u.vr, u.v1, u.s1_done, u.issuing, u.s1_free = vg, vr, v1, s1_done, issuing, s1_free
         u.take, u.xfer, u.r_free, u.step_done, u.a_vals = take, xfer, r_free, step_done, a_vals
         u.b_vals, u.c_vals = b_vals, c_vals
@@ -153,11 +167,21 @@ class MatrixUnit(wiring.Component):
         # lanes past k read as zero (A bytes past the row's k or 2k bytes)
         lane_ok = [Signal(name=f"lane_ok{t}") for t in range(L)]
         upper = Signal()  # int16 A: the step uses the upper half of its B^T word (odd kb)
+        full = cfg.a16_full_rate
         for t in range(L):
             with m.If(step_done):
-                m.d.sync += lane_ok[t].eq((kb << ll) + t < (f.k << f.a_i16))
+                m.d.sync += lane_ok[t].eq((kb << ll) + t < (f.k if full else f.k << f.a_i16))
         with m.If(step_done):
             m.d.sync += upper.eq(kb[0])
+        a_hi_vals = u.a_hi_vals
+
+        def a_elem(i, t):
+            """int16 A at the int8 rate: lane t's element, int16 (from the step's first or second A
+            word) or int8 (byte t, sign-extended)."""
+            h = L // 2
+            e16 = (a_vals[i] if t < h else a_hi_vals[i])[16 * (t % h) : 16 * (t % h) + 16]
+            e8 = a_vals[i][8 * t : 8 * t + 8].as_signed()
+            return Mux(lane_ok[t], Mux(f.a_i16, e16.as_signed(), e8), 0)
 
         def a_lane(v, t):
             """A byte t as a 9-bit multiplicand: signed for int8 A and for an int16 element's high
@@ -176,11 +200,17 @@ class MatrixUnit(wiring.Component):
         sums = [[Signal(signed(32), name=f"sum{i}_{j}") for j in range(CN)] for i in range(CM)]
         # stage R: every lane's multiplicands, registered as it takes the step; the old C rows go
         # along to stage 1 (registered at each hand-over, as a stage holds its own step's)
-        a_ops = [[Signal(signed(9), name=f"a_op{i}_{t}") for t in range(L)] for i in range(CM)]
+        aw = 16 if full else 9
+        a_ops = [[Signal(signed(aw), name=f"a_op{i}_{t}") for t in range(L)] for i in range(CM)]
         b_ops = [[Signal(signed(8), name=f"b_op{j}_{t}") for t in range(L)] for j in range(CN)]
         with m.If(take):
-            m.d.sync += [a_ops[i][t].eq(a_lane(a_vals[i], t)) for i in range(CM) for t in range(L)]
-            m.d.sync += [b_ops[j][t].eq(b_lane(b_vals[j], t)) for j in range(CN) for t in range(L)]
+            if full:
+                m.d.sync += [a_ops[i][t].eq(a_elem(i, t)) for i in range(CM) for t in range(L)]
+                bytes_b = [(j, t, b_vals[j][8 * t : 8 * t + 8]) for j in range(CN) for t in range(L)]
+                m.d.sync += [b_ops[j][t].eq(v.as_signed()) for j, t, v in bytes_b]
+            else:
+                m.d.sync += [a_ops[i][t].eq(a_lane(a_vals[i], t)) for i in range(CM) for t in range(L)]
+                m.d.sync += [b_ops[j][t].eq(b_lane(b_vals[j], t)) for j in range(CN) for t in range(L)]
         old_c = [follow(m, v, [take, xfer], f"old_c{i}") for i, v in enumerate(c_vals)]
         # the step's flags at stage 1: its first k step, its last k step, the instruction's last step
         last_step = Signal()
@@ -197,10 +227,11 @@ class MatrixUnit(wiring.Component):
                 for t in range(L):
                     # int16 A: the odd lanes' products are of high bytes, worth 256 times theirs (the
                     # shift is applied as the product is registered)
-                    pr = Signal(signed(25 if t % 2 else 17), name=f"prod{i}_{j}_{t}")  # 9 x 8 bits
+                    width = 24 if full else 25 if t % 2 else 17  # 16 x 8 or 9 x 8 bits
+                    pr = Signal(signed(width), name=f"prod{i}_{j}_{t}")
                     p = a_ops[i][t] * b_ops[j][t]
                     with m.If(xfer):
-                        m.d.sync += pr.eq(Mux(f.a_i16, p << 8, p) if t % 2 else p)
+                        m.d.sync += pr.eq(Mux(f.a_i16, p << 8, p) if t % 2 and not full else p)
                     prods.append(pr)
                 m.d.comb += [
                     dots[i][j].eq(tree(prods)),
@@ -282,9 +313,12 @@ class MatrixUnit(wiring.Component):
         b_nstep = f.b_stride * CN
         with m.If(step_done):
             with m.If(~last_k):
-                b_next = Mux(f.a_i16 & ~kb[0], 0, L)  # int16 A: B^T word kb // 2
+                if cfg.a16_full_rate:  # two A words a step with int16 A
+                    a_next, b_next = Mux(f.a_i16, 2 * L, L), L
+                else:  # int16 A: B^T word kb // 2
+                    a_next, b_next = L, Mux(f.a_i16 & ~kb[0], 0, L)
                 m.d.sync += [kb.eq(kb + 1), k_left.eq(k_left - 1), last_k.eq(k_left == 1)]
-                m.d.sync += [a.eq(a + L) for a in a_addr] + [b.eq(b + b_next) for b in b_addr]
+                m.d.sync += [a.eq(a + a_next) for a in a_addr] + [b.eq(b + b_next) for b in b_addr]
             with m.Else():
                 m.d.sync += [kb.eq(0), k_left.eq(k_last), last_k.eq(k_last == 0)]
                 with m.If(last_nb):

@@ -79,6 +79,11 @@ class NpuConfig:
     #: the engine's implementation: "pipelined" (hdl/core.py: the units run in parallel) or "micro"
     #: (hdl/micro/: one control processor runs the ISA from firmware, for the smallest FPGAs)
     core: str = "pipelined"
+    #: int16 A at int8's rate: each lane multiplies an int16 A element (16 x 8 bits) and a cluster
+    #: reads two A lane words a step, so an int16 MATMUL takes int8's steps (twice the A reads and
+    #: the multiplier width). False: a lane multiplies one A byte and an int16 A takes twice the
+    #: steps (docs/isa.md, Timing; docs/hardware.md)
+    a16_full_rate: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -157,6 +162,11 @@ class NpuConfig:
         )
         need(self.core in ("pipelined", "micro"), "core", 'must be "pipelined" or "micro"')
         need(
+            not self.a16_full_rate or self.core == "pipelined",
+            "a16_full_rate",
+            "the micro core's firmware multiplies int16 A at its own rate",
+        )
+        need(
             self.core == "micro" or 4 * self.vector_lanes <= self.bus_bytes,
             "vector_lanes",
             f"4 * vector_lanes must not exceed bus_bytes ({self.bus_bytes})",
@@ -186,7 +196,7 @@ class NpuConfig:
             d.pop("spad_banked")  # ids of the multi-port configurations stay what they were
         if d["core"] == "pipelined":
             d.pop("core")
-        for f in ("dram_word_bytes", "dram_burst_cycles"):  # ids of the configurations before them
+        for f in ("dram_word_bytes", "dram_burst_cycles", "a16_full_rate"):  # ids before them
             if not d[f]:
                 d.pop(f)
         return d
@@ -221,6 +231,7 @@ class NpuConfig:
             f"DRAM {_size(self.dram_bytes)}, id 0x{self.config_id:08x}"
             + (f", {self.engines} engines sharing the DRAM port" if self.engines > 1 else "")
             + (", micro core (the ISA run from firmware: docs/micro.md)" if self.core == "micro" else "")
+            + (", int16 A at the int8 rate" if self.a16_full_rate else "")
         )
 
 
@@ -247,7 +258,8 @@ PRESETS: dict[str, NpuConfig] = {
         matrix_latency=3,
         vector_latency=10,
     ),
-    # ECP5-class: 128 MACs per cycle, 128-bit AXI.
+    # ECP5-class: 128 MACs per cycle, 128-bit AXI; int16 activations at the int8 rate (each lane a
+    # 16 x 8 multiplier, within an FPGA DSP block's 18 x 18: docs/isa.md, "int16 activations")
     "default": NpuConfig(
         name="default",
         clusters=4,
@@ -264,10 +276,14 @@ PRESETS: dict[str, NpuConfig] = {
         dma_latency=16,
         matrix_latency=4,
         vector_latency=11,
+        a16_full_rate=True,
     ),
 }
-# `default` with a block-RAM scratchpad: 2 regions x 5 dual-port banks (npu bench banks)
-PRESETS["banked"] = PRESETS["default"].replace(name="banked", spad_banks=10, spad_banked=True)
+# `default` with a block-RAM scratchpad: 2 regions x 5 dual-port banks (npu bench banks); int16 A
+# at half rate: the 5 banks of a region serve the 4 clusters' A words a cycle, not 8
+PRESETS["banked"] = PRESETS["default"].replace(
+    name="banked", spad_banks=10, spad_banked=True, a16_full_rate=False
+)
 # `default` with 64-entry unit queues, for several models on one engine (layer-wise scheduling,
 # docs/driver.md): the dispatcher runs ahead of a long layer's compute, so the loads of the next
 # model's layer, queued behind it in the ring, reach the load queue and run under that compute
@@ -315,10 +331,13 @@ PRESETS["icebreaker"] = PRESETS["tiny"].replace(
 )
 
 
-def get_config(name_or_config: str | NpuConfig) -> NpuConfig:
-    """A preset by name (or pass a configuration through); unknown names list the choices."""
+def get_config(name_or_config: str | NpuConfig | dict) -> NpuConfig:
+    """A preset by name (or pass a configuration through, or build one from a dict of every field,
+    as simulation benches receive a test's own); unknown names list the choices."""
     if isinstance(name_or_config, NpuConfig):
         return name_or_config
+    if isinstance(name_or_config, dict):
+        return NpuConfig(**name_or_config)
     try:
         return PRESETS[name_or_config]
     except KeyError:

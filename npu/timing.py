@@ -84,17 +84,24 @@ def _most_per_bank(banks: np.ndarray, valid: np.ndarray, nbanks: int) -> np.ndar
     return onehot.sum(axis=-2).max(axis=-1)
 
 
+def a_step_bytes(cfg: NpuConfig, a_bytes: int) -> int:
+    """Bytes an A element of `a_bytes` (1 int8, 2 int16) takes of a matrix step's `lanes`: 1 where the
+    lanes multiply int16 A (`a16_full_rate`: two A words a step), else its size."""
+    return 1 if cfg.a16_full_rate else a_bytes
+
+
 def matmul_k_steps(f: dict, cfg: NpuConfig) -> int:
     """k steps of one MATMUL tile: `lanes` elements a step, `lanes / 2` with int16 A (a step reads
-    one A word of `lanes` bytes either way)."""
-    return max(1, cdiv(elem_bytes(f, "a") * f["k"], cfg.lanes))
+    one A word of `lanes` bytes either way) unless the lanes take int16 (`a16_full_rate`)."""
+    return max(1, cdiv(a_step_bytes(cfg, elem_bytes(f, "a")) * f["k"], cfg.lanes))
 
 
 def banked_matmul_steps(f: dict, cfg: NpuConfig) -> int:
     """Cycles of a MATMUL's steps on banked memories: each step takes as many cycles as the most
     operand reads one scratchpad bank serves (rows past m or n are not read). A step reads A word
-    a0 + s and B word b0 + s (b0 + s // 2 with int16 A), so the banks' pattern repeats with the
-    banks per region: it is counted at k steps 0 .. P - 1 (P - 1 at most) and weighted. At a tile's last
+    a0 + s and B word b0 + s (b0 + s // 2 with int16 A; with `a16_full_rate` A words a0 + 2s and
+    a0 + 2s + 1 and B word b0 + s), so the banks' pattern repeats with the banks per region: it
+    is counted at k steps 0 .. 2P - 1 (KB - 1 at most) and weighted. At a tile's last
     k step the C rows are read (when accumulating) and written, one per accumulator bank a cycle."""
     CM, CN, L = cfg.clusters, cfg.pes_per_cluster, cfg.lanes
     MB, NB, KB = cdiv(f["m"], CM), cdiv(f["n"], CN), matmul_k_steps(f, cfg)
@@ -103,6 +110,7 @@ def banked_matmul_steps(f: dict, cfg: NpuConfig) -> int:
     ra = np.arange(MB)[:, None] * CM + np.arange(CM)
     rb = np.arange(NB)[:, None] * CN + np.arange(CN)
     wide = elem_bytes(f, "a") == 2
+    full = wide and cfg.a16_full_rate  # two A words a step, B word s
     steps = range(min(KB, 2 * P)) if wide else range(1)
 
     def per_bank(words: np.ndarray, valid: np.ndarray) -> np.ndarray:
@@ -111,8 +119,11 @@ def banked_matmul_steps(f: dict, cfg: NpuConfig) -> int:
         return hits.sum(axis=1).astype(np.int32)
 
     wa, wb = (f["a"] + ra * f["a_stride"]) // L, (f["b"] + rb * f["b_stride"]) // L
-    ca = [per_bank(wa + s, ra < f["m"]) for s in steps]
-    cb = [per_bank(wb + (s // 2 if wide else s), rb < f["n"]) for s in steps]
+    if full:
+        ca = [per_bank(wa + 2 * s, ra < f["m"]) + per_bank(wa + 2 * s + 1, ra < f["m"]) for s in steps]
+    else:
+        ca = [per_bank(wa + s, ra < f["m"]) for s in steps]
+    cb = [per_bank(wb + (s // 2 if wide and not full else s), rb < f["n"]) for s in steps]
     # how many of the KB steps share each counted step's pattern (period 2P with int16 A)
     weight = [len(range(s, KB, 2 * P)) for s in steps] if wide else [KB]
     # C rows (accumulators): written at the last k step, each bank taking one a cycle (stage 1 holds
@@ -191,7 +202,7 @@ def duration(i: Instr, cfg: NpuConfig) -> int:
         steps = (
             cdiv(f["m"], cfg.clusters)
             * cdiv(f["n"], cfg.pes_per_cluster)
-            * cdiv(elem_bytes(f, "a") * f["k"], cfg.lanes)
+            * cdiv(a_step_bytes(cfg, elem_bytes(f, "a")) * f["k"], cfg.lanes)
         )
         return cfg.matrix_latency + max(1, steps)
     if op == Opcode.VMAP:

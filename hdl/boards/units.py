@@ -87,7 +87,8 @@ def unit_design(name: str, cfg: NpuConfig, board: Board | None = None, clock_mhz
         from npu.hdl.matrix import MatrixUnit
 
         top = MatrixUnit(cfg, clients(sw, 8 * L, False, CM), clients(sw, 8 * L, False, CN),
-                         clients(aw, 8 * W, False, CM), clients(aw, 8 * W, True, CM))  # fmt: skip
+                         clients(aw, 8 * W, False, CM), clients(aw, 8 * W, True, CM),
+                         clients(sw, 8 * L, False, CM if cfg.a16_full_rate else 0))  # fmt: skip
     elif name == "load":
         from npu.hdl.load import LoadUnit
 

@@ -7,6 +7,7 @@ model, producing the same record so the two can be compared field by field.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from npu.config import NpuConfig
+from npu.config import PRESETS, NpuConfig
 from npu.registers import COUNTERS, Status
 from npu.sim.golden.model import NpuModel
 
@@ -144,7 +145,9 @@ def run_rtl(
     with tempfile.TemporaryDirectory(dir=BUILD, prefix="jobs-") as tmp:
         d = Path(tmp)
         fast_size = sim_dram_bytes(cfg, max(j.extent for j in jobs)) if fast_dram else 0
-        spec = {"config": cfg.name, "jobs": [], "fast_dram": fast_size, "stalls": stalls}
+        preset = PRESETS.get(cfg.name) == cfg  # else a test's own configuration, every field
+        spec = {"config": cfg.name if preset else dataclasses.asdict(cfg), "jobs": [], "fast_dram": fast_size,
+                "stalls": stalls}  # fmt: skip
         for j, job in enumerate(jobs):
             entries = write_job_files(d, job, f"j{j}")
             spec["jobs"].append(

@@ -114,21 +114,26 @@ def test_depthwise_conv_bands_hold_only_the_tiles_channels(tmp_path, stride):
     assert not [f for f in loads if f["cols"] > 256]  # no whole input rows
 
 
-def test_depthwise_conv_of_int16_input_runs_a_matmul_per_a_word(tmp_path):
-    """int16 input: a depthwise chunk's MATMULs span one A word of channels each (lanes / 2), so
-    no k step multiplies only zero weights (a chunk-wide MATMUL took twice the steps: the array's
-    int16 depthwise bound was 1/16 of its MACs, now 1/8 as at int8). Bit-exact against onnxruntime;
-    before: utilisation 0.057 at stride 1 (249,405 cycles), now 0.097 (145,497)."""
+@pytest.mark.parametrize("config", ["banked", "default"])
+def test_depthwise_conv_of_int16_input_runs_a_matmul_per_a_word(tmp_path, config):
+    """int16 input where the array takes int16 A at half rate (`banked`): a depthwise chunk's
+    MATMULs span one A word of channels each (lanes / 2), so no k step multiplies only zero weights
+    (a chunk-wide MATMUL took twice the steps: the array's int16 depthwise bound was 1/16 of its
+    MACs, now 1/8 as at int8; on `default`, then, utilisation 0.057 at stride 1, 249,405 cycles,
+    went to 0.097, 145,497). Where it takes int16 at the int8 rate (`default`) a chunk-wide MATMUL
+    already has int8's steps and the MATMULs are not split. Bit-exact against onnxruntime."""
     net = Net("dw256", (1, 256, 28, 28), seed=5)
     y = net.conv(net.input, 256, 3, pad=1, groups=256, relu=False)
     shape = net.shapes[net.input]
     cm = compile_model(
-        tmp_path, net.model([y]), "default", calib_for(shape), max_pause_us=0, activations="int16"
+        tmp_path, net.model([y]), config, calib_for(shape), max_pause_us=0, activations="int16"
     )
     compare_int8(cm, np.random.default_rng(1).normal(0, 1, shape).astype(np.float32))
     cfg, (layer,) = cm.cfg, cm.lowered.layers
     mms = [i.fields for i in cm.lowered.program if i.op == Opcode.MATMUL]
-    assert mms and all(f["a_i16"] and f["k"] == cfg.lanes // 2 for f in mms)
+    narrow = [f["k"] == cfg.lanes // 2 for f in mms]
+    assert mms and all(f["a_i16"] for f in mms)
+    assert all(narrow) if not cfg.a16_full_rate else not any(narrow)
     assert 256 * 9 * 28 * 28 / (layer.est_cycles * cfg.macs_per_cycle) > 0.08, layer.est_cycles
 
 

@@ -242,7 +242,8 @@ def test_int16_rules():
 
 
 def test_int16_costs():
-    """An int16 A takes twice the k steps; a vector step takes as many int16 elements as int8."""
+    """An int16 A takes twice the k steps, or int8's with `a16_full_rate`; a vector step takes as
+    many int16 elements as int8."""
     L, VL = CFG.lanes, CFG.vector_lanes
     mm = dict(
         a=0,
@@ -255,8 +256,12 @@ def test_int16_costs():
         b_stride=4 * L,
         c_stride=CFG.acc_row_bytes,
     )
-    d8, d16 = duration(make("matmul", **mm), CFG), duration(make("matmul", **mm, a_i16=1), CFG)
-    assert d16 - CFG.matrix_latency == 2 * (d8 - CFG.matrix_latency) == 8
+    assert CFG.a16_full_rate  # `default`; the half-rate array beside it
+    half = CFG.replace(a16_full_rate=False)
+    for cfg, steps16 in ((CFG, 4), (half, 8)):
+        d8 = duration(make("matmul", **mm), cfg) - cfg.matrix_latency
+        d16 = duration(make("matmul", **mm, a_i16=1), cfg) - cfg.matrix_latency
+        assert (d8, d16) == (4, steps16), cfg
     vm = dict(src=0, dst=0x2000, rows=1, cols=4 * VL, src_stride=0, dst_stride=0)
     assert duration(make("vmap", **vm, src_i16=1), CFG) - CFG.vector_latency == 4
     assert duration(make("vmap", **vm, src_i16=1, dst_i16=1), CFG) - CFG.vector_latency == 4
