@@ -101,8 +101,8 @@ class CompileOptions:
         "larger ones", type=int, metavar="N", minimum=1)  # fmt: skip
     activations: str = _option(
         "auto", "a float model's activation type: int16 (symmetric, twice the calibrated range, int8 "
-        "weights: keeps the accuracy int8 activations lose on real models), int8 (asymmetric: about "
-        "half the cycles, as int16 MATMULs and vector passes take twice as long), mixed (int8 where "
+        "weights: keeps the accuracy int8 activations lose on real models), int8 (asymmetric: half the "
+        "bytes, and half the matrix cycles on an array that takes int16 at half rate), mixed (int8 where "
         "the model's outputs stay within half the --target-cosine error on calibration samples, "
         "int16 elsewhere: compiler/precision.py), or auto (default: mixed, int16 everywhere when the "
         "mix fails the accuracy check or the check is off, int8 when the int16 model does not fit the "
