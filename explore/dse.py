@@ -38,7 +38,12 @@ PARAMS: dict[str, str] = {
     "bus_bytes": "AXI data bus bytes",
     "queue_depth": "instructions each unit queue holds",
     "engines": "engines of the SoC (a model runs on one; the others serve other models)",
+    "a16_full_rate": "int16 activations at the int8 rate in the MAC array: on or off (16 x 8 "
+    "multipliers and a second A read a cluster, docs/isa.md)",
 }
+
+#: parameters that are on or off
+_SWITCHES = {"a16_full_rate"}
 
 
 class DseError(NpuError, ValueError):
@@ -47,6 +52,10 @@ class DseError(NpuError, ValueError):
 
 def _value(name: str, text: str) -> object:
     text = text.strip()
+    if name in _SWITCHES:
+        if text.lower() not in ("on", "off", "1", "0", "true", "false"):
+            raise DseError(f"{name}={text!r}: expected on or off")
+        return text.lower() in ("on", "1", "true")
     if name == "array":
         parts = text.lower().split("x")
         if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
@@ -90,6 +99,8 @@ def _label(changes: dict) -> str:
             return "x".join(map(str, v))  # type: ignore[arg-type]
         if k.endswith("_bytes") and isinstance(v, int) and v % 1024 == 0:
             return f"{v // 1024}K"
+        if isinstance(v, bool):
+            return "on" if v else "off"
         return str(v)
 
     return " ".join(f"{k}={show(k, v)}" for k, v in changes.items())

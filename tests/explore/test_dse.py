@@ -25,6 +25,18 @@ def test_parameters_parse_and_bad_ones_are_named():
         dse.parse_param("queue_depth")
 
 
+def test_the_int16_rate_is_a_switch_of_the_space():
+    assert dse.parse_param("a16_full_rate=on,off,on") == ("a16_full_rate", (True, False))
+    with pytest.raises(dse.DseError, match="a16_full_rate='half': expected on or off"):
+        dse.parse_param("a16_full_rate=half")
+    base = get_config("default")
+    pts = dse.grid(base, {"a16_full_rate": (True, False)})
+    assert [p.label for p in pts] == ["(the base)", "a16_full_rate=off"]  # on is the base itself
+    assert pts[1].config.a16_full_rate is False and pts[1].config.config_id != base.config_id
+    bad = dse.grid(get_config("icebreaker"), {"a16_full_rate": (True,)})[1]
+    assert bad.config is None and "micro core" in bad.error
+
+
 def test_the_grid_keeps_invalid_points_with_their_reason_and_the_base_once():
     base = get_config("ulx3s")
     pts = dse.grid(base, {"array": ((1, 2, 8), (1, 4, 8)), "vector_lanes": (2, 16)})
