@@ -82,7 +82,7 @@ class NpuConfig:
     #: int16 A at int8's rate: each lane multiplies an int16 A element (16 x 8 bits) and a cluster
     #: reads two A lane words a step, so an int16 MATMUL takes int8's steps (twice the A reads and
     #: the multiplier width). False: a lane multiplies one A byte and an int16 A takes twice the
-    #: steps (docs/isa.md, Timing; docs/hardware.md)
+    #: steps (docs/isa.md, Timing; docs/compiler.md, "int16 at the array's int8 rate")
     a16_full_rate: bool = False
 
     def __post_init__(self) -> None:

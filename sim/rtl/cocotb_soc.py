@@ -16,17 +16,12 @@ import cocotb
 from cocotb.triggers import ClockCycles, RisingEdge, Timer, ValueChange, with_timeout
 from cocotb.utils import get_sim_time
 
-from npu.config import NpuConfig, get_config
+from npu.config import get_config
 from npu.registers import SOC_REG, Control, Status
 from npu.sim.rtl.cocotb_bench import NpuBench, clear_program
 from npu.sim.rtl.cycles import Cycles
 
 PERIOD_NS = 10
-
-
-def config_of(spec) -> NpuConfig:
-    """A preset name or every field of a configuration (tests use configurations of their own)."""
-    return get_config(spec) if isinstance(spec, str) else NpuConfig(**spec)
 
 
 def now_cycles() -> int:
@@ -87,7 +82,7 @@ async def drive(bench: NpuBench, e: int, job: dict, t0: int, res: dict) -> None:
 async def run_rounds(dut):
     d = Path(os.environ["NPU_JOBS"])
     spec = json.loads((d / "jobs.json").read_text())
-    cfg = config_of(spec["config"])
+    cfg = get_config(spec["config"])  # a preset name, or every field of a test's own
     fast = spec.get("fast_dram", 0)
     bench = NpuBench(dut, cfg, fast, spec.get("stalls", False))
     await bench.reset()

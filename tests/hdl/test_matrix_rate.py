@@ -1,6 +1,6 @@
 """The matrix unit's int16 A on the RTL: bit-exact against numpy and the golden model for ragged and
 short k, the busy cycles the golden model's timing counts, and the rate: with `a16_full_rate`
-(`default`, `banked`) an int16 MATMUL takes int8's steps, without it (`tiny`) twice as many."""
+(`default`) an int16 MATMUL takes int8's steps, without it (`tiny`, `banked`) twice as many."""
 
 import numpy as np
 import pytest
