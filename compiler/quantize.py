@@ -184,16 +184,24 @@ def ort_session(model: onnx.ModelProto, outputs: Sequence[str] = (), optimized: 
     wrong: cosine 0.44 against 0.9998 unoptimised, docs/real_models.md)."""
     import onnxruntime as ort
 
-    m = onnx.ModelProto.FromString(model.SerializeToString())
-    m.ir_version = min(m.ir_version, ORT_MAX_IR)
-    have = {o.name for o in m.graph.output}
-    m.graph.output.extend(onnx.ValueInfoProto(name=n) for n in dict.fromkeys(outputs) if n not in have)
+    # The outputs and the IR version are set by appending a message that holds only them to the
+    # model's bytes (parsing concatenated messages merges them: repeated fields append, a scalar's
+    # last value wins), so a large model is serialised once and never copied.
+    have = {o.name for o in model.graph.output}
+    extra = onnx.ModelProto(
+        graph=onnx.GraphProto(
+            output=[onnx.ValueInfoProto(name=n) for n in dict.fromkeys(outputs) if n not in have]
+        )
+    )
+    if model.ir_version > ORT_MAX_IR:
+        extra.ir_version = ORT_MAX_IR
     so = ort.SessionOptions()
     level = ort.GraphOptimizationLevel
     so.graph_optimization_level = level.ORT_ENABLE_BASIC if optimized else level.ORT_DISABLE_ALL
     so.log_severity_level = 3  # untyped added outputs are fine; no warning for each
     so.intra_op_num_threads = ort_threads()
-    return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    data = model.SerializeToString() + extra.SerializeToString()
+    return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
 
 
 def ort_threads() -> int:

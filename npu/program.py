@@ -86,9 +86,10 @@ class ProgramBuilder:
             instr = make(instr, **fields)
         if instr.unit is None:
             raise ValueError(f"{instr.op.name} is a control instruction; use cancel_point/barrier")
+        instr = instr.with_tokens(0, 0)
         if self.check:
-            validate(instr.with_tokens(0, 0), self.cfg)
-        self._items.append(Item("instr", instr.with_tokens(0, 0), label=label))
+            validate(instr, self.cfg)  # remembered by the instruction and the copies `build` makes
+        self._items.append(Item("instr", instr, label=label))
 
     def cancel_point(self, cp_id: int) -> None:
         if cp_id in self._cp_ids:

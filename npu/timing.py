@@ -177,6 +177,18 @@ def _dram_cycles(cfg: NpuConfig, beats: int, bursts: int) -> int:
 
 def duration(i: Instr, cfg: NpuConfig) -> int:
     """Cycles a unit is busy with one instruction (>= 1)."""
+    # kept in the instruction (its fields never change, and re-tokened copies share it): the
+    # compiler's program builds and timing runs ask for each instruction's duration many times
+    d = i.__dict__
+    known = d.get("_duration")
+    if known is not None and known[0] is cfg:
+        return known[1]
+    cycles = _duration(i, cfg)
+    d["_duration"] = (cfg, cycles)
+    return cycles
+
+
+def _duration(i: Instr, cfg: NpuConfig) -> int:
     if cfg.core == "micro":  # the firmware's costs (one instruction at a time)
         return micro_duration(i)
     f = i.fields
