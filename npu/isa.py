@@ -367,10 +367,17 @@ class Instr:
         """The same instruction with other token masks. Its fields were checked when it was made,
         so they are not checked again (the compiler re-tokens every instruction of a program several
         times); the footprint, which tokens do not change, comes along, and so does the fields dict
-        itself (an instruction is immutable: nothing writes its fields after it is made)."""
+        itself (an instruction is immutable: nothing writes its fields after it is made), and so do
+        the lists in which `validate` and `npu.timing.duration` remember their results, made here
+        if the instruction has none yet so that it and every copy share them."""
+        mine = self.__dict__
+        if "_valid_on" not in mine:
+            mine["_valid_on"] = []
+        if "_durations" not in mine:
+            mine["_durations"] = []
         new = object.__new__(Instr)
         d = new.__dict__
-        d.update(self.__dict__)
+        d.update(mine)
         d["wait"], d["signal"] = wait, signal
         return new
 
@@ -589,13 +596,20 @@ def validate(i: Instr, cfg: NpuConfig) -> None:
     if unit is not None and ((i.wait | i.signal) >> int(unit)) & 1:
         raise _err(ErrorCode.ILLEGAL_FIELD, i, f"token mask names its own unit ({UNIT_NAMES[unit]})")
     # The rules below read only the fields, which never change once an instruction is made, so an
-    # instruction (and every re-tokened copy, `with_tokens`) that passed them on `cfg` passes again:
-    # the compiler's cost model validates each of a program's instructions on every timing run.
+    # instruction that passed them on `cfg` passes again. The configurations it passed on are kept
+    # in a list its re-tokened copies (`with_tokens`) share: the compiler's cost model validates
+    # each of a program's instructions on every timing run, of a new copy of the program each time,
+    # on the configuration and on its planning copy with a larger virtual DRAM.
     d = i.__dict__
-    if d.get("_valid_on") is cfg:
-        return
+    passed = d.get("_valid_on")
+    if passed is None:
+        passed = d["_valid_on"] = []
+    for c in passed:
+        if c is cfg:
+            return
     _validate_fields(i, cfg)
-    d["_valid_on"] = cfg
+    passed.append(cfg)
+    del passed[:-4]
 
 
 def _validate_fields(i: Instr, cfg: NpuConfig) -> None:

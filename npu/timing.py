@@ -177,14 +177,19 @@ def _dram_cycles(cfg: NpuConfig, beats: int, bursts: int) -> int:
 
 def duration(i: Instr, cfg: NpuConfig) -> int:
     """Cycles a unit is busy with one instruction (>= 1)."""
-    # kept in the instruction (its fields never change, and re-tokened copies share it): the
-    # compiler's program builds and timing runs ask for each instruction's duration many times
+    # kept in a list the instruction's re-tokened copies share (its fields never change): the
+    # compiler's program builds and timing runs ask for each instruction's duration many times, on
+    # the configuration and on its planning copy with a larger virtual DRAM
     d = i.__dict__
-    known = d.get("_duration")
-    if known is not None and known[0] is cfg:
-        return known[1]
+    known = d.get("_durations")
+    if known is None:
+        known = d["_durations"] = []
+    for c, cycles in known:
+        if c is cfg:
+            return cycles
     cycles = _duration(i, cfg)
-    d["_duration"] = (cfg, cycles)
+    known.append((cfg, cycles))
+    del known[:-4]
     return cycles
 
 
