@@ -13,6 +13,7 @@ from npu.isa import (
     Instr,
     IsaError,
     Opcode,
+    Unit,
     decode,
     encode,
     make,
@@ -186,3 +187,20 @@ def test_assembler_directives():
     assert asm.data[1].path == "x.npy"
     assert asm.outputs[0].name == "Y" and asm.outputs[0].dtype == "i32"
     assert len(asm.instrs) == 1 and asm.instrs[0].op == Opcode.END
+
+
+def test_validation_is_remembered_per_configuration_and_shared_by_copies():
+    """`validate` remembers the configurations an instruction passed on (its copies share the list,
+    `with_tokens`), so a copy is not checked again there - but an instruction valid on one
+    configuration is still checked, and refused, on another where it is not."""
+    big = get_config("default")
+    small = big.replace(dram_bytes=1 << 16)
+    ins = make("load", spad=0, dram=1 << 20, rows=1, cols=16, spad_stride=16, dram_stride=16)
+    validate(ins, big)
+    copy = ins.with_tokens(0, 1 << int(Unit.MATRIX))
+    assert copy.__dict__["_valid_on"] is ins.__dict__["_valid_on"] and big in copy.__dict__["_valid_on"]
+    with pytest.raises(IsaError) as e:
+        validate(copy, small)
+    assert e.value.code == ErrorCode.DRAM_RANGE
+    with pytest.raises(IsaError):  # the token rules are checked every time
+        validate(ins.with_tokens(1 << int(Unit.LOAD), 0), big)
