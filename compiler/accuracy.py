@@ -128,11 +128,11 @@ def hold_back(
     return calib, CheckData(feeds, inputs, held)
 
 
-def float_outputs(float_model: onnx.ModelProto, check: CheckData) -> dict[str, list[np.ndarray]]:
-    """onnxruntime's outputs of the float model on each check sample, by output name."""
+def float_outputs(float_model: onnx.ModelProto, feeds: list[dict]) -> dict[str, list[np.ndarray]]:
+    """onnxruntime's outputs of the float model on each feed (check samples), by output name."""
     sess = ort_session(float_model)
     names = [o.name for o in sess.get_outputs()]
-    runs = [sess.run(None, feeds) for feeds in check.feeds]
+    runs = [sess.run(None, f) for f in feeds]
     return {name: [r[k] for r in runs] for k, name in enumerate(names)}
 
 
@@ -269,19 +269,20 @@ def split_loss(
 ) -> Split:
     """The Split of `qdq` (quantised from `float_model`) on the check samples (`npu`: the compiled
     model's least cosine there)."""
-    want = float_outputs(float_model, check)
+    feeds = check.feeds
+    want = float_outputs(float_model, feeds)
     weights = with_quantised_weights(qdq, float_model)
     activations = only_activations_quantised(qdq, float_model)
     return Split(
-        _least(qdq, want, check), _least(weights, want, check), _least(activations, want, check), npu
+        _least(qdq, want, feeds), _least(weights, want, feeds), _least(activations, want, feeds), npu
     )
 
 
-def _least(model: onnx.ModelProto, want: dict[str, list[np.ndarray]], check: CheckData) -> float:
-    """The least output cosine of `model` (onnxruntime) against `want` on the check samples."""
+def _least(model: onnx.ModelProto, want: dict[str, list[np.ndarray]], feeds: list[dict]) -> float:
+    """The least output cosine of `model` (onnxruntime) against `want` on `feeds`."""
     sess = ort_session(model, optimized=False)  # docs/real_models.md: the rewritten graphs
     names = [o.name for o in sess.get_outputs()]
-    runs = [dict(zip(names, sess.run(None, feeds), strict=True)) for feeds in check.feeds]
+    runs = [dict(zip(names, sess.run(None, f), strict=True)) for f in feeds]
     pairs = [(run[name], ws[k]) for name, ws in want.items() for k, run in enumerate(runs) if name in run]
     return min((cosine(g, w) for g, w in pairs), default=1.0)
 
@@ -320,9 +321,8 @@ def weights_only(
     """The least output cosine against `float_model` on the check samples of `float_model` with the
     weights `qdq` quantised: below the target, no activation type reaches it with these weights.
     `extra`: more feeds checked the same way (calibration batches: `in_sample_batches`)."""
-    if extra:
-        check = CheckData([*check.feeds, *extra], check.inputs, check.held_back)
-    return _least(with_quantised_weights(qdq, float_model), float_outputs(float_model, check), check)
+    feeds = [*check.feeds, *extra]
+    return _least(with_quantised_weights(qdq, float_model), float_outputs(float_model, feeds), feeds)
 
 
 def in_sample_batches(batches: list[dict], macs: float) -> list[dict]:
@@ -373,7 +373,7 @@ def guard(
     operators on the host that does (at most `rounds` rebuilds); AccuracyError otherwise (`hint`:
     options worth trying first; `explain`: with where the loss is, weights or activations, from
     split_loss). Sets `compiled.accuracy`."""
-    reference = float_outputs(float_model, check)  # run once for every round
+    reference = float_outputs(float_model, check.feeds)  # run once for every round
     cos = output_cosines(compiled.run, reference, check)
     acc = Accuracy(target, check.samples, check.held_back, cos)
     if acc.worst >= target:

@@ -371,10 +371,8 @@ class Instr:
         the lists in which `validate` and `npu.timing.duration` remember their results, made here
         if the instruction has none yet so that it and every copy share them."""
         mine = self.__dict__
-        if "_valid_on" not in mine:
-            mine["_valid_on"] = []
-        if "_durations" not in mine:
-            mine["_durations"] = []
+        for slot in MEMO_SLOTS:
+            mine.setdefault(slot, [])
         new = object.__new__(Instr)
         d = new.__dict__
         d.update(mine)
@@ -595,21 +593,30 @@ def validate(i: Instr, cfg: NpuConfig) -> None:
         raise _err(ErrorCode.ILLEGAL_FIELD, i, "control instructions carry no tokens")
     if unit is not None and ((i.wait | i.signal) >> int(unit)) & 1:
         raise _err(ErrorCode.ILLEGAL_FIELD, i, f"token mask names its own unit ({UNIT_NAMES[unit]})")
-    # The rules below read only the fields, which never change once an instruction is made, so an
-    # instruction that passed them on `cfg` passes again. The configurations it passed on are kept
-    # in a list its re-tokened copies (`with_tokens`) share: the compiler's cost model validates
-    # each of a program's instructions on every timing run, of a new copy of the program each time,
-    # on the configuration and on its planning copy with a larger virtual DRAM.
-    d = i.__dict__
-    passed = d.get("_valid_on")
-    if passed is None:
-        passed = d["_valid_on"] = []
-    for c in passed:
+    # the rules below read only the fields: an instruction that passed them on `cfg` passes again
+    per_config(i, "_valid_on", cfg, _validate_fields)
+
+
+#: the slots of `per_config`'s results in an instruction (lists its `with_tokens` copies share)
+MEMO_SLOTS = ("_valid_on", "_durations")
+
+
+def per_config(i: Instr, slot: str, cfg: NpuConfig, compute):
+    """`compute(i, cfg)`, remembered in the instruction's `slot` for each configuration object (the
+    last 4): it must read only the fields, which never change once an instruction is made. The
+    compiler's cost model validates and times each instruction of a program on every timing run,
+    of a new copy of the program each time (`with_tokens`, whose copies share the slot), on the
+    configuration and on its planning copy with a larger virtual DRAM."""
+    known = i.__dict__.get(slot)
+    if known is None:
+        known = i.__dict__[slot] = []
+    for c, value in known:
         if c is cfg:
-            return
-    _validate_fields(i, cfg)
-    passed.append(cfg)
-    del passed[:-4]
+            return value
+    value = compute(i, cfg)  # an exception (an invalid instruction) is not remembered
+    known.append((cfg, value))
+    del known[:-4]
+    return value
 
 
 def _validate_fields(i: Instr, cfg: NpuConfig) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from npu.config import ACC_BASE, NpuConfig
-from npu.isa import LUT_BYTES, Instr, Opcode, elem_bytes
+from npu.isa import LUT_BYTES, Instr, Opcode, elem_bytes, per_config
 
 from .arith import cdiv
 
@@ -177,20 +177,7 @@ def _dram_cycles(cfg: NpuConfig, beats: int, bursts: int) -> int:
 
 def duration(i: Instr, cfg: NpuConfig) -> int:
     """Cycles a unit is busy with one instruction (>= 1)."""
-    # kept in a list the instruction's re-tokened copies share (its fields never change): the
-    # compiler's program builds and timing runs ask for each instruction's duration many times, on
-    # the configuration and on its planning copy with a larger virtual DRAM
-    d = i.__dict__
-    known = d.get("_durations")
-    if known is None:
-        known = d["_durations"] = []
-    for c, cycles in known:
-        if c is cfg:
-            return cycles
-    cycles = _duration(i, cfg)
-    known.append((cfg, cycles))
-    del known[:-4]
-    return cycles
+    return per_config(i, "_durations", cfg, _duration)  # asked many times by the compiler
 
 
 def _duration(i: Instr, cfg: NpuConfig) -> int:
