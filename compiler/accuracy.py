@@ -368,13 +368,16 @@ def guard(
     hint: str = "",
     rounds: int = REPAIR_ROUNDS,
     explain: bool = True,
+    outputs: list[list[np.ndarray]] | None = None,
 ):
     """`compiled` if it reaches `target` on the check samples, else a rebuild with the worst
     operators on the host that does (at most `rounds` rebuilds); AccuracyError otherwise (`hint`:
     options worth trying first; `explain`: with where the loss is, weights or activations, from
-    split_loss). Sets `compiled.accuracy`."""
+    split_loss; `outputs`: `compiled`'s outputs on the check samples, when computed elsewhere,
+    compiler/parallel.py). Sets `compiled.accuracy`."""
     reference = float_outputs(float_model, check.feeds)  # run once for every round
-    cos = output_cosines(compiled.run, reference, check)
+    given = iter(outputs or ())
+    cos = output_cosines(compiled.run if outputs is None else lambda *_: next(given), reference, check)
     acc = Accuracy(target, check.samples, check.held_back, cos)
     if acc.worst >= target:
         compiled.accuracy = acc

@@ -19,7 +19,7 @@ from npu.config import NpuConfig, get_config
 from npu.container import Container, DramImage, Manifest, NpuSegment, ProgramInfo
 from npu.isa import encode_program
 
-from . import accuracy, precision, region
+from . import accuracy, parallel, precision, region
 from .accuracy import Accuracy
 from .assemble import Lowered, assemble
 from .cleanup import cleanup
@@ -483,16 +483,33 @@ def _quantize(prepared: Prepared, calib, opts: CompileOptions, path: str | Path,
                 activations="mixed", int16=int16, ranges=ranges,
             )  # fmt: skip
 
-        stage("choosing int8 or int16 per activation (onnxruntime on calibration samples)")
         batches = calibration_batches(model, calib, str(path))
         wide = with_headroom(ranges, clipped_tensors(model))
-        mix = precision.choose(
-            model, batches, wide, quantize, opts.target_cosine, cfg.macs_per_cycle, cfg.vector_lanes,
-            a16_full_rate=cfg.a16_full_rate,
-        )
+        # most models keep int16 everywhere (precision.py, the response test): a large one's int16
+        # quantisation starts in a second process beside the choice (compiler/parallel.py)
+        everywhere = None
+        if opts.parallel and parallel.worth(parallel.weight_bytes(model), parallel.MIN_WEIGHT_BYTES):
+            everywhere = parallel.start(
+                quantize_float_model, model, calib, str(path), per_channel, opts.calib_method, "mixed",
+                set(wide), ranges,
+            )  # fmt: skip
+        how = ", the int16 quantisation in a second process" if everywhere else ""
+        stage(f"choosing int8 or int16 per activation (onnxruntime on calibration samples{how})")
+        try:
+            mix = precision.choose(
+                model, batches, wide, quantize, opts.target_cosine, cfg.macs_per_cycle, cfg.vector_lanes,
+                a16_full_rate=cfg.a16_full_rate,
+            )
+        finally:
+            wanted = mix is not None and mix.qdq is None and mix.int16 == set(wide)
+            if everywhere is not None and not wanted:
+                everywhere.close()  # not needed: a mix the choice quantised itself (or an error)
+                everywhere = None
         quantisation = quantisation.replace("mixed activations", mix.describe())
+        if everywhere is not None:
+            mix.qdq = everywhere.result()  # None if the child failed: quantised here below
     if mix is not None and mix.qdq is not None:
-        model = mix.qdq  # the selection quantised this very mix already
+        model = mix.qdq  # the selection (or the second process) quantised this very mix already
     else:
         model = quantize_float_model(
             model, calib, str(path), per_channel=per_channel, calib_method=opts.calib_method,
@@ -585,17 +602,41 @@ def _compile(
         return values(m, dataclasses.replace(prepared, notes=list(notes)), host_nodes)
 
     compiled = values(model, prepared, None)
-    stage(f"accuracy check on {check.samples} calibration samples (golden model against onnxruntime)")
+    _, a, full = built[id(compiled)]
+    # a large program's check runs in a second process while this one searches the order and
+    # assembles the build the check is likely to accept (compiler/parallel.py)
+    work = len(compiled.lowered.program) * check.samples
+    beside = not full and opts.parallel and parallel.worth(work, parallel.MIN_INSTRUCTIONS)
+    how = ", in a second process beside the order search" if beside else ""
+    stage(f"accuracy check on {check.samples} calibration samples (golden model against onnxruntime{how})")
+    outputs, ahead, failed, runs = None, None, None, None
+    if beside:
+        runs = parallel.start(parallel.golden_runs, compiled._container().to_bytes(), cfg, check.inputs)
+    if runs is not None:
+        try:
+            ahead = _assembled(*a)
+        except Exception as e:  # noqa: BLE001 - raised below only if this build is the one kept
+            failed = e
+        except BaseException:  # an interrupt: stop the child too
+            runs.close()
+            raise
+        outputs = runs.result()
     hint = "--activations int16, " if opts.activations != "int16" else ""
     args = (float_model, float_clean, check, opts.target_cosine, rebuild, str(path), hint)
     # some int8 (auto's next step is int16), or int16 weights in some layers (next: in every one):
     # refused at once, without repair rounds
     try:
-        checked = accuracy.guard(compiled, *args, **(dict(rounds=0, explain=False) if quick else {}))
+        kw = dict(rounds=0, explain=False) if quick else {}
+        checked = accuracy.guard(compiled, *args, outputs=outputs, **kw)
     except AccuracyError as e:
         raise (_MixRefused(str(e)) if quick else e) from None
-    _, a, full = built[id(checked)]
-    final = checked if full else _assembled(*a)
+    if checked is compiled and runs is not None:
+        if failed is not None:
+            raise failed
+        final = ahead
+    else:
+        _, a, full = built[id(checked)]
+        final = checked if full else _assembled(*a)
     final.accuracy = checked.accuracy
     return final
 

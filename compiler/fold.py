@@ -16,7 +16,7 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from .graph import CompileError, Graph, node_attrs
-from .shapes import infer_in_place
+from .shapes import copied, infer_in_place
 
 # never folded: quantisation nodes keep a QDQ model's structure, random operators their meaning
 KEEP = {"QuantizeLinear", "DequantizeLinear"}
@@ -28,7 +28,7 @@ MAX_ROUNDS = 16
 def refresh_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     """Shapes inferred afresh: stale intermediate shapes and symbolic output shapes are dropped first
     (an exporter's `['N', 1000]` output would otherwise hide the inferred `[1, 1000]`)."""
-    model = onnx.ModelProto.FromString(model.SerializeToString())
+    model = copied(model)
     g = model.graph
     del g.value_info[:]
     for o in g.output:

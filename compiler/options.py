@@ -144,6 +144,10 @@ class CompileOptions:
         True, "run the compiled float model against onnxruntime float on calibration samples (held "
         "back from calibration when there are 8 or more) and repair or refuse a result below "
         "--target-cosine", cli="toggle")  # fmt: skip
+    parallel: bool = _option(
+        True, "run independent steps of a large model's compile in a second process: the accuracy "
+        "check's golden-model runs beside the order search and assembly, the int16 quantisation beside "
+        "the int8/int16 choice (machines with 2 or more cores; default on)", cli="toggle")  # fmt: skip
     target_cosine: float = _option(
         0.99, "the least cosine per output the accuracy check accepts (default 0.99)", type=float,
         metavar="C", minimum=0)  # fmt: skip

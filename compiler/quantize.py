@@ -32,7 +32,7 @@ from npu.tensors import Layout
 
 from .graph import CompileError, Graph
 from .options import ACTIVATIONS, CALIB_METHODS, WEIGHT_SCALES
-from .shapes import infer_in_place
+from .shapes import copied, infer_in_place
 
 ORT_MAX_IR = 10
 
@@ -396,7 +396,7 @@ def calibrated_ranges_of(
     batches = calibration_batches(model, calib, source)
     with tempfile.TemporaryDirectory() as d, _quiet_quantiser():
         src = Path(d) / "float.onnx"
-        m = onnx.ModelProto.FromString(model.SerializeToString())
+        m = copied(model)
         m.ir_version = min(m.ir_version, ORT_MAX_IR)
         onnx.save(m, str(src))
         return calibrated_ranges(src, batches, method, source)
@@ -610,7 +610,7 @@ def quantize_float_model(
 
     with tempfile.TemporaryDirectory() as d, _quiet_quantiser():
         src, dst = Path(d) / "float.onnx", Path(d) / "qdq.onnx"
-        model = onnx.ModelProto.FromString(model.SerializeToString())
+        model = copied(model)
         model.ir_version = min(model.ir_version, ORT_MAX_IR)  # onnxruntime lags the onnx package
         onnx.save(model, str(src))
         options = {"WeightSymmetric": True, "ActivationSymmetric": activations != "int8"}

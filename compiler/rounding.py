@@ -33,7 +33,7 @@ from onnx import numpy_helper
 from .graph import CompileError
 from .options import ROUNDINGS
 from .quantize import content_key, ort_session
-from .shapes import inferred_graph
+from .shapes import copied, inferred_graph
 
 #: "auto" keeps GPTQ's rounding when the model's output error on the calibration inputs is at most
 #: this fraction of nearest rounding's (a per-layer gain that does not carry through the model, or
@@ -265,7 +265,7 @@ def _worth_gathering(layers: list[_Layer], float_model: onnx.ModelProto, batches
 def _exposing(float_model: onnx.ModelProto, names: list[str]):
     """onnxruntime on `float_model` with the tensors `names` among its outputs: (the session, the
     names to fetch from it; a graph input among `names` comes from the feed instead)."""
-    m = onnx.ModelProto.FromString(float_model.SerializeToString())
+    m = copied(float_model)
     have = {o.name for o in m.graph.output}
     inputs = {i.name for i in m.graph.input}
     for name in names:
@@ -472,7 +472,7 @@ def round_weights(
     if mode not in ("gptq", "auto"):
         raise CompileError(f"weight_rounding must be one of {', '.join(ROUNDINGS)}, not {mode!r}")
     nearest_model = qdq
-    qdq = onnx.ModelProto.FromString(qdq.SerializeToString())
+    qdq = copied(qdq)
     layers = _layers(qdq, float_model)
     if not layers:
         return nearest_model, RoundingReport(0, 0, 1.0)
@@ -597,7 +597,7 @@ def correct_biases(
     """`qdq` with each int8 layer's int32 bias corrected for the mean error its weights' rounding
     adds to its outputs on the calibration `batches` (feeds of `float_model`); layers without a bias
     of their own are left as they are."""
-    qdq = onnx.ModelProto.FromString(qdq.SerializeToString())
+    qdq = copied(qdq)
     ix = _Index.of(qdq)
     found = [(la, _bias(ix, la)) for la in _layers(qdq, float_model) if _wide_input(ix, la)]
     found = [(la, bias) for la, bias in found if bias is not None]

@@ -1,0 +1,85 @@
+"""Steps of a compile in a second process (compiler/parallel.py): the accuracy check's golden-model
+runs and the int16 quantisation give the same compiled model as in this process - the check
+passed, repaired or refused, the int16 mix taken or not - and a failed child falls back to it."""
+
+import numpy as np
+import onnx
+import pytest
+
+from npu.compiler import compile_onnx, parallel
+from npu.compiler.errors import AccuracyError
+from npu.models import zoo
+from tests.compiler.test_accuracy import logmel_model, tones
+from tests.compiler.test_precision import _sure_classifier
+
+
+@pytest.fixture
+def always(monkeypatch):
+    """Every program and model is worth a second process, on any machine."""
+    monkeypatch.setattr(parallel, "MIN_INSTRUCTIONS", 0)
+    monkeypatch.setattr(parallel, "MIN_WEIGHT_BYTES", 0)
+    monkeypatch.setattr(parallel, "cores", lambda: 2)
+
+
+def _same(a, b) -> None:
+    assert a.qdq.SerializeToString() == b.qdq.SerializeToString()
+    assert a.quantisation == b.quantisation
+    assert a.program == b.program
+    assert a.lowered.dram == b.lowered.dram
+    assert a.accuracy.cosines == b.accuracy.cosines and a.accuracy.moved == b.accuracy.moved
+    assert [p.pc for p in a.lowered.points] == [p.pc for p in b.lowered.points]
+
+
+def test_a_passing_check_beside_the_order_search_keeps_the_same_build(tmp_path, always, monkeypatch):
+    z = zoo.resnet_small()
+    path = tmp_path / "m.onnx"
+    onnx.save(z.model, str(path))
+    got, result = [], parallel.Child.result
+    monkeypatch.setattr(parallel.Child, "result", lambda self: got.append(result(self)) or got[-1])
+    lines: list[str] = []
+    beside = compile_onnx(path, calib=z.calib, progress=lines.append)
+    assert any("in a second process beside the order search" in s for s in lines), lines
+    # the int16 quantisation's child was stopped (the choice took int8 tensors), the check's used
+    assert "mixed activations: " in beside.quantisation
+    assert len(got) == 1 and len(got[0]) == beside.accuracy.samples
+    here = compile_onnx(path, calib=z.calib, parallel=False)
+    assert beside.accuracy.worst >= 0.99
+    _same(beside, here)
+
+
+def test_a_repair_after_the_check_beside_is_the_same_repair(tmp_path, always):
+    """The first check fails: the build assembled beside it is dropped and the repair rounds run as
+    in one process."""
+    path = tmp_path / "logmel.onnx"
+    onnx.save(logmel_model(), str(path))
+    calib = tones(16, seed=0)
+    beside = compile_onnx(path, calib=calib)
+    assert beside.accuracy.moved  # repaired
+    _same(beside, compile_onnx(path, calib=calib, parallel=False))
+    with pytest.raises(AccuracyError, match="reaches cosine"):
+        compile_onnx(path, calib=calib, target_cosine=0.99999999)
+
+
+@pytest.mark.parametrize("python", ["/bin/false", "/no/such/python"])
+def test_a_child_that_fails_or_cannot_start_leaves_the_check_here(tmp_path, always, monkeypatch, python):
+    z = zoo.resnet_small()
+    path = tmp_path / "m.onnx"
+    onnx.save(z.model, str(path))
+    here = compile_onnx(path, calib=z.calib, parallel=False)
+    monkeypatch.setattr(parallel.sys, "executable", python)
+    _same(compile_onnx(path, calib=z.calib), here)
+
+
+def test_the_int16_quantisation_beside_the_choice_is_the_one_taken(tmp_path, always, monkeypatch):
+    """A model whose calibration outputs do not respond to int8 noise keeps int16 everywhere: the
+    quantisation the child made is taken, the same as one made here."""
+    _sure_classifier(tmp_path / "s.onnx")
+    calib = np.random.default_rng(0).normal(size=(16, 8, 12, 12)).astype(np.float32)
+    got, result = [], parallel.Child.result
+    monkeypatch.setattr(parallel.Child, "result", lambda self: got.append(result(self)) or got[-1])
+    lines: list[str] = []
+    beside = compile_onnx(tmp_path / "s.onnx", calib=calib, progress=lines.append)
+    assert any("the int16 quantisation in a second process" in s for s in lines), lines
+    assert "do not respond to int8 noise" in beside.quantisation
+    assert isinstance(got[0], onnx.ModelProto)  # the child's quantisation came back and was taken
+    _same(beside, compile_onnx(tmp_path / "s.onnx", calib=calib, parallel=False))
