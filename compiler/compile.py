@@ -41,8 +41,11 @@ from .quantize import (
     calibration_batches,
     check_calibration,
     clipped_tensors,
+    is_kept,
     per_channel_choice,
+    quantisation_key,
     quantize_float_model,
+    remember,
     with_headroom,
 )
 from .region import Regions
@@ -487,15 +490,15 @@ def _quantize(prepared: Prepared, calib, opts: CompileOptions, path: str | Path,
         wide = with_headroom(ranges, clipped_tensors(model))
         # most models keep int16 everywhere (precision.py, the response test): a large one's int16
         # quantisation starts in a second process beside the choice (compiler/parallel.py)
-        everywhere = None
+        everywhere, key = None, None
+        args = (model, calib, str(path), per_channel, opts.calib_method, "mixed", set(wide), ranges)
         if opts.parallel and parallel.worth(parallel.weight_bytes(model), parallel.MIN_WEIGHT_BYTES):
-            everywhere = parallel.start(
-                quantize_float_model, model, calib, str(path), per_channel, opts.calib_method, "mixed",
-                set(wide), ranges,
-            )  # fmt: skip
-        how = ", the int16 quantisation in a second process" if everywhere else ""
+            key = quantisation_key(*args)
+            key = None if is_kept(key) else key  # quantised in this process already: taken from there
+        how = ", the int16 quantisation in a second process" if key else ""
         stage(f"choosing int8 or int16 per activation (onnxruntime on calibration samples{how})")
         try:
+            everywhere = parallel.start(quantize_float_model, *args) if key else None
             mix = precision.choose(
                 model, batches, wide, quantize, opts.target_cosine, cfg.macs_per_cycle, cfg.vector_lanes,
                 a16_full_rate=cfg.a16_full_rate,
@@ -508,6 +511,8 @@ def _quantize(prepared: Prepared, calib, opts: CompileOptions, path: str | Path,
         quantisation = quantisation.replace("mixed activations", mix.describe())
         if everywhere is not None:
             mix.qdq = everywhere.result()  # None if the child failed: quantised here below
+            if mix.qdq is not None:
+                remember(key, mix.qdq)  # as if quantised here (a retry with a smaller arena takes it)
     if mix is not None and mix.qdq is not None:
         model = mix.qdq  # the selection (or the second process) quantised this very mix already
     else:

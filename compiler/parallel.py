@@ -62,15 +62,15 @@ class Child:
 
     def __init__(self, func: Callable, *args: Any):
         self._dir = tempfile.TemporaryDirectory(prefix="npu-compile-")
-        job = Path(self._dir.name) / "job.pickle"
-        job.write_bytes(pickle.dumps((func, args), protocol=pickle.HIGHEST_PROTOCOL))
-        self._out = Path(self._dir.name) / "result.pickle"
         try:
+            job = Path(self._dir.name) / "job.pickle"
+            job.write_bytes(pickle.dumps((func, args), protocol=pickle.HIGHEST_PROTOCOL))
+            self._out = Path(self._dir.name) / "result.pickle"
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "npu.compiler.parallel", str(job), str(self._out)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
-        except OSError:
+        except BaseException:  # arguments that do not pickle (an open NpzFile), a full disk, no Python
             self._dir.cleanup()
             raise
 
@@ -96,7 +96,7 @@ def start(func: Callable, *args: Any) -> Child | None:
     """`func(*args)` started in a child, or None when no child can start (the caller does it)."""
     try:
         return Child(func, *args)
-    except OSError:
+    except Exception:  # noqa: BLE001 - any reason the child cannot start: the caller does the work
         return None
 
 

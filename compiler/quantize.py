@@ -593,13 +593,9 @@ def quantize_float_model(
         raise CompileError(f"activations must be one of {', '.join(ACTIVATIONS)}, not {activations!r}")
 
     batches = calibration_batches(model, calib, source)
-    spans = None if ranges is None else sorted((k, float(lo), float(hi)) for k, (lo, hi) in ranges.items())
-    asked = (per_channel, method, activations, sorted(int16 or ()), spans, INT16_HEADROOM)
-    key = content_key(model, batches, *asked)
-    with _memo_lock:
-        if key in _memo:
-            _memo.move_to_end(key)
-            return onnx.ModelProto.FromString(_memo[key])  # a copy: callers edit what they get
+    key = quantisation_key(model, calib, source, per_channel, calib_method, activations, int16, ranges)
+    if (known := memoised(key)) is not None:
+        return known
 
     class Reader(CalibrationDataReader):
         def __init__(self, batches):
@@ -653,8 +649,40 @@ def quantize_float_model(
         if activations == "mixed":
             qdq = fold_int8_relus(qdq)
         qdq = infer_in_place(qdq)
+    remember(key, qdq)
+    return qdq
+
+
+def quantisation_key(
+    model: onnx.ModelProto, calib, source: str = "model", per_channel: bool = False,
+    calib_method: str = "minmax", activations: str = "int8", int16: set[str] | None = None,
+    ranges: Mapping[str, tuple[float, float]] | None = None,
+) -> str:  # fmt: skip
+    """The memo key of `quantize_float_model` with these arguments."""
+    batches = calibration_batches(model, calib, source)
+    spans = None if ranges is None else sorted((k, float(lo), float(hi)) for k, (lo, hi) in ranges.items())
+    asked = (per_channel, calibration_method(calib_method), activations, sorted(int16 or ()), spans)
+    return content_key(model, batches, *asked, INT16_HEADROOM)
+
+
+def is_kept(key: str) -> bool:
+    """Whether a quantised model is kept under `key`."""
+    with _memo_lock:
+        return key in _memo
+
+
+def memoised(key: str) -> onnx.ModelProto | None:
+    """A copy of the quantised model kept under `key` (callers edit what they get), or None."""
+    with _memo_lock:
+        if key not in _memo:
+            return None
+        _memo.move_to_end(key)
+        return onnx.ModelProto.FromString(_memo[key])
+
+
+def remember(key: str, qdq: onnx.ModelProto) -> None:
+    """Keep a quantised model under `key` (the last MEMO_MODELS)."""
     with _memo_lock:
         _memo[key] = qdq.SerializeToString()
         while len(_memo) > MEMO_MODELS:
             _memo.popitem(last=False)
-    return qdq

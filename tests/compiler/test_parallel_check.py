@@ -6,8 +6,9 @@ import numpy as np
 import onnx
 import pytest
 
+from npu.compiler import compile as compile_mod
 from npu.compiler import compile_onnx, parallel
-from npu.compiler.errors import AccuracyError
+from npu.compiler.errors import AccuracyError, CompileError, DramTooSmall
 from npu.models import zoo
 from tests.compiler.test_accuracy import logmel_model, tones
 from tests.compiler.test_precision import _sure_classifier
@@ -47,17 +48,42 @@ def test_a_passing_check_beside_the_order_search_keeps_the_same_build(tmp_path, 
     _same(beside, here)
 
 
-def test_a_repair_after_the_check_beside_is_the_same_repair(tmp_path, always):
+def test_a_repair_after_the_check_beside_is_the_same_repair(tmp_path, always, monkeypatch):
     """The first check fails: the build assembled beside it is dropped and the repair rounds run as
     in one process."""
     path = tmp_path / "logmel.onnx"
     onnx.save(logmel_model(), str(path))
     calib = tones(16, seed=0)
+    got, result = [], parallel.Child.result
+    monkeypatch.setattr(parallel.Child, "result", lambda self: got.append(result(self)) or got[-1])
     beside = compile_onnx(path, calib=calib)
     assert beside.accuracy.moved  # repaired
+    assert got and got[0] is not None  # the first check's outputs came from the child
     _same(beside, compile_onnx(path, calib=calib, parallel=False))
     with pytest.raises(AccuracyError, match="reaches cosine"):
         compile_onnx(path, calib=calib, target_cosine=0.99999999)
+
+
+def test_an_error_of_the_build_beside_the_check_is_raised_as_without_it(tmp_path, always, monkeypatch):
+    """The speculative build's error (here the DRAM too small for the ordered build) comes out of a
+    check that passes, as the same build's error does after the check in one process."""
+    z = zoo.resnet_small()
+    path = tmp_path / "m.onnx"
+    onnx.save(z.model, str(path))
+    assembled = compile_mod._assembled
+
+    def timed_fails(*a, timed: bool = True):
+        if timed:
+            raise DramTooSmall("the ordered build does not fit (test)")
+        return assembled(*a, timed=False)
+
+    monkeypatch.setattr(compile_mod, "_assembled", timed_fails)
+    errors = []
+    for on in (True, False):
+        with pytest.raises(CompileError) as e:
+            compile_onnx(path, calib=z.calib, parallel=on)
+        errors.append((type(e.value), str(e.value)))
+    assert errors[0] == errors[1] and "ordered build does not fit" in errors[0][1], errors
 
 
 @pytest.mark.parametrize("python", ["/bin/false", "/no/such/python"])
@@ -83,3 +109,22 @@ def test_the_int16_quantisation_beside_the_choice_is_the_one_taken(tmp_path, alw
     assert "do not respond to int8 noise" in beside.quantisation
     assert isinstance(got[0], onnx.ModelProto)  # the child's quantisation came back and was taken
     _same(beside, compile_onnx(tmp_path / "s.onnx", calib=calib, parallel=False))
+
+
+@pytest.mark.parametrize("python", ["/bin/false", None])
+def test_an_int16_quantisation_that_fails_or_cannot_start_is_made_here(tmp_path, always, monkeypatch, python):
+    """A child that fails, or calibration data that do not pickle (an open `.npz`), leave the int16
+    quantisation to this process: the same model."""
+    _sure_classifier(tmp_path / "s.onnx")
+    x = np.random.default_rng(0).normal(size=(16, 8, 12, 12)).astype(np.float32)
+    name = onnx.load(str(tmp_path / "s.onnx")).graph.input[0].name
+    np.savez(tmp_path / "c.npz", **{name: x})
+    here = compile_onnx(tmp_path / "s.onnx", calib={name: x}, activations="mixed", accuracy_check=False,
+                        parallel=False)  # fmt: skip
+    if python:
+        monkeypatch.setattr(parallel.sys, "executable", python)
+    with np.load(tmp_path / "c.npz") as calib:  # an NpzFile: a Mapping holding an open file
+        beside = compile_onnx(tmp_path / "s.onnx", calib=calib, activations="mixed", accuracy_check=False)
+    assert "do not respond to int8 noise" in beside.quantisation
+    assert beside.qdq.SerializeToString() == here.qdq.SerializeToString()
+    assert beside.program == here.program
