@@ -28,6 +28,7 @@ from .errors import AccuracyError
 from .graph import Graph
 from .ops.registry import is_fused
 from .quantize import ort_session
+from .shapes import copied
 
 #: calibration batches from which the check samples are held back rather than reused
 HOLD_BACK_FROM = 8
@@ -226,8 +227,7 @@ class Split:
 
 def _replaced(model: onnx.ModelProto, swap: Callable[[onnx.NodeProto], list | None]) -> onnx.ModelProto:
     """A copy of `model` with each node for which `swap` gives (nodes, initializers) replaced by them."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
+    out = copied(model)
     nodes = []
     for n in out.graph.node:
         got = swap(n)
@@ -307,8 +307,7 @@ def with_quantised_weights(qdq: onnx.ModelProto, float_model: onnx.ModelProto) -
             shape[axis] = -1
             scale, zp = scale.reshape(shape), np.reshape(zp, shape) if np.ndim(zp) else zp
         values[n.output[0].removesuffix(suffix)] = (q - zp) * scale
-    out = onnx.ModelProto()
-    out.CopyFrom(float_model)
+    out = copied(float_model)
     for t in out.graph.initializer:
         if t.name in values and values[t.name].shape == tuple(t.dims):
             t.CopyFrom(numpy_helper.from_array(values[t.name].astype(numpy_helper.to_array(t).dtype), t.name))

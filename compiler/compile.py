@@ -50,6 +50,7 @@ from .quantize import (
 )
 from .region import Regions
 from .rounding import correct_biases, round_weights, weight_errors
+from .shapes import copied
 from .wide_weights import choose_wide, split_weights
 
 
@@ -436,8 +437,7 @@ def _compile_fitting(
 
 def _fresh(prepared: Prepared) -> Prepared:
     """A copy the passes may change (the fallback compiles the loaded model again)."""
-    model = onnx.ModelProto()
-    model.CopyFrom(prepared.model)
+    model = copied(prepared.model)
     return dataclasses.replace(prepared, model=model, notes=list(prepared.notes))
 
 
@@ -474,8 +474,7 @@ def _quantize(prepared: Prepared, calib, opts: CompileOptions, path: str | Path,
     )
     if split:
         quantisation += f", int16 weights ({len(split)} layers as an int8 layer and its residual's)"
-    float_clean = onnx.ModelProto()
-    float_clean.CopyFrom(model)  # the float graph the quantiser sees (the accuracy guard's reference)
+    float_clean = copied(model)  # the float graph the quantiser sees (the accuracy guard's reference)
     mix, ranges = None, None
     if opts.activations == "mixed":
         ranges = calibrated_ranges_of(model, calib, opts.calib_method, str(path))
@@ -564,8 +563,7 @@ def _compile(
         return _build(model, prepared, cfg, opts, path, "the model's own (QDQ)", False, t0)
     check = None
     if opts.accuracy_check and calib is not None:
-        float_model = onnx.ModelProto()
-        float_model.CopyFrom(model)
+        float_model = copied(model)
         calib, check = accuracy.hold_back(model, calib, prepared.nhwc_inputs, str(path))
     unchecked = auto and check is None  # a mix auto chooses stands on the golden-model check
     if unchecked:
@@ -577,8 +575,7 @@ def _compile(
     if check is not None:
         use = "held back for" if check.held_back else "reused by"
         quantisation += f" ({check.samples} {use} the accuracy check)"
-    qdq = onnx.ModelProto()
-    qdq.CopyFrom(model)  # before lowering keeps results float in place: a repair starts from it again
+    qdq = copied(model)  # before lowering keeps results float in place: a repair starts from it again
     notes = list(prepared.notes)
     if check is None:
         return _build(model, prepared, cfg, opts, path, quantisation, True, t0, clamped)
@@ -602,9 +599,7 @@ def _compile(
         return got
 
     def rebuild(host_nodes: dict[str, str]) -> CompiledModel:
-        m = onnx.ModelProto()
-        m.CopyFrom(qdq)
-        return values(m, dataclasses.replace(prepared, notes=list(notes)), host_nodes)
+        return values(copied(qdq), dataclasses.replace(prepared, notes=list(notes)), host_nodes)
 
     compiled = values(model, prepared, None)
     _, a, full = built[id(compiled)]

@@ -87,6 +87,4 @@ def copied(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def infer_shapes(model: onnx.ModelProto, data_prop: bool = False) -> onnx.ModelProto:
     """A copy of `model` with inferred shapes: `onnx.shape_inference.infer_shapes`, faster."""
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    return infer_in_place(copy, data_prop)
+    return infer_in_place(copied(model), data_prop)
