@@ -25,10 +25,11 @@ import numpy as np
 from npu.arith import cdiv, round_up
 from npu.compiler.programs import acc_row_stride, add_requant
 from npu.config import ACC_BASE, NpuConfig
-from npu.isa import LUT_BYTES
+from npu.isa import LUT_BYTES, make
 from npu.program import ProgramBuilder
-from npu.timing import a_step_bytes, bank_stride
+from npu.timing import a_step_bytes, bank_stride, duration
 
+from . import bias as biasmm
 from .elementwise import OutputPass
 from .graph import CompileError
 from .quantize import Act, quant_multiplier
@@ -222,6 +223,7 @@ class ConvPlan:
     est_cycles: int
     spad_bytes: int
     cols: int = 0  # output columns per strip (width splitting; 0: the whole width)
+    bias_mm: bool = False  # the accumulators start as the bias by a MATMUL (compiler/bias.py), not a LOAD
 
     def describe(self, g: Geometry, cout_p: int, cin_win: int) -> str:
         parts = []
@@ -306,6 +308,7 @@ def plan_conv(
     cols_of: Callable[[int, int], int] | None = None,
     post: OutputPass | None = None,
     narrow: bool = False,
+    bias_k: int = 0,
 ) -> ConvPlan:
     """Pick output/input channel tile sizes and the row band height with the cost model.
     `win_of(co_t)`: the input channels a tile of co_t output channels reads: all of them, or for a
@@ -315,7 +318,9 @@ def plan_conv(
     input's and the output's element bytes (int16: 2; the output's int8 or int16 tile on chip).
     `post`: a function computed on each output tile (its scratch, table and vector passes).
     `narrow`: a depthwise convolution of int16 input whose chunks run as MATMULs of one A word each
-    where they can (`narrow_subs`): timed so."""
+    where they can (`narrow_subs`): timed so. `bias_k`: the bias's digits (compiler/bias.py; 0: it
+    can only be a LOAD): each tiling takes the bias as a MATMUL where its block fits and it takes at
+    most half the LOAD's cycles, else a LOAD, and is timed so."""
     ca = channel_align(cfg)
     full = cpx
     cpx *= ex  # bytes of an input pixel from here on
@@ -325,6 +330,7 @@ def plan_conv(
     post_elem = post.scratch if post else 0  # scratch bytes an output element's function needs
     post_fixed = LUT_BYTES + cfg.lanes if post and post.table is not None else 0
     post_steps = post.steps if post else 0
+    bias_block = biasmm.a_bytes(cfg.lanes) + cout_p * biasmm.row_pitch(cfg.lanes) if bias_k else 0
     best = None
     co_opts = sorted({min(cout_p, co_step * (1 << j)) for j in range(16)} | {cout_p})
     taps = g.kh * g.kw
@@ -346,6 +352,7 @@ def plan_conv(
                 room = cfg.spad_bytes - wbufs * wbytes
             room -= post_fixed
             rows = 0
+            one_band = not windowed and g.n == 1 and n_co > 1
             lo, hi = 1, g.oh
             while lo <= hi:  # largest band that fits (sizes grow with rows)
                 r = (lo + hi) // 2
@@ -370,22 +377,37 @@ def plan_conv(
             mm_per_band = n_ci * taps * (1 if band_mode else rows) * per_chunk
             matrix = n_co * bands * (mm_per_band * cfg.matrix_latency + n_ci * taps * steps)
             w_bytes = (n_co * taps * win * co_t) * (bands if n_ci > 1 else 1)
-            loads = 2 + n_ci + (g.in_rows(rows) if windowed else 0)  # a windowed band: a LOAD a row
+            loads = 1 + n_ci + (g.in_rows(rows) if windowed else 0)  # a windowed band: a LOAD a row
             if windowed:  # one DMA row per pixel: the bus words each touches
                 in_beats = n_co * bands * g.in_rows(rows) * g.w * cdiv(px, cfg.bus_bytes)
-            else:
-                in_beats = n_co * bands * g.in_rows(rows) * g.wp * cpx // cfg.bus_bytes
+            else:  # one band for the whole input is loaded once (conv_program)
+                reloads = 1 if one_band and bands == 1 else n_co
+                in_beats = reloads * bands * g.in_rows(rows) * g.wp * cpx // cfg.bus_bytes
             load = in_beats + w_bytes // cfg.bus_bytes + n_co * bands * loads * cfg.dma_latency
             vector = n_co * bands * m * cdiv(co_t, cfg.vector_lanes) * (1 + post_steps)  # int8 or int16
-            est = max(matrix, load, vector)
+            # the bias: a LOAD of m rows of the tile's int32 per band, or a MATMUL of one k step
+            bias_load = n_co * bands * _bias_load_cycles(cfg, m, co_t)
+            bias_mm_cycles = n_co * bands * _bias_matmul_cycles(cfg, m, co_t, bias_k)
+            band_bytes = 2 * (g.in_rows(rows) * g.wp * px + m * co_t * ey) + m * co_t * post_elem
+            # the bias as a MATMUL where its block fits and it takes at most half the LOAD's
+            # cycles (not where the array reads int16 at half rate with clusters sharing a bank
+            # word, or on `tiny`'s narrow array): a bias LOAD waits for the output pass of the band
+            # two before (their accumulator buffer) on the in-order load unit, holding up the loads
+            # behind it, and the band's MATMULs wait for it - a chain this estimate (the busiest
+            # unit) does not see, so it is not asked (docs/compiler.md, "The bias")
+            bias_mm = bool(bias_k) and band_bytes + bias_block <= room and 2 * bias_mm_cycles <= bias_load
+            if bias_mm:
+                est = max(matrix + bias_mm_cycles, load, vector)
+            else:
+                est = max(matrix, load + bias_load, vector)
             band = n_ci * taps * (cfg.matrix_latency + steps)
             # between bands the weights stay on chip: too many of them and no point can go there
             live_blocked = bool(max_step) and bands > g.n and n_ci == 1 and wbytes > max_live
             key = (bool(max_step) and band > max_step, live_blocked, est, n_co * n_ci)
             if best is None or key < best[0]:
                 spad = wbufs * wbytes + 2 * (g.in_rows(rows) * g.wp * px + m * co_t * ey)
-                spad += m * co_t * post_elem + post_fixed
-                best = (key, ConvPlan(co_t, ci_t, rows, band_mode, est, spad))
+                spad += m * co_t * post_elem + post_fixed + (bias_block if bias_mm else 0)
+                best = (key, ConvPlan(co_t, ci_t, rows, band_mode, est, spad, bias_mm=bias_mm))
     if best is None:
         # what the smallest tiling (one output row, the narrowest channel tiles) would need
         co_t = co_opts[0]
@@ -401,6 +423,25 @@ def plan_conv(
             f"{2 * m * acc_row_stride(cfg, co_t)} accumulator bytes"
         )
     return best[1]
+
+
+def _bias_load_cycles(cfg: NpuConfig, m: int, n: int) -> int:
+    """The load unit's cycles for a tile's bias LOAD (its row for each of m pixels), as the golden
+    model times it (with the DRAM's own word and bursts where the configuration has them)."""
+    i = make("load", spad=ACC_BASE, dram=0, rows=m, cols=4 * n, spad_stride=acc_row_stride(cfg, n),
+             dram_stride=0)  # fmt: skip
+    return duration(i, cfg)
+
+
+def _bias_matmul_cycles(cfg: NpuConfig, m: int, n: int, k: int) -> int:
+    """The matrix unit's cycles for a tile's bias MATMUL (compiler/bias.py), as the golden model
+    times it; 0 without digits."""
+    if not k:
+        return 0
+    a = biasmm.a_bytes(cfg.lanes)
+    i = make("matmul", a=0, b=a, c=ACC_BASE, m=m, n=n, k=k, a_stride=0, b_stride=biasmm.row_pitch(cfg.lanes),
+             c_stride=acc_row_stride(cfg, n), a_i16=1)  # fmt: skip
+    return duration(i, cfg)
 
 
 def plan_conv_strips(g: Geometry, plan_for: Callable[[Geometry], ConvPlan]) -> tuple[ConvPlan, Geometry]:
@@ -480,10 +521,15 @@ def conv_program(
         spans = ci_t // cin_g if ci_t % cin_g == 0 else cdiv(ci_t, cin_g) + 1
         return min(co_t, round_up(spans * cout_g, cfg.pes_per_cluster))
 
+    bias_p = np.zeros(cpy, np.int64)
+    bias_p[:cout] = bias
+    digits = biasmm.digits(bias_p)
+
     def plan_for(geo: Geometry) -> ConvPlan:
         return plan_conv(
             cfg, geo, cpx, cpy, win_of, co_step, where, max_step, max_live, ex, ey, cols_of, post,
             narrow=narrow and groups > 1 and cin_g == 1 and cout_g == 1,
+            bias_k=0 if digits is None else digits.shape[1],
         )  # fmt: skip
 
     plan, gp = plan_conv_strips(g, plan_for)
@@ -494,20 +540,26 @@ def conv_program(
         strips = [g.strip(x0, min(plan.cols, g.ow - x0)) + (x0,) for x0 in range(0, g.ow, plan.cols)]
     taps = g.kh * g.kw
     tiles = _conv_tiles(cfg, plan, x, y, weights, groups, g, window, const, where, ex if narrow else 1)
-    bias_p = np.zeros(cpy, np.int64)
-    bias_p[:cout] = bias
-    bias_addr = const(bias_p.astype("<i4").tobytes(), f"{where} bias")
+    block = biasmm.block(digits, cfg.lanes) if plan.bias_mm else b""
+    bias_addr = None if block else const(bias_p.astype("<i4").tobytes(), f"{where} bias")
     w_bufs, in_bufs, out_bufs, acc_bufs, extra = _conv_buffers(
-        cfg, plan, gp, tiles, taps, band_px, ex, ey, post
+        cfg, plan, gp, tiles, taps, band_px, ex, ey, post, len(block)
     )
+    if block:  # the bias's A row and digits, resident for the operator
+        b.add("load", spad=extra[2], dram=const(block, f"{where} bias digits"), rows=1, cols=len(block),
+              spad_stride=len(block), dram_stride=len(block), label="bias digits")  # fmt: skip
     if post is not None and post.table is not None:  # the function's table, resident for the operator
         b.add("load", spad=extra[0], dram=post.table, rows=1, cols=LUT_BYTES, spad_stride=LUT_BYTES,
               dram_stride=LUT_BYTES, label="table")  # fmt: skip
-    out_pass = (post, *extra, y.layout.chan) if post is not None else None
+    out_pass = (post, *extra[:2], y.layout.chan) if post is not None else None
 
     zpx = x.q.zero_point
     bm = plan.band_mode
     k = nw = 0
+    # one band for every output tile (the whole input, all channels): it is loaded once and read
+    # by each tile's MATMULs, instead of again per tile
+    one_band = not windowed and g.n == 1 and len(strips) == 1 and plan.rows >= g.oh and len(tiles) > 1
+    band_loaded = False
     for t in tiles:
         c_stride = acc_row_stride(cfg, t.co_t)
         multi = len(t.chunks) > 1
@@ -529,23 +581,16 @@ def conv_program(
             for y0 in range(0, g.oh, plan.rows):
                 rows = min(plan.rows, g.oh - y0)
                 m = _conv_m(gs, rows, bm)
-                ib, ob, ab = in_bufs[k % 2], out_bufs[k % 2], acc_bufs[k % 2]
+                ib, ob, ab = in_bufs[0 if one_band else k % 2], out_bufs[k % 2], acc_bufs[k % 2]
                 k += 1
                 fill, label = zpx if ex == 1 else 0, f"input n{n} y{y0} x{x0}"
                 if windowed:
                     _load_band(b, x, gs, n, y0, rows, ib, fill, label, col0, t.win0, t.wlen)
-                else:
+                elif not band_loaded:
                     _load_band(b, x, gs, n, y0, rows, ib, fill, label, col0)
-                b.add(
-                    "load",
-                    spad=ab,
-                    dram=bias_addr + 4 * t.co0,
-                    rows=m,
-                    cols=4 * t.co_t,
-                    spad_stride=c_stride,
-                    dram_stride=0,
-                    label="bias",
-                )
+                    band_loaded = one_band
+                bias_src = (extra[2], digits.shape[1]) if block else bias_addr
+                _start_with_bias(b, cfg, t, m, ab, c_stride, bias_src)
                 for (c0, cl), wa, reach, subs in zip(t.chunks, t.w_addr, t.cols, t.subs, strict=True):
                     if reach[1] == reach[0]:
                         continue  # input channels no output of the tile reads
@@ -573,6 +618,20 @@ def conv_program(
         "spad_bytes": plan.spad_bytes,
         "est_cycles": plan.est_cycles,
     }
+
+
+def _start_with_bias(b, cfg: NpuConfig, t, m: int, ab: int, c_stride: int, src) -> None:
+    """A band's accumulators start as the tile's bias: `src` is (the bias block on chip, its digits)
+    for the MATMUL of its A row (every pixel's) by the tile's channels' digits (compiler/bias.py),
+    or the bias's DRAM address for the LOAD of its row for every pixel."""
+    if isinstance(src, tuple):
+        at, k = src
+        pitch = biasmm.row_pitch(cfg.lanes)
+        b.add("matmul", a=at, b=at + biasmm.a_bytes(cfg.lanes) + t.co0 * pitch, c=ab, m=m, n=t.co_t, k=k,
+              a_stride=0, b_stride=pitch, c_stride=c_stride, accumulate=0, a_i16=1)  # fmt: skip
+    else:
+        b.add("load", spad=ab, dram=src + 4 * t.co0, rows=m, cols=4 * t.co_t, spad_stride=c_stride,
+              dram_stride=0, label="bias")  # fmt: skip
 
 
 def _chunk_matmuls(b, cfg, g, gs, t, bm, wb, c0, cl, ib, ab, m, rows, px, ex, reach, windowed, subs) -> None:
@@ -626,9 +685,12 @@ def _conv_tiles(
     return tiles
 
 
-def _conv_buffers(cfg, plan, gp, tiles, taps: int, cpx: int, ex: int, ey: int, post: OutputPass | None):
+def _conv_buffers(
+    cfg, plan, gp, tiles, taps: int, cpx: int, ex: int, ey: int, post: OutputPass | None, block: int = 0
+):
     """On-chip double buffers of a convolution: (weights, input bands, outputs, accumulators), and
-    for an output function (table, scratch) - one scratch: the vector unit runs the bands in turn."""
+    (table, scratch, bias block) - one scratch: the vector unit runs the bands in turn; the bias
+    block (`block` bytes, compiler/bias.py) after it."""
     m_max = _conv_m(gp, plan.rows, plan.band_mode)
     in_bytes = gp.in_rows(plan.rows) * gp.wp * cpx * ex
     wbytes = plan.co_t * bank_stride(cfg, taps * plan.ci_t, cfg.lanes)
@@ -646,10 +708,12 @@ def _conv_buffers(cfg, plan, gp, tiles, taps: int, cpx: int, ex: int, ey: int, p
     if post is not None and post.table is not None:
         end += round_up(LUT_BYTES, cfg.lanes)
     scratch = end
-    end += m_max * plan.co_t * (post.scratch if post else 0)
+    end = round_up(end + m_max * plan.co_t * (post.scratch if post else 0), cfg.lanes)
+    bias_block = end
+    end += block
     assert end <= act_bytes and 2 * acc_tile <= cfg.acc_bytes
     assert w_bufs[-1] + wbytes <= cfg.spad_bytes
-    return w_bufs, in_bufs, out_bufs, acc_bufs, (table, scratch)
+    return w_bufs, in_bufs, out_bufs, acc_bufs, (table, scratch, bias_block)
 
 
 def _conv_matmuls(

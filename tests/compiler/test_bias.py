@@ -1,0 +1,98 @@
+"""A convolution's bias as a MATMUL of int8 digits (compiler/bias.py) instead of a LOAD repeated for
+every pixel: exact digits, the planner's choice, and the same int8 results as the LOAD."""
+
+import numpy as np
+import pytest
+
+from npu.compiler import bias as biasmm
+from npu.compiler import spatial
+from npu.isa import Opcode
+from npu.models.builder import Net
+from tests.compiler.helpers import compare_int8, compile_model
+from tests.compiler.test_operators import calib_for
+
+
+@pytest.mark.parametrize("limit", [1, 200, 16384, 40_000, 1 << 22, 24_000_000])
+def test_digits_rebuild_every_bias_exactly(limit):
+    rng = np.random.default_rng(limit)
+    v = np.concatenate([rng.integers(-limit, limit + 1, 500), [0, limit, -limit, 16383, -16384]])
+    d = biasmm.digits(v)
+    assert d is not None and d.dtype == np.int8
+    assert d.shape[1] >= 2 and d.shape[1] <= biasmm.DIGITS
+    assert (d.astype(np.int64) @ np.array(biasmm.BASE[: d.shape[1]]) == v).all()
+    # the fewest digits: one fewer cannot reach the largest multiple of 32768 needed
+    if d.shape[1] > 2:
+        assert np.abs(d[:, -1]).max() > 0
+
+
+def test_digits_refuse_a_bias_beyond_their_range():
+    assert biasmm.digits(np.array([0, 2**31 - 1])) is None
+    assert biasmm.digits(np.array([-(2**31)])) is None
+
+
+def _bias_ops(cm):
+    prog = cm.lowered.program
+    f = [(i, i.fields) for i in prog]
+    mm = [i for i, x in f if i.op == Opcode.MATMUL and not x["a_stride"] and not x["accumulate"]]
+    loads = [i for i in prog if i.op == Opcode.LOAD and i.fields["dram_stride"] == 0 and i.fields["rows"] > 1]
+    return mm, loads
+
+
+def _est(cm) -> int:
+    return sum(la.est_cycles for la in cm.lowered.layers if la.placement == "npu")
+
+
+@pytest.mark.parametrize("config", ["tiny", "default", "banked"])
+@pytest.mark.parametrize(
+    "spec", [(32, 64, 1, 0, 1), (16, 16, 3, 1, 16), (12, 24, 3, 1, 3)], ids=["1x1", "dw", "grouped"]
+)
+def test_bias_matmul_gives_the_loads_results(tmp_path, config, spec, monkeypatch):
+    """Every convolution kind, the bias as a MATMUL (taken wherever it fits: its cost counted as
+    nothing) against the same convolution with it as a LOAD: the same int8 results, bit for bit."""
+    cin, cout, k, pad, groups = spec
+    net = Net("bias", (1, cin, 8, 8), seed=3)
+    model = net.model([net.conv(net.input, cout, k, pad=pad, groups=groups, relu=False)])
+    calib = calib_for(net.shapes[net.input])
+    x = np.random.default_rng(5).normal(0, 1, net.shapes[net.input]).astype(np.float32)
+    with monkeypatch.context() as mp:
+        mp.setattr(spatial, "_bias_matmul_cycles", lambda *_a: 0)
+        cm = compile_model(tmp_path, model, config, calib, name="mm")
+    mm, loads = _bias_ops(cm)
+    assert mm and not loads
+    compare_int8(cm, x)
+    monkeypatch.setattr(biasmm, "digits", lambda _b: None)  # digits refused: the LOAD
+    cl = compile_model(tmp_path, model, config, calib, name="load")
+    mm2, loads2 = _bias_ops(cl)
+    assert loads2 and not mm2
+    for a, b in zip(cm.run_int8(x), cl.run_int8(x), strict=True):
+        assert np.array_equal(a, b)
+
+
+def test_planner_takes_the_matmul_and_the_estimate_falls(tmp_path, monkeypatch):
+    """A 1 x 1 convolution of few input channels: its MATMULs are short and the bias LOAD (4 bytes
+    an output element) would be most of its DMA; the planner takes the MATMUL, and the cost
+    model's estimate is below the same convolution's with the LOAD."""
+    net = Net("bias", (1, 8, 16, 16), seed=3)
+    model = net.model([net.conv(net.input, 64, 1, pad=0, relu=False)])
+    calib = calib_for(net.shapes[net.input])
+    cm = compile_model(tmp_path, model, "default", calib, name="mm")
+    mm, loads = _bias_ops(cm)
+    assert mm and not loads
+    compare_int8(cm, np.random.default_rng(5).normal(0, 1, net.shapes[net.input]).astype(np.float32))
+    monkeypatch.setattr(biasmm, "digits", lambda _b: None)
+    cl = compile_model(tmp_path, model, "default", calib, name="load")
+    assert _est(cm) < _est(cl)
+
+
+def test_int16_convolution_with_a_large_bias(tmp_path, monkeypatch):
+    """int16 activations make the accumulator's bias large (small input scales): more digits, the
+    same results as onnxruntime's QDQ model."""
+    net = Net("bias16", (1, 16, 10, 10), seed=4)
+    y = net.conv(net.input, 24, 3, pad=1, relu=False, bias=np.random.default_rng(7).normal(0, 8.0, 24))
+    model = net.model([y])
+    monkeypatch.setattr(spatial, "_bias_matmul_cycles", lambda *_a: 0)
+    cm = compile_model(tmp_path, model, "default", calib_for(net.shapes[net.input]), activations="int16")
+    x = np.random.default_rng(6).normal(0, 1, net.shapes[net.input]).astype(np.float32)
+    compare_int8(cm, x)
+    mm, _ = _bias_ops(cm)
+    assert mm and max(i.fields["k"] for i in mm) > 2
