@@ -47,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="request a pause at this cycle, then resume (repeatable)",
     )
     p.add_argument("--max-cycles", type=int_in(1), help="give up after this many cycles")
-    p.add_argument("--save", metavar="OUT.npz", help="save outputs (.npy for an .npub's output)")
+    p.add_argument("--save", metavar="OUT.npz", help="save outputs (.npz: every output by name; for an .npub "
+                   "also OUT.npy: its outputs as OUT.npy, OUT.1.npy, ...)")
     p.add_argument("--input", action="append", metavar="X.npy", help="an .npub model's float input")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -101,10 +102,7 @@ def _run_npub(args: argparse.Namespace) -> int:
             raise CliError("for an .npub model, give one --output FILE.npy")
         args.save = str(output_file(args.output[0]))
     if args.save:
-        base = Path(args.save)
-        for i, y in enumerate(outs):
-            with replacing(base if i == 0 else base.with_suffix(f".{i}.npy")) as tmp:
-                np.save(tmp, y)
+        _save_outputs(Path(args.save), [t.name for t in c.manifest.outputs], outs)
     print(
         f"{args.program} on {cfg.name}: {counters['CYCLES']:,} cycles "
         f"({counters['CYCLES'] / cfg.clock_mhz:,.1f} us at {cfg.clock_mhz:g} MHz)"
@@ -116,6 +114,19 @@ def _run_npub(args: argparse.Namespace) -> int:
     if args.save:
         print(f"output saved to {args.save}")
     return 0
+
+
+def _save_outputs(base: Path, names: list[str], outs: list[np.ndarray]) -> None:
+    """OUT.npz: every output under its name; else OUT.npy (several: OUT.npy, OUT.1.npy, ...). Written
+    through file objects: np.save and np.savez add their suffix to a path without it, which left the
+    data in a hidden temporary file and an empty OUT.npz."""
+    if base.suffix == ".npz":
+        with replacing(base) as tmp, open(tmp, "wb") as fh:
+            np.savez(fh, **dict(zip(names, outs, strict=True)))
+        return
+    for i, y in enumerate(outs):
+        with replacing(base if i == 0 else base.with_suffix(f".{i}.npy")) as tmp, open(tmp, "wb") as fh:
+            np.save(fh, y)
 
 
 def _fmt_counters(c: dict[str, int]) -> str:

@@ -41,6 +41,11 @@ def test_compile_and_run_from_the_command_line(compiled, capsys):
 
     cm = compile_onnx(path, calib=np.load(d / "calib.npy"))
     assert np.allclose(y, cm.run(np.load(d / "x.npy"))[0])
+    # .npz: the outputs by name, and no temporary file left beside it
+    assert main(["run", str(d / "m.npub"), "--input", str(d / "x.npy"), "--save", str(d / "y.npz")]) == 0
+    with np.load(d / "y.npz") as z:
+        assert z.files == [t.name for t in cm.lowered.outputs] and np.array_equal(z[z.files[0]], y)
+    assert not list(d.glob(".*tmp*"))
     capsys.readouterr()
     assert main(["disasm", str(d / "m.npub")]) == 0
     text = capsys.readouterr().out
