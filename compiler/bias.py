@@ -10,7 +10,8 @@ steps are one k step per tile of clusters x PEs outputs: a quarter of the LOAD's
 says it pays; a bias the digits cannot hold keeps the LOAD.
 
 A = [1, 256, -32768, -32768, ...]: digit 0 and digit 1 (in -128..127) give the bias modulo
-32768, balanced; each further digit adds up to 127 times -32768.
+32768 (a residue in -32896..32639, the one leaving the fewest multiples); each further digit adds
+up to 127 times -32768.
 """
 
 from __future__ import annotations
@@ -29,7 +30,13 @@ def digits(bias: np.ndarray) -> np.ndarray | None:
     bias needs; None when a bias is beyond what DIGITS digits hold."""
     v = np.asarray(bias, np.int64)
     r = (v + 16384) % 32768 - 16384  # v modulo 32768, in -16384..16383
-    d1 = (r + 128) // 256  # -64..64
+    # the first two digits reach -32896..32639: the residue one turn further where that leaves
+    # fewer multiples of 32768 to the others (16384 is [0, 64], not [0, -64, -1])
+    for turn in (32768, -32768):
+        alt = r + turn
+        ok = (alt >= -32896) & (alt <= 32639) & (np.abs(v - alt) < np.abs(v - r))
+        r = np.where(ok, alt, r)
+    d1 = (r + 128) // 256  # -128..127
     d0 = r - 256 * d1  # -128..127
     q = (v - r) // -32768  # the multiple of -32768 left
     need = int(np.max(np.abs(q), initial=0) + 126) // 127  # digits of at most 127 each

@@ -15,6 +15,7 @@ and tap. Borders are the padding of the LOAD (the input zero point), so they add
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable
@@ -309,6 +310,7 @@ def plan_conv(
     post: OutputPass | None = None,
     narrow: bool = False,
     bias_k: int = 0,
+    whole_width: bool = True,
 ) -> ConvPlan:
     """Pick output/input channel tile sizes and the row band height with the cost model.
     `win_of(co_t)`: the input channels a tile of co_t output channels reads: all of them, or for a
@@ -320,7 +322,8 @@ def plan_conv(
     `narrow`: a depthwise convolution of int16 input whose chunks run as MATMULs of one A word each
     where they can (`narrow_subs`): timed so. `bias_k`: the bias's digits (compiler/bias.py; 0: it
     can only be a LOAD): each tiling takes the bias as a MATMUL where its block fits and it takes at
-    most half the LOAD's cycles, else a LOAD, and is timed so."""
+    most half the LOAD's cycles, else a LOAD, and is timed so. `whole_width`: `g` is the whole
+    output width (not a strip), so that one band for every output tile is loaded once."""
     ca = channel_align(cfg)
     full = cpx
     cpx *= ex  # bytes of an input pixel from here on
@@ -352,7 +355,7 @@ def plan_conv(
                 room = cfg.spad_bytes - wbufs * wbytes
             room -= post_fixed
             rows = 0
-            one_band = not windowed and g.n == 1 and n_co > 1
+            one_band = whole_width and not windowed and g.n == 1 and n_co > 1
             lo, hi = 1, g.oh
             while lo <= hi:  # largest band that fits (sizes grow with rows)
                 r = (lo + hi) // 2
@@ -381,7 +384,8 @@ def plan_conv(
             if windowed:  # one DMA row per pixel: the bus words each touches
                 in_beats = n_co * bands * g.in_rows(rows) * g.w * cdiv(px, cfg.bus_bytes)
             else:  # one band for the whole input is loaded once (conv_program)
-                reloads = 1 if one_band and bands == 1 else n_co
+                kept = one_band and bands == 1 and band_kept(g.in_rows(rows) * g.wp * px, max_step, max_live)
+                reloads = 1 if kept else n_co
                 in_beats = reloads * bands * g.in_rows(rows) * g.wp * cpx // cfg.bus_bytes
             load = in_beats + w_bytes // cfg.bus_bytes + n_co * bands * loads * cfg.dma_latency
             vector = n_co * bands * m * cdiv(co_t, cfg.vector_lanes) * (1 + post_steps)  # int8 or int16
@@ -425,6 +429,14 @@ def plan_conv(
     return best[1]
 
 
+def band_kept(band_bytes: int, max_step: int, max_live: int) -> bool:
+    """Whether one input band may stay on chip across a convolution's output tiles: it is live at
+    the cancellation points between them, so with points (`max_step`) only when a point there keeps
+    within the live data wanted (`max_live`)."""
+    return not max_step or band_bytes <= max_live
+
+
+@functools.lru_cache(maxsize=4096)  # asked for every tiling the planner weighs
 def _bias_load_cycles(cfg: NpuConfig, m: int, n: int) -> int:
     """The load unit's cycles for a tile's bias LOAD (its row for each of m pixels), as the golden
     model times it (with the DRAM's own word and bursts where the configuration has them)."""
@@ -433,6 +445,7 @@ def _bias_load_cycles(cfg: NpuConfig, m: int, n: int) -> int:
     return duration(i, cfg)
 
 
+@functools.lru_cache(maxsize=4096)
 def _bias_matmul_cycles(cfg: NpuConfig, m: int, n: int, k: int) -> int:
     """The matrix unit's cycles for a tile's bias MATMUL (compiler/bias.py), as the golden model
     times it; 0 without digits."""
@@ -529,7 +542,7 @@ def conv_program(
         return plan_conv(
             cfg, geo, cpx, cpy, win_of, co_step, where, max_step, max_live, ex, ey, cols_of, post,
             narrow=narrow and groups > 1 and cin_g == 1 and cout_g == 1,
-            bias_k=0 if digits is None else digits.shape[1],
+            bias_k=0 if digits is None else digits.shape[1], whole_width=geo.ow == g.ow,
         )  # fmt: skip
 
     plan, gp = plan_conv_strips(g, plan_for)
@@ -559,6 +572,7 @@ def conv_program(
     # one band for every output tile (the whole input, all channels): it is loaded once and read
     # by each tile's MATMULs, instead of again per tile
     one_band = not windowed and g.n == 1 and len(strips) == 1 and plan.rows >= g.oh and len(tiles) > 1
+    one_band = one_band and band_kept(gp.in_rows(plan.rows) * gp.wp * band_px * ex, max_step, max_live)
     band_loaded = False
     for t in tiles:
         c_stride = acc_row_stride(cfg, t.co_t)
@@ -611,7 +625,7 @@ def conv_program(
                     _chunk_matmuls(b, cfg, g, gs, t, bm, wb, c0, cl, ib, ab, m, rows, px, ex, reach,
                                    windowed, subs)  # fmt: skip
                 _conv_output(b, y, rq, g, gs, t, bm, n, y0, x0, rows, m, ab, ob, cpy, ey, c_stride, out_pass)
-                b.candidate()  # between bands: only the resident weights are live
+                b.candidate()  # between bands: the resident weights are live (and a band kept for all tiles)
     return {
         "split": plan.describe(g, cpy, win_of(plan.co_t)),
         "tile": {"co": plan.co_t, "ci": plan.ci_t, "rows": plan.rows},

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -120,9 +121,11 @@ def _save_outputs(base: Path, names: list[str], outs: list[np.ndarray]) -> None:
     """OUT.npz: every output under its name; else OUT.npy (several: OUT.npy, OUT.1.npy, ...). Written
     through file objects: np.save and np.savez add their suffix to a path without it, which left the
     data in a hidden temporary file and an empty OUT.npz."""
-    if base.suffix == ".npz":
-        with replacing(base) as tmp, open(tmp, "wb") as fh:
-            np.savez(fh, **dict(zip(names, outs, strict=True)))
+    if base.suffix == ".npz":  # as np.savez writes one, whatever the names (savez takes some as options)
+        with replacing(base) as tmp, zipfile.ZipFile(tmp, "w") as z:
+            for name, y in zip(names, outs, strict=True):
+                with z.open(f"{name}.npy", "w") as fh:
+                    np.lib.format.write_array(fh, np.asanyarray(y), allow_pickle=False)
         return
     for i, y in enumerate(outs):
         with replacing(base if i == 0 else base.with_suffix(f".{i}.npy")) as tmp, open(tmp, "wb") as fh:

@@ -6,6 +6,8 @@ import pytest
 
 from npu.compiler import bias as biasmm
 from npu.compiler import spatial
+from npu.driver import Npu
+from npu.driver.bench import preempt_at_every_point
 from npu.isa import Opcode
 from npu.models.builder import Net
 from tests.compiler.helpers import compare_int8, compile_model
@@ -20,14 +22,24 @@ def test_digits_rebuild_every_bias_exactly(limit):
     assert d is not None and d.dtype == np.int8
     assert d.shape[1] >= 2 and d.shape[1] <= biasmm.DIGITS
     assert (d.astype(np.int64) @ np.array(biasmm.BASE[: d.shape[1]]) == v).all()
-    # the fewest digits: one fewer cannot reach the largest multiple of 32768 needed
-    if d.shape[1] > 2:
-        assert np.abs(d[:, -1]).max() > 0
+
+
+@pytest.mark.parametrize(
+    "v, k",
+    [(0, 2), (16384, 2), (32639, 2), (-32896, 2), (32640, 3), (127 * 32768 + 20000, 3),
+     (127 * 32768 + 32639, 3), (127 * 32768 + 32640, 4), (25_001_855, 8), (-25_002_112, 8)],
+)  # fmt: skip
+def test_digits_are_the_fewest(v, k):
+    """The first two digits reach -32896..32639, each further one 127 multiples of 32768: the
+    fewest digits a value needs."""
+    d = biasmm.digits(np.array([v]))
+    assert d is not None and d.shape[1] == k
+    assert int(d[0].astype(np.int64) @ np.array(biasmm.BASE[:k])) == v
 
 
 def test_digits_refuse_a_bias_beyond_their_range():
-    assert biasmm.digits(np.array([0, 2**31 - 1])) is None
-    assert biasmm.digits(np.array([-(2**31)])) is None
+    for v in (25_001_856, -25_002_113, 2**31 - 1, -(2**31)):
+        assert biasmm.digits(np.array([0, v])) is None
 
 
 def _bias_ops(cm):
@@ -42,7 +54,7 @@ def _est(cm) -> int:
     return sum(la.est_cycles for la in cm.lowered.layers if la.placement == "npu")
 
 
-@pytest.mark.parametrize("config", ["tiny", "default", "banked"])
+@pytest.mark.parametrize("config", ["tiny", "default", "banked", "ulx3s"])
 @pytest.mark.parametrize(
     "spec", [(32, 64, 1, 0, 1), (16, 16, 3, 1, 16), (12, 24, 3, 1, 3)], ids=["1x1", "dw", "grouped"]
 )
@@ -84,15 +96,44 @@ def test_planner_takes_the_matmul_and_the_estimate_falls(tmp_path, monkeypatch):
     assert _est(cm) < _est(cl)
 
 
-def test_int16_convolution_with_a_large_bias(tmp_path, monkeypatch):
-    """int16 activations make the accumulator's bias large (small input scales): more digits, the
-    same results as onnxruntime's QDQ model."""
+@pytest.mark.parametrize("config", ["default", "banked"])
+def test_int16_convolution_with_a_large_bias(tmp_path, monkeypatch, config):
+    """int16 activations make the accumulator's bias large (small input scales): more digits (on
+    `banked` an int16 A at half rate: more than lanes / 2 digits take two k steps), the same results
+    as onnxruntime's QDQ model."""
     net = Net("bias16", (1, 16, 10, 10), seed=4)
     y = net.conv(net.input, 24, 3, pad=1, relu=False, bias=np.random.default_rng(7).normal(0, 8.0, 24))
     model = net.model([y])
     monkeypatch.setattr(spatial, "_bias_matmul_cycles", lambda *_a: 0)
-    cm = compile_model(tmp_path, model, "default", calib_for(net.shapes[net.input]), activations="int16")
+    cm = compile_model(tmp_path, model, config, calib_for(net.shapes[net.input]), activations="int16")
     x = np.random.default_rng(6).normal(0, 1, net.shapes[net.input]).astype(np.float32)
     compare_int8(cm, x)
     mm, _ = _bias_ops(cm)
     assert mm and max(i.fields["k"] for i in mm) > 2
+
+
+def test_one_input_band_is_loaded_once_for_every_output_tile(tmp_path):
+    """A 1 x 1 convolution whose output channels split into tiles (the accumulators hold a quarter
+    of them) over one band: the band is loaded once, and the program still pauses and resumes at
+    its points to the same results (the band is live there, dumped and restored)."""
+    net = Net("band", (1, 32, 2, 96), seed=9)
+    model = net.model([net.conv(net.input, 200, 1, pad=0, relu=False)])
+    calib = calib_for(net.shapes[net.input])
+    x = np.random.default_rng(2).normal(0, 1, net.shapes[net.input]).astype(np.float32)
+    cm = compile_model(tmp_path, model, "default", calib, name="band", activations="int16")
+    (layer,) = cm.lowered.layers
+    assert "out-channel" in layer.split
+    bands = [i for i in cm.lowered.program if i.op == Opcode.LOAD and i.fields["cols"] == 96 * 32 * 2]
+    assert len(bands) == 1, len(bands)
+    compare_int8(cm, x)
+    # paused at every cancellation point (the band live at those between tiles), an urgent model
+    # run, resumed: the same bits
+    low = compile_model(tmp_path, model, "default", calib, name="pts", activations="int16", cp_interval=1500)
+    assert sum(i.op == Opcode.LOAD and i.fields["cols"] == 96 * 32 * 2 for i in low.lowered.program) == 1
+    assert len(low.lowered.points) > 3
+    npu = Npu("model", "default")
+    lo, hi = npu.load(low.to_container(), "low"), npu.load(cm.to_container(), "urgent")
+    got, records = preempt_at_every_point(npu, lo, x, hi, x)
+    assert len(records) == len(low.lowered.points)
+    for a, b in zip(got, cm.run_int8(x), strict=True):
+        assert np.array_equal(a, b)
