@@ -6,8 +6,8 @@ int16 output's own bytes, on the DMA unit that also brings the inputs. The same 
 MATMUL of a constant int16 row A (every pixel's row: `a_stride` 0) by a few int8 "digits" per
 output channel, with `accumulate` 0: C[i][j] = sum_d A[d] * digit[j][d] = bias[j] exactly. Its
 steps are one k step per tile of clusters x PEs outputs: a quarter of the LOAD's bus beats on
-`default`, on the matrix unit. The planner (`spatial.plan_conv`) takes it where its cost model
-says it pays; a bias the digits cannot hold keeps the LOAD.
+`default`, on the matrix unit. The planner (`spatial.plan_conv`) takes it where its block fits
+and it takes at most half the LOAD's cycles; a bias the digits cannot hold keeps the LOAD.
 
 A = [1, 256, -32768, -32768, ...]: digit 0 and digit 1 (in -128..127) give the bias modulo
 32768 (a residue in -32896..32639, the one leaving the fewest multiples); each further digit adds
@@ -62,7 +62,7 @@ def row_pitch(lanes: int) -> int:
 def block(d: np.ndarray, lanes: int) -> bytes:
     """The on-chip block: the A row (DIGITS int16, padded to a lane word), then each channel's
     digits at `row_pitch`."""
-    a = np.zeros(round_up(2 * DIGITS, lanes) // 2, "<i2")
+    a = np.zeros(a_bytes(lanes) // 2, "<i2")
     a[: d.shape[1]] = BASE[: d.shape[1]]
     rows = np.zeros((len(d), row_pitch(lanes)), np.int8)
     rows[:, : d.shape[1]] = d

@@ -355,7 +355,6 @@ def plan_conv(
                 room = cfg.spad_bytes - wbufs * wbytes
             room -= post_fixed
             rows = 0
-            one_band = whole_width and not windowed and g.n == 1 and n_co > 1
             lo, hi = 1, g.oh
             while lo <= hi:  # largest band that fits (sizes grow with rows)
                 r = (lo + hi) // 2
@@ -384,8 +383,9 @@ def plan_conv(
             if windowed:  # one DMA row per pixel: the bus words each touches
                 in_beats = n_co * bands * g.in_rows(rows) * g.w * cdiv(px, cfg.bus_bytes)
             else:  # one band for the whole input is loaded once (conv_program)
-                kept = one_band and bands == 1 and band_kept(g.in_rows(rows) * g.wp * px, max_step, max_live)
-                reloads = 1 if kept else n_co
+                in_bytes = g.in_rows(rows) * g.wp * px
+                one = keeps_one_band(whole_width, windowed, bands, n_co, in_bytes, max_step, max_live)
+                reloads = 1 if one else n_co
                 in_beats = reloads * bands * g.in_rows(rows) * g.wp * cpx // cfg.bus_bytes
             load = in_beats + w_bytes // cfg.bus_bytes + n_co * bands * loads * cfg.dma_latency
             vector = n_co * bands * m * cdiv(co_t, cfg.vector_lanes) * (1 + post_steps)  # int8 or int16
@@ -409,8 +409,7 @@ def plan_conv(
             live_blocked = bool(max_step) and bands > g.n and n_ci == 1 and wbytes > max_live
             key = (bool(max_step) and band > max_step, live_blocked, est, n_co * n_ci)
             if best is None or key < best[0]:
-                spad = wbufs * wbytes + 2 * (g.in_rows(rows) * g.wp * px + m * co_t * ey)
-                spad += m * co_t * post_elem + post_fixed + (bias_block if bias_mm else 0)
+                spad = wbufs * wbytes + band_bytes + post_fixed + (bias_block if bias_mm else 0)
                 best = (key, ConvPlan(co_t, ci_t, rows, band_mode, est, spad, bias_mm=bias_mm))
     if best is None:
         # what the smallest tiling (one output row, the narrowest channel tiles) would need
@@ -429,11 +428,15 @@ def plan_conv(
     return best[1]
 
 
-def band_kept(band_bytes: int, max_step: int, max_live: int) -> bool:
-    """Whether one input band may stay on chip across a convolution's output tiles: it is live at
-    the cancellation points between them, so with points (`max_step`) only when a point there keeps
-    within the live data wanted (`max_live`)."""
-    return not max_step or band_bytes <= max_live
+def keeps_one_band(
+    whole_width: bool, windowed: bool, bands: int, tiles: int, band_bytes: int, max_step: int, max_live: int
+) -> bool:
+    """Whether a convolution loads its input once for all its output tiles: one band of every
+    channel over the whole width (`bands` counts frames too), several tiles - and, as the band is
+    live at the cancellation points between tiles, with points (`max_step`) only when a point there
+    keeps within the live data wanted (`max_live`)."""
+    one = whole_width and not windowed and bands == 1 and tiles > 1
+    return one and (not max_step or band_bytes <= max_live)
 
 
 @functools.lru_cache(maxsize=4096)  # asked for every tiling the planner weighs
@@ -571,8 +574,9 @@ def conv_program(
     k = nw = 0
     # one band for every output tile (the whole input, all channels): it is loaded once and read
     # by each tile's MATMULs, instead of again per tile
-    one_band = not windowed and g.n == 1 and len(strips) == 1 and plan.rows >= g.oh and len(tiles) > 1
-    one_band = one_band and band_kept(gp.in_rows(plan.rows) * gp.wp * band_px * ex, max_step, max_live)
+    one_band = keeps_one_band(len(strips) == 1, windowed, cdiv(g.oh, plan.rows) * g.n, len(tiles),
+                              gp.in_rows(plan.rows) * gp.wp * band_px * ex, max_step, max_live)
+    bias_src = (extra[2], digits.shape[1]) if block else bias_addr
     band_loaded = False
     for t in tiles:
         c_stride = acc_row_stride(cfg, t.co_t)
@@ -603,7 +607,6 @@ def conv_program(
                 elif not band_loaded:
                     _load_band(b, x, gs, n, y0, rows, ib, fill, label, col0)
                     band_loaded = one_band
-                bias_src = (extra[2], digits.shape[1]) if block else bias_addr
                 _start_with_bias(b, cfg, t, m, ab, c_stride, bias_src)
                 for (c0, cl), wa, reach, subs in zip(t.chunks, t.w_addr, t.cols, t.subs, strict=True):
                     if reach[1] == reach[0]:

@@ -117,15 +117,21 @@ def _run_npub(args: argparse.Namespace) -> int:
     return 0
 
 
+def _write_npz(path: str | Path, arrays: dict[str, np.ndarray]) -> None:
+    """An .npz as np.savez writes one, whatever the names (savez takes `file` and `allow_pickle` as
+    options, not arrays)."""
+    with replacing(path) as tmp, zipfile.ZipFile(tmp, "w") as z:
+        for name, y in arrays.items():
+            with z.open(f"{name}.npy", "w") as fh:
+                np.lib.format.write_array(fh, np.asanyarray(y), allow_pickle=False)
+
+
 def _save_outputs(base: Path, names: list[str], outs: list[np.ndarray]) -> None:
     """OUT.npz: every output under its name; else OUT.npy (several: OUT.npy, OUT.1.npy, ...). Written
-    through file objects: np.save and np.savez add their suffix to a path without it, which left the
-    data in a hidden temporary file and an empty OUT.npz."""
-    if base.suffix == ".npz":  # as np.savez writes one, whatever the names (savez takes some as options)
-        with replacing(base) as tmp, zipfile.ZipFile(tmp, "w") as z:
-            for name, y in zip(names, outs, strict=True):
-                with z.open(f"{name}.npy", "w") as fh:
-                    np.lib.format.write_array(fh, np.asanyarray(y), allow_pickle=False)
+    through file objects: np.save adds its suffix to a path without it, which left the data in a
+    hidden temporary file and an empty OUT.npz."""
+    if base.suffix == ".npz":
+        _write_npz(base, dict(zip(names, outs, strict=True)))
         return
     for i, y in enumerate(outs):
         with replacing(base if i == 0 else base.with_suffix(f".{i}.npy")) as tmp, open(tmp, "wb") as fh:
@@ -175,8 +181,7 @@ def run(args: argparse.Namespace) -> int:
     except RunError as e:
         raise CliError(str(e)) from None
     if args.save:
-        with replacing(args.save if args.save.endswith(".npz") else args.save + ".npz") as tmp:
-            np.savez(tmp, **res.outputs)
+        _write_npz(args.save if args.save.endswith(".npz") else args.save + ".npz", res.outputs)
     if args.json:
         print(
             json.dumps(
