@@ -25,7 +25,7 @@ from npu.timing import bank_stride
 
 from .dram import Buffer
 from .graph import CompileError, Graph
-from .programs import per_column_table
+from .programs import per_column_table, plan_gemm_bias
 from .quantize import Act, QTensor
 from .spatial import channel_align
 
@@ -277,6 +277,19 @@ class Lowerer:
         n = len(data)
         b.add("load", spad=pc.base, dram=addr, rows=1, cols=n, spad_stride=n, dram_stride=n)
         return plan_cfg, {**rq, "per_col": pc}
+
+    def gemm_bias(
+        self, b: ProgramBuilder, cfg: NpuConfig, bias: np.ndarray, where: str, tiling_for, mn, gemms: int = 1
+    ):
+        """A GEMM's tiling and its bias block (`programs.plan_gemm_bias`: `gemms` GEMMs of `mn` = (m,
+        n)), the block loaded into the scratchpad for the operator: (tiling, BiasBlock or None: the
+        bias is a LOAD)."""
+        t, block, data = plan_gemm_bias(cfg, bias, tiling_for, mn, gemms)
+        if block is not None:
+            addr = self.const(data, f"{where} bias digits")
+            b.add("load", spad=block.base, dram=addr, rows=1, cols=len(data), spad_stride=len(data),
+                  dram_stride=len(data), label="bias digits")  # fmt: skip
+        return t, block
 
     # -- writing ----------------------------------------------------------------------------------
     def place(self, q: QTensor, what: str, layout: Layout | None = None) -> Act:

@@ -7,16 +7,20 @@ B given transposed (B^T is n x k, row-major, as ONNX Gemm weights with transB=1 
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from npu.arith import round_up
 from npu.config import ACC_BASE, NpuConfig
-from npu.isa import PER_COL_MAX
+from npu.isa import PER_COL_MAX, make
 from npu.program import BuiltProgram, ProgramBuilder
 from npu.sim.golden.kernels import requant
-from npu.timing import bank_stride
+from npu.timing import bank_stride, duration
+
+from . import bias as biasmm
 
 
 def row_stride(cfg: NpuConfig, k: int) -> int:
@@ -110,6 +114,87 @@ def per_column_table(cfg: NpuConfig, mult, shift) -> tuple[NpuConfig, PerColumn 
     return planning_view(cfg, spad_bytes=base), PerColumn(base, n), data
 
 
+@functools.lru_cache(maxsize=4096)  # asked for every tiling the planner weighs
+def bias_load_cycles(cfg: NpuConfig, m: int, n: int) -> int:
+    """The load unit's cycles for a tile's bias LOAD (its row for each of m pixels), as the golden
+    model times it (with the DRAM's own word and bursts where the configuration has them)."""
+    i = make("load", spad=ACC_BASE, dram=0, rows=m, cols=4 * n, spad_stride=acc_row_stride(cfg, n),
+             dram_stride=0)  # fmt: skip
+    return duration(i, cfg)
+
+
+@functools.lru_cache(maxsize=4096)
+def bias_matmul_cycles(cfg: NpuConfig, m: int, n: int, k: int) -> int:
+    """The matrix unit's cycles for a tile's bias MATMUL (compiler/bias.py), as the golden model
+    times it; 0 without digits."""
+    if not k:
+        return 0
+    a = biasmm.a_bytes(cfg.lanes)
+    i = make("matmul", a=0, b=a, c=ACC_BASE, m=m, n=n, k=k, a_stride=0, b_stride=biasmm.row_pitch(cfg.lanes),
+             c_stride=acc_row_stride(cfg, n), a_i16=1)  # fmt: skip
+    return duration(i, cfg)
+
+
+@dataclass(frozen=True)
+class BiasBlock:
+    """A GEMM's bias resident in the scratchpad as the operands of a MATMUL (compiler/bias.py): the
+    block at `base`, `k` digits a column, the GEMM's column 0 at digit row `col0`."""
+
+    base: int
+    k: int
+    col0: int = 0
+
+
+def bias_block(cfg: NpuConfig, bias: np.ndarray) -> tuple[NpuConfig, BiasBlock | None, bytes]:
+    """For a GEMM's int32 bias (every column's, possibly of several GEMMs after each other): the
+    configuration to plan it with (the scratchpad less the block, which sits at its top), the block's
+    place and its bytes; (`cfg`, None, b"") where the digits cannot hold the bias, the scratchpad
+    is banked (fixed halves, as for `per_column_table`) or the block would take too much of it.
+    Whether a tile takes it is `bias_by_matmul`'s question, once the tiling is known."""
+    d = None if cfg.spad_banked else biasmm.digits(bias)
+    if d is None:
+        return cfg, None, b""
+    from .region import planning_view
+
+    data = biasmm.block(d, cfg.lanes)
+    base = cfg.spad_bytes - round_up(len(data), cfg.lanes)
+    if base < cfg.spad_bytes // 2:
+        return cfg, None, b""
+    return planning_view(cfg, spad_bytes=base), BiasBlock(base, d.shape[1]), data
+
+
+def bias_by_matmul(cfg: NpuConfig, t: GemmTiling, k: int, tiles: int, block_bytes: int) -> bool:
+    """The rule convolutions follow (`spatial.plan_conv`): the bias as a MATMUL of `k` digits where
+    the `tiles` MATMULs take at most half the cycles of their LOADs, less the block's own LOAD."""
+    n = block_bytes
+    block = make("load", spad=0, dram=0, rows=1, cols=n, spad_stride=n, dram_stride=n)
+    mm, load = bias_matmul_cycles(cfg, t.tm, t.tn, k), bias_load_cycles(cfg, t.tm, t.tn)
+    return 2 * mm * tiles <= load * tiles - duration(block, cfg)
+
+
+def plan_gemm_bias(
+    cfg: NpuConfig,
+    bias: np.ndarray,
+    tiling_for: Callable[[NpuConfig], GemmTiling],
+    mn: tuple[int, int],
+    gemms: int = 1,
+) -> tuple[GemmTiling, BiasBlock | None, bytes]:
+    """A GEMM's tiling (`tiling_for` a planning configuration, raising ValueError where none fits)
+    and, where `bias_by_matmul` takes it for `gemms` GEMMs of `mn` = (m, n), its bias block and the
+    block's bytes (the caller loads them to `block.base` once, before the GEMMs)."""
+    plan_cfg, block, data = bias_block(cfg, bias)
+    if block is not None:
+        try:
+            t = tiling_for(plan_cfg)
+        except ValueError:
+            pass
+        else:
+            tiles = gemms * -(-mn[0] // t.tm) * -(-mn[1] // t.tn)
+            if bias_by_matmul(cfg, t, block.k, tiles, len(data)):
+                return t, block, data
+    return tiling_for(cfg), None, b""
+
+
 def add_requant(b: ProgramBuilder, rq: dict, ch0: int, *, src: int, dst: int, cols: int, **fields) -> None:
     """VMAP(s) from int32 accumulator columns of channels ch0 .. ch0 + cols - 1 to int8 (int16 with
     `dst_i16` in `rq`). `rq`: the
@@ -168,6 +253,7 @@ def gemm_program(
     a_row: int | None = None,
     bt_row: int | None = None,
     bt_col: int = 1,
+    bias_mm: BiasBlock | None = None,
 ) -> BuiltProgram | None:
     """Tiled GEMM + requantise (+ ReLU) program; a cancellation point after every
     `cancel_every` output tiles (0: none). `mult`/`shift`: one pair, or one per output column.
@@ -178,7 +264,9 @@ def gemm_program(
     (m x n int32, no requantisation). `ea`, `ey`: bytes of an A and an output element (int16
     activations: 2). `a_row`, `bt_row`: bytes between rows of A and of B^T in DRAM (default: dense,
     `k` elements); `bt_col`: bytes between B^T's elements along k (1: its rows are contiguous; else
-    each B^T row is loaded as a column, one byte a DMA row: a transposed activation operand)."""
+    each B^T row is loaded as a column, one byte a DMA row: a transposed activation operand).
+    `bias_mm`: the bias block already on chip (`bias_block`): each C tile starts as the bias by a
+    MATMUL of it instead of `bias_addr`'s LOAD."""
     t = tiling or choose_tiling(cfg, m, n, k, ea, ey)
     a_row = k * ea if a_row is None else a_row
     bt_row = k if bt_row is None else bt_row
@@ -231,7 +319,13 @@ def gemm_program(
         for m0 in range(0, m, t.tm):
             tm = min(t.tm, m - m0)
             cbuf = c_buf[it % 2]
-            if bias_addr is not None:  # every row of the C tile starts as the bias
+            if bias_mm is not None:  # the bias's digits times the block's A row, for every row
+                pitch = biasmm.row_pitch(cfg.lanes)
+                digits = bias_mm.base + biasmm.a_bytes(cfg.lanes) + (bias_mm.col0 + n0) * pitch
+                b.add("matmul", a=bias_mm.base, b=digits, c=cbuf, m=tm, n=tn, k=bias_mm.k, a_stride=0,
+                      b_stride=pitch, c_stride=c_stride, accumulate=0, a_i16=1,
+                      label=f"bias m{m0} n{n0}")  # fmt: skip
+            elif bias_addr is not None:  # every row of the C tile starts as the bias
                 b.add(
                     "load",
                     spad=cbuf,
@@ -263,7 +357,7 @@ def gemm_program(
                     a_stride=a_stride_sp,
                     b_stride=b_stride_sp,
                     c_stride=c_stride,
-                    accumulate=int(k0 > 0 or bias_addr is not None),
+                    accumulate=int(k0 > 0 or bias_addr is not None or bias_mm is not None),
                     a_i16=int(ea == 2),
                     label=f"matmul m{m0} n{n0} k{k0}",
                 )

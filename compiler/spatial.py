@@ -15,7 +15,6 @@ and tap. Borders are the padding of the LOAD (the input zero point), so they add
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from collections.abc import Callable
@@ -25,10 +24,12 @@ import numpy as np
 
 from npu.arith import cdiv, round_up
 from npu.compiler.programs import acc_row_stride, add_requant
+from npu.compiler.programs import bias_load_cycles as _bias_load_cycles
+from npu.compiler.programs import bias_matmul_cycles as _bias_matmul_cycles
 from npu.config import ACC_BASE, NpuConfig
-from npu.isa import LUT_BYTES, make
+from npu.isa import LUT_BYTES
 from npu.program import ProgramBuilder
-from npu.timing import a_step_bytes, bank_stride, duration
+from npu.timing import a_step_bytes, bank_stride
 
 from . import bias as biasmm
 from .elementwise import OutputPass
@@ -437,27 +438,6 @@ def keeps_one_band(
     keeps within the live data wanted (`max_live`)."""
     one = whole_width and not windowed and bands == 1 and tiles > 1
     return one and (not max_step or band_bytes <= max_live)
-
-
-@functools.lru_cache(maxsize=4096)  # asked for every tiling the planner weighs
-def _bias_load_cycles(cfg: NpuConfig, m: int, n: int) -> int:
-    """The load unit's cycles for a tile's bias LOAD (its row for each of m pixels), as the golden
-    model times it (with the DRAM's own word and bursts where the configuration has them)."""
-    i = make("load", spad=ACC_BASE, dram=0, rows=m, cols=4 * n, spad_stride=acc_row_stride(cfg, n),
-             dram_stride=0)  # fmt: skip
-    return duration(i, cfg)
-
-
-@functools.lru_cache(maxsize=4096)
-def _bias_matmul_cycles(cfg: NpuConfig, m: int, n: int, k: int) -> int:
-    """The matrix unit's cycles for a tile's bias MATMUL (compiler/bias.py), as the golden model
-    times it; 0 without digits."""
-    if not k:
-        return 0
-    a = biasmm.a_bytes(cfg.lanes)
-    i = make("matmul", a=0, b=a, c=ACC_BASE, m=m, n=n, k=k, a_stride=0, b_stride=biasmm.row_pitch(cfg.lanes),
-             c_stride=acc_row_stride(cfg, n), a_i16=1)  # fmt: skip
-    return duration(i, cfg)
 
 
 def plan_conv_strips(g: Geometry, plan_for: Callable[[Geometry], ConvPlan]) -> tuple[ConvPlan, Geometry]:

@@ -5,6 +5,8 @@ straight into output row `y * kh + dy` (pixel x's kw taps are its kw neighbourin
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -19,6 +21,8 @@ from ..graph import CompileError, node_attrs
 from ..programs import choose_tiling, gemm_program
 from ..quantize import channel_requant
 from ..region import memory_name
+from .lut import check as lut_check
+from .lut import plan as lut_plan
 from .registry import rule
 
 if TYPE_CHECKING:
@@ -45,6 +49,43 @@ def convtranspose_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
     return None
 
 
+def dense_group(ctx: Lowerer, name: str, cout: int, kw: int, wd: int) -> int | None:
+    """Input pixels a GEMM row takes when the output (quantised tensor `name`) is stored dense: one
+    output channel, read only by table functions on the NPU (which take any layout) or as a graph
+    output (the host unpacks any layout), and `g` dividing the row's width; else None (HWC)."""
+    if cout != 1:
+        return None
+    n = math.lcm(ctx.ca, kw)  # output columns a GEMM row makes: whole lane words of pixels
+    g = n // kw
+    if g < 2 or wd % g:
+        return None
+    luts = lut_plan(ctx)
+    for t in ctx._lut_readers.get(name, []):
+        key = t.name or t.output[0]
+        if key in ctx.reasons or key in ctx.host_nodes:
+            continue  # the host unpacks any layout
+        if key not in luts or luts[key].source != name or key in ctx.reasons or lut_check(ctx, t) is not None:
+            return None
+    return g
+
+
+def _dense_taps(w: np.ndarray, bias: np.ndarray, chan: np.ndarray, cp_in: int, g: int, zp: int):
+    """Per kernel row dy: B^T (g * kw, g * cp_in) and its bias, for one output channel stored dense:
+    column p * kw + dx makes output pixel (x0 + p) * kw + dx from input pixel x0 + p."""
+    cin, _, kh, kw = w.shape
+    out = []
+    for dy in range(kh):
+        bt = np.zeros((g * kw, g * cp_in), np.int8)
+        fb = np.zeros(g * kw, np.int64)
+        for p in range(g):
+            for dx in range(kw):
+                tap = w[:, 0, dy, dx].astype(np.int64)  # (Cin,)
+                bt[p * kw + dx, p * cp_in + chan] = tap
+                fb[p * kw + dx] = bias[0] - zp * tap.sum()
+        out.append((bt, fb))
+    return out
+
+
 @rule("ConvTranspose", check=convtranspose_check, int16=True)
 def lower_convtranspose(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     where = ctx.where(n)
@@ -59,16 +100,16 @@ def lower_convtranspose(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> N
         yq, relu = relu_q, True  # straight to the Relu's output, clamped at zero
     if tuple(yq.shape) != (bn, cout, h * kh, wd * kw):
         raise CompileError(f"{where}: output shape {yq.shape} does not follow from the attributes")
-    cp = bank_stride(ctx.cfg, round_up(cout, ctx.ca), ctx.ca)
     e = x.layout.elem  # int16 activations: 2 bytes an element, in and out
+    g = dense_group(ctx, yq.name, cout, kw, wd)
+    if g is not None:
+        _lower_dense(ctx, n, b, x, w, s_w, bias, yq, relu, g)
+        return
+    cp = bank_stride(ctx.cfg, round_up(cout, ctx.ca), ctx.ca)
     y = ctx.place(yq, f"{where} output", Layout.hwc(yq.shape, ctx.ca, cp=cp, elem=e))
     s_cols = np.tile(np.concatenate([s_w, np.full(cp - cout, s_w[0])]), kw)  # column dx * cp + co
     cfg, rq = ctx.per_column(b, channel_requant(x.q, s_cols, yq, where), where)
     nn = kw * cp
-    try:
-        tiling = choose_tiling(cfg, wd, nn, cp_in, e, e)
-    except ValueError:
-        raise CompileError(f"{where}: no GEMM tiling of {wd}x{nn}x{cp_in} fits {memory_name(cfg)}") from None
     chan = np.asarray(x.layout.chan)
     taps = []  # per kernel row: B^T (kw * cp, cp_in) and its bias with the input zero point folded
     for dy in range(kh):
@@ -78,17 +119,59 @@ def lower_convtranspose(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> N
             tap = w[:, :, dy, dx].astype(np.int64)  # (Cin, Cout)
             bt[dx * cp : dx * cp + cout][:, chan] = tap.T
             fb[dx * cp : dx * cp + cout] = bias - x.q.zero_point * tap.sum(axis=0)
-        if np.abs(fb).max(initial=0) >= 2**31:
-            raise CompileError(f"{where}: folded bias overflows int32")
-        taps.append((ctx.const(bt.tobytes(), f"{where} weights row {dy}"),
-                     ctx.const(fb.astype("<i4").tobytes(), f"{where} bias row {dy}")))  # fmt: skip
+        taps.append((bt, fb))
+    _gemm_rows(ctx, n, b, cfg, rq, x, y, yq, relu, taps, (wd, nn, cp_in), wd * kw * cp * e)
+    ctx.op_done(n, b, yq.shape, {"split": f"rows x{bn * h}, kernel rows x{kh}"})
+
+
+def _gemm_rows(
+    ctx: Lowerer, n, b: ProgramBuilder, cfg, rq, x, y, yq, relu: bool, taps, mnk, row_out: int
+) -> None:
+    """Per input row and kernel row dy, the GEMM (m, n, k = `mnk`) of the row by `taps[dy]` (B^T and
+    its int64 bias), into output row `y * kh + dy` (`row_out` bytes a row). The biases of every
+    kernel row start the accumulators by one MATMUL block where that pays (`Lowerer.gemm_bias`)."""
+    where = ctx.where(n)
+    m, nn, k = mnk
+    bn, _, h, wd = x.layout.nchw
+    e, kh = x.layout.elem, len(taps)
+    biases = np.concatenate([fb for _, fb in taps])
+    if np.abs(biases).max(initial=0) >= 2**31:
+        raise CompileError(f"{where}: folded bias overflows int32")
+    try:
+        tiling_for = lambda c: choose_tiling(c, m, nn, k, e, e)  # noqa: E731
+        tiling, block = ctx.gemm_bias(b, cfg, biases, where, tiling_for, (m, nn), bn * h * kh)
+    except ValueError:
+        raise CompileError(f"{where}: no GEMM tiling of {m}x{nn}x{k} fits {memory_name(cfg)}") from None
+    addrs = []
+    for dy, (bt, fb) in enumerate(taps):
+        bias_addr = None if block else ctx.const(fb.astype("<i4").tobytes(), f"{where} bias row {dy}")
+        addrs.append((ctx.const(bt.tobytes(), f"{where} weights row {dy}"), bias_addr))
     for f in range(bn):
         for yy in range(h):
-            a_addr = x.addr + (f * h + yy) * wd * cp_in * e
-            for dy, (bt_addr, bias_addr) in enumerate(taps):
-                c_addr = y.addr + ((f * h + yy) * kh + dy) * wd * kw * cp * e
-                gemm_program(cfg, wd, nn, cp_in, a_addr, bt_addr, c_addr, mult=rq["mult"], shift=rq["shift"],
+            a_addr = x.addr + (f * h + yy) * wd * x.layout.cp * e
+            for dy, (bt_addr, bias_addr) in enumerate(addrs):
+                c_addr = y.addr + ((f * h + yy) * kh + dy) * row_out
+                bias_mm = dataclasses.replace(block, col0=dy * nn) if block else None
+                gemm_program(cfg, m, nn, k, a_addr, bt_addr, c_addr, mult=rq["mult"], shift=rq["shift"],
                              zp_out=yq.zero_point, bias_addr=bias_addr, tiling=tiling, builder=b,
-                             per_col=rq.get("per_col"), relu=relu, ea=e, ey=e)  # fmt: skip
+                             per_col=rq.get("per_col"), relu=relu, ea=e, ey=e, bias_mm=bias_mm)  # fmt: skip
             b.candidate()
-    ctx.op_done(n, b, yq.shape, {"split": f"rows x{bn * h}, kernel rows x{kh}"})
+
+
+def _lower_dense(
+    ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder, x, w, s_w, bias, yq, relu: bool, g: int
+) -> None:
+    """One output channel stored dense (`dense_group`): per input row and kernel row, a GEMM of
+    m = W / g rows of g input pixels (k = g x cp_in) by g x kw columns, C row-major is the output
+    row's pixels."""
+    where = ctx.where(n)
+    cin, cout, kh, kw = w.shape
+    bn, _, h, wd = x.layout.nchw
+    cp_in, e = x.layout.cp, x.layout.elem
+    y = ctx.place(yq, f"{where} output", Layout.dense(yq.shape, e))
+    m, nn, k = wd // g, g * kw, g * cp_in
+    cfg, rq = ctx.per_column(b, channel_requant(x.q, np.full(nn, s_w[0]), yq, where), where)
+    taps = _dense_taps(w, bias, np.asarray(x.layout.chan), cp_in, g, x.q.zero_point)
+    _gemm_rows(ctx, n, b, cfg, rq, x, y, yq, relu, taps, (m, nn, k), wd * kw * e)
+    split = f"rows x{bn * h}, kernel rows x{kh}, one channel stored dense ({g} input pixels a GEMM row)"
+    ctx.op_done(n, b, yq.shape, {"split": split})

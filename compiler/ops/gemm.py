@@ -73,7 +73,6 @@ def lower_gemm(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         wp[:, perm] = wt
         wt = wp
     w_addr = ctx.const(np.ascontiguousarray(wt, np.int8).tobytes(), f"{where} weights")
-    bias_addr = ctx.const(bias.astype("<i4").tobytes(), f"{where} bias")
     wide, relu = ctx.wide_output(n.output[0]), False
     if wide:  # the accumulators themselves are the output (compiler/outputs.py)
         cfg, rq, zp_out = ctx.cfg, {"mult": 1, "shift": 0}, 0
@@ -85,8 +84,11 @@ def lower_gemm(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         cfg, rq = ctx.per_column(b, channel_requant(x.q, s_w, yq, where), where)
         zp_out = yq.zero_point
         y = ctx.place(yq, f"{where} output")
+    ey = 1 if wide else y.layout.elem
     try:
-        tiling = choose_tiling(cfg, m_, n_, wt.shape[1], ea, 1 if wide else y.layout.elem)
+        k_phys = wt.shape[1]
+        tiling_for = lambda c: choose_tiling(c, m_, n_, k_phys, ea, ey)  # noqa: E731
+        tiling, block = ctx.gemm_bias(b, cfg, bias, where, tiling_for, (m_, n_))
     except ValueError:
         cm, cn, lanes = cfg.clusters, cfg.pes_per_cluster, cfg.lanes
         raise CompileError(
@@ -106,13 +108,14 @@ def lower_gemm(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         mult=rq["mult"],
         shift=rq["shift"],
         zp_out=zp_out,
-        bias_addr=bias_addr,
+        bias_addr=None if block else ctx.const(bias.astype("<i4").tobytes(), f"{where} bias"),
+        bias_mm=block,
         tiling=tiling,
         builder=b,
         per_col=rq.get("per_col"),
         out_i32=wide,
         relu=relu,
         ea=ea,
-        ey=1 if wide else y.layout.elem,
+        ey=ey,
     )
     ctx.op_done(n, b, [m_, n_, k_])
