@@ -134,41 +134,74 @@ def lut_program(
 
 
 @dataclass(frozen=True)
+class ResidualAdd:
+    """An Add of a producer's result and another activation of its layout at DRAM `addr` (a
+    residual), done on each output tile before the store: the other operand's tile is loaded beside
+    it and one VADD (`params`, the Add's own; `first`: the producer's result is the Add's first
+    operand) makes the Add's output, which is what the producer stores."""
+
+    addr: int
+    params: dict
+    elem: int
+    first: bool
+    name: str  # the Add node (for the report)
+
+
+@dataclass(frozen=True)
 class OutputPass:
     """A function of one activation (ops/lut.py) that the activation's producer computes on each
     output tile before storing it, instead of a pass of its own over DRAM: one VLUT in place
     (`passes` None, int8) or int16 vector `passes` (`ops.lut.Unary16`), then the channel padding set
-    to `zero` where `fix_padding`. `table`: DRAM address of the VLUT's 256 bytes (None: none)."""
+    to `zero` where `fix_padding`. `table`: DRAM address of the VLUT's 256 bytes (None: none).
+    `lut` False: no function (only the `residual`). `residual`: an Add after it (`ResidualAdd`)."""
 
     table: int | None
     passes: list | None
     zero: int
     fix_padding: bool
     how: str
+    lut: bool = True
+    residual: ResidualAdd | None = None
 
     @property
     def scratch(self) -> int:
-        """Scratch bytes an output element needs (int16 passes: an int16 and an int8 buffer)."""
-        return 3 if self.passes is not None else 0
+        """Scratch bytes an output element needs (int16 passes: an int16 and an int8 buffer, `own`;
+        a residual: two of the other operand's elements, its tiles double-buffered)."""
+        return self.own + (2 * self.residual.elem if self.residual else 0)
+
+    @property
+    def own(self) -> int:
+        """Scratch bytes an output element's function needs (the residual's buffers follow)."""
+        return 3 if self.passes is not None and self.lut else 0
 
     @property
     def steps(self) -> int:
         """Vector passes over the tile (for the planner's estimate)."""
-        return len(self.passes) if self.passes is not None else 1
+        own = (len(self.passes) if self.passes is not None else 1) if self.lut else 0
+        return own + (1 if self.residual else 0)
 
-    def emit(self, b: ProgramBuilder, buf: int, c: int, unit: int, pad_runs, table: int, scratch: int) -> int:
+    def emit(
+        self, b: ProgramBuilder, buf: int, c: int, unit: int, pad_runs, table: int, scratch: int,
+        other: int = 0,
+    ) -> int:  # fmt: skip
         """The passes over a tile of c elements (`unit` a pixel) at `buf`, the VLUT table resident
-        at spad `table`, `scratch` free; returns where the result is."""
-        if self.passes is None:
+        at spad `table`, `scratch` free; returns where the result is. `other`: where the residual's
+        other operand's tile is (loaded by the producer when the band starts)."""
+        out = buf
+        if self.lut and self.passes is None:
             rows, cols = _rows(c, unit)
             b.add("vlut", src=buf, dst=buf, rows=rows, cols=cols, src_stride=cols, dst_stride=cols,
                   table=table)  # fmt: skip
-            out, e = buf, 1
-        else:
+            e = 1
+        elif self.lut:
             bufs = {"x": buf, "w": scratch, "n": scratch + 2 * c}
             out, e = _vector_passes(b, bufs, c, unit, self.passes, table), 2
-        if self.fix_padding:
+        if self.lut and self.fix_padding:
             _reset_padding(b, out, e * c, e * unit, pad_runs, self.zero, e)
+        r = self.residual
+        if r is not None:
+            a, bb = (out, other) if r.first else (other, out)
+            b.add("vadd", a=a, b=bb, dst=out, len=c, **r.params, **i16_flags(r.elem, "a", "b", "dst"))
         return out
 
 

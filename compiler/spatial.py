@@ -334,6 +334,7 @@ def plan_conv(
     post_elem = post.scratch if post else 0  # scratch bytes an output element's function needs
     post_fixed = LUT_BYTES + cfg.lanes if post and post.table is not None else 0
     post_steps = post.steps if post else 0
+    residual = post is not None and post.residual is not None  # its other operand's tile: a LOAD a band
     bias_block = biasmm.a_bytes(cfg.lanes) + cout_p * biasmm.row_pitch(cfg.lanes) if bias_k else 0
     best = None
     co_opts = sorted({min(cout_p, co_step * (1 << j)) for j in range(16)} | {cout_p})
@@ -389,6 +390,7 @@ def plan_conv(
                 reloads = 1 if one else n_co
                 in_beats = reloads * bands * g.in_rows(rows) * g.wp * cpx // cfg.bus_bytes
             load = in_beats + w_bytes // cfg.bus_bytes + n_co * bands * loads * cfg.dma_latency
+            load += n_co * bands * (m * co_t * ey // cfg.bus_bytes + cfg.dma_latency) if residual else 0
             vector = n_co * bands * m * cdiv(co_t, cfg.vector_lanes) * (1 + post_steps)  # int8 or int16
             # the bias: a LOAD of m rows of the tile's int32 per band, or a MATMUL of one k step
             bias_load = n_co * bands * _bias_load_cycles(cfg, m, co_t)
@@ -548,6 +550,7 @@ def conv_program(
         b.add("load", spad=extra[0], dram=post.table, rows=1, cols=LUT_BYTES, spad_stride=LUT_BYTES,
               dram_stride=LUT_BYTES, label="table")  # fmt: skip
     out_pass = (post, *extra[:2], y.layout.chan) if post is not None else None
+    res_bufs = extra[3]
 
     zpx = x.q.zero_point
     bm = plan.band_mode
@@ -565,16 +568,8 @@ def conv_program(
             wb = w_bufs[nw % len(w_bufs)]
             nw += 1
             row = taps * t.chunks[0][1]
-            b.add(
-                "load",
-                spad=wb,
-                dram=t.w_addr[0],
-                rows=t.co_t,
-                cols=row,
-                spad_stride=bank_stride(cfg, row, cfg.lanes),
-                dram_stride=row,
-                label=f"weights co{t.co0}",
-            )
+            b.add("load", spad=wb, dram=t.w_addr[0], rows=t.co_t, cols=row, dram_stride=row,
+                  spad_stride=bank_stride(cfg, row, cfg.lanes), label=f"weights co{t.co0}")  # fmt: skip
         for n, (gs, col0, x0) in itertools.product(range(g.n), strips):
             for y0 in range(0, g.oh, plan.rows):
                 rows = min(plan.rows, g.oh - y0)
@@ -588,6 +583,7 @@ def conv_program(
                     _load_band(b, x, gs, n, y0, rows, ib, fill, label, col0)
                     band_loaded = one_band
                 _start_with_bias(b, cfg, t, m, ab, c_stride, bias_src)
+                skip = _load_residual(b, post, res_bufs, k, g, gs, t, n, y0, x0, rows, bm, cpy, ey)
                 for (c0, cl), wa, reach, subs in zip(t.chunks, t.w_addr, t.cols, t.subs, strict=True):
                     if reach[1] == reach[0]:
                         continue  # input channels no output of the tile reads
@@ -607,7 +603,8 @@ def conv_program(
                     px = t.pitch(cpx, windowed)
                     _chunk_matmuls(b, cfg, g, gs, t, bm, wb, c0, cl, ib, ab, m, rows, px, ex, reach,
                                    windowed, subs)  # fmt: skip
-                _conv_output(b, y, rq, g, gs, t, bm, n, y0, x0, rows, m, ab, ob, cpy, ey, c_stride, out_pass)
+                _conv_output(b, y, rq, g, gs, t, bm, n, y0, x0, rows, m, ab, ob, cpy, ey, c_stride, out_pass,
+                             skip)  # fmt: skip
                 b.candidate()  # between bands: the resident weights are live (and a band kept for all tiles)
     return {
         "split": plan.describe(g, cpy, win_of(plan.co_t)),
@@ -686,8 +683,9 @@ def _conv_buffers(
     cfg, plan, gp, tiles, taps: int, cpx: int, ex: int, ey: int, post: OutputPass | None, block: int = 0
 ):
     """On-chip double buffers of a convolution: (weights, input bands, outputs, accumulators), and
-    (table, scratch, bias block) - one scratch: the vector unit runs the bands in turn; the bias
-    block (`block` bytes, compiler/bias.py) after it."""
+    (table, scratch, bias block, a residual's two tile buffers) - one scratch: the vector unit runs
+    the bands in turn (a residual's tiles, loaded when a band starts, after the function's own
+    scratch); the bias block (`block` bytes, compiler/bias.py) after it."""
     m_max = _conv_m(gp, plan.rows, plan.band_mode)
     in_bytes = gp.in_rows(plan.rows) * gp.wp * cpx * ex
     wbytes = plan.co_t * bank_stride(cfg, taps * plan.ci_t, cfg.lanes)
@@ -705,12 +703,14 @@ def _conv_buffers(
     if post is not None and post.table is not None:
         end += round_up(LUT_BYTES, cfg.lanes)
     scratch = end
-    end = round_up(end + m_max * plan.co_t * (post.scratch if post else 0), cfg.lanes)
+    tile = m_max * plan.co_t
+    res = [scratch + tile * (post.own if post else 0) + i * tile * ey for i in (0, 1)]  # a residual's
+    end = round_up(end + tile * (post.scratch if post else 0), cfg.lanes)
     bias_block = end
     end += block
     assert end <= act_bytes and 2 * acc_tile <= cfg.acc_bytes
     assert w_bufs[-1] + wbytes <= cfg.spad_bytes
-    return w_bufs, in_bufs, out_bufs, acc_bufs, (table, scratch, bias_block)
+    return w_bufs, in_bufs, out_bufs, acc_bufs, (table, scratch, bias_block, res)
 
 
 def _conv_matmuls(
@@ -763,10 +763,11 @@ def _conv_matmuls(
 
 
 def _conv_output(
-    b, y, rq, g, gs, t, band_mode, n, y0, x0, rows, m, ab, ob, cpy, ey, c_stride, out_pass
+    b, y, rq, g, gs, t, band_mode, n, y0, x0, rows, m, ab, ob, cpy, ey, c_stride, out_pass, skip: int = 0
 ) -> None:
     """A band's results to DRAM: int32 accumulators as they are (rq None), or requantised (and
-    through `out_pass`: (OutputPass, table, scratch, the output's real channels), where given)."""
+    through `out_pass`: (OutputPass, table, scratch, the output's real channels), where given;
+    `skip`: where a residual's other operand's tile is)."""
     wv = gs.wp if band_mode else gs.ow
     if rq is None:  # int32 results: each output row's pixels straight from the accumulators
         out = y.addr + (((n * g.oh + y0) * g.ow + x0) * cpy + t.co0) * 4
@@ -791,35 +792,39 @@ def _conv_output(
     )  # fmt: skip
     if out_pass is not None:
         post, table, scratch, chan = out_pass
-        ob = post.emit(b, ob, m * t.co_t, t.co_t, _pad_runs(chan, t.co0, t.co_t), table, scratch)
-    out = y.addr + (((n * g.oh + y0) * g.ow + x0) * cpy + t.co0) * ey
+        ob = post.emit(b, ob, m * t.co_t, t.co_t, _pad_runs(chan, t.co0, t.co_t), table, scratch, skip)
+    at = (((n * g.oh + y0) * g.ow + x0) * cpy + t.co0) * ey  # the tile's first byte in the tensor
+    _tile_dma(b, "store", ob, y.addr + at, g, gs, t, rows, wv, cpy, ey, "output")
+
+
+def _load_residual(b, post, bufs, k: int, g, gs, t, n, y0, x0, rows: int, band_mode, cpy: int, ey: int):
+    """The residual's other operand's tile for a band (`post.residual`), arranged as the output's,
+    into its buffer of the band's parity when the band starts (under the band's MATMULs, not after
+    them on the in-order load unit); where it is (0: no residual)."""
+    if post is None or post.residual is None:
+        return 0
+    at = (((n * g.oh + y0) * g.ow + x0) * cpy + t.co0) * ey
+    wv = gs.wp if band_mode else gs.ow
+    _tile_dma(b, "load", bufs[k % 2], post.residual.addr + at, g, gs, t, rows, wv, cpy, ey,
+              f"residual {post.residual.name}")  # fmt: skip
+    return bufs[k % 2]
+
+
+def _tile_dma(b, op: str, spad: int, dram: int, g, gs, t, rows: int, wv: int, cpy: int, ey: int, label: str):
+    """A requantised output tile between the scratchpad (rows of `wv` pixel slots of `t.co_t`
+    elements) and its place in an HWC tensor (`dram` its first byte): the output's store, or the
+    load of a residual's other operand of the same layout."""
     if t.co_t == cpy:
-        b.add(
-            "store",
-            spad=ob,
-            dram=out,
-            rows=rows,
-            cols=gs.ow * cpy * ey,
-            spad_stride=wv * cpy * ey,
-            dram_stride=g.ow * cpy * ey,
-            label="output",
-        )
+        b.add(op, spad=spad, dram=dram, rows=rows, cols=gs.ow * cpy * ey, spad_stride=wv * cpy * ey,
+              dram_stride=g.ow * cpy * ey, label=label)  # fmt: skip
         return
     if wv == gs.ow == g.ow:  # the band's pixels are the output's, back to back: one DMA row each
-        b.add("store", spad=ob, dram=out, rows=rows * g.ow, cols=t.co_t * ey, spad_stride=t.co_t * ey,
-              dram_stride=cpy * ey, label="output")  # fmt: skip
+        b.add(op, spad=spad, dram=dram, rows=rows * g.ow, cols=t.co_t * ey, spad_stride=t.co_t * ey,
+              dram_stride=cpy * ey, label=label)  # fmt: skip
         return
     for r in range(rows):
-        b.add(
-            "store",
-            spad=ob + r * wv * t.co_t * ey,
-            dram=out + r * g.ow * cpy * ey,
-            rows=gs.ow,
-            cols=t.co_t * ey,
-            spad_stride=t.co_t * ey,
-            dram_stride=cpy * ey,
-            label="output",
-        )
+        b.add(op, spad=spad + r * wv * t.co_t * ey, dram=dram + r * g.ow * cpy * ey, rows=gs.ow,
+              cols=t.co_t * ey, spad_stride=t.co_t * ey, dram_stride=cpy * ey, label=label)  # fmt: skip
 
 
 def _pad_runs(chan, co0: int, co_t: int) -> list[tuple[int, int]]:

@@ -33,8 +33,10 @@ if TYPE_CHECKING:
     from ..lower import Lowerer
 
 
-def placement(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
-    """None when the NPU runs this node (or views it), else why it goes to the host."""
+def placement(ctx: Lowerer, n: onnx.NodeProto, rule_check: bool = True) -> str | None:
+    """None when the NPU runs this node (or views it), else why it goes to the host. Without
+    `rule_check`, only the conditions every operator shares (a producer asking about a reader whose
+    inputs are not all placed yet checks the operator's own conditions itself)."""
     if n.name in ctx.host_nodes:
         return ctx.host_nodes[n.name]
     if n.domain not in ("", "ai.onnx"):
@@ -54,7 +56,7 @@ def placement(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
         return "no NPU lowering for this operator"
     if not r.int16 and ctx.touches_int16(n):
         return "int16 activations: the NPU lowering of this operator takes int8 only"
-    return r.check(ctx, n) if r.check else None
+    return r.check(ctx, n) if r.check and rule_check else None
 
 
 def lower_node(ctx: Lowerer, n: onnx.NodeProto) -> None:

@@ -8,10 +8,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
+from npu.arith import round_up
 from npu.program import ProgramBuilder
+from npu.tensors import Layout
+from npu.timing import bank_stride
 
+from ..elementwise import OutputPass, ResidualAdd
 from ..graph import CompileError, node_attrs
-from ..quantize import channel_requant
+from ..quantize import QTensor, add_multipliers, channel_requant
 from ..spatial import conv_program, geometry
 from . import lut
 from .registry import rule
@@ -66,6 +70,15 @@ def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
             # node lowers as a view): its vector passes run under the next band's MATMULs
             post, stored = lut.output_pass(ctx, t)
             ctx.fused[t.name] = n.name
+        # the Add reading the result (a residual) on each band before the store - not after a
+        # function's passes: the longer tail of each band's output pass, drained at every
+        # cancellation point, cost more than the Add's own pass (docs/compiler.md, "Residual Adds")
+        res = residual_add(ctx, stored) if post is None else None
+        if res is not None:
+            add, r, stored, other, made = res
+            post = OutputPass(None, None, 0, False, "", lut=False, residual=r)
+            ctx.fused[add.name] = n.name
+            deps = [*n.input, other]
         y = ctx.place(stored, f"{where} output")
         plan_cfg, rq = ctx.per_column(b, channel_requant(x.q, s_w, yq, where, lo), where)
     dil = a.get("dilations", [1, 1])
@@ -87,6 +100,57 @@ def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         post,
         narrow=ctx.narrow_depthwise,
     )
-    if post is not None:  # (the function's view fragment follows this one: its readers wait for it)
+    if post is not None and post.lut:  # (the function's view fragment follows: its readers wait for it)
         info["split"] += f"; then {t.op_type} {t.name} on each band ({post.how})"
+    if post is not None and post.residual is not None:  # it reads the Add's other operand too
+        info["split"] += f"; then Add {post.residual.name} on each band (VADD)"
+        # and it makes the Add's output (and its Relu's): a reader lowered before the Add's own
+        # node (the next residual's convolution) depends on this fragment
+        n = onnx.helper.make_node(n.op_type, deps, [*n.output, *made], name=n.name)
     ctx.op_done(n, b, y.q.shape, info)
+
+
+def residual_add(
+    ctx: Lowerer, q: QTensor
+) -> tuple[onnx.NodeProto, ResidualAdd, QTensor, str, list[str]] | None:
+    """The Add of two activations that alone reads `q` (a convolution's result as it would be
+    stored), on the NPU, whose other operand is computed already in the layout `q` would have: the
+    Add, the residual step for the output pass, the Add's output (what is stored instead), the
+    other operand's name and the tensors the convolution now makes (the Add's, its Relu's); else
+    None."""
+    from . import placement  # (the package imports this module)
+
+    lut.plan(ctx)
+    readers = ctx._lut_readers.get(q.name, [])
+    if len(readers) != 1 or readers[0].op_type not in ("Add", "Sum") or not readers[0].name:
+        return None
+    add = readers[0]
+    ins = [i for i in add.input if i]
+    if len(ins) != 2 or add.name in ctx.reasons or placement(ctx, add, rule_check=False) is not None:
+        return None
+    if ctx._trace(ins[0]) == ctx._trace(ins[1]):
+        return None  # x + x: the same tile twice
+    if any(ctx.src_kind(i) != "act" for i in ins):
+        return None
+    first = ctx.graph.producers[ins[0]].input[0] == q.name
+    other = ins[1] if first else ins[0]
+    src = ctx.graph.producers[other].input[0]
+    if src not in ctx.acts:
+        return None  # computed later (or on the host)
+    xo = ctx.acts[src]
+    ca = ctx.ca
+    want = Layout.hwc(q.shape, ca, cp=bank_stride(ctx.cfg, round_up(q.shape[1], ca), ca), elem=q.elem)
+    if xo.layout != want or xo.q.elem != q.elem:
+        return None
+    yq, lo = ctx.q_out(add.output[0], add), -128
+    if yq.elem != q.elem:
+        return None
+    made = [add.output[0]]
+    if (relu_q := ctx.fuse_relu(add.output[0])) is not None:  # a residual's Relu: the sum clamped at 0
+        yq, lo = relu_q, 0 if relu_q.wide else relu_q.zero_point
+        made.append(ctx.fusable_relu(add.output[0])[0].output[0])
+    qa, qb = (q, xo.q) if first else (xo.q, q)
+    ma, mb, shift = add_multipliers(qa.scale / yq.scale, qb.scale / yq.scale, ctx.where(add))
+    params = dict(mult_a=ma, mult_b=mb, shift=shift, zp_a=qa.zero_point, zp_b=qb.zero_point,
+                  zp_out=yq.zero_point, lo=lo)  # fmt: skip
+    return add, ResidualAdd(xo.addr, params, q.elem, first, add.name), yq, other, made

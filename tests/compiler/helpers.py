@@ -7,6 +7,7 @@ import onnx
 import onnxruntime as ort
 
 from npu.compiler import compile_onnx
+from npu.compiler.ops.registry import FUSED_NOTE
 from npu.compiler.quantize import ort_threads
 from npu.container import HostTensor
 
@@ -47,9 +48,19 @@ def ort_session(model: onnx.ModelProto) -> ort.InferenceSession:
 def unfused_layers(cm) -> list[tuple[str, str]]:
     """(op, placement) of the compiled layers, without the Relus an int16 producer's
     requantisation computed (views: onnxruntime keeps such a Relu as a node, where it folds an
-    int8 one into the quantised range), so that a graph's layers read the same for both types."""
-    layers = cm.lowered.layers
-    return [(la.op, la.placement) for la in layers if (la.op, la.placement) != ("Relu", "view")]
+    int8 one into the quantised range), so that a graph's layers read the same for both types; an
+    Add its producer computes in its output pass (a residual) reads "npu"."""
+    out = []
+    for la in cm.lowered.layers:
+        if (la.op, la.placement) != ("Relu", "view"):
+            out.append((la.op, "npu" if la.op in ("Add", "Sum") and on_npu(la) else la.placement))
+    return out
+
+
+def on_npu(la) -> bool:
+    """Whether the NPU computes a layer: its own program, or its producer's output pass (a table
+    function, a residual Add: a view naming the producer)."""
+    return la.placement == "npu" or (la.placement == "view" and (la.split or "").startswith(FUSED_NOTE))
 
 
 def _int16_qdq(model: onnx.ModelProto) -> bool:

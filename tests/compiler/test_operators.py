@@ -10,7 +10,7 @@ from npu.compiler import compile_onnx
 from npu.container import HostTensor
 from npu.isa import Opcode
 from npu.models.builder import Net
-from tests.compiler.helpers import compare_int8, compile_model
+from tests.compiler.helpers import compare_int8, compile_model, on_npu
 
 
 def calib_for(shape, n=16, seed=0):
@@ -401,7 +401,7 @@ def test_one_dimensional_convolutions_run_on_the_npu_as_maps_of_height_one(tmp_p
     m = _tcn_model(rng)
     calib = rng.normal(0, 1, (16, 8, 64)).astype(np.float32)
     cm = compile_model(tmp_path, m, "default", calib, activations=activations)
-    place = {la.node: la.placement for la in cm.lowered.layers}
+    place = {la.node: "npu" if on_npu(la) else la.placement for la in cm.lowered.layers}
     for node in ("conv1", "pool1", "conv2", "residual", "dwconv", "concat", "pool2", "gap", "fc"):
         assert place[node] == "npu", (node, place)
     assert "1-D convolutions/poolings" in cm.report()
