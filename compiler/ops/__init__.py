@@ -27,36 +27,10 @@ from ..region import memory_name
 from . import conv, convtranspose, eltwise, gemm, heads, pool, resize, split, view  # noqa: F401 - each registers its operators
 from .host import lower_host
 from .lut import as_reading_source, is_absorbed, sole_reader
-from .registry import FUSED_NOTE, RULES, WIDE_OPS
+from .registry import FUSED_NOTE, RULES, placement
 
 if TYPE_CHECKING:
     from ..lower import Lowerer
-
-
-def placement(ctx: Lowerer, n: onnx.NodeProto, rule_check: bool = True) -> str | None:
-    """None when the NPU runs this node (or views it), else why it goes to the host. Without
-    `rule_check`, only the conditions every operator shares (a producer asking about a reader whose
-    inputs are not all placed yet checks the operator's own conditions itself)."""
-    if n.name in ctx.host_nodes:
-        return ctx.host_nodes[n.name]
-    if n.domain not in ("", "ai.onnx"):
-        return f"custom domain {n.domain}"
-    if any(i in ctx.host_float for i in n.input if i):
-        return "its input is computed on the host"
-    if any(i in ctx.input_float for i in n.input if i):
-        return "its input is a float graph input (not quantised)"
-    if any(i in ctx.acts and ctx.acts[i].scales is not None for i in n.input if i):
-        # (the reason the first lowering put it on the host, which made its input stay wide)
-        return ctx.reasons.get(n.name, "its input is int32 accumulators kept for the host (outputs.py)")
-    r = RULES.get(n.op_type)
-    if n.op_type not in WIDE_OPS and not all(ctx.quantised(o) for o in n.output if o):
-        # a result kept float (compiler/outputs.py): why an earlier lowering put it on the host
-        return ctx.reasons.get(n.name, "its result is not quantised (a float output, or read by the host)")
-    if r is None:
-        return "no NPU lowering for this operator"
-    if not r.int16 and ctx.touches_int16(n):
-        return "int16 activations: the NPU lowering of this operator takes int8 only"
-    return r.check(ctx, n) if r.check and rule_check else None
 
 
 def lower_node(ctx: Lowerer, n: onnx.NodeProto) -> None:

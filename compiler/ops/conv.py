@@ -18,7 +18,7 @@ from ..graph import CompileError, node_attrs
 from ..quantize import QTensor, add_multipliers, channel_requant
 from ..spatial import conv_program, geometry
 from . import lut
-from .registry import rule
+from .registry import placement, rule
 
 if TYPE_CHECKING:
     from ..lower import Lowerer
@@ -118,8 +118,6 @@ def residual_add(
     Add, the residual step for the output pass, the Add's output (what is stored instead), the
     other operand's name and the tensors the convolution now makes (the Add's, its Relu's); else
     None."""
-    from . import placement  # (the package imports this module)
-
     lut.plan(ctx)
     readers = ctx._lut_readers.get(q.name, [])
     if len(readers) != 1 or readers[0].op_type not in ("Add", "Sum") or not readers[0].name:

@@ -7,7 +7,7 @@ import onnx
 import onnxruntime as ort
 
 from npu.compiler import compile_onnx
-from npu.compiler.ops.registry import FUSED_NOTE
+from npu.compiler.ops.registry import is_fused
 from npu.compiler.quantize import ort_threads
 from npu.container import HostTensor
 
@@ -60,7 +60,7 @@ def unfused_layers(cm) -> list[tuple[str, str]]:
 def on_npu(la) -> bool:
     """Whether the NPU computes a layer: its own program, or its producer's output pass (a table
     function, a residual Add: a view naming the producer)."""
-    return la.placement == "npu" or (la.placement == "view" and (la.split or "").startswith(FUSED_NOTE))
+    return la.placement == "npu" or is_fused(la)
 
 
 def _int16_qdq(model: onnx.ModelProto) -> bool:
