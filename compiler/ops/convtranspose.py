@@ -59,14 +59,23 @@ def dense_group(ctx: Lowerer, name: str, cout: int, kw: int, wd: int) -> int | N
     g = n // kw
     if g < 2 or wd % g:
         return None
+    return g if _read_densely(ctx, name) else None
+
+
+def _read_densely(ctx: Lowerer, name: str, depth: int = 0) -> bool:
+    """Whether every reader of the quantised tensor `name` takes it in any layout: the host (placed
+    there already), or a table function on the NPU whose output (laid out as its input) is read so
+    in turn; a graph output is unpacked by the host."""
     luts = lut_plan(ctx)
     for t in ctx._lut_readers.get(name, []):
         key = t.name or t.output[0]
         if key in ctx.reasons or key in ctx.host_nodes:
             continue  # the host unpacks any layout
-        if key not in luts or luts[key].source != name or key in ctx.reasons or lut_check(ctx, t) is not None:
-            return None
-    return g
+        if key not in luts or luts[key].source != name or lut_check(ctx, t) is not None:
+            return False
+        if depth >= 8 or not _read_densely(ctx, ctx.q_out(t.output[0], t).name, depth + 1):
+            return False  # (a Conv after the Sigmoid needs a feature map)
+    return True
 
 
 def _dense_taps(w: np.ndarray, bias: np.ndarray, chan: np.ndarray, cp_in: int, g: int, zp: int):

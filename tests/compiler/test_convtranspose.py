@@ -88,9 +88,12 @@ def head_model(k=2, width=8, cin=8, reader="Sigmoid"):
         helper.make_node("ConvTranspose", ["r", "wt", "bt"], ["t"], kernel_shape=[k, k], strides=[k, k],
                          name="deconv"),  # fmt: skip
     ]
-    if reader == "Conv":  # a reader that needs a feature map (HWC)
+    if reader in ("Conv", "Sigmoid+Conv"):  # a reader that needs a feature map (HWC), or its reader
         inits.append(numpy_helper.from_array(rng.normal(0, 0.4, (2, 1, 1, 1)).astype(np.float32), "w1"))
-        nodes.append(helper.make_node("Conv", ["t", "w1"], ["y"], name="conv1"))
+        if reader == "Sigmoid+Conv":
+            nodes.append(helper.make_node("Sigmoid", ["t"], ["ts"], name="sig"))
+        src = "ts" if reader == "Sigmoid+Conv" else "t"
+        nodes.append(helper.make_node("Conv", [src, "w1"], ["y"], name="conv1"))
         cout = 2
     else:
         nodes.append(helper.make_node(reader, ["t"], ["y"], name="head"))
@@ -131,10 +134,11 @@ def test_one_channel_output_read_by_a_table_function_is_stored_dense(
     assert npu_cycles(cm) < npu_cycles(hwc), (npu_cycles(cm), npu_cycles(hwc))
 
 
-@pytest.mark.parametrize("reader", ["Conv", "Sigmoid"])
+@pytest.mark.parametrize("reader", ["Conv", "Sigmoid", "Sigmoid+Conv"])
 def test_one_channel_output_stays_hwc_where_a_reader_needs_a_feature_map(tmp_path, reader):
-    """A width the pixel groups do not divide, or a reader other than a table function (a Conv),
-    keeps the HWC layout, and the model still runs exactly."""
+    """A width the pixel groups do not divide, or a reader other than a table function (a Conv, also
+    one after the table function, whose output keeps its input's layout), keeps the HWC layout, and
+    the model still runs exactly."""
     m = head_model(2, 6 if reader == "Sigmoid" else 8, reader=reader)
     w = 6 if reader == "Sigmoid" else 8
     calib = np.random.default_rng(1).normal(0, 1, (8, 3, 4, w)).astype(np.float32)
