@@ -294,15 +294,18 @@ class Lowerer:
     # -- writing ----------------------------------------------------------------------------------
     def place(self, q: QTensor, what: str, layout: Layout | None = None) -> Act:
         """Allocate DRAM for a quantised tensor (default layout: HWC for 4-D, dense otherwise)."""
-        if layout is None:
-            if len(q.shape) == 4:
-                cp = bank_stride(self.cfg, round_up(q.shape[1], self.ca), self.ca)
-                layout = Layout.hwc(q.shape, self.ca, cp=cp, elem=q.elem)
-            else:
-                layout = Layout.dense(q.shape, q.elem)
+        layout = self.default_layout(q) if layout is None else layout
         a = Act(q, self.alloc.take(layout.nbytes, what), layout)
         self.acts[q.name] = a
         return a
+
+    def default_layout(self, q: QTensor) -> Layout:
+        """How a quantised tensor is laid out unless its producer says otherwise: HWC for 4-D (the
+        channel pitch lane-aligned, and off the banks' period), dense otherwise."""
+        if len(q.shape) == 4:
+            cp = bank_stride(self.cfg, round_up(q.shape[1], self.ca), self.ca)
+            return Layout.hwc(q.shape, self.ca, cp=cp, elem=q.elem)
+        return Layout.dense(q.shape, q.elem)
 
     def place_wide(self, name: str, shape: tuple[int, ...], scales: np.ndarray, what: str) -> Act:
         """Allocate DRAM for a node's int32 accumulator values (dense for a Gemm, HWC for a Conv;

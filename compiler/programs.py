@@ -123,16 +123,22 @@ def bias_load_cycles(cfg: NpuConfig, m: int, n: int) -> int:
     return duration(i, cfg)
 
 
+def bias_matmul(cfg: NpuConfig, block: int, k: int, col: int, c: int, m: int, n: int, c_stride: int) -> dict:
+    """The fields of the MATMUL whose m x n accumulators at `c` start as the bias (compiler/bias.py):
+    the block's A row at `block` for every row, by the `k` digits of columns `col`.. (a convolution's
+    bands and a GEMM's C tiles)."""
+    pitch = biasmm.row_pitch(cfg.lanes)
+    return dict(a=block, b=block + biasmm.a_bytes(cfg.lanes) + col * pitch, c=c, m=m, n=n, k=k, a_stride=0,
+                b_stride=pitch, c_stride=c_stride, accumulate=0, a_i16=1)  # fmt: skip
+
+
 @functools.lru_cache(maxsize=4096)
 def bias_matmul_cycles(cfg: NpuConfig, m: int, n: int, k: int) -> int:
     """The matrix unit's cycles for a tile's bias MATMUL (compiler/bias.py), as the golden model
     times it; 0 without digits."""
     if not k:
         return 0
-    a = biasmm.a_bytes(cfg.lanes)
-    i = make("matmul", a=0, b=a, c=ACC_BASE, m=m, n=n, k=k, a_stride=0, b_stride=biasmm.row_pitch(cfg.lanes),
-             c_stride=acc_row_stride(cfg, n), a_i16=1)  # fmt: skip
-    return duration(i, cfg)
+    return duration(make("matmul", **bias_matmul(cfg, 0, k, 0, ACC_BASE, m, n, acc_row_stride(cfg, n))), cfg)
 
 
 @dataclass(frozen=True)
@@ -320,11 +326,8 @@ def gemm_program(
             tm = min(t.tm, m - m0)
             cbuf = c_buf[it % 2]
             if bias_mm is not None:  # the bias's digits times the block's A row, for every row
-                pitch = biasmm.row_pitch(cfg.lanes)
-                digits = bias_mm.base + biasmm.a_bytes(cfg.lanes) + (bias_mm.col0 + n0) * pitch
-                b.add("matmul", a=bias_mm.base, b=digits, c=cbuf, m=tm, n=tn, k=bias_mm.k, a_stride=0,
-                      b_stride=pitch, c_stride=c_stride, accumulate=0, a_i16=1,
-                      label=f"bias m{m0} n{n0}")  # fmt: skip
+                fields = bias_matmul(cfg, bias_mm.base, bias_mm.k, bias_mm.col0 + n0, cbuf, tm, tn, c_stride)
+                b.add("matmul", **fields, label=f"bias m{m0} n{n0}")
             elif bias_addr is not None:  # every row of the C tile starts as the bias
                 b.add(
                     "load",

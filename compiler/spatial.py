@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from npu.arith import cdiv, round_up
-from npu.compiler.programs import acc_row_stride, add_requant
+from npu.compiler.programs import acc_row_stride, add_requant, bias_matmul
 from npu.compiler.programs import bias_load_cycles as _bias_load_cycles
 from npu.compiler.programs import bias_matmul_cycles as _bias_matmul_cycles
 from npu.config import ACC_BASE, NpuConfig
@@ -619,10 +619,7 @@ def _start_with_bias(b, cfg: NpuConfig, t, m: int, ab: int, c_stride: int, src) 
     for the MATMUL of its A row (every pixel's) by the tile's channels' digits (compiler/bias.py),
     or the bias's DRAM address for the LOAD of its row for every pixel."""
     if isinstance(src, tuple):
-        at, k = src
-        pitch = biasmm.row_pitch(cfg.lanes)
-        b.add("matmul", a=at, b=at + biasmm.a_bytes(cfg.lanes) + t.co0 * pitch, c=ab, m=m, n=t.co_t, k=k,
-              a_stride=0, b_stride=pitch, c_stride=c_stride, accumulate=0, a_i16=1)  # fmt: skip
+        b.add("matmul", **bias_matmul(cfg, *src, t.co0, ab, m, t.co_t, c_stride))
     else:
         b.add("load", spad=ab, dram=src + 4 * t.co0, rows=m, cols=4 * t.co_t, spad_stride=c_stride,
               dram_stride=0, label="bias")  # fmt: skip

@@ -8,10 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
-from npu.arith import round_up
 from npu.program import ProgramBuilder
-from npu.tensors import Layout
-from npu.timing import bank_stride
 
 from ..elementwise import OutputPass, ResidualAdd
 from ..graph import CompileError, node_attrs
@@ -136,9 +133,7 @@ def residual_add(
     if src not in ctx.acts:
         return None  # computed later (or on the host)
     xo = ctx.acts[src]
-    ca = ctx.ca
-    want = Layout.hwc(q.shape, ca, cp=bank_stride(ctx.cfg, round_up(q.shape[1], ca), ca), elem=q.elem)
-    if xo.layout != want or xo.q.elem != q.elem:
+    if xo.layout != ctx.default_layout(q) or xo.q.elem != q.elem:
         return None
     yq, lo = ctx.q_out(add.output[0], add), -128
     if yq.elem != q.elem:

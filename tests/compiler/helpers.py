@@ -57,6 +57,21 @@ def unfused_layers(cm) -> list[tuple[str, str]]:
     return out
 
 
+def assert_pauses_bit_exact(low, urgent, x: np.ndarray, config: str = "default") -> None:
+    """`low` paused at every one of its cancellation points, `urgent` run in each pause, then
+    resumed: every point taken, and the same outputs as `urgent`'s (the same model without the
+    points) bit for bit."""
+    from npu.driver import Npu
+    from npu.driver.bench import preempt_at_every_point
+
+    npu = Npu("model", config)
+    lo, hi = npu.load(low.to_container(), "low"), npu.load(urgent.to_container(), "urgent")
+    got, records = preempt_at_every_point(npu, lo, x, hi, x)
+    assert len(records) == len(low.lowered.points)
+    for a, b in zip(got, urgent.run_int8(x), strict=True):
+        assert np.array_equal(a, b)
+
+
 def on_npu(la) -> bool:
     """Whether the NPU computes a layer: its own program, or its producer's output pass (a table
     function, a residual Add: a view naming the producer)."""

@@ -6,11 +6,9 @@ import pytest
 
 from npu.compiler import bias as biasmm
 from npu.compiler import spatial
-from npu.driver import Npu
-from npu.driver.bench import preempt_at_every_point
 from npu.isa import Opcode
 from npu.models.builder import Net
-from tests.compiler.helpers import compare_int8, compile_model
+from tests.compiler.helpers import assert_pauses_bit_exact, compare_int8, compile_model
 from tests.compiler.test_operators import calib_for
 
 
@@ -131,12 +129,7 @@ def test_one_input_band_is_loaded_once_for_every_output_tile(tmp_path):
     low = compile_model(tmp_path, model, "default", calib, name="pts", activations="int16", cp_interval=1500)
     assert sum(i.op == Opcode.LOAD and i.fields["cols"] == 96 * 32 * 2 for i in low.lowered.program) == 1
     assert len(low.lowered.points) > 3
-    npu = Npu("model", "default")
-    lo, hi = npu.load(low.to_container(), "low"), npu.load(cm.to_container(), "urgent")
-    got, records = preempt_at_every_point(npu, lo, x, hi, x)
-    assert len(records) == len(low.lowered.points)
-    for a, b in zip(got, cm.run_int8(x), strict=True):
-        assert np.array_equal(a, b)
+    assert_pauses_bit_exact(low, cm, x)
 
 
 def _gemm_model(m: int, k: int, n: int):

@@ -7,10 +7,8 @@ import numpy as np
 import pytest
 
 from npu.compiler.ops import conv as conv_ops
-from npu.driver import Npu
-from npu.driver.bench import preempt_at_every_point
 from npu.models.builder import Net
-from tests.compiler.helpers import compare_int8, compile_model
+from tests.compiler.helpers import assert_pauses_bit_exact, compare_int8, compile_model
 from tests.compiler.test_operators import calib_for
 
 
@@ -88,12 +86,7 @@ def test_paused_at_every_point_of_a_fused_residual(tmp_path):
     cm = compile_model(tmp_path, model, "default", calib, name="plain", activations="int16")
     low = compile_model(tmp_path, model, "default", calib, name="pts", activations="int16", cp_interval=800)
     assert _fused(low) and len(low.lowered.points) > 3
-    npu = Npu("model", "default")
-    lo, hi = npu.load(low.to_container(), "low"), npu.load(cm.to_container(), "urgent")
-    got, records = preempt_at_every_point(npu, lo, x, hi, x)
-    assert len(records) == len(low.lowered.points)
-    for a, b in zip(got, cm.run_int8(x), strict=True):
-        assert np.array_equal(a, b)
+    assert_pauses_bit_exact(low, cm, x)
 
 
 @pytest.mark.parametrize("order", ["search", "default"])
