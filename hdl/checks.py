@@ -9,10 +9,14 @@ instruction enters its buffer, so no stage holds more than one multiplier, one s
   0. the instruction word is registered;
   1. first-level products (a row count times a stride, ...), shared by all opcodes: one multiplier
      per slot, its operands chosen by the opcode (and registered in stage 0);
-  2. the second-level products' (POOL's input and output footprints, C * W * rows) four 17 x 16
-     bit partial products, one MULT18X18D each;
-  3. their sums: a 34 x 32 bit product and its partial-product adders in one stage capped the
-     fetcher near 50 MHz on an ECP5, so they get a stage each (latency on issue only);
+  2. the second-level products (POOL's input and output footprints, C * W * rows), one multiplier
+     each;
+  3. the products as the sums take them. Each is exact below 2^bits, where bits covers the largest
+     on-chip memory (DRAM for LOAD's and STORE's DRAM product): a product at or above that, of
+     nonzero factors, takes its footprint past every memory whatever its exact value, so the range
+     rule of that footprint fires, before any later rule reads its end, and the product saturates
+     to SATURATED instead. A footprint that is empty is read by no rule. Cut so, a product fits one
+     or two MULT18X18D where 32-bit factors took up to four (17 on the ULX3S core before, 8 now);
   4. the footprints' ends (start + product + width; an int16 operand's width in bytes is its
      count shifted left by its `*_i16` flag, so element sizes cost no multiplier);
   5. every rule's condition (compares), selected for the word's opcode; last, LOAD's and STORE's
@@ -46,6 +50,14 @@ CHECK_LATENCY = 7  # cycles from `word` to `code`
 L1_SLOTS = 4
 L2_SLOTS = 3
 SUM_SLOTS = 4
+#: a product too big for any rule to pass: past DRAM, the scratchpad and the accumulators
+SATURATED = 1 << 40
+
+
+def _product_bits(cfg: NpuConfig) -> tuple[int, int]:
+    """(on-chip, DRAM) bits a product must be exact in: a larger one makes its footprint reach past
+    every on-chip memory (or past DRAM), so a range rule fires whatever its exact value."""
+    return max(cfg.spad_bytes, cfg.acc_bytes).bit_length(), cfg.dram_bytes.bit_length()
 
 
 def _level1(op, f) -> list[tuple]:
@@ -53,8 +65,8 @@ def _level1(op, f) -> list[tuple]:
     if op == Opcode.LOAD:
         tr = f.pad_top + f.rows + f.pad_bottom
         return [(f.rows - 1, f.dram_stride), (tr - 1, f.spad_stride)]
-    if op == Opcode.STORE:
-        return [(f.rows - 1, f.spad_stride), (f.rows - 1, f.dram_stride)]
+    if op == Opcode.STORE:  # the DRAM product in slot 0, the only one wide enough
+        return [(f.rows - 1, f.dram_stride), (f.rows - 1, f.spad_stride)]
     if op == Opcode.MATMUL:
         return [(f.m - 1, f.a_stride), (f.n - 1, f.b_stride), (f.m - 1, f.c_stride)]
     if op in (Opcode.VMAP, Opcode.VLUT):
@@ -72,12 +84,14 @@ def _level1(op, f) -> list[tuple]:
     return []
 
 
-def _level2(op, f, p1) -> list[tuple]:
-    """Second-level products (of first-level ones), at most L2_SLOTS."""
+def _level2(op, f, p1, big1) -> list:
+    """Second-level products (of first-level ones), at most L2_SLOTS: (a, a too big, b, b too big)
+    each, a first-level product being too big when it saturated."""
     if op == Opcode.POOL:
         # the input rows ((out_h - 1) * sh + kh) times the row bytes, as two products the next stage
         # adds; the output pixels times the bytes of an output pixel
-        return [(p1[1], p1[2]), (p1[3], f.channels << f.dst_i16), (f.kh, p1[2])]
+        c_out = f.channels << f.dst_i16
+        return [p1[1], big1[1], p1[2], big1[2], p1[3], big1[3], c_out, 0, f.kh, 0, p1[2], big1[2]]
     return []
 
 
@@ -99,7 +113,7 @@ def _sums(op, f, p1, p2) -> list:
         tw = f.pad_left + f.cols + f.pad_right
         return [f.dram + p1[0] + f.cols, f.spad + p1[1] + tw]
     if op == Opcode.STORE:
-        return [f.spad + p1[0] + f.cols, f.dram + p1[1] + f.cols]
+        return [f.spad + p1[1] + f.cols, f.dram + p1[0] + f.cols]
     if op == Opcode.MATMUL:
         return [f.a + p1[0] + _bytes(f.k, f.a_i16), f.b + p1[1] + f.k, f.c + p1[2] + 4 * f.n]
     if op == Opcode.VMAP:
@@ -374,37 +388,40 @@ class InstructionCheck(wiring.Component):
 
         # stage 1: first-level products of the word in stage 0. Their operands (counts minus one,
         # padded rows: adders, chosen by the opcode) are registered with the word in stage 0, so a
-        # multiplier and its partial-product adder are all that stage 1 holds (Fmax). In the
-        # fetcher, only POOL's src_i16 of the operands' fields arrives with the word's last beat;
-        # the rest come from its beat-assembly register.
-        p1 = [Signal(signed(52), name=f"p1_{k}") for k in range(L1_SLOTS)]
-        ops1 = [(Signal(signed(19), name=f"p1a_{k}"), Signal(32, name=f"p1b_{k}")) for k in range(L1_SLOTS)]
+        # multiplier is all that stage 1 holds (Fmax). In the fetcher, only POOL's src_i16 of the
+        # operands' fields arrives with the word's last beat; the rest come from its beat-assembly
+        # register. A product is exact below 2^bits (each rule needs no more, module docstring) and
+        # marked too big above, where an 18 x 18 multiplier or two would otherwise need four.
+        on, dram = _product_bits(cfg)
+        bits1 = [max(on, dram), on, on, on]  # slot 0 holds LOAD's and STORE's DRAM product
+        ops1 = [(Signal(signed(18), name=f"p1a_{k}"), Signal(32, name=f"p1b_{k}")) for k in range(L1_SLOTS)]
         m.d.sync += [x.eq(0) for ab in ops1 for x in ab]
         _per_opcode(m, "sync", self.word, [x for ab in ops1 for x in ab],
                     lambda op, f: [x for ab in _level1(op, f) for x in ab])  # fmt: skip
-        m.d.sync += [p1[k].eq(a * b) for k, (a, b) in enumerate(ops1)]
-        # stage 2: second-level products (of stage 1's word) as partial products: a = ah * 2^17 + al
-        # (al 17 bits unsigned, ah signed), b = bh * 2^16 + bl (16 bits each), each product fits
-        # one 18 x 18 multiplier with nothing after it
+        p1 = [Signal(signed(20 + w), name=f"p1_{k}") for k, w in enumerate(bits1)]
+        big1 = [Signal(name=f"big1_{k}") for k in range(L1_SLOTS)]
+        for k, ((a, b), w) in enumerate(zip(ops1, bits1, strict=True)):
+            m.d.sync += [p1[k].eq(a * b[:w]), big1[k].eq((b[w:] != 0) & (a > 0))]
+        # stage 2: second-level products (of stage 1's word), of operands cut to `on` bits: one
+        # multiplier each, marked too big where an operand is (and the other is not zero)
+        ops2 = [Signal(64, name=f"p2op_{k}") if k % 2 == 0 else Signal(name=f"p2big_{k}")
+                for k in range(4 * L2_SLOTS)]  # fmt: skip
+        _per_opcode(m, "comb", words[1], ops2, lambda op, f: _level2(op, f, p1, big1))
+        pp = [Signal(unsigned(2 * on), name=f"pp_{k}") for k in range(L2_SLOTS)]
+        big2 = [Signal(name=f"big2_{k}") for k in range(L2_SLOTS)]
+        for k in range(L2_SLOTS):
+            a, a_big, b, b_big = ops2[4 * k : 4 * k + 4]
+            a_big, b_big = a_big | (a[on:] != 0), b_big | (b[on:] != 0)
+            m.d.sync += [pp[k].eq(a[:on] * b[:on]),
+                         big2[k].eq((a_big & (b_big | (b != 0))) | (b_big & (a != 0)))]  # fmt: skip
+        # stage 3: the products as the sums take them, a too-big one as SATURATED
         p1_2 = [Signal.like(p, name=f"p1_2_{k}") for k, p in enumerate(p1)]
-        p1_3 = [Signal.like(p, name=f"p1_3_{k}") for k, p in enumerate(p1)]
-        m.d.sync += [q.eq(p) for q, p in zip(p1_2, p1, strict=True)]
-        m.d.sync += [q.eq(p) for q, p in zip(p1_3, p1_2, strict=True)]
-        ops2 = [
-            (Signal(signed(34), name=f"p2a_{k}"), Signal(unsigned(32), name=f"p2b_{k}"))
-            for k in range(L2_SLOTS)
-        ]
-        _per_opcode(m, "comb", words[1], [x for ab in ops2 for x in ab],
-                    lambda op, f: [x for ab in _level2(op, f, p1) for x in ab])  # fmt: skip
+        big1_2 = [Signal(name=f"big1_2_{k}") for k in range(L1_SLOTS)]
+        m.d.sync += [q.eq(p) for q, p in zip([*p1_2, *big1_2], [*p1, *big1], strict=True)]
+        p1_3 = [Signal(signed(64), name=f"p1_3_{k}") for k in range(L1_SLOTS)]
         p2 = [Signal(signed(64), name=f"p2_{k}") for k in range(L2_SLOTS)]
-        for k, (a, b) in enumerate(ops2):
-            al, ah = a[:17], a[17:].as_signed()
-            bl, bh = b[:16], b[16:]
-            pp = [Signal(unsigned(33), name=f"p2ll_{k}"), Signal(unsigned(33), name=f"p2lh_{k}"),
-                  Signal(signed(34), name=f"p2hl_{k}"), Signal(signed(34), name=f"p2hh_{k}")]  # fmt: skip
-            m.d.sync += [pp[0].eq(al * bl), pp[1].eq(al * bh), pp[2].eq(ah * bl), pp[3].eq(ah * bh)]
-            # stage 3: their sum (exact: the full product truncated to 64 bits as before)
-            m.d.sync += p2[k].eq((pp[0] + (pp[1] << 16)) + ((pp[2] << 17) + (pp[3] << 33)))
+        m.d.sync += [q.eq(Mux(b, SATURATED, p)) for q, p, b in zip(p1_3, p1_2, big1_2, strict=True)]
+        m.d.sync += [q.eq(Mux(b, SATURATED, p)) for q, p, b in zip(p2, pp, big2, strict=True)]
         # stage 4: the footprints' ends (of stage 3's word)
         ends = [Signal(signed(68), name=f"end{k}") for k in range(SUM_SLOTS)]
         _per_opcode(m, "sync", words[3], ends, lambda op, f: _sums(op, f, p1_3, p2))

@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from npu.config import ACC_BASE, get_config
-from npu.hdl.checks import CHECK_LATENCY, InstructionCheck
+from npu.hdl.checks import CHECK_LATENCY, InstructionCheck, _product_bits
 from npu.hdl.common import ByteFifo
 from npu.hdl.fetch import ReadArbiter
 from npu.hdl.spad import BankedScratchpad, Client
-from npu.isa import FORMATS, ErrorCode, Instr, IsaError, Opcode, decode, dram_span, encode, validate
+from npu.isa import FORMATS, ErrorCode, Instr, IsaError, Opcode, decode, dram_span, encode, make, validate
 
 CFGS = [get_config("tiny"), get_config("default")]
 
@@ -55,7 +55,9 @@ def _near(cfg):
 def plausible_words(cfg, n, seed):
     """Instruction words that sit near every rule's edge, plus a few corrupted ones."""
     rng = random.Random(seed)
+    counts = random.Random(seed + 1)  # a stream of its own: the words' other fields stay as they were
     near = _near(cfg)
+    saturation = [(1 << b) + d for bits in _product_bits(cfg) for b in (bits - 1, bits) for d in (-1, 0, 1)]
     words = []
     for _ in range(n):
         op = rng.choice(list(Opcode))
@@ -70,6 +72,11 @@ def plausible_words(cfg, n, seed):
                 v = rng.choice([0, 1, 2, 3, 4, 5, 8, 16])
             else:
                 v = rng.randint(f.lo, f.hi)
+            # where the checks' products stop being exact and saturate (npu.hdl.checks)
+            if f.width == 16 and counts.random() < 0.15:
+                v = counts.choice([255, 256, 257, 0x7FFF, 0x8000, 0x8001, 0xFFFF])
+            if f.width >= 20 and counts.random() < 0.15:
+                v = counts.choice(saturation)
             fields[f.name] = max(f.lo, min(f.hi, v))
         wait = rng.randrange(16) if rng.random() < 0.3 else 0
         signal = rng.randrange(16) if rng.random() < 0.3 else 0
@@ -99,10 +106,77 @@ def python_code(word, cfg, window: tuple[int, int] | None = None) -> int:
     return 0
 
 
+#: (opcode, count field, stride field, base field, memory, other fields) of footprints whose size is
+#: a product: "spad", "acc" or "dram" as the memory the footprint is placed at the end of
+PRODUCT_FOOTPRINTS = [
+    ("load", "rows", "spad_stride", "spad", "spad", {"cols": 4, "dram_stride": 4}),
+    ("load", "rows", "dram_stride", "dram", "dram", {"cols": 4, "spad_stride": 4}),
+    ("store", "rows", "spad_stride", "spad", "spad", {"cols": 4, "dram_stride": 4}),
+    ("store", "rows", "dram_stride", "dram", "dram", {"cols": 4, "spad_stride": 4}),
+    ("matmul", "m", "a_stride", "a", "spad", {"n": 1, "k": 8, "b_stride": 8, "c": ACC_BASE, "c_stride": 4}),
+    ("matmul", "n", "b_stride", "b", "spad", {"m": 1, "k": 8, "a_stride": 8, "c": ACC_BASE, "c_stride": 4}),
+    ("matmul", "m", "c_stride", "c", "acc", {"n": 1, "k": 8, "a_stride": 8, "b_stride": 8}),
+    ("vmap", "rows", "dst_stride", "dst", "spad", {"cols": 4, "src_stride": 4, "hi": 127}),
+    ("vlut", "rows", "src_stride", "src", "spad", {"cols": 4, "dst_stride": 4, "table": 0x100}),
+    ("vmul", "rows", "b_stride", "b", "spad", {"cols": 4, "a_stride": 4, "dst_stride": 4, "hi": 127}),
+]
+
+
+def edge_footprints(cfg) -> list[int]:
+    """Words whose product footprint ends just inside, at or just past the end of its memory, with
+    factors on both sides of the bits where the checks' products saturate: a product cut too early
+    (or too late) changes their codes."""
+    size = {"spad": (0, cfg.spad_bytes), "acc": (ACC_BASE, cfg.acc_bytes), "dram": (0, cfg.dram_bytes)}
+    align = {"a_stride": cfg.lanes, "b_stride": cfg.lanes, "c_stride": cfg.acc_row_bytes}
+    words = []
+    for op, count, stride, base, mem, rest in PRODUCT_FOOTPRINTS:
+        if op == "matmul":  # its strides aligned as its rules ask
+            rest = {k: align.get(k, v) for k, v in rest.items()}
+        lo, n = size[mem]
+        width = 4 * (rest.get("n", 1)) if stride == "c_stride" else rest.get("cols", rest.get("k", 4))
+        for rows in (2, 3, 5, 17, 257, 4097, 0x8000, 0xFFFF):
+            a = align.get(stride, 1)
+            step = max(a, (n - width) // (rows - 1) // a * a)
+            for s in (step - a, step, step + a):
+                for slack in (-1, 0, 1):  # the base such that the end is n - slack ... past it
+                    start = lo + n - ((rows - 1) * s + width) + slack
+                    start = max(lo, start) // a * a if base in ("a", "b", "c") else max(lo, start)
+                    fields = {**rest, count: rows, stride: max(s, 0), base: start}
+                    try:
+                        word = encode(make(op, **fields))
+                    except IsaError:  # a value past its field: not an instruction to check
+                        continue
+                    words.append(int.from_bytes(word, "little"))
+    # POOL: C * W * rows read and C * out_w * out_h written (second-level products), each half the
+    # scratchpad, the written one at its end
+    for c in (1, 8, 255, 256, 0x8000):
+        for w in (1, 3, 256, 0xFFFF):
+            rows = cfg.spad_bytes // 2 // (c * w)
+            for h in (rows - 1, rows, rows + 1):
+                for slack in (-1, 0, 1):
+                    if not 0 < h < 1 << 16:
+                        continue
+                    dst = max(0, cfg.spad_bytes - h * w * c + slack)
+                    size = dict(channels=c, in_w=w, out_h=h, out_w=w, kh=1, kw=1, sh=1, sw=1)
+                    try:
+                        word = encode(make("pool", src=0, dst=dst, **size, hi=127))
+                    except IsaError:
+                        continue
+                    words.append(int.from_bytes(word, "little"))
+    return words
+
+
+def test_edge_footprints_pass_and_fail_where_validate_says():
+    """The generator's words really sit on both sides of the memories' ends."""
+    cfg = get_config("ulx3s")
+    codes = {ErrorCode(python_code(w, cfg)).name for w in edge_footprints(cfg)}
+    assert {"NONE", "SPAD_RANGE", "DRAM_RANGE"} <= codes
+
+
 @pytest.mark.parametrize("window", [None, (0x1000, 0x20000)], ids=["no-window", "window"])
-@pytest.mark.parametrize("cfg", CFGS, ids=lambda c: c.name)
+@pytest.mark.parametrize("cfg", [*CFGS, get_config("ulx3s")], ids=lambda c: c.name)
 def test_hardware_checks_match_isa_validate(cfg, window):
-    words = plausible_words(cfg, 600, seed=cfg.config_id)
+    words = plausible_words(cfg, 600, seed=cfg.config_id) + edge_footprints(cfg)
     dut = InstructionCheck(cfg)
     got = []
 
