@@ -83,6 +83,19 @@ def tree(values: list, op=operator.add):
     return values[0]
 
 
+def shift_add(small, big, width: int):
+    """`small * big` modulo 2**width as a tree of shifted adds over the bits of `small` (a few bits,
+    unsigned or signed: the sign bit's term is subtracted): logic, not a DSP block, for products
+    taken once an instruction where the multipliers are the MACs' (docs/boards.md)."""
+    n = len(small)
+    signed_ = small.shape().signed
+    terms = []
+    for i in range(n):
+        term = Mux(small[i], big << i, 0)
+        terms.append(-term if signed_ and i == n - 1 else term)
+    return tree(terms)[:width]
+
+
 def follow(m: Module, value, enables: list, name: str) -> Signal:
     """`value` registered along a pipeline: one register per stage, loaded when its enable (the
     stage taking the step) is high. Returns the last stage's register, which holds the value of

@@ -17,7 +17,8 @@ destination); its stages are unchanged.
 The unit is a pipeline, so that no cycle holds more than one multiplier or one wide carry chain:
 
   setup (2 cycles after `go`): the instruction's constant strides and products (POOL's row, pixel
-         and window steps, kh * kw * zp_in); its last cycle loads the first step into S0;
+         and window steps, kh * kw * zp_in: one multiplier at `go`, the rest shifted adds over
+         8-bit fields); its last cycle loads the first step into S0;
   S0  asks the scratchpad for the step's operands until they are all granted. The step's operand
       words, their requests and its control are registers, worked out the cycle before from the
       loop registers, which run one step ahead: address registers that advance by those steps (no
@@ -56,7 +57,7 @@ from amaranth.lib.wiring import In
 from npu.config import NpuConfig
 from npu.isa import INSTR_BITS, LUT_BYTES, MAX_SHIFT, OFFSETS, PER_COL_MAX, Opcode
 
-from .common import exec_signature, log2, low_bytes_mask, min_, view, word_index
+from .common import exec_signature, log2, low_bytes_mask, min_, shift_add, view, word_index
 from .spad import gather
 
 #: cycles from `go` to the first operand request, and from a step's operands to its write
@@ -174,20 +175,31 @@ class VectorUnit(wiring.Component):
         c_dst = Signal(17)  # POOL: bytes of an output pixel
         lo_b = Signal(signed(16))  # the clamp bounds: lo, hi; lo * 256, hi * 256 + 255 for int16 dst
         hi_b = Signal(signed(16))
-        row_c = Signal(32)  # POOL: in_w * c_src, bytes between input rows
-        ox_step = Signal(32)  # POOL: sw * c_src, between the windows of neighbouring output pixels
-        shw = Signal(AW)  # POOL: sh * in_w (at `go`), so that oy_step is ready for the first step
+        row_c = Signal(AW)  # POOL: in_w * c_src, bytes between input rows (at `go`)
+        ox_step = Signal(AW)  # POOL: sw * c_src, between the windows of neighbouring output pixels
         oy_step = Signal(AW)  # POOL: sh * row_c, between the windows of neighbouring output rows
         khkw = Signal(16)
         kzp = Signal(signed(26))  # POOL: kh * kw * zp_in, taken off an average's sum
         mult = Signal(signed(32))  # VMAP / POOL: the multiplier
+        # two multipliers: in_w * c_src at `go`, and one shared by sw * c_src (at `go`), kh * kw and
+        # kh * kw * zp_in; sh * row_c is shifted adds (8 bits of sh). The DSP blocks are the MACs'
+        # and the lanes' (docs/boards.md). Addresses are AW bits: the products modulo 2**AW. The
+        # steps are ready for the last setup cycle, whose load advances the loops from the first step.
+        go, np_ = self.exec.go, view(Opcode.POOL, self.exec.instr)
+        sa, sb = Signal(unsigned(16)), Signal(signed(18))
+        m.d.comb += [
+            sa.eq(Mux(go, np_.sw, Mux(setup == SETUP_CYCLES, fp.kh, khkw))),
+            sb.eq(Mux(go, np_.channels << np_.src_i16, Mux(setup == SETUP_CYCLES, fp.kw, fp.zp_in))),
+        ]
+        shared = Signal(signed(35))
+        m.d.comb += shared.eq(sa * sb)
+        with m.If(go):
+            m.d.sync += ox_step.eq(shared)
         with m.If(setup == SETUP_CYCLES):  # first cycle: single products of fields
             cs = fp.channels << fp.src_i16
             m.d.sync += [
-                row_c.eq(fp.in_w * cs),
-                ox_step.eq(fp.sw * cs),
-                oy_step.eq(shw * cs),  # addresses are AW bits: the product modulo 2**AW
-                khkw.eq(fp.kh * fp.kw),
+                oy_step.eq(shift_add(fp.sh, row_c, AW)),
+                khkw.eq(shared),
                 c_src.eq(cs),
                 c_dst.eq(fp.channels << fp.dst_i16),
                 a16.eq(a16_f),
@@ -197,13 +209,13 @@ class VectorUnit(wiring.Component):
                 hi_b.eq(Mux(d16_f, Cat(Const(0xFF, 8), pick("hi")).as_signed(), pick("hi"))),
             ]
             m.d.sync += mult.eq(Mux(is_map, fm.mult, Mux(is_mul, fv.mult, fp.mult)))
-        with m.If(setup == SETUP_CYCLES - 1):  # second cycle: products of those
-            m.d.sync += kzp.eq(khkw * fp.zp_in)
+        with m.If(setup == SETUP_CYCLES - 1):  # second cycle: products of those (kzp: read at S2)
+            m.d.sync += kzp.eq(shared)
         with m.If(setup != 0):
             m.d.sync += setup.eq(setup - 1)
 
         u.setup, u.a16, u.b16, u.d16, u.c_src, u.c_dst = setup, a16, b16, d16, c_src, c_dst
-        u.lo_b, u.hi_b, u.row_c, u.ox_step, u.shw, u.oy_step = lo_b, hi_b, row_c, ox_step, shw, oy_step
+        u.lo_b, u.hi_b, u.row_c, u.ox_step, u.oy_step = lo_b, hi_b, row_c, ox_step, oy_step
         u.kzp, u.mult = kzp, mult
 
     def _next_step(self, m: Module, u: SimpleNamespace) -> None:
@@ -681,7 +693,7 @@ class VectorUnit(wiring.Component):
         cfg = self.cfg
         t_steps = LUT_BYTES // cfg.vector_lanes
         active, p_rem, p_mults, p_src, in_pre = u.active, u.p_rem, u.p_mults, u.p_src, u.in_pre
-        setup, shw, t_left, t_src, in_table, i0 = u.setup, u.shw, u.t_left, u.t_src, u.in_table, u.i0
+        setup, row_c, t_left, t_src, in_table, i0 = u.setup, u.row_c, u.t_left, u.t_src, u.in_table, u.i0
         i1, i2, ty, tx, row_src, row_b, row_dst = u.i1, u.i2, u.ty, u.tx, u.row_src, u.row_b, u.row_dst
         oy_src, win_src, tap_row, tap_src, pix_dst = u.oy_src, u.win_src, u.tap_row, u.tap_src, u.pix_dst
         issuing, asking, finished = u.issuing, u.asking, u.finished
@@ -720,5 +732,5 @@ class VectorUnit(wiring.Component):
                 tap_row.eq(np_.src),
                 tap_src.eq(np_.src),
                 pix_dst.eq(np_.dst),
-                shw.eq(np_.sh * np_.in_w),
+                row_c.eq(np_.in_w * (np_.channels << np_.src_i16)),
             ]

@@ -406,6 +406,9 @@ def directed_jobs(cfg: NpuConfig) -> list[RtlJob]:
                     zp_in=-3,
                     zp_out=4,
                 ),
+                # rows and pixels a different stride apart (the unit's row and pixel steps)
+                make("pool", src=0, dst=1300, channels=5, in_w=9, out_h=2, out_w=3, kh=2, kw=3, sh=3, sw=2,
+                     mode=1, mult=3 << 13, shift=16, zp_in=5, zp_out=-2),
                 store_all(1024, 400),
             ],
         )
