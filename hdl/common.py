@@ -83,6 +83,13 @@ def tree(values: list, op=operator.add):
     return values[0]
 
 
+def times(k: int, value):
+    """`k * value` for a constant `k`: shifted copies added, so that no synthesis tool takes a
+    DSP block for it (Yosys maps a product by a constant of two or more bits to one)."""
+    terms = [value << b for b in range(k.bit_length()) if k >> b & 1]
+    return tree(terms) if terms else Const(0)
+
+
 def shift_add(small, big, width: int):
     """`small * big` modulo 2**width as a tree of shifted adds over the bits of `small` (a few bits,
     unsigned or signed: the sign bit's term is subtracted): logic, not a DSP block, for products

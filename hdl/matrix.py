@@ -33,7 +33,7 @@ from amaranth.lib.wiring import In
 from npu.config import ACC_BASE, NpuConfig
 from npu.isa import INSTR_BITS, Opcode
 
-from .common import exec_signature, follow, log2, tree, view
+from .common import exec_signature, follow, log2, times, tree, view
 from .spad import gather
 
 
@@ -331,7 +331,7 @@ class MatrixUnit(wiring.Component):
                         last_mb.eq(m_rem <= 2 * CM),
                     ]
                     for j in range(CN):
-                        first = f.b + j * f.b_stride
+                        first = f.b + times(j, f.b_stride)
                         m.d.sync += [b_row[j].eq(first), b_addr[j].eq(first)]
                     for i in range(CM):
                         m.d.sync += [
@@ -369,8 +369,8 @@ class MatrixUnit(wiring.Component):
                 last_nb.eq(nf.n <= CN),
             ]
             for i in range(CM):
-                a0, c0 = nf.a + i * nf.a_stride, nf.c - ACC_BASE + i * nf.c_stride
+                a0, c0 = nf.a + times(i, nf.a_stride), nf.c - ACC_BASE + times(i, nf.c_stride)
                 m.d.sync += [a_row[i].eq(a0), a_addr[i].eq(a0), c_row[i].eq(c0), c_addr[i].eq(c0)]
             for j in range(CN):
-                b0 = nf.b + j * nf.b_stride
+                b0 = nf.b + times(j, nf.b_stride)
                 m.d.sync += [b_row[j].eq(b0), b_addr[j].eq(b0)]
