@@ -16,7 +16,7 @@ instruction enters its buffer, so no stage holds more than one multiplier, one s
      nonzero factors, takes its footprint past every memory whatever its exact value, so the range
      rule of that footprint fires, before any later rule reads its end, and the product saturates
      to SATURATED instead. A footprint that is empty is read by no rule. Cut so, a product fits one
-     or two MULT18X18D where 32-bit factors took up to four (17 on the ULX3S core before, 8 now);
+     or two MULT18X18D where 32-bit factors took up to four (docs/boards.md);
   4. the footprints' ends (start + product + width; an int16 operand's width in bytes is its
      count shifted left by its `*_i16` flag, so element sizes cost no multiplier);
   5. every rule's condition (compares), selected for the word's opcode; last, LOAD's and STORE's
@@ -54,7 +54,7 @@ SUM_SLOTS = 4
 SATURATED = 1 << 40
 
 
-def _product_bits(cfg: NpuConfig) -> tuple[int, int]:
+def product_bits(cfg: NpuConfig) -> tuple[int, int]:
     """(on-chip, DRAM) bits a product must be exact in: a larger one makes its footprint reach past
     every on-chip memory (or past DRAM), so a range rule fires whatever its exact value."""
     return max(cfg.spad_bytes, cfg.acc_bytes).bit_length(), cfg.dram_bytes.bit_length()
@@ -392,7 +392,7 @@ class InstructionCheck(wiring.Component):
         # operands' fields arrives with the word's last beat; the rest come from its beat-assembly
         # register. A product is exact below 2^bits (each rule needs no more, module docstring) and
         # marked too big above, where an 18 x 18 multiplier or two would otherwise need four.
-        on, dram = _product_bits(cfg)
+        on, dram = product_bits(cfg)
         bits1 = [max(on, dram), on, on, on]  # slot 0 holds LOAD's and STORE's DRAM product
         ops1 = [(Signal(signed(18), name=f"p1a_{k}"), Signal(32, name=f"p1b_{k}")) for k in range(L1_SLOTS)]
         m.d.sync += [x.eq(0) for ab in ops1 for x in ab]

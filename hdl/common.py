@@ -91,16 +91,11 @@ def times(k: int, value):
 
 
 def shift_add(small, big, width: int):
-    """`small * big` modulo 2**width as a tree of shifted adds over the bits of `small` (a few bits,
-    unsigned or signed: the sign bit's term is subtracted): logic, not a DSP block, for products
-    taken once an instruction where the multipliers are the MACs' (docs/boards.md)."""
-    n = len(small)
-    signed_ = small.shape().signed
-    terms = []
-    for i in range(n):
-        term = Mux(small[i], big << i, 0)
-        terms.append(-term if signed_ and i == n - 1 else term)
-    return tree(terms)[:width]
+    """`small * big` modulo 2**width for an unsigned `small` of a few bits: a tree of shifted adds
+    over its bits, logic and not a DSP block, for products taken once an instruction where the
+    multipliers are the MACs' (docs/boards.md)."""
+    assert not small.shape().signed, "shift_add takes an unsigned multiplier"
+    return tree([Mux(small[i], big << i, 0) for i in range(len(small))])[:width]
 
 
 def follow(m: Module, value, enables: list, name: str) -> Signal:

@@ -186,15 +186,16 @@ class VectorUnit(wiring.Component):
         # and the lanes' (docs/boards.md). Addresses are AW bits: the products modulo 2**AW. The
         # steps are ready for the last setup cycle, whose load advances the loops from the first step.
         go, np_ = self.exec.go, view(Opcode.POOL, self.exec.instr)
+        cs_go = np_.channels << np_.src_i16  # c_src of the instruction starting
         sa, sb = Signal(unsigned(16)), Signal(signed(18))
         m.d.comb += [
             sa.eq(Mux(go, np_.sw, Mux(setup == SETUP_CYCLES, fp.kh, khkw))),
-            sb.eq(Mux(go, np_.channels << np_.src_i16, Mux(setup == SETUP_CYCLES, fp.kw, fp.zp_in))),
+            sb.eq(Mux(go, cs_go, Mux(setup == SETUP_CYCLES, fp.kw, fp.zp_in))),
         ]
         shared = Signal(signed(35))
         m.d.comb += shared.eq(sa * sb)
         with m.If(go):
-            m.d.sync += ox_step.eq(shared)
+            m.d.sync += [ox_step.eq(shared), row_c.eq(np_.in_w * cs_go)]
         with m.If(setup == SETUP_CYCLES):  # first cycle: single products of fields
             cs = fp.channels << fp.src_i16
             m.d.sync += [
@@ -693,7 +694,7 @@ class VectorUnit(wiring.Component):
         cfg = self.cfg
         t_steps = LUT_BYTES // cfg.vector_lanes
         active, p_rem, p_mults, p_src, in_pre = u.active, u.p_rem, u.p_mults, u.p_src, u.in_pre
-        setup, row_c, t_left, t_src, in_table, i0 = u.setup, u.row_c, u.t_left, u.t_src, u.in_table, u.i0
+        setup, t_left, t_src, in_table, i0 = u.setup, u.t_left, u.t_src, u.in_table, u.i0
         i1, i2, ty, tx, row_src, row_b, row_dst = u.i1, u.i2, u.ty, u.tx, u.row_src, u.row_b, u.row_dst
         oy_src, win_src, tap_row, tap_src, pix_dst = u.oy_src, u.win_src, u.tap_row, u.tap_src, u.pix_dst
         issuing, asking, finished = u.issuing, u.asking, u.finished
@@ -732,5 +733,4 @@ class VectorUnit(wiring.Component):
                 tap_row.eq(np_.src),
                 tap_src.eq(np_.src),
                 pix_dst.eq(np_.dst),
-                row_c.eq(np_.in_w * (np_.channels << np_.src_i16)),
             ]

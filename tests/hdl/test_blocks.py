@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from npu.config import ACC_BASE, get_config
-from npu.hdl.checks import CHECK_LATENCY, InstructionCheck, _product_bits
+from npu.hdl.checks import CHECK_LATENCY, InstructionCheck, product_bits
 from npu.hdl.common import ByteFifo
 from npu.hdl.fetch import ReadArbiter
 from npu.hdl.spad import BankedScratchpad, Client
@@ -57,7 +57,7 @@ def plausible_words(cfg, n, seed):
     rng = random.Random(seed)
     counts = random.Random(seed + 1)  # a stream of its own: the words' other fields stay as they were
     near = _near(cfg)
-    saturation = [(1 << b) + d for bits in _product_bits(cfg) for b in (bits - 1, bits) for d in (-1, 0, 1)]
+    saturation = [(1 << b) + d for bits in product_bits(cfg) for b in (bits - 1, bits) for d in (-1, 0, 1)]
     words = []
     for _ in range(n):
         op = rng.choice(list(Opcode))
@@ -125,7 +125,7 @@ PRODUCT_FOOTPRINTS = [
 def edge_footprints(cfg) -> list[int]:
     """Words whose product footprint ends just inside, at or just past the end of its memory, with
     factors on both sides of the bits where the checks' products saturate: a product cut too early
-    (or too late) changes their codes."""
+    changes their codes."""
     size = {"spad": (0, cfg.spad_bytes), "acc": (ACC_BASE, cfg.acc_bytes), "dram": (0, cfg.dram_bytes)}
     align = {"a_stride": cfg.lanes, "b_stride": cfg.lanes, "c_stride": cfg.acc_row_bytes}
     words = []
@@ -141,12 +141,7 @@ def edge_footprints(cfg) -> list[int]:
                 for slack in (-1, 0, 1):  # the base such that the end is n - slack ... past it
                     start = lo + n - ((rows - 1) * s + width) + slack
                     start = max(lo, start) // a * a if base in ("a", "b", "c") else max(lo, start)
-                    fields = {**rest, count: rows, stride: max(s, 0), base: start}
-                    try:
-                        word = encode(make(op, **fields))
-                    except IsaError:  # a value past its field: not an instruction to check
-                        continue
-                    words.append(int.from_bytes(word, "little"))
+                    words += _encoded(op, **{**rest, count: rows, stride: max(s, 0), base: start})
     # POOL: C * W * rows read and C * out_w * out_h written (second-level products), each half the
     # scratchpad, the written one at its end
     for c in (1, 8, 255, 256, 0x8000):
@@ -157,13 +152,17 @@ def edge_footprints(cfg) -> list[int]:
                     if not 0 < h < 1 << 16:
                         continue
                     dst = max(0, cfg.spad_bytes - h * w * c + slack)
-                    size = dict(channels=c, in_w=w, out_h=h, out_w=w, kh=1, kw=1, sh=1, sw=1)
-                    try:
-                        word = encode(make("pool", src=0, dst=dst, **size, hi=127))
-                    except IsaError:
-                        continue
-                    words.append(int.from_bytes(word, "little"))
+                    words += _encoded("pool", src=0, dst=dst, channels=c, in_w=w, out_h=h, out_w=w,
+                                      kh=1, kw=1, sh=1, sw=1, hi=127)  # fmt: skip
     return words
+
+
+def _encoded(op: str, **fields) -> list[int]:
+    """The instruction word, or none where a value is past its field (not an instruction to check)."""
+    try:
+        return [int.from_bytes(encode(make(op, **fields)), "little")]
+    except IsaError:
+        return []
 
 
 def test_edge_footprints_pass_and_fail_where_validate_says():
