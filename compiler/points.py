@@ -23,8 +23,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from npu.config import ACC_BASE, NpuConfig
 from npu.isa import footprint
 from npu.program import copy_range
@@ -61,14 +59,55 @@ def _index(cfg: NpuConfig, addr: int) -> int:
     return addr - ACC_BASE + cfg.spad_bytes if addr >= ACC_BASE else addr
 
 
-def _ranges(cfg: NpuConfig, bits: np.ndarray) -> list[tuple[int, int]]:
-    if not bits.any():
-        return []
-    d = np.diff(np.concatenate([[0], bits.astype(np.int8), [0]]))
-    starts, ends = np.flatnonzero(d == 1), np.flatnonzero(d == -1)
+def _without(ivs: list[tuple[int, int]], s: int, e: int) -> list[tuple[int, int]]:
+    """Sorted disjoint ranges `ivs` less [s, e)."""
     out = []
-    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
-        # a range never crosses from the scratchpad into the accumulators
+    for a, b in ivs:
+        if b <= s or e <= a:
+            out.append((a, b))
+            continue
+        if a < s:
+            out.append((a, s))
+        if e < b:
+            out.append((e, b))
+    return out
+
+
+def _with(ivs: list[tuple[int, int]], s: int, e: int) -> list[tuple[int, int]]:
+    """Sorted disjoint, non-touching ranges `ivs` and [s, e), merged."""
+    out = []
+    for a, b in ivs:
+        if b < s or e < a:
+            out.append((a, b))
+        else:
+            s, e = min(s, a), max(e, b)
+    out.append((s, e))
+    out.sort()
+    return out
+
+
+def _both(x: list[tuple[int, int]], y: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The intersection of two sorted disjoint range lists."""
+    out, i, j = [], 0, 0
+    while i < len(x) and j < len(y):
+        s, e = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
+        if s < e:
+            if out and out[-1][1] == s:
+                out[-1] = (out[-1][0], e)
+            else:
+                out.append((s, e))
+        if x[i][1] < y[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def _ranges(cfg: NpuConfig, ivs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Ranges of the joint index space (the accumulators after the scratchpad) as on-chip addresses:
+    a range never crosses from the scratchpad into the accumulators."""
+    out = []
+    for s, e in ivs:
         if s < cfg.spad_bytes < e:
             out += [(s, cfg.spad_bytes), (ACC_BASE, ACC_BASE + e - cfg.spad_bytes)]
         elif s >= cfg.spad_bytes:
@@ -78,39 +117,46 @@ def _ranges(cfg: NpuConfig, bits: np.ndarray) -> list[tuple[int, int]]:
     return out
 
 
+def _onchip(cfg: NpuConfig, spans) -> list[tuple[int, int]]:
+    """A footprint's nonempty on-chip spans in the joint index space."""
+    return [
+        (_index(cfg, s.start), _index(cfg, s.end - 1) + 1)
+        for s in spans
+        if s.space == "onchip" and s.end > s.start
+    ]
+
+
 def fragment_liveness(items: list, cfg: NpuConfig) -> dict[int, list[tuple[int, int]]]:
-    """Live on-chip ranges at every candidate ("cand" item index) of one operator's items."""
+    """Live on-chip ranges at every candidate ("cand" item index) of one operator's items: written
+    before it and read after it before being overwritten (sets of ranges, not byte maps: an
+    operator has thousands of candidates and few ranges)."""
     cands = [i for i, it in enumerate(items) if it.kind == "cand"]
     if not cands:
         return {}
-    size = cfg.spad_bytes + cfg.acc_bytes
     spans = []
     for it in items:
         if it.kind != "instr":
-            spans.append(([], []))
+            spans.append(((), ()))
             continue
-        r, w = footprint(it.instr)
-        conv = [(_index(cfg, s.start), _index(cfg, s.end - 1) + 1) for s in r if s.space == "onchip"]
-        conw = [(_index(cfg, s.start), _index(cfg, s.end - 1) + 1) for s in w if s.space == "onchip"]
-        spans.append((conv, conw))
-    needed = np.zeros(size, bool)
-    needed_at: dict[int, np.ndarray] = {}
+        spans.append(tuple(_onchip(cfg, f) for f in footprint(it.instr)))
+    needed: list[tuple[int, int]] = []
+    needed_at: dict[int, list[tuple[int, int]]] = {}
     cset = set(cands)
     for i in range(len(items) - 1, -1, -1):
         if i in cset:
-            needed_at[i] = needed.copy()
+            needed_at[i] = needed  # never changed in place
         reads, writes = spans[i]
         for s, e in writes:
-            needed[s:e] = False
+            needed = _without(needed, s, e)
         for s, e in reads:
-            needed[s:e] = True
-    written = np.zeros(size, bool)
+            needed = _with(needed, s, e)
+    written: list[tuple[int, int]] = []
     out = {}
     for i in range(len(items)):
         if i in cset:
-            out[i] = _ranges(cfg, written & needed_at[i])
+            out[i] = _ranges(cfg, _both(written, needed_at[i]))
         for s, e in spans[i][1]:
-            written[s:e] = True
+            written = _with(written, s, e)
     return out
 
 

@@ -195,3 +195,53 @@ def test_operators_between_two_points_overlap(tmp_path):
     # the layers' cycles add up to the golden model's count (each pc's advance goes to one layer)
     layer_cycles = sum(la.est_cycles or 0 for la in budget.lowered.layers if la.placement == "npu")
     assert layer_cycles == cycles[1]
+
+
+def test_live_ranges_are_the_bytes_written_before_and_read_after_each_candidate():
+    """`fragment_liveness` keeps sets of ranges; a byte map is the oracle: a byte is live at a
+    candidate if written before it and read after it before any write overwrites it."""
+    from npu.compiler.points import fragment_liveness
+    from npu.config import ACC_BASE, get_config
+    from npu.isa import footprint, make
+    from npu.program import Item
+
+    cfg = get_config("tiny")
+    size = cfg.spad_bytes + cfg.acc_bytes
+    rng = np.random.default_rng(7)
+
+    def index(a):
+        return a - ACC_BASE + cfg.spad_bytes if a >= ACC_BASE else a
+
+    def instr():
+        base, mem = (0, cfg.spad_bytes) if rng.random() < 0.6 else (ACC_BASE, cfg.acc_bytes)
+        cols, rows = int(rng.integers(1, 48)), int(rng.integers(1, 4))
+        stride = int(rng.integers(cols, 96))
+        at = base + int(rng.integers(0, mem - (rows - 1) * stride - cols + 1))
+        # at the memories' ends too, where a range of the joint index space would cross them
+        at = base + mem - (rows - 1) * stride - cols if rng.random() < 0.2 else at
+        op = "load" if rng.random() < 0.5 else "store"
+        return make(op, spad=at, dram=0, rows=rows, cols=cols, spad_stride=stride, dram_stride=stride)
+
+    for _ in range(300):
+        items = [Item("cand") if rng.random() < 0.3 else Item("instr", instr()) for _ in range(30)]
+        got = fragment_liveness(items, cfg)
+        for c in (i for i, it in enumerate(items) if it.kind == "cand"):
+            written, live, dead = np.zeros(size, bool), np.zeros(size, bool), np.zeros(size, bool)
+            for i, it in enumerate(items):
+                if it.kind != "instr":
+                    continue
+                r, w = ([s for s in f if s.space == "onchip"] for f in footprint(it.instr))
+                for s in r if i > c else []:
+                    for b in range(index(s.start), index(s.end - 1) + 1):
+                        live[b] |= not dead[b]
+                for s in w:
+                    span = slice(index(s.start), index(s.end - 1) + 1)
+                    if i < c:
+                        written[span] = True
+                    else:
+                        dead[span] = True
+            want = np.zeros(size, bool)
+            for s, e in got[c]:
+                assert s < e and (e <= cfg.spad_bytes or s >= ACC_BASE), (s, e)
+                want[index(s) : index(e - 1) + 1] = True
+            assert (want == (written & live)).all(), (c, got[c])
