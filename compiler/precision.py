@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from .accuracy import cosine, intermediates
+from .accuracy import cosine
 from .graph import Graph
 from .placement import MAC_OPS, node_macs
 from .quantize import ort_session
@@ -150,10 +150,13 @@ def choose(
     no matrix steps, only the bytes moved."""
     batches = batches[:SELECTION_BATCHES]
     goal = 1.0 - (1.0 - target) / 2  # the NPU's own rounding and tables add to onnxruntime's
-    fsess = ort_session(float_model)
-    names = [o.name for o in fsess.get_outputs()]
-    reference = [fsess.run(None, f) for f in batches]
-    fv = {**batches[0], **intermediates(float_model, batches[0])}
+    # one float session gives the reference outputs and the first sample's every tensor (a large
+    # model's session takes a second to make)
+    names = [o.name for o in float_model.graph.output]
+    fsess = ort_session(float_model, [o for n in float_model.graph.node for o in n.output if o])
+    first = dict(zip([o.name for o in fsess.get_outputs()], fsess.run(None, batches[0]), strict=True))
+    reference = [[first[n] for n in names]] + [fsess.run(names, f) for f in batches[1:]]
+    fv = {**batches[0], **first}
     macs = _macs(float_model)
     tensors = [t for t in ranges if t in fv]
     lost, saved = {}, {}
