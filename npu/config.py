@@ -316,6 +316,11 @@ PRESETS["ulx3s"] = NpuConfig(
     matrix_latency=3,
     vector_latency=10,
 )
+# ULX3S with 128 MACs: a 4 x 4 x 8 array on 128 of the 85F's 156 MULT18X18D, a 128-bit bus (the
+# SDRAM controller serialises it into 16-bit beats), 8 banks for the 4 clusters' A words
+PRESETS["ulx3s128"] = PRESETS["ulx3s"].replace(
+    name="ulx3s128", clusters=4, pes_per_cluster=4, bus_bytes=16, spad_banks=8
+)
 # iCEBreaker (iCE40 UP5K): the micro core (hdl/micro/), the ISA run by a control processor from
 # firmware; two of the four SPRAMs hold the scratchpad, the accumulators and the firmware's data, two
 # are the DRAM (docs/boards.md)

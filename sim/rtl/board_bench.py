@@ -62,6 +62,7 @@ def bench_board(
     *,
     probes: bool = True,
     build_root: Path = Path("build/boards"),
+    config: str | None = None,
     say: Callable[[str], None] = lambda s: print(f"bench board: {s}", file=sys.stderr, flush=True),
 ) -> dict:
     from npu.compiler.errors import CompileError
@@ -76,7 +77,7 @@ def bench_board(
     if board_name not in BOARDS:
         raise CompileError(f"unknown board {board_name!r}; choose from {', '.join(BOARDS)}")
     board = BOARDS[board_name]
-    cfg = get_config(board.preset)
+    cfg = get_config(config or board.preset)
     build = _last_build(board.name, build_root)
     # the slowest clock's routed Fmax (the core's: the boards have one clock domain)
     fmax = min(v["achieved_mhz"] for v in build["fmax"].values()) if build and build.get("fmax") else None

@@ -47,15 +47,22 @@ def test_board_runs_zoo_models_and_a_pause_over_the_uart(name, tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("name", "models"), [("ulx3s", ["digits_cnn", "planning"]), ("icebreaker", ["digits_mlp"])]
+    ("name", "models", "config"),
+    [
+        ("ulx3s", ["digits_cnn", "planning"], None),
+        ("icebreaker", ["digits_mlp"], None),
+        # the 128-MAC array on the same board: its 128-bit bus through the 16-bit SDRAM
+        ("ulx3s", ["fc_autoencoder"], "ulx3s128"),
+    ],
 )
-def test_bench_board_cycles_match_the_golden_model(name, models, tmp_path):
+def test_bench_board_cycles_match_the_golden_model(name, models, config, tmp_path):
     """`npu bench board`'s measurement on a board's top (SDRAM or SPRAM model, serial bridge):
     bit-exact outputs, and the golden model's cycles (the ULX3S's narrow-DRAM rule, the micro core's
     firmware costs) within 10 % of the board's."""
     from npu.sim.rtl.board_bench import bench_board, save_plot
 
-    r = bench_board(name, models, probes=False, build_root=tmp_path)
+    r = bench_board(name, models, probes=False, build_root=tmp_path, config=config)
+    assert r["config"] == (config or BOARDS[name].preset)
     assert [m["name"] for m in r["models"]] == models
     assert r["achieved_mhz"] is None and r["models"][0]["latency_ms"] is None  # no build in tmp_path
     for m in r["models"]:
