@@ -49,6 +49,8 @@ def test_build_command_errors(capsys):
     assert "unknown board 'nosuchboard'; known boards: ulx3s, icebreaker" in capsys.readouterr().err
     assert main(["build", "--board", "icebreaker", "--config", "default"]) != 0
     assert "addresses 67108864 bytes of DRAM but icebreaker has 131072" in capsys.readouterr().err
+    assert main(["bench", "board", "--board", "icebreaker", "--config", "ulx3s128"]) != 0
+    assert "addresses 33554432 bytes of DRAM but icebreaker has 131072" in capsys.readouterr().err
     assert main(["flash", "--board", "ulx3s", "--bitstream", "nowhere.bit"]) != 0
     assert "no bitstream at nowhere.bit" in capsys.readouterr().err
 
