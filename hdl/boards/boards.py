@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 
+from npu.config import ConfigError, NpuConfig, get_config
+
 
 @dataclass(frozen=True)
 class Board:
@@ -32,6 +34,19 @@ class Board:
     capacity: dict[str, int] = field(default_factory=dict)
     #: how openFPGALoader names the board
     loader_board: str = ""
+
+    def config(self, name: str | None = None, engines: int | None = None) -> NpuConfig:
+        """The preset `name` (default: the board's own), with `engines` if given, refused when it
+        addresses more DRAM than the board has."""
+        cfg = get_config(name or self.preset)
+        if engines is not None:
+            cfg = cfg.replace(engines=engines)
+        if cfg.dram_bytes > self.dram_bytes:
+            raise ConfigError(
+                f"config {cfg.name!r} addresses {cfg.dram_bytes} bytes of DRAM "
+                f"but {self.name} has {self.dram_bytes}"
+            )
+        return cfg
 
     def platform(self):
         try:

@@ -235,12 +235,8 @@ def _board(cfg: NpuConfig, args: argparse.Namespace):
         raise CliError("bench board runs on the board's simulated top: --backend does not apply")
     from npu.sim.rtl.board_bench import bench_board, format_board, save_plot
 
-    from .build import board_and_config
-
-    # --config: another preset on the same board (its DRAM, clock and pins), e.g. a larger array;
-    # checked against the board as `npu build` checks it, before any model is compiled
-    board, cfg = board_and_config(argparse.Namespace(board=args.board, config=args.config, engines=None))
-    result = bench_board(board.name, args.models, probes=not args.no_probes, config=cfg.name)
+    # --config: another preset on the same board (its DRAM, clock and pins), e.g. a larger array
+    result = bench_board(args.board, args.models, probes=not args.no_probes, config=args.config)
     if args.plot:
         save_plot([result], args.plot)
     return result, format_board

@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..config import PRESETS, get_config
+from ..config import PRESETS
 from ..files import write_atomic
 from ..registers import MAX_ENGINES
 from . import workers
@@ -53,15 +53,7 @@ def board_and_config(args: argparse.Namespace):
     if args.board not in boards:
         raise CliError(f"unknown board {args.board!r}; known boards: {', '.join(boards)}")
     board = boards[args.board]
-    cfg = get_config(args.config or board.preset)
-    if args.engines is not None:
-        cfg = cfg.replace(engines=args.engines)
-    if cfg.dram_bytes > board.dram_bytes:
-        raise CliError(
-            f"config {cfg.name!r} addresses {cfg.dram_bytes} bytes of DRAM "
-            f"but {board.name} has {board.dram_bytes}"
-        )
-    return board, cfg
+    return board, board.config(args.config, args.engines)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from npu.config import NpuConfig, get_config
+from npu.config import NpuConfig
 
 from .probes import dma_probes, encode, op_probes
 
@@ -77,7 +77,7 @@ def bench_board(
     if board_name not in BOARDS:
         raise CompileError(f"unknown board {board_name!r}; choose from {', '.join(BOARDS)}")
     board = BOARDS[board_name]
-    cfg = get_config(config or board.preset)
+    cfg = board.config(config)  # checked against the board before any model is compiled
     build = _last_build(board.name, build_root)
     # the slowest clock's routed Fmax (the core's: the boards have one clock domain)
     fmax = min(v["achieved_mhz"] for v in build["fmax"].values()) if build and build.get("fmax") else None
