@@ -150,9 +150,14 @@ def output_cosines(run: Callable, want: dict[str, list[np.ndarray]], check: Chec
     return out
 
 
+def node_outputs(model: onnx.ModelProto) -> list[str]:
+    """Every node output of `model` (the tensors an onnxruntime session can be asked for)."""
+    return [o for n in model.graph.node for o in n.output if o]
+
+
 def intermediates(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Every node output of `model` on one sample (onnxruntime)."""
-    sess = ort_session(model, [o for n in model.graph.node for o in n.output if o])
+    sess = ort_session(model, node_outputs(model))
     return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds), strict=True))
 
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from .accuracy import cosine
+from .accuracy import cosine, node_outputs
 from .graph import Graph
 from .placement import MAC_OPS, node_macs
 from .quantize import ort_session
@@ -153,7 +153,7 @@ def choose(
     # one float session gives the reference outputs and the first sample's every tensor (a large
     # model's session takes a second to make)
     names = [o.name for o in float_model.graph.output]
-    fsess = ort_session(float_model, [o for n in float_model.graph.node for o in n.output if o])
+    fsess = ort_session(float_model, node_outputs(float_model))
     first = dict(zip([o.name for o in fsess.get_outputs()], fsess.run(None, batches[0]), strict=True))
     reference = [[first[n] for n in names]] + [fsess.run(names, f) for f in batches[1:]]
     fv = {**batches[0], **first}
