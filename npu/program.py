@@ -150,6 +150,7 @@ class ProgramBuilder:
         hist: list[list[_Hist]] = [[] for _ in range(NUNITS)]
         known = [[-1] * NUNITS for _ in range(NUNITS)]  # known[u][p]
         crossings: dict[tuple[int, int, int], int] = {}
+        waits: dict[int, int] = {}  # pc of a unit instruction -> the wait mask it was given
         seq_of_item: dict[int, tuple[int, int]] = {}  # item index -> (unit, seq)
         n_cp = 0
 
@@ -181,7 +182,8 @@ class ProgramBuilder:
             hist[u].append(_Hist(len(out), ws, rws, tuple(known_u), n_cp, item))
             if item >= 0:
                 seq_of_item[item] = (u, seq)
-            out.append(ins.with_tokens(wait, 0))
+            out.append(ins)  # its tokens are set once its signals are known (below)
+            waits[len(out) - 1] = wait
 
         item_pcs: list[int] = []
         for index, item in enumerate(self._items):
@@ -205,14 +207,16 @@ class ProgramBuilder:
                 cps[item.cp_id] = len(out)
                 out.append(make(Opcode.CANCEL_POINT, id=item.cp_id))
                 n_cp += 1
-        # write the signal masks back
+        if crossings:  # another round follows, with SYNCs before the points: this one is dropped
+            return None, crossings
+        # the token masks, one new instruction each (the same one where they are its own already)
         for u in range(NUNITS):
             for h in hist[u]:
-                if h.signal:
-                    ins = out[h.pos]
-                    out[h.pos] = ins.with_tokens(ins.wait, h.signal)
+                ins, wait = out[h.pos], waits[h.pos]
+                if wait != ins.wait or h.signal != ins.signal:
+                    out[h.pos] = ins.with_tokens(wait, h.signal)
         prog = BuiltProgram(out, labels, cps, item_pcs)
-        if self.check and not crossings:
+        if self.check:
             check_tokens(out, self.cfg)
         return prog, crossings
 

@@ -26,6 +26,14 @@ from npu.sim.golden.narrow_dram import NarrowDram
 from npu.timing import FETCH_BURST, MICRO_OTHER, MICRO_RUN, dma_bursts, dma_bytes, duration
 
 UNITS = tuple(Unit)
+_UNIT_INDEX = tuple(range(len(UNITS)))  # the units as plain ints (faster to index and shift by)
+
+
+def _outstanding(run: _Run) -> bool:
+    """Whether any token channel holds a token."""
+    return any(ch for channels in run.tokens for ch in channels)
+
+
 _BUSY = {
     Unit.LOAD: "BUSY_LOAD",
     Unit.MATRIX: "BUSY_MATRIX",
@@ -81,7 +89,9 @@ class _Run:
         self.dispatched = [0] * len(UNITS)
         self.busy_until = [t0] * len(UNITS)
         self.last_end = t0
-        self.tokens = {(p, c): deque() for p in UNITS for c in UNITS if p != c}
+        # tokens[c][p]: the channel from producer p to consumer c (end times of the pushes), indexed
+        # by plain ints: the hot loop reads it at every event
+        self.tokens = [[deque() if p != c else None for p in range(len(UNITS))] for c in range(len(UNITS))]
         self.fetched: tuple[int, Instr | IsaError] | None = None
         self.points = 0  # cancellation points dispatched in this run
         self.passed = [0] * len(UNITS)  # cancellation-point markers each unit has passed
@@ -395,20 +405,29 @@ class NpuModel:
         q = run.queues[u]
         if not q:
             return None
-        _, ins, td = q[0][:3]
-        t = max(td + 1, run.busy_until[u], self.cpu_free)
-        if ins.op == Opcode.CANCEL_POINT:
+        head = q[0]
+        ins = head[1]
+        t = head[2] + 1
+        if run.busy_until[u] > t:
+            t = run.busy_until[u]
+        if self.cpu_free > t:
+            t = self.cpu_free
+        op = ins.op
+        if op is Opcode.CANCEL_POINT:
             # a marker: passed at once, unless a pending pause stops at it (the unit parks)
-            return None if run.target == q[0][3] else t
-        if ins.op == Opcode.FENCE:  # a marker: passed once the unit is free
+            return None if run.target == head[3] else t
+        if op is Opcode.FENCE:  # a marker: passed once the unit is free
             return t
         w = ins.wait
-        for p in UNITS:
-            if w >> p & 1:
-                ch = run.tokens[(p, u)]
-                if not ch:
-                    return None
-                t = max(t, ch[0])
+        if w:
+            channels = run.tokens[u]
+            for p in _UNIT_INDEX:
+                if w >> p & 1:
+                    ch = channels[p]
+                    if not ch:
+                        return None
+                    if ch[0] > t:
+                        t = ch[0]
         return t
 
     def _parked_ready(self, run: _Run) -> int | None:
@@ -555,7 +574,7 @@ class NpuModel:
                 run.queues[q].append((pc, ins, t, None))
                 run.dispatched[q] += 1
         elif ins.op == Opcode.END:
-            if any(run.tokens.values()):
+            if _outstanding(run):
                 self._error_after_drain(run, t, ErrorCode.TOKEN, pc)
                 return
             self.resume_pc = pc
@@ -571,7 +590,7 @@ class NpuModel:
     def _pause(self, run: _Run, t: int) -> None:
         """Every unit is parked at the target point: stop there (the queues behind it are dropped)."""
         pc, ins = run.queues[Unit.LOAD][0][:2]
-        if any(run.tokens.values()):
+        if _outstanding(run):
             self._error_after_drain(run, t, ErrorCode.TOKEN, pc)
             return
         for q in run.queues:
@@ -601,9 +620,12 @@ class NpuModel:
                 op = "pass_point" if ins.op == Opcode.CANCEL_POINT else "pass_fence"
                 self.trace.append(TraceEvent(u.name.lower(), pc, op, t, t + 1))
             return
-        for p in UNITS:
-            if ins.wait >> p & 1:
-                run.tokens[(p, u)].popleft()
+        w = ins.wait
+        if w:
+            channels = run.tokens[u]
+            for p in _UNIT_INDEX:
+                if w >> p & 1:
+                    channels[p].popleft()
         faulted = self._faults(ins)
         if faulted:
             lo, hi = self.bus_fault
@@ -643,7 +665,7 @@ class NpuModel:
             return
         signalled = [c for c in UNITS if ins.signal >> c & 1]
         for c in signalled:
-            ch = run.tokens[(u, c)]
+            ch = run.tokens[c][u]
             if len(ch) >= self.cfg.token_depth:
                 self._error_after_drain(run, end, ErrorCode.TOKEN, pc)
                 return
@@ -677,7 +699,7 @@ class NpuModel:
         run.last_end = max(run.last_end, new)
         self.counters[_BUSY[u]] += extra
         for c in signalled:
-            ch = run.tokens[(u, c)]
+            ch = run.tokens[c][u]
             if ch and ch[-1] == cur:
                 ch[-1] = new
         if ev is not None:
