@@ -314,9 +314,14 @@ def _program_times(cfg: NpuConfig, instrs: list[Instr]) -> list[int]:
 POINT_RETRIES = 4
 
 
-def _with_points(cfg: NpuConfig, seg: list[Item], chosen: list[Candidate], first_id: int, timed: bool = True):
+def _with_points(
+    cfg: NpuConfig, seg: list[Item], chosen: list[Candidate], first_id: int, timed: bool = True,
+    reorder: bool = True,
+):  # fmt: skip
     """The segment built with cancellation points at `chosen` (ids from `first_id`): (the built
-    program, item index -> builder position, [(point id, candidate)], _program_times of it).
+    program, item index -> builder position, [(point id, candidate)], _program_times of it). Not
+    `reorder`: the instructions in the lowering's order (the same values; a build whose values alone
+    matter skips the reordering's cost).
 
     Between points (and barriers) the instructions go in the order they can start
     (`npu.program.start_order`), across operator boundaries that are not points: the next
@@ -339,9 +344,9 @@ def _with_points(cfg: NpuConfig, seg: list[Item], chosen: list[Candidate], first
             break
         index = [i for i in range(lo, hi) if seg[i].kind != "cand"]
         base = len(b)
-        if all(seg[i].kind == "instr" for i in index):
+        if reorder and all(seg[i].kind == "instr" for i in index):
             order = start_order([seg[i].instr for i in index], cfg)
-        else:  # a barrier: kept as it is
+        else:  # a barrier (or not `reorder`): kept as it is
             order = list(range(len(index)))
         b.extend([seg[index[k]] for k in order])
         placed = {index[k]: base + n for n, k in enumerate(order)}
@@ -375,7 +380,7 @@ def _emit_segment(
         c.t = t_at[c.pos]
     chosen = choose(cands, policy, cfg) if policy is not None else []
     seg_no = len(out.segments)
-    built, new_index, point_ids, reach = _with_points(cfg, seg, chosen, len(out.points), timed)
+    built, new_index, point_ids, reach = _with_points(cfg, seg, chosen, len(out.points), timed, reorder=timed)
     if not timed:
         reach = _busy_times([Item("barrier" if i.unit is None else "instr", i) for i in built.instrs], cfg)
     # the points were chosen on the segment's timing without them, and each point waits for the
