@@ -718,7 +718,9 @@ def _assembled(
             lowering,
             budget_s=opts.order_budget_s,
             exhaustive_limit=opts.exhaustive_limit,
-            cancel_points=opts.cancel_points,
+            # as the final program has them: a point at every operator boundary, or with an
+            # interval, only where the interval needs one (the operators between overlap)
+            cancel_points=opts.cancel_points and not opts.interval(cfg),
             objective=opts.order_objective,
         )
     policy = (

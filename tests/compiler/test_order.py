@@ -41,8 +41,8 @@ def test_exhaustive_and_partitioned_search_find_the_same_best_cost():
     model = _branchy()
     calib = np.random.default_rng(0).normal(size=(8, 8, 12, 12)).astype(np.float32)
     low = lower(quantize_float_model(cleanup(model), calib), get_config("default"))
-    full = search_order(low, partition=False, exhaustive_limit=10**6, budget_s=None)
-    part = search_order(low, partition=True, exhaustive_limit=10**6, budget_s=None)
+    full = search_order(low, partition=False, exhaustive_limit=10**6, budget_s=None, min_gain=0)
+    part = search_order(low, partition=True, exhaustive_limit=10**6, budget_s=None, min_gain=0)
     assert full.subgraphs[0].method == "exhaustive" and full.subgraphs[0].orders == 900
     assert len(part.subgraphs) >= 2 and all(s.method in ("exhaustive", "single") for s in part.subgraphs)
     cost = CostModel(low)
@@ -50,6 +50,22 @@ def test_exhaustive_and_partitioned_search_find_the_same_best_cost():
     assert cost.cycles(part.order) <= cost.cycles(list(range(len(low.frags))))
     # the partition evaluates fewer orders than the whole graph's search (its time: `npu bench order`)
     assert sum(s.evaluated for s in part.subgraphs) < full.subgraphs[0].evaluated
+
+
+def test_a_gain_within_the_cost_models_error_keeps_the_onnx_order():
+    model = _branchy()
+    calib = np.random.default_rng(0).normal(size=(8, 8, 12, 12)).astype(np.float32)
+    low = lower(quantize_float_model(cleanup(model), calib), get_config("default"))
+    found = search_order(low, min_gain=0)
+    gains = [s.default_cycles - s.best_cycles for s in found.subgraphs]
+    assert found.order != list(range(len(low.frags))) and max(gains) > 0
+    # each subgraph's best order is taken only where it saves at least min_gain of its cycles
+    share = max(g / s.default_cycles for g, s in zip(gains, found.subgraphs, strict=True) if g > 0)
+    kept = search_order(low, min_gain=share * 1.01)
+    assert kept.order == list(range(len(low.frags))) and kept.predicted_gain == 0
+    assert any("ONNX order kept" in s.method for s in kept.subgraphs)
+    between = search_order(low, min_gain=share * 0.99)
+    assert between.order != list(range(len(low.frags))) and 0 < between.predicted_gain <= found.predicted_gain
 
 
 def test_searched_order_gives_the_same_outputs(tmp_path):
