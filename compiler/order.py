@@ -148,9 +148,13 @@ class CostModel:
         self.model = NpuModel(replace(low.cfg, dram_bytes=VIRTUAL_DRAM), timing_only=True)
         self.base = round_up(low.dram_end, 4096)
         self.evaluations = 0
+        #: after `cycles`: the busiest unit's summed durations, which no order of the same operators
+        #: goes below (each unit runs its instructions one at a time)
+        self.floor = 0
 
     def cycles(self, order: list[int], parity: int = 0) -> int:
         total = 0
+        self._busy = [0] * len(_BUSY)
         b = None
         k = parity
         for idx in order + [-1]:
@@ -165,10 +169,16 @@ class CostModel:
                 total += self._run(b)
                 b = None
         self.evaluations += 1
+        self.floor = max(self._busy)
         return total
 
     def _run(self, b: ProgramBuilder) -> int:
-        return timing_run(self.low.cfg, b.build().instrs, self.base, self.model).counter_values()["CYCLES"]
+        counters = timing_run(self.low.cfg, b.build().instrs, self.base, self.model).counter_values()
+        self._busy = [n + counters[c] for n, c in zip(self._busy, _BUSY, strict=True)]
+        return counters["CYCLES"]
+
+
+_BUSY = ("BUSY_LOAD", "BUSY_MATRIX", "BUSY_VECTOR", "BUSY_STORE")
 
 
 @dataclass
@@ -243,67 +253,103 @@ def search_order(
     res = SearchResult([])
     parity = 0
     for g in groups:
-        n_npu = sum(low.frags[v].kind == "npu" for v in g)
-        if budget_s is not None and time.perf_counter() - t0 > budget_s:
-            pk = mem.peak(g, g)
-            res.subgraphs.append(SubgraphResult(_names(low, g), 0, 0, "budget", 0, 0, g, pk, pk))
-            res.timed_out = True
-            res.order += g
-            parity += n_npu
-            continue
-        # the orders themselves (up to the limit, so that counting and searching enumerate once),
-        # or with no limit a stream searched until the budget runs out
-        n = None
-        if exhaustive_limit is None:
-            cands, method = topo_orders(g, deps), "exhaustive"
-        else:
-            head = list(islice(topo_orders(g, deps), exhaustive_limit + 1))
-            n = len(head)
-            if n <= exhaustive_limit:
-                cands, method = head, "exhaustive" if n > 1 else "single"
-            else:
-                cands, method = _sampled(g, deps, samples, rng), "sampled"
-        if method == "single":  # nothing to choose: not timed (a chain is most subgraphs of a CNN)
-            pk = mem.peak(g, g)
-            res.subgraphs.append(SubgraphResult(_names(low, g), 1, 0, method, 0, 0, g, pk, pk))
-            res.order += g
-            parity += n_npu
-            continue
-        default = cost.cycles(g, parity)
-        best, best_c, seen, evaluated = g, default, 1, 1
-        for cand in cands:
-            if cand == g:
-                continue
-            seen += 1
-            c = cost.cycles(cand, parity)
-            evaluated += 1
-            if c < best_c:
-                best, best_c = cand, c
+        parts = [g] if exhaustive_limit is None else pieces(g, deps, exhaustive_limit, merge_below)
+        # a gain is judged against the key-node subgraph's cycles: the cost model's error is at its
+        # ends and the final program's points, not at the pieces' cuts (MIN_GAIN)
+        scale = None if len(parts) == 1 else cost.cycles(g, parity)
+        for part in parts:
             if budget_s is not None and time.perf_counter() - t0 > budget_s:
+                pk = mem.peak(part, part)
+                res.subgraphs.append(SubgraphResult(_names(low, part), 0, 0, "budget", 0, 0, part, pk, pk))
                 res.timed_out = True
-                method += " (budget)"
-                break
-        if best is not g and default - best_c < min_gain * default:
-            method += f" (ONNX order kept: {default - best_c} cycles is below {min_gain:.1%})"
-            best, best_c = g, default
-        window = mem.window(g)
-        res.subgraphs.append(
-            SubgraphResult(
-                _names(low, g),
-                seen if n is None else n,
-                evaluated,
-                method,
-                default,
-                best_c,
-                best,
-                mem.peak(g, g, window),
-                mem.peak(g, best, window),
-            )
-        )
-        res.order += best
-        parity += n_npu
+            else:
+                end = None if budget_s is None else t0 + budget_s
+                r = _search_subgraph(
+                    low, part, deps, cost, mem, rng, parity, exhaustive_limit, samples, end, min_gain, scale
+                )  # fmt: skip
+                res.timed_out |= "(budget)" in r.method
+                res.subgraphs.append(r)
+            res.order += res.subgraphs[-1].order
+            parity += sum(low.frags[v].kind == "npu" for v in part)
     res.search_s = time.perf_counter() - t0
     return res
+
+
+def pieces(g: list[int], deps: list[set[int]], limit: int, least: int = 3) -> list[list[int]]:
+    """Subgraph `g` (operators in ONNX order) cut into consecutive runs of at least `least`
+    operators, each with at most `limit` topological orders where cuts allow: a subgraph with more
+    is cut where the fewest dependencies cross (ties: nearest the middle), again and again. Orders
+    within the runs keep every dependency (runs go one after another), and each run is searched
+    exhaustively at a fraction of the cost of timing the whole subgraph per order; random orders of a
+    large subgraph (a detector's 127-201 operators between a backbone and its neck) found no gain
+    above MIN_GAIN on the real models (docs/compiler.md)."""
+    if len(g) < 2 * least or len(list(islice(topo_orders(g, deps), limit + 1))) <= limit:
+        return [g]
+    pos = {v: i for i, v in enumerate(g)}
+    delta = [0] * (len(g) + 1)  # dependencies crossing the cut before position i, as differences
+    for v in g:
+        for d in deps[v]:
+            if d in pos:
+                delta[pos[d] + 1] += 1
+                delta[pos[v] + 1] -= 1
+    crossing, best = 0, None
+    for i in range(1, len(g)):
+        crossing += delta[i]
+        if least <= i <= len(g) - least and (best is None or (crossing, abs(len(g) - 2 * i)) < best[0]):
+            best = ((crossing, abs(len(g) - 2 * i)), i)
+    assert best is not None  # len(g) >= 2 * least: some cut qualifies
+    i = best[1]
+    return pieces(g[:i], deps, limit, least) + pieces(g[i:], deps, limit, least)
+
+
+def _search_subgraph(
+    low: Lowering, g: list[int], deps, cost: CostModel, mem: LiveMemory, rng: random.Random, parity: int,
+    exhaustive_limit: int | None, samples: int, budget_end: float | None = None, min_gain: float = 0.0,
+    scale: int | None = None,
+) -> SubgraphResult:  # fmt: skip
+    """The fewest cycles among `g`'s orders: all of them up to `exhaustive_limit`, else `samples`
+    random ones (`exhaustive_limit` None: every order, until `budget_end`); taken only where they
+    save `min_gain` of `scale` cycles (default: `g`'s own), else the ONNX order. None is timed
+    past the ONNX order's where even the busiest unit's floor leaves less to gain."""
+    # the orders themselves (up to the limit, so that counting and searching enumerate once), or
+    # with no limit a stream searched until the budget runs out
+    n = None
+    if exhaustive_limit is None:
+        cands, method = topo_orders(g, deps), "exhaustive"
+    else:
+        head = list(islice(topo_orders(g, deps), exhaustive_limit + 1))
+        n = len(head)
+        if n <= exhaustive_limit:
+            cands, method = head, "exhaustive" if n > 1 else "single"
+        else:
+            cands, method = _sampled(g, deps, samples, rng), "sampled"
+    if method == "single":  # nothing to choose: not timed (a chain is most subgraphs of a CNN)
+        pk = mem.peak(g, g)
+        return SubgraphResult(_names(low, g), 1, 0, method, 0, 0, g, pk, pk)
+    default = cost.cycles(g, parity)
+    need = min_gain * (scale or default)
+    if default - cost.floor < need:  # no order of these operators can save enough
+        cands, method = [], f"{method} (not searched: at most {default - cost.floor} cycles to gain)"
+    best, best_c, seen, evaluated = g, default, 1, 1
+    for cand in cands:
+        if cand == g:
+            continue
+        seen += 1
+        c = cost.cycles(cand, parity)
+        evaluated += 1
+        if c < best_c:
+            best, best_c = cand, c
+        if budget_end is not None and time.perf_counter() > budget_end:
+            method += " (budget)"
+            break
+    if best is not g and default - best_c < need:
+        method += f" (ONNX order kept: {default - best_c} cycles, below {min_gain:.1%} of {scale or default})"
+        best, best_c = g, default
+    window = mem.window(g)
+    return SubgraphResult(
+        _names(low, g), seen if n is None else n, evaluated, method, default, best_c, best,
+        mem.peak(g, g, window), mem.peak(g, best, window),
+    )  # fmt: skip
 
 
 def _search_memory(

@@ -9,7 +9,7 @@ import onnx
 from npu.cli import main
 from npu.compiler.cleanup import cleanup
 from npu.compiler.lower import lower
-from npu.compiler.order import CostModel, key_nodes, search_order, subgraphs, topo_orders
+from npu.compiler.order import CostModel, key_nodes, pieces, search_order, subgraphs, topo_orders
 from npu.compiler.quantize import quantize_float_model
 from npu.config import get_config
 from npu.models.builder import Net
@@ -24,6 +24,24 @@ def test_key_nodes_of_a_diamond_chain():
     orders = list(topo_orders([5, 6, 7, 8], deps))
     assert len(orders) == len({tuple(o) for o in orders}) == 3
     assert all(o.index(5) < o.index(6) and o[-1] == 8 for o in orders)
+
+
+def test_a_large_subgraph_is_cut_into_runs_of_few_orders_where_fewest_dependencies_cross():
+    # a backbone chain 0..11 whose taps 2, 5, 8 feed a neck (12, 13, 14) that ends in 15: no key
+    # node between 2 and 15, thousands of orders
+    deps = [set()] + [{i - 1} for i in range(1, 12)] + [{2}, {5}, {8}, {11, 12, 13, 14}]
+    g = list(range(16))
+    assert key_nodes(deps) == [0, 1, 2, 15]
+    parts = pieces(g, deps, limit=6)
+    assert [v for p in parts for v in p] == g and len(parts) > 1
+    for p in parts:
+        assert len(p) < 6 or len(list(topo_orders(p, deps))) <= 6
+    # every order made of the runs' own orders keeps every dependency
+    for p in parts:
+        for o in topo_orders(p, deps):
+            order = [v for q in parts for v in (o if q is p else q)]
+            assert all(order.index(d) < order.index(v) for v in order for d in deps[v])
+    assert pieces(g, deps, limit=10**6) == [g]
 
 
 def _branchy():
@@ -66,6 +84,20 @@ def test_a_gain_within_the_cost_models_error_keeps_the_onnx_order():
     assert any("ONNX order kept" in s.method for s in kept.subgraphs)
     between = search_order(low, min_gain=share * 0.99)
     assert between.order != list(range(len(low.frags))) and 0 < between.predicted_gain <= found.predicted_gain
+
+
+def test_no_order_goes_below_the_busiest_units_floor_and_none_is_searched_that_cannot_gain_enough():
+    model = _branchy()
+    calib = np.random.default_rng(0).normal(size=(8, 8, 12, 12)).astype(np.float32)
+    low = lower(quantize_float_model(cleanup(model), calib), get_config("default"))
+    cost = CostModel(low, cancel_points=False)
+    for o in list(topo_orders(list(range(len(low.frags))), [f.deps for f in low.frags]))[:20]:
+        c = cost.cycles(o)  # then `floor` is this run's busiest unit
+        assert 0 < cost.floor <= c
+    # a gain larger than any order can make: the subgraphs are timed in the ONNX order only
+    none = search_order(low, min_gain=1.0)
+    timed = [s for s in none.subgraphs if s.method != "single"]
+    assert timed and all("not searched" in s.method and s.evaluated == 1 for s in timed)
 
 
 def test_searched_order_gives_the_same_outputs(tmp_path):
