@@ -8,9 +8,11 @@ program builder lets them overlap where their data do not conflict). The search:
    order, v is a key node exactly when no edge jumps over it);
 2. cuts the graph after each key node into subgraphs and merges subgraphs smaller than
    `merge_below` operators into the one before (fewer, larger subgraphs: less linking work);
-3. searches each subgraph's topological orders, exhaustively up to `exhaustive_limit` orders and by
-   random sampling above it, with the golden model's timing as the cost model (the subgraph's
-   program run alone, timing only);
+3. cuts a subgraph with more than `exhaustive_limit` orders into runs of fewer (`pieces`) and
+   searches each subgraph's or run's topological orders exhaustively (random samples where a run
+   cannot be cut that far), with the golden model's timing as the cost model (the program run
+   alone, timing only); a best order is taken only where it saves `MIN_GAIN` of its subgraph's
+   cycles, above the cost model's error;
 4. links the best orders in subgraph sequence (subgraphs run one after another, so each can be
    optimised alone).
 
