@@ -141,7 +141,7 @@ class CompiledModel:
         r = self.search
         lines = [
             f"operator order: searched for {r.objective} in {r.search_s:.2f} s over {len(r.subgraphs)} "
-            f"subgraphs (cut at key nodes), predicted gain {r.predicted_gain} cycles"
+            f"subgraphs (cut at key nodes, large ones into runs), predicted gain {r.predicted_gain} cycles"
             + (" (time budget reached: later subgraphs keep the ONNX order)" if r.timed_out else "")
         ]
         for i, s in enumerate(r.subgraphs):
