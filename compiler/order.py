@@ -255,10 +255,9 @@ def search_order(
     res = SearchResult([])
     parity = 0
     for g in groups:
-        parts = [g] if exhaustive_limit is None else pieces(g, deps, exhaustive_limit, merge_below)
-        # a gain is judged against the key-node subgraph's cycles: the cost model's error is at its
-        # ends and the final program's points, not at the pieces' cuts (MIN_GAIN)
-        scale = None if len(parts) == 1 else cost.cycles(g, parity)
+        parts, scale = [g], None
+        if budget_s is None or time.perf_counter() - t0 <= budget_s:
+            parts, scale = _runs(g, deps, cost, parity, exhaustive_limit, samples, budget_s, merge_below)
         for part in parts:
             if budget_s is not None and time.perf_counter() - t0 > budget_s:
                 pk = mem.peak(part, part)
@@ -277,14 +276,29 @@ def search_order(
     return res
 
 
+def _runs(g, deps, cost: CostModel, parity: int, limit: int | None, samples: int, budget_s: float | None,
+          least: int) -> tuple[list[list[int]], int | None]:  # fmt: skip
+    """How subgraph `g` is searched: whole (its orders enumerated, or sampled), or cut into runs
+    (`pieces`) where sampling it would take more than the whole search's budget: `samples` timings
+    of the whole subgraph (2.5 s each on the PP-OCRv4 detector's 201 operators, 10 ms on an
+    Inception module). With runs, the cycles a gain is judged against: the whole subgraph's (the cost
+    model's error is at its ends and the final program's points, not at the cuts; MIN_GAIN)."""
+    if limit is None or budget_s is None or len(list(islice(topo_orders(g, deps), limit + 1))) <= limit:
+        return [g], None
+    t = time.perf_counter()
+    whole = cost.cycles(g, parity)
+    if (time.perf_counter() - t) * samples <= budget_s:
+        return [g], None
+    return pieces(g, deps, limit, least), whole
+
+
 def pieces(g: list[int], deps: list[set[int]], limit: int, least: int = 3) -> list[list[int]]:
     """Subgraph `g` (operators in ONNX order) cut into consecutive runs of at least `least`
     operators, each with at most `limit` topological orders where cuts allow: a subgraph with more
     is cut where the fewest dependencies cross (ties: nearest the middle), again and again. Orders
     within the runs keep every dependency (runs go one after another), and each run is searched
-    exhaustively at a fraction of the cost of timing the whole subgraph per order; random orders of a
-    large subgraph (a detector's 127-201 operators between a backbone and its neck) found no gain
-    above MIN_GAIN on the real models (docs/compiler.md)."""
+    exhaustively, each order timed on the run alone. (Orders across the cuts are lost: an Inception
+    module's best orders interleave its branches, which runs cannot; docs/compiler.md.)"""
     if len(g) < 2 * least or len(list(islice(topo_orders(g, deps), limit + 1))) <= limit:
         return [g]
     pos = {v: i for i, v in enumerate(g)}

@@ -100,6 +100,19 @@ def test_no_order_goes_below_the_busiest_units_floor_and_none_is_searched_that_c
     assert timed and all("not searched" in s.method and s.evaluated == 1 for s in timed)
 
 
+def test_a_subgraph_too_costly_to_sample_within_the_budget_is_cut_into_runs():
+    model = _branchy()
+    calib = np.random.default_rng(0).normal(size=(8, 8, 12, 12)).astype(np.float32)
+    low = lower(quantize_float_model(cleanup(model), calib), get_config("default"))
+    # 900 orders: two samples of the whole graph fit a minute's budget, a million do not
+    whole = search_order(low, partition=False, exhaustive_limit=10, samples=2, budget_s=60)
+    assert [s.method.split()[0] for s in whole.subgraphs] == ["sampled"]
+    cut = search_order(low, partition=False, exhaustive_limit=10, samples=10**6, budget_s=60)
+    assert len(cut.subgraphs) > 1 and {s.method.split()[0] for s in cut.subgraphs} <= {"exhaustive", "single"}
+    assert all(s.orders <= 10 or len(s.nodes) < 6 for s in cut.subgraphs)
+    assert sorted(cut.order) == list(range(len(low.frags))) and not cut.timed_out
+
+
 def test_searched_order_gives_the_same_outputs(tmp_path):
     model = _branchy()
     calib = np.random.default_rng(0).normal(size=(8, 8, 12, 12)).astype(np.float32)
