@@ -8,6 +8,7 @@ independent operators can overlap); a host step ends the current NPU segment.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from npu.config import ACC_BASE, NpuConfig
@@ -42,6 +43,24 @@ class Lowered:
     def cancel_points(self) -> dict[int, int]:
         """Point id -> pc."""
         return {p.id: p.pc for p in self.points}
+
+
+@dataclass
+class Reuse:
+    """What an assembly without timing (the accuracy guard's build) leaves to a timed one of the
+    same lowering, order and options: each NPU segment's build without points (`builds`, by the
+    segment's ordinal among the NPU segments), which is the timed assembly's first build, and
+    `times(k)`: the golden model's unit end times per pc of segment k's build, timed elsewhere
+    (compiler/parallel.py), or None where they are not there."""
+
+    low: Lowering | None = None
+    order: list[int] = field(default_factory=list)
+    options: tuple = ()
+    builds: dict[int, tuple[int, object, dict[int, int]]] = field(default_factory=dict)
+    times: Callable[[int], dict[int, int] | None] = lambda _k: None
+
+    def fits(self, low: Lowering, order: list[int], options: tuple) -> bool:
+        return self.low is low and self.order == order and self.options == options
 
 
 def _estimate(
@@ -103,6 +122,7 @@ def assemble(
     dram: str = "arena",
     step_cycles: int = 0,
     timed: bool = True,
+    reuse: Reuse | None = None,
 ) -> Lowered:
     """Programs and host steps for one operator order (a topological order of the fragments), with
     cancellation points placed by `policy` (None: no points). `granularity` "operator" makes every
@@ -113,7 +133,8 @@ def assemble(
     `dram`: "arena" (activations share one arena by liveness in this order) or "bump" (every tensor
     at its own range, the addresses lowering gave). Not `timed`: the cost figures (segments', layers',
     points') are the busiest unit's summed durations, not the golden model's timing (for a build
-    whose values alone matter)."""
+    whose values alone matter). `reuse`: not `timed`, filled with each NPU segment's build without
+    points; `timed`, taken from where it fits (the same lowering, order and options)."""
     order = list(range(len(low.frags))) if order is None else order  # default: the ONNX order
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {', '.join(GRANULARITIES)}, not {granularity!r}")
@@ -129,6 +150,11 @@ def assemble(
                 raise ValueError(
                     f"operator {f.layer.node} is ordered before its input {low.frags[d].layer.node}"
                 )
+    if reuse is not None:  # filled (values only) or taken (timed) where it is this very assembly
+        options = (granularity, dram, step_cycles)
+        reuse = reuse if timed and reuse.fits(low, order, options) else None if timed else reuse
+        if not timed:
+            reuse.low, reuse.order, reuse.options = low, list(order), options
     dp = plan(low, order, granularity, dram)
     tr = Translate(low, dp)  # virtual DRAM addresses -> planned ones, applied before building
     out = Lowered(
@@ -157,7 +183,8 @@ def assemble(
             return
         for i in pending:
             seg_of[i] = len(out.segments)
-        _emit_segment(cfg, out, seg, cands, spans, policy, timed)
+        k = sum(isinstance(x, NpuSegment) for x in out.segments)
+        _emit_segment(cfg, out, seg, cands, spans, policy, timed, reuse, k)
         out.segments[-1].chained = chained
         seg, cands, spans, pending = [], [], [], []
 
@@ -279,13 +306,21 @@ def _unit_ends(m) -> dict[int, int]:
     return end_of
 
 
-def _simulated_times(cfg: NpuConfig, seg: list[Item]) -> list[int]:
+def _simulated_times(cfg: NpuConfig, seg: list[Item], reuse: Reuse | None = None, k: int = 0) -> list[int]:
     """Cycle at which each item position is reached, from the golden model's timing of the segment
     built without points (in the order its instructions can start, as `_with_points` builds it):
     the latest end of the items before it (what a point there waits for; the instructions after it
-    in the built order do not move their ends much)."""
-    built, new_index, _, _ = _with_points(cfg, seg, [], 0, timed=False)
-    end_of = _unit_ends(timing_run(cfg, built.instrs, trace=True))
+    in the built order do not move their ends much). `reuse`: segment `k`'s build and times, where
+    an assembly without timing left them."""
+    kept = reuse.builds.get(k) if reuse is not None else None
+    if kept is not None and kept[0] == len(seg):
+        _, built, new_index = kept
+        end_of = reuse.times(k)
+    else:
+        built, new_index, _, _ = _with_points(cfg, seg, [], 0, timed=False)
+        end_of = None
+    if end_of is None:
+        end_of = _unit_ends(timing_run(cfg, built.instrs, trace=True))
     pcs = built.item_pcs
     t_at, latest = [], 0
     for i, it in enumerate(seg):
@@ -369,18 +404,27 @@ def _emit_segment(
     spans,
     policy: PointPolicy | None,
     timed: bool = True,
+    reuse: Reuse | None = None,
+    k: int = 0,
 ) -> None:
     if policy is not None and policy.every_instruction:
         whole = [(0, cfg.spad_bytes), (ACC_BASE, ACC_BASE + cfg.acc_bytes)]
         cands = [Candidate(i, 0, False, whole) for i, it in enumerate(seg) if it.kind == "instr" and i > 0]
         cands.append(Candidate(len(seg), 0, True, []))
     # with an interval the points are placed on the golden model's timing, else on the estimate
-    t_at = _simulated_times(cfg, seg) if policy is not None and policy.interval else _busy_times(seg, cfg)
+    if policy is not None and policy.interval:
+        t_at = _simulated_times(cfg, seg, reuse, k)
+    else:
+        t_at = _busy_times(seg, cfg)
     for c in cands:
         c.t = t_at[c.pos]
     chosen = choose(cands, policy, cfg) if policy is not None else []
     seg_no = len(out.segments)
-    built, new_index, point_ids, reach = _with_points(cfg, seg, chosen, len(out.points), timed, reorder=timed)
+    # values only: the lowering's order, but for a timed assembly that takes this build as its first
+    reorder = timed or reuse is not None
+    built, new_index, point_ids, reach = _with_points(cfg, seg, chosen, len(out.points), timed, reorder)
+    if not timed and reuse is not None and not chosen:
+        reuse.builds[k] = (len(seg), built, new_index)
     if not timed:
         reach = _busy_times([Item("barrier" if i.unit is None else "instr", i) for i in built.instrs], cfg)
     # the points were chosen on the segment's timing without them, and each point waits for the

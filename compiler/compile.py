@@ -21,7 +21,7 @@ from npu.isa import encode_program
 
 from . import accuracy, parallel, precision, region
 from .accuracy import Accuracy
-from .assemble import Lowered, assemble
+from .assemble import Lowered, Reuse, assemble
 from .cleanup import cleanup
 from .dram import DramPlan
 from .errors import AccuracyError, DramTooSmall
@@ -591,18 +591,19 @@ def _compile(
     def values(m: onnx.ModelProto, prep: Prepared, host_nodes: dict[str, str] | None) -> CompiledModel:
         lowering, regions = _lowered(m, prep, cfg, opts, path, True, clamped, host_nodes)
         a = (lowering, regions, m, prep, cfg, opts, path, quantisation, t0)
+        reuse = Reuse()  # the build without points, which the timed assembly's first one is
         try:
-            got, full = _assembled(*a, timed=False), False
+            got, full = _assembled(*a, timed=False, reuse=reuse), False
         except DramTooSmall:  # in the ONNX order: the searched order's arena may fit
             got, full = _assembled(*a), True
-        built[id(got)] = (got, a, full)
+        built[id(got)] = (got, a, full, reuse)
         return got
 
     def rebuild(host_nodes: dict[str, str]) -> CompiledModel:
         return values(copied(qdq), dataclasses.replace(prepared, notes=list(notes)), host_nodes)
 
     compiled = values(model, prepared, None)
-    _, a, full = built[id(compiled)]
+    _, a, full, reuse = built[id(compiled)]
     # a large program's check runs in a second process while this one searches the order and
     # assembles the build the check is likely to accept (compiler/parallel.py)
     work = len(compiled.lowered.program) * check.samples
@@ -610,17 +611,28 @@ def _compile(
     how = ", in a second process beside the order search" if beside else ""
     stage(f"accuracy check on {check.samples} calibration samples (golden model against onnxruntime{how})")
     outputs, ahead, failed, runs = None, None, None, None
-    if beside:
-        runs = parallel.start(parallel.golden_runs, compiled._container().to_bytes(), cfg, check.inputs)
-    if runs is not None:
-        try:
-            ahead = _assembled(*a)
-        except Exception as e:  # noqa: BLE001 - raised below only if this build is the one kept
-            failed = e
-        except BaseException:  # an interrupt: stop the child too
-            runs.close()
-            raise
-        outputs = runs.result()
+    # the child also times the build's segments first, for the timed assembly's first build (the
+    # same program where the search keeps the ONNX order; not relocated into regions)
+    times = parallel.SegmentTimes() if beside and a[1] is None else None
+    try:
+        if beside:
+            raw = compiled._container().to_bytes()
+            runs = parallel.start(parallel.golden_runs, raw, cfg, check.inputs, times and times.path)
+        if runs is not None:
+            if times is not None:
+                times.child, reuse.times = runs, times.get
+            try:
+                ahead = _assembled(*a, reuse=reuse)
+            except Exception as e:  # noqa: BLE001 - raised below only if this build is the one kept
+                failed = e
+            except BaseException:  # an interrupt: stop the child too
+                runs.close()
+                raise
+            outputs = runs.result()
+    finally:
+        if times is not None:
+            times.close()
+        reuse.times = lambda _k: None  # the child's file is gone
     hint = "--activations int16, " if opts.activations != "int16" else ""
     args = (float_model, float_clean, check, opts.target_cosine, rebuild, str(path), hint)
     # some int8 (auto's next step is int16), or int16 weights in some layers (next: in every one):
@@ -635,8 +647,8 @@ def _compile(
             raise failed
         final = ahead
     else:
-        _, a, full = built[id(checked)]
-        final = checked if full else _assembled(*a)
+        _, a, full, reuse = built[id(checked)]
+        final = checked if full else _assembled(*a, reuse=reuse)
     final.accuracy = checked.accuracy
     return final
 
@@ -708,9 +720,11 @@ def _lowered(
 def _assembled(
     lowering: Lowering, regions: Regions | None, model, prepared: Prepared, cfg: NpuConfig,
     opts: CompileOptions, path, quantisation: str, t0: float, timed: bool = True,
+    reuse: Reuse | None = None,
 ) -> CompiledModel:  # fmt: skip
     """Order (the search), assemble with cancellation points and relocate a lowering. Not `timed`:
-    only the values matter (the accuracy guard's builds): the ONNX order, no points."""
+    only the values matter (the accuracy guard's builds): the ONNX order, no points. `reuse`
+    (`assemble`'s): left by the build without timing, taken by the timed one."""
     search = None
     if timed and opts.order == "search":
         stage(f"searching the operator order ({len(lowering.frags)} operators)")
@@ -737,6 +751,7 @@ def _assembled(
         opts.resolved_dram_plan,
         opts.step_cycles,
         timed,
+        reuse,
     )
     base = round_up(low.dram_end, 4096)
     if base + len(low.program) * 32 > cfg.dram_bytes:

@@ -21,6 +21,7 @@ import pickle
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -100,18 +101,69 @@ def start(func: Callable, *args: Any) -> Child | None:
         return None
 
 
-def golden_runs(raw: bytes, cfg: NpuConfig, inputs: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
-    """A container's (`raw`, its bytes) golden-model outputs on each input list, values only."""
+def golden_runs(
+    raw: bytes, cfg: NpuConfig, inputs: list[list[np.ndarray]], times_at: str | None = None
+) -> list[list[np.ndarray]]:
+    """A container's (`raw`, its bytes) golden-model outputs on each input list, values only. First,
+    with `times_at`, the golden model's timing of each NPU segment, written there as soon as it is
+    known (`segment_times`; the compiler's timed assembly takes them while these runs go on)."""
     from npu.container import Container
     from npu.sim.golden.runner import run_container
 
     container = Container.from_bytes(raw)
+    if times_at is not None:
+        part = Path(times_at + ".part")
+        part.write_bytes(pickle.dumps(segment_times(container, cfg), protocol=pickle.HIGHEST_PROTOCOL))
+        part.rename(times_at)  # whole or not at all
     outputs = []
     for x in inputs:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # a host log of a value quantised to 0
             outputs.append(run_container(container, list(x), cfg, in_order=True)[0])
     return outputs
+
+
+def segment_times(container, cfg: NpuConfig) -> list[dict[int, int]]:
+    """Per NPU segment of a container (in order): the latest end of each pc's unit work, from the
+    golden model's timing of the segment's program run alone (`assemble._unit_ends`)."""
+    from npu.container import NpuSegment
+    from npu.isa import decode_program
+    from npu.sim.golden.runner import timing_run
+
+    from .assemble import _unit_ends
+
+    program = decode_program(container.blobs["program"])
+    return [
+        _unit_ends(timing_run(cfg, program[s.pc : s.end + 1], trace=True))
+        for s in container.manifest.segments
+        if isinstance(s, NpuSegment)
+    ]
+
+
+class SegmentTimes:
+    """Where a child's `golden_runs` writes `segment_times` (`path`), and `get(k)`: segment k's,
+    waiting for the file while the child (`child`, once started) runs; None if it never comes (the
+    caller times the segment itself)."""
+
+    def __init__(self) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="npu-times-")
+        self.path = str(Path(self._dir.name) / "times.pickle")
+        self.child: Child | None = None
+        self._times: list | None = None
+
+    def get(self, k: int) -> dict[int, int] | None:
+        if self._times is None and self.child is not None:
+            path = Path(self.path)
+            while not path.exists() and self.child._proc.poll() is None:
+                time.sleep(0.01)
+            try:
+                self._times = pickle.loads(path.read_bytes())
+            except (OSError, pickle.UnpicklingError, EOFError):  # the child failed before it
+                self.child = None
+        return self._times[k] if self._times is not None and k < len(self._times) else None
+
+    def close(self) -> None:
+        self._dir.cleanup()
 
 
 def _main(job: str, out: str) -> None:

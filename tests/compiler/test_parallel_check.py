@@ -9,6 +9,7 @@ import pytest
 from npu.compiler import compile as compile_mod
 from npu.compiler import compile_onnx, parallel
 from npu.compiler.errors import AccuracyError, CompileError, DramTooSmall
+from npu.config import get_config
 from npu.models import zoo
 from tests.compiler.test_accuracy import logmel_model, tones
 from tests.compiler.test_precision import _sure_classifier
@@ -48,6 +49,30 @@ def test_a_passing_check_beside_the_order_search_keeps_the_same_build(tmp_path, 
     _same(beside, here)
 
 
+def test_the_timed_assembly_takes_the_checks_build_and_the_childs_timing_of_it(tmp_path, always, monkeypatch):
+    """The check's build (no points, the ONNX order, which the search keeps here) is the timed
+    assembly's first build: taken as it is, with its timing from the child, the same program."""
+    z = zoo.resnet_small()
+    path = tmp_path / "m.onnx"
+    onnx.save(z.model, str(path))
+    got, get = [], parallel.SegmentTimes.get
+    monkeypatch.setattr(parallel.SegmentTimes, "get", lambda self, k: got.append(get(self, k)) or got[-1])
+    beside = compile_onnx(path, calib=z.calib)
+    assert beside.lowered.order == sorted(beside.lowered.order)
+    assert got and all(isinstance(t, dict) and t for t in got)
+    _same(beside, compile_onnx(path, calib=z.calib, parallel=False))
+
+
+def test_a_child_that_fails_gives_no_segment_times():
+    times = parallel.SegmentTimes()
+    cfg = get_config("default")
+    times.child = parallel.start(parallel.golden_runs, b"not a container", cfg, [], times.path)
+    try:
+        assert times.get(0) is None and times.child is None
+    finally:
+        times.close()
+
+
 def test_a_repair_after_the_check_beside_is_the_same_repair(tmp_path, always, monkeypatch):
     """The first check fails: the build assembled beside it is dropped and the repair rounds run as
     in one process."""
@@ -72,10 +97,10 @@ def test_an_error_of_the_build_beside_the_check_is_raised_as_without_it(tmp_path
     onnx.save(z.model, str(path))
     assembled = compile_mod._assembled
 
-    def timed_fails(*a, timed: bool = True):
+    def timed_fails(*a, timed: bool = True, reuse=None):
         if timed:
             raise DramTooSmall("the ordered build does not fit (test)")
-        return assembled(*a, timed=False)
+        return assembled(*a, timed=False, reuse=reuse)
 
     monkeypatch.setattr(compile_mod, "_assembled", timed_fails)
     errors = []
