@@ -3,7 +3,9 @@
 Two steps of a compile do not depend on what runs at the same time:
 
 - the accuracy check's golden-model runs (`golden_runs`) and the order search and final assembly
-  of the build the check is likely to accept (compiler/compile.py);
+  of the build the check is likely to accept (compiler/compile.py); the child first times the
+  checked build's segments (`segment_times`), which the final assembly's first build is where the
+  search keeps the ONNX order (`assemble.Reuse`);
 - the int16-everywhere quantisation (onnxruntime's quantiser) and the int8/int16 choice's test of
   whether the calibration outputs respond to int8 noise, after which most models keep int16
   everywhere (compiler/precision.py).
