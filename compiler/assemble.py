@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from npu.config import ACC_BASE, NpuConfig
 from npu.container import CancelPoint, HostTensor, Layer, NpuSegment, Segment, TensorDesc
 from npu.isa import Instr, footprint
-from npu.program import Item, ProgramBuilder, start_order
+from npu.program import BuiltProgram, Item, ProgramBuilder, start_order
 from npu.sim.golden.runner import timing_run
 from npu.timing import dma_bytes, duration
 
@@ -56,7 +56,7 @@ class Reuse:
     low: Lowering | None = None
     order: list[int] = field(default_factory=list)
     options: tuple = ()
-    builds: dict[int, tuple[int, object, dict[int, int]]] = field(default_factory=dict)
+    builds: dict[int, tuple[int, BuiltProgram, dict[int, int]]] = field(default_factory=dict)
     times: Callable[[int], dict[int, int] | None] = lambda _k: None
 
     def fits(self, low: Lowering, order: list[int], options: tuple) -> bool:
