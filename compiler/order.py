@@ -34,7 +34,7 @@ from itertools import islice
 
 from npu.arith import round_up
 from npu.program import ProgramBuilder
-from npu.sim.golden.model import NpuModel
+from npu.sim.golden.model import BUSY_COUNTERS, NpuModel
 from npu.sim.golden.runner import timing_run
 
 from .dram import LiveMemory
@@ -156,7 +156,7 @@ class CostModel:
 
     def cycles(self, order: list[int], parity: int = 0) -> int:
         total = 0
-        self._busy = [0] * len(_BUSY)
+        self._busy = [0] * len(BUSY_COUNTERS)
         b = None
         k = parity
         for idx in order + [-1]:
@@ -176,11 +176,8 @@ class CostModel:
 
     def _run(self, b: ProgramBuilder) -> int:
         counters = timing_run(self.low.cfg, b.build().instrs, self.base, self.model).counter_values()
-        self._busy = [n + counters[c] for n, c in zip(self._busy, _BUSY, strict=True)]
+        self._busy = [n + counters[c] for n, c in zip(self._busy, BUSY_COUNTERS.values(), strict=True)]
         return counters["CYCLES"]
-
-
-_BUSY = ("BUSY_LOAD", "BUSY_MATRIX", "BUSY_VECTOR", "BUSY_STORE")
 
 
 @dataclass

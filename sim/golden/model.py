@@ -34,7 +34,8 @@ def _outstanding(run: _Run) -> bool:
     return any(ch for channels in run.tokens for ch in channels)
 
 
-_BUSY = {
+#: each unit's busy-cycle counter
+BUSY_COUNTERS = {
     Unit.LOAD: "BUSY_LOAD",
     Unit.MATRIX: "BUSY_MATRIX",
     Unit.VECTOR: "BUSY_VECTOR",
@@ -652,7 +653,7 @@ class NpuModel:
         run.starts[u].append(t)
         run.busy_until[u] = end
         run.last_end = max(run.last_end, end)
-        self.counters[_BUSY[u]] += d
+        self.counters[BUSY_COUNTERS[u]] += d
         rd, wr = dma_bytes(ins)
         self.counters["DMA_RD_BYTES"] += rd
         self.counters["DMA_WR_BYTES"] += wr
@@ -697,7 +698,7 @@ class NpuModel:
         new = cur + extra
         run.busy_until[u] = new
         run.last_end = max(run.last_end, new)
-        self.counters[_BUSY[u]] += extra
+        self.counters[BUSY_COUNTERS[u]] += extra
         for c in signalled:
             ch = run.tokens[c][u]
             if ch and ch[-1] == cur:
