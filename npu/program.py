@@ -39,14 +39,17 @@ class Item:
 class _Hist:
     """One emitted instruction of a unit, as the token assignment sees it."""
 
-    __slots__ = ("pos", "w", "rw", "clock", "cps_before", "item", "signal")
+    __slots__ = ("pos", "w", "rw", "clock", "cps_before", "item", "wait", "signal")
 
-    def __init__(self, pos: int, w: list, rw: list, clock: tuple[int, ...], cps_before: int, item: int):
+    def __init__(
+        self, pos: int, w: list, rw: list, clock: tuple[int, ...], cps_before: int, item: int, wait: int
+    ):
         self.pos = pos  # index in the output program
         self.w, self.rw = w, rw  # (space, start, end) it writes; it reads or writes
         self.clock = clock  # per unit: last instruction known complete when this one completes
         self.cps_before = cps_before
         self.item = item  # index of the builder item (stable across passes); -1 for a SYNC
+        self.wait = wait  # the producers it waits for (a token each)
         self.signal = 0
 
 
@@ -150,7 +153,6 @@ class ProgramBuilder:
         hist: list[list[_Hist]] = [[] for _ in range(NUNITS)]
         known = [[-1] * NUNITS for _ in range(NUNITS)]  # known[u][p]
         crossings: dict[tuple[int, int, int], int] = {}
-        waits: dict[int, int] = {}  # pc of a unit instruction -> the wait mask it was given
         seq_of_item: dict[int, tuple[int, int]] = {}  # item index -> (unit, seq)
         n_cp = 0
 
@@ -179,11 +181,10 @@ class ProgramBuilder:
                 known_u = known[u] = [a if a >= b else b for a, b in zip(known_u, h.clock, strict=False)]
             seq = len(hist[u])
             known_u[u] = seq
-            hist[u].append(_Hist(len(out), ws, rws, tuple(known_u), n_cp, item))
+            hist[u].append(_Hist(len(out), ws, rws, tuple(known_u), n_cp, item, wait))
             if item >= 0:
                 seq_of_item[item] = (u, seq)
             out.append(ins)  # its tokens are set once its signals are known (below)
-            waits[len(out) - 1] = wait
 
         item_pcs: list[int] = []
         for index, item in enumerate(self._items):
@@ -212,9 +213,9 @@ class ProgramBuilder:
         # the token masks, one new instruction each (the same one where they are its own already)
         for u in range(NUNITS):
             for h in hist[u]:
-                ins, wait = out[h.pos], waits[h.pos]
-                if wait != ins.wait or h.signal != ins.signal:
-                    out[h.pos] = ins.with_tokens(wait, h.signal)
+                ins = out[h.pos]
+                if h.wait != ins.wait or h.signal != ins.signal:
+                    out[h.pos] = ins.with_tokens(h.wait, h.signal)
         prog = BuiltProgram(out, labels, cps, item_pcs)
         if self.check:
             check_tokens(out, self.cfg)
