@@ -252,9 +252,10 @@ def search_order(
     res = SearchResult([])
     parity = 0
     for g in groups:
-        parts, scale = [g], None
+        parts, scale, timed = [g], None, None
         if budget_s is None or time.perf_counter() - t0 <= budget_s:
-            parts, scale = _runs(g, deps, cost, parity, exhaustive_limit, samples, budget_s, merge_below)
+            args = (exhaustive_limit, samples, budget_s, merge_below)
+            parts, scale, timed = _runs(g, deps, cost, parity, *args)
         for part in parts:
             if budget_s is not None and time.perf_counter() - t0 > budget_s:
                 pk = mem.peak(part, part)
@@ -263,7 +264,8 @@ def search_order(
             else:
                 end = None if budget_s is None else t0 + budget_s
                 r = _search_subgraph(
-                    low, part, deps, cost, mem, rng, parity, exhaustive_limit, samples, end, min_gain, scale
+                    low, part, deps, cost, mem, rng, parity, exhaustive_limit, samples, end, min_gain, scale,
+                    timed if part is g else None,
                 )  # fmt: skip
                 res.timed_out |= "(budget)" in r.method
                 res.subgraphs.append(r)
@@ -274,19 +276,20 @@ def search_order(
 
 
 def _runs(g, deps, cost: CostModel, parity: int, limit: int | None, samples: int, budget_s: float | None,
-          least: int) -> tuple[list[list[int]], int | None]:  # fmt: skip
+          least: int) -> tuple[list[list[int]], int | None, tuple[int, int] | None]:  # fmt: skip
     """How subgraph `g` is searched: whole (its orders enumerated, or sampled), or cut into runs
     (`pieces`) where sampling it would take more than the whole search's budget: `samples` timings
     of the whole subgraph (2.5 s each on the PP-OCRv4 detector's 201 operators, 10 ms on an
     Inception module). With runs, the cycles a gain is judged against: the whole subgraph's (the cost
-    model's error is at its ends and the final program's points, not at the cuts; MIN_GAIN)."""
+    model's error is at its ends and the final program's points, not at the cuts; MIN_GAIN); kept
+    whole after that timing, its cycles and floor (not timed again)."""
     if limit is None or budget_s is None or len(list(islice(topo_orders(g, deps), limit + 1))) <= limit:
-        return [g], None
+        return [g], None, None
     t = time.perf_counter()
     whole = cost.cycles(g, parity)
     if (time.perf_counter() - t) * samples <= budget_s:
-        return [g], None
-    return pieces(g, deps, limit, least), whole
+        return [g], None, (whole, cost.floor)
+    return pieces(g, deps, limit, least), whole, None
 
 
 def pieces(g: list[int], deps: list[set[int]], limit: int, least: int = 3) -> list[list[int]]:
@@ -318,12 +321,13 @@ def pieces(g: list[int], deps: list[set[int]], limit: int, least: int = 3) -> li
 def _search_subgraph(
     low: Lowering, g: list[int], deps, cost: CostModel, mem: LiveMemory, rng: random.Random, parity: int,
     exhaustive_limit: int | None, samples: int, budget_end: float | None = None, min_gain: float = 0.0,
-    scale: int | None = None,
+    scale: int | None = None, timed: tuple[int, int] | None = None,
 ) -> SubgraphResult:  # fmt: skip
     """The fewest cycles among `g`'s orders: all of them up to `exhaustive_limit`, else `samples`
     random ones (`exhaustive_limit` None: every order, until `budget_end`); taken only where they
     save `min_gain` of `scale` cycles (default: `g`'s own), else the ONNX order. None is timed
-    past the ONNX order's where even the busiest unit's floor leaves less to gain."""
+    past the ONNX order's where even the busiest unit's floor leaves less to gain. `timed`: the ONNX
+    order's cycles and floor, where known."""
     # the orders themselves (up to the limit, so that counting and searching enumerate once), or
     # with no limit a stream searched until the budget runs out
     n = None
@@ -339,10 +343,10 @@ def _search_subgraph(
     if method == "single":  # nothing to choose: not timed (a chain is most subgraphs of a CNN)
         pk = mem.peak(g, g)
         return SubgraphResult(_names(low, g), 1, 0, method, 0, 0, g, pk, pk)
-    default = cost.cycles(g, parity)
+    default, floor = timed or (cost.cycles(g, parity), cost.floor)
     need = min_gain * (scale or default)
-    if default - cost.floor < need:  # no order of these operators can save enough
-        cands, method = [], f"{method} (not searched: at most {default - cost.floor} cycles to gain)"
+    if default - floor < need:  # no order of these operators can save enough
+        cands, method = [], f"{method} (not searched: at most {default - floor} cycles to gain)"
     best, best_c, seen, evaluated = g, default, 1, 1
     for cand in cands:
         if cand == g:
