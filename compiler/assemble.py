@@ -150,11 +150,12 @@ def assemble(
                 raise ValueError(
                     f"operator {f.layer.node} is ordered before its input {low.frags[d].layer.node}"
                 )
-    if reuse is not None:  # filled (values only) or taken (timed) where it is this very assembly
+    if reuse is not None:
         options = (granularity, dram, step_cycles)
-        reuse = reuse if timed and reuse.fits(low, order, options) else None if timed else reuse
-        if not timed:
+        if not timed:  # filled by this assembly
             reuse.low, reuse.order, reuse.options = low, list(order), options
+        elif not reuse.fits(low, order, options):  # left by an assembly of something else
+            reuse = None
     dp = plan(low, order, granularity, dram)
     tr = Translate(low, dp)  # virtual DRAM addresses -> planned ones, applied before building
     out = Lowered(
@@ -173,18 +174,19 @@ def assemble(
     cands: list[Candidate] = []
     spans: list[tuple[dict, int, int]] = []  # layer, first item, end item
     k_npu = 0
+    n_segs = 0  # NPU segments emitted (the next one's ordinal, `Reuse.builds`' key)
     seg_of: dict[int, int] = {}  # fragment -> segment holding it (its last, when cut into steps)
     first_of: dict[int, int] = {}  # fragment -> its first segment (granularity "step")
     pending: list[int] = []  # fragments of the NPU segment being collected
 
     def close(chained: bool = False) -> None:
-        nonlocal seg, cands, spans, pending
+        nonlocal seg, cands, spans, pending, n_segs
         if not seg:
             return
         for i in pending:
             seg_of[i] = len(out.segments)
-        k = sum(isinstance(x, NpuSegment) for x in out.segments)
-        _emit_segment(cfg, out, seg, cands, spans, policy, timed, reuse, k)
+        _emit_segment(cfg, out, seg, cands, spans, policy, timed, reuse, n_segs)
+        n_segs += 1
         out.segments[-1].chained = chained
         seg, cands, spans, pending = [], [], [], []
 
