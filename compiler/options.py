@@ -94,7 +94,7 @@ class CompileOptions:
         "(the most activation bytes live at once, the DRAM arena's lower bound; ties by cycles)",
         choices=OBJECTIVES)  # fmt: skip
     order_budget_s: float | None = _option(
-        10.0, "time limit of the order search (s); later subgraphs keep the ONNX order",
+        10.0, "time limit of the order search (s), shared among its subgraphs by their estimated cycles",
         flag="--order-budget", type=float, metavar="S", minimum=1e-9)  # fmt: skip
     exhaustive_limit: int = _option(
         120, "the order search tries every order of a subgraph with at most this many, and samples "

@@ -36,6 +36,7 @@ from npu.arith import round_up
 from npu.program import ProgramBuilder
 from npu.sim.golden.model import BUSY_COUNTERS, NpuModel
 from npu.sim.golden.runner import timing_run
+from npu.timing import duration
 
 from .dram import LiveMemory
 from .lower import VIRTUAL_DRAM, Lowering
@@ -234,10 +235,11 @@ def search_order(
 ) -> SearchResult:
     """The best operator order found (see the module docstring); `partition=False` searches the
     whole graph as one subgraph; `exhaustive_limit=None` enumerates every order (until the budget).
-    With `budget_s`, subgraphs left when time runs out keep their ONNX order (the result says
-    `timed_out`). `objective`: "cycles" or "memory" (peak live activation bytes, ties by cycles;
-    `max_states` bounds its dynamic programming per subgraph). `min_gain`: the least share of a
-    subgraph's cycles its best order must save to be taken (MIN_GAIN)."""
+    With `budget_s`, each subgraph is searched for its share of the time left, by its claim
+    (`_claims`: its estimated cycles); subgraphs left unsearched when time runs out keep their ONNX
+    order (the result says `timed_out`). `objective`: "cycles" or "memory" (peak live activation
+    bytes, ties by cycles; `max_states` bounds its dynamic programming per subgraph). `min_gain`:
+    the least share of a subgraph's cycles its best order must save to be taken (MIN_GAIN)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be 'cycles' or 'memory', not {objective!r}")
     t0 = time.perf_counter()
@@ -251,28 +253,54 @@ def search_order(
         return _search_memory(low, groups, deps, cost, mem, rng, t0, *args)
     res = SearchResult([])
     parity = 0
-    for g in groups:
-        parts, scale, timed = [g], None, None
+    claims = _claims(low, groups, deps)
+    left = sum(claims)
+    for g, claim in zip(groups, claims, strict=True):
+        parts, scale, timed, end = [g], None, None, None
+        if budget_s is not None:  # this subgraph's share of the time left, by its claim
+            now, stop = time.perf_counter(), t0 + budget_s
+            end = now + max(stop - now, 0.0) * claim / left if left else stop
+            left -= claim
         if budget_s is None or time.perf_counter() - t0 <= budget_s:
             args = (exhaustive_limit, samples, budget_s, merge_below)
             parts, scale, timed = _runs(g, deps, cost, parity, *args)
         for part in parts:
-            if budget_s is not None and time.perf_counter() - t0 > budget_s:
+            if end is not None and time.perf_counter() > end and claim:
                 pk = mem.peak(part, part)
                 res.subgraphs.append(SubgraphResult(_names(low, part), 0, 0, "budget", 0, 0, part, pk, pk))
                 res.timed_out = True
             else:
-                end = None if budget_s is None else t0 + budget_s
                 r = _search_subgraph(
                     low, part, deps, cost, mem, rng, parity, exhaustive_limit, samples, end, min_gain, scale,
                     timed if part is g else None,
                 )  # fmt: skip
-                res.timed_out |= "(budget)" in r.method
                 res.subgraphs.append(r)
             res.order += res.subgraphs[-1].order
             parity += sum(low.frags[v].kind == "npu" for v in part)
     res.search_s = time.perf_counter() - t0
     return res
+
+
+def _claims(low: Lowering, groups: list[list[int]], deps: list[set[int]]) -> list[int]:
+    """Each subgraph's claim on the search's time: its operators' estimated cycles (each one's
+    busiest unit's summed durations), where it has an order to choose; none where it has one.
+    Shares by claim let every subgraph of an Inception-style net be searched within the budget,
+    where the first ones took it all (docs/compiler.md)."""
+    cfg = low.cfg
+    out = []
+    for g in groups:
+        if len(list(islice(topo_orders(g, deps), 2))) < 2:
+            out.append(0)
+            continue
+        total = 0
+        for v in g:
+            busy = [0] * len(BUSY_COUNTERS)
+            for it in low.frags[v].items if low.frags[v].kind == "npu" else []:
+                if it.kind == "instr":
+                    busy[int(it.instr.unit)] += duration(it.instr, cfg)
+            total += max(busy)
+        out.append(max(total, 1))
+    return out
 
 
 def _runs(g, deps, cost: CostModel, parity: int, limit: int | None, samples: int, budget_s: float | None,
@@ -351,14 +379,14 @@ def _search_subgraph(
     for cand in cands:
         if cand == g:
             continue
+        if budget_end is not None and evaluated > 1 and time.perf_counter() > budget_end:
+            method += " (its share of the budget)"
+            break
         seen += 1
         c = cost.cycles(cand, parity)
         evaluated += 1
         if c < best_c:
             best, best_c = cand, c
-        if budget_end is not None and time.perf_counter() > budget_end:
-            method += " (budget)"
-            break
     if best is not g and default - best_c < need:
         method += f" (ONNX order kept: {default - best_c} cycles, below {min_gain:.1%} of {scale or default})"
         best, best_c = g, default

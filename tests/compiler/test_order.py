@@ -2,6 +2,7 @@
 a searched order computing the same results."""
 
 import json
+import time
 
 import numpy as np
 import onnx
@@ -111,6 +112,28 @@ def test_a_subgraph_too_costly_to_sample_within_the_budget_is_cut_into_runs():
     assert len(cut.subgraphs) > 1 and {s.method.split()[0] for s in cut.subgraphs} <= {"exhaustive", "single"}
     assert all(s.orders <= 10 or len(s.nodes) < 6 for s in cut.subgraphs)
     assert sorted(cut.order) == list(range(len(low.frags))) and not cut.timed_out
+
+
+def test_every_subgraph_gets_its_share_of_the_budget(monkeypatch):
+    """With too little time for every sample, each subgraph is searched for its share of the budget
+    (by its estimated cycles) instead of the first ones taking it all and the rest keeping the ONNX
+    order (an Inception-style net's modules)."""
+    model = _branchy()
+    calib = np.random.default_rng(0).normal(size=(8, 8, 12, 12)).astype(np.float32)
+    low = lower(quantize_float_model(cleanup(model), calib), get_config("default"))
+    cycles = CostModel.cycles
+
+    def slow(self, order, parity=0):  # a large net's timing: 30 ms a candidate
+        time.sleep(0.03)
+        return cycles(self, order, parity)
+
+    monkeypatch.setattr(CostModel, "cycles", slow)
+    # 30 samples of a module fit the budget (sampled whole), those of both do not
+    found = search_order(low, exhaustive_limit=5, samples=30, budget_s=1.5, min_gain=0)
+    searched = [s for s in found.subgraphs if s.method != "single"]
+    assert len(searched) >= 2 and not found.timed_out
+    assert all(s.method.startswith("sampled") and s.evaluated > 1 for s in searched)
+    assert any("its share of the budget" in s.method for s in searched)
 
 
 def test_searched_order_gives_the_same_outputs(tmp_path):
