@@ -38,6 +38,9 @@ class Lowered:
     dram_plan: DramPlan | None = None  # where constants and activations went (compiler/dram.py)
     points: list[CancelPoint] = field(default_factory=list)  # the cancellation point table
     candidates: list[dict] = field(default_factory=list)  # every place a point could have gone
+    #: the NPU segments' golden-model cycles built without their points (where the points were
+    #: placed on that timing: with an interval), None where not timed; what the points cost
+    cycles_without_points: int | None = 0
 
     @property
     def cancel_points(self) -> dict[int, int]:
@@ -50,14 +53,14 @@ class Reuse:
     """What an assembly without timing (the accuracy guard's build) leaves to a timed one of the
     same lowering, order and options: each NPU segment's build without points (`builds`, by the
     segment's ordinal among the NPU segments), which is the timed assembly's first build, and
-    `times(k)`: the golden model's unit end times per pc of segment k's build, timed elsewhere
-    (compiler/parallel.py), or None where they are not there."""
+    `times(k)`: the golden model's unit end times per pc of segment k's build and its cycles, timed
+    elsewhere (compiler/parallel.py), or None where they are not there."""
 
     low: Lowering | None = None
     order: list[int] = field(default_factory=list)
     options: tuple = ()
     builds: dict[int, tuple[int, BuiltProgram, dict[int, int]]] = field(default_factory=dict)
-    times: Callable[[int], dict[int, int] | None] = lambda _k: None
+    times: Callable[[int], tuple[dict[int, int], int] | None] = lambda _k: None
 
     def fits(self, low: Lowering, order: list[int], options: tuple) -> bool:
         return self.low is low and self.order == order and self.options == options
@@ -308,21 +311,26 @@ def _unit_ends(m) -> dict[int, int]:
     return end_of
 
 
-def _simulated_times(cfg: NpuConfig, seg: list[Item], reuse: Reuse | None = None, k: int = 0) -> list[int]:
+def _simulated_times(
+    cfg: NpuConfig, seg: list[Item], reuse: Reuse | None = None, k: int = 0
+) -> tuple[list[int], int]:
     """Cycle at which each item position is reached, from the golden model's timing of the segment
     built without points (in the order its instructions can start, as `_with_points` builds it):
     the latest end of the items before it (what a point there waits for; the instructions after it
-    in the built order do not move their ends much). `reuse`: segment `k`'s build and times, where
-    an assembly without timing left them."""
+    in the built order do not move their ends much); and that build's cycles, as `_program_times`
+    counts them. `reuse`: segment `k`'s build and times, where an assembly without timing left
+    them."""
     kept = reuse.builds.get(k) if reuse is not None else None
     if kept is not None and kept[0] == len(seg):
         _, built, new_index = kept
-        end_of = reuse.times(k)
+        timed = reuse.times(k)
     else:
         built, new_index, _, _ = _with_points(cfg, seg, [], 0, timed=False)
-        end_of = None
-    if end_of is None:
-        end_of = _unit_ends(timing_run(cfg, built.instrs, trace=True))
+        timed = None
+    if timed is None:
+        m = timing_run(cfg, built.instrs, trace=True)
+        timed = (_unit_ends(m), m.counter_values()["CYCLES"])
+    end_of, cycles = timed
     pcs = built.item_pcs
     t_at, latest = [], 0
     for i, it in enumerate(seg):
@@ -330,7 +338,7 @@ def _simulated_times(cfg: NpuConfig, seg: list[Item], reuse: Reuse | None = None
         if it.kind == "instr":
             latest = max(latest, end_of.get(pcs[new_index[i]], latest))
     t_at.append(latest)
-    return t_at
+    return t_at, max(latest, cycles)
 
 
 def _program_times(cfg: NpuConfig, instrs: list[Instr]) -> list[int]:
@@ -415,9 +423,13 @@ def _emit_segment(
         cands.append(Candidate(len(seg), 0, True, []))
     # with an interval the points are placed on the golden model's timing, else on the estimate
     if policy is not None and policy.interval:
-        t_at = _simulated_times(cfg, seg, reuse, k)
+        t_at, without = _simulated_times(cfg, seg, reuse, k)
+        if out.cycles_without_points is not None:
+            out.cycles_without_points += without
     else:
         t_at = _busy_times(seg, cfg)
+        if timed and policy is not None:  # points placed on estimates: the cost is not measured
+            out.cycles_without_points = None
     for c in cands:
         c.t = t_at[c.pos]
     chosen = choose(cands, policy, cfg) if policy is not None else []

@@ -261,6 +261,7 @@ def bench_models(cfg: NpuConfig, names: list[str] | None = None, max_inputs: int
                     "cosine": round(cos, 5),
                     "compile_s": round(compile_s, 2),
                     "max_cp_gap": cm.max_cp_gap,
+                    "cp_cycles_added": cm.cp_cycles_added,
                     "accuracy_check": verdict,
                     "quantisation": cm.quantisation,
                 }
@@ -275,7 +276,9 @@ def format_models(result: dict) -> str:
     lines = [
         f"{r['name']} ({r['set']}): {r['macs']:,} MACs, {r['cycles']:,} cycles (predicted "
         f"{r['predicted_cycles']:,}), utilisation {r['utilization']}, int8 MAC share {r['int8_mac_share']}, "
-        f"cosine {r['cosine']}, compile {r['compile_s']} s, largest point gap {r['max_cp_gap']:,}, "
+        f"cosine {r['cosine']}, compile {r['compile_s']} s, largest point gap {r['max_cp_gap']:,}"
+        + (f" (the points add {r['cp_cycles_added']:,} cycles)" if r.get("cp_cycles_added") else "")
+        + ", "
         f"accuracy check {r['accuracy_check'].split(':')[0]}"
         for r in result["models"]
     ]

@@ -162,6 +162,18 @@ class CompiledModel:
         return lines
 
     @property
+    def cp_cycles_added(self) -> int | None:
+        """The cycles the cancellation points add: the NPU segments' golden-model cycles with them
+        less without them (the same builds; a point waits for the units to drain). None where the
+        points were placed on estimates (no interval), so the build without them was not timed."""
+        segs = [s for s in self.lowered.segments if isinstance(s, NpuSegment)]
+        if not self.lowered.points:
+            return 0
+        if self.lowered.cycles_without_points is None:
+            return None
+        return sum(s.est_cycles or 0 for s in segs) - self.lowered.cycles_without_points
+
+    @property
     def max_cp_gap(self) -> int:
         """The largest estimated cycles between consecutive cancellation points of one program
         segment, from its start to the first (the longest an urgent model waits for this one)."""
@@ -170,6 +182,14 @@ class CompiledModel:
             gap = max(gap, p.est_cycles - last.get(p.segment, 0))
             last[p.segment] = p.est_cycles
         return gap
+
+    def _points_cost(self) -> str:
+        added = self.cp_cycles_added
+        if added is None:
+            return ""
+        total = sum(s.est_cycles or 0 for s in self.lowered.segments if isinstance(s, NpuSegment))
+        share = added / (total - added) if total > added else 0.0
+        return f"; they add {added:,} cycles ({share:.1%}) to the program without them (golden model)"
 
     def _points_report(self) -> list[str]:
         pts = self.lowered.points
@@ -181,7 +201,8 @@ class CompiledModel:
             f"{len(pts) - spill} interval points), largest estimated gap {self.max_cp_gap} cycles "
             f"({self.max_cp_gap / self.cfg.clock_mhz:,.1f} us at {self.cfg.clock_mhz:g} MHz), "
             f"largest live data {max(p.live_bytes for p in pts)} bytes"
-            + (f" ({self.points_note})" if self.points_note else ""),
+            + (f" ({self.points_note})" if self.points_note else "")
+            + self._points_cost(),
             f"  {'id':>4} {'pc':>6} {'kind':<8} {'est cycle':>10} {'live bytes':>10} {'dump':>6} "
             f"{'restore':>7}  ranges",
         ]

@@ -125,9 +125,10 @@ def golden_runs(
     return outputs
 
 
-def segment_times(container, cfg: NpuConfig) -> list[dict[int, int]]:
-    """Per NPU segment of a container (in order): the latest end of each pc's unit work, from the
-    golden model's timing of the segment's program run alone (`assemble._unit_ends`)."""
+def segment_times(container, cfg: NpuConfig) -> list[tuple[dict[int, int], int]]:
+    """Per NPU segment of a container (in order): the latest end of each pc's unit work and the
+    segment's cycles, from the golden model's timing of its program run alone
+    (`assemble._unit_ends`)."""
     from npu.container import NpuSegment
     from npu.isa import decode_program
     from npu.sim.golden.runner import timing_run
@@ -135,11 +136,12 @@ def segment_times(container, cfg: NpuConfig) -> list[dict[int, int]]:
     from .assemble import _unit_ends
 
     program = decode_program(container.blobs["program"])
-    return [
-        _unit_ends(timing_run(cfg, program[s.pc : s.end + 1], trace=True))
-        for s in container.manifest.segments
-        if isinstance(s, NpuSegment)
-    ]
+    out = []
+    for s in container.manifest.segments:
+        if isinstance(s, NpuSegment):
+            m = timing_run(cfg, program[s.pc : s.end + 1], trace=True)
+            out.append((_unit_ends(m), m.counter_values()["CYCLES"]))
+    return out
 
 
 class SegmentTimes:
@@ -153,7 +155,7 @@ class SegmentTimes:
         self.child: Child | None = None
         self._times: list | None = None
 
-    def get(self, k: int) -> dict[int, int] | None:
+    def get(self, k: int) -> tuple[dict[int, int], int] | None:
         if self._times is None and self.child is not None:
             path = Path(self.path)
             while not path.exists() and self.child._proc.poll() is None:

@@ -197,6 +197,35 @@ def test_operators_between_two_points_overlap(tmp_path):
     assert layer_cycles == cycles[1]
 
 
+def test_the_report_gives_the_cycles_the_points_add(tmp_path, monkeypatch):
+    """The points' cost is the golden model's cycles of the program with them less the same
+    lowering and order assembled without any: exactly, and the report says so."""
+    import onnx
+
+    from npu.compiler import compile as compile_mod
+    from npu.container import NpuSegment
+
+    z = zoo.digits_cnn()
+    onnx.save(z.model, str(tmp_path / "d.onnx"))
+    calls, assemble = [], compile_mod.assemble
+    monkeypatch.setattr(compile_mod, "assemble", lambda *a, **k: calls.append((a, k)) or assemble(*a, **k))
+    cm = compile_onnx(tmp_path / "d.onnx", "default", calib=z.calib, cp_interval=1_000, activations="int8")
+    (low, order, policy, *rest), kw = calls[-1]
+    assert policy is not None and policy.interval == 1_000 and len(cm.lowered.points) > 1
+    without = assemble(low, order, None, *rest, **kw)
+
+    def cycles(lowered):
+        return sum(s.est_cycles or 0 for s in lowered.segments if isinstance(s, NpuSegment))
+
+    assert not without.points and cm.cp_cycles_added == cycles(cm.lowered) - cycles(without) > 0
+    assert f"they add {cm.cp_cycles_added:,} cycles" in cm.report()
+    # points at operator boundaries only (no interval) are placed on estimates: not measured
+    kw = dict(calib=z.calib, max_pause_us=0, activations="int8")
+    boundaries = compile_onnx(tmp_path / "d.onnx", "default", **kw)
+    assert boundaries.lowered.points and boundaries.cp_cycles_added is None
+    assert "they add" not in boundaries.report()
+
+
 def test_live_ranges_are_the_bytes_written_before_and_read_after_each_candidate():
     """`fragment_liveness` keeps sets of ranges; a byte map is the oracle: a byte is live at a
     candidate if written before it and read after it before any write overwrites it."""

@@ -96,7 +96,7 @@ def test_bench_models_json(capsys):
     assert main(["bench", "models", "--models", "perception", "digits_cnn", "--inputs", "2", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     keys = {"name", "set", "macs", "cycles", "predicted_cycles", "utilization", "int8_mac_share", "cosine",
-            "compile_s", "max_cp_gap", "accuracy_check", "quantisation"}  # fmt: skip
+            "compile_s", "max_cp_gap", "cp_cycles_added", "accuracy_check", "quantisation"}  # fmt: skip
     peak = get_config("default").macs_per_cycle
     for m in r["models"]:
         assert keys <= set(m) and m["set"] == "zoo", m
@@ -108,6 +108,7 @@ def test_bench_models_json(capsys):
         if m["quantisation"].startswith("mixed activations") and "0 int16" in m["quantisation"]:
             assert m["int8_mac_share"] == 1.0, m
         assert 0 < m["max_cp_gap"] <= 100_000  # the default pause budget (500 us at 100 MHz)
+        assert 0 <= m["cp_cycles_added"] < m["cycles"]  # the points' cost, measured (an interval)
     assert [m["name"] for m in r["models"]] == ["perception", "digits_cnn"]
 
 
