@@ -181,21 +181,23 @@ class VectorUnit(wiring.Component):
         khkw = Signal(16)
         kzp = Signal(signed(26))  # POOL: kh * kw * zp_in, taken off an average's sum
         mult = Signal(signed(32))  # VMAP / POOL: the multiplier
-        # two multipliers: in_w * c_src at `go`, and one shared by sw * c_src (at `go`), kh * kw and
-        # kh * kw * zp_in; sh * row_c is shifted adds (8 bits of sh). The DSP blocks are the MACs'
-        # and the lanes' (docs/boards.md). Addresses are AW bits: the products modulo 2**AW. The
-        # steps are ready for the last setup cycle, whose load advances the loops from the first step.
+        # three multipliers: in_w * c_src and sw * c_src at `go`, and one shared by kh * kw and
+        # kh * kw * zp_in in the setup cycles; sh * row_c is shifted adds (8 bits of sh). The DSP
+        # blocks are the MACs' and the lanes' (docs/boards.md). Addresses are AW bits: the products
+        # modulo 2**AW. The steps are ready for the last setup cycle, whose load advances the loops
+        # from the first step. `go` only enables registers: as the shared multiplier's operand
+        # select it was the 32-MAC ULX3S build's critical path (pause target -> tokens -> go -> DSP)
         go, np_ = self.exec.go, view(Opcode.POOL, self.exec.instr)
         cs_go = np_.channels << np_.src_i16  # c_src of the instruction starting
         sa, sb = Signal(unsigned(16)), Signal(signed(18))
         m.d.comb += [
-            sa.eq(Mux(go, np_.sw, Mux(setup == SETUP_CYCLES, fp.kh, khkw))),
-            sb.eq(Mux(go, cs_go, Mux(setup == SETUP_CYCLES, fp.kw, fp.zp_in))),
+            sa.eq(Mux(setup == SETUP_CYCLES, fp.kh, khkw)),
+            sb.eq(Mux(setup == SETUP_CYCLES, fp.kw, fp.zp_in)),
         ]
         shared = Signal(signed(35))
         m.d.comb += shared.eq(sa * sb)
         with m.If(go):
-            m.d.sync += [ox_step.eq(shared), row_c.eq(np_.in_w * cs_go)]
+            m.d.sync += [ox_step.eq(np_.sw * cs_go), row_c.eq(np_.in_w * cs_go)]
         with m.If(setup == SETUP_CYCLES):  # first cycle: single products of fields
             cs = fp.channels << fp.src_i16
             m.d.sync += [
