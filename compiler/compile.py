@@ -166,12 +166,15 @@ class CompiledModel:
         """The cycles the cancellation points add: the NPU segments' golden-model cycles with them
         less without them (the same builds; a point waits for the units to drain). None where the
         points were placed on estimates (no interval), so the build without them was not timed."""
-        segs = [s for s in self.lowered.segments if isinstance(s, NpuSegment)]
         if not self.lowered.points:
             return 0
         if self.lowered.cycles_without_points is None:
             return None
-        return sum(s.est_cycles or 0 for s in segs) - self.lowered.cycles_without_points
+        return self._npu_cycles() - self.lowered.cycles_without_points
+
+    def _npu_cycles(self) -> int:
+        """The NPU segments' golden-model cycles (the cost model's), points included."""
+        return sum(s.est_cycles or 0 for s in self.lowered.segments if isinstance(s, NpuSegment))
 
     @property
     def max_cp_gap(self) -> int:
@@ -187,7 +190,7 @@ class CompiledModel:
         added = self.cp_cycles_added
         if added is None:
             return ""
-        total = sum(s.est_cycles or 0 for s in self.lowered.segments if isinstance(s, NpuSegment))
+        total = self._npu_cycles()
         share = added / (total - added) if total > added else 0.0
         return f"; they add {added:,} cycles ({share:.1%}) to the program without them (golden model)"
 

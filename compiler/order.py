@@ -36,8 +36,8 @@ from npu.arith import round_up
 from npu.program import ProgramBuilder
 from npu.sim.golden.model import BUSY_COUNTERS, NpuModel
 from npu.sim.golden.runner import timing_run
-from npu.timing import duration
 
+from .assemble import _estimate
 from .dram import LiveMemory
 from .lower import VIRTUAL_DRAM, Lowering
 from .options import OBJECTIVES
@@ -292,13 +292,8 @@ def _claims(low: Lowering, groups: list[list[int]], deps: list[set[int]]) -> lis
         if len(list(islice(topo_orders(g, deps), 2))) < 2:
             out.append(0)
             continue
-        total = 0
-        for v in g:
-            busy = [0] * len(BUSY_COUNTERS)
-            for it in low.frags[v].items if low.frags[v].kind == "npu" else []:
-                if it.kind == "instr":
-                    busy[int(it.instr.unit)] += duration(it.instr, cfg)
-            total += max(busy)
+        npu = [low.frags[v] for v in g if low.frags[v].kind == "npu"]
+        total = sum(_estimate([it.instr for it in f.items if it.kind == "instr"], cfg)[2] for f in npu)
         out.append(max(total, 1))
     return out
 
