@@ -341,18 +341,24 @@ def _simulated_times(
     return t_at, max(latest, cycles)
 
 
-def _program_times(cfg: NpuConfig, instrs: list[Instr]) -> list[int]:
+def _program_times(cfg: NpuConfig, instrs: list[Instr]) -> tuple[list[int], dict[int, int]]:
     """Cycle at which each pc of a built segment is reached (the latest end of the instructions
     before it), and its end, from the golden model's timing: the final program's, cancellation
-    points (which wait for the units to drain) included."""
+    points included; and the cycle the first unit passes each point (by pc): a pause requested
+    from then on targets the next point, so the longest an urgent model waits is a point's reach
+    less the previous point's first pass (docs/isa.md, "Pause latency bound")."""
     m = timing_run(cfg, instrs, trace=True)
     end_of = _unit_ends(m)
+    first: dict[int, int] = {}
+    for e in m.trace:
+        if e.op == "pass_point" and e.start < first.get(e.pc, e.start + 1):
+            first[e.pc] = e.start
     reach, latest = [], 0
     for pc in range(len(instrs)):
         reach.append(latest)
         latest = max(latest, end_of.get(pc, latest))
     reach.append(max(latest, m.counter_values()["CYCLES"]))
-    return reach
+    return reach, first
 
 
 #: rounds of points added where the drains at the points stretch a gap past the interval
@@ -403,7 +409,7 @@ def _with_points(
     # the golden model's timing of the built segment (no data) is the cost model of its layers, its
     # points and itself: the busiest unit's summed durations missed the waits between units and at
     # the points by 10-30 % (docs/compiler.md)
-    return built, new_index, point_ids, _program_times(cfg, built.instrs) if timed else []
+    return built, new_index, point_ids, _program_times(cfg, built.instrs) if timed else ([], {})
 
 
 def _emit_segment(
@@ -436,23 +442,29 @@ def _emit_segment(
     seg_no = len(out.segments)
     # values only: the lowering's order, but for a timed assembly that takes this build as its first
     reorder = timed or reuse is not None
-    built, new_index, point_ids, reach = _with_points(cfg, seg, chosen, len(out.points), timed, reorder)
+    built, new_index, point_ids, (reach, first) = _with_points(
+        cfg, seg, chosen, len(out.points), timed, reorder
+    )
     if not timed and reuse is not None and not chosen:
         reuse.builds[k] = (len(seg), built, new_index)
     if not timed:
         reach = _busy_times([Item("barrier" if i.unit is None else "instr", i) for i in built.instrs], cfg)
-    # the points were chosen on the segment's timing without them, and each point waits for the
-    # units to drain: where that stretches a gap past the interval, the candidate nearest the gap's
-    # middle becomes a point too, and the segment is built and timed again
+    # the points were chosen on the segment's timing without them, and the units pass a point
+    # apart: where the wait of a pause (a point's reach less the previous point's first pass)
+    # exceeds the interval, the candidate nearest the middle becomes a point too, and the segment
+    # is built and timed again
     limit = cfg.spad_bytes // 4 if policy is None or policy.max_live is None else policy.max_live
     for _ in range(POINT_RETRIES if policy is not None and policy.interval else 0):
         pcs = built.item_pcs + [len(built.instrs) - 1]
         when = {c.pos: reach[pcs[new_index[c.pos]]] for c in cands}
-        # the points' own times (where the units have drained), as the report and the pause see them
-        at = sorted(reach[built.cancel_points[cp]] for cp, _ in point_ids)
+        # the points' own times (where the units have drained), as the report and the pause see
+        # them, and when the first unit passes each (a pause asked from then waits for the next)
+        pcs_cp = [built.cancel_points[cp] for cp, _ in point_ids]
+        pts = sorted((reach[pc], first.get(pc, reach[pc])) for pc in pcs_cp)
+        at = [b for b, _ in pts]
         taken = {c.pos for c in chosen}
         extra = []
-        for a, b in zip([0, *at], at, strict=False):
+        for a, b in zip([0, *(f for _, f in pts)], at, strict=False):
             if b - a <= policy.interval:
                 continue
             inside = [c for c in cands if c.pos not in taken and a < when[c.pos] < b]
@@ -463,7 +475,7 @@ def _emit_segment(
         if not extra:
             break
         chosen = sorted([*chosen, *extra], key=lambda c: c.pos)
-        built, new_index, point_ids, reach = _with_points(cfg, seg, chosen, len(out.points))
+        built, new_index, point_ids, (reach, first) = _with_points(cfg, seg, chosen, len(out.points))
     start = len(out.program)
     out.program.extend(built.instrs)
     pcs = built.item_pcs + [len(built.instrs) - 1]
@@ -484,6 +496,7 @@ def _emit_segment(
                 kind="spill" if c.boundary else "interval",
                 segment=seg_no,
                 est_cycles=reach[built.cancel_points[cp]],
+                est_first_pass=first.get(built.cancel_points[cp]),
                 live_ranges=[list(r) for r in c.live],
                 live_bytes=c.live_bytes,
                 dump_cycles=dump,

@@ -178,12 +178,13 @@ class CompiledModel:
 
     @property
     def max_cp_gap(self) -> int:
-        """The largest estimated cycles between consecutive cancellation points of one program
-        segment, from its start to the first (the longest an urgent model waits for this one)."""
+        """The longest an urgent model waits for this one, estimated: the most cycles from the
+        first unit passing a cancellation point (a pause asked then targets the next one; a
+        segment's start) to the next point's reach, where every unit has parked."""
         gap, last = 0, {}
         for p in self.lowered.points:
             gap = max(gap, p.est_cycles - last.get(p.segment, 0))
-            last[p.segment] = p.est_cycles
+            last[p.segment] = p.est_cycles if p.est_first_pass is None else p.est_first_pass
         return gap
 
     def _points_cost(self) -> str:

@@ -195,6 +195,7 @@ class _Saved:
     """A segment stopped at a cancellation point: where to resume and what was dumped where."""
 
     resume_pc: int
+    tokens: list[int]  # RESUME_TOKENS0..2 at the pause: the channels' counts the resume restores
     ranges: list[tuple[int, int, int]]  # (on-chip start, length, save addr)
     area: tuple[int, int] | None  # DRAM [start, end) taken for the dump (None: the instance's)
     preemption: Preemption
@@ -591,6 +592,7 @@ class Npu:
             e.tr.set_reg("DRAM_LIMIT", 0)
             e.tr.set_reg("PROGRAM_BASE", 0)
             e.tr.set_reg("RESUME_PC", 0)
+            e.tr.set_resume_tokens([0, 0, 0])  # not a paused job's: they are saved with it
             e.tr.set_reg("TIMEOUT", 0)
             e.tr.set_reg("IRQ", 1)
             e.tr.set_reg("CONTROL", int(RUN))
@@ -858,6 +860,7 @@ class Npu:
         e.tr.set_reg("DRAM_LIMIT", job.inst.region[1])
         e.tr.set_reg("PROGRAM_BASE", job.inst.program_base)
         e.tr.set_reg("RESUME_PC", pc)
+        e.tr.set_resume_tokens(sv.tokens if sv is not None else [0, 0, 0])
         budget = 0 if job.timeout_cycles is None else max(1, job.timeout_cycles - job.used_cycles)
         e.tr.set_reg("TIMEOUT", budget if budget <= TIMEOUT_MAX else 0)
         e.tr.set_reg("IRQ", 1)
@@ -904,6 +907,7 @@ class Npu:
         elif st == Status.PAUSED:
             cp = e.tr.reg("CP_ID")
             resume_pc = e.tr.reg("RESUME_PC")
+            tokens = e.tr.resume_tokens()
             self.trace.instant("paused", job, now, f"point {cp}, resume pc {resume_pc}", engine=e.index)
             point = job.model.points.get(cp)
             if point is None:
@@ -922,7 +926,7 @@ class Npu:
             p = Preemption(cp, req[0] if req else now, now, point.live_bytes, dump,
                            by=req[1].id if req and req[1] else -1, segment=s, engine=e.index)  # fmt: skip
             job.preemptions.append(p)
-            job.saved[s] = _Saved(resume_pc, ranges, area, p)
+            job.saved[s] = _Saved(resume_pc, tokens, ranges, area, p)
             if req is not None and req[1] is not None:  # preempted: it resumes on its own later
                 self.dispatch.paused(op, e.index)
                 if not any(x.unit is not None and x.unit.job is job for x in self.engines):

@@ -13,7 +13,7 @@ from typing import Any
 
 from npu.config import NpuConfig
 from npu.errors import NpuError
-from npu.registers import REG, Status, engine_window
+from npu.registers import REG, RESUME_TOKEN_REGS, Status, engine_window
 
 #: `run_on_rtl(fn, *args, config=..., dram_bytes=...)` of the verification harness
 #: (npu.sim.rtl.transport): runs `fn(transport, *args)` against the RTL. Benches that also measure the
@@ -62,6 +62,15 @@ class Transport(ABC):
 
     def status(self) -> Status:
         return Status(self.reg("STATUS"))
+
+    def resume_tokens(self) -> list[int]:
+        """RESUME_TOKENS0..2: after a pause, the token counts the resume needs (docs/isa.md)."""
+        return [self.reg(name) for name in RESUME_TOKEN_REGS]
+
+    def set_resume_tokens(self, words: list[int]) -> None:
+        """The token counts the next START loads ([0, 0, 0]: empty channels, a program's start)."""
+        for name, w in zip(RESUME_TOKEN_REGS, words, strict=True):
+            self.write_reg(REG[name].offset, w)
 
     def counter(self, name: str) -> int:
         lo = self.read_reg(REG[name].offset)

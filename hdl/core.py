@@ -275,6 +275,7 @@ class NpuCore(wiring.Component):
         queues_empty = Signal()
         m.d.comb += queues_empty.eq(~Cat(*[q.level != 0 for q in queues.values()]).any())
         m.d.comb += tokens.clear.eq((regs.start | regs.soft_reset) & ~running)
+        m.d.comb += [tokens.init.eq(regs.resume_tokens), regs.new_resume_tokens.eq(tokens.counts)]
 
         # ---- dispatch ------------------------------------------------------------------------------
         pc = fetch.out.payload.pc
@@ -366,17 +367,12 @@ class NpuCore(wiring.Component):
                 with m.Else():
                     m.d.sync += [status.eq(Status.ERROR), error_code.eq(ErrorCode.TOKEN), error_pc.eq(pc)]
             # every unit parked at the target point: pause there
+            # (tokens pushed before the point for instructions after it stay in the channels; the
+            # registers keep their counts for the resume: RESUME_TOKENS)
             with m.If(all_parked):
                 m.d.comb += stop_now.eq(1)
-                with m.If(~tokens.any):
-                    m.d.sync += [status.eq(Status.PAUSED), cp_id.eq(view(Opcode.CANCEL_POINT, park.instr).id)]
-                    m.d.comb += [regs.set_resume_pc.eq(1), regs.new_resume_pc.eq(park.pc + 1)]
-                with m.Else():
-                    m.d.sync += [
-                        status.eq(Status.ERROR),
-                        error_code.eq(ErrorCode.TOKEN),
-                        error_pc.eq(park.pc),
-                    ]
+                m.d.sync += [status.eq(Status.PAUSED), cp_id.eq(view(Opcode.CANCEL_POINT, park.instr).id)]
+                m.d.comb += [regs.set_resume_pc.eq(1), regs.new_resume_pc.eq(park.pc + 1)]
         m.d.comb += [
             pause.request.eq(regs.pause_req),
             pause.running.eq(running),

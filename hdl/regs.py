@@ -32,6 +32,7 @@ class RegisterFile(wiring.Component):
                 "irq_enable": Out(1),
                 "program_base": Out(32),
                 "resume_pc": Out(32),
+                "resume_tokens": Out(96),  # RESUME_TOKENS0..2: the channels' counts a START loads
                 "timeout": Out(32),
                 "timeout_next": Out(32),  # TIMEOUT from the next cycle on
                 "ring_base": Out(32),
@@ -46,6 +47,7 @@ class RegisterFile(wiring.Component):
                 "fence_event": In(1),  # a FENCE completed this cycle: count it, raise IRQ
                 "set_resume_pc": In(1),
                 "new_resume_pc": In(32),
+                "new_resume_tokens": In(96),  # taken with new_resume_pc (a pause: the channels' counts)
                 "consume_pause": In(1),
                 "stop_event": In(1),  # the core left RUNNING this cycle: raise IRQ
                 "cp_id": In(32),
@@ -78,8 +80,10 @@ class RegisterFile(wiring.Component):
         m.d.sync += self.timeout.eq(self.timeout_next)
         with m.If(self.consume_pause):
             m.d.sync += self.pause_req.eq(0)
+        with m.If(self.start):  # the START that loads them into the channels clears them
+            m.d.sync += self.resume_tokens.eq(0)
         with m.If(self.set_resume_pc):
-            m.d.sync += self.resume_pc.eq(self.new_resume_pc)
+            m.d.sync += [self.resume_pc.eq(self.new_resume_pc), self.resume_tokens.eq(self.new_resume_tokens)]
         fence_count = Signal(32)
         with m.If(self.stop_event | self.fence_event):
             m.d.sync += self.irq_pending.eq(1)
@@ -96,6 +100,7 @@ class RegisterFile(wiring.Component):
                             self.irq_pending.eq(0),
                             self.program_base.eq(0),
                             self.resume_pc.eq(0),
+                            self.resume_tokens.eq(0),
                             self.ring_base.eq(0),
                             self.ring_size.eq(0),
                             self.ring_tail.eq(0),
@@ -119,6 +124,9 @@ class RegisterFile(wiring.Component):
                     m.d.sync += self.resume_pc.eq(wdata)
                 with m.Case(REG["TIMEOUT"].offset):
                     m.d.comb += self.timeout_next.eq(wdata)
+                for i in range(3):
+                    with m.Case(REG[f"RESUME_TOKENS{i}"].offset):
+                        m.d.sync += self.resume_tokens[32 * i : 32 * i + 32].eq(wdata)
                 with m.Case(REG["RING_BASE"].offset):
                     m.d.sync += self.ring_base.eq(wdata)
                 with m.Case(REG["RING_SIZE"].offset):
@@ -160,6 +168,8 @@ class RegisterFile(wiring.Component):
                     "DRAM_LIMIT": self.dram_limit,
                     "FAULT_ADDR": self.fault_addr,
                 }
+                for i in range(3):
+                    simple[f"RESUME_TOKENS{i}"] = self.resume_tokens[32 * i : 32 * i + 32]
                 for name, value in simple.items():
                     with m.Case(REG[name].offset):
                         m.d.sync += bus.rdata.eq(value)

@@ -12,9 +12,10 @@ from amaranth.lib.wiring import In, Out
 
 from npu.config import NpuConfig
 from npu.isa import Unit
+from npu.registers import TOKEN_CHANNELS
 
-#: the channels, in the bit order of the component's vectors
-PAIRS: list[tuple[Unit, Unit]] = [(p, c) for p in Unit for c in Unit if p != c]
+#: the channels, in the bit order of the component's vectors (the shared order of the register map)
+PAIRS: list[tuple[Unit, Unit]] = [(Unit(p), Unit(c)) for p, c in TOKEN_CHANNELS]
 
 
 def pair_index(producer: Unit, consumer: Unit) -> int:
@@ -22,9 +23,10 @@ def pair_index(producer: Unit, consumer: Unit) -> int:
 
 
 class TokenChannels(wiring.Component):
-    """`push`/`pop`: one bit per channel (`PAIRS` order), applied together each cycle; `clear` empties
-    every channel. `nonzero`: a channel holds a token; `full`: it holds `token_depth`; `any`: some
-    channel holds a token."""
+    """`push`/`pop`: one bit per channel (`PAIRS` order), applied together each cycle; `clear` sets
+    every channel to its byte of `init` (a START: the RESUME_TOKENS registers). `counts`: every
+    channel's count, a byte each (a pause saves them). `nonzero`: a channel holds a token; `full`:
+    it holds `token_depth`; `any`: some channel holds a token."""
 
     def __init__(self, cfg: NpuConfig):
         self.cfg = cfg
@@ -34,6 +36,8 @@ class TokenChannels(wiring.Component):
                 "push": In(n),
                 "pop": In(n),
                 "clear": In(1),
+                "init": In(8 * n),
+                "counts": Out(8 * n),
                 "nonzero": Out(n),
                 "full": Out(n),
                 "any": Out(1),
@@ -46,7 +50,9 @@ class TokenChannels(wiring.Component):
             name = f"tok_{p.name.lower()}_{c.name.lower()}"
             t = Signal(8, name=name)
             t_next = Signal(8, name=f"{name}_next")
-            m.d.comb += t_next.eq(Mux(self.clear, 0, t + self.push[i] - self.pop[i]))
+            init = self.init[8 * i : 8 * i + 8]
+            m.d.comb += t_next.eq(Mux(self.clear, init, t + self.push[i] - self.pop[i]))
+            m.d.comb += self.counts[8 * i : 8 * i + 8].eq(t)
             # the flags are registered with the count, from its next value: the same as compares of
             # the count, but the issue logic starts from flip-flops (Fmax)
             nonzero = Signal(name=f"{name}_nonzero")

@@ -164,6 +164,9 @@ class CancelPoint:
     live_bytes: int
     dump_cycles: int
     restore_cycles: int
+    #: the cost model's cycle at which the first unit passes it (None: placed on estimates, or an
+    #: older file): a pause asked from then on stops at the next point, at its `est_cycles`
+    est_first_pass: int | None = None
 
 
 @dataclass

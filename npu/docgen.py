@@ -60,8 +60,7 @@ def errors_table() -> str:
         ErrorCode.DRAM_RANGE: "DMA range or instruction fetch outside DRAM; PROGRAM_BASE misaligned",
         ErrorCode.DEADLOCK: "no unit can start and dispatch cannot proceed (e.g. a pop whose push "
         "never comes: token underflow)",
-        ErrorCode.TOKEN: "a channel exceeds `token_depth`, or tokens are outstanding at END or at a "
-        "taken cancellation point",
+        ErrorCode.TOKEN: "a channel exceeds `token_depth`, or tokens are outstanding at END",
         ErrorCode.TIMEOUT: "the run exceeded the TIMEOUT register's cycle limit",
         ErrorCode.BUS: "the memory answered a burst with SLVERR or DECERR (a LOAD's or an instruction "
         "fetch's read, a STORE's write response); ERROR_PC: that LOAD, STORE or instruction",

@@ -10,8 +10,8 @@ benchmarks) goes through this builder so that the token rules of docs/isa.md hol
   clocks drop every dependency that is already implied by an earlier token, so a program carries few
   tokens. Every pop follows its push in program order, so the program cannot deadlock
   (docs/isa.md, "Deadlock-free rules").
-* Cancellation points must have no token outstanding. A dependency that would cross a point is
-  instead satisfied just before it by a SYNC instruction in the consumer's unit.
+* Tokens may cross a cancellation point: a pause keeps the channels' counts (RESUME_TOKENS) and
+  the resume restores them (docs/isa.md). No token crosses a barrier, a fence or the end.
 """
 
 from __future__ import annotations
@@ -39,16 +39,13 @@ class Item:
 class _Hist:
     """One emitted instruction of a unit, as the token assignment sees it."""
 
-    __slots__ = ("pos", "w", "rw", "clock", "cps_before", "item", "wait", "signal")
+    __slots__ = ("pos", "w", "rw", "clock", "item", "wait", "signal")
 
-    def __init__(
-        self, pos: int, w: list, rw: list, clock: tuple[int, ...], cps_before: int, item: int, wait: int
-    ):
+    def __init__(self, pos: int, w: list, rw: list, clock: tuple[int, ...], item: int, wait: int):
         self.pos = pos  # index in the output program
         self.w, self.rw = w, rw  # (space, start, end) it writes; it reads or writes
         self.clock = clock  # per unit: last instruction known complete when this one completes
-        self.cps_before = cps_before
-        self.item = item  # index of the builder item (stable across passes); -1 for a SYNC
+        self.item = item  # index of the builder item
         self.wait = wait  # the producers it waits for (a token each)
         self.signal = 0
 
@@ -130,33 +127,20 @@ class ProgramBuilder:
         return len(self._items)
 
     def build(self, end: bool = True) -> BuiltProgram:
-        # syncs[cp][(p, u)] = item index of the latest producer in unit p the SYNC must wait for
-        syncs: dict[int, dict[tuple[int, int], int]] = {}
-        for _ in range(4 * NUNITS * NUNITS + 2):
-            prog, crossings = self._assign(syncs)
-            if not crossings:
-                break
-            for (cp_index, p, u), item in crossings.items():
-                pairs = syncs.setdefault(cp_index, {})
-                pairs[(p, u)] = max(pairs.get((p, u), -1), item)
-        else:  # pragma: no cover - each round adds syncs, of which there are finitely many
-            raise RuntimeError("token assignment did not converge")
+        prog = self._assign()
         if end:
             prog.instrs.append(make(Opcode.END))
         return prog
 
     # -- token assignment ---------------------------------------------------------------------------
-    def _assign(self, syncs: dict[int, dict[tuple[int, int], int]]):
+    def _assign(self) -> BuiltProgram:
         out: list[Instr] = []
         labels: dict[int, str] = {}
         cps: dict[int, int] = {}
         hist: list[list[_Hist]] = [[] for _ in range(NUNITS)]
         known = [[-1] * NUNITS for _ in range(NUNITS)]  # known[u][p]
-        crossings: dict[tuple[int, int, int], int] = {}
-        seq_of_item: dict[int, tuple[int, int]] = {}  # item index -> (unit, seq)
-        n_cp = 0
 
-        def emit(ins: Instr, item: int, forced: dict[int, int] | None = None) -> None:
+        def emit(ins: Instr, item: int) -> None:
             u = int(ins.unit)
             rs, ws, rws = _span_tuples(ins)
             known_u = known[u]
@@ -164,26 +148,16 @@ class ProgramBuilder:
             for p in range(NUNITS):
                 if p == u:
                     continue
-                if forced is not None:
-                    if p not in forced:
-                        continue
-                    j = seq_of_item[forced[p]][1]
-                else:
-                    j = _latest_conflict(hist[p], known_u[p], rs, ws)
+                j = _latest_conflict(hist[p], known_u[p], rs, ws)
                 if j <= known_u[p]:
                     continue
                 h = hist[p][j]
-                if h.cps_before < n_cp:  # token would be outstanding at a cancellation point
-                    key = (h.cps_before, p, u)
-                    crossings[key] = max(crossings.get(key, -1), h.item)
                 h.signal |= 1 << u
                 wait |= 1 << p
                 known_u = known[u] = [a if a >= b else b for a, b in zip(known_u, h.clock, strict=False)]
             seq = len(hist[u])
             known_u[u] = seq
-            hist[u].append(_Hist(len(out), ws, rws, tuple(known_u), n_cp, item, wait))
-            if item >= 0:
-                seq_of_item[item] = (u, seq)
+            hist[u].append(_Hist(len(out), ws, rws, tuple(known_u), item, wait))
             out.append(ins)  # its tokens are set once its signals are known (below)
 
         item_pcs: list[int] = []
@@ -200,16 +174,8 @@ class ProgramBuilder:
                 last = [len(h) - 1 for h in hist]
                 known = [list(last) for _ in range(NUNITS)]
             else:
-                by_unit: dict[int, dict[int, int]] = {}
-                for (p, u), producer in sorted(syncs.get(n_cp, {}).items()):
-                    by_unit.setdefault(u, {})[p] = producer
-                for u, forced in sorted(by_unit.items()):
-                    emit(make(Opcode.SYNC, unit=u), -1, forced)
                 cps[item.cp_id] = len(out)
                 out.append(make(Opcode.CANCEL_POINT, id=item.cp_id))
-                n_cp += 1
-        if crossings:  # another round follows, with SYNCs before the points: this one is dropped
-            return None, crossings
         # the token masks, one new instruction each (the same one where they are its own already)
         for u in range(NUNITS):
             for h in hist[u]:
@@ -219,7 +185,20 @@ class ProgramBuilder:
         prog = BuiltProgram(out, labels, cps, item_pcs)
         if self.check:
             check_tokens(out, self.cfg)
-        return prog, crossings
+        return prog
+
+
+def token_syncs(counts: dict[tuple[int, int], int]) -> list[Instr]:
+    """SYNC instructions that push the tokens `counts` {(producer, consumer): n} (e.g. a paused
+    program's RESUME_TOKENS, `npu.registers.unpack_tokens`) into empty channels: for each producer,
+    as many SYNCs as its largest count, the k-th signalling every consumer whose count is >= k."""
+    out = []
+    for p in range(NUNITS):
+        mine = {c: n for (q, c), n in counts.items() if q == p and n > 0}
+        for k in range(max(mine.values(), default=0)):
+            mask = sum(1 << c for c, n in mine.items() if n > k)
+            out.append(make(Opcode.SYNC, unit=p).with_tokens(0, mask))
+    return out
 
 
 COPY_CHUNK = 0x8000  # bytes per DMA row when copying a range between on-chip memory and DRAM
@@ -260,7 +239,8 @@ def _latest_conflict(hist: list[_Hist], floor: int, rs: list, ws: list) -> int:
 
 def check_tokens(instrs: list[Instr], cfg: NpuConfig) -> None:
     """Check the static token rules: every pop follows a push in program order, no channel holds
-    more than `token_depth` tokens, and none is outstanding at a cancellation point or at the end."""
+    more than `token_depth` tokens, and none is outstanding at a fence or at the end (tokens may
+    cross a cancellation point: a pause keeps them for the resume)."""
     count = {(p, c): 0 for p in range(NUNITS) for c in range(NUNITS) if p != c}
     for pc, ins in enumerate(instrs):
         u = ins.unit
@@ -282,7 +262,7 @@ def check_tokens(instrs: list[Instr], cfg: NpuConfig) -> None:
                             ErrorCode.TOKEN,
                             f"pc {pc}: more than {cfg.token_depth} tokens outstanding in one channel",
                         )
-        elif ins.op in (Opcode.CANCEL_POINT, Opcode.END, Opcode.FENCE) and any(count.values()):
+        elif ins.op in (Opcode.END, Opcode.FENCE) and any(count.values()):
             raise IsaError(ErrorCode.TOKEN, f"pc {pc}: {ins.op.name} with tokens outstanding")
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from amaranth.lib import enum  # Python enums that also give hardware signals their shape
 
 NPU_MAGIC = 0x3155504E  # "NPU1" little-endian
-ISA_VERSION = 2  # 2: the command ring and FENCE
+ISA_VERSION = 3  # 2: the command ring and FENCE; 3: tokens may cross a cancellation point (RESUME_TOKENS)
 
 
 class Control(enum.IntFlag, shape=4):
@@ -69,9 +69,45 @@ REGISTERS: tuple[Register, ...] = (
     Register("DRAM_BASE", 0x8C, "rw", "memory window: the lowest DRAM byte a run may fetch, LOAD or STORE"),
     Register("DRAM_LIMIT", 0x90, "rw", "memory window: the first DRAM byte above it (0: no upper limit)"),
     Register("FAULT_ADDR", 0x94, "ro", "PROTECTION: the DRAM address of the access outside the window"),
+    *(
+        Register(
+            f"RESUME_TOKENS{i}",
+            0x98 + 4 * i,
+            "rw",
+            f"token counts of channels {4 * i}..{4 * i + 3} (a byte each, `TOKEN_CHANNELS` order): START "
+            "loads them into the channels and clears them; set to the channels' counts on PAUSED",
+        )
+        for i in range(3)
+    ),
 )
 
 REG = {r.name: r for r in REGISTERS}
+
+#: The dependency-token channels as (producer, consumer) unit indices (npu.isa.Unit), in the order
+#: of the hardware's vectors and of the RESUME_TOKENS bytes: every ordered pair of distinct units.
+TOKEN_CHANNELS: tuple[tuple[int, int], ...] = tuple((p, c) for p in range(4) for c in range(4) if p != c)
+RESUME_TOKEN_REGS = tuple(f"RESUME_TOKENS{i}" for i in range(3))
+
+
+def pack_tokens(counts: dict[tuple[int, int], int]) -> list[int]:
+    """The RESUME_TOKENS words holding channel counts {(producer, consumer): count} (0..255)."""
+    words = [0, 0, 0]
+    for k, ch in enumerate(TOKEN_CHANNELS):
+        n = counts.get(ch, 0)
+        if not 0 <= n <= 255:
+            raise ValueError(f"token count {n} of channel {ch} is outside 0..255")
+        words[k // 4] |= n << (8 * (k % 4))
+    return words
+
+
+def unpack_tokens(words: list[int]) -> dict[tuple[int, int], int]:
+    """The nonzero channel counts held in RESUME_TOKENS words (the inverse of `pack_tokens`)."""
+    out = {}
+    for k, ch in enumerate(TOKEN_CHANNELS):
+        n = words[k // 4] >> (8 * (k % 4)) & 0xFF
+        if n:
+            out[ch] = n
+    return out
 BY_OFFSET = {r.offset: r for r in REGISTERS}
 COUNTERS = tuple(r.name for r in REGISTERS if r.wide)
 #: Bytes of the register window (next power of two above the last register).

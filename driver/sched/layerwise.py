@@ -40,7 +40,8 @@ import numpy as np
 from npu.container import Container, HostStep, NpuSegment
 from npu.executor import HostSteps, check_inputs, read_outputs, write_inputs
 from npu.isa import INSTR_BYTES, Opcode, decode_program, encode, make
-from npu.registers import COUNTERS, Control, Status
+from npu.program import token_syncs
+from npu.registers import COUNTERS, Control, Status, unpack_tokens
 
 from ..ring import Ring
 from ..runtime import DriverError, Npu, Priority
@@ -374,8 +375,13 @@ class LayerwiseScheduler:
         p = tr.reg("RESUME_PC")
         rest = ring.rewind(p)
         layer = r.next_layer()
+        # the paused layer's tokens that cross the point: the urgent layer starts with empty
+        # channels and SYNCs after its fence push them back (docs/isa.md, "The command ring")
+        crossing = token_syncs(unpack_tokens(tr.resume_tokens()))
+        tr.set_resume_tokens([0, 0, 0])
         urgent = layer.program + encode(make(Opcode.FENCE))
-        k = len(urgent) // INSTR_BYTES
+        syncs = b"".join(encode(ins) for ins in crossing)
+        k = (len(urgent) + len(syncs)) // INSTR_BYTES  # what follows p moves by k
         moved = []
         for lo, hi, name, rid, li in self.placed_layers:  # trace bookkeeping: what follows p moves by k
             if hi <= p:
@@ -384,9 +390,9 @@ class LayerwiseScheduler:
                 moved.append((lo + k, hi + k, name, rid, li))
             else:  # the paused layer: its part after the point runs after the urgent one
                 moved += [(lo, p, name, rid, li), (p + k, hi + k, name, rid, li)]
-        moved.append((p, p + k, r.name, r.id, layer.index))
+        moved.append((p, p + len(urgent) // INSTR_BYTES, r.name, r.id, layer.index))
         self.placed_layers = sorted(moved)
-        ring.append(urgent + rest)
+        ring.append(urgent + syncs + rest)
         now = tr.now()
         self.est.add(layer, now)
         r.inflight = True

@@ -20,7 +20,19 @@ import numpy as np
 
 from npu.config import NpuConfig, get_config
 from npu.isa import INSTR_BYTES, ErrorCode, Instr, IsaError, Opcode, Unit, decode, dram_span, validate
-from npu.registers import BY_OFFSET, COUNTERS, ISA_VERSION, NPU_MAGIC, REG, Control, Status
+from npu.registers import (
+    BY_OFFSET,
+    COUNTERS,
+    ISA_VERSION,
+    NPU_MAGIC,
+    REG,
+    RESUME_TOKEN_REGS,
+    TOKEN_CHANNELS,
+    Control,
+    Status,
+    pack_tokens,
+    unpack_tokens,
+)
 from npu.sim.golden.kernels import OnChip, execute
 from npu.sim.golden.narrow_dram import NarrowDram
 from npu.timing import FETCH_BURST, MICRO_OTHER, MICRO_RUN, dma_bursts, dma_bytes, duration
@@ -156,6 +168,7 @@ class NpuModel:
         self.irq_pending = False
         self.program_base = 0
         self.resume_pc = 0
+        self.resume_tokens = [0, 0, 0]  # RESUME_TOKENS0..2
         self.cp_id = 0
         self.error_code = ErrorCode.NONE
         self.error_pc = 0
@@ -195,6 +208,7 @@ class NpuModel:
             "IRQ": int(self.irq_pending),
             "PROGRAM_BASE": self.program_base,
             "RESUME_PC": self.resume_pc,
+            **dict(zip(RESUME_TOKEN_REGS, self.resume_tokens, strict=True)),
             "CP_ID": self.cp_id,
             "ERROR_CODE": int(self.error_code),
             "ERROR_PC": self.error_pc,
@@ -247,6 +261,8 @@ class NpuModel:
             self.program_base = value
         elif r.name == "RESUME_PC":
             self.resume_pc = value
+        elif r.name in RESUME_TOKEN_REGS:
+            self.resume_tokens[RESUME_TOKEN_REGS.index(r.name)] = value
         elif r.name == "TIMEOUT":
             self.timeout = value
         elif r.name == "RING_BASE":
@@ -295,6 +311,10 @@ class NpuModel:
         ring = self.ring_size
         base = self.ring_base if ring else self.program_base
         self._run = _Run(self.cfg, self.now, base, self.resume_pc, self.timeout, ring)
+        # the channels start with the counts of RESUME_TOKENS (a resume: those at the pause)
+        for (p, c), n in unpack_tokens(self.resume_tokens).items():
+            self._run.tokens[c][p].extend([self.now] * n)
+        self.resume_tokens = [0, 0, 0]
         self._run.window = (self.dram_base, self.dram_limit or 1 << 32)
         if self.narrow is not None:
             self._fetch_from(self._run, self.now)
@@ -579,6 +599,7 @@ class NpuModel:
                 self._error_after_drain(run, t, ErrorCode.TOKEN, pc)
                 return
             self.resume_pc = pc
+            self.resume_tokens = [0, 0, 0]
             self._stop(Status.DONE, t, pc=pc)
             return
         if self.serial:  # the firmware's fetch, checks and queueing of the instruction
@@ -591,12 +612,11 @@ class NpuModel:
     def _pause(self, run: _Run, t: int) -> None:
         """Every unit is parked at the target point: stop there (the queues behind it are dropped)."""
         pc, ins = run.queues[Unit.LOAD][0][:2]
-        if _outstanding(run):
-            self._error_after_drain(run, t, ErrorCode.TOKEN, pc)
-            return
         for q in run.queues:
             q.clear()
         self.resume_pc = pc + 1
+        # tokens pushed before the point for instructions after it: kept for the resume
+        self.resume_tokens = pack_tokens({(p, c): len(run.tokens[c][p]) for p, c in TOKEN_CHANNELS})
         self.cp_id = ins.id
         self._stop(Status.PAUSED, t, pc=pc)
 
@@ -740,12 +760,14 @@ class NpuModel:
         self._predecoded = pre
         self.program_base = base
         self.resume_pc = 0
+        self.resume_tokens = [0, 0, 0]  # a new program starts with empty channels
 
     def load_program(self, program: bytes, base: int) -> None:
         self._predecoded = None
         self.write_dram(base, program)
         self.program_base = base
         self.resume_pc = 0
+        self.resume_tokens = [0, 0, 0]  # a new program starts with empty channels
 
     def start(self, pc: int | None = None, pause: bool = False) -> None:
         if pc is not None:

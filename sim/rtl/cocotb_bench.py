@@ -25,7 +25,7 @@ from cocotbext.axi import AxiBus, AxiLiteBus, AxiLiteMaster, AxiRam
 from npu.arith import round_up
 from npu.config import get_config
 from npu.isa import encode_program, make
-from npu.registers import COUNTERS, REG, Control, Status, engine_window
+from npu.registers import COUNTERS, REG, RESUME_TOKEN_REGS, Control, Status, engine_window
 from npu.sim.rtl.cycles import Cycles
 
 
@@ -274,7 +274,13 @@ async def run_jobs(dut):
             if st == Status.PAUSED:
                 cp = await bench.read_reg("CP_ID")
                 pc = await bench.read_reg("RESUME_PC")
-                res["pauses"].append([cp, pc])
+                tokens = [await bench.read_reg(n) for n in RESUME_TOKEN_REGS]
+                res["pauses"].append([cp, pc, *tokens])
+                # as a driver that runs other work in between: clear them, then write them back
+                for n in RESUME_TOKEN_REGS:
+                    await bench.write_reg(n, 0)
+                for n, w in zip(RESUME_TOKEN_REGS, tokens, strict=True):
+                    await bench.write_reg(n, w)
                 continue
             break
         res["status"] = Status(st).name

@@ -17,7 +17,7 @@ from cocotb.triggers import ClockCycles, RisingEdge, Timer, ValueChange, with_ti
 from cocotb.utils import get_sim_time
 
 from npu.config import get_config
-from npu.registers import SOC_REG, Control, Status
+from npu.registers import RESUME_TOKEN_REGS, SOC_REG, Control, Status
 from npu.sim.rtl.cocotb_bench import NpuBench, clear_program
 from npu.sim.rtl.cycles import Cycles
 
@@ -69,7 +69,8 @@ async def drive(bench: NpuBench, e: int, job: dict, t0: int, res: dict) -> None:
         if st == Status.PAUSED:
             cp = await bench.read_reg("CP_ID", engine=e)
             pc = await bench.read_reg("RESUME_PC", engine=e)
-            res["pauses"].append([cp, pc])
+            tokens = [await bench.read_reg(n, engine=e) for n in RESUME_TOKEN_REGS]
+            res["pauses"].append([cp, pc, *tokens])
             continue
         break
     res["stop"] = now_cycles() - t0

@@ -67,7 +67,7 @@ class RunRecord:
     status: str
     error_code: int
     error_pc: int
-    pauses: list[tuple[int, int]]
+    pauses: list[tuple[int, ...]]  # (CP_ID, RESUME_PC, RESUME_TOKENS0..2) of each pause
     counters: dict[str, int]
     dram: bytes
     run_cycles: list[int] = field(default_factory=list)  # CYCLES of each START..stop
@@ -117,7 +117,7 @@ def run_model(cfg: NpuConfig, job: RtlJob, pause_passed: int | None = None) -> R
         for k, v in m.counter_values().items():
             total[k] += v
         if st == Status.PAUSED:
-            pauses.append((m.cp_id, m.resume_pc))
+            pauses.append((m.cp_id, m.resume_pc, *m.resume_tokens))
             pc = m.resume_pc
             continue
         break

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from npu.config import ACC_BASE, get_config
 from npu.isa import ErrorCode, IsaError, Opcode, Unit, encode_program, make
-from npu.program import ProgramBuilder, check_tokens, start_order
+from npu.program import ProgramBuilder, check_tokens, start_order, token_syncs
 from npu.registers import Status
 from npu.sim.golden.model import NpuModel
 from npu.sim.rtl.randprog import random_program, sequential_reference
@@ -114,8 +114,24 @@ def test_check_tokens_rejects_bad_programs():
         check_tokens([make("matmul", c=ACC_BASE, wait=[Unit.LOAD]), make("end")], cfg)
     assert e.value.code == ErrorCode.DEADLOCK
     with pytest.raises(IsaError) as e:
-        check_tokens([make("load", signal=[Unit.MATRIX]), make("cancel_point", id=1)], cfg)
+        check_tokens([make("load", signal=[Unit.MATRIX]), make("fence")], cfg)
     assert e.value.code == ErrorCode.TOKEN
+    # a token may cross a cancellation point (a pause keeps it: RESUME_TOKENS)
+    crossing = [make("load", signal=[Unit.MATRIX]), make("cancel_point", id=1)]
+    check_tokens([*crossing, make("matmul", c=ACC_BASE, wait=[Unit.LOAD]), make("end")], cfg)
+
+
+def test_token_syncs_push_the_counts_back():
+    counts = {(Unit.LOAD, Unit.MATRIX): 2, (Unit.LOAD, Unit.STORE): 1, (Unit.VECTOR, Unit.LOAD): 1}
+    syncs = token_syncs(counts)
+    assert [(s.op, s.unit) for s in syncs] == [(Opcode.SYNC, Unit.LOAD)] * 2 + [(Opcode.SYNC, Unit.VECTOR)]
+    pushed: dict = {}
+    for s in syncs:
+        assert s.wait == 0
+        for c in Unit:
+            if s.signal >> c & 1:
+                pushed[(s.unit, c)] = pushed.get((s.unit, c), 0) + 1
+    assert pushed == counts
 
 
 def test_duplicate_cancel_point_id():

@@ -9,7 +9,7 @@ from npu.arith import round_up
 from npu.compiler.programs import gemm_program, gemm_reference, gemm_requant
 from npu.config import ACC_BASE, get_config
 from npu.isa import ErrorCode, Opcode, Unit, encode, encode_program, make
-from npu.registers import REG, Control, Status
+from npu.registers import REG, RESUME_TOKEN_REGS, Control, Status, unpack_tokens
 from npu.sim.golden.model import NpuModel
 from npu.timing import duration
 from tests.sim.helpers import DATA_BASE, assert_done, read, run_instrs
@@ -90,21 +90,43 @@ def test_token_overflow():
     assert m.status == Status.ERROR and m.error_code == ErrorCode.TOKEN and m.error_pc == 2
 
 
-def test_token_outstanding_at_taken_cancel_point():
-    m = NpuModel(TINY)
-    prog = [
+def _crossing_program():
+    # the load's token for the MATMUL crosses the point
+    return [
         make("load", rows=1, cols=4, signal=[Unit.MATRIX]),
         make("cancel_point", id=7),
         make("matmul", m=1, n=1, k=4, c=ACC_BASE, wait=[Unit.LOAD]),
         make("end"),
     ]
-    m.load_program(encode_program(prog), 0)
+
+
+def test_a_pause_keeps_the_tokens_that_cross_its_point():
+    m = NpuModel(TINY)
+    m.load_program(encode_program(_crossing_program()), 0)
     m.start(pause=True)
-    assert m.run() == Status.ERROR and m.error_code == ErrorCode.TOKEN
-    # without a pause the same program is fine: the point is a no-op
+    assert m.run() == Status.PAUSED and m.cp_id == 7 and m.resume_pc == 2
+    words = [m.read_reg(REG[n].offset) for n in RESUME_TOKEN_REGS]
+    assert unpack_tokens(words) == {(Unit.LOAD, Unit.MATRIX): 1}
+    m.start()  # a plain resume: START loads them back
+    assert m.run() == Status.DONE
+    assert [m.read_reg(REG[n].offset) for n in RESUME_TOKEN_REGS] == [0, 0, 0]
+
+
+def test_a_resume_without_its_tokens_deadlocks_and_with_them_is_done():
+    m = NpuModel(TINY)
+    m.load_program(encode_program(_crossing_program()), 0)
+    m.start(pause=True)
+    assert m.run() == Status.PAUSED
+    saved = [m.read_reg(REG[n].offset) for n in RESUME_TOKEN_REGS]
+    for n in RESUME_TOKEN_REGS:  # another program runs in between: the host clears them first
+        m.write_reg(REG[n].offset, 0)
+    m.start(pc=2)
+    assert m.run() == Status.ERROR and m.error_code == ErrorCode.DEADLOCK
     m.soft_reset()
-    m.load_program(encode_program(prog), 0)
-    m.start()
+    m.load_program(encode_program(_crossing_program()), 0)
+    for n, w in zip(RESUME_TOKEN_REGS, saved, strict=True):
+        m.write_reg(REG[n].offset, w)
+    m.start(pc=2)
     assert m.run() == Status.DONE
 
 

@@ -90,6 +90,9 @@
 #define R_DRAM_BASE 0x8c
 #define R_DRAM_LIMIT 0x90
 #define R_FAULT_ADDR 0x94
+#define R_RESUME_TOKENS0 0x98
+#define R_RESUME_TOKENS1 0x9c
+#define R_RESUME_TOKENS2 0xa0
 
 #define OP_END 1
 #define OP_LOAD 2

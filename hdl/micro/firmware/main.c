@@ -72,6 +72,25 @@ static void stop(uint32_t status, uint32_t code, uint32_t at_pc) {
     MMIO(MMIO_EVENTS) = ACT_RAISE_IRQ;
 }
 
+/* RESUME_TOKENS0..2: a byte per channel, (producer, consumer) pairs of distinct units with the
+   producer the outer loop (npu.registers.TOKEN_CHANNELS); load = 1 fills the channels from them */
+static void resume_tokens(int load) {
+    uint32_t w[3] = {0, 0, 0};
+    int k = 0;
+    if (load)
+        for (int i = 0; i < 3; i++) w[i] = REG(R_RESUME_TOKENS0 + 4 * i);
+    for (int p = 0; p < UNITS; p++)
+        for (int c = 0; c < UNITS; c++) {
+            if (p == c) continue;
+            if (load)
+                tokens[p][c] = w[k / 4] >> (8 * (k % 4)) & 255;
+            else
+                w[k / 4] |= (tokens[p][c] & 255) << (8 * (k % 4));
+            k++;
+        }
+    for (int i = 0; i < 3; i++) REG(R_RESUME_TOKENS0 + 4 * i) = load ? 0 : w[i];
+}
+
 static void start(void) {
     for (int k = 0; k < 9; k++) counter[k] = 0;
     write_counters();
@@ -87,8 +106,8 @@ static void start(void) {
     for (int u = 0; u < UNITS; u++) {
         q_head[u] = q_len[u] = passed[u] = 0;
         fence_passed[u] = fence_count;
-        for (int c = 0; c < UNITS; c++) tokens[u][c] = 0;
     }
+    resume_tokens(1);
     points = 0;
     fetched_pc = 0xffffffff; /* the host may have rewritten the program (a rewound ring) */
     target = pause_seen ? 1 : 0; /* a pause requested with START, or before the firmware took it */
@@ -187,6 +206,7 @@ static int dispatch(void) {
             stop(ST_ERROR, E_TOKEN, pc);
         } else {
             REG(R_RESUME_PC) = pc;
+            resume_tokens(0); /* every channel empty */
             stop(ST_DONE, 0, pc);
         }
         return 1;
@@ -282,13 +302,11 @@ static void step(uint32_t ev) {
     if (dispatch()) return;
     if (parked()) {
         entry_t *e = &queue[0][q_head[0]];
-        if (any_tokens()) {
-            stop(ST_ERROR, E_TOKEN, e->pc);
-        } else {
-            REG(R_RESUME_PC) = e->pc + 1;
-            REG(R_CP_ID) = ubits(&e->raw, FIELDS[FIELD_START[OP_CANCEL_POINT] + F_CANCEL_POINT_ID] & 255, 32);
-            stop(ST_PAUSED, 0, e->pc);
-        }
+        /* tokens pushed before the point for instructions after it: kept for the resume */
+        resume_tokens(0);
+        REG(R_RESUME_PC) = e->pc + 1;
+        REG(R_CP_ID) = ubits(&e->raw, FIELDS[FIELD_START[OP_CANCEL_POINT] + F_CANCEL_POINT_ID] & 255, 32);
+        stop(ST_PAUSED, 0, e->pc);
         return;
     }
     int best = -1;
