@@ -275,8 +275,8 @@ MICRO_COSTS: dict[Opcode, dict[str, float]] = {
     Opcode.VADD: {"base": 12399.0, "elems": 459.0},
     Opcode.POOL: {"base": 15542.56, "outputs": 256.26, "window": 101.64},
 }
-MICRO_OTHER = 6_111
-MICRO_RUN = 2_338
+MICRO_OTHER = 6_085
+MICRO_RUN = 2_345
 
 
 def micro_features(i: Instr) -> dict[str, int]:

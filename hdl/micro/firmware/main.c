@@ -73,22 +73,39 @@ static void stop(uint32_t status, uint32_t code, uint32_t at_pc) {
 }
 
 /* RESUME_TOKENS0..2: a byte per channel, (producer, consumer) pairs of distinct units with the
-   producer the outer loop (npu.registers.TOKEN_CHANNELS); load = 1 fills the channels from them */
-static void resume_tokens(int load) {
+   producer the outer loop (npu.registers.TOKEN_CHANNELS). START loads and clears them (usually
+   zeros: no loop), a pause saves the channels' counts there. */
+static void load_tokens(void) {
+    uint32_t w[3];
+    for (int i = 0; i < 3; i++) w[i] = REG(R_RESUME_TOKENS0 + 4 * i);
+    if ((w[0] | w[1] | w[2]) == 0) {
+        for (int u = 0; u < UNITS; u++)
+            for (int c = 0; c < UNITS; c++) tokens[u][c] = 0;
+        return;
+    }
+    int k = 0;
+    for (int p = 0; p < UNITS; p++)
+        for (int c = 0; c < UNITS; c++) {
+            if (p == c) {
+                tokens[p][c] = 0;
+                continue;
+            }
+            tokens[p][c] = w[k >> 2] >> (8 * (k & 3)) & 255;
+            k++;
+        }
+    for (int i = 0; i < 3; i++) REG(R_RESUME_TOKENS0 + 4 * i) = 0;
+}
+
+static void save_tokens(void) {
     uint32_t w[3] = {0, 0, 0};
     int k = 0;
-    if (load)
-        for (int i = 0; i < 3; i++) w[i] = REG(R_RESUME_TOKENS0 + 4 * i);
     for (int p = 0; p < UNITS; p++)
         for (int c = 0; c < UNITS; c++) {
             if (p == c) continue;
-            if (load)
-                tokens[p][c] = w[k / 4] >> (8 * (k % 4)) & 255;
-            else
-                w[k / 4] |= (tokens[p][c] & 255) << (8 * (k % 4));
+            w[k >> 2] |= (tokens[p][c] & 255) << (8 * (k & 3));
             k++;
         }
-    for (int i = 0; i < 3; i++) REG(R_RESUME_TOKENS0 + 4 * i) = load ? 0 : w[i];
+    for (int i = 0; i < 3; i++) REG(R_RESUME_TOKENS0 + 4 * i) = w[i];
 }
 
 static void start(void) {
@@ -107,7 +124,7 @@ static void start(void) {
         q_head[u] = q_len[u] = passed[u] = 0;
         fence_passed[u] = fence_count;
     }
-    resume_tokens(1);
+    load_tokens();
     points = 0;
     fetched_pc = 0xffffffff; /* the host may have rewritten the program (a rewound ring) */
     target = pause_seen ? 1 : 0; /* a pause requested with START, or before the firmware took it */
@@ -206,7 +223,7 @@ static int dispatch(void) {
             stop(ST_ERROR, E_TOKEN, pc);
         } else {
             REG(R_RESUME_PC) = pc;
-            resume_tokens(0); /* every channel empty */
+            for (int i = 0; i < 3; i++) REG(R_RESUME_TOKENS0 + 4 * i) = 0; /* every channel empty */
             stop(ST_DONE, 0, pc);
         }
         return 1;
@@ -303,7 +320,7 @@ static void step(uint32_t ev) {
     if (parked()) {
         entry_t *e = &queue[0][q_head[0]];
         /* tokens pushed before the point for instructions after it: kept for the resume */
-        resume_tokens(0);
+        save_tokens();
         REG(R_RESUME_PC) = e->pc + 1;
         REG(R_CP_ID) = ubits(&e->raw, FIELDS[FIELD_START[OP_CANCEL_POINT] + F_CANCEL_POINT_ID] & 255, 32);
         stop(ST_PAUSED, 0, e->pc);
