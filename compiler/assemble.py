@@ -367,12 +367,13 @@ POINT_RETRIES = 4
 
 def _with_points(
     cfg: NpuConfig, seg: list[Item], chosen: list[Candidate], first_id: int, timed: bool = True,
-    reorder: bool = True,
+    reorder: bool = True, drained: frozenset[int] = frozenset(),
 ):  # fmt: skip
     """The segment built with cancellation points at `chosen` (ids from `first_id`): (the built
     program, item index -> builder position, [(point id, candidate)], _program_times of it). Not
     `reorder`: the instructions in the lowering's order (the same values; a build whose values alone
-    matter skips the reordering's cost).
+    matter skips the reordering's cost). `drained`: positions of points with SYNCs before them that
+    let no unit pass the point before every unit has finished its work before it.
 
     Between points (and barriers) the instructions go in the order they can start
     (`npu.program.start_order`), across operator boundaries that are not points: the next
@@ -389,6 +390,8 @@ def _with_points(
         new_index[lo] = len(b)
         if lo in at:
             cp = first_id + len(point_ids)
+            if lo in drained:
+                b.drain()
             b.cancel_point(cp)
             point_ids.append((cp, at[lo]))
         if hi is None:
@@ -454,28 +457,40 @@ def _emit_segment(
     # exceeds the interval, the candidate nearest the middle becomes a point too, and the segment
     # is built and timed again
     limit = cfg.spad_bytes // 4 if policy is None or policy.max_live is None else policy.max_live
+    drained: set[int] = set()
     for _ in range(POINT_RETRIES if policy is not None and policy.interval else 0):
         pcs = built.item_pcs + [len(built.instrs) - 1]
         when = {c.pos: reach[pcs[new_index[c.pos]]] for c in cands}
         # the points' own times (where the units have drained), as the report and the pause see
         # them, and when the first unit passes each (a pause asked from then waits for the next)
-        pcs_cp = [built.cancel_points[cp] for cp, _ in point_ids]
-        pts = sorted((reach[pc], first.get(pc, reach[pc])) for pc in pcs_cp)
-        at = [b for b, _ in pts]
+        pts = sorted(
+            (reach[pc], first.get(pc, 0), c.pos)
+            for pc, c in ((built.cancel_points[cp], c) for cp, c in point_ids)
+        )
         taken = {c.pos for c in chosen}
-        extra = []
-        for a, b in zip([0, *(f for _, f in pts)], at, strict=False):
+        extra, drain = [], set()
+        for prev, (b, _, _) in zip([(0, 0, None), *pts], pts, strict=False):
+            reach_a, a, pos_a = prev
             if b - a <= policy.interval:
+                continue
+            if reach_a - a > policy.interval // 2 and pos_a is not None:
+                # a unit ran ahead past the previous point by half the interval or more (its
+                # drain): points after it cannot close the gap, so no unit passes that point
+                # before all have finished their work before it
+                drain.add(pos_a)
                 continue
             inside = [c for c in cands if c.pos not in taken and a < when[c.pos] < b]
             small = [c for c in inside if c.live_bytes <= limit]  # the live-data limit, as choose() keeps it
             inside = small if small or policy.max_live is not None else inside  # explicit: hard
             if inside:
                 extra.append(min(inside, key=lambda c: abs(when[c.pos] - (a + b) / 2)))
-        if not extra:
+        if not extra and drain <= drained:
             break
+        drained |= drain
         chosen = sorted([*chosen, *extra], key=lambda c: c.pos)
-        built, new_index, point_ids, (reach, first) = _with_points(cfg, seg, chosen, len(out.points))
+        built, new_index, point_ids, (reach, first) = _with_points(
+            cfg, seg, chosen, len(out.points), drained=frozenset(drained)
+        )
     start = len(out.program)
     out.program.extend(built.instrs)
     pcs = built.item_pcs + [len(built.instrs) - 1]

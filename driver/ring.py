@@ -58,6 +58,7 @@ class Ring:
         self.tr.set_reg("RING_SIZE", self.size)
         self.tr.set_reg("RING_TAIL", self.tail)
         self.tr.set_reg("RESUME_PC", self.tail)
+        self.tr.set_resume_tokens([0, 0, 0])  # a new run: no paused program's tokens
         self.tr.set_reg("DRAM_BASE", window[0])
         self.tr.set_reg("DRAM_LIMIT", window[1])
         ctl = self.tr.reg("CONTROL") & int(Control.IRQ_ENABLE)

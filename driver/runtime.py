@@ -14,10 +14,10 @@ one an engine runs preempts it:
 
 1. the driver sets PAUSE on that engine; it stops at its next cancellation point (a segment that
    reaches END first is simply waited for);
-2. the driver reads CP_ID and RESUME_PC and dumps that point's live on-chip ranges into a save area
-   with a driver-generated program of STOREs run by the engine itself;
+2. the driver reads CP_ID, RESUME_PC and RESUME_TOKENS and dumps that point's live on-chip ranges
+   into a save area with a driver-generated program of STOREs run by the engine itself;
 3. the urgent unit runs; later the preempted one's ranges are restored (on whichever engine takes it)
-   by a program of LOADs and it resumes at the saved PC. Preemption nests.
+   by a program of LOADs and it resumes at the saved PC with the saved tokens. Preemption nests.
 
 Between two segments nothing is on chip, so a job yields there for free. Host steps run on the host as
 soon as their inputs exist.

@@ -83,7 +83,13 @@ class RegisterFile(wiring.Component):
         with m.If(self.start):  # the START that loads them into the channels clears them
             m.d.sync += self.resume_tokens.eq(0)
         with m.If(self.set_resume_pc):
-            m.d.sync += [self.resume_pc.eq(self.new_resume_pc), self.resume_tokens.eq(self.new_resume_tokens)]
+            m.d.sync += self.resume_pc.eq(self.new_resume_pc)
+        # the channels' counts a cycle later (nothing moves in a stopped core): the stop's logic
+        # does not drive the 96 enables (Fmax)
+        save_tokens = Signal()
+        m.d.sync += save_tokens.eq(self.set_resume_pc)
+        with m.If(save_tokens):
+            m.d.sync += self.resume_tokens.eq(self.new_resume_tokens)
         fence_count = Signal(32)
         with m.If(self.stop_event | self.fence_event):
             m.d.sync += self.irq_pending.eq(1)

@@ -30,7 +30,7 @@ NUNITS = len(Unit)
 class Item:
     """One entry of a program being built; compilers keep lists of them to reorder and join."""
 
-    kind: str  # "instr", "cp", "barrier", "cand" (a place a point may go; emits nothing)
+    kind: str  # "instr", "cp", "barrier", "fence", "drain", "cand" (a place a point may go; emits nothing)
     instr: Instr | None = None
     cp_id: int = 0
     label: str = ""
@@ -102,6 +102,12 @@ class ProgramBuilder:
         later pass turns chosen candidates into points; `build` ignores the rest)."""
         self._items.append(Item("cand"))
 
+    def drain(self) -> None:
+        """SYNCs that hold every unit until every other unit has finished the work before them (a
+        cancellation point after them is passed by no unit before all have reached it); unlike a
+        barrier, dispatch goes on."""
+        self._items.append(Item("drain"))
+
     def barrier(self) -> None:
         self._items.append(Item("barrier"))
 
@@ -140,7 +146,7 @@ class ProgramBuilder:
         hist: list[list[_Hist]] = [[] for _ in range(NUNITS)]
         known = [[-1] * NUNITS for _ in range(NUNITS)]  # known[u][p]
 
-        def emit(ins: Instr, item: int) -> None:
+        def emit(ins: Instr, item: int, everything: bool = False) -> None:
             u = int(ins.unit)
             rs, ws, rws = _span_tuples(ins)
             known_u = known[u]
@@ -148,7 +154,7 @@ class ProgramBuilder:
             for p in range(NUNITS):
                 if p == u:
                     continue
-                j = _latest_conflict(hist[p], known_u[p], rs, ws)
+                j = len(hist[p]) - 1 if everything else _latest_conflict(hist[p], known_u[p], rs, ws)
                 if j <= known_u[p]:
                     continue
                 h = hist[p][j]
@@ -169,6 +175,9 @@ class ProgramBuilder:
                 emit(item.instr, index)
             elif item.kind == "cand":
                 continue
+            elif item.kind == "drain":  # each unit waits for the others' latest instruction
+                for u in range(NUNITS):
+                    emit(make(Opcode.SYNC, unit=u), index, everything=True)
             elif item.kind in ("barrier", "fence"):
                 out.append(make(Opcode.BARRIER if item.kind == "barrier" else Opcode.FENCE))
                 last = [len(h) - 1 for h in hist]

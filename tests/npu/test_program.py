@@ -139,3 +139,27 @@ def test_duplicate_cancel_point_id():
     b.cancel_point(1)
     with pytest.raises(ValueError, match="used twice"):
         b.cancel_point(1)
+
+
+def test_drain_holds_every_unit_at_the_point_until_all_have_finished_before_it():
+    """Without `drain` the load unit passes the point while the MATMUL before it still runs (a
+    pause asked then waits for the next point); with it no unit passes before the MATMUL ends."""
+    from npu.sim.golden.runner import timing_run
+
+    cfg = CFGS["tiny"]
+    first_pass = {}
+    for drained in (False, True):
+        b = ProgramBuilder(cfg)
+        b.add("load", spad=0, dram=0x100, rows=1, cols=16, spad_stride=16, dram_stride=16)
+        b.add("matmul", a=0, b=0, c=ACC_BASE, m=16, n=16, k=16, a_stride=0, b_stride=0, c_stride=64)
+        if drained:
+            b.drain()
+        b.cancel_point(1)
+        b.add("load", spad=512, dram=0x200, rows=1, cols=16, spad_stride=16, dram_stride=16)
+        prog = b.build()
+        m = timing_run(cfg, prog.instrs, trace=True)
+        mm_end = max(e.end for e in m.trace if e.op == "matmul")
+        passes = [e.start for e in m.trace if e.op == "pass_point"]
+        first_pass[drained] = (min(passes), mm_end)
+    assert first_pass[False][0] < first_pass[False][1]  # the load unit ran ahead
+    assert first_pass[True][0] >= first_pass[True][1]
