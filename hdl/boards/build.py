@@ -146,10 +146,11 @@ def build(
     clock_mhz: float,
     build_dir: Path,
     say: Callable[[str], None] = lambda s: None,
-    seed: int = 1,
+    seed: int | None = None,
 ) -> dict:
     """Build `board`'s bitstream for `cfg` at `clock_mhz` with nextpnr's placement `seed`; the report
-    (see the module docstring)."""
+    (see the module docstring). `seed`: default, the board's."""
+    seed = board.seed if seed is None else seed
     from .top import BoardTop
 
     platform = board.platform()
