@@ -11,17 +11,14 @@ load dram=0x10000 rows=64 cols=256 spad_stride=256 dram_stride=256 signal=matrix
 matmul b=0x8000 c=0x80000 m=64 n=128 k=256 a_stride=256 b_stride=256 c_stride=512 wait=load signal=load,vector
 vmap src=0x80000 dst=0x18000 rows=64 cols=128 src_stride=512 dst_stride=128 src_type=i32 mult=24576 shift=24 lo=0 wait=matrix signal=matrix,store
 store spad=0x18000 dram=0x30000 rows=64 cols=128 spad_stride=128 dram_stride=128 wait=vector signal=vector
-sync unit=load wait=matrix
-sync unit=matrix wait=vector
-sync unit=vector wait=store
 cancel_point id=0
 load spad=0x4000 dram=0x14000 rows=64 cols=256 spad_stride=256 dram_stride=256 signal=matrix
 matmul a=0x4000 b=0x8000 c=0x88000 m=64 n=128 k=256 a_stride=256 b_stride=256 c_stride=512 wait=load signal=vector
 vmap src=0x88000 dst=0x1a000 rows=64 cols=128 src_stride=512 dst_stride=128 src_type=i32 mult=24576 shift=24 lo=0 wait=matrix signal=store
 store spad=0x1a000 dram=0x32000 rows=64 cols=128 spad_stride=128 dram_stride=128 wait=vector
 cancel_point id=1
-load dram=0x18000 rows=64 cols=256 spad_stride=256 dram_stride=256 signal=matrix
-matmul b=0x8000 c=0x80000 m=64 n=128 k=256 a_stride=256 b_stride=256 c_stride=512 wait=load signal=vector
-vmap src=0x80000 dst=0x18000 rows=64 cols=128 src_stride=512 dst_stride=128 src_type=i32 mult=24576 shift=24 lo=0 wait=matrix signal=store
+load dram=0x18000 rows=64 cols=256 spad_stride=256 dram_stride=256 wait=matrix signal=matrix
+matmul b=0x8000 c=0x80000 m=64 n=128 k=256 a_stride=256 b_stride=256 c_stride=512 wait=load,vector signal=vector
+vmap src=0x80000 dst=0x18000 rows=64 cols=128 src_stride=512 dst_stride=128 src_type=i32 mult=24576 shift=24 lo=0 wait=matrix,store signal=store
 store spad=0x18000 dram=0x34000 rows=64 cols=128 spad_stride=128 dram_stride=128 wait=vector
 end
