@@ -453,6 +453,19 @@ def directed_jobs(cfg: NpuConfig) -> list[RtlJob]:
             ],
         )
     )
+    # a token crosses the point: the pause keeps it (RESUME_TOKENS) and the resume gives it back
+    jobs.append(
+        _raw(
+            "token_crosses_point",
+            [
+                make("load", rows=1, cols=4, signal=[Unit.MATRIX]),
+                make("cancel_point", id=1),
+                make("matmul", m=1, n=1, k=4, c=ACC_BASE, wait=[Unit.LOAD]),
+                make("end"),
+            ],
+            pause="every",
+        )
+    )
     return jobs
 
 
@@ -656,16 +669,6 @@ def error_jobs(cfg: NpuConfig) -> list[RtlJob]:
         _raw("err_dram_range", [make("store", dram=cfg.dram_bytes - 4, rows=1, cols=8), end]),
         _raw("err_deadlock", [make("matmul", m=1, n=1, k=8, c=ACC_BASE, wait=[Unit.VECTOR]), end]),
         _raw("err_token_end", [make("load", rows=1, cols=4, signal=[Unit.MATRIX]), end]),
-        _raw(
-            "err_token_cp",
-            [
-                make("load", rows=1, cols=4, signal=[Unit.MATRIX]),
-                make("cancel_point", id=1),
-                make("matmul", m=1, n=1, k=4, c=ACC_BASE, wait=[Unit.LOAD]),
-                end,
-            ],
-            pause="every",
-        ),
         _raw(
             "err_token_overflow", [make("sync", unit=0, signal=[Unit.MATRIX])] * (cfg.token_depth + 1) + [end]
         ),
