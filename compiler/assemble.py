@@ -464,7 +464,7 @@ def _emit_segment(
         # the points' own times (where the units have drained), as the report and the pause see
         # them, and when the first unit passes each (a pause asked from then waits for the next)
         pts = sorted(
-            (reach[pc], first.get(pc, 0), c.pos)
+            (reach[pc], first.get(pc, reach[pc]), c.pos)  # no trace (an untimed build): its reach
             for pc, c in ((built.cancel_points[cp], c) for cp, c in point_ids)
         )
         taken = {c.pos for c in chosen}

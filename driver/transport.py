@@ -70,7 +70,7 @@ class Transport(ABC):
     def set_resume_tokens(self, words: list[int]) -> None:
         """The token counts the next START loads ([0, 0, 0]: empty channels, a program's start)."""
         for name, w in zip(RESUME_TOKEN_REGS, words, strict=True):
-            self.write_reg(REG[name].offset, w)
+            self.set_reg(name, w)
 
     def counter(self, name: str) -> int:
         lo = self.read_reg(REG[name].offset)

@@ -39,13 +39,12 @@ class Item:
 class _Hist:
     """One emitted instruction of a unit, as the token assignment sees it."""
 
-    __slots__ = ("pos", "w", "rw", "clock", "item", "wait", "signal")
+    __slots__ = ("pos", "w", "rw", "clock", "wait", "signal")
 
-    def __init__(self, pos: int, w: list, rw: list, clock: tuple[int, ...], item: int, wait: int):
+    def __init__(self, pos: int, w: list, rw: list, clock: tuple[int, ...], wait: int):
         self.pos = pos  # index in the output program
         self.w, self.rw = w, rw  # (space, start, end) it writes; it reads or writes
         self.clock = clock  # per unit: last instruction known complete when this one completes
-        self.item = item  # index of the builder item
         self.wait = wait  # the producers it waits for (a token each)
         self.signal = 0
 
@@ -146,7 +145,7 @@ class ProgramBuilder:
         hist: list[list[_Hist]] = [[] for _ in range(NUNITS)]
         known = [[-1] * NUNITS for _ in range(NUNITS)]  # known[u][p]
 
-        def emit(ins: Instr, item: int, everything: bool = False) -> None:
+        def emit(ins: Instr, everything: bool = False) -> None:
             u = int(ins.unit)
             rs, ws, rws = _span_tuples(ins)
             known_u = known[u]
@@ -163,21 +162,21 @@ class ProgramBuilder:
                 known_u = known[u] = [a if a >= b else b for a, b in zip(known_u, h.clock, strict=False)]
             seq = len(hist[u])
             known_u[u] = seq
-            hist[u].append(_Hist(len(out), ws, rws, tuple(known_u), item, wait))
+            hist[u].append(_Hist(len(out), ws, rws, tuple(known_u), wait))
             out.append(ins)  # its tokens are set once its signals are known (below)
 
         item_pcs: list[int] = []
-        for index, item in enumerate(self._items):
+        for item in self._items:
             item_pcs.append(len(out))
             if item.kind == "instr":
                 if item.label:
                     labels[len(out)] = item.label
-                emit(item.instr, index)
+                emit(item.instr)
             elif item.kind == "cand":
                 continue
             elif item.kind == "drain":  # each unit waits for the others' latest instruction
                 for u in range(NUNITS):
-                    emit(make(Opcode.SYNC, unit=u), index, everything=True)
+                    emit(make(Opcode.SYNC, unit=u), everything=True)
             elif item.kind in ("barrier", "fence"):
                 out.append(make(Opcode.BARRIER if item.kind == "barrier" else Opcode.FENCE))
                 last = [len(h) - 1 for h in hist]
