@@ -367,13 +367,15 @@ POINT_RETRIES = 4
 
 def _with_points(
     cfg: NpuConfig, seg: list[Item], chosen: list[Candidate], first_id: int, timed: bool = True,
-    reorder: bool = True, drained: frozenset[int] = frozenset(),
+    reorder: bool = True, drained: frozenset[int] = frozenset(), orders: dict | None = None,
 ):  # fmt: skip
     """The segment built with cancellation points at `chosen` (ids from `first_id`): (the built
     program, item index -> builder position, [(point id, candidate)], _program_times of it). Not
     `reorder`: the instructions in the lowering's order (the same values; a build whose values alone
     matter skips the reordering's cost). `drained`: positions of points with SYNCs before them that
-    let no unit pass the point before every unit has finished its work before it.
+    let no unit pass the point before every unit has finished its work before it. `orders`: the
+    start orders of the pieces between points by (first, end) item, kept across the builds of one
+    segment (a retry that adds points reorders only the pieces they split).
 
     Between points (and barriers) the instructions go in the order they can start
     (`npu.program.start_order`), across operator boundaries that are not points: the next
@@ -399,7 +401,11 @@ def _with_points(
         index = [i for i in range(lo, hi) if seg[i].kind != "cand"]
         base = len(b)
         if reorder and all(seg[i].kind == "instr" for i in index):
-            order = start_order([seg[i].instr for i in index], cfg)
+            order = orders.get((lo, hi)) if orders is not None else None
+            if order is None:
+                order = start_order([seg[i].instr for i in index], cfg)
+                if orders is not None:
+                    orders[(lo, hi)] = order
         else:  # a barrier (or not `reorder`): kept as it is
             order = list(range(len(index)))
         b.extend([seg[index[k]] for k in order])
@@ -445,8 +451,9 @@ def _emit_segment(
     seg_no = len(out.segments)
     # values only: the lowering's order, but for a timed assembly that takes this build as its first
     reorder = timed or reuse is not None
+    orders: dict = {}  # each piece's start order, for the retries' builds
     built, new_index, point_ids, (reach, first) = _with_points(
-        cfg, seg, chosen, len(out.points), timed, reorder
+        cfg, seg, chosen, len(out.points), timed, reorder, orders=orders
     )
     if not timed and reuse is not None and not chosen:
         reuse.builds[k] = (len(seg), built, new_index)
@@ -489,7 +496,7 @@ def _emit_segment(
         drained |= drain
         chosen = sorted([*chosen, *extra], key=lambda c: c.pos)
         built, new_index, point_ids, (reach, first) = _with_points(
-            cfg, seg, chosen, len(out.points), drained=frozenset(drained)
+            cfg, seg, chosen, len(out.points), drained=frozenset(drained), orders=orders
         )
     start = len(out.program)
     out.program.extend(built.instrs)

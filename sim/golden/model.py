@@ -39,6 +39,16 @@ from npu.timing import FETCH_BURST, MICRO_OTHER, MICRO_RUN, dma_bursts, dma_byte
 
 UNITS = tuple(Unit)
 _UNIT_INDEX = tuple(range(len(UNITS)))  # the units as plain ints (faster to index and shift by)
+# the trace's names, looked up once (an enum member's `.name` is slow in the hot loop)
+_UNIT_NAMES = {u: u.name.lower() for u in UNITS}
+_OP_NAMES = {op: op.name.lower() for op in Opcode}
+# opcodes the run loop tests, as module constants (an enum class attribute is slow to look up there)
+_CANCEL_POINT, _FENCE, _SYNC = Opcode.CANCEL_POINT, Opcode.FENCE, Opcode.SYNC
+_LOAD, _STORE, _END = Opcode.LOAD, Opcode.STORE, Opcode.END
+_MARKERS = (_CANCEL_POINT, _FENCE)
+_DIRTY = object()  # a unit's readiness not known (_Run.ready)
+_BITS = [tuple(p for p in _UNIT_INDEX if w >> p & 1) for w in range(1 << len(UNITS))]  # a mask's units
+_DMA_OPS = (_LOAD, _STORE)
 
 
 def _outstanding(run: _Run) -> bool:
@@ -109,6 +119,9 @@ class _Run:
         self.points = 0  # cancellation points dispatched in this run
         self.passed = [0] * len(UNITS)  # cancellation-point markers each unit has passed
         self.target: int | None = None  # ordinal of the point a pending pause stops at
+        # each unit's `_unit_ready`, kept until its queue head, busy time, token channels or the
+        # pause target change (`_DIRTY`: to be worked out again); the hot loop's main cost otherwise
+        self.ready: list = [_DIRTY] * len(UNITS)
         self.window = (0, 1 << 32)  # [DRAM_BASE, DRAM_LIMIT) as latched at START
         self.fetch_pc0 = pc  # a narrow DRAM (NarrowDram): where the fetcher's bursts started,
         self.bursts: list[int] = []  # and when each burst's words start
@@ -123,6 +136,7 @@ class NpuModel:
         """`timing_only`: skip the data computation (cycle counts do not depend on data), for cost
         models that only need the timing."""
         self.cfg = get_config(config).engine  # one engine (of a SoC preset: its engine)
+        self._instr_beats = self.cfg.instr_beats
         self.timing_only = timing_only
         #: DRAM [lo, hi) whose bus beats the memory answers with an error (a LOAD reads zeros there,
         #: a STORE's beats there are dropped, and the run ends in BUS); None: every access is fine
@@ -248,10 +262,12 @@ class NpuModel:
                     self._pause_cycle = self.now
                     if self._run is not None:
                         self._run.target = max(self._run.passed) + 1
+                        self._run.ready = [_DIRTY] * len(UNITS)
             else:
                 self._pause_cycle = None
                 if self._run is not None:
                     self._run.target = None
+                    self._run.ready = [_DIRTY] * len(UNITS)
             if ctl & Control.START and self.status != Status.RUNNING:
                 self._start()
         elif r.name == "IRQ":
@@ -375,13 +391,16 @@ class NpuModel:
             addr = run.base + (run.pc % max(n, 1)) * INSTR_BYTES
             bad = run.ring_size < INSTR_BYTES or run.ring_size & (run.ring_size - 1) or (
                 run.base + run.ring_size > self.cfg.dram_bytes)  # fmt: skip
-            what = "the ring is not a power of two >= 32 bytes inside DRAM, or RING_BASE"
         else:
             addr = run.base + run.pc * INSTR_BYTES
             bad = addr + INSTR_BYTES > self.cfg.dram_bytes
-            what = f"instruction fetch at 0x{addr:x} is outside DRAM, or PROGRAM_BASE"
         lo, hi = run.window
         if run.base % INSTR_BYTES or bad:
+            what = (
+                "the ring is not a power of two >= 32 bytes inside DRAM, or RING_BASE"
+                if run.ring
+                else f"instruction fetch at 0x{addr:x} is outside DRAM, or PROGRAM_BASE"
+            )
             res = IsaError(ErrorCode.DRAM_RANGE, f"{what} is not 32-byte aligned")
         elif run.ring and (run.base < lo or run.base + run.ring_size > hi):
             res = self._protection(run.base, f"the ring at 0x{run.base:x}+{run.ring_size}", lo, hi)
@@ -395,10 +414,10 @@ class NpuModel:
                 res = pre[addr]
             else:
                 res = self.decoded(self.dram[addr : addr + INSTR_BYTES].tobytes())
-            if isinstance(res, Instr) and res.op in (Opcode.LOAD, Opcode.STORE):
+            if isinstance(res, Instr) and res.op in _DMA_OPS:
                 start, end = dram_span(res)
                 if start < end and (start < lo or end > hi):
-                    what = "LOAD reads" if res.op == Opcode.LOAD else "STORE writes"
+                    what = "LOAD reads" if res.op == _LOAD else "STORE writes"
                     res = self._protection(start, f"{what} DRAM [0x{start:x}, 0x{end:x})", lo, hi)
         run.fetched = (run.pc, res)
         return res
@@ -434,21 +453,20 @@ class NpuModel:
         if self.cpu_free > t:
             t = self.cpu_free
         op = ins.op
-        if op is Opcode.CANCEL_POINT:
+        if op is _CANCEL_POINT:
             # a marker: passed at once, unless a pending pause stops at it (the unit parks)
             return None if run.target == head[3] else t
-        if op is Opcode.FENCE:  # a marker: passed once the unit is free
+        if op is _FENCE:  # a marker: passed once the unit is free
             return t
         w = ins.wait
         if w:
             channels = run.tokens[u]
-            for p in _UNIT_INDEX:
-                if w >> p & 1:
-                    ch = channels[p]
-                    if not ch:
-                        return None
-                    if ch[0] > t:
-                        t = ch[0]
+            for p in _BITS[w]:
+                ch = channels[p]
+                if not ch:
+                    return None
+                if ch[0] > t:
+                    t = ch[0]
         return t
 
     def _parked_ready(self, run: _Run) -> int | None:
@@ -458,7 +476,7 @@ class NpuModel:
         t = 0
         for u in UNITS:
             q = run.queues[u]
-            if not q or q[0][1].op != Opcode.CANCEL_POINT or q[0][3] != run.target:
+            if not q or q[0][1].op != _CANCEL_POINT or q[0][3] != run.target:
                 return None
             t = max(t, q[0][2] + 1, run.busy_until[u])
         return t
@@ -492,7 +510,7 @@ class NpuModel:
                 return None
             n = run.dispatched[u] - self.cfg.queue_depth
             return max(base, run.starts[u][n]) if n >= 0 else base
-        if ins.op in (Opcode.CANCEL_POINT, Opcode.FENCE):  # a marker into every queue: a slot in each
+        if ins.op in _MARKERS:  # a marker into every queue: a slot in each
             t = base
             for q in UNITS:
                 if len(run.queues[q]) >= self.cfg.queue_depth:
@@ -513,10 +531,17 @@ class NpuModel:
         if run is None:
             return None
         best_t, best_u = None, None
-        for u in UNITS:
-            t = self._unit_ready(run, u)
+        cache = run.ready
+        if self.serial:  # the firmware's clock (cpu_free) moves every unit's readiness
+            cache[:] = [_DIRTY] * len(UNITS)
+        for u in _UNIT_INDEX:
+            t = cache[u]
+            if t is _DIRTY:
+                t = cache[u] = self._unit_ready(run, u)
             if t is not None and (best_t is None or t < best_t):
                 best_t, best_u = t, u
+        if best_u is not None:
+            best_u = UNITS[best_u]
         td = self._dispatch_ready(run)
         # the micro core's firmware dispatches while it can before it runs a queue head
         if td is not None and (best_t is None or td < best_t or (self.serial and td == best_t)):
@@ -583,18 +608,21 @@ class NpuModel:
         if u is not None:
             run.queues[u].append((pc, ins, t))
             run.dispatched[u] += 1
-        elif ins.op == Opcode.CANCEL_POINT:
+            run.ready[u] = _DIRTY
+        elif ins.op == _CANCEL_POINT:
             run.points += 1
             for q in UNITS:
                 run.queues[q].append((pc, ins, t, run.points))
                 run.dispatched[q] += 1
+            run.ready = [_DIRTY] * len(UNITS)
             if self.trace is not None:
                 self.trace.append(TraceEvent("dispatch", pc, "cancel_point", t, t))
-        elif ins.op == Opcode.FENCE:  # a marker into every queue; later instructions go on
+        elif ins.op == _FENCE:  # a marker into every queue; later instructions go on
             for q in UNITS:
                 run.queues[q].append((pc, ins, t, None))
                 run.dispatched[q] += 1
-        elif ins.op == Opcode.END:
+            run.ready = [_DIRTY] * len(UNITS)
+        elif ins.op == _END:
             if _outstanding(run):
                 self._error_after_drain(run, t, ErrorCode.TOKEN, pc)
                 return
@@ -607,7 +635,7 @@ class NpuModel:
         run.pc = (run.pc + 1) & 0xFFFFFFFF
         if self.narrow is not None and (run.pc - run.fetch_pc0) % FETCH_BURST == 0:
             run.bursts.append(self.narrow.fetch(t))  # a burst's slots are free: the next but one
-        run.next_dispatch = t + self.cfg.instr_beats
+        run.next_dispatch = t + self._instr_beats
 
     def _pause(self, run: _Run, t: int) -> None:
         """Every unit is parked at the target point: stop there (the queues behind it are dropped)."""
@@ -623,10 +651,11 @@ class NpuModel:
     def _execute(self, run: _Run, u: Unit, t: int) -> None:
         entry = run.queues[u].popleft()
         pc, ins = entry[0], entry[1]
-        if ins.op in (Opcode.CANCEL_POINT, Opcode.FENCE):  # passing a marker takes one cycle
+        run.ready[u] = _DIRTY
+        if ins.op in _MARKERS:  # passing a marker takes one cycle
             run.starts[u].append(t)
             run.busy_until[u] = t + 1
-            if ins.op == Opcode.CANCEL_POINT:
+            if ins.op == _CANCEL_POINT:
                 run.passed[u] += 1
             else:
                 self._fence_passed[u] += 1
@@ -638,22 +667,22 @@ class NpuModel:
                     if self.trace is not None:
                         self.trace.append(TraceEvent("control", pc, "fence", t + 1, t + 1))
             if self.trace is not None:
-                op = "pass_point" if ins.op == Opcode.CANCEL_POINT else "pass_fence"
-                self.trace.append(TraceEvent(u.name.lower(), pc, op, t, t + 1))
+                op = "pass_point" if ins.op == _CANCEL_POINT else "pass_fence"
+                self.trace.append(TraceEvent(_UNIT_NAMES[u], pc, op, t, t + 1))
             return
         w = ins.wait
         if w:
             channels = run.tokens[u]
-            for p in _UNIT_INDEX:
-                if w >> p & 1:
-                    channels[p].popleft()
-        faulted = self._faults(ins)
+            for p in _BITS[w]:
+                channels[p].popleft()
+        op = ins.op
+        faulted = self.bus_fault is not None and self._faults(ins)
         if faulted:
             lo, hi = self.bus_fault
             kept = self.dram[lo:hi].copy()
-            if ins.op == Opcode.LOAD:
+            if ins.op == _LOAD:
                 self.dram[lo:hi] = 0  # the faulting beats bring zeros
-        if ins.op != Opcode.SYNC and not self.timing_only:
+        if ins.op != _SYNC and not self.timing_only:
             execute(self.chip, self.dram, ins)
         if faulted:
             self.dram[lo:hi] = kept  # the faulting beats of a STORE are dropped
@@ -661,12 +690,12 @@ class NpuModel:
         if self.serial:  # the rest of the firmware's cost, after the dispatch's MICRO_OTHER
             d = max(1, d - MICRO_OTHER)
             self.cpu_free = t + d
-        narrow = self.narrow is not None and ins.op in (Opcode.LOAD, Opcode.STORE)
+        narrow = self.narrow is not None and ins.op in _DMA_OPS
         if narrow:  # the memory serves one transfer at a time
             bursts = dma_bursts(ins.dram, ins.rows, ins.cols, ins.dram_stride, self.cfg.bus_bytes)
             d += self.narrow.transfer(t, d, bursts)
         xfer = None
-        if self.port is not None and ins.op in (Opcode.LOAD, Opcode.STORE):
+        if self.port is not None and ins.op in _DMA_OPS:
             xfer = self.port.transfer(self, ins, t)  # other engines' bursts on the shared channel
             d += xfer.delay if xfer is not None else 0
         end = t + d
@@ -674,23 +703,26 @@ class NpuModel:
         run.busy_until[u] = end
         run.last_end = max(run.last_end, end)
         self.counters[BUSY_COUNTERS[u]] += d
-        rd, wr = dma_bytes(ins)
-        self.counters["DMA_RD_BYTES"] += rd
-        self.counters["DMA_WR_BYTES"] += wr
+        if op in _DMA_OPS:
+            rd, wr = dma_bytes(ins)
+            self.counters["DMA_RD_BYTES"] += rd
+            self.counters["DMA_WR_BYTES"] += wr
         ev = None
         if self.trace is not None:
-            ev = TraceEvent(u.name.lower(), pc, ins.op.name.lower(), t, end)
+            ev = TraceEvent(_UNIT_NAMES[u], pc, _OP_NAMES[ins.op], t, end)
             self.trace.append(ev)
         if faulted:
             self._error_after_drain(run, end, ErrorCode.BUS, pc)
             return
-        signalled = [c for c in UNITS if ins.signal >> c & 1]
+        sig = ins.signal
+        signalled = [UNITS[c] for c in _BITS[sig]] if sig else []
         for c in signalled:
             ch = run.tokens[c][u]
             if len(ch) >= self.cfg.token_depth:
                 self._error_after_drain(run, end, ErrorCode.TOKEN, pc)
                 return
             ch.append(end)
+            run.ready[c] = _DIRTY
         if xfer is not None or narrow:
             ordinal = len(run.starts[u])  # the unit's instructions so far: this one is the latest
             retime = lambda extra, now: self._retime(run, u, ordinal, extra, now, signalled, ev)  # noqa: E731
@@ -719,10 +751,12 @@ class NpuModel:
         run.busy_until[u] = new
         run.last_end = max(run.last_end, new)
         self.counters[BUSY_COUNTERS[u]] += extra
+        run.ready[u] = _DIRTY
         for c in signalled:
             ch = run.tokens[c][u]
             if ch and ch[-1] == cur:
                 ch[-1] = new
+            run.ready[c] = _DIRTY
         if ev is not None:
             ev.end = new
         return True
