@@ -40,6 +40,35 @@ class BuildError(NpuError, RuntimeError):
     pass
 
 
+class BuildStopped(BuildError):
+    """The build was asked to stop (a STOP file in its folder: `npu build --seeds`' other seed met
+    timing first); its tools were ended."""
+
+
+#: a file whose presence in a build folder stops that build (`npu build --seeds`)
+STOP_FILE = "STOP"
+
+
+def _stopped(build_dir: Path) -> bool:
+    return (build_dir / STOP_FILE).exists()
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    """End a build script and every tool it started (their own process group)."""
+    import signal
+
+    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def tool_env(family: str) -> dict[str, str]:
     """Environment variables pointing Amaranth's build script at the YoWASP tools (YOSYS=...)."""
     env = {}
@@ -69,15 +98,24 @@ def _phase(build_dir: Path) -> str:
 def _run(script: Path, build_dir: Path, env: dict, log: Path, say: Callable[[str], None]) -> float:
     t0 = time.monotonic()
     with open(log, "w") as out:
+        # a process group of its own: a stop ends the tools the script started, not only the shell
         proc = subprocess.Popen(["sh", script.name], cwd=build_dir, env={**os.environ, **env}, stdout=out,
-                                stderr=subprocess.STDOUT)  # fmt: skip
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
         phase, last = None, t0
-        while proc.poll() is None:
-            time.sleep(1)
-            now, p = time.monotonic(), _phase(build_dir)
-            if p != phase or now - last >= 30:
-                say(f"[{now - t0:6.0f} s] {p}")
-                phase, last = p, now
+        try:
+            while proc.poll() is None:
+                time.sleep(1)
+                if _stopped(build_dir):
+                    _end_group(proc)
+                    say(f"[{time.monotonic() - t0:6.0f} s] stopped ({build_dir / STOP_FILE})")
+                    raise BuildStopped(f"the build in {build_dir} was stopped in {_phase(build_dir)}")
+                now, p = time.monotonic(), _phase(build_dir)
+                if p != phase or now - last >= 30:
+                    say(f"[{now - t0:6.0f} s] {p}")
+                    phase, last = p, now
+        except BaseException:  # an interrupt (Ctrl-C) or the stop: the tools end with the build
+            _end_group(proc)
+            raise
     if proc.returncode:
         tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-25:])
         over = _overused(build_dir / f"{TOP}.tim")
@@ -151,6 +189,8 @@ def build(
     """Build `board`'s bitstream for `cfg` at `clock_mhz` with nextpnr's placement `seed`; the report
     (see the module docstring). `seed`: default, the board's."""
     seed = board.seed if seed is None else seed
+    if _stopped(build_dir):  # stopped before it started (a seed queued behind the one that met timing)
+        raise BuildStopped(f"the build in {build_dir} was stopped before it started")
     from .top import BoardTop
 
     platform = board.platform()

@@ -42,7 +42,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int_in(1, 1000),
         default=1,
         help="place and route with this many nextpnr seeds in parallel and keep the best timing "
-        "(the bitstream and report of the best in the build folder; each seed's in seed-N/)",
+        "(the bitstream and report of the best in the build folder; each seed's in seed-N/); the "
+        "others stop once one meets timing, unless --all-seeds",
+    )
+    p.add_argument(
+        "--all-seeds",
+        action="store_true",
+        help="with --seeds: build every seed to the end and keep the best Fmax (default: stop the "
+        "others once one meets timing)",
     )
     workers.add_arguments(p, "--seeds builds")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -107,10 +114,20 @@ def _seeds(args: argparse.Namespace, board, cfg, clock: float, out: Path, say) -
     go to `out`, every seed's stays in out/seed-N."""
     import shutil
 
-    tasks = [(board.name, cfg, clock, str(out / f"seed-{k}"), k) for k in range(1, args.seeds + 1)]
-    say(f"{args.seeds} place-and-route seeds on {workers.engine_of(args)} workers")
-    done, errors = [], []
+    from npu.hdl.boards.build import STOP_FILE, BuildStopped
+
+    # absolute folders: a Ray worker may run in another directory (its STOP file is looked up there)
+    tasks = [(board.name, cfg, clock, str(out.resolve() / f"seed-{k}"), k) for k in range(1, args.seeds + 1)]
+    for task in tasks:  # a STOP left by an earlier run
+        (Path(task[3]) / STOP_FILE).unlink(missing_ok=True)
+    until = "every seed's end" if args.all_seeds else "the first that meets timing"
+    say(f"{args.seeds} place-and-route seeds on {workers.engine_of(args)} workers, until {until}")
+    done, errors, stopped = [], [], []
     for task, res in workers.run_tasks(build_seed, tasks, args):
+        if isinstance(res, BuildStopped):
+            stopped.append(task[4])
+            say(f"seed {task[4]}: stopped")
+            continue
         if isinstance(res, Exception):
             errors.append({"seed": task[4], "error": f"{type(res).__name__}: {res}"})
             say(f"seed {task[4]}: failed: {res}")
@@ -119,6 +136,11 @@ def _seeds(args: argparse.Namespace, board, cfg, clock: float, out: Path, say) -
         fmax = ", ".join(f"{f['achieved_mhz']} MHz" for f in res["fmax"].values())
         met = "met" if res["timing_met"] else "not met"
         say(f"seed {res['seed']}: {fmax} ({met}), {len(done)}/{args.seeds}")
+        if res["timing_met"] and not args.all_seeds:  # the others stop (their builds watch the file)
+            for other in tasks:
+                if other[4] != res["seed"]:
+                    Path(other[3]).mkdir(parents=True, exist_ok=True)
+                    (Path(other[3]) / STOP_FILE).touch()
     if not done:
         raise CliError("every seed's build failed: " + "; ".join(e["error"] for e in errors))
     best = dict(best_of(done))
@@ -133,6 +155,7 @@ def _seeds(args: argparse.Namespace, board, cfg, clock: float, out: Path, say) -
         key=lambda r: r["seed"],
     )  # fmt: skip
     best["seed_errors"] = errors
+    best["seeds_stopped"] = sorted(stopped)
     write_atomic(out / "build_report.json", json.dumps(best, indent=1) + "\n")
     return best
 
@@ -177,5 +200,7 @@ def format_report(r: dict) -> str:
             for s in r["seeds"]
         )
         lines.append(f"  best of {len(r['seeds'])} seeds: seed {r['seed']} (MHz per seed: {tried})")
+        if r.get("seeds_stopped"):
+            lines.append(f"  stopped once seed {r['seed']} met timing: seeds {r['seeds_stopped']}")
     lines.append(f"  bitstream: {r['bitstream']}")
     return "\n".join(lines)

@@ -1,6 +1,8 @@
 """Board support without building: PLL settings, the board registry, the build command's errors and
 the board tops elaborating for their platforms (Verilog and constraints, no synthesis)."""
 
+import os
+
 import pytest
 
 from npu.cli import main
@@ -148,3 +150,53 @@ def test_seeds_run_in_parallel_and_keep_the_best(tmp_path, capsys, monkeypatch):
     assert json.loads((tmp_path / "build_report.json").read_text())["seed"] == 2
     assert main(["build", "--board", "ulx3s", "--unit", "store", "--seeds", "2"]) == 2
     assert "--seeds builds the whole board" in capsys.readouterr().err
+
+
+def test_a_stop_file_ends_a_build_and_every_tool_it_started(tmp_path):
+    """The build loop (`_run`) watches its folder's STOP file: the script's whole process group ends
+    (a tool the shell started as well, not only the shell) and the build raises BuildStopped."""
+    import threading
+    import time
+
+    from npu.hdl.boards import build as build_mod
+
+    (tmp_path / "build.sh").write_text(f"sleep 120 &\necho $! > {tmp_path / 'tool.pid'}\nwait\n")
+    threading.Timer(1.5, lambda: (tmp_path / build_mod.STOP_FILE).touch()).start()
+    t0 = time.monotonic()
+    with pytest.raises(build_mod.BuildStopped, match="was stopped"):
+        build_mod._run(tmp_path / "build.sh", tmp_path, {}, tmp_path / "build.log", lambda s: None)
+    assert time.monotonic() - t0 < 30
+    tool = int((tmp_path / "tool.pid").read_text())
+    with pytest.raises(ProcessLookupError):  # the tool the script started is gone too
+        for _ in range(50):
+            os.kill(tool, 0)
+            time.sleep(0.1)
+
+
+def test_the_other_seeds_stop_once_one_meets_timing(tmp_path, capsys, monkeypatch):
+    """`--seeds 2` (default): seed 1 meets timing at once; seed 2, still building, finds its STOP file
+    and stops, and the report says so; `--all-seeds` builds both to the end."""
+    import json
+    import time
+
+    from npu.hdl.boards import build as build_mod
+
+    def fake(board, cfg, clock, out, say=None, seed=1):
+        if seed == 2:  # a long build that watches its folder as `_run` does
+            for _ in range(50):  # 5 s: the first seed's report comes well within it
+                if (out / build_mod.STOP_FILE).exists():
+                    raise build_mod.BuildStopped(f"the build in {out} was stopped")
+                time.sleep(0.1)
+        return {**_report(seed, 51.0 + seed), "board": board.name, "config": cfg.name}
+
+    monkeypatch.setattr(build_mod, "build", fake)
+    args = ["build", "--board", "icebreaker", "--seeds", "2", "--engine", "local", "--workers", "2",
+            "-o", str(tmp_path), "--json"]  # fmt: skip
+    t0 = time.monotonic()
+    assert main(args) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert time.monotonic() - t0 < 20
+    assert r["seed"] == 1 and r["seeds_stopped"] == [2] and [s["seed"] for s in r["seeds"]] == [1]
+    assert main([*args, "--all-seeds"]) == 0  # the STOP left above is cleared first
+    r = json.loads(capsys.readouterr().out)
+    assert r["seed"] == 2 and r["seeds_stopped"] == [] and [s["seed"] for s in r["seeds"]] == [1, 2]
