@@ -13,9 +13,9 @@ from dataclasses import dataclass, field, replace
 
 from npu.config import ACC_BASE, NpuConfig
 from npu.container import CancelPoint, HostTensor, Layer, NpuSegment, Segment, TensorDesc
-from npu.isa import Instr, footprint
+from npu.isa import Instr, Opcode, footprint
 from npu.program import BuiltProgram, Item, ProgramBuilder, start_order
-from npu.sim.golden.runner import timing_run
+from npu.sim.golden.runner import UNIT_EVENTS, first_starts_after, timing_run
 from npu.timing import dma_bytes, duration
 
 from .dram import DramPlan, Translate, plan
@@ -306,7 +306,7 @@ def _unit_ends(m) -> dict[int, int]:
     """The latest end of each pc's unit work in a traced timing run (`timing_run(..., trace=True)`)."""
     end_of: dict[int, int] = {}
     for e in m.trace:
-        if e.unit in ("load", "matrix", "vector", "store"):
+        if e.unit in UNIT_EVENTS:
             end_of[e.pc] = max(end_of.get(e.pc, 0), e.end)
     return end_of
 
@@ -344,15 +344,13 @@ def _simulated_times(
 def _program_times(cfg: NpuConfig, instrs: list[Instr]) -> tuple[list[int], dict[int, int]]:
     """Cycle at which each pc of a built segment is reached (the latest end of the instructions
     before it), and its end, from the golden model's timing: the final program's, cancellation
-    points included; and the cycle the first unit passes each point (by pc): a pause requested
-    from then on targets the next point, so the longest an urgent model waits is a point's reach
-    less the previous point's first pass (docs/isa.md, "Pause latency bound")."""
+    points included; and for each point (by pc) the cycle the first thing after it starts in any
+    unit: a pause requested before then stops at that point (or an earlier one), from then on at
+    the next, so the longest an urgent model waits is a point's reach less the previous point's
+    first start (docs/isa.md, "Pause latency bound"). A point nothing starts after has none."""
     m = timing_run(cfg, instrs, trace=True)
     end_of = _unit_ends(m)
-    first: dict[int, int] = {}
-    for e in m.trace:
-        if e.op == "pass_point" and e.start < first.get(e.pc, e.start + 1):
-            first[e.pc] = e.start
+    first = first_starts_after(m.trace, [pc for pc, i in enumerate(instrs) if i.op == Opcode.CANCEL_POINT])
     reach, latest = [], 0
     for pc in range(len(instrs)):
         reach.append(latest)
@@ -460,7 +458,7 @@ def _emit_segment(
     if not timed:
         reach = _busy_times([Item("barrier" if i.unit is None else "instr", i) for i in built.instrs], cfg)
     # the points were chosen on the segment's timing without them, and the units pass a point
-    # apart: where the wait of a pause (a point's reach less the previous point's first pass)
+    # apart: where the wait of a pause (a point's reach less the previous point's first start)
     # exceeds the interval, the candidate nearest the middle becomes a point too, and the segment
     # is built and timed again
     limit = cfg.spad_bytes // 4 if policy is None or policy.max_live is None else policy.max_live
@@ -469,7 +467,8 @@ def _emit_segment(
         pcs = built.item_pcs + [len(built.instrs) - 1]
         when = {c.pos: reach[pcs[new_index[c.pos]]] for c in cands}
         # the points' own times (where the units have drained), as the report and the pause see
-        # them, and when the first unit passes each (a pause asked from then waits for the next)
+        # them, and when the first thing after each starts (a pause asked from then waits for the
+        # next)
         pts = sorted(
             (reach[pc], first.get(pc, reach[pc]), c.pos)  # no trace (an untimed build): its reach
             for pc, c in ((built.cancel_points[cp], c) for cp, c in point_ids)
@@ -481,9 +480,9 @@ def _emit_segment(
             if b - a <= policy.interval:
                 continue
             if reach_a - a > policy.interval // 2 and pos_a is not None:
-                # a unit ran ahead past the previous point by half the interval or more (its
-                # drain): points after it cannot close the gap, so no unit passes that point
-                # before all have finished their work before it
+                # a unit started work after the previous point half the interval or more before
+                # that point's reach (its drain): points after it cannot close the gap, so no
+                # unit passes that point before all have finished their work before it
                 drain.add(pos_a)
                 continue
             inside = [c for c in cands if c.pos not in taken and a < when[c.pos] < b]
@@ -518,7 +517,7 @@ def _emit_segment(
                 kind="spill" if c.boundary else "interval",
                 segment=seg_no,
                 est_cycles=reach[built.cancel_points[cp]],
-                est_first_pass=first.get(built.cancel_points[cp]),
+                est_first_start=first.get(built.cancel_points[cp]),
                 live_ranges=[list(r) for r in c.live],
                 live_bytes=c.live_bytes,
                 dump_cycles=dump,

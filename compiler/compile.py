@@ -179,12 +179,12 @@ class CompiledModel:
     @property
     def max_cp_gap(self) -> int:
         """The longest an urgent model waits for this one, estimated: the most cycles from the
-        first unit passing a cancellation point (a pause asked then targets the next one; a
-        segment's start) to the next point's reach, where every unit has parked."""
+        first start of anything after a cancellation point (a pause asked then targets the next
+        one; a segment's start) to the next point's reach, where every unit has parked."""
         gap, last = 0, {}
         for p in self.lowered.points:
             gap = max(gap, p.est_cycles - last.get(p.segment, 0))
-            last[p.segment] = p.est_cycles if p.est_first_pass is None else p.est_first_pass
+            last[p.segment] = p.est_cycles if p.est_first_start is None else p.est_first_start
         return gap
 
     def _points_cost(self) -> str:

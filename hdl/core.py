@@ -222,19 +222,23 @@ class NpuCore(wiring.Component):
             is_marker = is_cp | is_fence
             at_target = is_cp & pause.target_valid & (head.ordinal == pause.target)
             parked[u] = Signal(name=f"parked_{u.name.lower()}")
-            m.d.comb += parked[u].eq(q.r_rdy & at_target & ~unit.busy)
+            # parked at the target's marker, or past it with nothing started since (holding)
+            m.d.comb += parked[u].eq(((q.r_rdy & at_target) | pause.holding[u]) & ~unit.busy)
             toks_ok = Const(1, 1)
             for p in UNITS:
                 if p != u:
                     toks_ok = toks_ok & (~hdr.wait[p] | tokens.nonzero[pair_index(p, u)] | is_marker)
             start = Signal(name=f"start_{u.name.lower()}")
-            m.d.comb += start.eq(q.r_rdy & toks_ok & ~unit.busy & running & ~halting & ~at_target)
+            m.d.comb += start.eq(
+                q.r_rdy & toks_ok & ~unit.busy & running & ~halting & ~at_target & ~pause.holding[u]
+            )
             starting[u] = start
             m.d.comb += [
                 q.r_en.eq(start),
                 unit.instr.eq(head.instr),
                 unit.go.eq(start & ~is_sync & ~is_marker),
                 pause.passing[u].eq(start & is_cp),
+                pause.starting[u].eq(start & ~is_cp),
             ]
             run_sig = Signal(4, name=f"sig_{u.name.lower()}")
             run_pc = Signal(32, name=f"pc_{u.name.lower()}")
@@ -268,6 +272,12 @@ class NpuCore(wiring.Component):
         all_parked = Signal()
         m.d.comb += all_parked.eq(Cat(*parked.values()).all())
         park = data.View(Slot, queues[Unit.LOAD].r_data).entry
+        # the last point the load unit passed (every unit passes every point): where the pause
+        # stops when the load unit holds past the target rather than parking at its marker
+        passed_pc = Signal(32)
+        passed_id = Signal(32)
+        with m.If(starting[Unit.LOAD] & data.View(Slot, queues[Unit.LOAD].r_data).cp):
+            m.d.sync += [passed_pc.eq(park.pc), passed_id.eq(view(Opcode.CANCEL_POINT, park.instr).id)]
         # no unit busy; a start need not be counted (it is in `unit_busy`): every use is while
         # halting (nothing starts), with the queues empty, or with nothing starting
         all_idle = Signal()
@@ -371,8 +381,11 @@ class NpuCore(wiring.Component):
             # registers keep their counts for the resume: RESUME_TOKENS)
             with m.If(all_parked):
                 m.d.comb += stop_now.eq(1)
-                m.d.sync += [status.eq(Status.PAUSED), cp_id.eq(view(Opcode.CANCEL_POINT, park.instr).id)]
-                m.d.comb += [regs.set_resume_pc.eq(1), regs.new_resume_pc.eq(park.pc + 1)]
+                held = pause.holding[Unit.LOAD]
+                park_id = Mux(held, passed_id, view(Opcode.CANCEL_POINT, park.instr).id)
+                m.d.sync += [status.eq(Status.PAUSED), cp_id.eq(park_id)]
+                at = Mux(held, passed_pc, park.pc)
+                m.d.comb += [regs.set_resume_pc.eq(1), regs.new_resume_pc.eq(at + 1)]
         m.d.comb += [
             pause.request.eq(regs.pause_req),
             pause.running.eq(running),

@@ -164,9 +164,10 @@ class CancelPoint:
     live_bytes: int
     dump_cycles: int
     restore_cycles: int
-    #: the cost model's cycle at which the first unit passes it (None: placed on estimates, or an
-    #: older file): a pause asked from then on stops at the next point, at its `est_cycles`
-    est_first_pass: int | None = None
+    #: the cost model's cycle at which the first instruction after it starts in any unit (None:
+    #: placed on estimates, nothing after it, or an older file): a pause asked from then on stops
+    #: at the next point, at its `est_cycles`
+    est_first_start: int | None = None
 
 
 @dataclass

@@ -158,8 +158,8 @@ def _check_points(man: Manifest, cfg: NpuConfig | None, where: str) -> None:
         for name in ("live_bytes", "est_cycles", "dump_cycles", "restore_cycles"):
             if getattr(p, name) < 0:
                 raise ContainerError(f"{w}.{name}: {getattr(p, name)} is negative")
-        if p.est_first_pass is not None and p.est_first_pass < 0:
-            raise ContainerError(f"{w}.est_first_pass: {p.est_first_pass} is negative")
+        if p.est_first_start is not None and p.est_first_start < 0:
+            raise ContainerError(f"{w}.est_first_start: {p.est_first_start} is negative")
         total = 0
         for i, r in enumerate(p.live_ranges):
             inside = onchip is None or any(a <= r[0] and r[1] <= b for a, b in onchip)

@@ -266,17 +266,17 @@ MICRO_FEATURES: dict[Opcode, tuple[str, ...]] = {
 #: and checks are in `base`; SYNC and the markers cost MICRO_OTHER, a run MICRO_RUN besides its
 #: instructions (starting, END)
 MICRO_COSTS: dict[Opcode, dict[str, float]] = {
-    Opcode.LOAD: {"base": 10757.62, "rows": 308.85, "words": 35.0, "bytes": 52.88, "pad_bytes": 7.95},
-    Opcode.STORE: {"base": 8521.0, "rows": 78.96, "words": 48.0, "words_unaligned": 96.01, "bytes": 0.0},
-    Opcode.MATMUL: {"base": 11287.86, "outputs": 110.23, "macs": 31.2, "macs_i16": 98.19},
-    Opcode.VMAP: {"base": 13555.73, "elems_i32": 375.38, "elems": 409.09, "per_col": 0.0},
-    Opcode.VLUT: {"base": 14876.79, "elems": 35.4},
-    Opcode.VMUL: {"base": 13979.22, "elems": 463.22},
-    Opcode.VADD: {"base": 12399.0, "elems": 459.0},
-    Opcode.POOL: {"base": 15542.56, "outputs": 256.26, "window": 101.64},
+    Opcode.LOAD: {"base": 10679.17, "rows": 294.32, "words": 34.0, "bytes": 52.82, "pad_bytes": 8.04},
+    Opcode.STORE: {"base": 8460.31, "rows": 69.15, "words": 46.0, "words_unaligned": 98.03, "bytes": 0.0},
+    Opcode.MATMUL: {"base": 11198.92, "outputs": 110.75, "macs": 30.19, "macs_i16": 101.14},
+    Opcode.VMAP: {"base": 13393.18, "elems_i32": 371.38, "elems": 406.99, "per_col": 0.0},
+    Opcode.VLUT: {"base": 15602.48, "elems": 34.44},
+    Opcode.VMUL: {"base": 13850.14, "elems": 477.23},
+    Opcode.VADD: {"base": 12267.97, "elems": 467.0},
+    Opcode.POOL: {"base": 15479.95, "outputs": 251.29, "window": 106.64},
 }
-MICRO_OTHER = 6_085
-MICRO_RUN = 2_345
+MICRO_OTHER = 6_082
+MICRO_RUN = 2_328
 
 
 def micro_features(i: Instr) -> dict[str, int]:

@@ -181,14 +181,15 @@ class MicroCore(wiring.Component):
         wait_tail = Signal(16)  # written by the firmware before it writes STATUS = WAITING
         with m.If(mmio_write & (moff == mm.MMIO_WAIT_TAIL // 4)):
             m.d.sync += wait_tail.eq(mem.wdata[:16])
-        # the pause latch, for simulation benches: the progress the request met and the target
-        passed_max = Signal(31)
+        # the pause latch, for simulation benches: the progress the request met (the most points
+        # a unit passed) and the target (that point, or with bit 30 the next)
+        passed_max = Signal(30)
         pause_target = Signal(32)
         target_valid = Signal()
         with m.If(mmio_write & (moff == mm.MMIO_PAUSE_PROBE // 4)):
             m.d.sync += [
-                passed_max.eq(mem.wdata[:31]),
-                pause_target.eq(mem.wdata[:31] + 1),
+                passed_max.eq(mem.wdata[:30]),
+                pause_target.eq(mem.wdata[:30] + mem.wdata[30]),
                 target_valid.eq(mem.wdata[31]),
             ]
         with m.If(is_mmio & ~mem.wstrb.any() & (moff == mm.MMIO_CYCLES_LO // 4)):

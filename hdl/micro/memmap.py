@@ -38,8 +38,9 @@ ACT_STOP_COUNT = 1 << 5  # the cycle counter stops (and keeps its value)
 #: the cycle counter (64 bits; reading LO latches HI)
 MMIO_CYCLES_LO = 0x04
 MMIO_CYCLES_HI = 0x08
-#: write: the pause target the firmware chose (bit 31 set; bits 0..30: the most cancellation points
-#: a unit had passed), or 0 when the run stops; simulation benches read it (the latch of NpuCore)
+#: write: the pause target the firmware chose (bit 31 set; bits 0..29: the most cancellation points
+#: a unit had passed; bit 30: the target is the point after those, else it is the last one passed),
+#: or 0 when the run stops; simulation benches read it (the latch of NpuCore)
 MMIO_PAUSE_PROBE = 0x0C
 #: write: the RING_TAIL at which the firmware found the ring empty, before it writes STATUS =
 #: WAITING; the host then reads WAITING only while RING_TAIL is still that (a doorbell ends it at once)

@@ -118,6 +118,10 @@ class _Run:
         self.fetched: tuple[int, Instr | IsaError] | None = None
         self.points = 0  # cancellation points dispatched in this run
         self.passed = [0] * len(UNITS)  # cancellation-point markers each unit has passed
+        # whether each unit has started anything (an instruction, a SYNC, a fence's marker) since
+        # its last cancellation-point marker: while it has not, a pause may still stop at that point
+        self.since = [False] * len(UNITS)
+        self.point_at: dict[int, tuple[int, Instr]] = {}  # point ordinal -> (pc, its instruction)
         self.target: int | None = None  # ordinal of the point a pending pause stops at
         # each unit's `_unit_ready`, kept until its queue head, busy time, token channels or the
         # pause target change (`_DIRTY`: to be worked out again); the hot loop's main cost otherwise
@@ -125,6 +129,12 @@ class _Run:
         self.window = (0, 1 << 32)  # [DRAM_BASE, DRAM_LIMIT) as latched at START
         self.fetch_pc0 = pc  # a narrow DRAM (NarrowDram): where the fetcher's bursts started,
         self.bursts: list[int] = []  # and when each burst's words start
+
+    def least_target(self) -> int:
+        """The point a pause requested now stops at: the first point no unit has started anything
+        after (docs/isa.md, `cancel_point`): a unit that has passed point k and started nothing
+        since can still stop there; one that has started something after it cannot."""
+        return max(1, max(p + s for p, s in zip(self.passed, self.since, strict=True)))
 
 
 class NpuModel:
@@ -261,7 +271,7 @@ class NpuModel:
                 if self._pause_cycle is None:
                     self._pause_cycle = self.now
                     if self._run is not None:
-                        self._run.target = max(self._run.passed) + 1
+                        self._run.target = self._run.least_target()
                         self._run.ready = [_DIRTY] * len(UNITS)
             else:
                 self._pause_cycle = None
@@ -346,8 +356,16 @@ class NpuModel:
 
     def advance_until_passed(self, points: int) -> Status:
         """Simulate until some unit has passed `points` cancellation points of this run (or the core
-        stopped): the architectural moment a pause request then targets point `points + 1`."""
+        stopped): a pause request then targets point `points` (`_Run.least_target`: the unit
+        that has just passed it has started nothing after it)."""
         self._simulate(None, stop_early=True, stop_when=lambda run: max(run.passed) >= points)
+        return self.status
+
+    def advance_until_target(self, target: int) -> Status:
+        """Simulate until a pause requested then would target point `target` (or the core stopped):
+        each event moves a unit's least point by at most one, so the first moment it reaches
+        `target` is that moment."""
+        self._simulate(None, stop_early=True, stop_when=lambda run: run.least_target() >= target)
         return self.status
 
     def run(self, max_cycles: int | None = None, *, until_fence: bool = False) -> Status:
@@ -445,6 +463,8 @@ class NpuModel:
         q = run.queues[u]
         if not q:
             return None
+        if run.target is not None and run.passed[u] >= run.target:
+            return None  # it passed the target point and started nothing since: it stays there
         head = q[0]
         ins = head[1]
         t = head[2] + 1
@@ -470,11 +490,15 @@ class NpuModel:
         return t
 
     def _parked_ready(self, run: _Run) -> int | None:
-        """Time at which every unit has parked at the target point (the pause completes)."""
+        """Time at which every unit has parked at the target point (the pause completes): its marker
+        at the queue head, or passed with nothing started since; not before the request."""
         if run.target is None:
             return None
-        t = 0
+        t = self._pause_cycle or 0
         for u in UNITS:
+            if run.passed[u] >= run.target:
+                t = max(t, run.busy_until[u])
+                continue
             q = run.queues[u]
             if not q or q[0][1].op != _CANCEL_POINT or q[0][3] != run.target:
                 return None
@@ -611,6 +635,7 @@ class NpuModel:
             run.ready[u] = _DIRTY
         elif ins.op == _CANCEL_POINT:
             run.points += 1
+            run.point_at[run.points] = (pc, ins)
             for q in UNITS:
                 run.queues[q].append((pc, ins, t, run.points))
                 run.dispatched[q] += 1
@@ -639,7 +664,7 @@ class NpuModel:
 
     def _pause(self, run: _Run, t: int) -> None:
         """Every unit is parked at the target point: stop there (the queues behind it are dropped)."""
-        pc, ins = run.queues[Unit.LOAD][0][:2]
+        pc, ins = run.point_at[run.target]
         for q in run.queues:
             q.clear()
         self.resume_pc = pc + 1
@@ -657,7 +682,9 @@ class NpuModel:
             run.busy_until[u] = t + 1
             if ins.op == _CANCEL_POINT:
                 run.passed[u] += 1
+                run.since[u] = False
             else:
+                run.since[u] = True
                 self._fence_passed[u] += 1
                 # the fence completes when the last unit passes it: every earlier instruction is done
                 if min(self._fence_passed) > self.fence_count:
@@ -670,6 +697,7 @@ class NpuModel:
                 op = "pass_point" if ins.op == _CANCEL_POINT else "pass_fence"
                 self.trace.append(TraceEvent(_UNIT_NAMES[u], pc, op, t, t + 1))
             return
+        run.since[u] = True
         w = ins.wait
         if w:
             channels = run.tokens[u]

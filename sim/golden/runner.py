@@ -147,6 +147,33 @@ def timing_run(
     return m
 
 
+#: the trace's unit names (its other events: the dispatcher's, the core's)
+UNIT_EVENTS = frozenset(("load", "matrix", "vector", "store"))
+
+
+def first_starts_after(trace, points: list[int]) -> dict[int, int]:
+    """For each cancellation point (its pc, `points` ascending) of a traced run, the cycle the first
+    thing after it starts in any unit (an instruction, a SYNC, a fence's marker): a pause asked
+    before then stops at that point or an earlier one, from then on at a later one (docs/isa.md,
+    "Pause latency bound"). A point nothing starts after is missing."""
+    from bisect import bisect_left
+
+    after: dict[int, int] = {}  # index of the last point before a start -> the earliest such start
+    for e in trace:
+        if e.unit in UNIT_EVENTS and e.op != "pass_point":
+            k = bisect_left(points, e.pc) - 1
+            if k >= 0 and e.start < after.get(k, e.start + 1):
+                after[k] = e.start
+    out: dict[int, int] = {}  # the earliest start after each point: after it, or after a later one
+    soonest = None
+    for k in range(len(points) - 1, -1, -1):
+        if k in after and (soonest is None or after[k] < soonest):
+            soonest = after[k]
+        if soonest is not None:
+            out[points[k]] = soonest
+    return out
+
+
 class ModelDevice:
     """The golden model as an executor device (npu.executor.Device)."""
 

@@ -180,7 +180,7 @@ async def watch_pause_latch(dut, res: dict) -> None:
     """Record, when the core latches a pause request, how many cancellation points the most advanced
     unit had passed (sampled mid-cycle, when the registers are stable, in the first cycle the target
     holds: markers passed in the latching cycle count) and the target point the core chose.
-    docs/isa.md: the target is the first point no unit has passed."""
+    docs/isa.md: the target is the first point no unit has started anything after."""
     # the pause control of NpuCore: the Verilog top wraps the core (dut.core), or the sim top that
     # holds it (dut.core.core)
     core = dut.core if hasattr(dut.core, "pause") or hasattr(dut.core, "pause_target") else dut.core.core

@@ -92,10 +92,10 @@ def prepared_model(cfg: NpuConfig, job: RtlJob, trace: bool = False) -> NpuModel
     return m
 
 
-def run_model(cfg: NpuConfig, job: RtlJob, pause_passed: int | None = None) -> RunRecord:
+def run_model(cfg: NpuConfig, job: RtlJob, pause_target: int | None = None) -> RunRecord:
     """Run `job` on the golden model. A `pause_at` request is raised at that cycle, or, with
-    `pause_passed`, at the moment some unit has passed that many cancellation points (the progress
-    the hardware had made when it took the request, see `RunRecord.pause_passed`)."""
+    `pause_target`, at the moment the progress of the units makes that point the target (the
+    point the hardware chose when it took the request, see `RunRecord.pause_target`)."""
     m = prepared_model(cfg, job)
     pauses = []
     total = dict.fromkeys(COUNTERS, 0)
@@ -104,8 +104,8 @@ def run_model(cfg: NpuConfig, job: RtlJob, pause_passed: int | None = None) -> R
     first = True
     while True:
         m.start(pc=pc, pause=job.pause == "every")
-        if first and pause_passed is not None:
-            m.advance_until_passed(pause_passed)
+        if first and pause_target is not None:
+            m.advance_until_target(pause_target)
             if m.status == Status.RUNNING:
                 m.request_pause()
         elif first and pause_at:

@@ -146,8 +146,9 @@ def pause_figures(cfg: NpuConfig, job) -> tuple[int, int, int, list[int]]:
     """From one uninterrupted, traced model run: N, the largest gap between the times the last unit
     passes consecutive cancellation points (start and end included); the drain bound D, the largest
     time between the first and the last unit passing the same point; the tight bound
-    max_k (last unit passes k) - (first unit passes k - 1) <= N + D; and the points' times
-    (docs/isa.md, "Pause latency")."""
+    max_k (last unit passes k) - (first start after k - 1) <= N + D; and the points' times
+    (docs/isa.md, "Pause latency bound")."""
+    from npu.sim.golden.runner import first_starts_after
     from npu.sim.rtl.core import prepared_model
 
     m = prepared_model(cfg, job, trace=True)
@@ -164,7 +165,10 @@ def pause_figures(cfg: NpuConfig, job) -> tuple[int, int, int, list[int]]:
     times = [0, *last, end]
     n_gap = max(b - a for a, b in zip(times, times[1:], strict=False))
     drain = max((b - a for a, b in zip(first, last, strict=True)), default=0)
-    tight = max(b - a for a, b in zip([0, *first], [*last, end], strict=True))
+    # a pause asked before anything after point k - 1 starts stops there: from then on, at point k
+    starts = first_starts_after(m.trace, sorted(passes))
+    after = [starts.get(pc, end) for pc in sorted(passes)]
+    tight = max(b - a for a, b in zip([0, *after], [*last, end], strict=True))
     return n_gap, drain, tight, last
 
 

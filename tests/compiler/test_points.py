@@ -132,37 +132,44 @@ def test_the_default_interval_is_a_pause_budget_at_the_configurations_clock(tmp_
 
 
 def _gaps(points):
-    """The wait of a pause asked as the first unit passes a point (a segment's start), until the
-    next point's reach."""
+    """The wait of a pause asked as the first thing after a point starts (a segment's start), until
+    the next point's reach."""
     out, last = [], {}
     for p in points:
         out.append(p.est_cycles - last.get(p.segment, 0))
-        last[p.segment] = p.est_first_pass
+        last[p.segment] = p.est_first_start
     return out
 
 
 def test_the_largest_gap_bounds_the_pause_latency_the_golden_model_measures(tmp_path):
-    """Units pass a point apart (tokens may cross it): a pause asked as the first one passes point
-    k - 1 waits for point k's reach, so the gap counts from that first pass. Asked there, at every
-    point of a segment, the golden model's pause takes no longer than the largest gap."""
+    """Units pass a point apart (tokens may cross it): a pause asked as the first instruction after
+    point k - 1 starts waits for point k's reach, so the gap counts from that first start. Asked
+    there, at every point of a segment, the golden model's pause takes no longer than the largest
+    gap; asked before it, the pause stops at point k - 1."""
     import onnx
 
     z = zoo.perception()
     onnx.save(z.model, str(tmp_path / "perc.onnx"))
     cm = compile_onnx(tmp_path / "perc.onnx", calib=z.calib, order="default", cp_interval=10_000)
     pts = [p for p in cm.lowered.points if p.segment == 0]
-    assert all(p.est_first_pass is not None for p in pts)
-    assert any(p.est_first_pass < p.est_cycles for p in pts)  # some unit runs ahead
+    assert all(p.est_first_start is not None for p in pts[:-1])  # the last: nothing after it
+    assert any(p.est_first_start < p.est_cycles for p in pts)  # some unit runs ahead
     assert cm.max_cp_gap == max(_gaps(cm.lowered.points))
     seg = cm.lowered.segments[0]
     prog = cm.lowered.program[seg.pc : seg.end + 1]
     waits = []
-    for k in range(len(pts)):  # asked as the first unit passes point k (k = 0: at the start)
+    for k in range(len(pts)):  # asked as the first thing after point k starts (k = 0: at the start)
         m = NpuModel(cm.cfg, timing_only=True)
         m.load_instructions(prog, 0)
         m.start(pc=0)
         if k:
-            m.advance_until_passed(k)
+            m.advance_until_passed(k)  # the first unit has just passed point k: it can stop there
+            m.request_pause()
+            assert m.run() == Status.PAUSED and m.cp_id == pts[k - 1].id, (k, m.status)
+            m = NpuModel(cm.cfg, timing_only=True)
+            m.load_instructions(prog, 0)
+            m.start(pc=0)
+            m.advance_until_target(k + 1)
         t = m.now
         m.request_pause()
         assert m.run() == Status.PAUSED and m.cp_id == pts[k].id, (k, m.status)

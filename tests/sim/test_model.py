@@ -130,6 +130,42 @@ def test_a_resume_without_its_tokens_deadlocks_and_with_them_is_done():
     assert m.run() == Status.DONE
 
 
+def _held_program():
+    # the load unit passes the point at once and its next load waits for the long MATMUL before it
+    return [
+        make("load", rows=1, cols=4, signal=[Unit.MATRIX]),
+        make("matmul", m=64, n=16, k=64, c=ACC_BASE, wait=[Unit.LOAD], signal=[Unit.LOAD]),
+        make("cancel_point", id=7),
+        make("load", spad=64, rows=1, cols=4, wait=[Unit.MATRIX]),
+        make("end"),
+    ]
+
+
+def test_a_pause_stops_at_a_point_a_unit_passed_while_nothing_after_it_has_started():
+    """Asked while the MATMUL runs, the load unit has passed the point and started nothing since (its
+    load waits for the MATMUL): the pause stops at that point, not at the next (there is none: the
+    run would end DONE), with the MATMUL's token for the load kept for the resume."""
+    m = NpuModel(TINY)
+    m.load_program(encode_program(_held_program()), 0)
+    m.start()
+    m.advance(duration(_held_program()[0], TINY) + 40)  # the MATMUL runs
+    assert m.status == Status.RUNNING and m._run.passed[Unit.LOAD] == 1 and m._run.passed[Unit.MATRIX] == 0
+    m.request_pause()
+    assert m.run() == Status.PAUSED and m.cp_id == 7 and m.resume_pc == 3
+    assert unpack_tokens(list(m.resume_tokens)) == {(Unit.MATRIX, Unit.LOAD): 1}
+    m.start()
+    assert m.run() == Status.DONE
+    # asked once the load after the point has started, the pause has no point left to stop at
+    m = NpuModel(TINY, trace=True)
+    m.load_program(encode_program(_held_program()), 0)
+    m.start()
+    m.advance_until_target(2)
+    started = [e.start for e in m.trace if e.pc == 3 and e.unit == "load"]
+    assert started and started[0] <= m.now
+    m.request_pause()
+    assert m.run() == Status.DONE
+
+
 def test_timeout_register():
     x = np.zeros(64, np.uint8)
     instrs = [make("load", spad=0, dram=DATA_BASE, rows=64, cols=64, spad_stride=64, dram_stride=0)] * 4

@@ -25,6 +25,11 @@ static entry_t queue[UNITS][QMAX] __attribute__((section(".noinit")));
 static uint32_t q_head[UNITS], q_len[UNITS];
 static uint32_t tokens[UNITS][UNITS]; /* tokens[p][c]: pushed by unit p, not yet popped by c */
 static uint32_t passed[UNITS], fence_passed[UNITS], points, target;
+/* since[u]: unit u started anything (an instruction, a SYNC, a fence's marker) since its last
+   cancellation point: until it has, a pause may still stop at that point */
+static uint32_t since[UNITS];
+static uint32_t held_pc; /* the last point the load unit passed: where a pause held past it stops */
+static raw_t held_raw;
 static uint32_t running, ring, base, pc, ring_size, fence_count, pause_seen;
 
 static uint32_t fetched_pc = 0xffffffff; /* the instruction fetched and checked, not yet dispatched */
@@ -121,14 +126,14 @@ static void start(void) {
     base = ring ? REG(R_RING_BASE) : REG(R_PROGRAM_BASE);
     pc = REG(R_RESUME_PC);
     for (int u = 0; u < UNITS; u++) {
-        q_head[u] = q_len[u] = passed[u] = 0;
+        q_head[u] = q_len[u] = passed[u] = since[u] = 0;
         fence_passed[u] = fence_count;
     }
     load_tokens();
     points = 0;
     fetched_pc = 0xffffffff; /* the host may have rewritten the program (a rewound ring) */
     target = pause_seen ? 1 : 0; /* a pause requested with START, or before the firmware took it */
-    if (target) MMIO(MMIO_PAUSE_PROBE) = 0x80000000u;
+    if (target) MMIO(MMIO_PAUSE_PROBE) = 0xc0000000u;
     running = 1;
     REG(R_RING_HEAD) = pc;
     REG(R_STATUS) = ST_RUNNING;
@@ -139,10 +144,15 @@ static void start(void) {
 static void control(uint32_t ev) {
     int p = (ev & EV_PAUSE) != 0;
     if (p && !pause_seen && running) {
-        uint32_t most = 0;
-        for (int u = 0; u < UNITS; u++) most = passed[u] > most ? passed[u] : most;
-        target = most + 1;
-        MMIO(MMIO_PAUSE_PROBE) = most | 0x80000000u;
+        /* the first point no unit has started anything after (at least the first) */
+        uint32_t most = 0, least = 0;
+        for (int u = 0; u < UNITS; u++) {
+            most = passed[u] > most ? passed[u] : most;
+            least = passed[u] + since[u] > least ? passed[u] + since[u] : least;
+        }
+        target = least ? least : 1;
+        /* the bench's probe: the most passed, whether the target is the next point, valid */
+        MMIO(MMIO_PAUSE_PROBE) = most | (target > most ? 0x40000000u : 0) | 0x80000000u;
     } else if (!p && pause_seen) {
         target = 0;
     }
@@ -236,6 +246,7 @@ static int dispatch(void) {
 /* can unit u start its queue head? */
 static int ready(int u) {
     if (!q_len[u]) return 0;
+    if (target && passed[u] >= target) return 0; /* past the target, nothing started: it holds */
     entry_t *e = &queue[u][q_head[u]];
     int op = OPC(e);
     if (op == OP_CANCEL_POINT) return target != e->point; /* the target point parks the unit */
@@ -250,6 +261,7 @@ static int ready(int u) {
 static int parked(void) {
     if (!target) return 0;
     for (int u = 0; u < UNITS; u++) {
+        if (passed[u] >= target) continue; /* holding past it */
         if (!q_len[u]) return 0;
         entry_t *e = &queue[u][q_head[u]];
         if (OPC(e) != OP_CANCEL_POINT || e->point != target) return 0;
@@ -269,8 +281,14 @@ static uint32_t run_head(int u) {
     q_len[u]--;
     if (op == OP_CANCEL_POINT) {
         passed[u]++;
+        since[u] = 0;
+        if (u == 0) {
+            held_pc = at;
+            held_raw = cur.raw;
+        }
         return 1;
     }
+    since[u] = 1;
     if (op == OP_FENCE) {
         fence_passed[u]++;
         uint32_t least = fence_passed[0];
@@ -318,12 +336,15 @@ static void step(uint32_t ev) {
     }
     if (dispatch()) return;
     if (parked()) {
-        entry_t *e = &queue[0][q_head[0]];
+        /* the point's marker at the load unit's queue head, or the one it passed and holds at */
+        int held = passed[0] >= target;
+        uint32_t at = held ? held_pc : queue[0][q_head[0]].pc;
+        const raw_t *raw = held ? &held_raw : &queue[0][q_head[0]].raw;
         /* tokens pushed before the point for instructions after it: kept for the resume */
         save_tokens();
-        REG(R_RESUME_PC) = e->pc + 1;
-        REG(R_CP_ID) = ubits(&e->raw, FIELDS[FIELD_START[OP_CANCEL_POINT] + F_CANCEL_POINT_ID] & 255, 32);
-        stop(ST_PAUSED, 0, e->pc);
+        REG(R_RESUME_PC) = at + 1;
+        REG(R_CP_ID) = ubits(raw, FIELDS[FIELD_START[OP_CANCEL_POINT] + F_CANCEL_POINT_ID] & 255, 32);
+        stop(ST_PAUSED, 0, at);
         return;
     }
     int best = -1;
