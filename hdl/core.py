@@ -271,12 +271,13 @@ class NpuCore(wiring.Component):
                 m.d.comb += overflow_pc.eq(push_pcs[u])
         all_parked = Signal()
         m.d.comb += all_parked.eq(Cat(*parked.values()).all())
-        park = data.View(Slot, queues[Unit.LOAD].r_data).entry
+        load_head = data.View(Slot, queues[Unit.LOAD].r_data)
+        park = load_head.entry
         # the last point the load unit passed (every unit passes every point): where the pause
         # stops when the load unit holds past the target rather than parking at its marker
         passed_pc = Signal(32)
         passed_id = Signal(32)
-        with m.If(starting[Unit.LOAD] & data.View(Slot, queues[Unit.LOAD].r_data).cp):
+        with m.If(starting[Unit.LOAD] & load_head.cp):
             m.d.sync += [passed_pc.eq(park.pc), passed_id.eq(view(Opcode.CANCEL_POINT, park.instr).id)]
         # no unit busy; a start need not be counted (it is in `unit_busy`): every use is while
         # halting (nothing starts), with the queues empty, or with nothing starting

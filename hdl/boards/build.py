@@ -105,8 +105,7 @@ def _run(script: Path, build_dir: Path, env: dict, log: Path, say: Callable[[str
         try:
             while proc.poll() is None:
                 time.sleep(1)
-                if _stopped(build_dir):
-                    _end_group(proc)
+                if _stopped(build_dir):  # the tools end below, with any other way out of the loop
                     say(f"[{time.monotonic() - t0:6.0f} s] stopped ({build_dir / STOP_FILE})")
                     raise BuildStopped(f"the build in {build_dir} was stopped in {_phase(build_dir)}")
                 now, p = time.monotonic(), _phase(build_dir)

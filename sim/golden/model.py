@@ -125,10 +125,15 @@ class _Run:
         self.target: int | None = None  # ordinal of the point a pending pause stops at
         # each unit's `_unit_ready`, kept until its queue head, busy time, token channels or the
         # pause target change (`_DIRTY`: to be worked out again); the hot loop's main cost otherwise
-        self.ready: list = [_DIRTY] * len(UNITS)
+        self.ready: list = []
+        self.forget_ready()
         self.window = (0, 1 << 32)  # [DRAM_BASE, DRAM_LIMIT) as latched at START
         self.fetch_pc0 = pc  # a narrow DRAM (NarrowDram): where the fetcher's bursts started,
         self.bursts: list[int] = []  # and when each burst's words start
+
+    def forget_ready(self) -> None:
+        """Every unit's readiness is to be worked out again (the pause target, or every queue, moved)."""
+        self.ready = [_DIRTY] * len(UNITS)
 
     def least_target(self) -> int:
         """The point a pause requested now stops at: the first point no unit has started anything
@@ -272,12 +277,12 @@ class NpuModel:
                     self._pause_cycle = self.now
                     if self._run is not None:
                         self._run.target = self._run.least_target()
-                        self._run.ready = [_DIRTY] * len(UNITS)
+                        self._run.forget_ready()
             else:
                 self._pause_cycle = None
                 if self._run is not None:
                     self._run.target = None
-                    self._run.ready = [_DIRTY] * len(UNITS)
+                    self._run.forget_ready()
             if ctl & Control.START and self.status != Status.RUNNING:
                 self._start()
         elif r.name == "IRQ":
@@ -555,9 +560,9 @@ class NpuModel:
         if run is None:
             return None
         best_t, best_u = None, None
-        cache = run.ready
         if self.serial:  # the firmware's clock (cpu_free) moves every unit's readiness
-            cache[:] = [_DIRTY] * len(UNITS)
+            run.forget_ready()
+        cache = run.ready
         for u in _UNIT_INDEX:
             t = cache[u]
             if t is _DIRTY:
@@ -639,14 +644,14 @@ class NpuModel:
             for q in UNITS:
                 run.queues[q].append((pc, ins, t, run.points))
                 run.dispatched[q] += 1
-            run.ready = [_DIRTY] * len(UNITS)
+            run.forget_ready()
             if self.trace is not None:
                 self.trace.append(TraceEvent("dispatch", pc, "cancel_point", t, t))
         elif ins.op == _FENCE:  # a marker into every queue; later instructions go on
             for q in UNITS:
                 run.queues[q].append((pc, ins, t, None))
                 run.dispatched[q] += 1
-            run.ready = [_DIRTY] * len(UNITS)
+            run.forget_ready()
         elif ins.op == _END:
             if _outstanding(run):
                 self._error_after_drain(run, t, ErrorCode.TOKEN, pc)
@@ -704,13 +709,13 @@ class NpuModel:
             for p in _BITS[w]:
                 channels[p].popleft()
         op = ins.op
-        faulted = self.bus_fault is not None and self._faults(ins)
+        faulted = self._faults(ins)
         if faulted:
             lo, hi = self.bus_fault
             kept = self.dram[lo:hi].copy()
-            if ins.op == _LOAD:
+            if op == _LOAD:
                 self.dram[lo:hi] = 0  # the faulting beats bring zeros
-        if ins.op != _SYNC and not self.timing_only:
+        if op != _SYNC and not self.timing_only:
             execute(self.chip, self.dram, ins)
         if faulted:
             self.dram[lo:hi] = kept  # the faulting beats of a STORE are dropped
@@ -718,12 +723,12 @@ class NpuModel:
         if self.serial:  # the rest of the firmware's cost, after the dispatch's MICRO_OTHER
             d = max(1, d - MICRO_OTHER)
             self.cpu_free = t + d
-        narrow = self.narrow is not None and ins.op in _DMA_OPS
+        narrow = self.narrow is not None and op in _DMA_OPS
         if narrow:  # the memory serves one transfer at a time
             bursts = dma_bursts(ins.dram, ins.rows, ins.cols, ins.dram_stride, self.cfg.bus_bytes)
             d += self.narrow.transfer(t, d, bursts)
         xfer = None
-        if self.port is not None and ins.op in _DMA_OPS:
+        if self.port is not None and op in _DMA_OPS:
             xfer = self.port.transfer(self, ins, t)  # other engines' bursts on the shared channel
             d += xfer.delay if xfer is not None else 0
         end = t + d
@@ -737,7 +742,7 @@ class NpuModel:
             self.counters["DMA_WR_BYTES"] += wr
         ev = None
         if self.trace is not None:
-            ev = TraceEvent(_UNIT_NAMES[u], pc, _OP_NAMES[ins.op], t, end)
+            ev = TraceEvent(_UNIT_NAMES[u], pc, _OP_NAMES[op], t, end)
             self.trace.append(ev)
         if faulted:
             self._error_after_drain(run, end, ErrorCode.BUS, pc)
@@ -791,7 +796,7 @@ class NpuModel:
 
     def _faults(self, ins: Instr) -> bool:
         """A LOAD or STORE with a bus beat in the faulting range."""
-        if self.bus_fault is None or ins.op not in (Opcode.LOAD, Opcode.STORE):
+        if self.bus_fault is None or ins.op not in _DMA_OPS:
             return False
         return any(
             self._beats_fault(ins.dram + r * ins.dram_stride, ins.cols)

@@ -166,8 +166,9 @@ def pause_figures(cfg: NpuConfig, job) -> tuple[int, int, int, list[int]]:
     n_gap = max(b - a for a, b in zip(times, times[1:], strict=False))
     drain = max((b - a for a, b in zip(first, last, strict=True)), default=0)
     # a pause asked before anything after point k - 1 starts stops there: from then on, at point k
-    starts = first_starts_after(m.trace, sorted(passes))
-    after = [starts.get(pc, end) for pc in sorted(passes)]
+    pcs = sorted(passes)
+    starts = first_starts_after(m.trace, pcs)
+    after = [starts.get(pc, end) for pc in pcs]
     tight = max(b - a for a, b in zip([0, *after], [*last, end], strict=True))
     return n_gap, drain, tight, last
 
