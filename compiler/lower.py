@@ -44,13 +44,16 @@ class Frag:
     host: HostStep | None = None
     host_model: bytes = b""
     _top: list[Item] | None = field(default=None, repr=False)
+    _bottom: list[Item] | None = field(default=None, repr=False)
 
     def placed(self, top: bool, cfg: NpuConfig) -> list[Item]:
         """The items at the bottom of the on-chip memories, or moved to the top (computed once)."""
         if not top:
-            return self.items
+            if self._bottom is None:
+                self._bottom = _relocate(self.items, cfg, top=False)
+            return self._bottom
         if self._top is None:
-            self._top = _relocate_top(self.items, cfg)
+            self._top = _relocate(self.items, cfg, top=True)
         return self._top
 
 
@@ -452,14 +455,22 @@ class Lowerer:
         return Lowering(self.cfg, self.frags, self.dram, inputs, outputs, self.alloc.next, self.alloc.buffers)
 
 
-def _relocate_top(items: list[Item], cfg: NpuConfig) -> list[Item]:
-    """The same fragment with its on-chip buffers moved to the top of the scratchpad and of the
-    accumulators, so that consecutive operators use disjoint buffers where they fit and may overlap.
-    A banked scratchpad's two halves move separately (weights stay in the upper half)."""
+def _relocate(items: list[Item], cfg: NpuConfig, top: bool) -> list[Item]:
+    """The fragment placed at the bottom or the top of the on-chip memories, so that consecutive
+    operators (placed alternately) use disjoint buffers where they fit and may overlap.
+
+    The lowering plans every buffer from the bottom, but keeps a requantisation table or a bias
+    block (`programs.per_column_table`, `bias_block`) at the very top of the scratchpad. Such a
+    fragment is made one block anchored at its end: at the bottom, the top block moves to the
+    bottom and the rest just above it; at the top, the rest moves up to just under the top block.
+    Other fragments stay where they are at the bottom and move up as a whole at the top (the
+    accumulators alike). A banked scratchpad's two halves move separately (weights stay in the
+    upper half)."""
     half = cfg.spad_bytes // 2 if cfg.spad_banked else cfg.spad_bytes
     regions = [(0, half), (half, cfg.spad_bytes)] if cfg.spad_banked else [(0, cfg.spad_bytes)]
     ends = [lo for lo, _ in regions]
     acc_end = 0
+    spans = []
     for it in items:
         if it.kind != "instr":
             continue
@@ -471,23 +482,57 @@ def _relocate_top(items: list[Item], cfg: NpuConfig) -> list[Item]:
                 else:
                     r = 0 if sp.start < half else 1
                     ends[r] = max(ends[r], sp.end)
-    # a buffer that runs past its region's end pins the region (shift 0)
-    shifts = [max(0, hi - end) // ALIGN * ALIGN for (_, hi), end in zip(regions, ends, strict=True)]
-    da = (cfg.acc_bytes - acc_end) // cfg.acc_row_bytes * cfg.acc_row_bytes
-    if not any(shifts) and da == 0:
+                    spans.append((sp.start, sp.end))
+    block = None if cfg.spad_banked else _top_block(spans, cfg.spad_bytes)
+    if block is not None:
+        p, low = block
+        if top:  # the block stays, the rest moves up under it
+            moves = (0, (p - low) // ALIGN * ALIGN)
+        else:  # the block to the bottom (by whole ALIGNs: the banks' interleave stays), the rest above
+            down = p // ALIGN * ALIGN
+            moves = (-down, round_up(cfg.spad_bytes - down, ALIGN))
+            if moves[1] + low > cfg.spad_bytes:
+                moves = (0, 0)
+
+        def shift(a: int) -> int:
+            return moves[0] if a >= p else moves[1]
+
+    elif top:
+        # a buffer that runs past its region's end pins the region (shift 0)
+        shifts = [max(0, hi - end) // ALIGN * ALIGN for (_, hi), end in zip(regions, ends, strict=True)]
+
+        def shift(a: int) -> int:
+            return shifts[0 if a < half else 1]
+
+    else:
         return items
+    da = (cfg.acc_bytes - acc_end) // cfg.acc_row_bytes * cfg.acc_row_bytes if top else 0
     out = []
     for it in items:
         if it.kind == "instr" and it.instr.op in ONCHIP_ADDR_FIELDS:
             f = dict(it.instr.fields)
             for name in ONCHIP_ADDR_FIELDS[it.instr.op]:
-                if f[name] >= ACC_BASE:
-                    f[name] += da
-                else:
-                    f[name] += shifts[0 if f[name] < half else 1]
-            it = replace(it, instr=Instr(it.instr.op, f))
+                f[name] += da if f[name] >= ACC_BASE else shift(f[name])
+            if f != it.instr.fields:
+                it = replace(it, instr=Instr(it.instr.op, f))
         out.append(it)
     return out
+
+
+def _top_block(spans: list[tuple[int, int]], top: int) -> tuple[int, int] | None:
+    """(p, low) for a fragment whose buffers reach the scratchpad's top: the block of buffers that
+    ends at the top starts at p, and every other buffer lies below `low` <= p; None where the
+    buffers reach the top as one block from the bottom."""
+    if not spans or max(e for _, e in spans) < top:
+        return None
+    p = top
+    for s, e in sorted(spans, key=lambda x: -x[1]):  # grow the block down over what touches it
+        if e >= p:
+            p = min(p, s)
+    low = max((e for _, e in spans if e <= p), default=0)
+    if p == 0 or low == 0 or any(s < p < e for s, e in spans):
+        return None
+    return p, low
 
 
 def lower(

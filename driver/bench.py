@@ -29,19 +29,13 @@ def drain_bound(container, cfg: NpuConfig) -> int:
     """The drain D of docs/isa.md for a compiled model: the most cycles between the first and the
     last unit passing one cancellation point in an uninterrupted run (golden model timing)."""
     from npu.sim.golden.model import NpuModel
-    from npu.sim.golden.runner import run_container
+    from npu.sim.golden.runner import point_passes, run_container
 
     m = NpuModel(cfg, trace=True)
     man = container.manifest
     xs = [np.zeros(t.shape, np.float32) for t in man.inputs]
     run_container(container, xs, cfg, model=m)
-    first: dict[int, int] = {}
-    last: dict[int, int] = {}
-    for e in m.trace:
-        if e.op == "pass_point":
-            first[e.pc] = min(first.get(e.pc, e.start), e.start)
-            last[e.pc] = max(last.get(e.pc, e.end), e.end)
-    return max([last[pc] - first[pc] for pc in first] + [0])
+    return max([last - first for first, last in point_passes(m.trace).values()] + [0])
 
 
 def preempt_at_every_point(npu: Npu, low: LoadedModel, x, urgent: LoadedModel, xu) -> tuple[list, list]:

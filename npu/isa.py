@@ -504,6 +504,50 @@ def dram_span(i: Instr) -> tuple[int, int]:
     return extent(f["dram"], f["rows"], f["cols"], f["dram_stride"])
 
 
+def strided_apart(a: int, wa: int, b: int, wb: int, stride: int) -> bool:
+    """Whether two accesses of rows `stride` bytes apart, one of rows of `wa` bytes from `a`, the
+    other of `wb` bytes from `b`, can never touch the same byte, whatever their row counts: their
+    bytes' offsets modulo `stride` (each a circular interval) are disjoint. A layer's channel slice
+    of an HWC tensor and its neighbour's are apart though their bounding spans overlap."""
+    if stride <= 0 or wa >= stride or wb >= stride:
+        return False
+    d = (b - a) % stride
+    return d >= wa and stride - d >= wb
+
+
+def strided_footprint(i: Instr) -> tuple[list[tuple], list[tuple]]:
+    """(reads, writes) as (space, start, end, stride, width) tuples: a span of `footprint`, and
+    where it is rows `stride` bytes apart of `width` bytes each (stride 0: take the span as it is).
+    Two accesses with the same stride that `strided_apart` says are apart do not conflict."""
+    rows = _rows_of(i)
+    out = []
+    for spans, kinds in zip(footprint(i), rows, strict=True):
+        out.append([(s.space, s.start, s.end, *kinds.get((s.space, s.start), (0, 0))) for s in spans])
+    return out[0], out[1]
+
+
+def _rows_of(i: Instr) -> tuple[dict, dict]:
+    """The (stride, width) of an instruction's row-wise operands (more than one row), keyed by
+    (space, start) of their spans: the reads', the writes'."""
+    f = i.fields
+    r: dict = {}
+    w: dict = {}
+
+    def put(d: dict, space: str, base: int, rows: int, width: int, stride: int) -> None:
+        if rows > 1 and 0 < width < stride:
+            d[(space, base)] = (stride, width)
+
+    op = i.op
+    if op == Opcode.LOAD:
+        tr = f["pad_top"] + f["rows"] + f["pad_bottom"]
+        put(w, "onchip", f["spad"], tr, f["pad_left"] + f["cols"] + f["pad_right"], f["spad_stride"])
+        put(r, "dram", f["dram"], f["rows"], f["cols"], f["dram_stride"])
+    elif op == Opcode.STORE:
+        put(r, "onchip", f["spad"], f["rows"], f["cols"], f["spad_stride"])
+        put(w, "dram", f["dram"], f["rows"], f["cols"], f["dram_stride"])
+    return r, w
+
+
 def footprint(i: Instr) -> tuple[list[Span], list[Span]]:
     """(reads, writes) of an instruction as bounding spans; empty spans are left out. Computed once
     per instruction (instructions are immutable; the lists are shared: do not change them)."""

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .config import NpuConfig
-from .isa import ErrorCode, Instr, IsaError, Opcode, Unit, footprint, make, validate
+from .isa import ErrorCode, Instr, IsaError, Opcode, Unit, make, strided_apart, strided_footprint, validate
 from .timing import duration
 
 NUNITS = len(Unit)
@@ -57,9 +57,7 @@ def _span_tuples(ins: Instr) -> tuple[list, list, list]:
     d = ins.__dict__
     t = d.get("_span_tuples")
     if t is None:
-        r, w = footprint(ins) if ins.op != Opcode.SYNC else ([], [])
-        rs = [(x.space, x.start, x.end) for x in r]
-        ws = [(x.space, x.start, x.end) for x in w]
+        rs, ws = strided_footprint(ins) if ins.op != Opcode.SYNC else ([], [])
         t = d["_span_tuples"] = (rs, ws, rs + ws)
     return t
 
@@ -234,13 +232,13 @@ def _latest_conflict(hist: list[_Hist], floor: int, rs: list, ws: list) -> int:
     writes (`ws`)."""
     for j in range(len(hist) - 1, floor, -1):
         h = hist[j]
-        for sp, a, b in ws:
-            for s2, c, d in h.rw:
-                if a < d and c < b and sp == s2:
+        for sp, a, b, st, wd in ws:
+            for s2, c, d, st2, wd2 in h.rw:
+                if a < d and c < b and sp == s2 and not (st == st2 and strided_apart(a, wd, c, wd2, st)):
                     return j
-        for sp, a, b in rs:
-            for s2, c, d in h.w:
-                if a < d and c < b and sp == s2:
+        for sp, a, b, st, wd in rs:
+            for s2, c, d, st2, wd2 in h.w:
+                if a < d and c < b and sp == s2 and not (st == st2 and strided_apart(a, wd, c, wd2, st)):
                     return j
     return -1
 
@@ -312,10 +310,10 @@ def start_order(instrs: list[Instr], cfg: NpuConfig) -> list[int]:
 
 
 def _overlaps(a: list, b: list) -> bool:
-    """Whether two lists of (space, start, end) spans share a byte (`_latest_conflict` inlines the
-    same test in its hot loop)."""
-    for sp, s, e in a:
-        for s2, c, d in b:
-            if s < d and c < e and sp == s2:
+    """Whether two lists of (space, start, end, stride, width) accesses may share a byte
+    (`_latest_conflict` inlines the same test in its hot loop)."""
+    for sp, s, e, st, wd in a:
+        for s2, c, d, st2, wd2 in b:
+            if s < d and c < e and sp == s2 and not (st == st2 and strided_apart(s, wd, c, wd2, st)):
                 return True
     return False

@@ -174,6 +174,18 @@ def first_starts_after(trace, points: list[int]) -> dict[int, int]:
     return out
 
 
+def point_passes(trace) -> dict[int, tuple[int, int]]:
+    """For each cancellation point (its pc) of a traced run: the cycle the first unit starts to
+    pass it and the cycle the last unit has passed it (docs/isa.md, "Pause latency bound": their
+    difference is the point's drain)."""
+    out: dict[int, tuple[int, int]] = {}
+    for e in trace:
+        if e.op == "pass_point":
+            first, last = out.get(e.pc, (e.start, e.end))
+            out[e.pc] = (min(first, e.start), max(last, e.end))
+    return out
+
+
 class ModelDevice:
     """The golden model as an executor device (npu.executor.Device)."""
 

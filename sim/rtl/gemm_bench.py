@@ -148,19 +148,16 @@ def pause_figures(cfg: NpuConfig, job) -> tuple[int, int, int, list[int]]:
     time between the first and the last unit passing the same point; the tight bound
     max_k (last unit passes k) - (first start after k - 1) <= N + D; and the points' times
     (docs/isa.md, "Pause latency bound")."""
-    from npu.sim.golden.runner import first_starts_after
+    from npu.sim.golden.runner import first_starts_after, point_passes
     from npu.sim.rtl.core import prepared_model
 
     m = prepared_model(cfg, job, trace=True)
     m.start()
     m.run()
     assert m.trace is not None
-    passes: dict[int, list[int]] = {}
-    for e in m.trace:
-        if e.op == "pass_point":
-            passes.setdefault(e.pc, []).append(e.start)
-    first = [min(v) for _, v in sorted(passes.items())]
-    last = [max(v) for _, v in sorted(passes.items())]
+    passes = point_passes(m.trace)
+    first = [f for _, (f, _) in sorted(passes.items())]
+    last = [la for _, (_, la) in sorted(passes.items())]
     end = m.counter_values()["CYCLES"]
     times = [0, *last, end]
     n_gap = max(b - a for a, b in zip(times, times[1:], strict=False))
