@@ -39,11 +39,12 @@ from npu.isa import (
     MAX_SHIFT,
     PER_COL_MAX,
     UNIT_OF,
+    VECTOR_OPERANDS,
     ErrorCode,
     Opcode,
 )
 
-from .common import view
+from .common import log2, view
 
 E = ErrorCode
 CHECK_LATENCY = 7  # cycles from `word` to `code`
@@ -256,6 +257,35 @@ def _overlaps(op, f, e):
     return []
 
 
+def _wide_rules(op, f, cfg: NpuConfig) -> list:
+    """`npu.isa.wide_operands` as conditions: an operand whose step takes two words (its type's
+    element bytes x vector_lanes exceed the word, and it has more than a word of elements) at an
+    address or row pitch that is not word-aligned. Only the types whose steps can take two words on
+    this configuration get logic (none on the boards' presets)."""
+    ops = VECTOR_OPERANDS.get(op)
+    if ops is None or cfg.core == "micro":
+        return []
+    out = []
+    for name, stride, count in ops:
+        if op == Opcode.VMAP and name == "src":
+            kinds = [(~f.src_type & ~f.src_i16, 1, cfg.lanes), (~f.src_type & f.src_i16, 2, cfg.lanes),
+                     (f.src_type, 4, cfg.bus_bytes)]  # fmt: skip
+        else:
+            i16 = getattr(f, f"{name}_i16")
+            kinds = [(~i16, 1, cfg.lanes), (i16, 2, cfg.lanes)]
+        for is_kind, e, word in kinds:
+            if e * cfg.vector_lanes <= word:
+                continue
+            bits = log2(word)
+            bad = getattr(f, name)[:bits] != 0
+            if op == Opcode.POOL:
+                bad |= f.channels[: log2(word // e)] != 0
+            elif stride is not None:
+                bad |= (f.rows > 1) & (getattr(f, stride)[:bits] != 0)
+            out.append(is_kind & (getattr(f, count) > word // e) & bad)
+    return out
+
+
 def _rules(op, word, f, e, cfg: NpuConfig, win=None) -> list[tuple[object, ErrorCode]]:
     """(condition, code) of every rule of `op`, in the order `npu.isa.validate` applies them, then
     the memory window [win[0], win[1]) of a LOAD's or STORE's DRAM range (PROTECTION)."""
@@ -304,6 +334,7 @@ def _rules(op, word, f, e, cfg: NpuConfig, win=None) -> list[tuple[object, Error
     if op == Opcode.VMAP:
         for name in ("src", "src_stride"):
             rules.append((f.src_type & (getattr(f, name)[:2] != 0), E.MISALIGNED))
+    rules += [(cond, E.MISALIGNED) for cond in _wide_rules(op, f, cfg)]
     # address ranges, in footprint order (reads then writes)
     for space, ne, start, end in _spans(op, f, e):
         if space == "dram":

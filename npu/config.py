@@ -154,11 +154,16 @@ class NpuConfig:
             f"4 * pes_per_cluster must equal bus_bytes ({self.bus_bytes})",
         )
         need(self.lanes <= self.bus_bytes, "lanes", f"must not exceed bus_bytes ({self.bus_bytes})")
-        # the vector unit reads and writes a step's int16 elements as at most two lane words
+        # the vector unit reads and writes each operand of a step as two words: any element-aligned
+        # step of int16 fits two lane words where 2 * vector_lanes <= lanes; the pipelined core also
+        # takes steps of two whole words (vector_lanes <= lanes), which must then be word-aligned
+        # (npu.isa.wide_operands; the micro core's firmware keeps the narrower rule)
+        wide = self.core == "pipelined"
         need(
-            2 * self.vector_lanes <= self.lanes,
+            (self.vector_lanes if wide else 2 * self.vector_lanes) <= self.lanes,
             "vector_lanes",
-            f"must be at most half of lanes ({self.lanes}): a step moves 2 * vector_lanes bytes of int16",
+            f"must be at most {'' if wide else 'half of '}lanes ({self.lanes}): a step moves "
+            "2 * vector_lanes bytes of int16 within two lane words",
         )
         need(self.core in ("pipelined", "micro"), "core", 'must be "pipelined" or "micro"')
         need(
@@ -167,9 +172,10 @@ class NpuConfig:
             "the micro core's firmware multiplies int16 A at its own rate",
         )
         need(
-            self.core == "micro" or 4 * self.vector_lanes <= self.bus_bytes,
+            self.core == "micro" or 2 * self.vector_lanes <= self.bus_bytes,
             "vector_lanes",
-            f"4 * vector_lanes must not exceed bus_bytes ({self.bus_bytes})",
+            f"2 * vector_lanes must not exceed bus_bytes ({self.bus_bytes}): a step reads at most two "
+            "accumulator words of int32",
         )
         need(
             _pow2(self.dram_bytes) and 4096 <= self.dram_bytes <= 1 << 32,
@@ -259,7 +265,9 @@ PRESETS: dict[str, NpuConfig] = {
         vector_latency=10,
     ),
     # ECP5-class: 128 MACs per cycle, 128-bit AXI; int16 activations at the int8 rate (each lane a
-    # 16 x 8 multiplier, within an FPGA DSP block's 18 x 18: docs/isa.md, "int16 activations")
+    # 16 x 8 multiplier, within an FPGA DSP block's 18 x 18: docs/isa.md, "int16 activations");
+    # an 8-lane vector unit whose int16 and int32 steps take two whole words (docs/compiler.md,
+    # "An 8-lane vector unit")
     "default": NpuConfig(
         name="default",
         clusters=4,
@@ -268,7 +276,7 @@ PRESETS: dict[str, NpuConfig] = {
         spad_bytes=256 * 1024,
         spad_banks=8,
         acc_bytes=64 * 1024,
-        vector_lanes=4,
+        vector_lanes=8,
         bus_bytes=16,
         dram_bytes=64 * 1024 * 1024,
         clock_mhz=100.0,

@@ -717,6 +717,15 @@ def _validate_fields(i: Instr, cfg: NpuConfig) -> None:
         for name in ("src", "src_stride"):
             if f[name] % 4:
                 raise _err(ErrorCode.MISALIGNED, i, f"{name}={f[name]} is not a multiple of 4 (int32 source)")
+    for name, values, word in wide_operands(i, cfg):
+        for what, v in values.items():
+            if v % word:
+                raise _err(
+                    ErrorCode.MISALIGNED,
+                    i,
+                    f"{what}={v} is not a multiple of {word} bytes (a step of {name} takes two words "
+                    f"of {cfg.vector_lanes} lanes)",
+                )
     # address ranges
     reads, writes = footprint(i)
     for s in reads + writes:
@@ -745,6 +754,47 @@ def _validate_fields(i: Instr, cfg: NpuConfig) -> None:
             )
     # destination may not partially overlap a source (an identical element-wise operand is fine)
     _check_overlap(i)
+
+
+#: vector operands: (opcode, address field, stride field or None, what counts its elements per row)
+VECTOR_OPERANDS = {
+    Opcode.VMAP: (("src", "src_stride", "cols"), ("dst", "dst_stride", "cols")),
+    Opcode.VMUL: (("a", "a_stride", "cols"), ("b", "b_stride", "cols"), ("dst", "dst_stride", "cols")),
+    Opcode.VADD: (("a", None, "len"), ("b", None, "len"), ("dst", None, "len")),
+    Opcode.POOL: (("src", None, "channels"), ("dst", None, "channels")),
+}
+
+
+def vector_operand_word(f: dict, op: Opcode, name: str, cfg: NpuConfig) -> tuple[int, int]:
+    """(element bytes, word bytes) of a vector operand: an int32 source is read as accumulator words
+    (the bus width), everything else as scratchpad lane words."""
+    if op == Opcode.VMAP and name == "src" and f["src_type"]:
+        return 4, cfg.bus_bytes
+    return elem_bytes(f, name), cfg.lanes
+
+
+def wide_operands(i: Instr, cfg: NpuConfig) -> list[tuple[str, dict[str, int], int]]:
+    """The operands of a vector instruction whose steps take more than one word (a step's
+    `vector_lanes` elements need two: docs/isa.md, Timing), as (operand, {what: value} that must be
+    multiples of the word, word bytes): its address, and its row pitch where it has more than one
+    row (a pool's pixel pitch, channels x element bytes). A step reads two words of each operand,
+    so an operand of at most a word's bytes a step may sit anywhere."""
+    ops = VECTOR_OPERANDS.get(i.op)
+    if ops is None or cfg.core == "micro":
+        return []
+    f = i.fields
+    out = []
+    for name, stride, count in ops:
+        e, word = vector_operand_word(f, i.op, name, cfg)
+        if min(cfg.vector_lanes, f[count]) * e <= word:
+            continue
+        values = {name: f[name]}
+        if i.op == Opcode.POOL:
+            values["pixel pitch"] = e * f["channels"]
+        elif stride is not None and f["rows"] > 1:
+            values[stride] = f[stride]
+        out.append((name, values, word))
+    return out
 
 
 def _required_memories(i: Instr):

@@ -20,7 +20,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .config import NpuConfig
-from .isa import ErrorCode, Instr, IsaError, Opcode, Unit, make, strided_apart, strided_footprint, validate
+from .isa import (
+    ErrorCode,
+    Instr,
+    IsaError,
+    Opcode,
+    Unit,
+    make,
+    strided_apart,
+    strided_footprint,
+    validate,
+    vector_operand_word,
+    wide_operands,
+)
 from .timing import duration
 
 NUNITS = len(Unit)
@@ -84,9 +96,10 @@ class ProgramBuilder:
         if instr.unit is None:
             raise ValueError(f"{instr.op.name} is a control instruction; use cancel_point/barrier")
         instr = instr.with_tokens(0, 0)
-        if self.check:
-            validate(instr, self.cfg)  # remembered by the instruction and the copies `build` makes
-        self._items.append(Item("instr", instr, label=label))
+        for piece in split_misaligned(instr, self.cfg):
+            if self.check:
+                validate(piece, self.cfg)  # remembered by the instruction and the copies `build` makes
+            self._items.append(Item("instr", piece, label=label))
 
     def cancel_point(self, cp_id: int) -> None:
         if cp_id in self._cp_ids:
@@ -192,6 +205,41 @@ class ProgramBuilder:
         if self.check:
             check_tokens(out, self.cfg)
         return prog
+
+
+#: per opcode: (address fields that advance with the columns, the field counting them); a per-column
+#: VMAP's multipliers (4 bytes a column) and shifts (1) advance too
+_COLUMN_FIELDS = {
+    Opcode.VMAP: (("src", "dst"), "cols"),
+    Opcode.VMUL: (("a", "b", "dst"), "cols"),
+    Opcode.VADD: (("a", "b", "dst"), "len"),
+}
+
+
+def split_misaligned(ins: Instr, cfg: NpuConfig) -> list[Instr]:
+    """`ins`, or where one of its vector operands would take two words a step from an address (or
+    row pitch) that is not word-aligned (npu.isa.wide_operands: MISALIGNED), the same work as
+    instructions of at most a word of each operand per row, which may sit anywhere: each column
+    range of the rows is independent of the others, so the values are the same. A pool is left
+    as it is (its pixel pitch cannot be split)."""
+    cols = _COLUMN_FIELDS.get(ins.op)
+    wide = wide_operands(ins, cfg) if cols is not None else []
+    if not any(v % word for _, values, word in wide for v in values.values()):
+        return [ins]
+    names, count = cols
+    f = ins.fields
+    size = {n: vector_operand_word(f, ins.op, n, cfg) for n in names}
+    per = min(word // e for e, word in size.values())
+    out = []
+    for c0 in range(0, f[count], per):
+        g = dict(f)
+        g[count] = min(per, f[count] - c0)
+        for n in names:
+            g[n] = f[n] + c0 * size[n][0]
+        if ins.op == Opcode.VMAP and f["per_col"]:
+            g["mults"], g["shifts"] = f["mults"] + 4 * c0, f["shifts"] + c0
+        out.append(Instr(ins.op, g))
+    return out
 
 
 def token_syncs(counts: dict[tuple[int, int], int]) -> list[Instr]:

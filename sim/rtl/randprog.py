@@ -15,7 +15,7 @@ import numpy as np
 
 from npu.arith import round_up
 from npu.config import ACC_BASE, NpuConfig
-from npu.isa import IsaError, make, validate
+from npu.isa import IsaError, make, validate, wide_operands
 from npu.program import BuiltProgram, ProgramBuilder
 from npu.sim.golden.kernels import OnChip, execute
 
@@ -258,6 +258,12 @@ def random_program(cfg: NpuConfig, seed: int, n_instrs: int = 24, cp_prob: float
             es, ed = 1 + flags["src_i16"], 1 + flags["dst_i16"]
             if ((oh - 1) * sh + kh) * in_w * c * es > buf or oh * ow * c * ed > buf:
                 continue
+            ins = make(
+                "pool", src=src, dst=dst, channels=c, in_w=in_w, out_h=oh, out_w=ow, kh=kh, kw=kw,
+                **flags,
+            )  # fmt: skip
+            if any(v % w for _, vs, w in wide_operands(ins, cfg) for v in vs.values()):
+                continue  # a pool the builder cannot split: its steps would take unaligned words
             b.add(
                 make(
                     "pool",

@@ -8,7 +8,7 @@ import numpy as np
 
 from npu.arith import round_up
 from npu.config import ACC_BASE, NpuConfig
-from npu.isa import Instr, Unit, encode, encode_program, make
+from npu.isa import Instr, Opcode, Unit, encode, encode_program, make, wide_operands
 from npu.program import ProgramBuilder
 from npu.sim.rtl.core import RtlJob
 from npu.sim.rtl.randprog import random_program
@@ -26,8 +26,23 @@ def _data(seed: int, n: int = 0x2000) -> dict[int, bytes]:
 def _built(cfg: NpuConfig, name: str, instrs: list[Instr], seed: int = 0, **kw) -> RtlJob:
     b = ProgramBuilder(cfg)
     for i in instrs:
-        b.add(i)
+        b.add(_word_aligned_pool(i, cfg))
     return RtlJob(name, encode_program(b.build().instrs), PROG, _data(seed), window=WINDOW, **kw)
+
+
+def _word_aligned_pool(i: Instr, cfg: NpuConfig) -> Instr:
+    """A pool whose steps take two words of an operand at an unaligned address or pixel pitch on
+    `cfg` (npu.isa.wide_operands; the builder splits every other vector instruction so) with its
+    operands moved up to the word and its channels rounded up to whole words: the edge cases of
+    the narrower configurations, as `default`'s 8 lanes allow them."""
+    wide = wide_operands(i, cfg) if i.op == Opcode.POOL else []
+    if not any(v % w for _, vs, w in wide for v in vs.values()):
+        return i
+    f = dict(i.fields)
+    for name, _, word in wide:
+        f[name] = round_up(f[name], word)
+        f["channels"] = round_up(f["channels"], word // (2 if f[f"{name}_i16"] else 1))
+    return Instr(i.op, f)
 
 
 def _raw(name: str, instrs: list[Instr | bytes], **kw) -> RtlJob:
@@ -678,6 +693,19 @@ def error_jobs(cfg: NpuConfig) -> list[RtlJob]:
             timeout=150,
         ),
     ]
+    if 2 * cfg.vector_lanes > cfg.lanes:  # int16 steps take two lane words: word-aligned operands
+        i16 = {"src_i16": 1, "dst_i16": 1}
+        jobs += [
+            _raw("err_wide_i16_src", [make("vmap", src=2 * L + 2, dst=8 * L, rows=1, cols=L, **i16), end]),
+            _raw("err_wide_i32_src",
+                 [make("vmap", src=ACC_BASE + 4, dst=0, rows=1, cols=L, src_type=1), end]),  # fmt: skip
+            _raw("err_wide_row_pitch",
+                 [make("vmul", a=0, b=16 * L, dst=32 * L, rows=2, cols=L, a_stride=2 * L + 2,
+                       b_stride=2 * L, dst_stride=2 * L, a_i16=1, b_i16=1, dst_i16=1), end]),  # fmt: skip
+            _raw("err_wide_pixel_pitch",
+                 [make("pool", src=0, dst=16 * L, channels=L // 2 + 2, in_w=2, out_h=1, out_w=1, kh=1,
+                       kw=1, sh=1, sw=1, **i16), end]),  # fmt: skip
+        ]
     # running off the end of DRAM: a program in the last bytes with no END
     jobs.append(RtlJob("err_fetch_range", encode(ok), cfg.dram_bytes - 32, window=WINDOW, dram={}))
     return jobs

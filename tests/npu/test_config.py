@@ -41,9 +41,14 @@ def test_unknown_preset_lists_choices():
         get_config("huge")
 
 
-def test_int16_vector_steps_need_half_the_lanes():
-    """A vector step moves 2 * vector_lanes bytes of int16 within two lane words."""
+def test_vector_steps_fit_two_words():
+    """A vector step reads each operand as two words: the pipelined core's steps may take both
+    (word-aligned, npu.isa.wide_operands), the micro core's keep int16 within one lane word."""
     wide = dict(clusters=2, pes_per_cluster=8, bus_bytes=32)
-    assert get_config("default").replace(**wide, vector_lanes=4).vector_lanes == 4
-    with pytest.raises(ConfigError, match="vector_lanes=8 .*at most half of lanes"):
-        get_config("default").replace(**wide, vector_lanes=8)
+    assert get_config("default").replace(**wide, vector_lanes=8).vector_lanes == 8
+    with pytest.raises(ConfigError, match="vector_lanes=16 .*at most lanes"):
+        get_config("default").replace(**wide, vector_lanes=16)
+    with pytest.raises(ConfigError, match="vector_lanes=16 .*2 \\* vector_lanes must not exceed bus_bytes"):
+        get_config("default").replace(lanes=16, vector_lanes=16)
+    with pytest.raises(ConfigError, match="vector_lanes=4 .*at most half of lanes"):
+        get_config("icebreaker").replace(vector_lanes=4)

@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from npu.config import ACC_BASE, get_config
-from npu.isa import ErrorCode, IsaError, Opcode, Unit, encode_program, make, strided_apart
-from npu.program import ProgramBuilder, check_tokens, start_order, token_syncs
+from npu.isa import ErrorCode, IsaError, Opcode, Unit, encode_program, make, strided_apart, validate
+from npu.program import ProgramBuilder, check_tokens, split_misaligned, start_order, token_syncs
 from npu.registers import Status
 from npu.sim.golden.model import NpuModel
 from npu.sim.rtl.randprog import random_program, sequential_reference
@@ -193,3 +193,47 @@ def test_channel_slices_of_one_tensor_need_no_token():
     prog = b.build().instrs
     assert prog[1].wait == 0
     assert prog[2].wait == 1 << Unit.STORE
+
+
+@settings(max_examples=60)
+@given(
+    op=st.sampled_from(["vmap", "vmap_i32", "vmul", "vadd"]),
+    off=st.integers(0, 15),
+    rows=st.integers(1, 3),
+    cols=st.integers(1, 40),
+    seed=st.integers(0, 2**16),
+)
+def test_builder_splits_unaligned_wide_vector_operands(op, off, rows, cols, seed):
+    """On `default` an int16 or int32 operand whose steps take two words must be word-aligned; the
+    builder splits an instruction with an unaligned one into legal pieces with the same result."""
+    from npu.sim.golden.kernels import OnChip, execute
+
+    cfg = CFGS["default"]
+    i16 = {"dst_i16": 1}
+    pitch = 2 * cols + 2 * off + 16
+    if op == "vmap":
+        ins = make("vmap", src=off, dst=4096 + off, rows=rows, cols=cols, src_stride=pitch, dst_stride=pitch,
+                   mult=1 << 29, shift=30, src_i16=1, **i16)  # fmt: skip
+    elif op == "vmap_i32":
+        ins = make("vmap", src=ACC_BASE + 4 * off, dst=4096 + off, rows=rows, cols=cols, src_stride=4 * pitch,
+                   dst_stride=pitch, mult=1 << 29, shift=36, src_type=1, **i16)  # fmt: skip
+    elif op == "vmul":
+        ins = make("vmul", a=off, b=2048, dst=4096 + off, rows=rows, cols=cols, a_stride=pitch, b_stride=0,
+                   dst_stride=pitch, mult=1 << 20, shift=27, a_i16=1, **i16)  # fmt: skip
+    else:
+        ins = make("vadd", a=off, b=2048 + 2 * off, dst=4096 + off, len=rows * cols, mult_a=1 << 14,
+                   mult_b=3 << 12, shift=14, a_i16=1, b_i16=1, **i16)  # fmt: skip
+    pieces = split_misaligned(ins, cfg)
+    for p in pieces:
+        validate(p, cfg)
+    rng = np.random.default_rng(seed)
+    chips = []
+    for run in ([ins], pieces):
+        chip = OnChip(cfg)
+        chip.spad[:] = rng.integers(0, 256, cfg.spad_bytes, dtype=np.uint8) if not chips else chips[0][1]
+        chip.acc[:] = rng.integers(0, 256, cfg.acc_bytes, dtype=np.uint8) if not chips else chips[0][2]
+        start = (chip.spad.copy(), chip.acc.copy())
+        for i in run:
+            execute(chip, np.zeros(16, np.uint8), i)
+        chips.append((chip, *start))
+    assert np.array_equal(chips[0][0].spad, chips[1][0].spad)
