@@ -218,22 +218,30 @@ def test_the_default_live_budget_is_a_preference_an_explicit_one_a_limit():
 def test_operators_between_two_points_overlap(tmp_path):
     """With a pause budget, an operator boundary is a point only where the interval needs one; the
     operators between two points go in the order their instructions can start (the next one's
-    loads under this one's compute): fewer cycles than with a point at every boundary, the same
-    values, and every gap still within the interval."""
+    loads under this one's compute: their pc ranges interleave, where nothing crosses a point at
+    every boundary): no more cycles than with a point at every boundary (since the units run on
+    past a point's marker and no false dependency holds the next operator back, the two are often
+    the same), the same values, and every gap still within the interval."""
     z = zoo.digits_cnn()
     import onnx
 
     onnx.save(z.model, str(tmp_path / "d.onnx"))
     kw = dict(calib=z.calib, order="default", activations="int8")
     every = compile_onnx(tmp_path / "d.onnx", "default", max_pause_us=0, **kw)
-    # (the gaps count from the first unit past a point, about 1,020 cycles with a point at every
-    # boundary of this 1,400-cycle program: an interval of 1,200 needs some boundaries, not all)
+    # (the gaps count from the first unit past a point, about 900 cycles with a point at every
+    # boundary of this 1,300-cycle program: an interval of 1,200 needs some boundaries, not all)
     budget = compile_onnx(tmp_path / "d.onnx", "default", cp_interval=1_200, **kw)
     npu_ops = sum(la.placement == "npu" for la in budget.lowered.layers)
     assert len(every.lowered.points) >= npu_ops > len([p for p in budget.lowered.points if p.kind == "spill"])
     x = z.test[:1]
     cycles = [run_container(cm.to_container(), [x], cm.cfg)[1]["CYCLES"] for cm in (every, budget)]
-    assert cycles[1] < cycles[0], cycles
+    assert cycles[1] <= cycles[0], cycles
+
+    def interleaved(cm) -> int:
+        npu = [la.pc for la in cm.lowered.layers if la.placement == "npu" and la.pc]
+        return sum(b[0] < a[1] for a, b in zip(npu, npu[1:], strict=False))
+
+    assert interleaved(budget) > 0 == interleaved(every)
     assert all(np.array_equal(a, b) for a, b in zip(budget.run_int8(x), every.run_int8(x), strict=True))
     assert budget.max_cp_gap <= 1_200 < cycles[1], (budget.max_cp_gap, cycles)
     # the layers' cycles add up to the golden model's count (each pc's advance goes to one layer)

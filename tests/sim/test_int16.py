@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from npu.arith import round_up
 from npu.config import ACC_BASE, get_config
 from npu.isa import ErrorCode, IsaError, make, validate
 from npu.timing import duration
@@ -184,6 +185,8 @@ def test_vmul_and_vadd_element_types(types, data):
 def test_pool_element_types(mode, types, data):
     wi, wo = (t == "16" for t in types.split(","))
     C, W = data.draw(st.integers(1, 20)), data.draw(st.integers(2, 6))
+    if C > CFG.lanes // 2 and 2 * CFG.vector_lanes > CFG.lanes:
+        C = round_up(C, CFG.lanes // 2)  # an int16 pixel whose steps take two lane words: whole words
     kh, kw, sh, sw = 2, 2, data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2))
     oh, ow = data.draw(st.integers(1, 3)), (W - kw) // sw + 1
     in_rows = (oh - 1) * sh + kh
@@ -266,3 +269,20 @@ def test_int16_costs():
     assert duration(make("vmap", **vm, src_i16=1), CFG) - CFG.vector_latency == 4
     assert duration(make("vmap", **vm, src_i16=1, dst_i16=1), CFG) - CFG.vector_latency == 4
     assert duration(make("vmap", **vm), CFG) - CFG.vector_latency == 4
+
+
+def test_int16_steps_of_two_words_need_word_aligned_operands():
+    """`default`'s 8 vector lanes take 16 bytes of int16 a step, two lane words: such an operand
+    must be word-aligned (MISALIGNED otherwise); one of at most a word a row may sit anywhere."""
+    pool = dict(dst=0x4000, in_w=2, out_h=1, out_w=1, kh=1, kw=1, sh=1, sw=1, src_i16=1, dst_i16=1)
+    validate(make("pool", src=0, channels=8, **pool), CFG)
+    validate(make("pool", src=2, channels=4, **pool), CFG)  # 8 bytes a pixel: one word
+    for bad in (dict(src=2, channels=8), dict(src=0, channels=6)):
+        with pytest.raises(IsaError) as e:
+            validate(make("pool", **bad, **pool), CFG)
+        assert e.value.code == ErrorCode.MISALIGNED
+    vmap = dict(dst=0x4000, rows=2, cols=8, src_stride=16, dst_stride=16, src_i16=1, dst_i16=1)
+    validate(make("vmap", src=8, **vmap), CFG)
+    with pytest.raises(IsaError) as e:
+        validate(make("vmap", src=10, **vmap), CFG)
+    assert e.value.code == ErrorCode.MISALIGNED
