@@ -43,18 +43,15 @@ class Frag:
     items: list[Item] = field(default_factory=list)
     host: HostStep | None = None
     host_model: bytes = b""
-    _top: list[Item] | None = field(default=None, repr=False)
-    _bottom: list[Item] | None = field(default=None, repr=False)
+    _placed: dict = field(default_factory=dict, repr=False)  # top -> items; "extent" -> _extent's
 
     def placed(self, top: bool, cfg: NpuConfig) -> list[Item]:
         """The items at the bottom of the on-chip memories, or moved to the top (computed once)."""
-        if not top:
-            if self._bottom is None:
-                self._bottom = _relocate(self.items, cfg, top=False)
-            return self._bottom
-        if self._top is None:
-            self._top = _relocate(self.items, cfg, top=True)
-        return self._top
+        if top not in self._placed:
+            if "extent" not in self._placed:
+                self._placed["extent"] = _extent(self.items, cfg)
+            self._placed[top] = _relocate(self.items, cfg, top, self._placed["extent"])
+        return self._placed[top]
 
 
 @dataclass
@@ -455,7 +452,29 @@ class Lowerer:
         return Lowering(self.cfg, self.frags, self.dram, inputs, outputs, self.alloc.next, self.alloc.buffers)
 
 
-def _relocate(items: list[Item], cfg: NpuConfig, top: bool) -> list[Item]:
+def _extent(items: list[Item], cfg: NpuConfig) -> tuple[list[int], int, tuple[int, int] | None]:
+    """What `_relocate` needs of a fragment's on-chip buffers: the end of each scratchpad region's
+    (one, or a banked scratchpad's two halves), of the accumulators', and its top block."""
+    half = cfg.spad_bytes // 2 if cfg.spad_banked else cfg.spad_bytes
+    ends = [0, half] if cfg.spad_banked else [0]
+    acc_end = 0
+    spans = set()
+    for it in items:
+        if it.kind != "instr":
+            continue
+        reads, writes = footprint(it.instr)
+        for sp in reads + writes:
+            if sp.space == "onchip":
+                if sp.start >= ACC_BASE:
+                    acc_end = max(acc_end, sp.end - ACC_BASE)
+                else:
+                    r = 0 if sp.start < half else 1
+                    ends[r] = max(ends[r], sp.end)
+                    spans.add((sp.start, sp.end))
+    return ends, acc_end, None if cfg.spad_banked else _top_block(list(spans), cfg.spad_bytes)
+
+
+def _relocate(items: list[Item], cfg: NpuConfig, top: bool, extent: tuple) -> list[Item]:
     """The fragment placed at the bottom or the top of the on-chip memories, so that consecutive
     operators (placed alternately) use disjoint buffers where they fit and may overlap.
 
@@ -468,22 +487,7 @@ def _relocate(items: list[Item], cfg: NpuConfig, top: bool) -> list[Item]:
     upper half)."""
     half = cfg.spad_bytes // 2 if cfg.spad_banked else cfg.spad_bytes
     regions = [(0, half), (half, cfg.spad_bytes)] if cfg.spad_banked else [(0, cfg.spad_bytes)]
-    ends = [lo for lo, _ in regions]
-    acc_end = 0
-    spans = []
-    for it in items:
-        if it.kind != "instr":
-            continue
-        reads, writes = footprint(it.instr)
-        for sp in reads + writes:
-            if sp.space == "onchip":
-                if sp.start >= ACC_BASE:
-                    acc_end = max(acc_end, sp.end - ACC_BASE)
-                else:
-                    r = 0 if sp.start < half else 1
-                    ends[r] = max(ends[r], sp.end)
-                    spans.append((sp.start, sp.end))
-    block = None if cfg.spad_banked else _top_block(spans, cfg.spad_bytes)
+    ends, acc_end, block = extent
     if block is not None:
         p, low = block
         if top:  # the block stays, the rest moves up under it

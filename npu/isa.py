@@ -517,35 +517,26 @@ def strided_apart(a: int, wa: int, b: int, wb: int, stride: int) -> bool:
 
 def strided_footprint(i: Instr) -> tuple[list[tuple], list[tuple]]:
     """(reads, writes) as (space, start, end, stride, width) tuples: a span of `footprint`, and
-    where it is rows `stride` bytes apart of `width` bytes each (stride 0: take the span as it is).
-    Two accesses with the same stride that `strided_apart` says are apart do not conflict."""
-    rows = _rows_of(i)
-    out = []
-    for spans, kinds in zip(footprint(i), rows, strict=True):
-        out.append([(s.space, s.start, s.end, *kinds.get((s.space, s.start), (0, 0))) for s in spans])
-    return out[0], out[1]
+    where it is rows `stride` bytes apart of `width` bytes each (stride 0: take the span as it is;
+    only a LOAD's and a STORE's rows are told apart). Two accesses with the same stride that
+    `strided_apart` says are apart do not conflict."""
+    reads, writes = footprint(i)
+    if i.op not in (Opcode.LOAD, Opcode.STORE):
+        r = w = (0, 0)
+    else:
+        f = i.fields
+        dram = _rows(f["rows"], f["cols"], f["dram_stride"])
+        if i.op == Opcode.LOAD:
+            tr = f["pad_top"] + f["rows"] + f["pad_bottom"]
+            r, w = dram, _rows(tr, f["pad_left"] + f["cols"] + f["pad_right"], f["spad_stride"])
+        else:
+            r, w = _rows(f["rows"], f["cols"], f["spad_stride"]), dram
+    return [(s.space, s.start, s.end, *r) for s in reads], [(s.space, s.start, s.end, *w) for s in writes]
 
 
-def _rows_of(i: Instr) -> tuple[dict, dict]:
-    """The (stride, width) of an instruction's row-wise operands (more than one row), keyed by
-    (space, start) of their spans: the reads', the writes'."""
-    f = i.fields
-    r: dict = {}
-    w: dict = {}
-
-    def put(d: dict, space: str, base: int, rows: int, width: int, stride: int) -> None:
-        if rows > 1 and 0 < width < stride:
-            d[(space, base)] = (stride, width)
-
-    op = i.op
-    if op == Opcode.LOAD:
-        tr = f["pad_top"] + f["rows"] + f["pad_bottom"]
-        put(w, "onchip", f["spad"], tr, f["pad_left"] + f["cols"] + f["pad_right"], f["spad_stride"])
-        put(r, "dram", f["dram"], f["rows"], f["cols"], f["dram_stride"])
-    elif op == Opcode.STORE:
-        put(r, "onchip", f["spad"], f["rows"], f["cols"], f["spad_stride"])
-        put(w, "dram", f["dram"], f["rows"], f["cols"], f["dram_stride"])
-    return r, w
+def _rows(rows: int, width: int, stride: int) -> tuple[int, int]:
+    """(stride, width) of more than one row of `width` bytes narrower than their stride, else (0, 0)."""
+    return (stride, width) if rows > 1 and 0 < width < stride else (0, 0)
 
 
 def footprint(i: Instr) -> tuple[list[Span], list[Span]]:
