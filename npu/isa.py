@@ -708,15 +708,13 @@ def _validate_fields(i: Instr, cfg: NpuConfig) -> None:
         for name in ("src", "src_stride"):
             if f[name] % 4:
                 raise _err(ErrorCode.MISALIGNED, i, f"{name}={f[name]} is not a multiple of 4 (int32 source)")
-    for name, values, word in wide_operands(i, cfg):
-        for what, v in values.items():
-            if v % word:
-                raise _err(
-                    ErrorCode.MISALIGNED,
-                    i,
-                    f"{what}={v} is not a multiple of {word} bytes (a step of {name} takes two words "
-                    f"of {cfg.vector_lanes} lanes)",
-                )
+    for name, what, v, word in misaligned_operands(i, cfg)[:1]:
+        raise _err(
+            ErrorCode.MISALIGNED,
+            i,
+            f"{what}={v} is not a multiple of {word} bytes (a step of {name} takes two words "
+            f"of {cfg.vector_lanes} lanes)",
+        )
     # address ranges
     reads, writes = footprint(i)
     for s in reads + writes:
@@ -786,6 +784,13 @@ def wide_operands(i: Instr, cfg: NpuConfig) -> list[tuple[str, dict[str, int], i
             values[stride] = f[stride]
         out.append((name, values, word))
     return out
+
+
+def misaligned_operands(i: Instr, cfg: NpuConfig) -> list[tuple[str, str, int, int]]:
+    """(operand, what, value, word) of each value `wide_operands` asks to be a multiple of the word
+    that is not: empty where the instruction keeps the rule."""
+    return [(name, what, v, word) for name, values, word in wide_operands(i, cfg)
+            for what, v in values.items() if v % word]  # fmt: skip
 
 
 def _required_memories(i: Instr):

@@ -27,11 +27,11 @@ from .isa import (
     Opcode,
     Unit,
     make,
+    misaligned_operands,
     strided_apart,
     strided_footprint,
     validate,
     vector_operand_word,
-    wide_operands,
 )
 from .timing import duration
 
@@ -223,8 +223,7 @@ def split_misaligned(ins: Instr, cfg: NpuConfig) -> list[Instr]:
     range of the rows is independent of the others, so the values are the same. A pool is left
     as it is (its pixel pitch cannot be split)."""
     cols = _COLUMN_FIELDS.get(ins.op)
-    wide = wide_operands(ins, cfg) if cols is not None else []
-    if not any(v % word for _, values, word in wide for v in values.values()):
+    if cols is None or not misaligned_operands(ins, cfg):
         return [ins]
     names, count = cols
     f = ins.fields

@@ -15,7 +15,7 @@ import numpy as np
 
 from npu.arith import round_up
 from npu.config import ACC_BASE, NpuConfig
-from npu.isa import IsaError, make, validate, wide_operands
+from npu.isa import IsaError, make, misaligned_operands, validate
 from npu.program import BuiltProgram, ProgramBuilder
 from npu.sim.golden.kernels import OnChip, execute
 
@@ -262,7 +262,7 @@ def random_program(cfg: NpuConfig, seed: int, n_instrs: int = 24, cp_prob: float
                 "pool", src=src, dst=dst, channels=c, in_w=in_w, out_h=oh, out_w=ow, kh=kh, kw=kw,
                 **flags,
             )  # fmt: skip
-            if any(v % w for _, vs, w in wide_operands(ins, cfg) for v in vs.values()):
+            if misaligned_operands(ins, cfg):
                 continue  # a pool the builder cannot split: its steps would take unaligned words
             b.add(
                 make(

@@ -8,7 +8,7 @@ import numpy as np
 
 from npu.arith import round_up
 from npu.config import ACC_BASE, NpuConfig
-from npu.isa import Instr, Opcode, Unit, encode, encode_program, make, wide_operands
+from npu.isa import Instr, Opcode, Unit, encode, encode_program, make, misaligned_operands, wide_operands
 from npu.program import ProgramBuilder
 from npu.sim.rtl.core import RtlJob
 from npu.sim.rtl.randprog import random_program
@@ -35,11 +35,10 @@ def _word_aligned_pool(i: Instr, cfg: NpuConfig) -> Instr:
     `cfg` (npu.isa.wide_operands; the builder splits every other vector instruction so) with its
     operands moved up to the word and its channels rounded up to whole words: the edge cases of
     the narrower configurations, as `default`'s 8 lanes allow them."""
-    wide = wide_operands(i, cfg) if i.op == Opcode.POOL else []
-    if not any(v % w for _, vs, w in wide for v in vs.values()):
+    if i.op != Opcode.POOL or not misaligned_operands(i, cfg):
         return i
     f = dict(i.fields)
-    for name, _, word in wide:
+    for name, _, word in wide_operands(i, cfg):
         f[name] = round_up(f[name], word)
         f["channels"] = round_up(f["channels"], word // (2 if f[f"{name}_i16"] else 1))
     return Instr(i.op, f)
