@@ -566,7 +566,7 @@ def _lower(
     depend on it; the planned addresses are checked against the real DRAM after assembly)."""
     kw = dict(step=opts.step(plan_cfg), max_live=opts.cp_max_live, nhwc_inputs=set(prepared.nhwc_inputs))
     kw["reasons"], kw["host_nodes"] = reasons, host_nodes
-    kw["narrow_depthwise"] = opts.narrow_depthwise
+    kw["narrow_depthwise"], kw["im2col"] = opts.narrow_depthwise, opts.im2col
     try:
         return lower(model, plan_cfg, str(path), **kw)
     except DramFull:

@@ -23,11 +23,12 @@ from npu.program import Item, ProgramBuilder
 from npu.tensors import Layout
 from npu.timing import bank_stride
 
+from . import im2col
 from .dram import Buffer
-from .graph import CompileError, Graph
+from .graph import CompileError, Graph, node_attrs
 from .programs import per_column_table, plan_gemm_bias
 from .quantize import Act, QTensor
-from .spatial import channel_align
+from .spatial import channel_align, fold_pays, geometry
 
 ALIGN = 64
 
@@ -111,9 +112,11 @@ class Lowerer:
         reasons: dict[str, str] | None = None,
         host_nodes: dict[str, str] | None = None,
         narrow_depthwise: bool = True,
+        im2col: str = "auto",
     ):
         self.graph, self.cfg, self.source = graph, cfg, graph.source
         self.narrow_depthwise = narrow_depthwise  # spatial.narrow_subs for int16 depthwise chunks
+        self.im2col = im2col  # strided convolutions of few channels folded (compiler/im2col.py)
         self.reasons = reasons or {}  # node -> why an earlier lowering placed it on the host
         self.host_nodes = host_nodes or {}  # node -> why it must run on the host (accuracy guard)
         self.nhwc_inputs = nhwc_inputs  # graph inputs the caller gives channels-last
@@ -299,6 +302,43 @@ class Lowerer:
         self.acts[q.name] = a
         return a
 
+    def _gathered_input_layout(self, q: QTensor) -> Layout | None:
+        """A graph input that only convolutions folding their taps read (compiler/im2col.py: their
+        LOADs gather its pixels, no MATMUL reads it as it is) has no channel padding: their folded k
+        is then the receptive field's elements, not its pixels' pitch. None: the default layout."""
+        from .ops.registry import placement
+
+        if len(q.shape) != 4 or self.im2col == "off":
+            return None
+        dqs = [d for d in self.graph.consumers.get(q.name, []) if d.op_type == "DequantizeLinear"]
+        readers = [(d, r) for d in dqs for r in self.graph.consumers.get(d.output[0], [])]
+        if not readers or len(dqs) != len(self.graph.consumers.get(q.name, [])):
+            return None
+        dense = Layout.hwc(q.shape, 1, cp=q.shape[1], elem=q.elem)
+        x, x_dense = Act(q, 0, self.default_layout(q)), Act(q, 0, dense)
+        for d, r in readers:
+            if r.op_type != "Conv" or list(r.input).index(d.output[0]) != 0 or placement(self, r) is not None:
+                return None
+            a = node_attrs(r)
+            kernel = self.shape(r.input[1], r)[2:]
+            strides, dil = a.get("strides", [1, 1]), a.get("dilations", [1, 1])
+            if len(kernel) != 2 or not im2col.folds(
+                self.cfg, kernel, strides, dil, a.get("group", 1), q.shape[1], q.elem
+            ):
+                return None
+            if self.im2col == "on":
+                continue
+            try:  # cheaper folded over the input without padding than a MATMUL a tap over the default
+                yq = self.q_out(r.output[0], r)
+                y = Act(yq, 0, self.default_layout(yq))
+                g = geometry(x, y, kernel, strides, a.get("pads", [0] * 4), self.where(r), dil)
+                if not fold_pays(self.cfg, x, x_dense, y.layout.cp, yq.elem, g, self.where(r), self.step,
+                                 self.max_live):  # fmt: skip
+                    return None
+            except CompileError:
+                return None
+        return dense
+
     def default_layout(self, q: QTensor) -> Layout:
         """How a quantised tensor is laid out unless its producer says otherwise: HWC for 4-D (the
         channel pitch lane-aligned, and off the banks' period), dense otherwise."""
@@ -426,7 +466,8 @@ class Lowerer:
                 raise CompileError(
                     f"{self.source}: graph input {name!r} must feed exactly one QuantizeLinear"
                 )
-            a = self.place(self.qt[qs[0].output[0]], f"{self.source}: input {name}")
+            q = self.qt[qs[0].output[0]]
+            a = self.place(q, f"{self.source}: input {name}", self._gathered_input_layout(q))
             self.input_acts[name] = a
             desc = a.desc(name)
             if name in self.nhwc_inputs:  # the same bytes, given channels-last (frontend.fold_input_layout)
@@ -549,14 +590,17 @@ def lower(
     reasons: dict[str, str] | None = None,
     host_nodes: dict[str, str] | None = None,
     narrow_depthwise: bool = True,
+    im2col: str = "auto",
 ) -> Lowering:
     """Lower every operator of a QDQ model (in ONNX order; `Lowering.assemble` orders them). `step`:
     split operators so that no step between cancellation point candidates exceeds it (0: no limit).
     `nhwc_inputs`: NCHW graph inputs that the compiled model takes channels-last. `reasons`: why an
     earlier lowering placed nodes on the host (kept for those whose results then stay float).
     `host_nodes`: nodes placed on the host whatever their operator, with the reason.
-    `narrow_depthwise`: int16 depthwise chunks as a MATMUL per A word (--narrow-depthwise)."""
+    `narrow_depthwise`: int16 depthwise chunks as a MATMUL per A word (--narrow-depthwise). `im2col`:
+    auto, on or off (--im2col)."""
     low = Lowerer(
-        Graph(model, source), cfg, step, max_live or 0, nhwc_inputs, reasons, host_nodes, narrow_depthwise
-    )
+        Graph(model, source), cfg, step, max_live or 0, nhwc_inputs, reasons, host_nodes, narrow_depthwise,
+        im2col,
+    )  # fmt: skip
     return low.run()

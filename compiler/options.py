@@ -189,6 +189,11 @@ class CompileOptions:
         True, "a depthwise convolution of int16 input runs a MATMUL per A word of channels (half the "
         "matrix steps, twice the MATMULs; default on); off: one per chunk, a smaller program (taken "
         "again by itself when the program does not fit the DRAM)", cli="toggle")  # fmt: skip
+    im2col: str = _option(
+        "auto", "a strided convolution of few input channels with its taps folded into k, its band "
+        "gathered by the LOADs (one MATMUL a band instead of one per output row and tap; a graph input "
+        "read only so is laid out without channel padding): auto (where the cost model finds it "
+        "cheaper), on (wherever it applies), off", choices=("auto", "on", "off"))  # fmt: skip
     spad_region: tuple[int, int] | None = _option(
         None, "use only these bytes of the scratchpad (e.g. 0:128K; numbers decimal or 0x, K = 1024), "
         "so models resident at once never touch each other's on-chip data", type=region,

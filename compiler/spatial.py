@@ -27,11 +27,12 @@ from npu.compiler.programs import acc_row_stride, add_requant, bias_matmul
 from npu.compiler.programs import bias_load_cycles as _bias_load_cycles
 from npu.compiler.programs import bias_matmul_cycles as _bias_matmul_cycles
 from npu.config import ACC_BASE, NpuConfig
-from npu.isa import LUT_BYTES
+from npu.isa import INSTR_BYTES, LUT_BYTES
 from npu.program import ProgramBuilder
-from npu.timing import a_step_bytes, bank_stride
+from npu.timing import a_step_bytes, bank_stride, dram_cycles
 
 from . import bias as biasmm
+from . import im2col
 from .elementwise import OutputPass
 from .graph import CompileError
 from .quantize import Act, quant_multiplier
@@ -206,6 +207,9 @@ class ConvTile:
     # per chunk: None, or its MATMULs one A word of int16 channels each (`narrow_subs`): (first
     # channel of the chunk, first output column, columns) - the chunk's weights rearranged to match
     subs: list[list[tuple[int, int, int]] | None] = field(default_factory=list)
+    # per chunk: the channels [0, k) of it that some output reads - its MATMULs' k (past them the
+    # pitch's padding channels, zero weights: steps that add nothing)
+    k: list[int] = field(default_factory=list)
 
     def pitch(self, cpx: int, windowed: bool) -> int:
         """Elements of an input pixel in the band: the window's (windowed band) or the tensor's."""
@@ -312,6 +316,7 @@ def plan_conv(
     narrow: bool = False,
     bias_k: int = 0,
     whole_width: bool = True,
+    gather: Callable[[int, int], tuple[int, int, int]] | None = None,
 ) -> ConvPlan:
     """Pick output/input channel tile sizes and the row band height with the cost model.
     `win_of(co_t)`: the input channels a tile of co_t output channels reads: all of them, or for a
@@ -324,7 +329,8 @@ def plan_conv(
     where they can (`narrow_subs`): timed so. `bias_k`: the bias's digits (compiler/bias.py; 0: it
     can only be a LOAD): each tiling takes the bias as a MATMUL where its block fits and it takes at
     most half the LOAD's cycles, else a LOAD, and is timed so. `whole_width`: `g` is the whole
-    output width (not a strip), so that one band for every output tile is loaded once."""
+    output width (not a strip), so that one band for every output tile is loaded once. `gather`: the
+    band is gathered (compiler/im2col.py): (LOADs, bus words, DMA rows) of a band of (rows, columns)."""
     ca = channel_align(cfg)
     full = cpx
     cpx *= ex  # bytes of an input pixel from here on
@@ -381,16 +387,19 @@ def plan_conv(
             mm_per_band = n_ci * taps * (1 if band_mode else rows) * per_chunk
             matrix = n_co * bands * (mm_per_band * cfg.matrix_latency + n_ci * taps * steps)
             w_bytes = (n_co * taps * win * co_t) * (bands if n_ci > 1 else 1)
-            loads = 1 + n_ci + (g.in_rows(rows) if windowed else 0)  # a windowed band: a LOAD a row
-            if windowed:  # one DMA row per pixel: the bus words each touches
-                in_beats = n_co * bands * g.in_rows(rows) * g.w * cdiv(px, cfg.bus_bytes)
-            else:  # one band for the whole input is loaded once (conv_program)
-                in_bytes = g.in_rows(rows) * g.wp * px
-                one = keeps_one_band(whole_width, windowed, bands, n_co, in_bytes, max_step, max_live)
-                reloads = 1 if one else n_co
-                in_beats = reloads * bands * g.in_rows(rows) * g.wp * cpx // cfg.bus_bytes
-            load = in_beats + w_bytes // cfg.bus_bytes + n_co * bands * loads * cfg.dma_latency
-            load += n_co * bands * (m * co_t * ey // cfg.bus_bytes + cfg.dma_latency) if residual else 0
+            band_loads, in_beats, band_rows = _band_dma(
+                cfg, g, rows, bands, n_co, px, windowed, whole_width, max_step, max_live, gather
+            )
+            loads = n_ci + band_loads
+            w_rows = n_co * n_ci * co_t * (bands if n_ci > 1 else 1)
+            load = dram_cycles(cfg, in_beats + w_bytes // cfg.bus_bytes, band_rows + w_rows)
+            load += n_co * bands * loads * cfg.dma_latency
+            out_beats = n_co * bands * m * co_t * ey // cfg.bus_bytes
+            out_rows = n_co * bands * (rows if co_t == cout_p else m)
+            load += n_co * bands * cfg.dma_latency + dram_cycles(cfg, out_beats, out_rows) if residual else 0
+            if cfg.dram_word_bytes:  # one DRAM for the loads, the stores and the instructions' fetch
+                instrs = n_co * bands * (loads + mm_per_band + 3 + (1 if residual else 0))
+                load += dram_cycles(cfg, out_beats, out_rows) + instrs * INSTR_BYTES // cfg.dram_word_bytes
             vector = n_co * bands * m * cdiv(co_t, cfg.vector_lanes) * (1 + post_steps)  # int8 or int16
             # the bias: a LOAD of m rows of the tile's int32 per band, or a MATMUL of one k step
             bias_load = n_co * bands * _bias_load_cycles(cfg, m, co_t)
@@ -429,6 +438,64 @@ def plan_conv(
             f"{2 * m * acc_row_stride(cfg, co_t)} accumulator bytes"
         )
     return best[1]
+
+
+def fold_pays(
+    cfg: NpuConfig, x: Act, x_fold: Act, cpy: int, ey: int, g: Geometry, where: str, max_step: int = 0,
+    max_live: int = 0,
+) -> bool:  # fmt: skip
+    """Whether a convolution of one group (`g`, `cpy` output elements a pixel of `ey` bytes) is
+    cheaper by the cost model with its taps folded (compiler/im2col.py) over input `x_fold` than as a
+    MATMUL per tap over `x` (the same tensor; `x_fold` may be laid out without channel padding)."""
+    ca = channel_align(cfg)
+
+    def est(xa: Act, ga: Geometry, gather) -> int:
+        cp = xa.layout.cp
+        return plan_conv_strips(ga, lambda geo: plan_conv(
+            cfg, geo, cp, cpy, lambda co_t: cp, ca, where, max_step, max_live, xa.layout.elem, ey,
+            whole_width=geo.ow == ga.ow, gather=gather,
+        ))[0].est_cycles  # fmt: skip
+
+    fx, fg = im2col.folded_input(cfg, ca, x_fold, g)
+    try:
+        folded = est(fx, fg, _gather_cost(cfg, x_fold, g))
+    except CompileError:
+        return False
+    try:
+        return folded < est(x, g, None)
+    except CompileError:
+        return True
+
+
+def _band_dma(
+    cfg: NpuConfig, g: Geometry, rows: int, bands: int, n_co: int, px: int, windowed: bool, whole_width: bool,
+    max_step: int, max_live: int, gather,
+) -> tuple[int, int, int]:  # fmt: skip
+    """(LOADs a band, bus words and DMA rows in all) of a convolution's input bands of `rows` output
+    rows (`px` bytes a band pixel): a windowed band is a LOAD an input row, a DMA row a pixel; a
+    gathered one (`gather`, compiler/im2col.py) its own; else a LOAD a band, a DMA row an input row,
+    loaded once for all output tiles where one band holds the input (`keeps_one_band`)."""
+    if windowed:
+        return 1 + g.in_rows(rows), n_co * bands * g.in_rows(rows) * g.w * cdiv(px, cfg.bus_bytes), (
+            n_co * bands * g.in_rows(rows) * g.w
+        )  # fmt: skip
+    in_bytes = g.in_rows(rows) * g.wp * px
+    one = keeps_one_band(whole_width, windowed, bands, n_co, in_bytes, max_step, max_live)
+    reloads = 1 if one else n_co
+    if gather is not None:
+        loads, beats, dma_rows = gather(rows, g.ow)
+        return loads, reloads * bands * beats, reloads * bands * dma_rows
+    return 1, reloads * bands * in_bytes // cfg.bus_bytes, reloads * bands * g.in_rows(rows)
+
+
+def _gather_cost(cfg: NpuConfig, x: Act, g: Geometry) -> Callable[[int, int], tuple[int, int, int]]:
+    """`plan_conv`'s `gather`: (LOADs, bus words, DMA rows) of a folded band of (rows, columns)."""
+
+    def cost(rows: int, cols: int) -> tuple[int, int, int]:
+        loads, dma_rows = im2col.gather_loads(x, g, rows, 0, cols)
+        return loads, dma_rows * im2col.gather_beats(cfg, x, g), dma_rows
+
+    return cost
 
 
 def keeps_one_band(
@@ -483,6 +550,7 @@ def conv_program(
     max_live: int = 0,
     post: OutputPass | None = None,
     narrow: bool = True,
+    fold: str = "auto",
 ) -> dict:
     """Emit a convolution. `weights` int8 (Cout, Cin/groups, kh, kw); `bias` int64 (Cout), the input
     zero point already folded in; `rq` the requantisation fields of the VMAP (mult, shift, zp_out,
@@ -490,8 +558,13 @@ def conv_program(
     int32 accumulators (4-byte elements, stored from the accumulator memory as they are). `post`:
     a function of the requantised output computed on each band before it is stored (`y` is then
     that function's output, of the same element type). `narrow`: a depthwise convolution of int16
-    input takes a MATMUL per A word (`narrow_subs`). Returns the plan for the compile report."""
+    input takes a MATMUL per A word (`narrow_subs`). A strided convolution of few input channels
+    runs with its taps folded into k (compiler/im2col.py) by `fold`: auto (where the cost model finds
+    it cheaper), on or off - or where its input has no channel padding, always. Returns the plan for
+    the compile report."""
     ca = channel_align(cfg)
+    # src: the convolution's own input and geometry, where its bands are gathered (im2col)
+    src, x, g, weights = _fold_choice(cfg, x, y, rq, g, weights, groups, where, max_step, max_live, fold)
     cout, cin_g = weights.shape[:2]
     cpx, cpy = x.layout.cp, y.layout.cp
     ex = x.layout.elem  # int16 input: 2 bytes an element (A of the MATMULs)
@@ -528,6 +601,7 @@ def conv_program(
             cfg, geo, cpx, cpy, win_of, co_step, where, max_step, max_live, ex, ey, cols_of, post,
             narrow=narrow and groups > 1 and cin_g == 1 and cout_g == 1,
             bias_k=0 if digits is None else digits.shape[1], whole_width=geo.ow == g.ow,
+            gather=None if src is None else _gather_cost(cfg, *src),
         )  # fmt: skip
 
     plan, gp = plan_conv_strips(g, plan_for)
@@ -580,38 +654,51 @@ def conv_program(
                 if windowed:
                     _load_band(b, x, gs, n, y0, rows, ib, fill, label, col0, t.win0, t.wlen)
                 elif not band_loaded:
-                    _load_band(b, x, gs, n, y0, rows, ib, fill, label, col0)
+                    if src is None:
+                        _load_band(b, x, gs, n, y0, rows, ib, fill, label, col0)
+                    else:
+                        im2col.gather_band(b, *src, n, y0, rows, x0, gs.ow, ib, band_px * ex, fill, label)
                     band_loaded = one_band
                 _start_with_bias(b, cfg, t, m, ab, c_stride, bias_src)
                 skip = _load_residual(b, post, res_bufs, k, g, gs, t, n, y0, x0, rows, bm, cpy, ey)
-                for (c0, cl), wa, reach, subs in zip(t.chunks, t.w_addr, t.cols, t.subs, strict=True):
+                chunks = zip(t.chunks, t.w_addr, t.cols, t.subs, t.k, strict=True)
+                for (c0, cl), wa, reach, subs, kc in chunks:
                     if reach[1] == reach[0]:
                         continue  # input channels no output of the tile reads
                     if multi:
                         wb = w_bufs[nw % 2]
                         nw += 1
-                        b.add(
-                            "load",
-                            spad=wb,
-                            dram=wa,
-                            rows=t.co_t,
-                            cols=taps * cl,
-                            spad_stride=bank_stride(cfg, taps * cl, cfg.lanes),
-                            dram_stride=taps * cl,
-                            label=f"weights co{t.co0} ci{c0}",
-                        )
+                        b.add("load", spad=wb, dram=wa, rows=t.co_t, cols=taps * cl, dram_stride=taps * cl,
+                              spad_stride=bank_stride(cfg, taps * cl, cfg.lanes),
+                              label=f"weights co{t.co0} ci{c0}")  # fmt: skip
                     px = t.pitch(cpx, windowed)
-                    _chunk_matmuls(b, cfg, g, gs, t, bm, wb, c0, cl, ib, ab, m, rows, px, ex, reach,
+                    _chunk_matmuls(b, cfg, g, gs, t, bm, wb, c0, (cl, kc), ib, ab, m, rows, px, ex, reach,
                                    windowed, subs)  # fmt: skip
                 _conv_output(b, y, rq, g, gs, t, bm, n, y0, x0, rows, m, ab, ob, cpy, ey, c_stride, out_pass,
                              skip)  # fmt: skip
                 b.candidate()  # between bands: the resident weights are live (and a band kept for all tiles)
+    folded = "" if src is None else f"; taps folded into k (im2col: {im2col.describe(*src)})"
     return {
-        "split": plan.describe(g, cpy, win_of(plan.co_t)),
+        "split": plan.describe(g, cpy, win_of(plan.co_t)) + folded,
         "tile": {"co": plan.co_t, "ci": plan.ci_t, "rows": plan.rows},
         "spad_bytes": plan.spad_bytes,
         "est_cycles": plan.est_cycles,
     }
+
+
+def _fold_choice(cfg, x: Act, y: Act, rq, g: Geometry, weights, groups: int, where: str, max_step: int,
+                 max_live: int, fold: str):  # fmt: skip
+    """(None, x, g, weights) as they are, or for a convolution whose taps are folded into k
+    (compiler/im2col.py; `fold` auto, on or off) ((x, g), then the folded input, geometry and
+    weights). An input without channel padding (not lane-aligned) always folds."""
+    ca = channel_align(cfg)
+    if im2col.folds(cfg, (g.kh, g.kw), (g.sh, g.sw), (g.dh, g.dw), groups, x.layout.cp, x.layout.elem):
+        ey = 1 if rq is None else y.layout.elem
+        if (x.layout.cp % ca or fold == "on") or (
+            fold == "auto" and fold_pays(cfg, x, x, y.layout.cp, ey, g, where, max_step, max_live)
+        ):
+            return (x, g), *im2col.folded_input(cfg, ca, x, g), im2col.folded_weights(x, g, weights)
+    return None, x, g, weights
 
 
 def _start_with_bias(b, cfg: NpuConfig, t, m: int, ab: int, c_stride: int, src) -> None:
@@ -626,10 +713,12 @@ def _start_with_bias(b, cfg: NpuConfig, t, m: int, ab: int, c_stride: int, src) 
 
 
 def _chunk_matmuls(b, cfg, g, gs, t, bm, wb, c0, cl, ib, ab, m, rows, px, ex, reach, windowed, subs) -> None:
-    """One input chunk's MATMULs: over the whole chunk, or (`subs`, see `narrow_subs`) one A word of
-    channels each, that word's weights first in the chunk's row."""
+    """One input chunk's MATMULs: over the chunk's channels that some output reads (`cl`: the
+    chunk's channels and those, k), or (`subs`, see `narrow_subs`) one A word of channels each, that
+    word's weights first in the chunk's row."""
+    cl, k = cl
     if subs is None:
-        _conv_matmuls(b, cfg, g, gs, t, bm, wb, c0, cl, ib, ab, m, rows, px, ex, reach, windowed)
+        _conv_matmuls(b, cfg, g, gs, t, bm, wb, c0, k, ib, ab, m, rows, px, ex, reach, windowed, w_row=cl)
         return
     for sc, lo, width in subs:
         _conv_matmuls(b, cfg, g, gs, t, bm, wb, c0 + sc, _narrow_width(cfg), ib, ab, m, rows, px, ex,
@@ -658,7 +747,7 @@ def _conv_tiles(
             phys = chanx[gi * cin_g : (gi + 1) * cin_g] - win0
             dense[co - co0][:, :, phys] = weights[co].transpose(1, 2, 0)
             reads[co - co0, phys] = True
-        chunks, addrs, reach, subs = [], [], [], []
+        chunks, addrs, reach, subs, ks = [], [], [], [], []
         depthwise = groups > 1 and cin_g == 1 and cout_g == 1
         for c0 in range(0, wlen, plan.ci_t):
             cl = min(plan.ci_t, wlen - c0)
@@ -666,13 +755,15 @@ def _conv_tiles(
             block = np.ascontiguousarray(dense[..., c0 : c0 + cl])
             subs.append(narrow_subs(cfg, reads[:, c0 : c0 + cl], block, ex) if depthwise else None)
             addrs.append(const(block.tobytes(), f"{where} weights"))
+            read = np.flatnonzero(reads[:, c0 : c0 + cl].any(axis=0))
+            ks.append(int(read[-1]) + 1 if len(read) else cl)
             used = np.flatnonzero(reads[:, c0 : c0 + cl].any(axis=1))
             pes = cfg.pes_per_cluster  # C's columns start at an accumulator row boundary
             if len(used):
                 reach.append((int(used[0]) // pes * pes, min(co_t, round_up(int(used[-1]) + 1, pes))))
             else:
                 reach.append((0, 0))
-        tiles.append(ConvTile(co0, co_t, win0, chunks, addrs, reach, wlen, subs))
+        tiles.append(ConvTile(co0, co_t, win0, chunks, addrs, reach, wlen, subs, ks))
     return tiles
 
 

@@ -167,7 +167,7 @@ def banked_vector_steps(
     return int(_most_per_bank(spad_bank(np.stack(words, 1), cfg), np.stack(valid, 1), cfg.spad_banks).sum())
 
 
-def _dram_cycles(cfg: NpuConfig, beats: int, bursts: int) -> int:
+def dram_cycles(cfg: NpuConfig, beats: int, bursts: int) -> int:
     """Cycles the DRAM takes for `beats` bus words in `bursts` bursts: a word a cycle, or, with a
     DRAM narrower than the bus, its words and each burst's own cost (npu.config: dram_word_bytes)."""
     if not cfg.dram_word_bytes:
@@ -193,13 +193,13 @@ def _duration(i: Instr, cfg: NpuConfig) -> int:
         pad_bytes = tr * tw - f["rows"] * f["cols"]
         data = 0
         if beats:
-            data = cfg.dma_latency + _dram_cycles(cfg, beats, dma_bursts(*args) if cfg.dram_word_bytes else 0)
+            data = cfg.dma_latency + dram_cycles(cfg, beats, dma_bursts(*args) if cfg.dram_word_bytes else 0)
         return max(1, data + cdiv(pad_bytes, cfg.bus_bytes))
     if op == Opcode.STORE:
         args = (f["dram"], f["rows"], f["cols"], f["dram_stride"], cfg.bus_bytes)
         beats = dma_beats(*args)
         bursts = dma_bursts(*args) if beats else 0
-        return STORE_CYCLES + _dram_cycles(cfg, beats, bursts) + WRITE_BURST_CYCLES * bursts if beats else 1
+        return STORE_CYCLES + dram_cycles(cfg, beats, bursts) + WRITE_BURST_CYCLES * bursts if beats else 1
     if op == Opcode.MATMUL:
         if cfg.spad_banked and f["m"] and f["n"]:
             return cfg.matrix_latency + max(1, banked_matmul_steps(f, cfg))

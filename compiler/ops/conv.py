@@ -96,6 +96,7 @@ def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         ctx.max_live,
         post,
         narrow=ctx.narrow_depthwise,
+        fold=ctx.im2col,
     )
     if post is not None and post.lut:  # (the function's view fragment follows: its readers wait for it)
         info["split"] += f"; then {t.op_type} {t.name} on each band ({post.how})"

@@ -8,7 +8,7 @@ import pytest
 from npu.compiler import bias as biasmm
 from npu.compiler import compile_onnx
 from npu.container import HostTensor
-from npu.isa import Opcode
+from npu.isa import Opcode, decode_program
 from npu.models.builder import Net
 from tests.compiler.helpers import compare_int8, compile_model, on_npu
 
@@ -52,6 +52,18 @@ def test_conv(tmp_path, config, spec):
     net, y = conv_net(spec)
     cm = check(tmp_path, net, [y], config)
     assert [la.op for la in cm.lowered.layers] == ["Conv"]
+
+
+def test_conv_matmuls_skip_the_channel_padding(tmp_path):
+    """On the ULX3S preset a 64-channel map's pixel is 72 channels (its pitch off the banks'
+    period): the MATMULs of a 1 x 1 convolution over it read the 64 that hold data (k), the rest
+    having zero weights, and the values stay onnxruntime's."""
+    net = Net("pad", (1, 64, 6, 7), seed=4)
+    y = net.conv(net.input, 64, 1, relu=False)
+    cm = check(tmp_path, net, [y], "ulx3s")
+    prog = decode_program(cm.to_container().blobs["program"])
+    ks = {i.fields["k"] for i in prog if i.op == Opcode.MATMUL and i.fields["accumulate"]}
+    assert cm.lowered.inputs[0].layout.cp == 72 and ks == {64}
 
 
 @pytest.mark.parametrize("config", ["tiny", "default", "banked"])
