@@ -323,15 +323,19 @@ PRESETS["ulx3s"] = NpuConfig(
     dram_burst_cycles=8,
     matrix_latency=3,
     vector_latency=10,
+    # int16 A at the int8 rate: a lane multiplies 16 x 8 bits on its MULT18X18D (the DSP it takes
+    # for 9 x 8), and the one cluster reads its step's second A word from the other bank of the
+    # activations' region (docs/boards.md)
+    a16_full_rate=True,
 )
 # ULX3S with 128 MACs: a 4 x 4 x 8 array on 128 of the 85F's 156 MULT18X18D, a 128-bit bus (the
 # SDRAM controller serialises it into 16-bit beats), 8 banks for the 4 clusters' A words
 PRESETS["ulx3s128"] = PRESETS["ulx3s"].replace(
-    name="ulx3s128", clusters=4, pes_per_cluster=4, bus_bytes=16, spad_banks=8
+    name="ulx3s128", clusters=4, pes_per_cluster=4, bus_bytes=16, spad_banks=8, a16_full_rate=False
 )
 # ULX3S with 32 MACs: two clusters of the 16-MAC preset's 1 x 2 x 8 (a step toward filling the
 # part, docs/boards.md: the 64- and 128-MAC shapes do not route yet)
-PRESETS["ulx3s32"] = PRESETS["ulx3s"].replace(name="ulx3s32", clusters=2)
+PRESETS["ulx3s32"] = PRESETS["ulx3s"].replace(name="ulx3s32", clusters=2, a16_full_rate=False)
 # iCEBreaker (iCE40 UP5K): the micro core (hdl/micro/), the ISA run by a control processor from
 # firmware; two of the four SPRAMs hold the scratchpad, the accumulators and the firmware's data, two
 # are the DRAM (docs/boards.md)

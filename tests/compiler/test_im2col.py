@@ -137,6 +137,32 @@ def test_an_input_other_operators_read_keeps_its_channel_padding(tmp_path):
     compare_int8(cm, rng.normal(0, 1, (1, 3, 12, 12)).astype(np.float32))
 
 
+@pytest.mark.parametrize("config", ["default", "ulx3s"])
+def test_a_folded_convolution_reads_what_the_layer_before_stored(tmp_path, config):
+    """A folded convolution inside a network: its gathering LOADs read the previous layer's output,
+    which the program's tokens must have them wait for (the DMA rows overlap in DRAM)."""
+    rng = np.random.default_rng(3)
+    w1 = rng.normal(0, 0.4, (4, 3, 3, 3)).astype(np.float32)
+    w2 = rng.normal(0, 0.3, (16, 4, 3, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w1"], ["a"], name="first", pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["a"], ["r"], name="relu"),
+            helper.make_node("Conv", ["r", "w2"], ["y"], name="strided", strides=[2, 2], pads=[1, 1, 1, 1]),
+        ],
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 20, 18])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 10, 9])],
+        [onnx.numpy_helper.from_array(w1, "w1"), onnx.numpy_helper.from_array(w2, "w2")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    calib = rng.normal(0, 1, (8, 3, 20, 18)).astype(np.float32)
+    cm = compile_model(tmp_path, model, config, calib, im2col="on")
+    split = {la.node: la.split for la in cm.lowered.layers}
+    assert "taps folded into k" in split["strided"]
+    compare_int8(cm, rng.normal(0, 1, (1, 3, 20, 18)).astype(np.float32))
+
+
 def test_what_folds():
     cfg = PRESETS["banked"]  # 8 lanes, int16 A at half rate: 4 int16 channels an A word
     assert folds(cfg, (3, 3), (2, 2), (1, 1), 1, 3, 1)
