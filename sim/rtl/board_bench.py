@@ -36,6 +36,11 @@ def _last_build(board: str, build_root: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _busy(counters: dict) -> dict[str, int]:
+    """Each unit's busy cycles (the BUSY_* performance counters) by unit name."""
+    return {k[5:].lower(): int(v) for k, v in counters.items() if k.startswith("BUSY_")}
+
+
 def _compile(name: str, cfg: NpuConfig, tmp: Path):
     """(CompiledModel, its container file, one test input) of zoo model `name` for `cfg`."""
     import onnx
@@ -105,6 +110,7 @@ def bench_board(
                     "name": name,
                     "macs": cm.placement.macs_npu,
                     "model_cycles": int(job.counters["CYCLES"]),
+                    "_busy": _busy(job.counters),
                     "quantisation": cm.quantisation,
                     "_ref": ref,
                 }
@@ -149,6 +155,10 @@ def bench_board(
                 row["latency_ms"] = round(cycles / fmax / 1000, 4) if fmax else None
                 row["utilization"] = round(row["macs"] / (cycles * macs), 4)
                 row["bit_exact"] = all(np.array_equal(outs[f"y{k}_{i}"], r) for i, r in enumerate(ref))
+                # each unit's busy cycles on the board beside the golden model's: where an estimate misses
+                model_busy, board_busy = row.pop("_busy"), _busy(got["counters"])
+                row["units"] = {u: {"cycles": board_busy[u], "model_cycles": c} for u, c in model_busy.items()
+                                if u in board_busy}  # fmt: skip
             for row, got in zip(probe_rows, measured["probes"], strict=True):
                 row["cycles"] = got["cycles"]
                 row["model_error"] = round((row["model_cycles"] - got["cycles"]) / got["cycles"], 4)

@@ -68,6 +68,9 @@ def test_bench_board_cycles_match_the_golden_model(name, models, config, tmp_pat
     for m in r["models"]:
         assert m["bit_exact"], m
         assert m["cycles"] > 0 and abs(m["model_error"]) <= 0.10, m
+        # each unit's busy cycles on the board beside the model's (the micro core runs them in turn)
+        assert set(m["units"]) >= {"load", "matrix", "vector", "store"}, m
+        assert m["units"]["matrix"]["cycles"] > 0 and m["units"]["matrix"]["model_cycles"] > 0, m
     save_plot([r], tmp_path / "latency.png")  # --plot: at the nominal clock without a build
     assert (tmp_path / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
