@@ -85,7 +85,7 @@ def _columns(x: Act, g: Geometry, x0: int, cols: int) -> list[tuple[int, int, in
         wi = (x0 + c) * g.sw - g.pl
         lo, hi = max(wi, 0), min(wi + g.kw, g.w)
         edge = ((lo - wi) * px, (hi - lo) * px, (wi + g.kw - hi) * px) if hi > lo else (g.kw * px, 0, 0)
-        if runs and runs[-1][3:] == edge and edge[1]:
+        if runs and tuple(runs[-1][3:]) == edge and edge[1]:
             runs[-1][1] += 1
         else:
             runs.append([c, 1, lo, *edge])

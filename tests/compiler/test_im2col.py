@@ -7,9 +7,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from npu.compiler.im2col import folds
+from npu.compiler.im2col import _columns, folds, gather_loads
+from npu.compiler.quantize import Act, QTensor
+from npu.compiler.spatial import Geometry
 from npu.config import PRESETS
 from npu.isa import Opcode, decode_program
+from npu.tensors import Layout
 from tests.compiler.helpers import compare_int8, compile_model
 
 
@@ -161,6 +164,15 @@ def test_a_folded_convolution_reads_what_the_layer_before_stored(tmp_path, confi
     split = {la.node: la.split for la in cm.lowered.layers}
     assert "taps folded into k" in split["strided"]
     compare_int8(cm, rng.normal(0, 1, (1, 3, 20, 18)).astype(np.float32))
+
+
+def test_a_row_of_output_pixels_away_from_the_border_is_one_load():
+    """ResNet-50's first layer (7 x 7, stride 2, pad 3, 224 wide): a band of one output row gathers
+    in 7 tap rows x 4 runs of columns (two at the left border, the middle 109, one at the right)."""
+    x = Act(QTensor("x", (1, 3, 224, 224), 1.0, 0), 0, Layout.hwc((1, 3, 224, 224), 1, cp=3))
+    g = Geometry(1, 224, 224, 112, 112, 7, 7, 2, 2, 3, 3, 3, 3)
+    assert [(c0, n) for c0, n, *_ in _columns(x, g, 0, 112)] == [(0, 1), (1, 1), (2, 109), (111, 1)]
+    assert gather_loads(x, g, 1, 0, 112) == (7 * 4, 7 * 112)
 
 
 def test_what_folds():
