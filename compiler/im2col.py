@@ -92,10 +92,17 @@ def _columns(x: Act, g: Geometry, x0: int, cols: int) -> list[tuple[int, int, in
     return [tuple(r) for r in runs]
 
 
+def _down_columns(g: Geometry, rows: int, cols: int, runs: int) -> bool:
+    """Whether `gather_band` takes a LOAD per tap row and column (down the band's rows) rather than
+    one per output row, tap row and run of columns: whichever takes fewer."""
+    return g.kh * cols <= rows * g.kh * runs
+
+
 def gather_loads(x: Act, g: Geometry, rows: int, x0: int, cols: int) -> tuple[int, int]:
     """(LOADs, DMA data rows) of `gather_band` for `rows` output rows and columns [x0, x0 + cols)."""
     runs = len(_columns(x, g, x0, cols))
-    return min(g.kh * cols, rows * g.kh * runs), rows * cols * g.kh
+    loads = g.kh * cols if _down_columns(g, rows, cols, runs) else rows * g.kh * runs
+    return loads, rows * cols * g.kh
 
 
 def gather_beats(cfg: NpuConfig, x: Act, g: Geometry) -> int:
@@ -126,7 +133,7 @@ def gather_band(
     def at(h: int, w: int) -> int:
         return x.addr + ((n * g.h + h) * width + w) * px
 
-    if g.kh * cols <= rows * g.kh * len(runs):  # a LOAD per tap row and column, down the band
+    if _down_columns(g, rows, cols, len(runs)):  # a LOAD per tap row and column, down the band
         for ky in range(g.kh):
             valid = [r for r in range(rows) if 0 <= in_row(r, ky) < g.h]
             r0, r1 = (valid[0], valid[-1] + 1) if valid else (rows, rows)

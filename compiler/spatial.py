@@ -672,7 +672,7 @@ def conv_program(
                               spad_stride=bank_stride(cfg, taps * cl, cfg.lanes),
                               label=f"weights co{t.co0} ci{c0}")  # fmt: skip
                     px = t.pitch(cpx, windowed)
-                    _chunk_matmuls(b, cfg, g, gs, t, bm, wb, c0, (cl, kc), ib, ab, m, rows, px, ex, reach,
+                    _chunk_matmuls(b, cfg, g, gs, t, bm, wb, c0, cl, kc, ib, ab, m, rows, px, ex, reach,
                                    windowed, subs)  # fmt: skip
                 _conv_output(b, y, rq, g, gs, t, bm, n, y0, x0, rows, m, ab, ob, cpy, ey, c_stride, out_pass,
                              skip)  # fmt: skip
@@ -712,11 +712,12 @@ def _start_with_bias(b, cfg: NpuConfig, t, m: int, ab: int, c_stride: int, src) 
               dram_stride=0, label="bias")  # fmt: skip
 
 
-def _chunk_matmuls(b, cfg, g, gs, t, bm, wb, c0, cl, ib, ab, m, rows, px, ex, reach, windowed, subs) -> None:
-    """One input chunk's MATMULs: over the chunk's channels that some output reads (`cl`: the
-    chunk's channels and those, k), or (`subs`, see `narrow_subs`) one A word of channels each, that
-    word's weights first in the chunk's row."""
-    cl, k = cl
+def _chunk_matmuls(
+    b, cfg, g, gs, t, bm, wb, c0, cl, k, ib, ab, m, rows, px, ex, reach, windowed, subs
+) -> None:  # fmt: skip
+    """One input chunk's MATMULs (`cl` its channels): over its first `k`, those some output reads,
+    or (`subs`, see `narrow_subs`) one A word of channels each, that word's weights first in the
+    chunk's row."""
     if subs is None:
         _conv_matmuls(b, cfg, g, gs, t, bm, wb, c0, k, ib, ab, m, rows, px, ex, reach, windowed, w_row=cl)
         return
