@@ -496,7 +496,7 @@ class Lowerer:
 def _extent(items: list[Item], cfg: NpuConfig) -> tuple[list[int], int, tuple[int, int] | None]:
     """What `_relocate` needs of a fragment's on-chip buffers: the end of each scratchpad region's
     (one, or a banked scratchpad's two halves), of the accumulators', and its top block."""
-    half = cfg.spad_bytes // 2 if cfg.spad_banked else cfg.spad_bytes
+    half = cfg.spad_half if cfg.spad_banked else cfg.spad_bytes
     ends = [0, half] if cfg.spad_banked else [0]
     acc_end = 0
     spans = set()
@@ -526,7 +526,7 @@ def _relocate(items: list[Item], cfg: NpuConfig, top: bool, extent: tuple) -> li
     Other fragments stay where they are at the bottom and move up as a whole at the top (the
     accumulators alike). A banked scratchpad's two halves move separately (weights stay in the
     upper half)."""
-    half = cfg.spad_bytes // 2 if cfg.spad_banked else cfg.spad_bytes
+    half = cfg.spad_half if cfg.spad_banked else cfg.spad_bytes
     regions = [(0, half), (half, cfg.spad_bytes)] if cfg.spad_banked else [(0, cfg.spad_bytes)]
     ends, acc_end, block = extent
     if block is not None:

@@ -61,8 +61,8 @@ def choose_tiling(cfg: NpuConfig, m: int, n: int, k: int, ea: int = 1, ey: int =
                 continue
             while tm >= cm:
                 if cfg.spad_banked:  # activations in the lower half, weights in the upper half
-                    half, rs, ra = cfg.spad_bytes // 2, row_stride(cfg, tk), row_stride(cfg, ea * tk)
-                    fits = 2 * tm * ra + 2 * tm * tn * ey <= half and 2 * tn * rs <= half
+                    half, rs, ra = cfg.spad_half, row_stride(cfg, tk), row_stride(cfg, ea * tk)
+                    fits = 2 * tm * ra + 2 * tm * tn * ey <= half and 2 * tn * rs <= cfg.spad_bytes - half
                 else:
                     fits = 2 * tm * tk * ea + 2 * tn * tk + 2 * tm * tn * ey <= cfg.spad_bytes
                 if fits:
@@ -97,8 +97,9 @@ def per_column_table(cfg: NpuConfig, mult, shift) -> tuple[NpuConfig, PerColumn 
     """For per-channel scales with more than one (mult, shift) pair: the configuration to plan the
     operator with (the scratchpad less the table, which sits at its top), the table's place and
     its bytes (channels past the last take its pair). Otherwise (`cfg`, None, b""): one VMAP per
-    run of equal columns. A banked scratchpad keeps fixed halves and uses runs."""
-    if np.ndim(mult) == 0 or cfg.spad_banked or len(set(zip(mult, shift, strict=True))) < 2:
+    run of equal columns. On a banked scratchpad the table sits at the top of the upper half (the
+    weights'), whose start stays where the banks put it."""
+    if np.ndim(mult) == 0 or len(set(zip(mult, shift, strict=True))) < 2:
         return cfg, None, b""
     from .region import planning_view  # the planners' view of a smaller scratchpad
 
@@ -109,8 +110,12 @@ def per_column_table(cfg: NpuConfig, mult, shift) -> tuple[NpuConfig, PerColumn 
     m[:c], sh[:c] = mult, shift
     data = m.astype("<i4").tobytes() + sh.astype(np.uint8).tobytes()
     base = cfg.spad_bytes - round_up(len(data), cfg.lanes)
-    if base < cfg.spad_bytes // 2:  # a small scratchpad: the table would take too much of it
+    half = cfg.spad_half
+    lo = half if cfg.spad_banked else 0  # the region the table takes from: the weights' when banked
+    if base - lo < (cfg.spad_bytes - lo) // 2:  # a small one: the table would take too much of it
         return cfg, None, b""
+    if cfg.spad_banked:
+        return planning_view(cfg, spad_bytes=base, bank_half=half), PerColumn(base, n), data
     return planning_view(cfg, spad_bytes=base), PerColumn(base, n), data
 
 
@@ -123,13 +128,25 @@ def bias_load_cycles(cfg: NpuConfig, m: int, n: int) -> int:
     return duration(i, cfg)
 
 
-def bias_matmul(cfg: NpuConfig, block: int, k: int, col: int, c: int, m: int, n: int, c_stride: int) -> dict:
+def bias_matmul(
+    cfg: NpuConfig,
+    block: int,
+    k: int,
+    col: int,
+    c: int,
+    m: int,
+    n: int,
+    c_stride: int,
+    digits: int | None = None,
+) -> dict:
     """The fields of the MATMUL whose m x n accumulators at `c` start as the bias (compiler/bias.py):
     the block's A row at `block` for every row, by the `k` digits of columns `col`.. (a convolution's
-    bands and a GEMM's C tiles)."""
+    bands and a GEMM's C tiles). The digits follow the A row in the block, or are at `digits` (a
+    banked scratchpad keeps them in the weights' half, apart from the A row's banks)."""
     pitch = biasmm.row_pitch(cfg.lanes)
-    return dict(a=block, b=block + biasmm.a_bytes(cfg.lanes) + col * pitch, c=c, m=m, n=n, k=k, a_stride=0,
-                b_stride=pitch, c_stride=c_stride, accumulate=0, a_i16=1)  # fmt: skip
+    b0 = block + biasmm.a_bytes(cfg.lanes) if digits is None else digits
+    return dict(a=block, b=b0 + col * pitch, c=c, m=m, n=n, k=k, a_stride=0, b_stride=pitch,
+                c_stride=c_stride, accumulate=0, a_i16=1)  # fmt: skip
 
 
 @functools.lru_cache(maxsize=4096)
@@ -138,7 +155,9 @@ def bias_matmul_cycles(cfg: NpuConfig, m: int, n: int, k: int) -> int:
     times it; 0 without digits."""
     if not k:
         return 0
-    return duration(make("matmul", **bias_matmul(cfg, 0, k, 0, ACC_BASE, m, n, acc_row_stride(cfg, n))), cfg)
+    digits = cfg.spad_half if cfg.spad_banked else None  # banked: the digits in the other half
+    fields = bias_matmul(cfg, 0, k, 0, ACC_BASE, m, n, acc_row_stride(cfg, n), digits)
+    return duration(make("matmul", **fields), cfg)
 
 
 @dataclass(frozen=True)
@@ -281,7 +300,7 @@ def gemm_program(
     b_stride_sp = row_stride(cfg, t.tk)
     a_buf = [0, t.tm * a_stride_sp]
     # a banked scratchpad keeps weights (B^T) in its upper half, apart from the activations' banks
-    b_base = cfg.spad_bytes // 2 if cfg.spad_banked else 2 * t.tm * a_stride_sp
+    b_base = cfg.spad_half if cfg.spad_banked else 2 * t.tm * a_stride_sp
     b_buf = [b_base, b_base + t.tn * b_stride_sp]
     o_base = (
         2 * t.tm * a_stride_sp if cfg.spad_banked else round_up(b_base + 2 * t.tn * b_stride_sp, cfg.lanes)

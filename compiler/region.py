@@ -53,6 +53,12 @@ class RegionView(NpuConfig):
     # where the regions start on the real engine, for error messages
     spad_start: int = 0
     acc_start: int = 0
+    #: a banked scratchpad less a block at its top: its halves stay the engine's (0: half the size)
+    bank_half: int = 0
+
+    @property
+    def spad_half(self) -> int:
+        return self.bank_half or self.spad_bytes // 2
 
     def validate(self) -> None:  # the real configuration was validated; the regions by `resolve`
         pass

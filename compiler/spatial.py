@@ -47,7 +47,7 @@ def channel_align(cfg: NpuConfig) -> int:
 def spad_regions(cfg: NpuConfig) -> tuple[int, int]:
     """(bytes for activations, base of the weights): a banked scratchpad keeps MATMUL weights in its
     upper half, apart from the activations' banks (docs/isa.md, Timing); otherwise both share it."""
-    half = cfg.spad_bytes // 2
+    half = cfg.spad_half
     return (half, half) if cfg.spad_banked else (cfg.spad_bytes, 0)
 
 
@@ -341,7 +341,10 @@ def plan_conv(
     post_fixed = LUT_BYTES + cfg.lanes if post and post.table is not None else 0
     post_steps = post.steps if post else 0
     residual = post is not None and post.residual is not None  # its other operand's tile: a LOAD a band
-    bias_block = biasmm.a_bytes(cfg.lanes) + cout_p * biasmm.row_pitch(cfg.lanes) if bias_k else 0
+    # the bias block's bytes among the activations, and its digits' among the weights: a banked
+    # scratchpad keeps the digits in the weights' half, so the A row and they are read from other banks
+    digit_bytes = cout_p * biasmm.row_pitch(cfg.lanes) if bias_k else 0
+    bias_block = biasmm.a_bytes(cfg.lanes) + (0 if cfg.spad_banked else digit_bytes) if bias_k else 0
     best = None
     co_opts = sorted({min(cout_p, co_step * (1 << j)) for j in range(16)} | {cout_p})
     taps = g.kh * g.kw
@@ -357,8 +360,9 @@ def plan_conv(
             wbytes = co_t * bank_stride(cfg, taps * ci_t, cfg.lanes)
             wbufs = 1 if n_ci == 1 and n_co == 1 else 2
             act_bytes, w_base = spad_regions(cfg)
+            w_left = cfg.spad_bytes - w_base - wbufs * round_up(wbytes, cfg.lanes)  # banked: digits' room
             if cfg.spad_banked:
-                room = act_bytes if wbufs * round_up(wbytes, cfg.lanes) <= cfg.spad_bytes - w_base else -1
+                room = act_bytes if w_left >= 0 else -1
             else:
                 room = cfg.spad_bytes - wbufs * wbytes
             room -= post_fixed
@@ -399,7 +403,8 @@ def plan_conv(
             load += n_co * bands * cfg.dma_latency + dram_cycles(cfg, out_beats, out_rows) if residual else 0
             if cfg.dram_word_bytes:  # one DRAM for the loads, the stores and the instructions' fetch
                 instrs = n_co * bands * (loads + mm_per_band + 3 + (1 if residual else 0))
-                load += dram_cycles(cfg, out_beats, out_rows) + instrs * INSTR_BYTES // cfg.dram_word_bytes
+                stores = dram_cycles(cfg, out_beats, out_rows, write=True)
+                load += stores + instrs * INSTR_BYTES // cfg.dram_word_bytes
             vector = n_co * bands * m * cdiv(co_t, cfg.vector_lanes) * (1 + post_steps)  # int8 or int16
             # the bias: a LOAD of m rows of the tile's int32 per band, or a MATMUL of one k step
             bias_load = n_co * bands * _bias_load_cycles(cfg, m, co_t)
@@ -412,6 +417,7 @@ def plan_conv(
             # behind it, and the band's MATMULs wait for it - a chain this estimate (the busiest
             # unit) does not see, so it is not asked (docs/compiler.md, "The bias")
             bias_mm = bool(bias_k) and band_bytes + bias_block <= room and 2 * bias_mm_cycles <= bias_load
+            bias_mm = bias_mm and (not cfg.spad_banked or digit_bytes <= w_left)
             if bias_mm:
                 est = max(matrix + bias_mm_cycles, load, vector)
             else:
@@ -618,8 +624,7 @@ def conv_program(
         cfg, plan, gp, tiles, taps, band_px, ex, ey, post, len(block)
     )
     if block:  # the bias's A row and digits, resident for the operator
-        b.add("load", spad=extra[2], dram=const(block, f"{where} bias digits"), rows=1, cols=len(block),
-              spad_stride=len(block), dram_stride=len(block), label="bias digits")  # fmt: skip
+        _load_bias_block(b, cfg, const(block, f"{where} bias digits"), len(block), extra[2], extra[4])
     if post is not None and post.table is not None:  # the function's table, resident for the operator
         b.add("load", spad=extra[0], dram=post.table, rows=1, cols=LUT_BYTES, spad_stride=LUT_BYTES,
               dram_stride=LUT_BYTES, label="table")  # fmt: skip
@@ -633,7 +638,7 @@ def conv_program(
     # by each tile's MATMULs, instead of again per tile
     one_band = keeps_one_band(len(strips) == 1, windowed, cdiv(g.oh, plan.rows) * g.n, len(tiles),
                               gp.in_rows(plan.rows) * gp.wp * band_px * ex, max_step, max_live)
-    bias_src = (extra[2], digits.shape[1]) if block else bias_addr
+    bias_src = (extra[2], digits.shape[1], extra[4]) if block else bias_addr
     band_loaded = False
     for t in tiles:
         c_stride = acc_row_stride(cfg, t.co_t)
@@ -701,12 +706,24 @@ def _fold_choice(cfg, x: Act, y: Act, rq, g: Geometry, weights, groups: int, whe
     return None, x, g, weights
 
 
+def _load_bias_block(b, cfg: NpuConfig, dram: int, n: int, a_row: int, digits: int | None) -> None:
+    """The bias block's LOAD (`n` bytes at `dram`) to `a_row`, or, where its digits are apart
+    (`digits`: a banked scratchpad's weights' half), its A row's and its digits' LOADs."""
+    a = biasmm.a_bytes(cfg.lanes)
+    parts = [(a_row, 0, n)] if digits is None else [(a_row, 0, a), (digits, a, n - a)]
+    for spad, off, cols in parts:
+        b.add("load", spad=spad, dram=dram + off, rows=1, cols=cols, spad_stride=cols, dram_stride=cols,
+              label="bias digits")  # fmt: skip
+
+
 def _start_with_bias(b, cfg: NpuConfig, t, m: int, ab: int, c_stride: int, src) -> None:
-    """A band's accumulators start as the tile's bias: `src` is (the bias block on chip, its digits)
-    for the MATMUL of its A row (every pixel's) by the tile's channels' digits (compiler/bias.py),
-    or the bias's DRAM address for the LOAD of its row for every pixel."""
+    """A band's accumulators start as the tile's bias: `src` is (the bias block on chip, its digits'
+    count, where they are when apart from its A row) for the MATMUL of its A row (every pixel's) by
+    the tile's channels' digits (compiler/bias.py), or the bias's DRAM address for the LOAD of its
+    row for every pixel."""
     if isinstance(src, tuple):
-        b.add("matmul", **bias_matmul(cfg, *src, t.co0, ab, m, t.co_t, c_stride))
+        block, k, digits = src
+        b.add("matmul", **bias_matmul(cfg, block, k, t.co0, ab, m, t.co_t, c_stride, digits))
     else:
         b.add("load", spad=ab, dram=src + 4 * t.co0, rows=m, cols=4 * t.co_t, spad_stride=c_stride,
               dram_stride=0, label="bias")  # fmt: skip
@@ -774,7 +791,8 @@ def _conv_buffers(
     """On-chip double buffers of a convolution: (weights, input bands, outputs, accumulators), and
     (table, scratch, bias block, a residual's two tile buffers) - one scratch: the vector unit runs
     the bands in turn (a residual's tiles, loaded when a band starts, after the function's own
-    scratch); the bias block (`block` bytes, compiler/bias.py) after it."""
+    scratch); the bias block (`block` bytes, compiler/bias.py) after it - on a banked scratchpad only
+    its A row, its digits after the weights (their address last in the tuple; None otherwise)."""
     m_max = _conv_m(gp, plan.rows, plan.band_mode)
     in_bytes = gp.in_rows(plan.rows) * gp.wp * cpx * ex
     wbytes = plan.co_t * bank_stride(cfg, taps * plan.ci_t, cfg.lanes)
@@ -796,10 +814,16 @@ def _conv_buffers(
     res = [scratch + tile * (post.own if post else 0) + i * tile * ey for i in (0, 1)]  # a residual's
     end = round_up(end + tile * (post.scratch if post else 0), cfg.lanes)
     bias_block = end
+    digits = None
+    if block and cfg.spad_banked:  # the digits after the weights, in the other banks than the A row
+        a_row = biasmm.a_bytes(cfg.lanes)
+        digits = w_bufs[-1] + round_up(wbytes, cfg.lanes)
+        assert digits + block - a_row <= cfg.spad_bytes
+        block = a_row
     end += block
     assert end <= act_bytes and 2 * acc_tile <= cfg.acc_bytes
     assert w_bufs[-1] + wbytes <= cfg.spad_bytes
-    return w_bufs, in_bufs, out_bufs, acc_bufs, (table, scratch, bias_block, res)
+    return w_bufs, in_bufs, out_bufs, acc_bufs, (table, scratch, bias_block, res, digits)
 
 
 def _conv_matmuls(

@@ -25,7 +25,7 @@ from .load import LoadUnit
 from .matrix import MatrixUnit
 from .pause import PauseControl
 from .regs import ADDR_BITS, RegisterFile
-from .spad import Client, onchip_memory
+from .spad import Client, client_signature, onchip_memory
 from .store import StoreUnit
 from .tokens import TokenChannels, pair_index
 from .vector import VectorUnit
@@ -54,6 +54,9 @@ def spad_clients(cfg: NpuConfig) -> list[Client]:
     WL = cfg.bus_bytes // cfg.lanes
     return [
         *[Client(f"vec_{x}{k}", "A", False) for x in "ab" for k in range(2)],
+        # banked: the store's reads while the DRAM waits on its write beats come before the matrix
+        # unit's, whose operand reads can take every bank for a whole MATMUL (`split_urgent`)
+        *([Client("store_urgent", "A", False, lanes=WL)] if cfg.spad_banked else []),
         *[Client(f"mat_a{i}", "A", False) for i in range(cfg.clusters)],
         # int16 A at the int8 rate: each cluster's second A word of a step
         *[Client(f"mat_ah{i}", "A", False) for i in range(cfg.clusters if cfg.a16_full_rate else 0)],
@@ -62,6 +65,24 @@ def spad_clients(cfg: NpuConfig) -> list[Client]:
         *[Client(f"vec_w{k}", "B", True) for k in range(2)],
         Client("load", "B", True, lanes=WL),
     ]
+
+
+def split_urgent(m: Module, urgent: Signal, hi, lo, words: int, width: int):
+    """One read port for a unit over two clients of a memory: `hi` (high priority) while `urgent`,
+    `lo` otherwise. The words come from the client granted the cycle before."""
+    port = client_signature(words, width, False).flip().create(path=("store_port",))
+    took_hi = Signal()
+    m.d.comb += [
+        hi.addr.eq(port.addr),
+        lo.addr.eq(port.addr),
+        hi.en.eq(port.en & urgent),
+        lo.en.eq(port.en & ~urgent),
+        port.grant.eq(hi.grant | lo.grant),
+        port.data.eq(Mux(took_hi, hi.data, lo.data)),
+    ]
+    with m.If(port.grant):
+        m.d.sync += took_hi.eq(hi.grant)
+    return port
 
 
 def acc_clients(cfg: NpuConfig) -> list[Client]:
@@ -121,7 +142,16 @@ class NpuCore(wiring.Component):
             [ac("vec_c0"), ac("vec_c1")],
             [sp("vec_w0"), sp("vec_w1")],
         )
-        m.submodules.store = store = StoreUnit(cfg, sp("store"), ac("store"))
+        if cfg.spad_banked:
+            urgent = Signal()
+            store_sp = split_urgent(
+                m, urgent, sp("store_urgent"), sp("store"), cfg.spad_bytes // cfg.lanes, 8 * cfg.bus_bytes
+            )
+        else:
+            store_sp = sp("store")
+        m.submodules.store = store = StoreUnit(cfg, store_sp, ac("store"))
+        if cfg.spad_banked:
+            m.d.comb += urgent.eq(store.urgent)
         units = {Unit.LOAD: load, Unit.MATRIX: matrix, Unit.VECTOR: vector, Unit.STORE: store}
 
         # ---- AXI master --------------------------------------------------------------------------

@@ -38,6 +38,9 @@ class StoreUnit(wiring.Component):
         self.cfg = cfg
         self.spad_port = spad_port
         self.acc_port = acc_port
+        #: a write burst's address has been taken and its beats are not all sent: the memory (on a
+        #: board, the one SDRAM every unit shares) waits on this unit's reads (registered)
+        self.urgent = Signal()
         super().__init__(
             {
                 "exec": In(exec_signature()),
@@ -66,6 +69,7 @@ class StoreUnit(wiring.Component):
         rd = self._reader(m, f, fifo, active, empty)
         aw = self._aw_issuer(m, f, active, empty)
         wr = self._w_writer(m, f, fifo, active, empty, aw.sent)
+        m.d.sync += self.urgent.eq(active & (wr.bursts != aw.sent))
         self._completion(m, active, empty, rd, aw, wr)
         return m
 
@@ -261,12 +265,20 @@ class StoreUnit(wiring.Component):
     def _completion(self, m: Module, active, empty, rd, aw, wr) -> None:
         """Write responses, completion, and the start of all three processes when an instruction goes."""
         W = self.cfg.bus_bytes
-        b_count = Signal(24)
+        # bursts whose address was taken and whose response has not come: the last response is then a
+        # compare of this register with 0 or 1, not a 24-bit sum with the response (Fmax: the path
+        # from the bus's BVALID through the completion into the token counters)
+        unanswered = Signal(24)
         m.d.comb += self.b_ready.eq(1)
-        with m.If(self.b_valid):
-            m.d.sync += b_count.eq(b_count + 1)
+        aw_taken = self.aw.valid & self.aw.ready
+        with m.If(aw_taken & ~self.b_valid):
+            m.d.sync += unanswered.eq(unanswered + 1)
+        with m.Elif(~aw_taken & self.b_valid):
+            m.d.sync += unanswered.eq(unanswered - 1)
+        last = Signal()  # every burst answered once this cycle's response (if any) is counted
+        m.d.comb += last.eq(Mux(self.b_valid, unanswered == 1, unanswered == 0))
         finished = Signal()
-        m.d.comb += finished.eq(active & (empty | (~wr.more & (b_count + self.b_valid == aw.sent))))
+        m.d.comb += finished.eq(active & (empty | (~wr.more & last)))
         m.d.comb += self.exec.done.eq(finished)
         with m.If(finished):
             m.d.sync += active.eq(0)
@@ -301,5 +313,5 @@ class StoreUnit(wiring.Component):
                 wr.more.eq(nf.rows != 0),
                 wr.calc.eq(0),
                 wr.bursts.eq(0),
-                b_count.eq(0),
+                unanswered.eq(0),
             ]

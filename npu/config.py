@@ -99,6 +99,11 @@ class NpuConfig:
         return 4 * self.pes_per_cluster
 
     @property
+    def spad_half(self) -> int:
+        """Where the scratchpad's upper half starts: a banked scratchpad's second region."""
+        return self.spad_bytes // 2
+
+    @property
     def instr_beats(self) -> int:
         """Bus beats needed to fetch one 32-byte instruction."""
         return max(1, 32 // self.bus_bytes)

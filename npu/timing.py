@@ -15,8 +15,14 @@ from .arith import cdiv
 #: Channel cycles a write burst takes besides its beats: the memory takes the next burst's address
 #: only once this one's response has been taken (hdl/simdram.py), so bursts do not overlap.
 WRITE_BURST_CYCLES = 2
-#: Instructions the fetcher asks for in one burst (hdl/fetch.py)
+#: Instructions the fetcher asks for in one burst (hdl/fetch.py): at most FETCH_BURST, and once its
+#: buffer is full it asks again as soon as FETCH_REFILL slots are free
 FETCH_BURST = 4
+FETCH_REFILL = 2
+#: A write burst's cycles besides its words on a DRAM narrower than the bus (the board's SDRAM
+#: controller writes each word as it comes, with no read latency to wait for; the address and the
+#: response take these): fitted to the STORE probes of `npu bench board` (docs/boards.md)
+NARROW_WRITE_BURST_CYCLES = 4
 #: A STORE's cycles besides its bursts: issuing the first address, the read word's register
 #: before the unit's FIFO (hdl/store.py), taking the last response.
 STORE_CYCLES = 3
@@ -167,12 +173,14 @@ def banked_vector_steps(
     return int(_most_per_bank(spad_bank(np.stack(words, 1), cfg), np.stack(valid, 1), cfg.spad_banks).sum())
 
 
-def dram_cycles(cfg: NpuConfig, beats: int, bursts: int) -> int:
+def dram_cycles(cfg: NpuConfig, beats: int, bursts: int, write: bool = False) -> int:
     """Cycles the DRAM takes for `beats` bus words in `bursts` bursts: a word a cycle, or, with a
-    DRAM narrower than the bus, its words and each burst's own cost (npu.config: dram_word_bytes)."""
+    DRAM narrower than the bus, its words and each burst's own cost (npu.config: dram_word_bytes;
+    a write burst's is `NARROW_WRITE_BURST_CYCLES`)."""
     if not cfg.dram_word_bytes:
         return beats
-    return beats * (cfg.bus_bytes // cfg.dram_word_bytes) + bursts * cfg.dram_burst_cycles
+    per_burst = NARROW_WRITE_BURST_CYCLES if write else cfg.dram_burst_cycles
+    return beats * (cfg.bus_bytes // cfg.dram_word_bytes) + bursts * per_burst
 
 
 def duration(i: Instr, cfg: NpuConfig) -> int:
@@ -199,7 +207,11 @@ def _duration(i: Instr, cfg: NpuConfig) -> int:
         args = (f["dram"], f["rows"], f["cols"], f["dram_stride"], cfg.bus_bytes)
         beats = dma_beats(*args)
         bursts = dma_bursts(*args) if beats else 0
-        return STORE_CYCLES + dram_cycles(cfg, beats, bursts) + WRITE_BURST_CYCLES * bursts if beats else 1
+        if not beats:
+            return 1
+        if cfg.dram_word_bytes:
+            return STORE_CYCLES + dram_cycles(cfg, beats, bursts, write=True)
+        return STORE_CYCLES + dram_cycles(cfg, beats, bursts) + WRITE_BURST_CYCLES * bursts
     if op == Opcode.MATMUL:
         if cfg.spad_banked and f["m"] and f["n"]:
             return cfg.matrix_latency + max(1, banked_matmul_steps(f, cfg))

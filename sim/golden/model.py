@@ -35,7 +35,7 @@ from npu.registers import (
 )
 from npu.sim.golden.kernels import OnChip, execute
 from npu.sim.golden.narrow_dram import NarrowDram
-from npu.timing import FETCH_BURST, MICRO_OTHER, MICRO_RUN, dma_bursts, dma_bytes, duration
+from npu.timing import FETCH_BURST, FETCH_REFILL, MICRO_OTHER, MICRO_RUN, dma_bursts, dma_bytes, duration
 
 UNITS = tuple(Unit)
 _UNIT_INDEX = tuple(range(len(UNITS)))  # the units as plain ints (faster to index and shift by)
@@ -81,6 +81,21 @@ def _decode_cache(cfg: NpuConfig) -> dict[bytes, Instr]:
         while len(_DECODED) > _DECODED_CONFIGS:
             del _DECODED[next(iter(_DECODED))]
         return cache
+
+
+def _fetch_size(b: int) -> int:
+    """Instructions in a narrow DRAM's fetch burst `b` of a run: the two that fill the fetcher's
+    buffer take `FETCH_BURST`, each later one `FETCH_REFILL` (the fetcher asks as soon as that much
+    room is free)."""
+    return FETCH_BURST if b < 2 else FETCH_REFILL
+
+
+def _fetch_slot(i: int) -> tuple[int, int]:
+    """(burst, place in it) of a run's `i`-th fetched instruction (`_fetch_size`'s bursts)."""
+    if i < 2 * FETCH_BURST:
+        return divmod(i, FETCH_BURST)
+    b, k = divmod(i - 2 * FETCH_BURST, FETCH_REFILL)
+    return 2 + b, k
 
 
 @dataclass
@@ -513,14 +528,14 @@ class NpuModel:
     def _fetch_from(self, run: _Run, t: int) -> None:
         """A narrow DRAM: the fetcher starts at `run.pc` and asks for two bursts (its buffer)."""
         run.fetch_pc0 = run.pc
-        run.bursts = [self.narrow.fetch(t), self.narrow.fetch(t)]
+        run.bursts = [self.narrow.fetch(t, FETCH_BURST), self.narrow.fetch(t, FETCH_BURST)]
 
     def _instr_ready(self, run: _Run) -> int:
         """A narrow DRAM: the cycle instruction `run.pc`'s words have arrived."""
-        i = run.pc - run.fetch_pc0
-        while len(run.bursts) <= i // FETCH_BURST:  # not asked for yet (not reached in order)
-            run.bursts.append(self.narrow.fetch(self.now))
-        return run.bursts[i // FETCH_BURST] + (i % FETCH_BURST + 1) * self.narrow.instr_cycles
+        b, k = _fetch_slot(run.pc - run.fetch_pc0)
+        while len(run.bursts) <= b:  # not asked for yet (not reached in order)
+            run.bursts.append(self.narrow.fetch(self.now, _fetch_size(len(run.bursts))))
+        return run.bursts[b] + (k + 1) * self.narrow.instr_cycles
 
     def _dispatch_ready(self, run: _Run) -> int | None:
         if run.ring and run.pc == self.ring_tail:
@@ -663,8 +678,9 @@ class NpuModel:
         if self.serial:  # the firmware's fetch, checks and queueing of the instruction
             self.cpu_free = max(t, self.cpu_free) + MICRO_OTHER
         run.pc = (run.pc + 1) & 0xFFFFFFFF
-        if self.narrow is not None and (run.pc - run.fetch_pc0) % FETCH_BURST == 0:
-            run.bursts.append(self.narrow.fetch(t))  # a burst's slots are free: the next but one
+        if self.narrow is not None and _fetch_slot(run.pc - run.fetch_pc0)[1] == 0:
+            # a burst's slots are free: the fetcher asks for the next but one
+            run.bursts.append(self.narrow.fetch(t, _fetch_size(len(run.bursts))))
         run.next_dispatch = t + self._instr_beats
 
     def _pause(self, run: _Run, t: int) -> None:
@@ -726,7 +742,7 @@ class NpuModel:
         narrow = self.narrow is not None and op in _DMA_OPS
         if narrow:  # the memory serves one transfer at a time
             bursts = dma_bursts(ins.dram, ins.rows, ins.cols, ins.dram_stride, self.cfg.bus_bytes)
-            d += self.narrow.transfer(t, d, bursts)
+            d += self.narrow.transfer(t, d, bursts, op == _STORE)
         xfer = None
         if self.port is not None and op in _DMA_OPS:
             xfer = self.port.transfer(self, ins, t)  # other engines' bursts on the shared channel

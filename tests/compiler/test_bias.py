@@ -4,10 +4,13 @@ every pixel: exact digits, the planner's choice, and the same int8 results as th
 import numpy as np
 import pytest
 
+from npu.arith import cdiv
 from npu.compiler import bias as biasmm
 from npu.compiler import spatial
+from npu.config import get_config
 from npu.isa import Opcode
 from npu.models.builder import Net
+from npu.timing import duration
 from tests.compiler.helpers import assert_pauses_bit_exact, compare_int8, compile_model
 from tests.compiler.test_operators import calib_for
 
@@ -70,6 +73,13 @@ def test_bias_matmul_gives_the_loads_results(tmp_path, config, spec, monkeypatch
     mm, loads = _bias_ops(cm)
     assert mm and not loads
     compare_int8(cm, x)
+    cfg = get_config(config)
+    if cfg.spad_banked:  # the A row among the activations, the digits among the weights: other banks
+        half = cfg.spad_bytes // 2
+        assert all(i.fields["a"] < half <= i.fields["b"] for i in mm), mm
+        if cfg.clusters == 1:  # (several clusters read the one A row from one bank a step)
+            steps = [cdiv(i.fields["m"], cfg.clusters) * cdiv(i.fields["n"], cfg.pes_per_cluster) for i in mm]
+            assert [duration(i, cfg) for i in mm] == [cfg.matrix_latency + s for s in steps]  # a step a cycle
     monkeypatch.setattr(biasmm, "digits", lambda _b: None)  # digits refused: the LOAD
     cl = compile_model(tmp_path, model, config, calib, name="load")
     mm2, loads2 = _bias_ops(cl)

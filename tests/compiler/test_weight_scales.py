@@ -90,3 +90,37 @@ def test_weight_scales_choice_is_checked():
     assert not per_channel_choice(_gemm_model(w), "per-tensor", "m")
     with pytest.raises(CompileError, match="weight_scales must be one of auto, per-channel, per-tensor"):
         per_channel_choice(model, "per-row", "m")
+
+
+@pytest.mark.parametrize("config", ["banked", "ulx3s"])
+@pytest.mark.parametrize("kind", ["conv", "gemm"])
+def test_a_banked_scratchpad_requantises_per_channel_through_a_table(tmp_path, kind, config):
+    """The table of multipliers and shifts sits at the top of the banked scratchpad's upper half
+    (the weights'), below which the weights are planned; the halves stay where the banks are, so
+    each output tile is one per-column VMAP instead of one per run of channels."""
+    from npu.config import get_config
+    from npu.isa import Opcode
+
+    cfg = get_config(config)
+    rng = np.random.default_rng(2)
+    net, y = _model(kind, rng)
+    model = net.model([y])
+    shape = net.shapes[net.input]
+    calib, x = _inputs(shape, 16, rng), _inputs(shape, 1, rng)
+    path = tmp_path / f"{kind}.onnx"
+    onnx.save(model, str(path))
+    # an int8 output: requantised on the NPU (a float model's output is otherwise int32, for the host)
+    cm = compile_onnx(path, config, calib=calib, weight_scales="per-channel", output_precision="int8")
+    compare_int8(cm, x)
+    prog = cm.lowered.program
+    vmaps = [i for i in prog if i.op == Opcode.VMAP]
+    assert vmaps and all(i.per_col for i in vmaps), vmaps
+    table = min(i.mults for i in vmaps)
+    assert cfg.spad_bytes // 2 <= table < cfg.spad_bytes
+    loads = [i for i in prog if i.op == Opcode.LOAD and i.spad < cfg.spad_bytes]
+    for i in loads:  # nothing but the table's own LOAD reaches it
+        end = i.spad + (i.rows - 1) * i.spad_stride + i.cols
+        assert end <= table or i.spad == table, (i, table)
+    for i in prog:  # the weights stay in the upper half (a bias MATMUL, a_stride 0, reads its block)
+        if i.op == Opcode.MATMUL and i.a_stride:
+            assert i.b >= cfg.spad_bytes // 2, i
