@@ -114,9 +114,8 @@ def per_column_table(cfg: NpuConfig, mult, shift) -> tuple[NpuConfig, PerColumn 
     lo = half if cfg.spad_banked else 0  # the region the table takes from: the weights' when banked
     if base - lo < (cfg.spad_bytes - lo) // 2:  # a small one: the table would take too much of it
         return cfg, None, b""
-    if cfg.spad_banked:
-        return planning_view(cfg, spad_bytes=base, bank_half=half), PerColumn(base, n), data
-    return planning_view(cfg, spad_bytes=base), PerColumn(base, n), data
+    view = planning_view(cfg, spad_bytes=base, bank_half=lo)  # banked: the halves stay the engine's
+    return view, PerColumn(base, n), data
 
 
 @functools.lru_cache(maxsize=4096)  # asked for every tiling the planner weighs

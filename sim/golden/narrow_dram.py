@@ -9,8 +9,8 @@ board's interconnect and SDRAM controller do (docs/isa.md, Timing):
   write alternately - so each moves the other's end: the running one ends later by the new one's
   bursts that fall inside it, and the new one ends after the running one's bursts between its own;
 * otherwise a transfer starts when the memory has served the bursts asked for before it;
-* the fetcher's bursts of four instructions take their turn after the running transfers' current
-  burst, which moves their ends.
+* the fetcher's bursts (four instructions to fill its buffer, then refills of two) take their turn
+  after the running transfers' current burst, which moves their ends.
 
 With a memory as wide as the bus none of this applies: the fetcher and the two DMA units then have
 channels of their own.
