@@ -17,7 +17,7 @@ float model on check samples, and its cosine per output compared with a target.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -285,18 +285,28 @@ def split_loss(
 
 def _least(model: onnx.ModelProto, want: dict[str, list[np.ndarray]], feeds: list[dict]) -> float:
     """The least output cosine of `model` (onnxruntime) against `want` on `feeds`."""
+    return 1.0 - float(output_losses(model, want, feeds).max(initial=0.0))
+
+
+def output_losses(model: onnx.ModelProto, want: dict[str, list[np.ndarray]], feeds: list[dict]) -> np.ndarray:
+    """Per feed, 1 - the least cosine of `model`'s outputs (onnxruntime) against `want`'s."""
     sess = ort_session(model, optimized=False)  # docs/real_models.md: the rewritten graphs
     names = [o.name for o in sess.get_outputs()]
-    runs = [dict(zip(names, sess.run(None, f), strict=True)) for f in feeds]
-    pairs = [(run[name], ws[k]) for name, ws in want.items() for k, run in enumerate(runs) if name in run]
-    return min((cosine(g, w) for g, w in pairs), default=1.0)
+    out = []
+    for k, f in enumerate(feeds):
+        run = dict(zip(names, sess.run(None, f), strict=True))
+        out.append(max((1.0 - cosine(run[n], ws[k]) for n, ws in want.items() if n in run), default=0.0))
+    return np.asarray(out, np.float64)
 
 
-def with_quantised_weights(qdq: onnx.ModelProto, float_model: onnx.ModelProto) -> onnx.ModelProto:
+def with_quantised_weights(
+    qdq: onnx.ModelProto, float_model: onnx.ModelProto, only: Collection[str] | None = None
+) -> onnx.ModelProto:
     """`float_model` with each weight and bias replaced by its dequantised value in `qdq`: only the
-    weights quantised. (Passing the activations' QuantizeLinear/DequantizeLinear pairs of `qdq`
-    through instead loses the Relus and Clips the quantiser folded into int8 ranges: on a zoo ResNet
-    with int8 activations that measured cosine -0.002 for weights that keep 0.99993.)"""
+    weights quantised (`only`: those of these nodes; the others stay float). (Passing the
+    activations' QuantizeLinear/DequantizeLinear pairs of `qdq` through instead loses the Relus and
+    Clips the quantiser folded into int8 ranges: on a zoo ResNet with int8 activations that measured
+    cosine -0.002 for weights that keep 0.99993.)"""
     consts = {t.name: numpy_helper.to_array(t) for t in qdq.graph.initializer}
     suffix = "_DequantizeLinear_Output"
     values: dict[str, np.ndarray] = {}
@@ -312,6 +322,9 @@ def with_quantised_weights(qdq: onnx.ModelProto, float_model: onnx.ModelProto) -
             shape[axis] = -1
             scale, zp = scale.reshape(shape), np.reshape(zp, shape) if np.ndim(zp) else zp
         values[n.output[0].removesuffix(suffix)] = (q - zp) * scale
+    if only is not None:
+        mine = {i for n in float_model.graph.node if n.name in only for i in n.input[1:]}
+        values = {k: v for k, v in values.items() if k in mine}
     out = copied(float_model)
     for t in out.graph.initializer:
         if t.name in values and values[t.name].shape == tuple(t.dims):

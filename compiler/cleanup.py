@@ -15,8 +15,9 @@
   depthwise 1x1 Conv (consecutive ones fold into one).
 
 Activation fusion (Relu/Clip into the preceding Conv/Gemm) is done by the quantiser: onnxruntime
-drops a Relu/Clip whose clamp the output quantisation range already gives. A Relu/Clip it keeps runs
-as its own VMAP.
+drops a Relu/Clip whose clamp the output quantisation range already gives. A Relu it keeps (after
+an int16 tensor), or a Clip at zero whose top the output type saturates at, its producer computes
+(`Lowerer.fuse_relu`); any other runs as its own VMAP.
 """
 
 from __future__ import annotations

@@ -53,6 +53,10 @@ from .rounding import correct_biases, round_weights, weight_errors
 from .shapes import copied
 from .wide_weights import choose_wide, split_weights
 
+#: compiles of the int16-weights repair with the layers chosen (each adding those its own weights
+#: check finds still losing) before it takes int16 weights in every layer
+WIDE_ROUNDS = 3
+
 
 @dataclass
 class CompiledModel:
@@ -400,12 +404,13 @@ def _with_wide_weights(
 ) -> CompiledModel:
     """The repair after `refused`, whose int8 weights alone stay below the target (its
     `weights_lose`): int16 weights (compiler/wide_weights.py) in the layers whose int8 weights lose
-    the most (its `wide`), then in every layer; if neither reaches the target, the last refusal
-    (which names the operators and where the loss is), with `refused`'s figure."""
+    the most (its `wide`), with more where that model's weights check finds its int8 rest still
+    losing too much (up to WIDE_ROUNDS compiles), then in every layer; if none reaches the target,
+    the last refusal (which names the operators and where the loss is), with `refused`'s figure."""
     why = _first(refused)
     wide = opts.replace(weight_precision="int16")
-    layers = getattr(refused, "wide", ())
-    if layers:
+    layers = tuple(getattr(refused, "wide", ()))
+    for _ in range(WIDE_ROUNDS if layers else 0):
         stage(f"{why}: again with int16 weights in the {len(layers)} layers whose int8 weights lose the most")
         try:
             some = wide.replace(wide_layers=layers)
@@ -416,6 +421,10 @@ def _with_wide_weights(
             return compiled
         except AccuracyError as e:
             why += f"; with int16 weights in {len(layers)} layers {_first(e)}"
+            more = tuple(n for n in getattr(e, "wide", ()) if n not in layers)
+            if not more:
+                break
+            layers += more  # the split model's own weights check chose these beside them
     stage(f"{why}: again with int16 weights in every layer")
     try:
         compiled = _compile_fitting(prepared, cfg, calib, wide, path)
@@ -691,8 +700,13 @@ def _check_weights(
     int8 rest of a one-layer repair read 0.9903 on the worst of 32), and the next step is int16
     weights in every layer."""
     batches = calibration_batches(float_clean, calib, path)
-    extra = accuracy.in_sample_batches(batches, sum(layer_macs(qdq).values()))
-    least = accuracy.weights_only(qdq, float_clean, check, extra)
+    macs = sum(layer_macs(qdq).values())
+    extra = accuracy.in_sample_batches(batches, macs)
+    feeds = [*check.feeds, *extra]
+    want = accuracy.float_outputs(float_clean, feeds)
+    least = 1.0 - float(
+        accuracy.output_losses(accuracy.with_quantised_weights(qdq, float_clean), want, feeds).max()
+    )
     goal = 1.0 - (1.0 - opts.target_cosine) / 2 if opts.wide_layers else opts.target_cosine
     if least >= goal:
         return
@@ -708,7 +722,10 @@ def _check_weights(
     )  # fmt: skip
     refused = _MixRefused(msg) if quick else AccuracyError(msg)
     errors = weight_errors(qdq, float_clean, batches)
-    layers = choose_wide(errors, matrix_steps(float_clean, cfg.lanes), 1.0 - least, opts.target_cosine)
+    costs = matrix_steps(float_clean, cfg.lanes)
+    layers = choose_wide(
+        qdq, float_clean, feeds, want, errors, costs, opts.target_cosine, macs, opts.wide_layers
+    )
     refused.weights_lose, refused.wide = least, tuple(layers)  # type: ignore[attr-defined]
     raise refused
 

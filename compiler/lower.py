@@ -384,16 +384,48 @@ class Lowerer:
         if len(dqs) != 1 or dqs[0].op_type != "DequantizeLinear" or dqs[0].output[0] in self.graph.outputs:
             return None
         rs = self.graph.consumers.get(dqs[0].output[0], [])
-        if len(rs) != 1 or rs[0].op_type != "Relu" or rs[0].domain not in ("", "ai.onnx"):
+        if len(rs) != 1 or rs[0].op_type not in ("Relu", "Clip") or rs[0].domain not in ("", "ai.onnx"):
             return None
         if rs[0].name in self._lut_absorbed:  # a table function computes it from `name` itself
             return None
         qs = self.graph.consumers.get(rs[0].output[0], [])
         if len(qs) != 1 or qs[0].op_type != "QuantizeLinear":
             return None
-        if self.qt[qs[0].output[0]].elem != self.qt[cs[0].output[0]].elem:
+        yq = self.qt[qs[0].output[0]]
+        if yq.elem != self.qt[cs[0].output[0]].elem:
             return None
-        return rs[0], self.qt[qs[0].output[0]]
+        if rs[0].op_type == "Clip" and not self._clamps_as_relu(rs[0], yq):
+            return None
+        return rs[0], yq
+
+    def _clamps_as_relu(self, n: onnx.NodeProto, yq: QTensor) -> bool:
+        """True for a Clip at zero whose upper bound (if any) its output's type saturates at: the
+        producer's requantisation clamping at zero into `yq` computes it (a ReLU6 after an int16
+        convolution, whose Clip onnxruntime keeps: its symmetric range puts 6 at the top code)."""
+        try:
+            lo, hi = self.clip_bounds(n)
+        except CompileError:
+            return False
+        if lo != 0.0 or np.ndim(yq.scale) or yq.scale <= 0:
+            return False
+        return hi is None or hi / float(yq.scale) + yq.zero_point >= yq.qmax - 0.49  # rounds to the top
+
+    def clip_bounds(self, n: onnx.NodeProto) -> tuple[float | None, float | None]:
+        """A Clip's (min, max): attributes (before opset 11) or constant inputs; None where absent."""
+        a = node_attrs(n)
+        lo, hi = a.get("min"), a.get("max")
+        for idx in (1, 2):
+            if len(n.input) > idx and n.input[idx]:
+                name = n.input[idx]
+                if name in self.consts:
+                    v = float(self.consts[name].reshape(-1)[0])
+                elif self.src_kind(name) == "const":
+                    s = self.dq_source(name, n)
+                    v = (float(s[1].reshape(-1)[0]) - s[3]) * float(np.asarray(s[2]).reshape(-1)[0])
+                else:
+                    raise CompileError(f"{self.where(n)}: Clip bounds must be constants")
+                lo, hi = (v, hi) if idx == 1 else (lo, v)
+        return (None if lo is None else float(lo)), (None if hi is None else float(hi))
 
     def touches_int16(self, n: onnx.NodeProto) -> bool:
         """True when the node reads or writes an int16 activation."""

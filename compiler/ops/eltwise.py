@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-import numpy as np
 import onnx
 
 from npu.program import ProgramBuilder
@@ -16,7 +15,7 @@ from npu.tensors import Layout
 from npu.timing import bank_stride
 
 from ..elementwise import add_program, concat_program, eltwise_program, mul_program, step_unit
-from ..graph import CompileError, node_attrs
+from ..graph import node_attrs
 from ..quantize import add_multipliers, quant_multiplier, requant_params, rescale_params
 from . import lut
 from .registry import rule
@@ -48,20 +47,7 @@ def lower_relu(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
 
 @rule("Clip", check=same_type_check, int16=True)
 def lower_clip(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
-    a = node_attrs(n)
-    lo, hi = a.get("min"), a.get("max")
-    for idx in (1, 2):
-        if len(n.input) > idx and n.input[idx]:
-            name = n.input[idx]
-            if name in ctx.consts:
-                v = float(ctx.consts[name].reshape(-1)[0])
-            elif ctx.src_kind(name) == "const":
-                s = ctx.dq_source(name, n)
-                v = (float(s[1].reshape(-1)[0]) - s[3]) * float(np.asarray(s[2]).reshape(-1)[0])
-            else:
-                raise CompileError(f"{ctx.where(n)}: Clip bounds must be constants")
-            lo, hi = (v, hi) if idx == 1 else (lo, v)
-    _clamp(ctx, n, b, lo, hi)
+    _clamp(ctx, n, b, *ctx.clip_bounds(n))
 
 
 def add_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:

@@ -157,6 +157,33 @@ def test_relu_after_int16_producer_is_fused(tmp_path, config, op):
     assert all(on_npu(la) for la in cm.lowered.layers if la.op == op)  # (an Add: the conv's output pass)
 
 
+RELU6_AFTER = {
+    "Conv": lambda net: net.conv(net.clip(net.conv(net.input, 16, 3, pad=1, relu=False), 0.0, 6.0), 8, 1),
+    "Gemm": lambda net: net.gemm(net.clip(net.gemm(net.flatten(net.gap(net.input)), 24), 0.0, 6.0), 10),
+    "Add": lambda net: net.conv(
+        net.clip(net.add(net.conv(net.input, 8, 3, pad=1, relu=False), net.input), 0.0, 6.0), 8, 1, relu=False
+    ),
+}
+
+
+@pytest.mark.parametrize("config", ["tiny", "banked"])
+@pytest.mark.parametrize("op", sorted(RELU6_AFTER))
+def test_relu6_after_int16_producer_is_fused(tmp_path, config, op):
+    """A Clip at zero whose upper bound its int16 output saturates at (a ReLU6: the Clip's symmetric
+    range puts 6 at the top code) is computed as a fused Relu is, a view; a Clip that clamps below
+    zero or not at all (a Clip with no lower bound) stays a vector pass. Both within the int16 rule
+    of onnxruntime (compare_int8)."""
+    net = Net(f"relu6_after_{op}", (1, 8, 8, 8), seed=7)
+    cm = check16(tmp_path, net, [RELU6_AFTER[op](net)], config)
+    clips = [la for la in cm.lowered.layers if la.op == "Clip"]
+    assert clips and all(la.placement == "view" for la in clips), clips
+    net = Net(f"clip_after_{op}", (1, 8, 8, 8), seed=7)
+    x = net.conv(net.input, 16, 3, pad=1, relu=False)
+    y = net.conv(net.node("Clip", [x, "", net.const(np.float32(6.0), "hi")], net.shapes[x]), 8, 1)
+    cm = check16(tmp_path, net, [y], config)
+    assert [la.placement for la in cm.lowered.layers if la.op == "Clip"] == ["npu"]
+
+
 def _two_convs(tmp_path, size: int):
     net = Net("fit", (1, 8, size, size), seed=3)
     y = net.gemm(net.flatten(net.gap(net.conv(net.maxpool(net.conv(net.input, 16, 3), 2, 2), 32, 3))), 10)

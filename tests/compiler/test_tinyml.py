@@ -17,9 +17,9 @@ from npu.models import zoo
 from npu.sim.golden.runner import run_container
 from tests.compiler.helpers import compile_model, cosine, ort_outputs
 
-#: MobileNetV1-0.25 at 96x96 compiles in about 35-45 s on the ULX3S (its int8 weights lose one of its
-#: calibration samples: int16 weights in every layer), is refused in 14 s on the iCEBreaker: in
-#: `make test-all`
+#: MobileNetV1-0.25 at 96x96 compiles in about 8 s on the ULX3S (its int8 weights lose one of its
+#: calibration samples: int16 weights in 13 layers), and its four inputs run on the golden model
+#: take most of a minute: in `make test-all`
 CASES = [
     "ds_cnn_kws",
     "resnet8",

@@ -98,7 +98,7 @@ def test_auto_takes_int16_weights_where_the_int8_weights_lose_the_model(tmp_path
 
 def test_auto_gives_int16_weights_to_the_layers_that_lose_the_most(tmp_path):
     """Two layers, the second's weights lost to one scale per tensor: only it takes int16 weights
-    (the layers' own output errors, compiler/rounding.py weight_errors, choose it), and the model
+    (the loss each layer's int8 weights bring to the model's output chooses it), and the model
     reaches the target with the first layer's weights still int8. (The repair must leave the int8
     rest within half the target's error: with the quiet unit at 0.01 of the others and the spike
     at 4, the first layer's int8 grid cost one calibration sample 0.9909 and both layers went
@@ -133,6 +133,71 @@ def test_auto_gives_int16_weights_to_the_layers_that_lose_the_most(tmp_path):
         assert cosine(cm.run(x[i : i + 1])[0], ort_outputs(model, x[i : i + 1])[0]) >= 0.99
     p = cm.placement
     assert (p.nodes_npu + p.nodes_host, p.macs_npu + p.macs_host) == (2, 64 * 64 + 64 * 32), p
+
+
+def test_layers_are_chosen_by_the_loss_they_bring_to_the_output_not_their_own_error(tmp_path, monkeypatch):
+    """Two branches added: `small`'s int8 weights lose more of its own output than `big`'s do of
+    theirs (rounding.weight_errors), but its output is a fiftieth of the sum, so the model's loss is
+    `big`'s. The choice measures each layer's loss at the output (onnxruntime) and gives `big` alone
+    int16 weights; ordered by the layers' own errors, `small` came first and both were split."""
+    from onnx import TensorProto, helper
+
+    from npu.compiler import compile as compile_mod
+
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(20, 64)).astype(np.float32)
+    big = rng.normal(size=(64, 32)) * 0.01
+    big[0, 0] = 1.0  # sets big's per-tensor scale: the rest round coarsely
+    small = rng.normal(size=(64, 32)) * 3e-4
+    small[1, 1] = 0.05  # sets small's: nearly all of its other weights round to zero
+    g = helper.make_graph(
+        [
+            helper.make_node("Gemm", ["x", "wb"], ["yb"], name="big"),
+            helper.make_node("Gemm", ["x", "ws"], ["ys"], name="small"),
+            helper.make_node("Add", ["yb", "ys"], ["y"], name="sum"),
+        ],
+        "branches",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])],
+        [numpy_helper.from_array(w.astype(np.float32), n) for w, n in ((big, "wb"), (small, "ws"))],
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    path = tmp_path / "branches.onnx"
+    onnx.save(model, path)
+    errors = []
+    real = compile_mod.weight_errors
+    monkeypatch.setattr(compile_mod, "weight_errors", lambda *a: errors.append(real(*a)) or errors[-1])
+    cm = compile_onnx(path, calib=x[:16], weight_scales="per-tensor")
+    assert errors and errors[0]["small"] > 1.5 * errors[0]["big"], errors
+    assert "int16 weights (1 layers" in cm.quantisation and "lose the most: big)" in cm.quantisation, (
+        cm.quantisation
+    )
+    for i in range(16, 20):
+        assert cosine(cm.run(x[i : i + 1])[0], ort_outputs(model, x[i : i + 1])[0]) >= 0.99
+
+
+def test_a_repair_still_losing_adds_the_layers_its_own_check_chooses(monkeypatch):
+    """The chosen layers' compile refused by its weights check with more layers to take (its
+    `wide`): the next compile takes both, before falling back to every layer."""
+    from npu.compiler import compile as compile_mod
+    from npu.compiler.options import CompileOptions
+
+    asked = []
+
+    def fitting(prepared, cfg, calib, opts, path, auto=False):
+        asked.append(opts.wide_layers)
+        if len(asked) == 1:
+            e = AccuracyError("x: reaches cosine 0.9940 below 0.995")
+            e.wide = ("b",)
+            raise e
+        return type("Compiled", (), {"quantisation": ""})()
+
+    monkeypatch.setattr(compile_mod, "_compile_fitting", fitting)
+    refused = AccuracyError("x: reaches cosine 0.98 below the target 0.99")
+    refused.wide = ("a",)
+    got = compile_mod._with_wide_weights(None, None, None, CompileOptions(), "m.onnx", refused)
+    assert [tuple(w) for w in asked] == [("a",), ("a", "b")]
+    assert "lose the most: a, b)" in got.quantisation, got.quantisation
 
 
 def test_an_unknown_wide_layer_is_named():
