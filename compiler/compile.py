@@ -704,9 +704,8 @@ def _check_weights(
     extra = accuracy.in_sample_batches(batches, macs)
     feeds = [*check.feeds, *extra]
     want = accuracy.float_outputs(float_clean, feeds)
-    least = 1.0 - float(
-        accuracy.output_losses(accuracy.with_quantised_weights(qdq, float_clean), want, feeds).max()
-    )
+    base = accuracy.output_losses(accuracy.with_quantised_weights(qdq, float_clean), want, feeds)
+    least = 1.0 - float(base.max())
     goal = 1.0 - (1.0 - opts.target_cosine) / 2 if opts.wide_layers else opts.target_cosine
     if least >= goal:
         return
@@ -724,7 +723,7 @@ def _check_weights(
     errors = weight_errors(qdq, float_clean, batches)
     costs = matrix_steps(float_clean, cfg.lanes)
     layers = choose_wide(
-        qdq, float_clean, feeds, want, errors, costs, opts.target_cosine, macs, opts.wide_layers
+        qdq, float_clean, feeds, want, base, errors, costs, opts.target_cosine, macs, opts.wide_layers
     )
     refused.weights_lose, refused.wide = least, tuple(layers)  # type: ignore[attr-defined]
     raise refused

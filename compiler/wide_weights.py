@@ -134,6 +134,7 @@ def choose_wide(
     float_model: onnx.ModelProto,
     feeds: list[dict],
     want: dict[str, list[np.ndarray]],
+    base: np.ndarray,
     errors: dict[str, float],
     costs: dict[str, float],
     target: float,
@@ -142,42 +143,39 @@ def choose_wide(
 ) -> list[str]:
     """The layers to give int16 weights: the fewest, in order of loss removed per matrix step added
     (`costs`), that leave the model's loss with the others' int8 weights (`qdq`'s, onnxruntime on
-    `feeds` against the float model's outputs `want`) within WEIGHT_SHARE of the target's error.
+    `feeds` against the float model's outputs `want`) within WEIGHT_SHARE of the target's error on
+    the feeds that lose more with every weight int8 (`base`: 1 - each feed's least cosine then).
 
-    The order: each layer's own loss (only its weights int8) on the feeds that lose too much, where
-    measuring it costs at most SENSITIVITY_MACS (`macs`: the model's; else on the worst feeds, else
-    each layer's output error, `errors`: rounding.weight_errors). Measured because the errors do not
-    say what reaches the output: MobileNetV1-0.25's classifier had 82 % of the summed errors and
-    under 2 % of the loss, its first convolution the most. The count: the shortest prefix of that
-    order whose rest is measured within the aim, by bisection (log2 of the layers' runs).
-    `exclude`: layers that already have int16 weights (and the residual layers of a split model)
-    are not candidates."""
+    The order: each layer's own loss (only its weights int8) on those feeds, where measuring it
+    costs at most SENSITIVITY_MACS (`macs`: the model's; else on the worst of them, else each
+    layer's output error, `errors`: rounding.weight_errors). Measured because the errors do not say
+    what reaches the output: MobileNetV1-0.25's classifier had 82 % of the summed errors and under
+    2 % of the loss, its first convolution the most. The count: the shortest prefix of that order
+    whose rest is measured within the aim, by bisection (log2 of the layers' runs). `exclude`:
+    layers that already have int16 weights (and the residual layers of a split model) are not
+    candidates."""
     from .accuracy import output_losses, with_quantised_weights
 
     names = [n for n in errors if not is_residual(n) and n not in exclude]
     every = {n.name for n in float_model.graph.node}
     aim = WEIGHT_SHARE * (1.0 - target)
+    worst = sorted(range(len(feeds)), key=lambda k: -base[k])
+    worst = [k for k in worst if base[k] > aim] or worst[:1]
 
-    def loss(floats: Collection[str], on: list[dict] = feeds, ref=want) -> np.ndarray:
-        return output_losses(with_quantised_weights(qdq, float_model, every - set(floats)), ref, on)
+    def loss(quantised: Collection[str], ks: list[int]) -> np.ndarray:
+        """Per feed of `ks`, the loss with only the layers `quantised` int8."""
+        ref = {o: [w[k] for k in ks] for o, w in want.items()}
+        return output_losses(with_quantised_weights(qdq, float_model, quantised), ref, [feeds[k] for k in ks])
 
-    base = loss(())
     score = {n: errors[n] for n in names}
     keep = int(SENSITIVITY_MACS // (max(macs, 1.0) * max(len(names), 1)))
     if keep >= 1:
-        worst = sorted(range(len(feeds)), key=lambda k: -base[k])[:keep]
-        worst = [k for k in worst if base[k] > aim] or worst[:1]
-        on = [feeds[k] for k in worst]
-        ref = {o: [ws[k] for k in worst] for o, ws in want.items()}
-        score = {
-            n: float(output_losses(with_quantised_weights(qdq, float_model, {n}), ref, on).sum())
-            for n in names
-        }
+        score = {n: float(loss({n}, worst[:keep]).sum()) for n in names}
     order = sorted(names, key=lambda n: (-score[n] / max(costs.get(n, 1.0), 1.0), n))
     lo, hi = 0, len(order)  # a prefix of `lo` layers loses too much; of `hi`, every layer float, none
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if loss(order[:mid]).max(initial=0.0) <= aim:
+        if loss(every - set(order[:mid]), worst).max() <= aim:
             hi = mid
         else:
             lo = mid
