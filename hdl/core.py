@@ -68,20 +68,33 @@ def spad_clients(cfg: NpuConfig) -> list[Client]:
 
 
 def split_urgent(m: Module, urgent: Signal, hi, lo, words: int, width: int):
-    """One read port for a unit over two clients of a memory: `hi` (high priority) while `urgent`,
-    `lo` otherwise. The words come from the client granted the cycle before."""
+    """One read port for a unit over two clients of a memory: `lo` (lowest priority), and `hi` (high
+    priority) for a request `lo` refused while `urgent`, asked again through `hi` the next cycle -
+    the unit repeats a refused request unchanged. `hi` asks from flip-flops only, so the grants of
+    the clients between the two (the matrix unit's) wait on none of the unit's request logic (the
+    32-MAC build's critical path ran through it). The words come from the client granted the cycle
+    before."""
     port = client_signature(words, width, False).flip().create(path=("store_port",))
     took_hi = Signal()
+    retry = Signal()
+    retry_addr = Signal.like(port.addr)
+    same = Signal()
     m.d.comb += [
-        hi.addr.eq(port.addr),
+        same.eq(port.en & (port.addr == retry_addr)),
+        hi.addr.eq(retry_addr),
         lo.addr.eq(port.addr),
-        hi.en.eq(port.en & urgent),
-        lo.en.eq(port.en & ~urgent),
-        port.grant.eq(hi.grant | lo.grant),
+        hi.en.eq(retry),
+        lo.en.eq(port.en & ~retry),
+        port.grant.eq((hi.grant & same) | lo.grant),
         port.data.eq(Mux(took_hi, hi.data, lo.data)),
     ]
     with m.If(port.grant):
         m.d.sync += took_hi.eq(hi.grant)
+    with m.If(retry):
+        with m.If(hi.grant | ~same):  # served, or no longer asked for (a granted word nobody takes)
+            m.d.sync += retry.eq(0)
+    with m.Elif(port.en & ~lo.grant & urgent):
+        m.d.sync += [retry.eq(1), retry_addr.eq(port.addr)]
     return port
 
 
