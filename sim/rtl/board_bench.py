@@ -31,9 +31,17 @@ from .probes import dma_probes, encode, op_probes
 DEFAULT_MODELS = ("ds_cnn_kws", "resnet8", "mobilenet_v1_025_vww", "fc_autoencoder")
 
 
-def _last_build(board: str, build_root: Path) -> dict | None:
-    path = build_root / board / "build_report.json"
-    return json.loads(path.read_text()) if path.exists() else None
+def _last_build(board: str, build_root: Path, cfg: NpuConfig) -> tuple[dict | None, Path]:
+    """(the last build's report, its path) for `cfg` on `board`: `build_root/<config>/` (where
+    docs/boards.md builds a `--config` preset with `-o`) when its report is of `cfg`, else the
+    board's own `build_root/<board>/` (None when neither has a report)."""
+    want = f"{cfg.config_id:#010x}"
+    paths = [build_root / d / "build_report.json" for d in dict.fromkeys((cfg.name, board))]
+    reports = [(json.loads(p.read_text()), p) for p in paths if p.exists()]
+    for r, p in reports:
+        if r.get("config_id") == want:
+            return r, p
+    return reports[-1] if reports and reports[-1][1].parent.name == board else (None, paths[-1])
 
 
 def _busy(counters: dict) -> dict[str, int]:
@@ -83,13 +91,14 @@ def bench_board(
         raise CompileError(f"unknown board {board_name!r}; choose from {', '.join(BOARDS)}")
     board = BOARDS[board_name]
     cfg = board.config(config)  # checked against the board before any model is compiled
-    build = _last_build(board.name, build_root)
+    build, report = _last_build(board.name, build_root, cfg)
     # the slowest clock's routed Fmax (the core's: the boards have one clock domain)
     fmax = min(v["achieved_mhz"] for v in build["fmax"].values()) if build and build.get("fmax") else None
     if build and build.get("config_id") != f"{cfg.config_id:#010x}":
         say(
-            f"the last build ({build_root / board.name}) is of configuration {build.get('config_id')}, not "
-            f"{cfg.config_id:#010x}: its Fmax and resources are quoted, rebuild for this one's"
+            f"the last build ({report.parent}) is of configuration {build.get('config_id')}, not "
+            f"{cfg.config_id:#010x}: its Fmax and resources are quoted, rebuild for this one's "
+            f"(npu build --board {board.name} --config {cfg.name} -o {build_root / cfg.name})"
         )
     macs = board_macs_per_cycle(cfg)
     rows, runs = [], []
@@ -174,7 +183,7 @@ def bench_board(
         "timing_met": build["timing_met"] if build else None,
         "peak_gops": round(2 * macs * fmax / 1000, 6) if fmax else None,
         "resources": build["resources"] if build else None,
-        "build_report": str(build_root / board.name / "build_report.json") if build else None,
+        "build_report": str(report) if build else None,
         "build_config_id": build.get("config_id") if build else None,
         "models": rows,
         "probes": probe_rows,

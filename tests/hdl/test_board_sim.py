@@ -75,6 +75,26 @@ def test_bench_board_cycles_match_the_golden_model(name, models, config, tmp_pat
     assert (tmp_path / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_bench_board_quotes_the_build_of_the_configuration_it_runs(tmp_path):
+    """A `--config` preset built with `-o build/boards/<config>` (docs/boards.md): the bench quotes
+    that build's Fmax, not the board's own build of another configuration (which it quotes, with a
+    warning, only when the preset has no build of its own)."""
+    import json
+
+    from npu.config import get_config
+    from npu.sim.rtl.board_bench import _last_build
+
+    own, c32 = get_config("ulx3s"), get_config("ulx3s32")
+    for d, cfg, mhz in (("ulx3s", own, 53.0), ("ulx3s32", c32, 51.0)):
+        (tmp_path / d).mkdir()
+        report = {"config_id": f"{cfg.config_id:#010x}", "fmax": {"clk": {"achieved_mhz": mhz}}}
+        (tmp_path / d / "build_report.json").write_text(json.dumps(report))
+    assert _last_build("ulx3s", tmp_path, c32)[0]["fmax"]["clk"]["achieved_mhz"] == 51.0
+    assert _last_build("ulx3s", tmp_path, own)[0]["fmax"]["clk"]["achieved_mhz"] == 53.0
+    report, path = _last_build("ulx3s", tmp_path, get_config("ulx3s128"))  # no build of its own
+    assert path.parent.name == "ulx3s" and report["fmax"]["clk"]["achieved_mhz"] == 53.0
+
+
 def test_micro_costs_are_the_fit_of_the_firmware_on_the_rtl(tmp_path):
     """npu.timing's micro-core costs are what the probe programs measure on the iCEBreaker's top
     now (a firmware change that moves them fails here: refit with `python -m npu.sim.rtl.probes`)."""
