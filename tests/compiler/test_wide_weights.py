@@ -5,7 +5,7 @@ model's accuracy, counting the model's MACs once."""
 import numpy as np
 import onnx
 import pytest
-from onnx import numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from npu.compiler import compile_onnx
 from npu.compiler.errors import AccuracyError, CompileError
@@ -96,6 +96,18 @@ def test_auto_takes_int16_weights_where_the_int8_weights_lose_the_model(tmp_path
         assert (p.nodes_npu + p.nodes_host, p.macs_npu + p.macs_host) == (1, 64 * 32), p
 
 
+def _graph(name: str, nodes: list, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """A float model of `nodes` from input `x` [1, 64] to output `y` [1, 32], with `weights`."""
+    g = helper.make_graph(
+        nodes,
+        name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])],
+        [numpy_helper.from_array(w.astype(np.float32), n) for n, w in weights.items()],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+
+
 def test_auto_gives_int16_weights_to_the_layers_that_lose_the_most(tmp_path):
     """Two layers, the second's weights lost to one scale per tensor: only it takes int16 weights
     (the loss each layer's int8 weights bring to the model's output chooses it), and the model
@@ -103,25 +115,20 @@ def test_auto_gives_int16_weights_to_the_layers_that_lose_the_most(tmp_path):
     rest within half the target's error: with the quiet unit at 0.01 of the others and the spike
     at 4, the first layer's int8 grid cost one calibration sample 0.9909 and both layers went
     int16 - a loss of the first layer's, so the model here keeps the second layer's alone.)"""
-    from onnx import TensorProto, helper
-
     rng = np.random.default_rng(5)
     x = rng.normal(size=(20, 64)).astype(np.float32)
     w1 = rng.normal(size=(64, 64)) * 0.2
     w2 = rng.normal(size=(64, 32)) * 0.01
     w2[0, 0] = 2.0  # read from a quiet unit of fc1: the spike only sets fc2's per-tensor scale
     w1[:, 0] *= 0.03
-    g = helper.make_graph(
+    model = _graph(
+        "two",
         [
             helper.make_node("Gemm", ["x", "w1"], ["h"], name="fc1"),
             helper.make_node("Gemm", ["h", "w2"], ["y"], name="fc2"),
         ],
-        "two",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])],
-        [numpy_helper.from_array(w.astype(np.float32), n) for w, n in ((w1, "w1"), (w2, "w2"))],
+        {"w1": w1, "w2": w2},
     )
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
     path = tmp_path / "two.onnx"
     onnx.save(model, path)
     cm = compile_onnx(path, calib=x[:16], weight_scales="per-tensor")
@@ -140,8 +147,6 @@ def test_layers_are_chosen_by_the_loss_they_bring_to_the_output_not_their_own_er
     theirs (rounding.weight_errors), but its output is a fiftieth of the sum, so the model's loss is
     `big`'s. The choice measures each layer's loss at the output (onnxruntime) and gives `big` alone
     int16 weights; ordered by the layers' own errors, `small` came first and both were split."""
-    from onnx import TensorProto, helper
-
     from npu.compiler import compile as compile_mod
 
     rng = np.random.default_rng(5)
@@ -150,18 +155,15 @@ def test_layers_are_chosen_by_the_loss_they_bring_to_the_output_not_their_own_er
     big[0, 0] = 1.0  # sets big's per-tensor scale: the rest round coarsely
     small = rng.normal(size=(64, 32)) * 3e-4
     small[1, 1] = 0.05  # sets small's: nearly all of its other weights round to zero
-    g = helper.make_graph(
+    model = _graph(
+        "branches",
         [
             helper.make_node("Gemm", ["x", "wb"], ["yb"], name="big"),
             helper.make_node("Gemm", ["x", "ws"], ["ys"], name="small"),
             helper.make_node("Add", ["yb", "ys"], ["y"], name="sum"),
         ],
-        "branches",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])],
-        [numpy_helper.from_array(w.astype(np.float32), n) for w, n in ((big, "wb"), (small, "ws"))],
+        {"wb": big, "ws": small},
     )
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
     path = tmp_path / "branches.onnx"
     onnx.save(model, path)
     errors = []
