@@ -137,10 +137,11 @@ def lut_program(
 class ResidualAdd:
     """An Add of a producer's result and another activation of its layout at DRAM `addr` (a
     residual), done on each output tile before the store: the other operand's tile is loaded beside
-    it and one VADD (`params`, the Add's own; `first`: the producer's result is the Add's first
-    operand) makes the Add's output, which is what the producer stores."""
+    it (`addr` None: computed beside it, `spatial.SecondConv`) and one VADD (`params`, the Add's own;
+    `first`: the producer's result is the Add's first operand) makes the Add's output, which is what
+    the producer stores."""
 
-    addr: int
+    addr: int | None
     params: dict
     elem: int
     first: bool

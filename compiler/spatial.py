@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -193,6 +193,20 @@ def _load_band(
     )
 
 
+@dataclass(frozen=True)
+class SecondConv:
+    """A second convolution of the same input and geometry, run band by band beside the first, whose
+    requantised tile is the residual the output pass adds (`ResidualAdd` with no address): the two
+    layers of int16 weights (compiler/wide_weights.py) read their input once and their sum never goes
+    through DRAM. `weights` int8 as the first's, `bias` int64 (the input zero point folded in),
+    `rq` the requantisation to its own output; its per-channel pairs are at column `col0` + c."""
+
+    weights: np.ndarray
+    bias: np.ndarray
+    rq: dict
+    col0: int = 0
+
+
 @dataclass
 class ConvTile:
     co0: int
@@ -317,6 +331,7 @@ def plan_conv(
     bias_k: int = 0,
     whole_width: bool = True,
     gather: Callable[[int, int], tuple[int, int, int]] | None = None,
+    pair: bool = False,
 ) -> ConvPlan:
     """Pick output/input channel tile sizes and the row band height with the cost model.
     `win_of(co_t)`: the input channels a tile of co_t output channels reads: all of them, or for a
@@ -330,8 +345,11 @@ def plan_conv(
     can only be a LOAD): each tiling takes the bias as a MATMUL where its block fits and it takes at
     most half the LOAD's cycles, else a LOAD, and is timed so. `whole_width`: `g` is the whole
     output width (not a strip), so that one band for every output tile is loaded once. `gather`: the
-    band is gathered (compiler/im2col.py): (LOADs, bus words, DMA rows) of a band of (rows, columns)."""
+    band is gathered (compiler/im2col.py): (LOADs, bus words, DMA rows) of a band of (rows, columns).
+    `pair`: a second convolution of the same input runs beside it (`SecondConv`): twice the weights,
+    the accumulator tiles, the MATMULs and the bias, a VMAP more, no LOAD of the residual's tile."""
     ca = channel_align(cfg)
+    sets = 2 if pair else 1
     full = cpx
     cpx *= ex  # bytes of an input pixel from here on
     if g.wp * cpx > 0xFFFF:
@@ -340,10 +358,11 @@ def plan_conv(
     post_elem = post.scratch if post else 0  # scratch bytes an output element's function needs
     post_fixed = LUT_BYTES + cfg.lanes if post and post.table is not None else 0
     post_steps = post.steps if post else 0
-    residual = post is not None and post.residual is not None  # its other operand's tile: a LOAD a band
+    # the residual's other operand's tile: a LOAD a band (computed on chip with `pair`)
+    residual = post is not None and post.residual is not None and not pair
     # the bias block's bytes among the activations, and its digits' among the weights: a banked
     # scratchpad keeps the digits in the weights' half, so the A row and they are read from other banks
-    digit_bytes = cout_p * biasmm.row_pitch(cfg.lanes) if bias_k else 0
+    digit_bytes = sets * cout_p * biasmm.row_pitch(cfg.lanes) if bias_k else 0
     bias_block = biasmm.a_bytes(cfg.lanes) + (0 if cfg.spad_banked else digit_bytes) if bias_k else 0
     best = None
     co_opts = sorted({min(cout_p, co_step * (1 << j)) for j in range(16)} | {cout_p})
@@ -358,6 +377,7 @@ def plan_conv(
             n_ci = cdiv(win, ci_t)
             n_mm = co_t if cols_of is None else cols_of(co_t, ci_t)  # a MATMUL's output columns
             wbytes = co_t * bank_stride(cfg, taps * ci_t, cfg.lanes)
+            wbytes = 2 * round_up(wbytes, cfg.lanes) if pair else wbytes  # the second's block after it
             wbufs = 1 if n_ci == 1 and n_co == 1 else 2
             act_bytes, w_base = spad_regions(cfg)
             w_left = cfg.spad_bytes - w_base - wbufs * round_up(wbytes, cfg.lanes)  # banked: digits' room
@@ -372,12 +392,13 @@ def plan_conv(
                 r = (lo + hi) // 2
                 m = _conv_m(g, r, band_mode)
                 steps = _chunk_steps(cfg, m, n_mm, ci_t, ex, narrow)[0]
+                band_t = sets * n_ci * taps * (cfg.matrix_latency + steps)
                 fits = (
                     2 * (g.in_rows(r) * g.wp * px + m * co_t * ey) + m * co_t * post_elem <= room
-                    and 2 * m * acc_row_stride(cfg, co_t) <= cfg.acc_bytes
+                    and 2 * sets * m * acc_row_stride(cfg, co_t) <= cfg.acc_bytes
                     and m <= 0xFFFF
                     # with a cancellation interval, one band must not take longer than it
-                    and (not max_step or r == 1 or n_ci * taps * (cfg.matrix_latency + steps) <= max_step)
+                    and (not max_step or r == 1 or band_t <= max_step)
                 )
                 if fits:
                     rows, lo = r, r + 1
@@ -388,14 +409,14 @@ def plan_conv(
             bands = cdiv(g.oh, rows) * g.n
             m = _conv_m(g, rows, band_mode)
             steps, per_chunk = _chunk_steps(cfg, m, n_mm, ci_t, ex, narrow)
-            mm_per_band = n_ci * taps * (1 if band_mode else rows) * per_chunk
-            matrix = n_co * bands * (mm_per_band * cfg.matrix_latency + n_ci * taps * steps)
-            w_bytes = (n_co * taps * win * co_t) * (bands if n_ci > 1 else 1)
+            mm_per_band = sets * n_ci * taps * (1 if band_mode else rows) * per_chunk
+            matrix = n_co * bands * (mm_per_band * cfg.matrix_latency + sets * n_ci * taps * steps)
+            w_bytes = sets * (n_co * taps * win * co_t) * (bands if n_ci > 1 else 1)
             band_loads, in_beats, band_rows = _band_dma(
                 cfg, g, rows, bands, n_co, px, windowed, whole_width, max_step, max_live, gather
             )
             loads = n_ci + band_loads
-            w_rows = n_co * n_ci * co_t * (bands if n_ci > 1 else 1)
+            w_rows = sets * n_co * n_ci * co_t * (bands if n_ci > 1 else 1)
             load = dram_cycles(cfg, in_beats + w_bytes // cfg.bus_bytes, band_rows + w_rows)
             load += n_co * bands * loads * cfg.dma_latency
             out_beats = n_co * bands * m * co_t * ey // cfg.bus_bytes
@@ -405,10 +426,11 @@ def plan_conv(
                 instrs = n_co * bands * (loads + mm_per_band + 3 + (1 if residual else 0))
                 stores = dram_cycles(cfg, out_beats, out_rows, write=True)
                 load += stores + instrs * INSTR_BYTES // cfg.dram_word_bytes
-            vector = n_co * bands * m * cdiv(co_t, cfg.vector_lanes) * (1 + post_steps)  # int8 or int16
+            # int8 or int16; with `pair` the second convolution's VMAP too
+            vector = n_co * bands * m * cdiv(co_t, cfg.vector_lanes) * (sets + post_steps)
             # the bias: a LOAD of m rows of the tile's int32 per band, or a MATMUL of one k step
-            bias_load = n_co * bands * _bias_load_cycles(cfg, m, co_t)
-            bias_mm_cycles = n_co * bands * _bias_matmul_cycles(cfg, m, co_t, bias_k)
+            bias_load = sets * n_co * bands * _bias_load_cycles(cfg, m, co_t)
+            bias_mm_cycles = sets * n_co * bands * _bias_matmul_cycles(cfg, m, co_t, bias_k)
             band_bytes = 2 * (g.in_rows(rows) * g.wp * px + m * co_t * ey) + m * co_t * post_elem
             # the bias as a MATMUL where its block fits and it takes at most half the LOAD's
             # cycles (not where the array reads int16 at half rate with clusters sharing a bank
@@ -422,7 +444,7 @@ def plan_conv(
                 est = max(matrix + bias_mm_cycles, load, vector)
             else:
                 est = max(matrix, load + bias_load, vector)
-            band = n_ci * taps * (cfg.matrix_latency + steps)
+            band = sets * n_ci * taps * (cfg.matrix_latency + steps)
             # between bands the weights stay on chip: too many of them and no point can go there
             live_blocked = bool(max_step) and bands > g.n and n_ci == 1 and wbytes > max_live
             key = (bool(max_step) and band > max_step, live_blocked, est, n_co * n_ci)
@@ -557,6 +579,8 @@ def conv_program(
     post: OutputPass | None = None,
     narrow: bool = True,
     fold: str = "auto",
+    second: SecondConv | None = None,
+    dry: bool = False,
 ) -> dict:
     """Emit a convolution. `weights` int8 (Cout, Cin/groups, kh, kw); `bias` int64 (Cout), the input
     zero point already folded in; `rq` the requantisation fields of the VMAP (mult, shift, zp_out,
@@ -566,11 +590,15 @@ def conv_program(
     that function's output, of the same element type). `narrow`: a depthwise convolution of int16
     input takes a MATMUL per A word (`narrow_subs`). A strided convolution of few input channels
     runs with its taps folded into k (compiler/im2col.py) by `fold`: auto (where the cost model finds
-    it cheaper), on or off - or where its input has no channel padding, always. Returns the plan for
-    the compile report."""
+    it cheaper), on or off - or where its input has no channel padding, always. `second`: a second
+    convolution of the input whose result `post`'s residual Add takes (`SecondConv`). Returns the plan
+    for the compile report (`dry`: only plans, emits and allocates nothing: a CompileError when no
+    tiling fits)."""
     ca = channel_align(cfg)
     # src: the convolution's own input and geometry, where its bands are gathered (im2col)
     src, x, g, weights = _fold_choice(cfg, x, y, rq, g, weights, groups, where, max_step, max_live, fold)
+    if second is not None and src is not None:  # its weights folded as the first's
+        second = replace(second, weights=im2col.folded_weights(*src, second.weights))
     cout, cin_g = weights.shape[:2]
     cpx, cpy = x.layout.cp, y.layout.cp
     ex = x.layout.elem  # int16 input: 2 bytes an element (A of the MATMULs)
@@ -600,17 +628,23 @@ def conv_program(
 
     bias_p = np.zeros(cpy, np.int64)
     bias_p[:cout] = bias
-    digits = biasmm.digits(bias_p)
+    bias2_p = np.zeros(cpy, np.int64)
+    if second is not None:
+        bias2_p[:cout] = second.bias
+    # one bias block for both convolutions: the second's channels after the first's
+    digits = biasmm.digits(bias_p if second is None else np.concatenate([bias_p, bias2_p]))
 
     def plan_for(geo: Geometry) -> ConvPlan:
         return plan_conv(
             cfg, geo, cpx, cpy, win_of, co_step, where, max_step, max_live, ex, ey, cols_of, post,
             narrow=narrow and groups > 1 and cin_g == 1 and cout_g == 1,
             bias_k=0 if digits is None else digits.shape[1], whole_width=geo.ow == g.ow,
-            gather=None if src is None else _gather_cost(cfg, *src),
+            gather=None if src is None else _gather_cost(cfg, *src), pair=second is not None,
         )  # fmt: skip
 
     plan, gp = plan_conv_strips(g, plan_for)
+    if dry:
+        return {}
     band_px = win_of(plan.co_t)  # elements of a band's pixel: the widest tile window (else cpx)
     windowed = band_px < cpx  # the bands hold a tile's window of channels only
     strips = [(g, 0, 0)]  # (geometry, first input column, first output column) of each strip
@@ -618,11 +652,20 @@ def conv_program(
         strips = [g.strip(x0, min(plan.cols, g.ow - x0)) + (x0,) for x0 in range(0, g.ow, plan.cols)]
     taps = g.kh * g.kw
     tiles = _conv_tiles(cfg, plan, x, y, weights, groups, g, window, const, where, ex if narrow else 1)
+    tiles2 = [None] * len(tiles)
+    if second is not None:  # the same tiles, chunks and MATMULs over the second's weights
+        tiles2 = _conv_tiles(cfg, plan, x, y, second.weights, groups, g, window, const, where,
+                             ex if narrow else 1)  # fmt: skip
+        assert [(t.co0, t.chunks, t.cols, t.subs, t.k) for t in tiles] == [
+            (t.co0, t.chunks, t.cols, t.subs, t.k) for t in tiles2
+        ]
     block = biasmm.block(digits, cfg.lanes) if plan.bias_mm else b""
     bias_addr = None if block else const(bias_p.astype("<i4").tobytes(), f"{where} bias")
+    bias2_addr = None if block or second is None else const(bias2_p.astype("<i4").tobytes(), f"{where} bias")
     w_bufs, in_bufs, out_bufs, acc_bufs, extra = _conv_buffers(
-        cfg, plan, gp, tiles, taps, band_px, ex, ey, post, len(block)
+        cfg, plan, gp, tiles, taps, band_px, ex, ey, post, len(block), pair=second is not None
     )
+    w2 = round_up(plan.co_t * bank_stride(cfg, taps * plan.ci_t, cfg.lanes), cfg.lanes)  # second's block
     if block:  # the bias's A row and digits, resident for the operator
         _load_bias_block(b, cfg, const(block, f"{where} bias digits"), len(block), extra[2], extra[4])
     if post is not None and post.table is not None:  # the function's table, resident for the operator
@@ -639,21 +682,25 @@ def conv_program(
     one_band = keeps_one_band(len(strips) == 1, windowed, cdiv(g.oh, plan.rows) * g.n, len(tiles),
                               gp.in_rows(plan.rows) * gp.wp * band_px * ex, max_step, max_live)
     bias_src = (extra[2], digits.shape[1], extra[4]) if block else bias_addr
+    # the second's bias: its channels after the first's in the block, or its own row in DRAM
+    bias2_src, bias2_col = (bias_src, cpy) if block else (bias2_addr, 0)
     band_loaded = False
-    for t in tiles:
+    for t, t2 in zip(tiles, tiles2, strict=True):
         c_stride = acc_row_stride(cfg, t.co_t)
         multi = len(t.chunks) > 1
         if not multi:
             wb = w_bufs[nw % len(w_bufs)]
             nw += 1
             row = taps * t.chunks[0][1]
-            b.add("load", spad=wb, dram=t.w_addr[0], rows=t.co_t, cols=row, dram_stride=row,
-                  spad_stride=bank_stride(cfg, row, cfg.lanes), label=f"weights co{t.co0}")  # fmt: skip
+            for at, tt in ((wb, t), (wb + w2, t2)) if t2 is not None else ((wb, t),):
+                b.add("load", spad=at, dram=tt.w_addr[0], rows=t.co_t, cols=row, dram_stride=row,
+                      spad_stride=bank_stride(cfg, row, cfg.lanes), label=f"weights co{t.co0}")  # fmt: skip
         for n, (gs, col0, x0) in itertools.product(range(g.n), strips):
             for y0 in range(0, g.oh, plan.rows):
                 rows = min(plan.rows, g.oh - y0)
                 m = _conv_m(gs, rows, bm)
                 ib, ob, ab = in_bufs[0 if one_band else k % 2], out_bufs[k % 2], acc_bufs[k % 2]
+                ab2 = acc_bufs[2 + k % 2] if second is not None else None
                 k += 1
                 fill, label = zpx if ex == 1 else 0, f"input n{n} y{y0} x{x0}"
                 if windowed:
@@ -664,21 +711,30 @@ def conv_program(
                     else:
                         im2col.gather_band(b, *src, n, y0, rows, x0, gs.ow, ib, band_px * ex, fill, label)
                     band_loaded = one_band
+                if second is not None:
+                    _start_with_bias(b, cfg, t, m, ab2, c_stride, bias2_src, bias2_col)
                 _start_with_bias(b, cfg, t, m, ab, c_stride, bias_src)
                 skip = _load_residual(b, post, res_bufs, k, g, gs, t, n, y0, x0, rows, bm, cpy, ey)
-                chunks = zip(t.chunks, t.w_addr, t.cols, t.subs, t.k, strict=True)
-                for (c0, cl), wa, reach, subs, kc in chunks:
+                w2_addr = t2.w_addr if t2 is not None else [None] * len(t.chunks)
+                chunks = zip(t.chunks, t.w_addr, w2_addr, t.cols, t.subs, t.k, strict=True)
+                for (c0, cl), wa, wa2, reach, subs, kc in chunks:
                     if reach[1] == reach[0]:
                         continue  # input channels no output of the tile reads
                     if multi:
                         wb = w_bufs[nw % 2]
                         nw += 1
-                        b.add("load", spad=wb, dram=wa, rows=t.co_t, cols=taps * cl, dram_stride=taps * cl,
-                              spad_stride=bank_stride(cfg, taps * cl, cfg.lanes),
-                              label=f"weights co{t.co0} ci{c0}")  # fmt: skip
+                        for at, dram in ((wb, wa), (wb + w2, wa2)) if wa2 is not None else ((wb, wa),):
+                            b.add("load", spad=at, dram=dram, rows=t.co_t, cols=taps * cl,
+                                  dram_stride=taps * cl, spad_stride=bank_stride(cfg, taps * cl, cfg.lanes),
+                                  label=f"weights co{t.co0} ci{c0}")  # fmt: skip
                     px = t.pitch(cpx, windowed)
-                    _chunk_matmuls(b, cfg, g, gs, t, bm, wb, c0, cl, kc, ib, ab, m, rows, px, ex, reach,
-                                   windowed, subs)  # fmt: skip
+                    # the second's first: its requantisation then runs under the first's MATMULs
+                    for wbuf, acc in ((wb + w2, ab2), (wb, ab)) if second is not None else ((wb, ab),):
+                        _chunk_matmuls(b, cfg, g, gs, t, bm, wbuf, c0, cl, kc, ib, acc, m, rows, px, ex,
+                                       reach, windowed, subs)  # fmt: skip
+                if second is not None:  # its requantised tile: the residual the output pass adds
+                    add_requant(b, second.rq, t.co0 + second.col0, src=ab2, dst=skip, rows=m, cols=t.co_t,
+                                src_stride=c_stride, dst_stride=t.co_t * ey)  # fmt: skip
                 _conv_output(b, y, rq, g, gs, t, bm, n, y0, x0, rows, m, ab, ob, cpy, ey, c_stride, out_pass,
                              skip)  # fmt: skip
                 b.candidate()  # between bands: the resident weights are live (and a band kept for all tiles)
@@ -716,16 +772,16 @@ def _load_bias_block(b, cfg: NpuConfig, dram: int, n: int, a_row: int, digits: i
               label="bias digits")  # fmt: skip
 
 
-def _start_with_bias(b, cfg: NpuConfig, t, m: int, ab: int, c_stride: int, src) -> None:
+def _start_with_bias(b, cfg: NpuConfig, t, m: int, ab: int, c_stride: int, src, col0: int = 0) -> None:
     """A band's accumulators start as the tile's bias: `src` is (the bias block on chip, its digits'
     count, where they are when apart from its A row) for the MATMUL of its A row (every pixel's) by
     the tile's channels' digits (compiler/bias.py), or the bias's DRAM address for the LOAD of its
-    row for every pixel."""
+    row for every pixel. `col0`: the tile's first channel's place in the bias, past `t.co0`."""
     if isinstance(src, tuple):
         block, k, digits = src
-        b.add("matmul", **bias_matmul(cfg, block, k, t.co0, ab, m, t.co_t, c_stride, digits))
+        b.add("matmul", **bias_matmul(cfg, block, k, t.co0 + col0, ab, m, t.co_t, c_stride, digits))
     else:
-        b.add("load", spad=ab, dram=src + 4 * t.co0, rows=m, cols=4 * t.co_t, spad_stride=c_stride,
+        b.add("load", spad=ab, dram=src + 4 * (t.co0 + col0), rows=m, cols=4 * t.co_t, spad_stride=c_stride,
               dram_stride=0, label="bias")  # fmt: skip
 
 
@@ -786,16 +842,21 @@ def _conv_tiles(
 
 
 def _conv_buffers(
-    cfg, plan, gp, tiles, taps: int, cpx: int, ex: int, ey: int, post: OutputPass | None, block: int = 0
-):
+    cfg, plan, gp, tiles, taps: int, cpx: int, ex: int, ey: int, post: OutputPass | None, block: int = 0,
+    pair: bool = False,
+):  # fmt: skip
     """On-chip double buffers of a convolution: (weights, input bands, outputs, accumulators), and
     (table, scratch, bias block, a residual's two tile buffers) - one scratch: the vector unit runs
     the bands in turn (a residual's tiles, loaded when a band starts, after the function's own
     scratch); the bias block (`block` bytes, compiler/bias.py) after it - on a banked scratchpad only
-    its A row, its digits after the weights (their address last in the tuple; None otherwise)."""
+    its A row, its digits after the weights (their address last in the tuple; None otherwise).
+    `pair` (`SecondConv`): each weight buffer holds the second convolution's block after the first's,
+    at `round_up(wbytes, lanes)`, and accumulators 2 and 3 are the second's."""
     m_max = _conv_m(gp, plan.rows, plan.band_mode)
     in_bytes = gp.in_rows(plan.rows) * gp.wp * cpx * ex
     wbytes = plan.co_t * bank_stride(cfg, taps * plan.ci_t, cfg.lanes)
+    if pair:
+        wbytes = 2 * round_up(wbytes, cfg.lanes)
     single_w = len(tiles) == 1 and len(tiles[0].chunks) == 1
     act_bytes, w_base = spad_regions(cfg)
     w_bufs = [w_base] if single_w else [w_base, w_base + round_up(wbytes, cfg.lanes)]
@@ -804,7 +865,7 @@ def _conv_buffers(
     base = in_bufs[1] + round_up(in_bytes, cfg.lanes)
     out_bufs = [base, base + round_up(m_max * plan.co_t * ey, cfg.lanes)]
     acc_tile = m_max * acc_row_stride(cfg, plan.co_t)
-    acc_bufs = [ACC_BASE, ACC_BASE + acc_tile]
+    acc_bufs = [ACC_BASE + i * acc_tile for i in range(4 if pair else 2)]
     end = out_bufs[1] + round_up(m_max * plan.co_t * ey, cfg.lanes)
     table = end
     if post is not None and post.table is not None:
@@ -821,7 +882,7 @@ def _conv_buffers(
         assert digits + block - a_row <= cfg.spad_bytes
         block = a_row
     end += block
-    assert end <= act_bytes and 2 * acc_tile <= cfg.acc_bytes
+    assert end <= act_bytes and len(acc_bufs) * acc_tile <= cfg.acc_bytes
     assert w_bufs[-1] + wbytes <= cfg.spad_bytes
     return w_bufs, in_bufs, out_bufs, acc_bufs, (table, scratch, bias_block, res, digits)
 
@@ -916,6 +977,8 @@ def _load_residual(b, post, bufs, k: int, g, gs, t, n, y0, x0, rows: int, band_m
     them on the in-order load unit); where it is (0: no residual)."""
     if post is None or post.residual is None:
         return 0
+    if post.residual.addr is None:  # computed in the band (`SecondConv`): nothing to load
+        return bufs[k % 2]
     at = (((n * g.oh + y0) * g.ow + x0) * cpy + t.co0) * ey
     wv = gs.wp if band_mode else gs.ow
     _tile_dma(b, "load", bufs[k % 2], post.residual.addr + at, g, gs, t, rows, wv, cpy, ey,

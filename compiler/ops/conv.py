@@ -3,6 +3,7 @@ split by frame, output channel, input channel or height to fit the scratchpad (c
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -12,8 +13,9 @@ from npu.program import ProgramBuilder
 
 from ..elementwise import OutputPass, ResidualAdd
 from ..graph import CompileError, node_attrs
-from ..quantize import QTensor, add_multipliers, channel_requant
-from ..spatial import conv_program, geometry
+from ..programs import per_column_table
+from ..quantize import Act, QTensor, add_multipliers, channel_requant
+from ..spatial import SecondConv, conv_program, geometry
 from . import lut
 from .registry import placement, rule
 
@@ -51,7 +53,7 @@ def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     bias = ctx.bias(n, 2, cout, x, s_w) - x.q.zero_point * w.astype(np.int64).sum(axis=(1, 2, 3))
     if np.abs(bias).max(initial=0) >= 2**31:
         raise CompileError(f"{where}: folded bias overflows int32")
-    post = None
+    post = second = None
     if ctx.wide_output(n.output[0]):  # the accumulators themselves are the result (compiler/outputs.py)
         shape = ctx.shape(n.output[0], n)
         y = ctx.place_wide(n.output[0], shape, x.q.scale * np.asarray(s_w, np.float64), f"{where} output")
@@ -70,14 +72,26 @@ def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         # the Add reading the result (a residual) on each band before the store - not after a
         # function's passes: the longer tail of each band's output pass, drained at every
         # cancellation point, cost more than the Add's own pass (docs/compiler.md, "Residual Adds")
-        res = residual_add(ctx, stored) if post is None else None
+        # or the Add of it and a second convolution of the input (the int16 weights' two layers):
+        # that one computed beside it, band by band, as the Add's other operand
+        pair = paired_conv(ctx, n, stored) if post is None else None
+        if pair is not None and not _pair_fits(ctx, n, pair, x, w, bias, s_w, yq, lo):
+            pair = None  # the two do not fit beside each other: the second stores its result
+        res = pair[0] if pair is not None else residual_add(ctx, stored) if post is None else None
         if res is not None:
             add, r, stored, other, made = res
             post = OutputPass(None, None, 0, False, "", lut=False, residual=r)
             ctx.fused[add.name] = n.name
-            deps = [*n.input, other]
+            deps = [*n.input, other] if pair is None else list(n.input)
         y = ctx.place(stored, f"{where} output")
-        plan_cfg, rq = ctx.per_column(b, channel_requant(x.q, s_w, yq, where, lo), where)
+        rq = channel_requant(x.q, s_w, yq, where, lo)
+        if pair is not None:
+            second, rq = _second_conv(ctx, pair[1], x, cout, y.layout.cp, rq)
+            ctx.fused[pair[1].name] = n.name
+        plan_cfg, rq = ctx.per_column(b, rq, where)
+        if second is not None:  # its pairs are the table's too, past the first's
+            joint = {k: v for k, v in rq.items() if k in ("mult", "shift", "per_col")}
+            second = replace(second, rq={**second.rq, **joint})
     dil = a.get("dilations", [1, 1])
     geo = geometry(x, y, (kh, kw), a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0]), where, dil)
     info = conv_program(
@@ -97,9 +111,12 @@ def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         post,
         narrow=ctx.narrow_depthwise,
         fold=ctx.im2col,
+        second=second,
     )
     if post is not None and post.lut:  # (the function's view fragment follows: its readers wait for it)
         info["split"] += f"; then {t.op_type} {t.name} on each band ({post.how})"
+    if second is not None:
+        info["split"] += f"; with {pair[1].name} beside it on each band (the Add's other operand)"
     if post is not None and post.residual is not None:  # it reads the Add's other operand too
         info["split"] += f"; then Add {post.residual.name} on each band (VADD)"
         # and it makes the Add's output (and its Relu's): a reader lowered before the Add's own
@@ -108,14 +125,9 @@ def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     ctx.op_done(n, b, y.q.shape, info)
 
 
-def residual_add(
-    ctx: Lowerer, q: QTensor
-) -> tuple[onnx.NodeProto, ResidualAdd, QTensor, str, list[str]] | None:
-    """The Add of two activations that alone reads `q` (a convolution's result as it would be
-    stored), on the NPU, whose other operand is computed already in the layout `q` would have: the
-    Add, the residual step for the output pass, the Add's output (what is stored instead), the
-    other operand's name and the tensors the convolution now makes (the Add's, its Relu's); else
-    None."""
+def _sole_add(ctx: Lowerer, q: QTensor) -> tuple[onnx.NodeProto, bool, str, str] | None:
+    """The Add of two activations, on the NPU, that alone reads `q`, and of two different tensors:
+    (the Add, whether `q` is its first operand, its other operand, that operand's quantised tensor)."""
     lut.plan(ctx)
     readers = ctx._lut_readers.get(q.name, [])
     if len(readers) != 1 or readers[0].op_type not in ("Add", "Sum") or not readers[0].name:
@@ -130,12 +142,35 @@ def residual_add(
         return None
     first = ctx.graph.producers[ins[0]].input[0] == q.name
     other = ins[1] if first else ins[0]
-    src = ctx.graph.producers[other].input[0]
+    return add, first, other, ctx.graph.producers[other].input[0]
+
+
+def residual_add(
+    ctx: Lowerer, q: QTensor
+) -> tuple[onnx.NodeProto, ResidualAdd, QTensor, str, list[str]] | None:
+    """The Add of two activations that alone reads `q` (a convolution's result as it would be
+    stored), on the NPU, whose other operand is computed already in the layout `q` would have: the
+    Add, the residual step for the output pass, the Add's output (what is stored instead), the
+    other operand's name and the tensors the convolution now makes (the Add's, its Relu's); else
+    None."""
+    found = _sole_add(ctx, q)
+    if found is None:
+        return None
+    add, first, other, src = found
     if src not in ctx.acts:
         return None  # computed later (or on the host)
     xo = ctx.acts[src]
     if xo.layout != ctx.default_layout(q) or xo.q.elem != q.elem:
         return None
+    step = _add_step(ctx, add, q, xo.q, first, xo.addr)
+    return None if step is None else (add, step[0], step[1], other, step[2])
+
+
+def _add_step(
+    ctx: Lowerer, add: onnx.NodeProto, q: QTensor, qo: QTensor, first: bool, addr: int | None
+) -> tuple[ResidualAdd, QTensor, list[str]] | None:
+    """The output pass's VADD for `add` of `q` and `qo` (the other operand at DRAM `addr`, or None:
+    computed on chip), the Add's output as stored (its Relu's, folded in) and the tensors made."""
     yq, lo = ctx.q_out(add.output[0], add), -128
     if yq.elem != q.elem:
         return None
@@ -143,8 +178,88 @@ def residual_add(
     if (relu_q := ctx.fuse_relu(add.output[0])) is not None:  # a residual's Relu: the sum clamped at 0
         yq, lo = relu_q, 0 if relu_q.wide else relu_q.zero_point
         made.append(ctx.fusable_relu(add.output[0])[0].output[0])
-    qa, qb = (q, xo.q) if first else (xo.q, q)
+    qa, qb = (q, qo) if first else (qo, q)
     ma, mb, shift = add_multipliers(qa.scale / yq.scale, qb.scale / yq.scale, ctx.where(add))
     params = dict(mult_a=ma, mult_b=mb, shift=shift, zp_a=qa.zero_point, zp_b=qb.zero_point,
                   zp_out=yq.zero_point, lo=lo)  # fmt: skip
-    return add, ResidualAdd(xo.addr, params, q.elem, first, add.name), yq, other, made
+    return ResidualAdd(addr, params, q.elem, first, add.name), yq, made
+
+
+def paired_conv(
+    ctx: Lowerer, n: onnx.NodeProto, q: QTensor
+) -> tuple[tuple[onnx.NodeProto, ResidualAdd, QTensor, str, list[str]], onnx.NodeProto] | None:
+    """The Add that alone reads `q` (convolution `n`'s result as it would be stored) when its other
+    operand is made by a second convolution, not lowered yet, of the same input, weights' shape and
+    attributes, which only that Add reads - the int16 weights' two layers (compiler/wide_weights.py)
+    are such a pair: (`residual_add`'s tuple, the residual computed on chip; the second convolution),
+    else None. The second then runs beside `n` (`spatial.SecondConv`) and lowers as a view."""
+    found = _sole_add(ctx, q)
+    if found is None:
+        return None
+    add, first, other, src = found
+    qn = ctx.graph.producers.get(src)
+    if src in ctx.acts or qn is None or qn.op_type != "QuantizeLinear" or src in ctx.graph.outputs:
+        return None
+    m = ctx.graph.producers.get(qn.input[0])
+    if m is None or m.op_type != "Conv" or not m.name or m.name in ctx.reasons or m.name in ctx.fused:
+        return None
+    if len(ctx.graph.consumers.get(m.output[0], [])) != 1 or ctx._lut_readers.get(src, []) != [add]:
+        return None
+    if m.output[0] in ctx.graph.outputs or placement(ctx, m) is not None or ctx.wide_output(m.output[0]):
+        return None
+    dq_m, dq_n = ctx.graph.producers.get(m.input[0]), ctx.graph.producers[n.input[0]]
+    if ctx.src_kind(m.input[0]) != "act" or dq_m.input != dq_n.input:  # not the same quantised input
+        return None
+    if node_attrs(m) != node_attrs(n) or ctx.src_kind(m.input[1]) != "const":
+        return None
+    if ctx.dq_source(m.input[1], m)[1].shape != ctx.dq_source(n.input[1], n)[1].shape:
+        return None
+    qm = ctx.q_out(m.output[0], m)
+    if qm.elem != q.elem or qm.shape != q.shape:
+        return None
+    step = _add_step(ctx, add, q, qm, first, None)
+    if step is None:
+        return None
+    return (add, step[0], step[1], other, [m.output[0], *step[2]]), m
+
+
+def _pair_fits(ctx: Lowerer, n: onnx.NodeProto, pair, x, w, bias, s_w, yq: QTensor, lo: int) -> bool:
+    """Whether convolution `n` and the second of `pair` (`paired_conv`) have a tiling side by side:
+    `conv_program`'s plan, dry (nothing emitted, placed or allocated)."""
+    a, where, stored = node_attrs(n), ctx.where(n), pair[0][2]
+    y = Act(stored, 0, ctx.default_layout(stored))
+    rq = channel_requant(x.q, s_w, yq, where, lo)
+    second, rq = _second_conv(ctx, pair[1], x, w.shape[0], y.layout.cp, rq)
+    plan_cfg = per_column_table(ctx.cfg, rq["mult"], rq["shift"])[0]
+    geo = geometry(x, y, w.shape[2:], a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0]), where,
+                   a.get("dilations", [1, 1]))  # fmt: skip
+    post = OutputPass(None, None, 0, False, "", lut=False, residual=pair[0][1])
+    try:
+        conv_program(ProgramBuilder(plan_cfg), plan_cfg, x, y, w, bias, a.get("group", 1), geo, rq,
+                     lambda *_: 0, where, ctx.step, ctx.max_live, post, narrow=ctx.narrow_depthwise,
+                     fold=ctx.im2col, second=second, dry=True)  # fmt: skip
+    except CompileError:
+        return False
+    return True
+
+
+def _second_conv(
+    ctx: Lowerer, m: onnx.NodeProto, x, cout: int, cpy: int, rq: dict
+) -> tuple[SecondConv, dict]:
+    """Convolution `m` as the `SecondConv` of a pair (`paired_conv`), and the first's requantisation
+    `rq` with per-channel pairs for both: the first's `cpy` columns (its padding taking its last
+    pair), then the second's."""
+    where = ctx.where(m)
+    w, s_w = ctx.weights(m.input[1], m)
+    bias = ctx.bias(m, 2, cout, x, s_w) - x.q.zero_point * w.astype(np.int64).sum(axis=(1, 2, 3))
+    if np.abs(bias).max(initial=0) >= 2**31:
+        raise CompileError(f"{where}: folded bias overflows int32")
+    rq2 = channel_requant(x.q, s_w, ctx.q_out(m.output[0], m), where)
+
+    def cols(r: dict, key: str, n: int) -> np.ndarray:
+        v = np.broadcast_to(np.asarray(r[key], np.int64), (cout,))
+        return np.concatenate([v, np.full(n - cout, v[-1])])
+
+    both = {**rq, "mult": np.concatenate([cols(rq, "mult", cpy), cols(rq2, "mult", cout)]),
+            "shift": np.concatenate([cols(rq, "shift", cpy), cols(rq2, "shift", cout)])}  # fmt: skip
+    return SecondConv(w, bias, rq2, col0=cpy), both

@@ -30,7 +30,8 @@ class OpRule:
 RULES: dict[str, OpRule] = {}
 #: a fused node's layer (`split`): a view of its producer's result, computed on the NPU by it (a
 #: Relu its requantisation clamps, a table function or a residual Add a convolution's output pass
-#: computes); the accuracy guard may move such a node to the host like any NPU operator
+#: computes, the second convolution of a pair it runs beside itself); the accuracy guard may move
+#: such a node to the host like any NPU operator
 FUSED_NOTE = "computed in the output pass of "
 
 

@@ -49,11 +49,12 @@ def unfused_layers(cm) -> list[tuple[str, str]]:
     """(op, placement) of the compiled layers, without the Relus an int16 producer's
     requantisation computed (views: onnxruntime keeps such a Relu as a node, where it folds an
     int8 one into the quantised range), so that a graph's layers read the same for both types; an
-    Add its producer computes in its output pass (a residual) reads "npu"."""
+    Add its producer computes in its output pass (a residual) and a convolution computed beside
+    its pair (compiler/ops/conv.py `paired_conv`) read "npu"."""
     out = []
     for la in cm.lowered.layers:
         if (la.op, la.placement) != ("Relu", "view"):
-            out.append((la.op, "npu" if la.op in ("Add", "Sum") and on_npu(la) else la.placement))
+            out.append((la.op, "npu" if la.op in ("Add", "Sum", "Conv") and on_npu(la) else la.placement))
     return out
 
 
