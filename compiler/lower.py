@@ -136,6 +136,9 @@ class Lowerer:
         # Relu nodes their producer's requantisation computed, and table functions a convolution's
         # output pass computed: node -> its producer (each lowers as a view, `FUSED_NOTE`)
         self.fused: dict[str, str] = {}
+        # a node computed beside its producer (the second convolution of a pair, ops/conv.py
+        # `paired_conv`) -> a tensor that producer's fragment makes: its view depends on that
+        self.fused_by: dict[str, str] = {}
         self.output_tables: dict[str, onnx.NodeProto] = {}  # Conv -> table function it computes too
         # table functions and the steps they absorb (ops/lut.py `plan`, made before the first node
         # is lowered)

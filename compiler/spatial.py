@@ -19,6 +19,7 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -260,6 +261,13 @@ class ConvPlan:
         return ", ".join(parts) or "none"
 
 
+def _weight_bytes(cfg: NpuConfig, co_t: int, row: int, pair: bool = False) -> int:
+    """A tile's weight block on chip (`co_t` rows of `row` bytes); with `pair` (`SecondConv`) the
+    second's block after it, from the next lane word."""
+    w = co_t * bank_stride(cfg, row, cfg.lanes)
+    return 2 * round_up(w, cfg.lanes) if pair else w
+
+
 def _narrow_width(cfg: NpuConfig) -> int:
     """int16 channels in one A word (lanes / 2) when MATMULs that narrow keep C's columns at
     accumulator-row boundaries (a multiple of pes_per_cluster), else 0."""
@@ -347,7 +355,7 @@ def plan_conv(
     output width (not a strip), so that one band for every output tile is loaded once. `gather`: the
     band is gathered (compiler/im2col.py): (LOADs, bus words, DMA rows) of a band of (rows, columns).
     `pair`: a second convolution of the same input runs beside it (`SecondConv`): twice the weights,
-    the accumulator tiles, the MATMULs and the bias, a VMAP more, no LOAD of the residual's tile."""
+    the MATMULs and the bias, a third accumulator tile, a VMAP more, no LOAD of the residual's tile."""
     ca = channel_align(cfg)
     sets = 2 if pair else 1
     full = cpx
@@ -358,8 +366,7 @@ def plan_conv(
     post_elem = post.scratch if post else 0  # scratch bytes an output element's function needs
     post_fixed = LUT_BYTES + cfg.lanes if post and post.table is not None else 0
     post_steps = post.steps if post else 0
-    # the residual's other operand's tile: a LOAD a band (computed on chip with `pair`)
-    residual = post is not None and post.residual is not None and not pair
+    residual = post is not None and post.residual is not None and not pair  # its tile: a LOAD a band
     # the bias block's bytes among the activations, and its digits' among the weights: a banked
     # scratchpad keeps the digits in the weights' half, so the A row and they are read from other banks
     digit_bytes = sets * cout_p * biasmm.row_pitch(cfg.lanes) if bias_k else 0
@@ -376,8 +383,7 @@ def plan_conv(
         for ci_t in ci_opts:
             n_ci = cdiv(win, ci_t)
             n_mm = co_t if cols_of is None else cols_of(co_t, ci_t)  # a MATMUL's output columns
-            wbytes = co_t * bank_stride(cfg, taps * ci_t, cfg.lanes)
-            wbytes = 2 * round_up(wbytes, cfg.lanes) if pair else wbytes  # the second's block after it
+            wbytes = _weight_bytes(cfg, co_t, taps * ci_t, pair)
             wbufs = 1 if n_ci == 1 and n_co == 1 else 2
             act_bytes, w_base = spad_regions(cfg)
             w_left = cfg.spad_bytes - w_base - wbufs * round_up(wbytes, cfg.lanes)  # banked: digits' room
@@ -395,7 +401,7 @@ def plan_conv(
                 band_t = sets * n_ci * taps * (cfg.matrix_latency + steps)
                 fits = (
                     2 * (g.in_rows(r) * g.wp * px + m * co_t * ey) + m * co_t * post_elem <= room
-                    and 2 * sets * m * acc_row_stride(cfg, co_t) <= cfg.acc_bytes
+                    and (1 + sets) * m * acc_row_stride(cfg, co_t) <= cfg.acc_bytes
                     and m <= 0xFFFF
                     # with a cancellation interval, one band must not take longer than it
                     and (not max_step or r == 1 or band_t <= max_step)
@@ -426,8 +432,7 @@ def plan_conv(
                 instrs = n_co * bands * (loads + mm_per_band + 3 + (1 if residual else 0))
                 stores = dram_cycles(cfg, out_beats, out_rows, write=True)
                 load += stores + instrs * INSTR_BYTES // cfg.dram_word_bytes
-            # int8 or int16; with `pair` the second convolution's VMAP too
-            vector = n_co * bands * m * cdiv(co_t, cfg.vector_lanes) * (sets + post_steps)
+            vector = n_co * bands * m * cdiv(co_t, cfg.vector_lanes) * (sets + post_steps)  # a VMAP a set
             # the bias: a LOAD of m rows of the tile's int32 per band, or a MATMUL of one k step
             bias_load = sets * n_co * bands * _bias_load_cycles(cfg, m, co_t)
             bias_mm_cycles = sets * n_co * bands * _bias_matmul_cycles(cfg, m, co_t, bias_k)
@@ -581,6 +586,7 @@ def conv_program(
     fold: str = "auto",
     second: SecondConv | None = None,
     dry: bool = False,
+    planned: tuple[ConvPlan, Geometry] | None = None,
 ) -> dict:
     """Emit a convolution. `weights` int8 (Cout, Cin/groups, kh, kw); `bias` int64 (Cout), the input
     zero point already folded in; `rq` the requantisation fields of the VMAP (mult, shift, zp_out,
@@ -592,8 +598,9 @@ def conv_program(
     runs with its taps folded into k (compiler/im2col.py) by `fold`: auto (where the cost model finds
     it cheaper), on or off - or where its input has no channel padding, always. `second`: a second
     convolution of the input whose result `post`'s residual Add takes (`SecondConv`). Returns the plan
-    for the compile report (`dry`: only plans, emits and allocates nothing: a CompileError when no
-    tiling fits)."""
+    for the compile report (`dry`: only plans, emits and allocates nothing, and returns the plan as
+    "planned", which a later call with the same arguments takes instead of planning again; a
+    CompileError when no tiling fits)."""
     ca = channel_align(cfg)
     # src: the convolution's own input and geometry, where its bands are gathered (im2col)
     src, x, g, weights = _fold_choice(cfg, x, y, rq, g, weights, groups, where, max_step, max_live, fold)
@@ -626,11 +633,8 @@ def conv_program(
         spans = ci_t // cin_g if ci_t % cin_g == 0 else cdiv(ci_t, cin_g) + 1
         return min(co_t, round_up(spans * cout_g, cfg.pes_per_cluster))
 
-    bias_p = np.zeros(cpy, np.int64)
-    bias_p[:cout] = bias
-    bias2_p = np.zeros(cpy, np.int64)
-    if second is not None:
-        bias2_p[:cout] = second.bias
+    bias_p, bias2_p = np.zeros((2, cpy), np.int64)  # the second's: zeros when there is none
+    bias_p[:cout], bias2_p[:cout] = bias, 0 if second is None else second.bias
     # one bias block for both convolutions: the second's channels after the first's
     digits = biasmm.digits(bias_p if second is None else np.concatenate([bias_p, bias2_p]))
 
@@ -642,9 +646,9 @@ def conv_program(
             gather=None if src is None else _gather_cost(cfg, *src), pair=second is not None,
         )  # fmt: skip
 
-    plan, gp = plan_conv_strips(g, plan_for)
+    plan, gp = planned or plan_conv_strips(g, plan_for)
     if dry:
-        return {}
+        return {"planned": (plan, gp)}
     band_px = win_of(plan.co_t)  # elements of a band's pixel: the widest tile window (else cpx)
     windowed = band_px < cpx  # the bands hold a tile's window of channels only
     strips = [(g, 0, 0)]  # (geometry, first input column, first output column) of each strip
@@ -652,38 +656,34 @@ def conv_program(
         strips = [g.strip(x0, min(plan.cols, g.ow - x0)) + (x0,) for x0 in range(0, g.ow, plan.cols)]
     taps = g.kh * g.kw
     tiles = _conv_tiles(cfg, plan, x, y, weights, groups, g, window, const, where, ex if narrow else 1)
-    tiles2 = [None] * len(tiles)
-    if second is not None:  # the same tiles, chunks and MATMULs over the second's weights
-        tiles2 = _conv_tiles(cfg, plan, x, y, second.weights, groups, g, window, const, where,
-                             ex if narrow else 1)  # fmt: skip
-        assert [(t.co0, t.chunks, t.cols, t.subs, t.k) for t in tiles] == [
-            (t.co0, t.chunks, t.cols, t.subs, t.k) for t in tiles2
-        ]
+    # the second's: the same tiles, chunks and MATMULs over its weights
+    tiles2 = [None] * len(tiles) if second is None else _conv_tiles(
+        cfg, plan, x, y, second.weights, groups, g, window, const, where, ex if narrow else 1)  # fmt: skip
     block = biasmm.block(digits, cfg.lanes) if plan.bias_mm else b""
     bias_addr = None if block else const(bias_p.astype("<i4").tobytes(), f"{where} bias")
     bias2_addr = None if block or second is None else const(bias2_p.astype("<i4").tobytes(), f"{where} bias")
     w_bufs, in_bufs, out_bufs, acc_bufs, extra = _conv_buffers(
         cfg, plan, gp, tiles, taps, band_px, ex, ey, post, len(block), pair=second is not None
     )
-    w2 = round_up(plan.co_t * bank_stride(cfg, taps * plan.ci_t, cfg.lanes), cfg.lanes)  # second's block
+    w2 = round_up(_weight_bytes(cfg, plan.co_t, taps * plan.ci_t), cfg.lanes)  # the second's block
     if block:  # the bias's A row and digits, resident for the operator
         _load_bias_block(b, cfg, const(block, f"{where} bias digits"), len(block), extra[2], extra[4])
     if post is not None and post.table is not None:  # the function's table, resident for the operator
         b.add("load", spad=extra[0], dram=post.table, rows=1, cols=LUT_BYTES, spad_stride=LUT_BYTES,
               dram_stride=LUT_BYTES, label="table")  # fmt: skip
     out_pass = (post, *extra[:2], y.layout.chan) if post is not None else None
-    res_bufs = extra[3]
 
-    zpx = x.q.zero_point
     bm = plan.band_mode
-    k = nw = 0
+    k = nw = wb = 0
     # one band for every output tile (the whole input, all channels): it is loaded once and read
     # by each tile's MATMULs, instead of again per tile
     one_band = keeps_one_band(len(strips) == 1, windowed, cdiv(g.oh, plan.rows) * g.n, len(tiles),
                               gp.in_rows(plan.rows) * gp.wp * band_px * ex, max_step, max_live)
     bias_src = (extra[2], digits.shape[1], extra[4]) if block else bias_addr
-    # the second's bias: its channels after the first's in the block, or its own row in DRAM
-    bias2_src, bias2_col = (bias_src, cpy) if block else (bias2_addr, 0)
+    # what each band's MATMULs share; the second's bias: after the first's in the block, or its own row
+    mm = SimpleNamespace(cfg=cfg, g=g, bm=plan.band_mode, taps=taps, w_bufs=w_bufs, w2=w2, ex=ex, ey=ey,
+                         cpx=cpx, cpy=cpy, windowed=windowed, post=post, res_bufs=extra[3], second=second,
+                         bias=bias_src, bias2=(bias_src, cpy) if block else (bias2_addr, 0))  # fmt: skip
     band_loaded = False
     for t, t2 in zip(tiles, tiles2, strict=True):
         c_stride = acc_row_stride(cfg, t.co_t)
@@ -691,50 +691,20 @@ def conv_program(
         if not multi:
             wb = w_bufs[nw % len(w_bufs)]
             nw += 1
-            row = taps * t.chunks[0][1]
-            for at, tt in ((wb, t), (wb + w2, t2)) if t2 is not None else ((wb, t),):
-                b.add("load", spad=at, dram=tt.w_addr[0], rows=t.co_t, cols=row, dram_stride=row,
-                      spad_stride=bank_stride(cfg, row, cfg.lanes), label=f"weights co{t.co0}")  # fmt: skip
+            blocks = [(wb, t.w_addr[0])] + ([(wb + w2, t2.w_addr[0])] if t2 is not None else [])
+            _weight_loads(b, cfg, blocks, t.co_t, taps * t.chunks[0][1], f"weights co{t.co0}")
         for n, (gs, col0, x0) in itertools.product(range(g.n), strips):
             for y0 in range(0, g.oh, plan.rows):
                 rows = min(plan.rows, g.oh - y0)
                 m = _conv_m(gs, rows, bm)
                 ib, ob, ab = in_bufs[0 if one_band else k % 2], out_bufs[k % 2], acc_bufs[k % 2]
-                ab2 = acc_bufs[2 + k % 2] if second is not None else None
+                ab2 = acc_bufs[2] if second is not None else None  # one: see _conv_buffers
                 k += 1
-                fill, label = zpx if ex == 1 else 0, f"input n{n} y{y0} x{x0}"
-                if windowed:
-                    _load_band(b, x, gs, n, y0, rows, ib, fill, label, col0, t.win0, t.wlen)
-                elif not band_loaded:
-                    if src is None:
-                        _load_band(b, x, gs, n, y0, rows, ib, fill, label, col0)
-                    else:
-                        im2col.gather_band(b, *src, n, y0, rows, x0, gs.ow, ib, band_px * ex, fill, label)
-                    band_loaded = one_band
-                if second is not None:
-                    _start_with_bias(b, cfg, t, m, ab2, c_stride, bias2_src, bias2_col)
-                _start_with_bias(b, cfg, t, m, ab, c_stride, bias_src)
-                skip = _load_residual(b, post, res_bufs, k, g, gs, t, n, y0, x0, rows, bm, cpy, ey)
-                w2_addr = t2.w_addr if t2 is not None else [None] * len(t.chunks)
-                chunks = zip(t.chunks, t.w_addr, w2_addr, t.cols, t.subs, t.k, strict=True)
-                for (c0, cl), wa, wa2, reach, subs, kc in chunks:
-                    if reach[1] == reach[0]:
-                        continue  # input channels no output of the tile reads
-                    if multi:
-                        wb = w_bufs[nw % 2]
-                        nw += 1
-                        for at, dram in ((wb, wa), (wb + w2, wa2)) if wa2 is not None else ((wb, wa),):
-                            b.add("load", spad=at, dram=dram, rows=t.co_t, cols=taps * cl,
-                                  dram_stride=taps * cl, spad_stride=bank_stride(cfg, taps * cl, cfg.lanes),
-                                  label=f"weights co{t.co0} ci{c0}")  # fmt: skip
-                    px = t.pitch(cpx, windowed)
-                    # the second's first: its requantisation then runs under the first's MATMULs
-                    for wbuf, acc in ((wb + w2, ab2), (wb, ab)) if second is not None else ((wb, ab),):
-                        _chunk_matmuls(b, cfg, g, gs, t, bm, wbuf, c0, cl, kc, ib, acc, m, rows, px, ex,
-                                       reach, windowed, subs)  # fmt: skip
-                if second is not None:  # its requantised tile: the residual the output pass adds
-                    add_requant(b, second.rq, t.co0 + second.col0, src=ab2, dst=skip, rows=m, cols=t.co_t,
-                                src_stride=c_stride, dst_stride=t.co_t * ey)  # fmt: skip
+                if windowed or not band_loaded:
+                    band = (n, y0, rows, x0, col0)
+                    _band_input(b, x, src, gs, t if windowed else None, band, ib, band_px * ex)
+                    band_loaded = one_band and not windowed
+                skip, wb, nw = _band_matmuls(b, mm, t, t2, (n, y0, x0, rows, m), gs, ib, (ab, ab2), k, wb, nw)
                 _conv_output(b, y, rq, g, gs, t, bm, n, y0, x0, rows, m, ab, ob, cpy, ey, c_stride, out_pass,
                              skip)  # fmt: skip
                 b.candidate()  # between bands: the resident weights are live (and a band kept for all tiles)
@@ -745,6 +715,63 @@ def conv_program(
         "spad_bytes": plan.spad_bytes,
         "est_cycles": plan.est_cycles,
     }
+
+
+def _band_input(b, x: Act, src, gs: Geometry, t, band: tuple, ib: int, px_bytes: int) -> None:
+    """A band's input into `ib`: the tile `t`'s window of channels (None: every channel), or gathered
+    for a convolution whose taps fold into k (`src`). `band`: (frame, first output row, rows, first
+    output column, first input column); `px_bytes`: a gathered pixel's bytes."""
+    n, y0, rows, x0, col0 = band
+    fill, label = x.q.zero_point if x.layout.elem == 1 else 0, f"input n{n} y{y0} x{x0}"
+    if t is not None:
+        _load_band(b, x, gs, n, y0, rows, ib, fill, label, col0, t.win0, t.wlen)
+    elif src is None:
+        _load_band(b, x, gs, n, y0, rows, ib, fill, label, col0)
+    else:
+        im2col.gather_band(b, *src, n, y0, rows, x0, gs.ow, ib, px_bytes, fill, label)
+
+
+def _weight_loads(b, cfg: NpuConfig, blocks: list[tuple[int, int]], rows: int, cols: int, label: str) -> None:
+    """LOADs of weight blocks of `rows` x `cols` bytes, (scratchpad, DRAM) each."""
+    for at, dram in blocks:
+        b.add("load", spad=at, dram=dram, rows=rows, cols=cols, dram_stride=cols,
+              spad_stride=bank_stride(cfg, cols, cfg.lanes), label=label)  # fmt: skip
+
+
+def _band_matmuls(b, s: SimpleNamespace, t, t2, band: tuple, gs: Geometry, ib: int, accs: tuple, k: int,
+                  wb: int, nw: int) -> tuple[int, int, int]:  # fmt: skip
+    """A band's accumulators started as the bias, its chunks' weights (loaded per band when the tile
+    has several) and MATMULs into accumulators `accs` (the first's, the second's), a residual's tile
+    loaded or (`SecondConv`) the second's requantised into its place. `band`: (frame, first output
+    row and column, rows, MATMUL rows). Returns (where the residual's tile is, 0: none; the weight
+    buffer; the weight buffers used so far)."""
+    n, y0, x0, rows, m = band
+    cfg, g, second = s.cfg, s.g, s.second
+    ab, ab2 = accs
+    c_stride = acc_row_stride(cfg, t.co_t)
+    if second is not None:
+        _start_with_bias(b, cfg, t, m, ab2, c_stride, *s.bias2)
+    _start_with_bias(b, cfg, t, m, ab, c_stride, s.bias)
+    skip = _load_residual(b, s.post, s.res_bufs, k, g, gs, t, n, y0, x0, rows, s.bm, s.cpy, s.ey)
+    w2_addr = t2.w_addr if t2 is not None else [None] * len(t.chunks)
+    chunks = zip(t.chunks, t.w_addr, w2_addr, t.cols, t.subs, t.k, strict=True)
+    for (c0, cl), wa, wa2, reach, subs, kc in chunks:
+        if reach[1] == reach[0]:
+            continue  # input channels no output of the tile reads
+        if len(t.chunks) > 1:
+            wb = s.w_bufs[nw % 2]
+            nw += 1
+            blocks = [(wb, wa)] + ([(wb + s.w2, wa2)] if wa2 is not None else [])
+            _weight_loads(b, cfg, blocks, t.co_t, s.taps * cl, f"weights co{t.co0} ci{c0}")
+        px = t.pitch(s.cpx, s.windowed)
+        # the second's first: its requantisation then runs under the first's MATMULs
+        for wbuf, acc in ((wb + s.w2, ab2), (wb, ab)) if second is not None else ((wb, ab),):
+            _chunk_matmuls(b, cfg, g, gs, t, s.bm, wbuf, c0, cl, kc, ib, acc, m, rows, px, s.ex, reach,
+                           s.windowed, subs)  # fmt: skip
+    if second is not None:  # its requantised tile: the residual the output pass adds
+        add_requant(b, second.rq, t.co0 + second.col0, src=ab2, dst=skip, rows=m, cols=t.co_t,
+                    src_stride=c_stride, dst_stride=t.co_t * s.ey)  # fmt: skip
+    return skip, wb, nw
 
 
 def _fold_choice(cfg, x: Act, y: Act, rq, g: Geometry, weights, groups: int, where: str, max_step: int,
@@ -851,12 +878,11 @@ def _conv_buffers(
     scratch); the bias block (`block` bytes, compiler/bias.py) after it - on a banked scratchpad only
     its A row, its digits after the weights (their address last in the tuple; None otherwise).
     `pair` (`SecondConv`): each weight buffer holds the second convolution's block after the first's,
-    at `round_up(wbytes, lanes)`, and accumulators 2 and 3 are the second's."""
+    at `round_up(wbytes, lanes)`, and a third accumulator tile is the second's (one: its VMAP runs
+    under the first's MATMULs of the same band, before the next band's second MATMULs need it)."""
     m_max = _conv_m(gp, plan.rows, plan.band_mode)
     in_bytes = gp.in_rows(plan.rows) * gp.wp * cpx * ex
-    wbytes = plan.co_t * bank_stride(cfg, taps * plan.ci_t, cfg.lanes)
-    if pair:
-        wbytes = 2 * round_up(wbytes, cfg.lanes)
+    wbytes = _weight_bytes(cfg, plan.co_t, taps * plan.ci_t, pair)
     single_w = len(tiles) == 1 and len(tiles[0].chunks) == 1
     act_bytes, w_base = spad_regions(cfg)
     w_bufs = [w_base] if single_w else [w_base, w_base + round_up(wbytes, cfg.lanes)]
@@ -865,7 +891,7 @@ def _conv_buffers(
     base = in_bufs[1] + round_up(in_bytes, cfg.lanes)
     out_bufs = [base, base + round_up(m_max * plan.co_t * ey, cfg.lanes)]
     acc_tile = m_max * acc_row_stride(cfg, plan.co_t)
-    acc_bufs = [ACC_BASE + i * acc_tile for i in range(4 if pair else 2)]
+    acc_bufs = [ACC_BASE + i * acc_tile for i in range(3 if pair else 2)]
     end = out_bufs[1] + round_up(m_max * plan.co_t * ey, cfg.lanes)
     table = end
     if post is not None and post.table is not None:

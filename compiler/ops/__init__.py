@@ -39,7 +39,10 @@ def lower_node(ctx: Lowerer, n: onnx.NodeProto) -> None:
     if n.name and n.name in ctx.fused:  # a Relu its producer clamped (Lowerer.fuse_relu), or a
         # table function its producer computed (Conv's output pass): a view of the producer's result
         note = {"split": FUSED_NOTE + ctx.fused[n.name]}
-        ctx.new_frag(as_reading_source(ctx, n), "view", ctx.shape(n.output[0], n), note)
+        src = as_reading_source(ctx, n)
+        if n.name in ctx.fused_by:  # computed beside its producer: after that fragment, not its inputs'
+            src = onnx.helper.make_node(src.op_type, [ctx.fused_by[n.name]], list(src.output), name=src.name)
+        ctx.new_frag(src, "view", ctx.shape(n.output[0], n), note)
         return
     reason = placement(ctx, n)
     if reason is not None:

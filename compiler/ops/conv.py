@@ -53,7 +53,7 @@ def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     bias = ctx.bias(n, 2, cout, x, s_w) - x.q.zero_point * w.astype(np.int64).sum(axis=(1, 2, 3))
     if np.abs(bias).max(initial=0) >= 2**31:
         raise CompileError(f"{where}: folded bias overflows int32")
-    post = second = None
+    post = second = planned = None
     if ctx.wide_output(n.output[0]):  # the accumulators themselves are the result (compiler/outputs.py)
         shape = ctx.shape(n.output[0], n)
         y = ctx.place_wide(n.output[0], shape, x.q.scale * np.asarray(s_w, np.float64), f"{where} output")
@@ -75,7 +75,8 @@ def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         # or the Add of it and a second convolution of the input (the int16 weights' two layers):
         # that one computed beside it, band by band, as the Add's other operand
         pair = paired_conv(ctx, n, stored) if post is None else None
-        if pair is not None and not _pair_fits(ctx, n, pair, x, w, bias, s_w, yq, lo):
+        planned = _pair_plan(ctx, n, pair, x, w, bias, s_w, yq, lo) if pair is not None else None
+        if planned is None:
             pair = None  # the two do not fit beside each other: the second stores its result
         res = pair[0] if pair is not None else residual_add(ctx, stored) if post is None else None
         if res is not None:
@@ -88,6 +89,7 @@ def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         if pair is not None:
             second, rq = _second_conv(ctx, pair[1], x, cout, y.layout.cp, rq)
             ctx.fused[pair[1].name] = n.name
+            ctx.fused_by[pair[1].name] = n.output[0]
         plan_cfg, rq = ctx.per_column(b, rq, where)
         if second is not None:  # its pairs are the table's too, past the first's
             joint = {k: v for k, v in rq.items() if k in ("mult", "shift", "per_col")}
@@ -112,6 +114,7 @@ def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         narrow=ctx.narrow_depthwise,
         fold=ctx.im2col,
         second=second,
+        planned=planned,
     )
     if post is not None and post.lut:  # (the function's view fragment follows: its readers wait for it)
         info["split"] += f"; then {t.op_type} {t.name} on each band ({post.how})"
@@ -223,9 +226,9 @@ def paired_conv(
     return (add, step[0], step[1], other, [m.output[0], *step[2]]), m
 
 
-def _pair_fits(ctx: Lowerer, n: onnx.NodeProto, pair, x, w, bias, s_w, yq: QTensor, lo: int) -> bool:
-    """Whether convolution `n` and the second of `pair` (`paired_conv`) have a tiling side by side:
-    `conv_program`'s plan, dry (nothing emitted, placed or allocated)."""
+def _pair_plan(ctx: Lowerer, n: onnx.NodeProto, pair, x, w, bias, s_w, yq: QTensor, lo: int):
+    """The tiling of convolution `n` with the second of `pair` (`paired_conv`) beside it:
+    `conv_program`'s plan, dry (nothing emitted, placed or allocated); None when none fits."""
     a, where, stored = node_attrs(n), ctx.where(n), pair[0][2]
     y = Act(stored, 0, ctx.default_layout(stored))
     rq = channel_requant(x.q, s_w, yq, where, lo)
@@ -235,12 +238,11 @@ def _pair_fits(ctx: Lowerer, n: onnx.NodeProto, pair, x, w, bias, s_w, yq: QTens
                    a.get("dilations", [1, 1]))  # fmt: skip
     post = OutputPass(None, None, 0, False, "", lut=False, residual=pair[0][1])
     try:
-        conv_program(ProgramBuilder(plan_cfg), plan_cfg, x, y, w, bias, a.get("group", 1), geo, rq,
-                     lambda *_: 0, where, ctx.step, ctx.max_live, post, narrow=ctx.narrow_depthwise,
-                     fold=ctx.im2col, second=second, dry=True)  # fmt: skip
+        return conv_program(ProgramBuilder(plan_cfg), plan_cfg, x, y, w, bias, a.get("group", 1), geo, rq,
+                            lambda *_: 0, where, ctx.step, ctx.max_live, post, narrow=ctx.narrow_depthwise,
+                            fold=ctx.im2col, second=second, dry=True)["planned"]  # fmt: skip
     except CompileError:
-        return False
-    return True
+        return None
 
 
 def _second_conv(

@@ -67,11 +67,11 @@ def test_an_int16_weight_layer_runs_as_one_operator(tmp_path, monkeypatch, kind,
 
 
 def test_a_pair_that_does_not_fit_side_by_side_runs_apart(tmp_path, monkeypatch):
-    """Where no tiling holds both (`_pair_fits` false) the second stores its result and the first
-    adds it as a residual: still exact."""
+    """Where no tiling holds both (`_pair_plan` finds none) the second stores its result and the
+    first adds it as a residual: still exact."""
     net, model = _net("plain")
     calib = calib_for(net.shapes[net.input])
-    monkeypatch.setattr(conv_ops, "_pair_fits", lambda *_a: False)
+    monkeypatch.setattr(conv_ops, "_pair_plan", lambda *_a: None)
     cm = compile_model(tmp_path, model, "default", calib, weight_precision="int16", accuracy_check=False)
     assert not _paired(cm)
     assert not any(la.op == "Add" and la.placement != "view" for la in cm.lowered.layers)  # residuals
