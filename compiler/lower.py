@@ -363,13 +363,15 @@ class Lowerer:
         self.acts[name] = a
         return a
 
-    def fuse_relu(self, name: str) -> QTensor | None:
+    def fuse_relu(self, name: str, mark: bool = True) -> QTensor | None:
         """The quantised output of the Relu that `fusable_relu` finds after `name`, now computed by
-        its producer (the Relu lowers as a view); None when there is none to fuse."""
+        its producer (the Relu lowers as a view; not yet marked so without `mark`); None when there
+        is none to fuse."""
         fused = self.fusable_relu(name)
         if fused is None or not fused[0].name or fused[0].name in self.reasons:
             return None
-        self.fused[fused[0].name] = self.graph.producers[name].name
+        if mark:
+            self.fused[fused[0].name] = self.graph.producers[name].name
         return fused[1]
 
     def fusable_relu(self, name: str) -> tuple[onnx.NodeProto, QTensor] | None:

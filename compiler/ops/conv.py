@@ -90,6 +90,7 @@ def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
             second, rq = _second_conv(ctx, pair[1], x, cout, y.layout.cp, rq)
             ctx.fused[pair[1].name] = n.name
             ctx.fused_by[pair[1].name] = n.output[0]
+            _mark_relu(ctx, add)
         plan_cfg, rq = ctx.per_column(b, rq, where)
         if second is not None:  # its pairs are the table's too, past the first's
             joint = {k: v for k, v in rq.items() if k in ("mult", "shift", "per_col")}
@@ -166,19 +167,28 @@ def residual_add(
     if xo.layout != ctx.default_layout(q) or xo.q.elem != q.elem:
         return None
     step = _add_step(ctx, add, q, xo.q, first, xo.addr)
-    return None if step is None else (add, step[0], step[1], other, step[2])
+    if step is None:
+        return None
+    _mark_relu(ctx, add)
+    return add, step[0], step[1], other, step[2]
+
+
+def _mark_relu(ctx: Lowerer, add: onnx.NodeProto) -> None:
+    """The Relu after `add` (if `_add_step` folded one in) lowers as a view: the Add's VADD clamps."""
+    ctx.fuse_relu(add.output[0])
 
 
 def _add_step(
     ctx: Lowerer, add: onnx.NodeProto, q: QTensor, qo: QTensor, first: bool, addr: int | None
 ) -> tuple[ResidualAdd, QTensor, list[str]] | None:
     """The output pass's VADD for `add` of `q` and `qo` (the other operand at DRAM `addr`, or None:
-    computed on chip), the Add's output as stored (its Relu's, folded in) and the tensors made."""
+    computed on chip), the Add's output as stored (its Relu's, folded in) and the tensors made.
+    Marks nothing: the caller that takes the step marks the Relu (`_mark_relu`)."""
     yq, lo = ctx.q_out(add.output[0], add), -128
     if yq.elem != q.elem:
         return None
     made = [add.output[0]]
-    if (relu_q := ctx.fuse_relu(add.output[0])) is not None:  # a residual's Relu: the sum clamped at 0
+    if (relu_q := ctx.fuse_relu(add.output[0], mark=False)) is not None:  # the sum clamped at 0
         yq, lo = relu_q, 0 if relu_q.wide else relu_q.zero_point
         made.append(ctx.fusable_relu(add.output[0])[0].output[0])
     qa, qb = (q, qo) if first else (qo, q)
