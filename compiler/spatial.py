@@ -246,6 +246,11 @@ class ConvPlan:
     cols: int = 0  # output columns per strip (width splitting; 0: the whole width)
     bias_mm: bool = False  # the accumulators start as the bias by a MATMUL (compiler/bias.py), not a LOAD
 
+    def bands(self, g: Geometry, cout_p: int) -> int:
+        """The bands the plan runs (output tiles x frames x row bands x strips)."""
+        strips = cdiv(g.ow, self.cols) if self.cols else 1
+        return cdiv(cout_p, self.co_t) * g.n * cdiv(g.oh, self.rows) * strips
+
     def describe(self, g: Geometry, cout_p: int, cin_win: int) -> str:
         parts = []
         if g.n > 1:

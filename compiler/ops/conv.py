@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from ..lower import Lowerer
 
 
+#: a pair runs as one operator only where the planner estimates it faster than apart (off: always)
+PAIR_BY_ESTIMATE = True
+
+
 def conv_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
     """The NPU convolves 2-D maps by constant weights; 1-D and 3-D convolutions, and weights
     computed at run time, run on the host."""
@@ -136,6 +140,8 @@ def _sole_add(ctx: Lowerer, q: QTensor) -> tuple[onnx.NodeProto, bool, str, str]
     readers = ctx._lut_readers.get(q.name, [])
     if len(readers) != 1 or readers[0].op_type not in ("Add", "Sum") or not readers[0].name:
         return None
+    if _graph_output(ctx, q.name):  # it must be stored as it is
+        return None
     add = readers[0]
     ins = [i for i in add.input if i]
     if len(ins) != 2 or add.name in ctx.reasons or placement(ctx, add, rule_check=False) is not None:
@@ -147,6 +153,15 @@ def _sole_add(ctx: Lowerer, q: QTensor) -> tuple[onnx.NodeProto, bool, str, str]
     first = ctx.graph.producers[ins[0]].input[0] == q.name
     other = ins[1] if first else ins[0]
     return add, first, other, ctx.graph.producers[other].input[0]
+
+
+def _graph_output(ctx: Lowerer, name: str) -> bool:
+    """Whether quantised tensor `name`, its float source or its dequantised value is a graph output."""
+    g = ctx.graph
+    q = g.producers.get(name)
+    if name in g.outputs or (q is not None and q.input[0] in g.outputs):
+        return True
+    return any(o in g.outputs for d in g.consumers.get(name, []) for o in d.output)
 
 
 def residual_add(
@@ -211,7 +226,7 @@ def paired_conv(
         return None
     add, first, other, src = found
     qn = ctx.graph.producers.get(src)
-    if src in ctx.acts or qn is None or qn.op_type != "QuantizeLinear" or src in ctx.graph.outputs:
+    if src in ctx.acts or qn is None or qn.op_type != "QuantizeLinear" or _graph_output(ctx, src):
         return None
     m = ctx.graph.producers.get(qn.input[0])
     if m is None or m.op_type != "Conv" or not m.name or m.name in ctx.reasons or m.name in ctx.fused:
@@ -238,21 +253,41 @@ def paired_conv(
 
 def _pair_plan(ctx: Lowerer, n: onnx.NodeProto, pair, x, w, bias, s_w, yq: QTensor, lo: int):
     """The tiling of convolution `n` with the second of `pair` (`paired_conv`) beside it:
-    `conv_program`'s plan, dry (nothing emitted, placed or allocated); None when none fits."""
+    `conv_program`'s plan, dry (nothing emitted, placed or allocated); None when none fits, or when
+    the planner's estimate for the two apart (the first alone, the second adding the first's
+    stored result as a residual) is lower, with one band of each: the estimate is each operator's
+    busiest unit over its bands, and apart the first's last band drains and the second's first
+    fills at the boundary between them, which the pair does not have."""
     a, where, stored = node_attrs(n), ctx.where(n), pair[0][2]
     y = Act(stored, 0, ctx.default_layout(stored))
-    rq = channel_requant(x.q, s_w, yq, where, lo)
-    second, rq = _second_conv(ctx, pair[1], x, w.shape[0], y.layout.cp, rq)
-    plan_cfg = per_column_table(ctx.cfg, rq["mult"], rq["shift"])[0]
+    own = channel_requant(x.q, s_w, yq, where, lo)
+    second, rq = _second_conv(ctx, pair[1], x, w.shape[0], y.layout.cp, own)
+    plan_cfg, table = per_column_table(ctx.cfg, rq["mult"], rq["shift"])[:2]
+    if table is None and per_column_table(ctx.cfg, own["mult"], own["shift"])[1] is not None:
+        return None  # the joint table does not fit where the first's alone does: a VMAP a column
     geo = geometry(x, y, w.shape[2:], a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0]), where,
                    a.get("dilations", [1, 1]))  # fmt: skip
-    post = OutputPass(None, None, 0, False, "", lut=False, residual=pair[0][1])
-    try:
-        return conv_program(ProgramBuilder(plan_cfg), plan_cfg, x, y, w, bias, a.get("group", 1), geo, rq,
+
+    def plan(weights, bias_, rq_, post, second_=None):
+        cfg = per_column_table(ctx.cfg, rq_["mult"], rq_["shift"])[0]
+        return conv_program(ProgramBuilder(cfg), cfg, x, y, weights, bias_, a.get("group", 1), geo, rq_,
                             lambda *_: 0, where, ctx.step, ctx.max_live, post, narrow=ctx.narrow_depthwise,
-                            fold=ctx.im2col, second=second, dry=True)["planned"]  # fmt: skip
+                            fold=ctx.im2col, second=second_, dry=True)["planned"]  # fmt: skip
+
+    residual = OutputPass(None, None, 0, False, "", lut=False, residual=pair[0][1])
+    try:
+        planned = plan(w, bias, rq, residual, second)
     except CompileError:
         return None
+    if not PAIR_BY_ESTIMATE:
+        return planned
+    try:  # apart: the second's residual tile is loaded from the first's result in DRAM
+        loaded = replace(residual, residual=replace(pair[0][1], addr=0))
+        sides = [plan(w, bias, own, None), plan(second.weights, second.bias, second.rq, loaded)]
+    except CompileError:
+        return planned
+    apart = sum(p.est_cycles + p.est_cycles // p.bands(geo, y.layout.cp) for p, _ in sides)
+    return planned if planned[0].est_cycles <= apart else None
 
 
 def _second_conv(

@@ -4,9 +4,12 @@ compiler/spatial.py `SecondConv`): each band's input is loaded once, the second'
 requantised on chip and the Add is the output pass's VADD, so neither result goes through DRAM.
 Bit for bit the program that runs them apart, exact against onnxruntime's QDQ model."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
+from npu.compiler import spatial
 from npu.compiler.ops import conv as conv_ops
 from npu.models.builder import Net
 from npu.sim.golden.runner import timing_run
@@ -17,10 +20,14 @@ from tests.compiler.test_operators import calib_for
 def _net(kind: str) -> tuple[Net, object]:
     """A float model whose convolutions int16 weights split (`kind`: "plain" 3 x 3; "depthwise";
     "strided": a 3-channel stride-2 input convolution, whose taps fold into k; "relu": a Relu after
-    the layer, folded into the Add)."""
+    the layer, folded into the Add; "wide" and "wide-depthwise": 64 channels at 16 x 16, whose two
+    weight blocks `ulx3s` splits into several output tiles)."""
     if kind == "strided":
         net = Net("pair", (1, 3, 20, 20), seed=4)
         y = net.conv(net.input, 8, 3, stride=2, pad=1, relu=False)
+    elif kind.startswith("wide"):
+        net = Net("pair", (1, 64, 16, 16), seed=4)
+        y = net.conv(net.input, 64, 3, pad=1, groups=64 if kind == "wide-depthwise" else 1, relu=False)
     else:
         net = Net("pair", (1, 16, 12, 12), seed=4)
         groups = 16 if kind == "depthwise" else 1
@@ -46,6 +53,8 @@ def _dram_bytes(cm, config: str) -> int:
         ("strided", "ulx3s", "int16"),
         ("relu", "banked", "int8"),
         ("plain", "tiny", "int8"),
+        ("wide", "ulx3s", "int16"),
+        ("wide-depthwise", "ulx3s", "int16"),
     ],
 )
 def test_an_int16_weight_layer_runs_as_one_operator(tmp_path, monkeypatch, kind, config, activations):
@@ -57,6 +66,9 @@ def test_an_int16_weight_layer_runs_as_one_operator(tmp_path, monkeypatch, kind,
     # both convolutions split; each pair one operator: its second layer and its Add are views
     assert len(_paired(cm)) == 2, [(la.node, la.op, la.placement) for la in cm.lowered.layers]
     assert not any(la.op == "Add" and la.placement != "view" for la in cm.lowered.layers)
+    if kind.startswith("wide"):  # the pair's operator is tiled: several output tiles or input chunks
+        split = next(la.split for la in cm.lowered.layers if la.op == "Conv" and la.placement == "npu")
+        assert "beside it" in split and ("channel x" in split or "height x" in split), split
     compare_int8(cm, x)
     monkeypatch.setattr(conv_ops, "paired_conv", lambda *_a: None)
     apart = compile_model(tmp_path, model, config, calib, name="apart", **opts)
@@ -64,6 +76,27 @@ def test_an_int16_weight_layer_runs_as_one_operator(tmp_path, monkeypatch, kind,
     for a, b in zip(cm.run_int8(x), apart.run_int8(x), strict=True):
         assert np.array_equal(a, b)
     assert _dram_bytes(cm, config) < _dram_bytes(apart, config)
+
+
+def test_a_pair_the_planner_estimates_slower_runs_apart(tmp_path, monkeypatch):
+    """The pair is taken only where the planner's estimate for it is at most the two apart (plus the
+    band each drains or fills at their boundary): with the pair's estimate made ten times worse,
+    both layers run apart, exact."""
+    net, model = _net("plain")
+    calib = calib_for(net.shapes[net.input])
+    real = spatial.plan_conv
+
+    def slower_pairs(*args, **kw):
+        p = real(*args, **kw)
+        return dataclasses.replace(p, est_cycles=10 * p.est_cycles) if kw.get("pair") else p
+
+    monkeypatch.setattr(spatial, "plan_conv", slower_pairs)
+    cm = compile_model(tmp_path, model, "default", calib, weight_precision="int16", accuracy_check=False)
+    assert not _paired(cm)
+    compare_int8(cm, calib[:1])
+    monkeypatch.setattr(conv_ops, "PAIR_BY_ESTIMATE", False)  # the guard off: the pairs again
+    assert len(_paired(compile_model(tmp_path, model, "default", calib, name="on", weight_precision="int16",
+                                     accuracy_check=False))) == 2  # fmt: skip
 
 
 def test_a_pair_that_does_not_fit_side_by_side_runs_apart(tmp_path, monkeypatch):
@@ -75,6 +108,19 @@ def test_a_pair_that_does_not_fit_side_by_side_runs_apart(tmp_path, monkeypatch)
     cm = compile_model(tmp_path, model, "default", calib, weight_precision="int16", accuracy_check=False)
     assert not _paired(cm)
     assert not any(la.op == "Add" and la.placement != "view" for la in cm.lowered.layers)  # residuals
+    compare_int8(cm, calib[:1])
+
+
+def test_a_result_that_is_also_a_graph_output_is_stored(tmp_path):
+    """The first convolution's result is a graph output too: it must be stored as it is, so the two
+    run apart (the second adds it as a residual); every output exact."""
+    net = Net("out", (1, 8, 8, 8), seed=6)
+    a = net.conv(net.input, 8, 3, pad=1, relu=False)
+    b = net.conv(net.input, 8, 3, pad=1, relu=False)
+    model = net.model([net.add(a, b), a])
+    calib = calib_for(net.shapes[net.input])
+    cm = compile_model(tmp_path, model, "default", calib, name="out")
+    assert not _paired(cm)
     compare_int8(cm, calib[:1])
 
 
