@@ -54,9 +54,7 @@ def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         raise CompileError(
             f"{where}: weights {w.shape} do not match {x.q.shape[1]} channels, {groups} groups"
         )
-    bias = ctx.bias(n, 2, cout, x, s_w) - x.q.zero_point * w.astype(np.int64).sum(axis=(1, 2, 3))
-    if np.abs(bias).max(initial=0) >= 2**31:
-        raise CompileError(f"{where}: folded bias overflows int32")
+    bias = _folded_bias(ctx, n, x, w, s_w)
     post = second = planned = None
     if ctx.wide_output(n.output[0]):  # the accumulators themselves are the result (compiler/outputs.py)
         shape = ctx.shape(n.output[0], n)
@@ -79,8 +77,8 @@ def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         # or the Add of it and a second convolution of the input (the int16 weights' two layers):
         # that one computed beside it, band by band, as the Add's other operand
         pair = paired_conv(ctx, n, stored) if post is None else None
-        planned = _pair_plan(ctx, n, pair, x, w, bias, s_w, yq, lo) if pair is not None else None
-        if planned is None:
+        taken = _pair_plan(ctx, n, pair, x, w, bias, s_w, yq, lo) if pair is not None else None
+        if taken is None:
             pair = None  # the two do not fit beside each other: the second stores its result
         res = pair[0] if pair is not None else residual_add(ctx, stored) if post is None else None
         if res is not None:
@@ -89,9 +87,10 @@ def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
             ctx.fused[add.name] = n.name
             deps = [*n.input, other] if pair is None else list(n.input)
         y = ctx.place(stored, f"{where} output")
-        rq = channel_requant(x.q, s_w, yq, where, lo)
-        if pair is not None:
-            second, rq = _second_conv(ctx, pair[1], x, cout, y.layout.cp, rq)
+        if pair is None:
+            rq = channel_requant(x.q, s_w, yq, where, lo)
+        else:  # as planned dry (its output's layout is the placed one's)
+            planned, second, rq = taken
             ctx.fused[pair[1].name] = n.name
             ctx.fused_by[pair[1].name] = n.output[0]
             _mark_relu(ctx, add)
@@ -140,7 +139,7 @@ def _sole_add(ctx: Lowerer, q: QTensor) -> tuple[onnx.NodeProto, bool, str, str]
     readers = ctx._lut_readers.get(q.name, [])
     if len(readers) != 1 or readers[0].op_type not in ("Add", "Sum") or not readers[0].name:
         return None
-    if _graph_output(ctx, q.name):  # it must be stored as it is
+    if lut.graph_output(ctx, q.name):  # it must be stored as it is
         return None
     add = readers[0]
     ins = [i for i in add.input if i]
@@ -153,15 +152,6 @@ def _sole_add(ctx: Lowerer, q: QTensor) -> tuple[onnx.NodeProto, bool, str, str]
     first = ctx.graph.producers[ins[0]].input[0] == q.name
     other = ins[1] if first else ins[0]
     return add, first, other, ctx.graph.producers[other].input[0]
-
-
-def _graph_output(ctx: Lowerer, name: str) -> bool:
-    """Whether quantised tensor `name`, its float source or its dequantised value is a graph output."""
-    g = ctx.graph
-    q = g.producers.get(name)
-    if name in g.outputs or (q is not None and q.input[0] in g.outputs):
-        return True
-    return any(o in g.outputs for d in g.consumers.get(name, []) for o in d.output)
 
 
 def residual_add(
@@ -226,7 +216,7 @@ def paired_conv(
         return None
     add, first, other, src = found
     qn = ctx.graph.producers.get(src)
-    if src in ctx.acts or qn is None or qn.op_type != "QuantizeLinear" or _graph_output(ctx, src):
+    if src in ctx.acts or qn is None or qn.op_type != "QuantizeLinear" or lut.graph_output(ctx, src):
         return None
     m = ctx.graph.producers.get(qn.input[0])
     if m is None or m.op_type != "Conv" or not m.name or m.name in ctx.reasons or m.name in ctx.fused:
@@ -252,8 +242,9 @@ def paired_conv(
 
 
 def _pair_plan(ctx: Lowerer, n: onnx.NodeProto, pair, x, w, bias, s_w, yq: QTensor, lo: int):
-    """The tiling of convolution `n` with the second of `pair` (`paired_conv`) beside it:
-    `conv_program`'s plan, dry (nothing emitted, placed or allocated); None when none fits, or when
+    """The tiling of convolution `n` with the second of `pair` (`paired_conv`) beside it, the second
+    (`_second_conv`) and the joint requantisation: `conv_program`'s plan, dry (nothing emitted,
+    placed or allocated), which the lowering takes as it is; None when none fits, or when
     the planner's estimate for the two apart (the first alone, the second adding the first's
     stored result as a residual) is lower, with one band of each: the estimate is each operator's
     busiest unit over its bands, and apart the first's last band drains and the second's first
@@ -280,14 +271,22 @@ def _pair_plan(ctx: Lowerer, n: onnx.NodeProto, pair, x, w, bias, s_w, yq: QTens
     except CompileError:
         return None
     if not PAIR_BY_ESTIMATE:
-        return planned
+        return planned, second, rq
     try:  # apart: the second's residual tile is loaded from the first's result in DRAM
         loaded = replace(residual, residual=replace(pair[0][1], addr=0))
         sides = [plan(w, bias, own, None), plan(second.weights, second.bias, second.rq, loaded)]
     except CompileError:
-        return planned
+        return planned, second, rq
     apart = sum(p.est_cycles + p.est_cycles // p.bands(geo, y.layout.cp) for p, _ in sides)
-    return planned if planned[0].est_cycles <= apart else None
+    return (planned, second, rq) if planned[0].est_cycles <= apart else None
+
+
+def _folded_bias(ctx: Lowerer, n: onnx.NodeProto, x, w: np.ndarray, s_w) -> np.ndarray:
+    """Convolution `n`'s int32 bias with its input's zero point folded in (checked to fit)."""
+    bias = ctx.bias(n, 2, w.shape[0], x, s_w) - x.q.zero_point * w.astype(np.int64).sum(axis=(1, 2, 3))
+    if np.abs(bias).max(initial=0) >= 2**31:
+        raise CompileError(f"{ctx.where(n)}: folded bias overflows int32")
+    return bias
 
 
 def _second_conv(
@@ -296,12 +295,9 @@ def _second_conv(
     """Convolution `m` as the `SecondConv` of a pair (`paired_conv`), and the first's requantisation
     `rq` with per-channel pairs for both: the first's `cpy` columns (its padding taking its last
     pair), then the second's."""
-    where = ctx.where(m)
     w, s_w = ctx.weights(m.input[1], m)
-    bias = ctx.bias(m, 2, cout, x, s_w) - x.q.zero_point * w.astype(np.int64).sum(axis=(1, 2, 3))
-    if np.abs(bias).max(initial=0) >= 2**31:
-        raise CompileError(f"{where}: folded bias overflows int32")
-    rq2 = channel_requant(x.q, s_w, ctx.q_out(m.output[0], m), where)
+    bias = _folded_bias(ctx, m, x, w, s_w)
+    rq2 = channel_requant(x.q, s_w, ctx.q_out(m.output[0], m), ctx.where(m))
 
     def cols(r: dict, key: str, n: int) -> np.ndarray:
         v = np.broadcast_to(np.asarray(r[key], np.int64), (cout,))

@@ -274,18 +274,27 @@ def is_absorbed(ctx: Lowerer, n: onnx.NodeProto) -> bool:
     return (n.name or (n.output[0] if n.output else "")) in ctx._lut_absorbed
 
 
+def graph_output(ctx: Lowerer, name: str) -> bool:
+    """Whether quantised tensor `name`, its float source or its dequantised value is a graph output
+    (such a tensor has to be stored as it is)."""
+    g = ctx.graph
+    q = g.producers.get(name)
+    if name in g.outputs or (q is not None and q.input[0] in g.outputs):
+        return True
+    return any(o in g.outputs for d in g.consumers.get(name, []) for o in d.output)
+
+
 def sole_reader(ctx: Lowerer, name: str) -> onnx.NodeProto | None:
     """The table function that alone reads what a node makes as `name` (through its
     QuantizeLinear), of the same element type, where the producer may compute it on each output
     tile (`output_pass`) instead of a pass of its own over DRAM; None otherwise. A table function
     reads its source (the nodes between are absorbed); a tensor that is a graph output, or read by
     anything else, has to be stored as it is."""
-    g = ctx.graph
-    cs = g.consumers.get(name, [])
-    if len(cs) != 1 or cs[0].op_type != "QuantizeLinear" or name in g.outputs:
+    cs = ctx.graph.consumers.get(name, [])
+    if len(cs) != 1 or cs[0].op_type != "QuantizeLinear":
         return None
     src = cs[0].output[0]
-    if src in g.outputs or any(o in g.outputs for d in g.consumers.get(src, []) for o in d.output):
+    if graph_output(ctx, src):
         return None
     luts = plan(ctx)
     readers = ctx._lut_readers.get(src, [])
