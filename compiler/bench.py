@@ -4,6 +4,7 @@ model, and how long the search takes with and without the key-node partition."""
 from __future__ import annotations
 
 import sys
+from functools import partial
 
 import numpy as np
 
@@ -15,7 +16,7 @@ from .cleanup import cleanup
 from .compile import CompiledModel
 from .graph import CompileError
 from .lower import lower
-from .order import search_order
+from .order import search_order, whole_program
 from .quantize import quantize_float_model
 
 BRANCHY = ("resnet_small", "inception_small", "perception")
@@ -53,8 +54,9 @@ def bench_order(cfg: NpuConfig, names: list[str] | None = None, timeout_s: float
         batch = z.model.graph.input[0].type.tensor_type.shape.dim[0].dim_value
         x = z.test[:batch]
         measured = {}
+        searched = whole_program(part, len(low.frags), partial(assemble, low))
         for label, order in (("default", None), ("searched", part.order)):
-            lo = assemble(low, order)
+            lo = assemble(low, None) if order is None else searched
             cm = CompiledModel(cfg, lo, round_up(lo.dram_end, 4096), qdq, name)
             measured[label] = _measured_cycles(cm, x)
         rows.append(

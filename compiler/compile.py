@@ -31,7 +31,7 @@ from .load import is_qdq, load
 from .lower import VIRTUAL_DRAM, DramFull, Lowering, lower
 from .ops.registry import is_fused
 from .options import CompileOptions
-from .order import SearchResult, search_order
+from .order import SearchResult, search_order, whole_program
 from .outputs import clamped_by_quantisation, keep_output_precision
 from .placement import Placement, layer_macs, matrix_steps, placement
 from .points import PointPolicy
@@ -148,6 +148,11 @@ class CompiledModel:
             f"subgraphs (cut at key nodes, large ones into runs), predicted gain {r.predicted_gain} cycles"
             + (" (time budget reached: later subgraphs keep the ONNX order)" if r.timed_out else "")
         ]
+        if r.whole is not None:
+            lines.append(
+                f"  whole program: {r.whole[0]:,} cycles in the searched order, {r.whole[1]:,} in the ONNX "
+                f"order: {'ONNX order kept' if r.kept_onnx else 'searched order taken'}"
+            )
         for i, s in enumerate(r.subgraphs):
             names = [self.lowered.layers[self.lowered.order.index(v)].node for v in s.order]
             lines.append(
@@ -784,16 +789,15 @@ def _assembled(
         else None
     )
     stage("assembling programs and placing cancellation points" if timed else "assembling (values only)")
-    low = assemble(
-        lowering,
-        search.order if search else None,
-        policy,
-        opts.granularity,
-        opts.resolved_dram_plan,
-        opts.step_cycles,
-        timed,
-        reuse,
-    )
+
+    def build(order: list[int] | None) -> Lowered:
+        args = (opts.granularity, opts.resolved_dram_plan, opts.step_cycles, timed)
+        return assemble(lowering, order, policy, *args, reuse)
+
+    if search is None:
+        low = build(None)
+    else:
+        low = whole_program(search, len(lowering.frags), build)
     base = round_up(low.dram_end, 4096)
     if base + len(low.program) * 32 > cfg.dram_bytes:
         dp = low.dram_plan

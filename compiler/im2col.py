@@ -53,7 +53,8 @@ def folded_input(cfg: NpuConfig, ca: int, x: Act, g: Geometry) -> tuple[Act, Geo
     channels, the pitch lane-aligned; its bytes are gathered, `gather_band`) and its 1 x 1 stride-1
     geometry."""
     kv = g.kh * g.kw * x.layout.cp
-    lay = Layout.hwc((g.n, kv, g.oh, g.ow), ca, cp=bank_stride(cfg, round_up(kv, ca), ca), elem=x.layout.elem)
+    e = x.layout.elem
+    lay = Layout.hwc((g.n, kv, g.oh, g.ow), ca, cp=bank_stride(cfg, round_up(kv, ca), ca, elem=e), elem=e)
     gv = replace(g, h=g.oh, w=g.ow, kh=1, kw=1, sh=1, sw=1, pt=0, pl=0, pb=0, pr=0, dh=1, dw=1)
     return replace(x, layout=lay), gv
 

@@ -346,7 +346,7 @@ class Lowerer:
         """How a quantised tensor is laid out unless its producer says otherwise: HWC for 4-D (the
         channel pitch lane-aligned, and off the banks' period), dense otherwise."""
         if len(q.shape) == 4:
-            cp = bank_stride(self.cfg, round_up(q.shape[1], self.ca), self.ca)
+            cp = bank_stride(self.cfg, round_up(q.shape[1], self.ca), self.ca, elem=q.elem)
             return Layout.hwc(q.shape, self.ca, cp=cp, elem=q.elem)
         return Layout.dense(q.shape, q.elem)
 
@@ -355,7 +355,7 @@ class Lowerer:
         one scale per column or channel, compiler/outputs.py), read by host steps and as a graph
         output under `name`."""
         if len(shape) == 4:
-            cp = bank_stride(self.cfg, round_up(shape[1], self.ca), self.ca)
+            cp = bank_stride(self.cfg, round_up(shape[1], self.ca), self.ca, elem=4)
             lay = Layout.hwc(shape, self.ca, cp=cp, elem=4)
         else:
             lay = Layout.dense(shape, elem=4)

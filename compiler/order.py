@@ -14,7 +14,10 @@ program builder lets them overlap where their data do not conflict). The search:
    alone, timing only); a best order is taken only where it saves `MIN_GAIN` of its subgraph's
    cycles, above the cost model's error;
 4. links the best orders in subgraph sequence (subgraphs run one after another, so each can be
-   optimised alone).
+   optimised alone);
+5. keeps the linked order only where the whole program in it is no slower than in the ONNX order
+   (`whole_program`): each subgraph was timed alone, without what its neighbours and the
+   cancellation points do at its ends.
 
 With `objective="memory"` the cost is the peak of live activation bytes instead (as Serenity,
 MLSys 2020, schedules for memory): each subgraph's candidate orders are those above plus the order
@@ -28,16 +31,17 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from itertools import islice
 
 from npu.arith import round_up
+from npu.container import NpuSegment
 from npu.program import ProgramBuilder
 from npu.sim.golden.model import BUSY_COUNTERS, NpuModel
 from npu.sim.golden.runner import timing_run
 
-from .assemble import _estimate
+from .assemble import Lowered, _estimate
 from .dram import LiveMemory
 from .lower import VIRTUAL_DRAM, Lowering
 from .options import OBJECTIVES
@@ -201,6 +205,13 @@ class SearchResult:
     search_s: float = 0.0
     timed_out: bool = False
     objective: str = "cycles"
+    #: (the whole program's cycles in the searched order, in the ONNX order) where the two differ
+    #: and both were timed (`whole_program`); the ONNX order is kept where it is faster
+    whole: tuple[int, int] | None = None
+
+    @property
+    def kept_onnx(self) -> bool:
+        return self.whole is not None and self.whole[1] < self.whole[0]
 
     @property
     def peak(self) -> int:
@@ -279,6 +290,29 @@ def search_order(
             parity += sum(low.frags[v].kind == "npu" for v in part)
     res.search_s = time.perf_counter() - t0
     return res
+
+
+def whole_program(
+    search: SearchResult, operators: int, build: Callable[[list[int] | None], Lowered]
+) -> Lowered:
+    """The program `build(order)` assembles in the searched order, or in the ONNX order (None) where
+    the order search changed it and the whole program is faster so (golden-model cycles of its NPU
+    segments); `search.whole` records both, and a kept ONNX order becomes `search.order`. The memory
+    objective's order is taken as it is (its peak is the point, not its cycles)."""
+    onnx = list(range(operators))
+    low = build(search.order)
+    if search.objective != "cycles" or search.order == onnx:
+        return low
+    first = build(None)
+    search.whole = (_npu_cycles(low), _npu_cycles(first))
+    if search.kept_onnx:
+        search.order = onnx
+        return first
+    return low
+
+
+def _npu_cycles(low: Lowered) -> int:
+    return sum(s.est_cycles or 0 for s in low.segments if isinstance(s, NpuSegment))
 
 
 def _claims(low: Lowering, groups: list[list[int]], deps: list[set[int]]) -> list[int]:

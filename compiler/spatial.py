@@ -30,7 +30,7 @@ from npu.compiler.programs import bias_matmul_cycles as _bias_matmul_cycles
 from npu.config import ACC_BASE, NpuConfig
 from npu.isa import INSTR_BYTES, LUT_BYTES
 from npu.program import ProgramBuilder
-from npu.timing import a_step_bytes, bank_stride, dram_cycles
+from npu.timing import a_pitch, a_step_bytes, bank_stride, dram_cycles
 
 from . import bias as biasmm
 from . import im2col
@@ -129,21 +129,24 @@ def _load_band(
     col0: int = 0,
     c0: int = 0,
     cl: int = 0,
+    pitch: int = 0,
 ) -> None:
     """Padded input rows for output rows [y0, y0 + rows_out) of frame n at `buf`: all channels, or
     with `cl` the slice of channels [c0, c0 + cl) (a pixel `cl` elements wide on chip: one DMA row
     per pixel, an input row per LOAD, its border pixels as pad rows); `g` may be a strip of the
-    tensor's width starting at input column `col0` (Geometry.strip). `fill`: the padding's int8
-    value, or for an int16 tensor its high byte (0, or -128 for -32768)."""
+    tensor's width starting at input column `col0` (Geometry.strip). `pitch`: elements of a pixel
+    on chip when more than it holds (`a_pitch`; loaded a DMA row a pixel too). `fill`: the padding's
+    int8 value, or for an int16 tensor its high byte (0, or -128 for -32768)."""
     e = x.layout.elem
     cp = x.layout.cp * e  # bytes of a pixel
     width = x.layout.nchw[3]  # the tensor's row, of which the band reads g.w columns
     top = y0 * g.sh - g.pt  # first input row (may be negative: padding)
     bottom = top + g.in_rows(rows_out)
     pad16 = int(e == 2 and fill != 0)
-    if cl and cl * e < cp:
-        px = cl * e  # bytes of a pixel on chip
-        row = g.wp * px
+    cl = cl or x.layout.cp
+    if cl * e < cp or pitch * e > cp:
+        px = cl * e  # bytes of a pixel's data
+        row = g.wp * max(pitch * e, px)  # bytes of a band row on chip
         i = 0
         while i < bottom - top:
             h = top + i
@@ -154,7 +157,7 @@ def _load_band(
                     dram=x.addr + ((n * g.h + h) * width + col0) * cp + c0 * e,
                     rows=g.w,
                     cols=px,
-                    spad_stride=px,
+                    spad_stride=row // g.wp,
                     dram_stride=cp,
                     pad_top=g.pl,
                     pad_bottom=g.wp - g.w - g.pl,
@@ -225,10 +228,6 @@ class ConvTile:
     # per chunk: the channels [0, k) of it that some output reads - its MATMULs' k (past them the
     # pitch's padding channels, zero weights: steps that add nothing)
     k: list[int] = field(default_factory=list)
-
-    def pitch(self, cpx: int, windowed: bool) -> int:
-        """Elements of an input pixel in the band: the window's (windowed band) or the tensor's."""
-        return self.wlen if windowed else cpx
 
     def base(self, windowed: bool) -> int:
         """Element offset of the window's first channel in a band pixel."""
@@ -383,7 +382,8 @@ def plan_conv(
         n_co = cdiv(cout_p, co_t)
         win = win_of(co_t)
         windowed = win < full
-        px = win * ex  # bytes of a band pixel on chip (the whole pixel unless windowed)
+        # bytes of a band pixel on chip (the whole pixel unless windowed; its pitch off the banks' period)
+        px = a_pitch(cfg, win, ex, 1 if band_mode else g.sw) * ex
         ci_opts = sorted({max(ca, round_up(cdiv(win, d), ca)) for d in (1, 2, 3, 4, 6, 8, 16, 32, 64, 128)})
         for ci_t in ci_opts:
             n_ci = cdiv(win, ci_t)
@@ -397,24 +397,20 @@ def plan_conv(
             else:
                 room = cfg.spad_bytes - wbufs * wbytes
             room -= post_fixed
-            rows = 0
-            lo, hi = 1, g.oh
-            while lo <= hi:  # largest band that fits (sizes grow with rows)
-                r = (lo + hi) // 2
+            def fits(r: int, tiling=(n_ci, n_mm, ci_t, px, co_t, room)) -> bool:
+                n_ci, n_mm, ci_t, px, co_t, room = tiling
                 m = _conv_m(g, r, band_mode)
                 steps = _chunk_steps(cfg, m, n_mm, ci_t, ex, narrow)[0]
                 band_t = sets * n_ci * taps * (cfg.matrix_latency + steps)
-                fits = (
+                return (
                     2 * (g.in_rows(r) * g.wp * px + m * co_t * ey) + m * co_t * post_elem <= room
                     and (1 + sets) * m * acc_row_stride(cfg, co_t) <= cfg.acc_bytes
                     and m <= 0xFFFF
                     # with a cancellation interval, one band must not take longer than it
                     and (not max_step or r == 1 or band_t <= max_step)
                 )
-                if fits:
-                    rows, lo = r, r + 1
-                else:
-                    hi = r - 1
+
+            rows = _even_band(g.oh, fits)
             if rows == 0:
                 continue
             bands = cdiv(g.oh, rows) * g.n
@@ -424,7 +420,7 @@ def plan_conv(
             matrix = n_co * bands * (mm_per_band * cfg.matrix_latency + sets * n_ci * taps * steps)
             w_bytes = sets * (n_co * taps * win * co_t) * (bands if n_ci > 1 else 1)
             band_loads, in_beats, band_rows = _band_dma(
-                cfg, g, rows, bands, n_co, px, windowed, whole_width, max_step, max_live, gather
+                cfg, g, rows, bands, n_co, (px, win * ex), windowed, whole_width, max_step, max_live, gather
             )
             loads = n_ci + band_loads
             w_rows = sets * n_co * n_ci * co_t * (bands if n_ci > 1 else 1)
@@ -478,6 +474,19 @@ def plan_conv(
     return best[1]
 
 
+def _even_band(oh: int, fits: Callable[[int], bool]) -> int:
+    """Output rows of a band: as many bands as the tallest that `fits` makes (its sizes grow with
+    the rows), of even heights - no short last band; 0 when not one row fits."""
+    rows, lo, hi = 0, 1, oh
+    while lo <= hi:
+        r = (lo + hi) // 2
+        if fits(r):
+            rows, lo = r, r + 1
+        else:
+            hi = r - 1
+    return cdiv(oh, cdiv(oh, rows)) if rows else 0
+
+
 def fold_pays(
     cfg: NpuConfig, x: Act, x_fold: Act, cpy: int, ey: int, g: Geometry, where: str, max_step: int = 0,
     max_live: int = 0,
@@ -506,18 +515,22 @@ def fold_pays(
 
 
 def _band_dma(
-    cfg: NpuConfig, g: Geometry, rows: int, bands: int, n_co: int, px: int, windowed: bool, whole_width: bool,
-    max_step: int, max_live: int, gather,
+    cfg: NpuConfig, g: Geometry, rows: int, bands: int, n_co: int, px: tuple[int, int], windowed: bool,
+    whole_width: bool, max_step: int, max_live: int, gather,
 ) -> tuple[int, int, int]:  # fmt: skip
     """(LOADs a band, bus words and DMA rows in all) of a convolution's input bands of `rows` output
-    rows (`px` bytes a band pixel): a windowed band is a LOAD an input row, a DMA row a pixel; a
-    gathered one (`gather`, compiler/im2col.py) its own; else a LOAD a band, a DMA row an input row,
-    loaded once for all output tiles where one band holds the input (`keeps_one_band`)."""
-    if windowed:
-        return 1 + g.in_rows(rows), n_co * bands * g.in_rows(rows) * g.w * cdiv(px, cfg.bus_bytes), (
-            n_co * bands * g.in_rows(rows) * g.w
-        )  # fmt: skip
+    rows (`px`: a band pixel's pitch and data bytes): a windowed band is a LOAD an input row, a DMA
+    row a pixel, as is one whose pitch on chip is wider than its data; a gathered one (`gather`,
+    compiler/im2col.py) its own; else a LOAD a band, a DMA row an input row, loaded once for all
+    output tiles where one band holds the input (`keeps_one_band`)."""
+    px, data = px
     in_bytes = g.in_rows(rows) * g.wp * px
+    if windowed or px > data:
+        one = keeps_one_band(whole_width, windowed, bands, n_co, in_bytes, max_step, max_live)
+        reloads = 1 if one else n_co
+        return 1 + g.in_rows(rows), reloads * bands * g.in_rows(rows) * g.w * cdiv(data, cfg.bus_bytes), (
+            reloads * bands * g.in_rows(rows) * g.w
+        )  # fmt: skip
     one = keeps_one_band(whole_width, windowed, bands, n_co, in_bytes, max_step, max_live)
     reloads = 1 if one else n_co
     if gather is not None:
@@ -656,6 +669,8 @@ def conv_program(
         return {"planned": (plan, gp)}
     band_px = win_of(plan.co_t)  # elements of a band's pixel: the widest tile window (else cpx)
     windowed = band_px < cpx  # the bands hold a tile's window of channels only
+    # a band pixel's pitch on chip: off the banks' period for the clusters' A reads (`a_pitch`)
+    bp = a_pitch(cfg, band_px, ex, 1 if plan.band_mode else g.sw)
     strips = [(g, 0, 0)]  # (geometry, first input column, first output column) of each strip
     if plan.cols:
         strips = [g.strip(x0, min(plan.cols, g.ow - x0)) + (x0,) for x0 in range(0, g.ow, plan.cols)]
@@ -668,7 +683,7 @@ def conv_program(
     bias_addr = None if block else const(bias_p.astype("<i4").tobytes(), f"{where} bias")
     bias2_addr = None if block or second is None else const(bias2_p.astype("<i4").tobytes(), f"{where} bias")
     w_bufs, in_bufs, out_bufs, acc_bufs, extra = _conv_buffers(
-        cfg, plan, gp, tiles, taps, band_px, ex, ey, post, len(block), pair=second is not None
+        cfg, plan, gp, tiles, taps, bp, ex, ey, post, len(block), pair=second is not None
     )
     w2 = round_up(_weight_bytes(cfg, plan.co_t, taps * plan.ci_t), cfg.lanes)  # the second's block
     if block:  # the bias's A row and digits, resident for the operator
@@ -683,11 +698,11 @@ def conv_program(
     # one band for every output tile (the whole input, all channels): it is loaded once and read
     # by each tile's MATMULs, instead of again per tile
     one_band = keeps_one_band(len(strips) == 1, windowed, cdiv(g.oh, plan.rows) * g.n, len(tiles),
-                              gp.in_rows(plan.rows) * gp.wp * band_px * ex, max_step, max_live)
+                              gp.in_rows(plan.rows) * gp.wp * bp * ex, max_step, max_live)
     bias_src = (extra[2], digits.shape[1], extra[4]) if block else bias_addr
     # what each band's MATMULs share; the second's bias: after the first's in the block, or its own row
     mm = SimpleNamespace(cfg=cfg, g=g, bm=plan.band_mode, taps=taps, w_bufs=w_bufs, w2=w2, ex=ex, ey=ey,
-                         cpx=cpx, cpy=cpy, windowed=windowed, post=post, res_bufs=extra[3], second=second,
+                         bp=bp, cpy=cpy, windowed=windowed, post=post, res_bufs=extra[3], second=second,
                          bias=bias_src, bias2=(bias_src, cpy) if block else (bias2_addr, 0))  # fmt: skip
     band_loaded = False
     for t, t2 in zip(tiles, tiles2, strict=True):
@@ -707,7 +722,7 @@ def conv_program(
                 k += 1
                 if windowed or not band_loaded:
                     band = (n, y0, rows, x0, col0)
-                    _band_input(b, x, src, gs, t if windowed else None, band, ib, band_px * ex)
+                    _band_input(b, x, src, gs, t if windowed else None, band, ib, bp)
                     band_loaded = one_band and not windowed
                 skip, wb, nw = _band_matmuls(b, mm, t, t2, (n, y0, x0, rows, m), gs, ib, (ab, ab2), k, wb, nw)
                 _conv_output(b, y, rq, g, gs, t, bm, n, y0, x0, rows, m, ab, ob, cpy, ey, c_stride, out_pass,
@@ -722,18 +737,18 @@ def conv_program(
     }
 
 
-def _band_input(b, x: Act, src, gs: Geometry, t, band: tuple, ib: int, px_bytes: int) -> None:
+def _band_input(b, x: Act, src, gs: Geometry, t, band: tuple, ib: int, pitch: int) -> None:
     """A band's input into `ib`: the tile `t`'s window of channels (None: every channel), or gathered
     for a convolution whose taps fold into k (`src`). `band`: (frame, first output row, rows, first
-    output column, first input column); `px_bytes`: a gathered pixel's bytes."""
+    output column, first input column); `pitch`: elements of a band pixel on chip (`a_pitch`)."""
     n, y0, rows, x0, col0 = band
     fill, label = x.q.zero_point if x.layout.elem == 1 else 0, f"input n{n} y{y0} x{x0}"
     if t is not None:
-        _load_band(b, x, gs, n, y0, rows, ib, fill, label, col0, t.win0, t.wlen)
+        _load_band(b, x, gs, n, y0, rows, ib, fill, label, col0, t.win0, t.wlen, pitch)
     elif src is None:
-        _load_band(b, x, gs, n, y0, rows, ib, fill, label, col0)
+        _load_band(b, x, gs, n, y0, rows, ib, fill, label, col0, pitch=pitch)
     else:
-        im2col.gather_band(b, *src, n, y0, rows, x0, gs.ow, ib, px_bytes, fill, label)
+        im2col.gather_band(b, *src, n, y0, rows, x0, gs.ow, ib, pitch * x.layout.elem, fill, label)
 
 
 def _weight_loads(b, cfg: NpuConfig, blocks: list[tuple[int, int]], rows: int, cols: int, label: str) -> None:
@@ -768,7 +783,7 @@ def _band_matmuls(b, s: SimpleNamespace, t, t2, band: tuple, gs: Geometry, ib: i
             nw += 1
             blocks = [(wb, wa)] + ([(wb + s.w2, wa2)] if wa2 is not None else [])
             _weight_loads(b, cfg, blocks, t.co_t, s.taps * cl, f"weights co{t.co0} ci{c0}")
-        px = t.pitch(s.cpx, s.windowed)
+        px = s.bp  # a band pixel's pitch on chip
         # the second's first: its requantisation then runs under the first's MATMULs
         for wbuf, acc in ((wb + s.w2, ab2), (wb, ab)) if second is not None else ((wb, ab),):
             _chunk_matmuls(b, cfg, g, gs, t, s.bm, wbuf, c0, cl, kc, ib, acc, m, rows, px, s.ex, reach,

@@ -5,6 +5,8 @@ The golden model uses these to schedule its pipeline; the compiler uses them as 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from npu.config import ACC_BASE, NpuConfig
@@ -74,14 +76,51 @@ def spad_bank(g: np.ndarray, cfg: NpuConfig, mem: str = "spad") -> np.ndarray:
     return (g // half) * P + (g % half) % P
 
 
-def bank_stride(cfg: NpuConfig, stride: int, unit: int, word: int | None = None) -> int:
-    """A row stride (a multiple of `unit`) that, in a banked configuration, is not a multiple of the
-    banks per region in words (`word` bytes, lanes by default), so a tile's rows fall into different
-    banks: `stride`, or `stride + unit` when it would be. Unchanged without banking."""
+@functools.lru_cache(maxsize=4096)
+def _least_shared(P: int, pitches: tuple[int, ...], readers: int, reads: int = 1) -> int:
+    """Index of the first of `pitches` (lane words) at which `readers` rows read in one step (row i
+    at word i * pitch + s, `reads` consecutive words each) share the `P` banks of a region least,
+    over the steps s of the banks' period (cached: the planners ask it in their inner loops)."""
+    rows = np.arange(readers)[:, None]
+    best = None
+    for j, pitch in enumerate(pitches):
+        words = (rows * pitch + np.arange(reads)).reshape(1, -1)
+        worst = max(int(_most_per_bank((words + s) % P, np.ones(words.shape, bool), P)[0]) for s in range(P))
+        if best is None or worst < best[0]:
+            best = (worst, j)
+    return best[1]
+
+
+def bank_stride(cfg: NpuConfig, stride: int, unit: int, word: int | None = None, elem: int = 1) -> int:
+    """A row stride of `elem`-byte elements (a multiple of `unit` of them) at which, in a banked
+    configuration, the rows a step reads together (the clusters' A rows, the PEs' B^T rows) fall
+    into the most different banks of a region (`word`-byte words, lanes by default): `stride` plus
+    the fewest `unit`s that do. Unchanged without banking, or where no added unit helps (an int16
+    map's channel unit on two banks is an even number of words: see `a_pitch`)."""
     word = word or cfg.lanes
-    if cfg.spad_banked and stride and (stride // word) % (cfg.spad_banks // 2) == 0:
-        return stride + unit
-    return stride
+    if not cfg.spad_banked or not stride:
+        return stride
+    P = cfg.spad_banks // 2
+    readers = max(2, cfg.clusters, cfg.pes_per_cluster)
+    steps = tuple((stride + j * unit) * elem // word for j in range(P))
+    return stride + unit * _least_shared(P, steps, readers)
+
+
+def a_pitch(cfg: NpuConfig, elems: int, ex: int, stride: int = 1) -> int:
+    """Elements of an input pixel on chip (`elems` of them hold data, `ex` bytes each) for MATMULs
+    whose A rows are pixels `stride` apart: `elems`, or on a banked scratchpad with several clusters
+    that plus the fewest lane words that put the clusters' A reads of a step into the most
+    different banks (cluster i reads row i of a tile, word i * pitch + s at k step s; two words
+    with `a16_full_rate` and int16). An int16 map's channel unit is two lane words, so on two banks
+    its pitch in DRAM cannot be moved off their period (`bank_stride`): on chip it can."""
+    word = cfg.lanes
+    if not cfg.spad_banked or cfg.clusters == 1 or (elems * ex) % word:
+        return elems
+    reads = 2 if cfg.a16_full_rate and ex == 2 else 1
+    base = (elems * ex) // word
+    P = cfg.spad_banks // 2
+    pitches = tuple(stride * (base + j) for j in range(P))
+    return elems + _least_shared(P, pitches, cfg.clusters, reads) * word // ex
 
 
 def _most_per_bank(banks: np.ndarray, valid: np.ndarray, nbanks: int) -> np.ndarray:

@@ -114,7 +114,7 @@ def lower_convtranspose(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> N
     if g is not None:
         _lower_dense(ctx, n, b, x, w, s_w, bias, yq, relu, g)
         return
-    cp = bank_stride(ctx.cfg, round_up(cout, ctx.ca), ctx.ca)
+    cp = bank_stride(ctx.cfg, round_up(cout, ctx.ca), ctx.ca, elem=e)
     y = ctx.place(yq, f"{where} output", Layout.hwc(yq.shape, ctx.ca, cp=cp, elem=e))
     s_cols = np.tile(np.concatenate([s_w, np.full(cp - cout, s_w[0])]), kw)  # column dx * cp + co
     cfg, rq = ctx.per_column(b, channel_requant(x.q, s_cols, yq, where), where)

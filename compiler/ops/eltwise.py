@@ -173,7 +173,7 @@ def lower_concat(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         parts.append((x, width * e, off * e, rescale))
         off += width
     if len(yq.shape) == 4:
-        layout = Layout.hwc(yq.shape, ctx.ca, tuple(chan), bank_stride(ctx.cfg, off, ctx.ca), e)
+        layout = Layout.hwc(yq.shape, ctx.ca, tuple(chan), bank_stride(ctx.cfg, off, ctx.ca, elem=e), e)
         pixels = layout.pixels
     else:
         layout, pixels = Layout.dense(yq.shape, e), yq.shape[0]

@@ -58,7 +58,7 @@ def lower_split(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
     k = 0
     for o, (p0, c) in zip(n.output, _slices(ctx, n), strict=True):
         yq = ctx.q_out(o, n)
-        cpe = bank_stride(ctx.cfg, round_up(c, ctx.ca), ctx.ca)
+        cpe = bank_stride(ctx.cfg, round_up(c, ctx.ca), ctx.ca, elem=e)
         y = ctx.place(yq, f"{where} output {o}", Layout.hwc(yq.shape, ctx.ca, cp=cpe, elem=e))
         cp = cpe * e
         rescale = rescale_params(x.q, yq, where)
