@@ -30,7 +30,7 @@ from npu.compiler.programs import bias_matmul_cycles as _bias_matmul_cycles
 from npu.config import ACC_BASE, NpuConfig
 from npu.isa import INSTR_BYTES, LUT_BYTES
 from npu.program import ProgramBuilder
-from npu.timing import a_pitch, a_step_bytes, bank_stride, dram_cycles
+from npu.timing import a_pitch, a_planes, a_sharing, a_step_bytes, bank_stride, dram_cycles
 
 from . import bias as biasmm
 from . import im2col
@@ -116,6 +116,33 @@ def geometry(x: Act, y: Act, kernel, strides, pads, where: str, dilations=(1, 1)
     return g
 
 
+@dataclass(frozen=True)
+class BandPixels:
+    """How a convolution's band holds its pixels on chip: `pitch` elements apart (`a_pitch`), each
+    row's padded columns in `planes` planes by their remainder mod `planes` (`a_planes`: a strided
+    convolution's MATMULs then read adjacent pixels)."""
+
+    pitch: int
+    planes: int = 1
+    stride: int = 1  # pixels apart on chip of a MATMUL's A rows
+
+    @staticmethod
+    def of(cfg: NpuConfig, g: Geometry, elems: int, ex: int, planes: int, band_mode: bool, pad: bool = True
+           ) -> BandPixels:  # fmt: skip
+        """A band of `elems` elements a pixel (`ex` bytes each), its rows in `planes` planes, at the
+        pitch `a_pitch` gives (`pad`) or at `elems`."""
+        stride = g.sw if planes == 1 and not band_mode else 1
+        return BandPixels(a_pitch(cfg, elems, ex, stride) if pad else elems, planes, stride)
+
+    def row(self, wp: int) -> int:
+        """Pixels a band row of `wp` padded columns takes."""
+        return self.planes * cdiv(wp, self.planes)
+
+    def col(self, j: int, wp: int) -> int:
+        """Where padded column `j` of such a row is, in pixels."""
+        return (j % self.planes) * cdiv(wp, self.planes) + j // self.planes
+
+
 def _load_band(
     b: ProgramBuilder,
     x: Act,
@@ -130,13 +157,15 @@ def _load_band(
     c0: int = 0,
     cl: int = 0,
     pitch: int = 0,
+    planes: int = 1,
 ) -> None:
     """Padded input rows for output rows [y0, y0 + rows_out) of frame n at `buf`: all channels, or
     with `cl` the slice of channels [c0, c0 + cl) (a pixel `cl` elements wide on chip: one DMA row
     per pixel, an input row per LOAD, its border pixels as pad rows); `g` may be a strip of the
     tensor's width starting at input column `col0` (Geometry.strip). `pitch`: elements of a pixel
-    on chip when more than it holds (`a_pitch`; loaded a DMA row a pixel too). `fill`: the padding's
-    int8 value, or for an int16 tensor its high byte (0, or -128 for -32768)."""
+    on chip when more than it holds (`a_pitch`; loaded a DMA row a pixel too); `planes`: each row's
+    columns by their remainder (`BandPixels`), a LOAD a plane. `fill`: the padding's int8 value, or
+    for an int16 tensor its high byte (0, or -128 for -32768)."""
     e = x.layout.elem
     cp = x.layout.cp * e  # bytes of a pixel
     width = x.layout.nchw[3]  # the tensor's row, of which the band reads g.w columns
@@ -144,27 +173,33 @@ def _load_band(
     bottom = top + g.in_rows(rows_out)
     pad16 = int(e == 2 and fill != 0)
     cl = cl or x.layout.cp
-    if cl * e < cp or pitch * e > cp:
+    if cl * e < cp or pitch * e > cp or planes > 1:
         px = cl * e  # bytes of a pixel's data
-        row = g.wp * max(pitch * e, px)  # bytes of a band row on chip
+        step = max(pitch * e, px)  # bytes of a pixel on chip
+        wq = cdiv(g.wp, planes)  # pixels of a plane
+        row = planes * wq * step  # bytes of a band row on chip
         i = 0
         while i < bottom - top:
             h = top + i
             if 0 <= h < g.h:
-                b.add(
-                    "load",
-                    spad=buf + i * row,
-                    dram=x.addr + ((n * g.h + h) * width + col0) * cp + c0 * e,
-                    rows=g.w,
-                    cols=px,
-                    spad_stride=row // g.wp,
-                    dram_stride=cp,
-                    pad_top=g.pl,
-                    pad_bottom=g.wp - g.w - g.pl,
-                    pad_value=fill,
-                    pad_i16=pad16,
-                    label=label,
-                )
+                for q in range(planes):  # plane q: padded columns q, q + planes, ...
+                    lead = cdiv(g.pl - q, planes) if g.pl > q else 0  # its pixels left of the map
+                    j0 = q + lead * planes  # its first column of the map
+                    data = cdiv(g.pl + g.w - j0, planes) if j0 < g.pl + g.w else 0
+                    b.add(
+                        "load",
+                        spad=buf + i * row + q * wq * step,
+                        dram=(x.addr + ((n * g.h + h) * width + col0 + j0 - g.pl) * cp + c0 * e) * (data > 0),
+                        rows=data,
+                        cols=px if data else 0,
+                        spad_stride=step,
+                        dram_stride=planes * cp,
+                        pad_top=lead,
+                        pad_bottom=wq - lead - data,
+                        pad_value=fill,
+                        pad_i16=pad16,
+                        label=label,
+                    )
                 i += 1
                 continue
             # a run of padding rows (above or below the map): one LOAD without data
@@ -244,6 +279,7 @@ class ConvPlan:
     spad_bytes: int
     cols: int = 0  # output columns per strip (width splitting; 0: the whole width)
     bias_mm: bool = False  # the accumulators start as the bias by a MATMUL (compiler/bias.py), not a LOAD
+    pixels: BandPixels | None = None  # how the band holds its pixels on chip
 
     def bands(self, g: Geometry, cout_p: int) -> int:
         """The bands the plan runs (output tiles x frames x row bands x strips)."""
@@ -256,6 +292,8 @@ class ConvPlan:
             parts.append(f"frame x{g.n}")
         if self.co_t < cout_p:
             parts.append(f"out-channel x{cdiv(cout_p, self.co_t)}")
+        if self.pixels is not None and self.pixels.planes > 1:
+            parts.append(f"band columns in {self.pixels.planes} planes")
         if self.ci_t < cin_win:
             parts.append(f"in-channel x{cdiv(cin_win, self.ci_t)}")
         if self.rows < g.oh:
@@ -367,9 +405,8 @@ def plan_conv(
     if g.wp * cpx > 0xFFFF:
         raise CompileError(f"{where}: an input row of {g.wp} x {cpx} bytes exceeds one DMA row (65535)")
     band_mode = g.sh == 1 and g.sw == 1
-    post_elem = post.scratch if post else 0  # scratch bytes an output element's function needs
+    post_elem, post_steps = (post.scratch, post.steps) if post else (0, 0)  # an output element's scratch
     post_fixed = LUT_BYTES + cfg.lanes if post and post.table is not None else 0
-    post_steps = post.steps if post else 0
     residual = post is not None and post.residual is not None and not pair  # its tile: a LOAD a band
     # the bias block's bytes among the activations, and its digits' among the weights: a banked
     # scratchpad keeps the digits in the weights' half, so the A row and they are read from other banks
@@ -378,12 +415,12 @@ def plan_conv(
     best = None
     co_opts = sorted({min(cout_p, co_step * (1 << j)) for j in range(16)} | {cout_p})
     taps = g.kh * g.kw
-    for co_t in co_opts:
+    for co_t, bp in _tilings(cfg, g, co_opts, win_of, ex, band_mode, gather is not None, full):
         n_co = cdiv(cout_p, co_t)
         win = win_of(co_t)
-        windowed = win < full
-        # bytes of a band pixel on chip (the whole pixel unless windowed; its pitch off the banks' period)
-        px = a_pitch(cfg, win, ex, 1 if band_mode else g.sw) * ex
+        windowed, planes = win < full, bp.planes  # the band: the whole pixel unless windowed
+        # its pixel's bytes on chip, the cycles a step takes for the clusters' A reads, a row's pixels
+        px, share, wq = bp.pitch * ex, a_sharing(cfg, bp.pitch, ex, bp.stride), bp.row(g.wp)
         ci_opts = sorted({max(ca, round_up(cdiv(win, d), ca)) for d in (1, 2, 3, 4, 6, 8, 16, 32, 64, 128)})
         for ci_t in ci_opts:
             n_ci = cdiv(win, ci_t)
@@ -397,13 +434,13 @@ def plan_conv(
             else:
                 room = cfg.spad_bytes - wbufs * wbytes
             room -= post_fixed
-            def fits(r: int, tiling=(n_ci, n_mm, ci_t, px, co_t, room)) -> bool:
-                n_ci, n_mm, ci_t, px, co_t, room = tiling
+            def fits(r: int, tiling=(n_ci, n_mm, ci_t, px, co_t, room, wq, share)) -> bool:
+                n_ci, n_mm, ci_t, px, co_t, room, wq, share = tiling
                 m = _conv_m(g, r, band_mode)
-                steps = _chunk_steps(cfg, m, n_mm, ci_t, ex, narrow)[0]
+                steps = _chunk_steps(cfg, m, n_mm, ci_t, ex, narrow)[0] * share
                 band_t = sets * n_ci * taps * (cfg.matrix_latency + steps)
                 return (
-                    2 * (g.in_rows(r) * g.wp * px + m * co_t * ey) + m * co_t * post_elem <= room
+                    2 * (g.in_rows(r) * wq * px + m * co_t * ey) + m * co_t * post_elem <= room
                     and (1 + sets) * m * acc_row_stride(cfg, co_t) <= cfg.acc_bytes
                     and m <= 0xFFFF
                     # with a cancellation interval, one band must not take longer than it
@@ -416,11 +453,13 @@ def plan_conv(
             bands = cdiv(g.oh, rows) * g.n
             m = _conv_m(g, rows, band_mode)
             steps, per_chunk = _chunk_steps(cfg, m, n_mm, ci_t, ex, narrow)
+            steps *= share
             mm_per_band = sets * n_ci * taps * (1 if band_mode else rows) * per_chunk
             matrix = n_co * bands * (mm_per_band * cfg.matrix_latency + sets * n_ci * taps * steps)
             w_bytes = sets * (n_co * taps * win * co_t) * (bands if n_ci > 1 else 1)
             band_loads, in_beats, band_rows = _band_dma(
-                cfg, g, rows, bands, n_co, (px, win * ex), windowed, whole_width, max_step, max_live, gather
+                cfg, g, rows, bands, n_co, (px, win * ex, planes), windowed, whole_width, max_step, max_live,
+                gather,
             )
             loads = n_ci + band_loads
             w_rows = sets * n_co * n_ci * co_t * (bands if n_ci > 1 else 1)
@@ -437,7 +476,7 @@ def plan_conv(
             # the bias: a LOAD of m rows of the tile's int32 per band, or a MATMUL of one k step
             bias_load = sets * n_co * bands * _bias_load_cycles(cfg, m, co_t)
             bias_mm_cycles = sets * n_co * bands * _bias_matmul_cycles(cfg, m, co_t, bias_k)
-            band_bytes = 2 * (g.in_rows(rows) * g.wp * px + m * co_t * ey) + m * co_t * post_elem
+            band_bytes = 2 * (g.in_rows(rows) * wq * px + m * co_t * ey) + m * co_t * post_elem
             # the bias as a MATMUL where its block fits and it takes at most half the LOAD's
             # cycles (not where the array reads int16 at half rate with clusters sharing a bank
             # word, or on `tiny`'s narrow array): a bias LOAD waits for the output pass of the band
@@ -456,7 +495,7 @@ def plan_conv(
             key = (bool(max_step) and band > max_step, live_blocked, est, n_co * n_ci)
             if best is None or key < best[0]:
                 spad = wbufs * wbytes + band_bytes + post_fixed + (bias_block if bias_mm else 0)
-                best = (key, ConvPlan(co_t, ci_t, rows, band_mode, est, spad, bias_mm=bias_mm))
+                best = (key, ConvPlan(co_t, ci_t, rows, band_mode, est, spad, bias_mm=bias_mm, pixels=bp))
     if best is None:
         # what the smallest tiling (one output row, the narrowest channel tiles) would need
         co_t = co_opts[0]
@@ -472,6 +511,24 @@ def plan_conv(
             f"{2 * m * acc_row_stride(cfg, co_t)} accumulator bytes"
         )
     return best[1]
+
+
+def _tilings(cfg: NpuConfig, g: Geometry, co_opts: list[int], win_of, ex: int, band_mode: bool, gather: bool,
+             full: int) -> list[tuple[int, BandPixels]]:  # fmt: skip
+    """(output channel tile, how its band holds its pixels) a planner tries: at the tensor's pitch
+    and at `a_pitch`'s, and a strided convolution's with its columns in planes where that separates
+    the clusters' banks (`a_planes`); the cheaper by the estimate. A band loaded a DMA row an input
+    row (neither gathered nor a window of the tensor's `full` channels) loads a DMA row a pixel
+    at another pitch or in planes, so plain is tried too; the others take the pitch."""
+    out = []
+    for c in co_opts:
+        win = win_of(c)
+        per_pixel = gather or win < full
+        planes = {1} if band_mode or gather else {1, a_planes(cfg, win, ex, g.sw)}
+        pads = {(p, pad) for p in planes for pad in (True, per_pixel or p > 1)}
+        opts = {BandPixels.of(cfg, g, win, ex, p, band_mode, pad) for p, pad in pads}
+        out += [(c, bp) for bp in sorted(opts, key=lambda bp: (bp.planes, bp.pitch))]
+    return out
 
 
 def _even_band(oh: int, fits: Callable[[int], bool]) -> int:
@@ -519,18 +576,18 @@ def _band_dma(
     whole_width: bool, max_step: int, max_live: int, gather,
 ) -> tuple[int, int, int]:  # fmt: skip
     """(LOADs a band, bus words and DMA rows in all) of a convolution's input bands of `rows` output
-    rows (`px`: a band pixel's pitch and data bytes): a windowed band is a LOAD an input row, a DMA
-    row a pixel, as is one whose pitch on chip is wider than its data; a gathered one (`gather`,
-    compiler/im2col.py) its own; else a LOAD a band, a DMA row an input row, loaded once for all
-    output tiles where one band holds the input (`keeps_one_band`)."""
-    px, data = px
-    in_bytes = g.in_rows(rows) * g.wp * px
-    if windowed or px > data:
+    rows (`px`: a band pixel's pitch and data bytes, the planes of a row, `BandPixels`): a windowed
+    band is a LOAD an input row (a plane), a DMA row a pixel, as is one whose pitch on chip is wider
+    than its data or whose rows are in planes; a gathered one (`gather`, compiler/im2col.py) its
+    own; else a LOAD a band, a DMA row an input row, loaded once for all output tiles where one band
+    holds the input (`keeps_one_band`)."""
+    px, data, planes = px
+    in_bytes = g.in_rows(rows) * BandPixels(px, planes).row(g.wp) * px
+    if windowed or px > data or planes > 1:
         one = keeps_one_band(whole_width, windowed, bands, n_co, in_bytes, max_step, max_live)
         reloads = 1 if one else n_co
-        return 1 + g.in_rows(rows), reloads * bands * g.in_rows(rows) * g.w * cdiv(data, cfg.bus_bytes), (
-            reloads * bands * g.in_rows(rows) * g.w
-        )  # fmt: skip
+        dma_rows = reloads * bands * g.in_rows(rows) * g.w  # a pixel each
+        return 1 + g.in_rows(rows) * planes, dma_rows * cdiv(data, cfg.bus_bytes), dma_rows
     one = keeps_one_band(whole_width, windowed, bands, n_co, in_bytes, max_step, max_live)
     reloads = 1 if one else n_co
     if gather is not None:
@@ -669,8 +726,7 @@ def conv_program(
         return {"planned": (plan, gp)}
     band_px = win_of(plan.co_t)  # elements of a band's pixel: the widest tile window (else cpx)
     windowed = band_px < cpx  # the bands hold a tile's window of channels only
-    # a band pixel's pitch on chip: off the banks' period for the clusters' A reads (`a_pitch`)
-    bp = a_pitch(cfg, band_px, ex, 1 if plan.band_mode else g.sw)
+    bp = plan.pixels or BandPixels(band_px)  # how a band holds its pixels on chip
     strips = [(g, 0, 0)]  # (geometry, first input column, first output column) of each strip
     if plan.cols:
         strips = [g.strip(x0, min(plan.cols, g.ow - x0)) + (x0,) for x0 in range(0, g.ow, plan.cols)]
@@ -698,7 +754,7 @@ def conv_program(
     # one band for every output tile (the whole input, all channels): it is loaded once and read
     # by each tile's MATMULs, instead of again per tile
     one_band = keeps_one_band(len(strips) == 1, windowed, cdiv(g.oh, plan.rows) * g.n, len(tiles),
-                              gp.in_rows(plan.rows) * gp.wp * bp * ex, max_step, max_live)
+                              gp.in_rows(plan.rows) * bp.row(gp.wp) * bp.pitch * ex, max_step, max_live)
     bias_src = (extra[2], digits.shape[1], extra[4]) if block else bias_addr
     # what each band's MATMULs share; the second's bias: after the first's in the block, or its own row
     mm = SimpleNamespace(cfg=cfg, g=g, bm=plan.band_mode, taps=taps, w_bufs=w_bufs, w2=w2, ex=ex, ey=ey,
@@ -737,18 +793,18 @@ def conv_program(
     }
 
 
-def _band_input(b, x: Act, src, gs: Geometry, t, band: tuple, ib: int, pitch: int) -> None:
+def _band_input(b, x: Act, src, gs: Geometry, t, band: tuple, ib: int, px: BandPixels) -> None:
     """A band's input into `ib`: the tile `t`'s window of channels (None: every channel), or gathered
     for a convolution whose taps fold into k (`src`). `band`: (frame, first output row, rows, first
-    output column, first input column); `pitch`: elements of a band pixel on chip (`a_pitch`)."""
+    output column, first input column); `px`: how the band holds its pixels on chip."""
     n, y0, rows, x0, col0 = band
     fill, label = x.q.zero_point if x.layout.elem == 1 else 0, f"input n{n} y{y0} x{x0}"
     if t is not None:
-        _load_band(b, x, gs, n, y0, rows, ib, fill, label, col0, t.win0, t.wlen, pitch)
+        _load_band(b, x, gs, n, y0, rows, ib, fill, label, col0, t.win0, t.wlen, px.pitch, px.planes)
     elif src is None:
-        _load_band(b, x, gs, n, y0, rows, ib, fill, label, col0, pitch=pitch)
+        _load_band(b, x, gs, n, y0, rows, ib, fill, label, col0, pitch=px.pitch, planes=px.planes)
     else:
-        im2col.gather_band(b, *src, n, y0, rows, x0, gs.ow, ib, pitch * x.layout.elem, fill, label)
+        im2col.gather_band(b, *src, n, y0, rows, x0, gs.ow, ib, px.pitch * x.layout.elem, fill, label)
 
 
 def _weight_loads(b, cfg: NpuConfig, blocks: list[tuple[int, int]], rows: int, cols: int, label: str) -> None:
@@ -783,7 +839,7 @@ def _band_matmuls(b, s: SimpleNamespace, t, t2, band: tuple, gs: Geometry, ib: i
             nw += 1
             blocks = [(wb, wa)] + ([(wb + s.w2, wa2)] if wa2 is not None else [])
             _weight_loads(b, cfg, blocks, t.co_t, s.taps * cl, f"weights co{t.co0} ci{c0}")
-        px = s.bp  # a band pixel's pitch on chip
+        px = s.bp  # how the band holds its pixels
         # the second's first: its requantisation then runs under the first's MATMULs
         for wbuf, acc in ((wb + s.w2, ab2), (wb, ab)) if second is not None else ((wb, ab),):
             _chunk_matmuls(b, cfg, g, gs, t, s.bm, wbuf, c0, cl, kc, ib, acc, m, rows, px, s.ex, reach,
@@ -889,8 +945,8 @@ def _conv_tiles(
 
 
 def _conv_buffers(
-    cfg, plan, gp, tiles, taps: int, cpx: int, ex: int, ey: int, post: OutputPass | None, block: int = 0,
-    pair: bool = False,
+    cfg, plan, gp, tiles, taps: int, px: BandPixels, ex: int, ey: int, post: OutputPass | None,
+    block: int = 0, pair: bool = False,
 ):  # fmt: skip
     """On-chip double buffers of a convolution: (weights, input bands, outputs, accumulators), and
     (table, scratch, bias block, a residual's two tile buffers) - one scratch: the vector unit runs
@@ -901,7 +957,7 @@ def _conv_buffers(
     at `round_up(wbytes, lanes)`, and a third accumulator tile is the second's (one: its VMAP runs
     under the first's MATMULs of the same band, before the next band's second MATMULs need it)."""
     m_max = _conv_m(gp, plan.rows, plan.band_mode)
-    in_bytes = gp.in_rows(plan.rows) * gp.wp * cpx * ex
+    in_bytes = gp.in_rows(plan.rows) * px.row(gp.wp) * px.pitch * ex
     wbytes = _weight_bytes(cfg, plan.co_t, taps * plan.ci_t, pair)
     single_w = len(tiles) == 1 and len(tiles[0].chunks) == 1
     act_bytes, w_base = spad_regions(cfg)
@@ -934,31 +990,34 @@ def _conv_buffers(
 
 
 def _conv_matmuls(
-    b, cfg, g, gs, t, band_mode, wb, c0, cl, ib, ab, m, rows, cpx, ex, reach, windowed, w_row: int = 0
-) -> None:
+    b, cfg, g, gs, t, band_mode, wb, c0, cl, ib, ab, m, rows, px: BandPixels, ex, reach, windowed,
+    w_row: int = 0,
+) -> None:  # fmt: skip
     """One input chunk's MATMULs for a band: one per tap (band mode: the whole band at once; else
-    one per output row), over the output columns `reach` the chunk feeds. `cpx`: elements of a
-    band pixel. `w_row`: the channels a tap takes in the weight rows, when more than `cl` (a
+    one per output row), over the output columns `reach` the chunk feeds. `px`: how the band holds
+    its pixels. `w_row`: the channels a tap takes in the weight rows, when more than `cl` (a
     depthwise chunk's MATMULs of one word each read the first `cl` of each tap)."""
     taps = g.kh * g.kw
     c_stride = acc_row_stride(cfg, t.co_t)
     w_row = w_row or cl
     b_stride = bank_stride(cfg, taps * w_row, cfg.lanes)
     lo, hi = reach
+    p = px.pitch
+    row = px.row(gs.wp) * p * ex  # bytes of a band row
     for ky in range(g.kh):
         for kx in range(g.kw):
             bw = wb + (ky * g.kw + kx) * w_row + lo * b_stride
-            chan = (t.base(windowed) + c0 + kx * g.dw * cpx) * ex  # bytes into the band
+            chan = (t.base(windowed) + c0 + px.col(kx * g.dw, gs.wp) * p) * ex  # bytes into the row
             if band_mode:
                 b.add(
                     "matmul",
-                    a=ib + ky * g.dh * gs.wp * cpx * ex + chan,
+                    a=ib + ky * g.dh * row + chan,
                     b=bw,
                     c=ab + 4 * lo,
                     m=m,
                     n=hi - lo,
                     k=cl,
-                    a_stride=cpx * ex,
+                    a_stride=p * ex,
                     b_stride=b_stride,
                     c_stride=c_stride,
                     accumulate=1,
@@ -968,13 +1027,13 @@ def _conv_matmuls(
                 for r in range(rows):
                     b.add(
                         "matmul",
-                        a=ib + (r * g.sh + ky * g.dh) * gs.wp * cpx * ex + chan,
+                        a=ib + (r * g.sh + ky * g.dh) * row + chan,
                         b=bw,
                         c=ab + r * gs.ow * c_stride + 4 * lo,
                         m=gs.ow,
                         n=hi - lo,
                         k=cl,
-                        a_stride=g.sw * cpx * ex,
+                        a_stride=(g.sw if px.planes == 1 else 1) * p * ex,
                         b_stride=b_stride,
                         c_stride=c_stride,
                         accumulate=1,

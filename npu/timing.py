@@ -77,18 +77,19 @@ def spad_bank(g: np.ndarray, cfg: NpuConfig, mem: str = "spad") -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=4096)
-def _least_shared(P: int, pitches: tuple[int, ...], readers: int, reads: int = 1) -> int:
-    """Index of the first of `pitches` (lane words) at which `readers` rows read in one step (row i
+def _least_shared(P: int, pitches: tuple[int, ...], readers: int, reads: int = 1) -> tuple[int, int]:
+    """(index of the first of `pitches` (lane words) at which `readers` rows read in one step (row i
     at word i * pitch + s, `reads` consecutive words each) share the `P` banks of a region least,
-    over the steps s of the banks' period (cached: the planners ask it in their inner loops)."""
+    over the steps s of the banks' period; the most reads of one bank there). Cached: the planners
+    ask it in their inner loops."""
     rows = np.arange(readers)[:, None]
     best = None
     for j, pitch in enumerate(pitches):
         words = (rows * pitch + np.arange(reads)).reshape(1, -1)
         worst = max(int(_most_per_bank((words + s) % P, np.ones(words.shape, bool), P)[0]) for s in range(P))
-        if best is None or worst < best[0]:
-            best = (worst, j)
-    return best[1]
+        if best is None or worst < best[1]:
+            best = (j, worst)
+    return best
 
 
 def bank_stride(cfg: NpuConfig, stride: int, unit: int, word: int | None = None, elem: int = 1) -> int:
@@ -103,7 +104,7 @@ def bank_stride(cfg: NpuConfig, stride: int, unit: int, word: int | None = None,
     P = cfg.spad_banks // 2
     readers = max(2, cfg.clusters, cfg.pes_per_cluster)
     steps = tuple((stride + j * unit) * elem // word for j in range(P))
-    return stride + unit * _least_shared(P, steps, readers)
+    return stride + unit * _least_shared(P, steps, readers)[0]
 
 
 def a_pitch(cfg: NpuConfig, elems: int, ex: int, stride: int = 1) -> int:
@@ -120,7 +121,34 @@ def a_pitch(cfg: NpuConfig, elems: int, ex: int, stride: int = 1) -> int:
     base = (elems * ex) // word
     P = cfg.spad_banks // 2
     pitches = tuple(stride * (base + j) for j in range(P))
-    return elems + _least_shared(P, pitches, cfg.clusters, reads) * word // ex
+    return elems + _least_shared(P, pitches, cfg.clusters, reads)[0] * word // ex
+
+
+def a_sharing(cfg: NpuConfig, elems: int, ex: int, stride: int = 1) -> int:
+    """The most A reads one bank serves in a step of MATMULs whose rows are pixels `stride` apart at a
+    pitch of `elems` elements of `ex` bytes (the cycles each step takes for them): 1 without banking
+    or with one cluster."""
+    word = cfg.lanes
+    if not cfg.spad_banked or cfg.clusters == 1 or (elems * ex) % word:
+        return 1
+    reads = 2 if cfg.a16_full_rate and ex == 2 else 1
+    return _least_shared(cfg.spad_banks // 2, (stride * (elems * ex) // word,), cfg.clusters, reads)[1]
+
+
+def a_planes(cfg: NpuConfig, elems: int, ex: int, stride: int) -> int:
+    """1, or `stride` where the clusters' A rows of pixels `stride` apart share a bank at every pitch
+    (`a_pitch`: on two banks a half, any pitch times 2 is even) and adjacent ones need not: a
+    strided convolution's band then keeps each row's columns by their remainder mod `stride`, a
+    plane each, so the pixels a MATMUL reads are adjacent (compiler/spatial.py)."""
+    word = cfg.lanes
+    if stride == 1 or not cfg.spad_banked or cfg.clusters == 1 or (elems * ex) % word:
+        return 1
+    P, reads, base = cfg.spad_banks // 2, 2 if cfg.a16_full_rate and ex == 2 else 1, (elems * ex) // word
+
+    def worst(s: int) -> int:
+        return _least_shared(P, tuple(s * (base + j) for j in range(P)), cfg.clusters, reads)[1]
+
+    return stride if worst(stride) > worst(1) else 1
 
 
 def _most_per_bank(banks: np.ndarray, valid: np.ndarray, nbanks: int) -> np.ndarray:
