@@ -181,14 +181,14 @@ def test_synthesis_and_place_and_route_choose_the_fastest_point_that_fits(tmp_pa
 
     monkeypatch.setattr(dse, "synthesize", _fixed_synthesis)
     monkeypatch.setattr(dse, "place_and_route", _fixed_build)
-    args = ["dse", "--board", "ulx3s", "--models", "digits_mlp", "--param", "array=1x2x8,1x4x8",
+    args = ["dse", "--board", "ulx3s", "--models", "digits_mlp", "--param", "array=2x2x8,2x4x8",
             "--synth", "2", "--pnr", "1", "--engine", "local", "--workers", "1", "--no-cache",
             "--out", str(tmp_path), "--json"]  # fmt: skip
     assert main(args) == 0
     r = json.loads(capsys.readouterr().out)
-    base, wide = r["points"]
+    base, wide = r["points"]  # the board's preset is 2x2x8 (`ulx3s32`)
     assert wide["fits"] is False and base["fits"] is True and r["best"] == "(the base)"
-    assert wide["resources"]["dsp"] == 200 and r["front"] == ["array=1x4x8", "(the base)"]
+    assert wide["resources"]["dsp"] == 200 and r["front"] == ["array=2x4x8", "(the base)"]
     assert "pnr" not in wide and base["pnr"]["achieved_mhz"] == 40.0
     assert base["pnr"]["latency_us"] == pytest.approx(base["latency_us"] * 50 / 40, rel=1e-3)
 
