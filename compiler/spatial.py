@@ -447,7 +447,7 @@ def plan_conv(
                     and (not max_step or r == 1 or band_t <= max_step)
                 )
 
-            rows = _even_band(g.oh, fits)
+            rows = _tallest_band(g.oh, fits)
             if rows == 0:
                 continue
             bands = cdiv(g.oh, rows) * g.n
@@ -531,9 +531,10 @@ def _tilings(cfg: NpuConfig, g: Geometry, co_opts: list[int], win_of, ex: int, b
     return out
 
 
-def _even_band(oh: int, fits: Callable[[int], bool]) -> int:
-    """Output rows of a band: as many bands as the tallest that `fits` makes (its sizes grow with
-    the rows), of even heights - no short last band; 0 when not one row fits."""
+def _tallest_band(oh: int, fits: Callable[[int], bool]) -> int:
+    """Output rows of the tallest band that `fits` (its sizes grow with the rows); 0 when not one
+    row fits. (Bands of even heights instead, or where the last band would be under half a band,
+    were measured and not kept: docs/compiler.md, "Band heights".)"""
     rows, lo, hi = 0, 1, oh
     while lo <= hi:
         r = (lo + hi) // 2
@@ -541,7 +542,7 @@ def _even_band(oh: int, fits: Callable[[int], bool]) -> int:
             rows, lo = r, r + 1
         else:
             hi = r - 1
-    return cdiv(oh, cdiv(oh, rows)) if rows else 0
+    return rows
 
 
 def fold_pays(
