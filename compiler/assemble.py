@@ -43,6 +43,11 @@ class Lowered:
     cycles_without_points: int | None = 0
 
     @property
+    def npu_cycles(self) -> int:
+        """The NPU segments' golden-model cycles (the cost model's), points included."""
+        return sum(s.est_cycles or 0 for s in self.segments if isinstance(s, NpuSegment))
+
+    @property
     def cancel_points(self) -> dict[int, int]:
         """Point id -> pc."""
         return {p.id: p.pc for p in self.points}

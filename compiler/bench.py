@@ -42,6 +42,11 @@ def _measured_cycles(cm: CompiledModel, x: np.ndarray) -> int:
     return _run(cm, x)[1]["CYCLES"]
 
 
+def _assembled(low, default, order: list[int] | None):
+    """`low` assembled in `order`, the ONNX order's build (None) given."""
+    return default if order is None else assemble(low, order)
+
+
 def bench_order(cfg: NpuConfig, names: list[str] | None = None, timeout_s: float = 60.0) -> dict:
     rows = []
     for name in names or BRANCHY:
@@ -54,9 +59,9 @@ def bench_order(cfg: NpuConfig, names: list[str] | None = None, timeout_s: float
         batch = z.model.graph.input[0].type.tensor_type.shape.dim[0].dim_value
         x = z.test[:batch]
         measured = {}
-        searched = whole_program(part, len(low.frags), partial(assemble, low))
-        for label, order in (("default", None), ("searched", part.order)):
-            lo = assemble(low, None) if order is None else searched
+        default = assemble(low, None)  # whole_program's ONNX-order build too
+        searched = whole_program(part, len(low.frags), partial(_assembled, low, default))
+        for label, lo in (("default", default), ("searched", searched)):
             cm = CompiledModel(cfg, lo, round_up(lo.dram_end, 4096), qdq, name)
             measured[label] = _measured_cycles(cm, x)
         rows.append(

@@ -183,7 +183,7 @@ class CompiledModel:
 
     def _npu_cycles(self) -> int:
         """The NPU segments' golden-model cycles (the cost model's), points included."""
-        return sum(s.est_cycles or 0 for s in self.lowered.segments if isinstance(s, NpuSegment))
+        return self.lowered.npu_cycles
 
     @property
     def max_cp_gap(self) -> int:

@@ -36,7 +36,6 @@ from dataclasses import dataclass, field, replace
 from itertools import islice
 
 from npu.arith import round_up
-from npu.container import NpuSegment
 from npu.program import ProgramBuilder
 from npu.sim.golden.model import BUSY_COUNTERS, NpuModel
 from npu.sim.golden.runner import timing_run
@@ -304,15 +303,11 @@ def whole_program(
     if search.objective != "cycles" or search.order == onnx:
         return low
     first = build(None)
-    search.whole = (_npu_cycles(low), _npu_cycles(first))
+    search.whole = (low.npu_cycles, first.npu_cycles)
     if search.kept_onnx:
         search.order = onnx
         return first
     return low
-
-
-def _npu_cycles(low: Lowered) -> int:
-    return sum(s.est_cycles or 0 for s in low.segments if isinstance(s, NpuSegment))
 
 
 def _claims(low: Lowering, groups: list[list[int]], deps: list[set[int]]) -> list[int]:

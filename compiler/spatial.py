@@ -418,7 +418,7 @@ def plan_conv(
     for co_t, bp in _tilings(cfg, g, co_opts, win_of, ex, band_mode, gather is not None, full):
         n_co = cdiv(cout_p, co_t)
         win = win_of(co_t)
-        windowed, planes = win < full, bp.planes  # the band: the whole pixel unless windowed
+        windowed = win < full  # the band: the whole pixel unless windowed
         # its pixel's bytes on chip, the cycles a step takes for the clusters' A reads, a row's pixels
         px, share, wq = bp.pitch * ex, a_sharing(cfg, bp.pitch, ex, bp.stride), bp.row(g.wp)
         ci_opts = sorted({max(ca, round_up(cdiv(win, d), ca)) for d in (1, 2, 3, 4, 6, 8, 16, 32, 64, 128)})
@@ -458,8 +458,7 @@ def plan_conv(
             matrix = n_co * bands * (mm_per_band * cfg.matrix_latency + sets * n_ci * taps * steps)
             w_bytes = sets * (n_co * taps * win * co_t) * (bands if n_ci > 1 else 1)
             band_loads, in_beats, band_rows = _band_dma(
-                cfg, g, rows, bands, n_co, (px, win * ex, planes), windowed, whole_width, max_step, max_live,
-                gather,
+                cfg, g, rows, bands, n_co, (bp, ex, win), windowed, whole_width, max_step, max_live, gather
             )
             loads = n_ci + band_loads
             w_rows = sets * n_co * n_ci * co_t * (bands if n_ci > 1 else 1)
@@ -573,22 +572,22 @@ def fold_pays(
 
 
 def _band_dma(
-    cfg: NpuConfig, g: Geometry, rows: int, bands: int, n_co: int, px: tuple[int, int], windowed: bool,
-    whole_width: bool, max_step: int, max_live: int, gather,
+    cfg: NpuConfig, g: Geometry, rows: int, bands: int, n_co: int, px: tuple[BandPixels, int, int],
+    windowed: bool, whole_width: bool, max_step: int, max_live: int, gather,
 ) -> tuple[int, int, int]:  # fmt: skip
     """(LOADs a band, bus words and DMA rows in all) of a convolution's input bands of `rows` output
-    rows (`px`: a band pixel's pitch and data bytes, the planes of a row, `BandPixels`): a windowed
-    band is a LOAD an input row (a plane), a DMA row a pixel, as is one whose pitch on chip is wider
-    than its data or whose rows are in planes; a gathered one (`gather`, compiler/im2col.py) its
-    own; else a LOAD a band, a DMA row an input row, loaded once for all output tiles where one band
-    holds the input (`keeps_one_band`)."""
-    px, data, planes = px
-    in_bytes = g.in_rows(rows) * BandPixels(px, planes).row(g.wp) * px
-    if windowed or px > data or planes > 1:
+    rows (`px`: how the band holds its pixels, their element bytes, the elements of a pixel's data):
+    a windowed band is a LOAD an input row (a plane), a DMA row a pixel, as is one whose pitch on
+    chip is wider than its data or whose rows are in planes; a gathered one (`gather`,
+    compiler/im2col.py) its own; else a LOAD a band, a DMA row an input row, loaded once for all
+    output tiles where one band holds the input (`keeps_one_band`)."""
+    bp, ex, data = px
+    in_bytes = g.in_rows(rows) * bp.row(g.wp) * bp.pitch * ex
+    if windowed or bp.pitch > data or bp.planes > 1:
         one = keeps_one_band(whole_width, windowed, bands, n_co, in_bytes, max_step, max_live)
         reloads = 1 if one else n_co
         dma_rows = reloads * bands * g.in_rows(rows) * g.w  # a pixel each
-        return 1 + g.in_rows(rows) * planes, dma_rows * cdiv(data, cfg.bus_bytes), dma_rows
+        return 1 + g.in_rows(rows) * bp.planes, dma_rows * cdiv(data * ex, cfg.bus_bytes), dma_rows
     one = keeps_one_band(whole_width, windowed, bands, n_co, in_bytes, max_step, max_live)
     reloads = 1 if one else n_co
     if gather is not None:

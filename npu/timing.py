@@ -107,6 +107,15 @@ def bank_stride(cfg: NpuConfig, stride: int, unit: int, word: int | None = None,
     return stride + unit * _least_shared(P, steps, readers)[0]
 
 
+def _a_reads(cfg: NpuConfig, elems: int, ex: int) -> tuple[int, int, int] | None:
+    """(banks a region has, lane words of a pixel of `elems` elements of `ex` bytes, A words a
+    cluster reads a step: two with `a16_full_rate` and int16) where the clusters' A reads can share
+    a bank (banked, several clusters, whole words a pixel); None where they cannot."""
+    if not cfg.spad_banked or cfg.clusters == 1 or (elems * ex) % cfg.lanes:
+        return None
+    return cfg.spad_banks // 2, elems * ex // cfg.lanes, 2 if cfg.a16_full_rate and ex == 2 else 1
+
+
 def a_pitch(cfg: NpuConfig, elems: int, ex: int, stride: int = 1) -> int:
     """Elements of an input pixel on chip (`elems` of them hold data, `ex` bytes each) for MATMULs
     whose A rows are pixels `stride` apart: `elems`, or on a banked scratchpad with several clusters
@@ -114,25 +123,21 @@ def a_pitch(cfg: NpuConfig, elems: int, ex: int, stride: int = 1) -> int:
     different banks (cluster i reads row i of a tile, word i * pitch + s at k step s; two words
     with `a16_full_rate` and int16). An int16 map's channel unit is two lane words, so on two banks
     its pitch in DRAM cannot be moved off their period (`bank_stride`): on chip it can."""
-    word = cfg.lanes
-    if not cfg.spad_banked or cfg.clusters == 1 or (elems * ex) % word:
+    if (a := _a_reads(cfg, elems, ex)) is None:
         return elems
-    reads = 2 if cfg.a16_full_rate and ex == 2 else 1
-    base = (elems * ex) // word
-    P = cfg.spad_banks // 2
+    P, base, reads = a
     pitches = tuple(stride * (base + j) for j in range(P))
-    return elems + _least_shared(P, pitches, cfg.clusters, reads)[0] * word // ex
+    return elems + _least_shared(P, pitches, cfg.clusters, reads)[0] * cfg.lanes // ex
 
 
 def a_sharing(cfg: NpuConfig, elems: int, ex: int, stride: int = 1) -> int:
     """The most A reads one bank serves in a step of MATMULs whose rows are pixels `stride` apart at a
     pitch of `elems` elements of `ex` bytes (the cycles each step takes for them): 1 without banking
     or with one cluster."""
-    word = cfg.lanes
-    if not cfg.spad_banked or cfg.clusters == 1 or (elems * ex) % word:
+    if (a := _a_reads(cfg, elems, ex)) is None:
         return 1
-    reads = 2 if cfg.a16_full_rate and ex == 2 else 1
-    return _least_shared(cfg.spad_banks // 2, (stride * (elems * ex) // word,), cfg.clusters, reads)[1]
+    P, base, reads = a
+    return _least_shared(P, (stride * base,), cfg.clusters, reads)[1]
 
 
 def a_planes(cfg: NpuConfig, elems: int, ex: int, stride: int) -> int:
@@ -140,10 +145,9 @@ def a_planes(cfg: NpuConfig, elems: int, ex: int, stride: int) -> int:
     (`a_pitch`: on two banks a half, any pitch times 2 is even) and adjacent ones need not: a
     strided convolution's band then keeps each row's columns by their remainder mod `stride`, a
     plane each, so the pixels a MATMUL reads are adjacent (compiler/spatial.py)."""
-    word = cfg.lanes
-    if stride == 1 or not cfg.spad_banked or cfg.clusters == 1 or (elems * ex) % word:
+    if stride == 1 or (a := _a_reads(cfg, elems, ex)) is None:
         return 1
-    P, reads, base = cfg.spad_banks // 2, 2 if cfg.a16_full_rate and ex == 2 else 1, (elems * ex) // word
+    P, base, reads = a
 
     def worst(s: int) -> int:
         return _least_shared(P, tuple(s * (base + j) for j in range(P)), cfg.clusters, reads)[1]
