@@ -15,6 +15,7 @@ and tap. Borders are the padding of the LOAD (the input zero point), so they add
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable
@@ -263,6 +264,9 @@ class ConvTile:
     # per chunk: the channels [0, k) of it that some output reads - its MATMULs' k (past them the
     # pitch's padding channels, zero weights: steps that add nothing)
     k: list[int] = field(default_factory=list)
+    # the channels a tap takes in the rows of one weight block shared by every chunk (`_packs`), loaded
+    # once for the tile; 0: a block a chunk, loaded per band where the tile has several
+    packed: int = 0
 
     def base(self, windowed: bool) -> int:
         """Element offset of the window's first channel in a band pixel."""
@@ -308,6 +312,69 @@ def _weight_bytes(cfg: NpuConfig, co_t: int, row: int, pair: bool = False) -> in
     second's block after it, from the next lane word."""
     w = co_t * bank_stride(cfg, row, cfg.lanes)
     return 2 * round_up(w, cfg.lanes) if pair else w
+
+
+def _weight_dma(
+    sets: int, n_co: int, n_ci: int, taps: int, co_t: int, win: int, ci_t: int, bands: int, packed: bool
+) -> tuple[int, int, int]:
+    """(bytes, DMA rows, LOADs a band) of a convolution's weights: a tile's block once, where the tile
+    has one chunk of its `win` channels or its chunks share one block of `ci_t` channels a tap
+    (`packed`); else every chunk's block each band."""
+    if packed:
+        return sets * n_co * taps * ci_t * co_t, sets * n_co * co_t, 1
+    again = bands if n_ci > 1 else 1
+    return sets * n_co * taps * win * co_t * again, sets * n_co * n_ci * co_t * again, n_ci
+
+
+def _tile_reads(chanx: np.ndarray, cout: int, groups: int, cin_g: int, co0: int, co_t: int, win0: int,
+                wlen: int) -> np.ndarray:  # fmt: skip
+    """(co_t x wlen) which of a tile's window channels each of its output columns reads (by the
+    groups, not the weights' values)."""
+    cout_g = cout // groups
+    reads = np.zeros((co_t, wlen), bool)
+    for co in range(co0, min(co0 + co_t, cout)):
+        gi = co // cout_g
+        reads[co - co0, chanx[gi * cin_g : (gi + 1) * cin_g] - win0] = True
+    return reads
+
+
+def _reach(reads: np.ndarray, pes: int) -> tuple[int, int]:
+    """The output columns [lo, hi) a chunk feeds (`reads`: the tile's columns x the chunk's channels),
+    from an accumulator row boundary (C's columns start there); (0, 0): none."""
+    used = np.flatnonzero(reads.any(axis=1))
+    if not len(used):
+        return 0, 0
+    return int(used[0]) // pes * pes, min(reads.shape[0], round_up(int(used[-1]) + 1, pes))
+
+
+def _packs(reach: list[tuple[int, int]]) -> bool:
+    """Whether a tile's chunks can share one weight block: no output column is fed by two of them,
+    so row c of the block holds the weights of column c's chunk only (a grouped convolution's chunks
+    each feed their groups' columns; a depthwise one's weights are then the tile's, not a dense
+    block a chunk of mostly zeros, and stay on chip over the bands)."""
+    spans = sorted(r for r in reach if r[1] > r[0])
+    return len(reach) > 1 and all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
+
+
+def _packer(cfg: NpuConfig, chanx: np.ndarray, weights: np.ndarray, groups: int, cpy: int, window):
+    """`plan_conv`'s `packs` for a grouped convolution (None for one group): whether every output
+    tile of co_t channels packs its chunks of ci_t (`_packs`)."""
+    if groups == 1:
+        return None
+    cout, cin_g = weights.shape[:2]
+
+    @functools.cache
+    def packs(co_t: int, ci_t: int) -> bool:
+        for co0 in range(0, cpy, co_t):
+            ct = min(co_t, cpy - co0)
+            win0, wlen = window(co0, ct)
+            reads = _tile_reads(chanx, cout, groups, cin_g, co0, ct, win0, wlen)
+            pes = cfg.pes_per_cluster
+            if not _packs([_reach(reads[:, c : c + ci_t], pes) for c in range(0, wlen, ci_t)]):
+                return False
+        return True
+
+    return packs
 
 
 def _narrow_width(cfg: NpuConfig) -> int:
@@ -382,6 +449,7 @@ def plan_conv(
     whole_width: bool = True,
     gather: Callable[[int, int], tuple[int, int, int]] | None = None,
     pair: bool = False,
+    packs: Callable[[int, int], bool] | None = None,
 ) -> ConvPlan:
     """Pick output/input channel tile sizes and the row band height with the cost model.
     `win_of(co_t)`: the input channels a tile of co_t output channels reads: all of them, or for a
@@ -397,7 +465,8 @@ def plan_conv(
     output width (not a strip), so that one band for every output tile is loaded once. `gather`: the
     band is gathered (compiler/im2col.py): (LOADs, bus words, DMA rows) of a band of (rows, columns).
     `pair`: a second convolution of the same input runs beside it (`SecondConv`): twice the weights,
-    the MATMULs and the bias, a third accumulator tile, a VMAP more, no LOAD of the residual's tile."""
+    the MATMULs and the bias, a third accumulator tile, a VMAP more, no LOAD of the residual's tile.
+    `packs(co_t, ci_t)`: a grouped convolution's chunks share one weight block a tile (`_packs`)."""
     ca = channel_align(cfg)
     sets = 2 if pair else 1
     full = cpx
@@ -426,7 +495,8 @@ def plan_conv(
             n_ci = cdiv(win, ci_t)
             n_mm = co_t if cols_of is None else cols_of(co_t, ci_t)  # a MATMUL's output columns
             wbytes = _weight_bytes(cfg, co_t, taps * ci_t, pair)
-            wbufs = 1 if n_ci == 1 and n_co == 1 else 2
+            packed = n_ci > 1 and packs is not None and packs(co_t, ci_t)
+            wbufs = 1 if (n_ci == 1 or packed) and n_co == 1 else 2
             act_bytes, w_base = spad_regions(cfg)
             w_left = cfg.spad_bytes - w_base - wbufs * round_up(wbytes, cfg.lanes)  # banked: digits' room
             if cfg.spad_banked:
@@ -456,12 +526,11 @@ def plan_conv(
             steps *= share
             mm_per_band = sets * n_ci * taps * (1 if band_mode else rows) * per_chunk
             matrix = n_co * bands * (mm_per_band * cfg.matrix_latency + sets * n_ci * taps * steps)
-            w_bytes = sets * (n_co * taps * win * co_t) * (bands if n_ci > 1 else 1)
+            w_bytes, w_rows, w_loads = _weight_dma(sets, n_co, n_ci, taps, co_t, win, ci_t, bands, packed)
             band_loads, in_beats, band_rows = _band_dma(
                 cfg, g, rows, bands, n_co, (bp, ex, win), windowed, whole_width, max_step, max_live, gather
             )
-            loads = n_ci + band_loads
-            w_rows = sets * n_co * n_ci * co_t * (bands if n_ci > 1 else 1)
+            loads = w_loads + band_loads
             load = dram_cycles(cfg, in_beats + w_bytes // cfg.bus_bytes, band_rows + w_rows)
             load += n_co * bands * loads * cfg.dma_latency
             out_beats = n_co * bands * m * co_t * ey // cfg.bus_bytes
@@ -490,7 +559,7 @@ def plan_conv(
                 est = max(matrix, load + bias_load, vector)
             band = sets * n_ci * taps * (cfg.matrix_latency + steps)
             # between bands the weights stay on chip: too many of them and no point can go there
-            live_blocked = bool(max_step) and bands > g.n and n_ci == 1 and wbytes > max_live
+            live_blocked = bool(max_step) and bands > g.n and (n_ci == 1 or packed) and wbytes > max_live
             key = (bool(max_step) and band > max_step, live_blocked, est, n_co * n_ci)
             if best is None or key < best[0]:
                 spad = wbufs * wbytes + band_bytes + post_fixed + (bias_block if bias_mm else 0)
@@ -713,12 +782,14 @@ def conv_program(
     # one bias block for both convolutions: the second's channels after the first's
     digits = biasmm.digits(bias_p if second is None else np.concatenate([bias_p, bias2_p]))
 
+    packs = _packer(cfg, chanx, weights, groups, cpy, window)
+
     def plan_for(geo: Geometry) -> ConvPlan:
         return plan_conv(
             cfg, geo, cpx, cpy, win_of, co_step, where, max_step, max_live, ex, ey, cols_of, post,
             narrow=narrow and groups > 1 and cin_g == 1 and cout_g == 1,
             bias_k=0 if digits is None else digits.shape[1], whole_width=geo.ow == g.ow,
-            gather=None if src is None else _gather_cost(cfg, *src), pair=second is not None,
+            gather=None if src is None else _gather_cost(cfg, *src), pair=second is not None, packs=packs,
         )  # fmt: skip
 
     plan, gp = planned or plan_conv_strips(g, plan_for)
@@ -763,12 +834,11 @@ def conv_program(
     band_loaded = False
     for t, t2 in zip(tiles, tiles2, strict=True):
         c_stride = acc_row_stride(cfg, t.co_t)
-        multi = len(t.chunks) > 1
-        if not multi:
+        if len(t.chunks) == 1 or t.packed:  # the tile's weights: one block, on chip over its bands
             wb = w_bufs[nw % len(w_bufs)]
             nw += 1
             blocks = [(wb, t.w_addr[0])] + ([(wb + w2, t2.w_addr[0])] if t2 is not None else [])
-            _weight_loads(b, cfg, blocks, t.co_t, taps * t.chunks[0][1], f"weights co{t.co0}")
+            _weight_loads(b, cfg, blocks, t.co_t, taps * (t.packed or t.chunks[0][1]), f"weights co{t.co0}")
         for n, (gs, col0, x0) in itertools.product(range(g.n), strips):
             for y0 in range(0, g.oh, plan.rows):
                 rows = min(plan.rows, g.oh - y0)
@@ -834,7 +904,7 @@ def _band_matmuls(b, s: SimpleNamespace, t, t2, band: tuple, gs: Geometry, ib: i
     for (c0, cl), wa, wa2, reach, subs, kc in chunks:
         if reach[1] == reach[0]:
             continue  # input channels no output of the tile reads
-        if len(t.chunks) > 1:
+        if len(t.chunks) > 1 and not t.packed:
             wb = s.w_bufs[nw % 2]
             nw += 1
             blocks = [(wb, wa)] + ([(wb + s.w2, wa2)] if wa2 is not None else [])
@@ -843,7 +913,7 @@ def _band_matmuls(b, s: SimpleNamespace, t, t2, band: tuple, gs: Geometry, ib: i
         # the second's first: its requantisation then runs under the first's MATMULs
         for wbuf, acc in ((wb + s.w2, ab2), (wb, ab)) if second is not None else ((wb, ab),):
             _chunk_matmuls(b, cfg, g, gs, t, s.bm, wbuf, c0, cl, kc, ib, acc, m, rows, px, s.ex, reach,
-                           s.windowed, subs)  # fmt: skip
+                           s.windowed, subs, t.packed or cl)  # fmt: skip
     if second is not None:  # its requantised tile: the residual the output pass adds
         add_requant(b, second.rq, t.co0 + second.col0, src=ab2, dst=skip, rows=m, cols=t.co_t,
                     src_stride=c_stride, dst_stride=t.co_t * s.ey)  # fmt: skip
@@ -889,25 +959,26 @@ def _start_with_bias(b, cfg: NpuConfig, t, m: int, ab: int, c_stride: int, src, 
 
 
 def _chunk_matmuls(
-    b, cfg, g, gs, t, bm, wb, c0, cl, k, ib, ab, m, rows, px, ex, reach, windowed, subs
+    b, cfg, g, gs, t, bm, wb, c0, cl, k, ib, ab, m, rows, px, ex, reach, windowed, subs, w_row
 ) -> None:  # fmt: skip
-    """One input chunk's MATMULs (`cl` its channels): over its first `k`, those some output reads,
-    or (`subs`, see `narrow_subs`) one A word of channels each, that word's weights first in the
-    chunk's row."""
+    """One input chunk's MATMULs (`cl` its channels, `w_row` a tap's in its weight rows): over its
+    first `k`, those some output reads, or (`subs`, see `narrow_subs`) one A word of channels each,
+    that word's weights first in the chunk's row."""
     if subs is None:
-        _conv_matmuls(b, cfg, g, gs, t, bm, wb, c0, k, ib, ab, m, rows, px, ex, reach, windowed, w_row=cl)
+        _conv_matmuls(b, cfg, g, gs, t, bm, wb, c0, k, ib, ab, m, rows, px, ex, reach, windowed, w_row=w_row)
         return
     for sc, lo, width in subs:
         _conv_matmuls(b, cfg, g, gs, t, bm, wb, c0 + sc, _narrow_width(cfg), ib, ab, m, rows, px, ex,
-                      (lo, lo + width), windowed, w_row=cl)  # fmt: skip
+                      (lo, lo + width), windowed, w_row=w_row)  # fmt: skip
 
 
 def _conv_tiles(
     cfg, plan, x: Act, y: Act, weights, groups: int, g: Geometry, window, const, where: str, ex: int = 1
 ):
     """The weight blocks of each output tile in DRAM: per input chunk, [co_t][kh][kw][chunk], zero
-    where an output channel has no connection (grouped convolutions); a depthwise chunk of int16
-    input rearranged for its MATMULs of one A word each (`narrow_subs`)."""
+    where an output channel has no connection (grouped convolutions), or where no output column is
+    fed by two chunks one block for all of them (`_packs`), each column's row from its chunk's; a
+    depthwise chunk of int16 input rearranged for its MATMULs of one A word each (`narrow_subs`)."""
     cout, cin_g = weights.shape[:2]
     cout_g = cout // groups
     cpx, cpy = x.layout.cp, y.layout.cp
@@ -917,30 +988,31 @@ def _conv_tiles(
         co_t = min(plan.co_t, cpy - co0)
         win0, wlen = window(co0, co_t) if groups > 1 else (0, cpx)
         dense = np.zeros((co_t, g.kh, g.kw, wlen), np.int8)
-        # which of the window's channels each output column reads (by the groups, not the values)
-        reads = np.zeros((co_t, wlen), bool)
         for co in range(co0, min(co0 + co_t, cout)):
             gi = co // cout_g
             phys = chanx[gi * cin_g : (gi + 1) * cin_g] - win0
             dense[co - co0][:, :, phys] = weights[co].transpose(1, 2, 0)
-            reads[co - co0, phys] = True
-        chunks, addrs, reach, subs, ks = [], [], [], [], []
+        reads = _tile_reads(chanx, cout, groups, cin_g, co0, co_t, win0, wlen)
+        chunks, blocks, reach, subs, ks = [], [], [], [], []
         depthwise = groups > 1 and cin_g == 1 and cout_g == 1
         for c0 in range(0, wlen, plan.ci_t):
             cl = min(plan.ci_t, wlen - c0)
             chunks.append((c0, cl))
             block = np.ascontiguousarray(dense[..., c0 : c0 + cl])
             subs.append(narrow_subs(cfg, reads[:, c0 : c0 + cl], block, ex) if depthwise else None)
-            addrs.append(const(block.tobytes(), f"{where} weights"))
+            blocks.append(block)
             read = np.flatnonzero(reads[:, c0 : c0 + cl].any(axis=0))
             ks.append(int(read[-1]) + 1 if len(read) else cl)
-            used = np.flatnonzero(reads[:, c0 : c0 + cl].any(axis=1))
-            pes = cfg.pes_per_cluster  # C's columns start at an accumulator row boundary
-            if len(used):
-                reach.append((int(used[0]) // pes * pes, min(co_t, round_up(int(used[-1]) + 1, pes))))
-            else:
-                reach.append((0, 0))
-        tiles.append(ConvTile(co0, co_t, win0, chunks, addrs, reach, wlen, subs, ks))
+            reach.append(_reach(reads[:, c0 : c0 + cl], cfg.pes_per_cluster))
+        packed = plan.ci_t if _packs(reach) else 0
+        if packed:  # row c: column c's chunk's weights, each tap's `ci_t` channels apart
+            one = np.zeros((co_t, g.kh, g.kw, packed), np.int8)
+            for (_, cl), block, (lo, hi) in zip(chunks, blocks, reach, strict=True):
+                one[lo:hi, ..., :cl] = block[lo:hi]
+            addrs = [const(one.tobytes(), f"{where} weights")] * len(chunks)
+        else:
+            addrs = [const(block.tobytes(), f"{where} weights") for block in blocks]
+        tiles.append(ConvTile(co0, co_t, win0, chunks, addrs, reach, wlen, subs, ks, packed))
     return tiles
 
 
@@ -959,7 +1031,7 @@ def _conv_buffers(
     m_max = _conv_m(gp, plan.rows, plan.band_mode)
     in_bytes = gp.in_rows(plan.rows) * px.row(gp.wp) * px.pitch * ex
     wbytes = _weight_bytes(cfg, plan.co_t, taps * plan.ci_t, pair)
-    single_w = len(tiles) == 1 and len(tiles[0].chunks) == 1
+    single_w = len(tiles) == 1 and (len(tiles[0].chunks) == 1 or bool(tiles[0].packed))
     act_bytes, w_base = spad_regions(cfg)
     w_bufs = [w_base] if single_w else [w_base, w_base + round_up(wbytes, cfg.lanes)]
     base = 0 if cfg.spad_banked else w_bufs[-1] + round_up(wbytes, cfg.lanes)

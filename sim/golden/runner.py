@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ import numpy as np
 from npu.asm import DTYPES, Assembly, DataInit
 from npu.config import NpuConfig
 from npu.errors import NpuError
+from npu.isa import INSTR_BYTES
 from npu.manifest_check import check_container
 from npu.registers import Status
 from npu.sim.golden.model import NpuModel
@@ -131,11 +133,17 @@ def timing_run(
     cfg: NpuConfig, instrs, base: int = 0, model: NpuModel | None = None, trace: bool = False
 ) -> NpuModel:
     """Run a program on the golden model for its timing only (data are not computed): the cost
-    model of the compiler. Returns the model after DONE (its counters, and its trace with `trace`)."""
+    model of the compiler. Returns the model after DONE (its counters, and its trace with `trace`).
+    A program longer than the DRAM is timed as if the DRAM held it: the compiler times programs
+    before it places them, and refuses one that does not fit with the sizes it needs (DramTooSmall)."""
+    instrs = list(instrs)
+    end = base + len(instrs) * INSTR_BYTES
+    if model is None and end > cfg.dram_bytes:
+        cfg = dataclasses.replace(cfg, dram_bytes=1 << (end - 1).bit_length())
     m = model or NpuModel(cfg, trace=trace, timing_only=True)
     m.soft_reset()
     if m.timing_only:
-        m.load_instructions(list(instrs), base)
+        m.load_instructions(instrs, base)
     else:
         from npu.isa import encode_program
 

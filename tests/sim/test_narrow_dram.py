@@ -59,3 +59,14 @@ def test_the_fetcher_refills_two_instructions_a_burst(n):
     per_pair = 2 * (32 // CFG.dram_word_bytes) + CFG.dram_burst_cycles
     assert FETCH_REFILL == 2 and FETCH_BURST == 4
     assert cycles(2 * n) - cycles(n) == pytest.approx(n // 2 * per_pair, abs=per_pair)
+
+
+def test_a_program_longer_than_the_dram_is_timed_not_refused_by_the_timing_run():
+    """The compiler times a program before it places it in DRAM and refuses one that does not fit
+    with the sizes it needs (DramTooSmall): the timing run itself takes it as if the DRAM held it
+    (it used to stop with DRAM_RANGE at the first instruction past the DRAM's end)."""
+    cfg = get_config("tiny")  # 64 KiB: 2,048 instructions
+    n = cfg.dram_bytes // 32 + 100
+    prog = [make("sync") for _ in range(n - 1)] + [make("end")]
+    m = timing_run(cfg, prog)
+    assert m.counter_values()["CYCLES"] >= n
