@@ -121,11 +121,17 @@ def geometry(x: Act, y: Act, kernel, strides, pads, where: str, dilations=(1, 1)
 class BandPixels:
     """How a convolution's band holds its pixels on chip: `pitch` elements apart (`a_pitch`), each
     row's padded columns in `planes` planes by their remainder mod `planes` (`a_planes`: a strided
-    convolution's MATMULs then read adjacent pixels)."""
+    convolution's MATMULs then read adjacent pixels). `phased`: a convolution of stride s = `planes`
+    in both directions keeps its rows in s phases too, each phase's rows one after another (plane
+    (row phase, column phase) holds `hq` rows of the s x s): the input rows a tap reads for
+    consecutive output rows are then consecutive in one plane, so one MATMUL a tap covers the band,
+    as at stride 1, its output rows `wv` A rows apart (the plane's width)."""
 
     pitch: int
     planes: int = 1
     stride: int = 1  # pixels apart on chip of a MATMUL's A rows
+    phased: bool = False
+    hq: int = 0  # a phased band's rows a plane (its plan's tallest band's)
 
     @staticmethod
     def of(cfg: NpuConfig, g: Geometry, elems: int, ex: int, planes: int, band_mode: bool, pad: bool = True
@@ -143,6 +149,33 @@ class BandPixels:
         """Where padded column `j` of such a row is, in pixels."""
         return (j % self.planes) * cdiv(wp, self.planes) + j // self.planes
 
+    def held(self, in_rows: int) -> int:
+        """Rows a band of `in_rows` input rows takes on chip (a phased one's planes are of equal height)."""
+        return self.planes * cdiv(in_rows, self.planes) if self.phased else in_rows
+
+    def bytes(self, g: Geometry, rows_out: int, ex: int) -> int:
+        """Bytes on chip of a band of `rows_out` output rows of `g`, `ex` bytes an element."""
+        return self.held(g.in_rows(rows_out)) * self.row(g.wp) * self.pitch * ex
+
+    def sized(self, g: Geometry, rows_out: int) -> BandPixels:
+        """As a plan of bands of `rows_out` output rows lays them out (a phased band's `hq`)."""
+        return replace(self, hq=cdiv(g.in_rows(rows_out), self.planes)) if self.phased else self
+
+    def wv(self, g: Geometry, band_mode: bool) -> int:
+        """A-row slots an output row of a band takes: the padded width in band mode (a phased band's
+        plane width), else the output width."""
+        return (cdiv(g.wp, self.planes) if self.phased else g.wp) if band_mode else g.ow
+
+    def at(self, i: int, wp: int) -> int:
+        """Where input row `i` of a phased band starts (its first column plane), in pixels."""
+        s = self.planes
+        return ((i % s) * s * self.hq + i // s) * cdiv(wp, s)
+
+    def tap(self, ky: int, kx: int, wp: int) -> int:
+        """A phased band's first A row for tap (ky, kx), in pixels."""
+        s, wq = self.planes, cdiv(wp, self.planes)
+        return self.at(ky, wp) + (kx % s) * self.hq * wq + kx // s
+
 
 def _load_band(
     b: ProgramBuilder,
@@ -159,14 +192,16 @@ def _load_band(
     cl: int = 0,
     pitch: int = 0,
     planes: int = 1,
+    phased: BandPixels | None = None,
 ) -> None:
     """Padded input rows for output rows [y0, y0 + rows_out) of frame n at `buf`: all channels, or
     with `cl` the slice of channels [c0, c0 + cl) (a pixel `cl` elements wide on chip: one DMA row
     per pixel, an input row per LOAD, its border pixels as pad rows); `g` may be a strip of the
     tensor's width starting at input column `col0` (Geometry.strip). `pitch`: elements of a pixel
     on chip when more than it holds (`a_pitch`; loaded a DMA row a pixel too); `planes`: each row's
-    columns by their remainder (`BandPixels`), a LOAD a plane. `fill`: the padding's int8 value, or
-    for an int16 tensor its high byte (0, or -128 for -32768)."""
+    columns by their remainder (`BandPixels`), a LOAD a plane; `phased`: its rows by their
+    remainder too (`BandPixels.phased`). `fill`: the padding's int8 value, or for an int16 tensor its
+    high byte (0, or -128 for -32768)."""
     e = x.layout.elem
     cp = x.layout.cp * e  # bytes of a pixel
     width = x.layout.nchw[3]  # the tensor's row, of which the band reads g.w columns
@@ -182,19 +217,22 @@ def _load_band(
         i = 0
         while i < bottom - top:
             h = top + i
-            if 0 <= h < g.h:
+            if 0 <= h < g.h or phased:
                 for q in range(planes):  # plane q: padded columns q, q + planes, ...
                     lead = cdiv(g.pl - q, planes) if g.pl > q else 0  # its pixels left of the map
                     j0 = q + lead * planes  # its first column of the map
-                    data = cdiv(g.pl + g.w - j0, planes) if j0 < g.pl + g.w else 0
+                    data = cdiv(g.pl + g.w - j0, planes) if j0 < g.pl + g.w and 0 <= h < g.h else 0
+                    lead = lead if data else wq  # none of the map's pixels: a row of padding pixels
+                    at = phased.at(i, g.wp) + q * phased.hq * wq if phased else i * planes * wq + q * wq
                     b.add(
                         "load",
-                        spad=buf + i * row + q * wq * step,
+                        spad=buf + at * step,
                         dram=(x.addr + ((n * g.h + h) * width + col0 + j0 - g.pl) * cp + c0 * e) * (data > 0),
                         rows=data,
                         cols=px if data else 0,
                         spad_stride=step,
                         dram_stride=planes * cp,
+                        pad_left=0 if data else px,
                         pad_top=lead,
                         pad_bottom=wq - lead - data,
                         pad_value=fill,
@@ -297,7 +335,9 @@ class ConvPlan:
         if self.co_t < cout_p:
             parts.append(f"out-channel x{cdiv(cout_p, self.co_t)}")
         if self.pixels is not None and self.pixels.planes > 1:
-            parts.append(f"band columns in {self.pixels.planes} planes")
+            s = self.pixels.planes
+            parts.append(f"band rows and columns in {s} x {s} phases" if self.pixels.phased
+                         else f"band columns in {s} planes")  # fmt: skip
         if self.ci_t < cin_win:
             parts.append(f"in-channel x{cdiv(cin_win, self.ci_t)}")
         if self.rows < g.oh:
@@ -426,8 +466,10 @@ def narrow_subs(
     return subs
 
 
-def _conv_m(g: Geometry, rows: int, band_mode: bool) -> int:
-    return (rows - 1) * g.wp + g.ow if band_mode else rows * g.ow
+def _conv_m(g: Geometry, rows: int, band_mode: bool, px: BandPixels | None = None) -> int:
+    """A band's MATMUL rows: in band mode its output rows `wv` A rows apart (`BandPixels.wv`)."""
+    wv = px.wv(g, band_mode) if px is not None else g.wp
+    return (rows - 1) * wv + g.ow if band_mode else rows * g.ow
 
 
 def plan_conv(
@@ -484,12 +526,13 @@ def plan_conv(
     best = None
     co_opts = sorted({min(cout_p, co_step * (1 << j)) for j in range(16)} | {cout_p})
     taps = g.kh * g.kw
-    for co_t, bp in _tilings(cfg, g, co_opts, win_of, ex, band_mode, gather is not None, full):
+    for co_t, bp in _tilings(cfg, g, co_opts, win_of, ex, band_mode, gather is not None, full, narrow):
         n_co = cdiv(cout_p, co_t)
         win = win_of(co_t)
         windowed = win < full  # the band: the whole pixel unless windowed
         # its pixel's bytes on chip, the cycles a step takes for the clusters' A reads, a row's pixels
-        px, share, wq = bp.pitch * ex, a_sharing(cfg, bp.pitch, ex, bp.stride), bp.row(g.wp)
+        # the cycles a step takes for the clusters' A reads; a MATMUL a tap for the whole band
+        share, bm = a_sharing(cfg, bp.pitch, ex, bp.stride), band_mode or bp.phased
         ci_opts = sorted({max(ca, round_up(cdiv(win, d), ca)) for d in (1, 2, 3, 4, 6, 8, 16, 32, 64, 128)})
         for ci_t in ci_opts:
             n_ci = cdiv(win, ci_t)
@@ -504,13 +547,13 @@ def plan_conv(
             else:
                 room = cfg.spad_bytes - wbufs * wbytes
             room -= post_fixed
-            def fits(r: int, tiling=(n_ci, n_mm, ci_t, px, co_t, room, wq, share)) -> bool:
-                n_ci, n_mm, ci_t, px, co_t, room, wq, share = tiling
-                m = _conv_m(g, r, band_mode)
+            def fits(r: int, tiling=(n_ci, n_mm, ci_t, co_t, room, share, bp, bm)) -> bool:
+                n_ci, n_mm, ci_t, co_t, room, share, bp, bm = tiling
+                m = _conv_m(g, r, bm, bp)
                 steps = _chunk_steps(cfg, m, n_mm, ci_t, ex, narrow)[0] * share
                 band_t = sets * n_ci * taps * (cfg.matrix_latency + steps)
                 return (
-                    2 * (g.in_rows(r) * wq * px + m * co_t * ey) + m * co_t * post_elem <= room
+                    2 * (bp.bytes(g, r, ex) + m * co_t * ey) + m * co_t * post_elem <= room
                     and (1 + sets) * m * acc_row_stride(cfg, co_t) <= cfg.acc_bytes
                     and m <= 0xFFFF
                     # with a cancellation interval, one band must not take longer than it
@@ -521,10 +564,10 @@ def plan_conv(
             if rows == 0:
                 continue
             bands = cdiv(g.oh, rows) * g.n
-            m = _conv_m(g, rows, band_mode)
+            m = _conv_m(g, rows, bm, bp)
             steps, per_chunk = _chunk_steps(cfg, m, n_mm, ci_t, ex, narrow)
             steps *= share
-            mm_per_band = sets * n_ci * taps * (1 if band_mode else rows) * per_chunk
+            mm_per_band = sets * n_ci * taps * (1 if bm else rows) * per_chunk
             matrix = n_co * bands * (mm_per_band * cfg.matrix_latency + sets * n_ci * taps * steps)
             w_bytes, w_rows, w_loads = _weight_dma(sets, n_co, n_ci, taps, co_t, win, ci_t, bands, packed)
             band_loads, in_beats, band_rows = _band_dma(
@@ -544,7 +587,7 @@ def plan_conv(
             # the bias: a LOAD of m rows of the tile's int32 per band, or a MATMUL of one k step
             bias_load = sets * n_co * bands * _bias_load_cycles(cfg, m, co_t)
             bias_mm_cycles = sets * n_co * bands * _bias_matmul_cycles(cfg, m, co_t, bias_k)
-            band_bytes = 2 * (g.in_rows(rows) * wq * px + m * co_t * ey) + m * co_t * post_elem
+            band_bytes = 2 * (bp.bytes(g, rows, ex) + m * co_t * ey) + m * co_t * post_elem
             # the bias as a MATMUL where its block fits and it takes at most half the LOAD's
             # cycles (not where the array reads int16 at half rate with clusters sharing a bank
             # word, or on `tiny`'s narrow array): a bias LOAD waits for the output pass of the band
@@ -563,7 +606,7 @@ def plan_conv(
             key = (bool(max_step) and band > max_step, live_blocked, est, n_co * n_ci)
             if best is None or key < best[0]:
                 spad = wbufs * wbytes + band_bytes + post_fixed + (bias_block if bias_mm else 0)
-                best = (key, ConvPlan(co_t, ci_t, rows, band_mode, est, spad, bias_mm=bias_mm, pixels=bp))
+                best = (key, ConvPlan(co_t, ci_t, rows, bm, est, spad, 0, bias_mm, bp.sized(g, rows)))
     if best is None:
         # what the smallest tiling (one output row, the narrowest channel tiles) would need
         co_t = co_opts[0]
@@ -582,12 +625,15 @@ def plan_conv(
 
 
 def _tilings(cfg: NpuConfig, g: Geometry, co_opts: list[int], win_of, ex: int, band_mode: bool, gather: bool,
-             full: int) -> list[tuple[int, BandPixels]]:  # fmt: skip
+             full: int, depthwise: bool = False) -> list[tuple[int, BandPixels]]:  # fmt: skip
     """(output channel tile, how its band holds its pixels) a planner tries: at the tensor's pitch
     and at `a_pitch`'s, and a strided convolution's with its columns in planes where that separates
     the clusters' banks (`a_planes`); the cheaper by the estimate. A band loaded a DMA row an input
     row (neither gathered nor a window of the tensor's `full` channels) loads a DMA row a pixel
-    at another pitch or in planes, so plain is tried too; the others take the pitch."""
+    at another pitch or in planes, so plain is tried too; the others take the pitch. A strided
+    `depthwise` convolution's band is tried with its rows in phases too (`BandPixels.phased`: a
+    MATMUL a tap, not a tap and output row; not tried for dense ones, where the estimate ranked it
+    wrongly: docs/compiler.md, "Strided bands in phases")."""
     out = []
     for c in co_opts:
         win = win_of(c)
@@ -595,8 +641,16 @@ def _tilings(cfg: NpuConfig, g: Geometry, co_opts: list[int], win_of, ex: int, b
         planes = {1} if band_mode or gather else {1, a_planes(cfg, win, ex, g.sw)}
         pads = {(p, pad) for p in planes for pad in (True, per_pixel or p > 1)}
         opts = {BandPixels.of(cfg, g, win, ex, p, band_mode, pad) for p, pad in pads}
+        if depthwise and phases(g) and not gather:  # rows in phases too: a MATMUL a tap (`BandPixels.phased`)
+            opts.add(BandPixels(a_pitch(cfg, win, ex), g.sh, phased=True))
         out += [(c, bp) for bp in sorted(opts, key=lambda bp: (bp.planes, bp.pitch))]
     return out
+
+
+def phases(g: Geometry) -> bool:
+    """Whether a band of this convolution can keep its rows and columns in phases by the stride
+    (`BandPixels.phased`): the same stride both ways, no dilation, every phase read by a tap."""
+    return 1 < g.sh == g.sw <= min(g.kh, g.kw) and g.dh == g.dw == 1
 
 
 def _tallest_band(oh: int, fits: Callable[[int], bool]) -> int:
@@ -825,7 +879,7 @@ def conv_program(
     # one band for every output tile (the whole input, all channels): it is loaded once and read
     # by each tile's MATMULs, instead of again per tile
     one_band = keeps_one_band(len(strips) == 1, windowed, cdiv(g.oh, plan.rows) * g.n, len(tiles),
-                              gp.in_rows(plan.rows) * bp.row(gp.wp) * bp.pitch * ex, max_step, max_live)
+                              bp.bytes(gp, plan.rows, ex), max_step, max_live)
     bias_src = (extra[2], digits.shape[1], extra[4]) if block else bias_addr
     # what each band's MATMULs share; the second's bias: after the first's in the block, or its own row
     mm = SimpleNamespace(cfg=cfg, g=g, bm=plan.band_mode, taps=taps, w_bufs=w_bufs, w2=w2, ex=ex, ey=ey,
@@ -842,7 +896,7 @@ def conv_program(
         for n, (gs, col0, x0) in itertools.product(range(g.n), strips):
             for y0 in range(0, g.oh, plan.rows):
                 rows = min(plan.rows, g.oh - y0)
-                m = _conv_m(gs, rows, bm)
+                m = _conv_m(gs, rows, bm, bp)
                 ib, ob, ab = in_bufs[0 if one_band else k % 2], out_bufs[k % 2], acc_bufs[k % 2]
                 ab2 = acc_bufs[2] if second is not None else None  # one: see _conv_buffers
                 k += 1
@@ -851,8 +905,8 @@ def conv_program(
                     _band_input(b, x, src, gs, t if windowed else None, band, ib, bp)
                     band_loaded = one_band and not windowed
                 skip, wb, nw = _band_matmuls(b, mm, t, t2, (n, y0, x0, rows, m), gs, ib, (ab, ab2), k, wb, nw)
-                _conv_output(b, y, rq, g, gs, t, bm, n, y0, x0, rows, m, ab, ob, cpy, ey, c_stride, out_pass,
-                             skip)  # fmt: skip
+                _conv_output(b, y, rq, g, gs, t, bp.wv(gs, bm), n, y0, x0, rows, m, ab, ob, cpy, ey, c_stride,
+                             out_pass, skip)  # fmt: skip
                 b.candidate()  # between bands: the resident weights are live (and a band kept for all tiles)
     folded = "" if src is None else f"; taps folded into k (im2col: {im2col.describe(*src)})"
     return {
@@ -870,9 +924,11 @@ def _band_input(b, x: Act, src, gs: Geometry, t, band: tuple, ib: int, px: BandP
     n, y0, rows, x0, col0 = band
     fill, label = x.q.zero_point if x.layout.elem == 1 else 0, f"input n{n} y{y0} x{x0}"
     if t is not None:
-        _load_band(b, x, gs, n, y0, rows, ib, fill, label, col0, t.win0, t.wlen, px.pitch, px.planes)
+        _load_band(b, x, gs, n, y0, rows, ib, fill, label, col0, t.win0, t.wlen, px.pitch, px.planes,
+                   px if px.phased else None)
     elif src is None:
-        _load_band(b, x, gs, n, y0, rows, ib, fill, label, col0, pitch=px.pitch, planes=px.planes)
+        _load_band(b, x, gs, n, y0, rows, ib, fill, label, col0, pitch=px.pitch, planes=px.planes,
+                   phased=px if px.phased else None)
     else:
         im2col.gather_band(b, *src, n, y0, rows, x0, gs.ow, ib, px.pitch * x.layout.elem, fill, label)
 
@@ -898,7 +954,7 @@ def _band_matmuls(b, s: SimpleNamespace, t, t2, band: tuple, gs: Geometry, ib: i
     if second is not None:
         _start_with_bias(b, cfg, t, m, ab2, c_stride, *s.bias2)
     _start_with_bias(b, cfg, t, m, ab, c_stride, s.bias)
-    skip = _load_residual(b, s.post, s.res_bufs, k, g, gs, t, n, y0, x0, rows, s.bm, s.cpy, s.ey)
+    skip = _load_residual(b, s.post, s.res_bufs, k, g, gs, t, n, y0, x0, rows, s.bp.wv(gs, s.bm), s.cpy, s.ey)
     w2_addr = t2.w_addr if t2 is not None else [None] * len(t.chunks)
     chunks = zip(t.chunks, t.w_addr, w2_addr, t.cols, t.subs, t.k, strict=True)
     for (c0, cl), wa, wa2, reach, subs, kc in chunks:
@@ -1028,8 +1084,8 @@ def _conv_buffers(
     `pair` (`SecondConv`): each weight buffer holds the second convolution's block after the first's,
     at `round_up(wbytes, lanes)`, and a third accumulator tile is the second's (one: its VMAP runs
     under the first's MATMULs of the same band, before the next band's second MATMULs need it)."""
-    m_max = _conv_m(gp, plan.rows, plan.band_mode)
-    in_bytes = gp.in_rows(plan.rows) * px.row(gp.wp) * px.pitch * ex
+    m_max = _conv_m(gp, plan.rows, plan.band_mode, px)
+    in_bytes = px.bytes(gp, plan.rows, ex)
     wbytes = _weight_bytes(cfg, plan.co_t, taps * plan.ci_t, pair)
     single_w = len(tiles) == 1 and (len(tiles[0].chunks) == 1 or bool(tiles[0].packed))
     act_bytes, w_base = spad_regions(cfg)
@@ -1080,6 +1136,8 @@ def _conv_matmuls(
         for kx in range(g.kw):
             bw = wb + (ky * g.kw + kx) * w_row + lo * b_stride
             chan = (t.base(windowed) + c0 + px.col(kx * g.dw, gs.wp) * p) * ex  # bytes into the row
+            if px.phased:  # the tap's plane, from its row and column there
+                chan, row = (t.base(windowed) + c0 + px.tap(ky, kx, gs.wp) * p) * ex, 0
             if band_mode:
                 b.add(
                     "matmul",
@@ -1114,12 +1172,11 @@ def _conv_matmuls(
 
 
 def _conv_output(
-    b, y, rq, g, gs, t, band_mode, n, y0, x0, rows, m, ab, ob, cpy, ey, c_stride, out_pass, skip: int = 0
+    b, y, rq, g, gs, t, wv, n, y0, x0, rows, m, ab, ob, cpy, ey, c_stride, out_pass, skip: int = 0
 ) -> None:
     """A band's results to DRAM: int32 accumulators as they are (rq None), or requantised (and
     through `out_pass`: (OutputPass, table, scratch, the output's real channels), where given;
-    `skip`: where a residual's other operand's tile is)."""
-    wv = gs.wp if band_mode else gs.ow
+    `skip`: where a residual's other operand's tile is; `wv`: A-row slots an output row takes)."""
     if rq is None:  # int32 results: each output row's pixels straight from the accumulators
         out = y.addr + (((n * g.oh + y0) * g.ow + x0) * cpy + t.co0) * 4
         if wv == gs.ow == g.ow:  # the band's pixels are the output's, back to back
@@ -1148,7 +1205,7 @@ def _conv_output(
     _tile_dma(b, "store", ob, y.addr + at, g, gs, t, rows, wv, cpy, ey, "output")
 
 
-def _load_residual(b, post, bufs, k: int, g, gs, t, n, y0, x0, rows: int, band_mode, cpy: int, ey: int):
+def _load_residual(b, post, bufs, k: int, g, gs, t, n, y0, x0, rows: int, wv: int, cpy: int, ey: int):
     """The residual's other operand's tile for a band (`post.residual`), arranged as the output's,
     into its buffer of the band's parity when the band starts (under the band's MATMULs, not after
     them on the in-order load unit); where it is (0: no residual)."""
@@ -1157,7 +1214,6 @@ def _load_residual(b, post, bufs, k: int, g, gs, t, n, y0, x0, rows: int, band_m
     if post.residual.addr is None:  # computed in the band (`SecondConv`): nothing to load
         return bufs[k % 2]
     at = (((n * g.oh + y0) * g.ow + x0) * cpy + t.co0) * ey
-    wv = gs.wp if band_mode else gs.ow
     _tile_dma(b, "load", bufs[k % 2], post.residual.addr + at, g, gs, t, rows, wv, cpy, ey,
               f"residual {post.residual.name}")  # fmt: skip
     return bufs[k % 2]

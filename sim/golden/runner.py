@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from npu.asm import DTYPES, Assembly, DataInit
-from npu.config import NpuConfig
+from npu.config import NpuConfig, get_config
 from npu.errors import NpuError
 from npu.isa import INSTR_BYTES
 from npu.manifest_check import check_container
@@ -138,6 +138,7 @@ def timing_run(
     before it places them, and refuses one that does not fit with the sizes it needs (DramTooSmall)."""
     instrs = list(instrs)
     end = base + len(instrs) * INSTR_BYTES
+    cfg = get_config(cfg) if isinstance(cfg, str) else cfg
     if model is None and end > cfg.dram_bytes:
         cfg = dataclasses.replace(cfg, dram_bytes=1 << (end - 1).bit_length())
     m = model or NpuModel(cfg, trace=trace, timing_only=True)

@@ -123,12 +123,13 @@ def test_depthwise_conv_bands_hold_only_the_tiles_channels(tmp_path, stride):
     assert util > 0.05, (util, layer.split)
     loads = [i.fields for i in cm.lowered.program if i.op == Opcode.LOAD and i.fields["rows"]]
     px = 256  # the input's pixel in DRAM: its bands are read a pixel or an input row a DMA row
-    bands = [f for f in loads if f["dram_stride"] in (px, 28 * px)]
+    # (a pixel of a plane of columns by their phase: `stride` pixels apart)
+    bands = [f for f in loads if f["dram_stride"] in (px, stride * px, 28 * px)]
     read = sum(f["rows"] * f["cols"] for f in bands)
     # the input once, with the rows bands share at stride 2 (a tile's band per tile: 32 times)
     assert bands and read <= 1.3 * 28 * 28 * px, (read, layer.split)
     # every channel at once only as the one output tile
-    assert all(f["cols"] <= layer.tile["co"] for f in bands if f["dram_stride"] == px), layer.split
+    assert all(f["cols"] <= layer.tile["co"] for f in bands if f["dram_stride"] < 28 * px), layer.split
 
 
 @pytest.mark.parametrize("config", ["banked", "default"])
