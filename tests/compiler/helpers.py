@@ -58,6 +58,12 @@ def unfused_layers(cm) -> list[tuple[str, str]]:
     return out
 
 
+def assert_same_int8(a, b, *inputs: np.ndarray) -> None:
+    """Two compiles of one model (`CompiledModel`) give the same int8 outputs, bit for bit."""
+    for got, want in zip(a.run_int8(*inputs), b.run_int8(*inputs), strict=True):
+        assert np.array_equal(got, want)
+
+
 def assert_pauses_bit_exact(low, urgent, x: np.ndarray, config: str = "default") -> None:
     """`low` paused at every one of its cancellation points, `urgent` run in each pause, then
     resumed: every point taken, and the same outputs as `urgent`'s (the same model without the

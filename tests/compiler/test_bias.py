@@ -11,7 +11,7 @@ from npu.config import get_config
 from npu.isa import Opcode
 from npu.models.builder import Net
 from npu.timing import duration
-from tests.compiler.helpers import assert_pauses_bit_exact, compare_int8, compile_model
+from tests.compiler.helpers import assert_pauses_bit_exact, assert_same_int8, compare_int8, compile_model
 from tests.compiler.test_operators import calib_for
 
 
@@ -84,8 +84,7 @@ def test_bias_matmul_gives_the_loads_results(tmp_path, config, spec, monkeypatch
     cl = compile_model(tmp_path, model, config, calib, name="load")
     mm2, loads2 = _bias_ops(cl)
     assert loads2 and not mm2
-    for a, b in zip(cm.run_int8(x), cl.run_int8(x), strict=True):
-        assert np.array_equal(a, b)
+    assert_same_int8(cm, cl, x)
 
 
 def test_planner_takes_the_matmul_and_the_estimate_falls(tmp_path, monkeypatch):
@@ -177,8 +176,7 @@ def test_gemm_bias_matmul_gives_the_loads_results(tmp_path, monkeypatch, op, con
     cl = compile_model(tmp_path, model, config, calib, name="load", accuracy_check=False)
     mm2, loads2 = _bias_ops(cl)
     assert loads2 and not mm2
-    for a, b in zip(cm.run_int8(x), cl.run_int8(x), strict=True):
-        assert np.array_equal(a, b)
+    assert_same_int8(cm, cl, x)
     if config == "tiny":  # a narrow array: the MATMUL's k steps cost more than the LOAD saves
         assert loads and not mm
         return

@@ -2,13 +2,13 @@
 graph; the same results as the default granularity. `--granularity step`: long operators also cut
 between their steps into chained segments that continue on each other's on-chip data."""
 
-import numpy as np
 import onnx
 import pytest
 
 from npu.compiler import CompileError, compile_onnx
 from npu.container import Container, HostStep, NpuSegment
 from npu.models import zoo
+from tests.compiler.helpers import assert_same_int8
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +41,7 @@ def test_one_segment_per_operator_with_its_producers(both):
 
 def test_results_equal_the_default_granularity(both):
     seg, op, x = both
-    for a, b in zip(seg.run_int8(x), op.run_int8(x), strict=True):
-        assert np.array_equal(a, b)
+    assert_same_int8(seg, op, x)
 
 
 def test_default_granularity_keeps_the_chain_and_old_files_read_as_chains(both):
@@ -99,8 +98,7 @@ def test_step_cuts_long_operators_into_chained_segments(stepped):
 
 def test_step_results_equal_the_operator_granularity(stepped):
     op, st, x = stepped
-    for a, b in zip(op.run_int8(x), st.run_int8(x), strict=True):
-        assert np.array_equal(a, b)
+    assert_same_int8(op, st, x)
 
 
 def test_the_runtime_refuses_chained_segments(stepped):

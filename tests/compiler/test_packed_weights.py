@@ -10,7 +10,7 @@ import pytest
 from npu.compiler import spatial
 from npu.isa import Opcode
 from npu.models.builder import Net
-from tests.compiler.helpers import compare_int8, compile_model
+from tests.compiler.helpers import assert_same_int8, compare_int8, compile_model
 from tests.compiler.test_operators import calib_for
 
 
@@ -57,8 +57,7 @@ def test_packed_weights_are_bit_exact_and_move_fewer_bytes(tmp_path, monkeypatch
     assert len(packed) == 1 and packed[0]["rows"] == conv.tile["co"], (conv.tile, conv.split, packed)
     monkeypatch.setattr(spatial, "_packs", lambda reach: False)
     apart = compile_model(tmp_path, model, config, calib, name="apart", **opts)
-    for a, b in zip(cm.run_int8(x), apart.run_int8(x), strict=True):
-        assert np.array_equal(a, b)
+    assert_same_int8(cm, apart, x)
     moved = [sum(f["rows"] * f["cols"] for f in _weight_loads(c)) for c in (cm, apart)]
     assert moved[0] * 2 <= moved[1], moved
     assert cm._npu_cycles() <= apart._npu_cycles(), (cm._npu_cycles(), apart._npu_cycles())

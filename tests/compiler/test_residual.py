@@ -8,7 +8,7 @@ import pytest
 
 from npu.compiler.ops import conv as conv_ops
 from npu.models.builder import Net
-from tests.compiler.helpers import assert_pauses_bit_exact, compare_int8, compile_model
+from tests.compiler.helpers import assert_pauses_bit_exact, assert_same_int8, compare_int8, compile_model
 from tests.compiler.test_operators import calib_for
 
 
@@ -58,8 +58,7 @@ def test_residual_add_in_the_output_pass(tmp_path, monkeypatch, kind, config, ac
     monkeypatch.setattr(conv_ops, "residual_add", lambda *_a: None)
     apart = compile_model(tmp_path, model, config, calib, name="apart", activations=activations)
     assert not _fused(apart)
-    for a, b in zip(cm.run_int8(x), apart.run_int8(x), strict=True):
-        assert np.array_equal(a, b)
+    assert_same_int8(cm, apart, x)
     if config == "default":
         assert _est(cm) < _est(apart), (_est(cm), _est(apart))
 
@@ -105,5 +104,4 @@ def test_a_chain_of_residuals_reads_each_sum_after_it_is_made(tmp_path, monkeypa
     compare_int8(cm, x)
     monkeypatch.setattr(conv_ops, "residual_add", lambda *_a: None)
     apart = compile_model(tmp_path, model, "default", calib, name="apart", order=order)
-    for a, b in zip(cm.run_int8(x), apart.run_int8(x), strict=True):
-        assert np.array_equal(a, b)
+    assert_same_int8(cm, apart, x)
