@@ -492,6 +492,7 @@ def plan_conv(
     gather: Callable[[int, int], tuple[int, int, int]] | None = None,
     pair: bool = False,
     packs: Callable[[int, int], bool] | None = None,
+    depthwise: bool = False,
 ) -> ConvPlan:
     """Pick output/input channel tile sizes and the row band height with the cost model.
     `win_of(co_t)`: the input channels a tile of co_t output channels reads: all of them, or for a
@@ -508,9 +509,8 @@ def plan_conv(
     band is gathered (compiler/im2col.py): (LOADs, bus words, DMA rows) of a band of (rows, columns).
     `pair`: a second convolution of the same input runs beside it (`SecondConv`): twice the weights,
     the MATMULs and the bias, a third accumulator tile, a VMAP more, no LOAD of the residual's tile.
-    `packs(co_t, ci_t)`: a grouped convolution's chunks share one weight block a tile (`_packs`)."""
-    ca = channel_align(cfg)
-    sets = 2 if pair else 1
+    `packs(co_t, ci_t)`: a tile's chunks share one weight block (`_packs`); `depthwise`: see `_tilings`."""
+    ca, sets = channel_align(cfg), 2 if pair else 1
     full = cpx
     cpx *= ex  # bytes of an input pixel from here on
     if g.wp * cpx > 0xFFFF:
@@ -526,7 +526,7 @@ def plan_conv(
     best = None
     co_opts = sorted({min(cout_p, co_step * (1 << j)) for j in range(16)} | {cout_p})
     taps = g.kh * g.kw
-    for co_t, bp in _tilings(cfg, g, co_opts, win_of, ex, band_mode, gather is not None, full, narrow):
+    for co_t, bp in _tilings(cfg, g, co_opts, win_of, ex, band_mode, gather is not None, full, depthwise):
         n_co = cdiv(cout_p, co_t)
         win = win_of(co_t)
         windowed = win < full  # the band: the whole pixel unless windowed
@@ -836,12 +836,12 @@ def conv_program(
     # one bias block for both convolutions: the second's channels after the first's
     digits = biasmm.digits(bias_p if second is None else np.concatenate([bias_p, bias2_p]))
 
-    packs = _packer(cfg, chanx, weights, groups, cpy, window)
+    packs, dw = _packer(cfg, chanx, weights, groups, cpy, window), groups > 1 and cin_g == 1 == cout_g
 
     def plan_for(geo: Geometry) -> ConvPlan:
         return plan_conv(
             cfg, geo, cpx, cpy, win_of, co_step, where, max_step, max_live, ex, ey, cols_of, post,
-            narrow=narrow and groups > 1 and cin_g == 1 and cout_g == 1,
+            narrow=narrow and dw, depthwise=dw,
             bias_k=0 if digits is None else digits.shape[1], whole_width=geo.ow == g.ow,
             gather=None if src is None else _gather_cost(cfg, *src), pair=second is not None, packs=packs,
         )  # fmt: skip

@@ -87,3 +87,13 @@ def test_the_planner_takes_phases_for_mobilenets_strided_depthwise_layers(tmp_pa
     finally:
         spatial._tilings = TILINGS
     assert cm._npu_cycles() < rows._npu_cycles(), (cm._npu_cycles(), rows._npu_cycles())
+
+
+def test_phases_do_not_depend_on_the_narrow_depthwise_option(tmp_path):
+    """`--no-narrow-depthwise` (one MATMUL a chunk, the compile's retry where a program does not fit
+    its DRAM) keeps the phases, which make fewer MATMULs too."""
+    net = Net("mbdw", (1, 64, 24, 24), seed=2)
+    model = net.model([net.conv(net.input, 64, 3, stride=2, pad=1, groups=64, relu=False)])
+    opts = dict(activations="int16", accuracy_check=False, cancel_points=False, narrow_depthwise=False)
+    cm = compile_model(tmp_path, model, "ulx3s32", calib_for(net.shapes[net.input]), **opts)
+    assert "phases" in cm.lowered.layers[0].split, cm.lowered.layers[0].split
