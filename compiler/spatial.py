@@ -166,15 +166,14 @@ class BandPixels:
         plane width), else the output width."""
         return (cdiv(g.wp, self.planes) if self.phased else g.wp) if band_mode else g.ow
 
-    def at(self, i: int, wp: int) -> int:
-        """Where input row `i` of a phased band starts (its first column plane), in pixels."""
+    def at(self, i: int, q: int, wp: int) -> int:
+        """Where input row `i` of a phased band starts in column plane `q`, in pixels."""
         s = self.planes
-        return ((i % s) * s * self.hq + i // s) * cdiv(wp, s)
+        return (((i % s) * s + q) * self.hq + i // s) * cdiv(wp, s)
 
     def tap(self, ky: int, kx: int, wp: int) -> int:
         """A phased band's first A row for tap (ky, kx), in pixels."""
-        s, wq = self.planes, cdiv(wp, self.planes)
-        return self.at(ky, wp) + (kx % s) * self.hq * wq + kx // s
+        return self.at(ky, kx % self.planes, wp) + kx // self.planes
 
 
 def _load_band(
@@ -190,18 +189,18 @@ def _load_band(
     col0: int = 0,
     c0: int = 0,
     cl: int = 0,
-    pitch: int = 0,
-    planes: int = 1,
-    phased: BandPixels | None = None,
+    px: BandPixels | None = None,
 ) -> None:
     """Padded input rows for output rows [y0, y0 + rows_out) of frame n at `buf`: all channels, or
     with `cl` the slice of channels [c0, c0 + cl) (a pixel `cl` elements wide on chip: one DMA row
     per pixel, an input row per LOAD, its border pixels as pad rows); `g` may be a strip of the
-    tensor's width starting at input column `col0` (Geometry.strip). `pitch`: elements of a pixel
-    on chip when more than it holds (`a_pitch`; loaded a DMA row a pixel too); `planes`: each row's
-    columns by their remainder (`BandPixels`), a LOAD a plane; `phased`: its rows by their
-    remainder too (`BandPixels.phased`). `fill`: the padding's int8 value, or for an int16 tensor its
-    high byte (0, or -128 for -32768)."""
+    tensor's width starting at input column `col0` (Geometry.strip). `px`: how the band holds its
+    pixels on chip (`BandPixels`; None: as the tensor does) - a pitch wider than a pixel's data
+    (`a_pitch`) is loaded a DMA row a pixel too, columns in planes a LOAD a plane, rows in phases
+    each into its plane. `fill`: the padding's int8 value, or for an int16 tensor its high byte (0,
+    or -128 for -32768)."""
+    pitch, planes = (px.pitch, px.planes) if px is not None else (0, 1)
+    phased = px is not None and px.phased
     e = x.layout.elem
     cp = x.layout.cp * e  # bytes of a pixel
     width = x.layout.nchw[3]  # the tensor's row, of which the band reads g.w columns
@@ -210,8 +209,8 @@ def _load_band(
     pad16 = int(e == 2 and fill != 0)
     cl = cl or x.layout.cp
     if cl * e < cp or pitch * e > cp or planes > 1:
-        px = cl * e  # bytes of a pixel's data
-        step = max(pitch * e, px)  # bytes of a pixel on chip
+        data_bytes = cl * e  # bytes of a pixel's data
+        step = max(pitch * e, data_bytes)  # bytes of a pixel on chip
         wq = cdiv(g.wp, planes)  # pixels of a plane
         row = planes * wq * step  # bytes of a band row on chip
         i = 0
@@ -223,16 +222,16 @@ def _load_band(
                     j0 = q + lead * planes  # its first column of the map
                     data = cdiv(g.pl + g.w - j0, planes) if j0 < g.pl + g.w and 0 <= h < g.h else 0
                     lead = lead if data else wq  # none of the map's pixels: a row of padding pixels
-                    at = phased.at(i, g.wp) + q * phased.hq * wq if phased else i * planes * wq + q * wq
+                    at = px.at(i, q, g.wp) if phased else (i * planes + q) * wq
                     b.add(
                         "load",
                         spad=buf + at * step,
                         dram=(x.addr + ((n * g.h + h) * width + col0 + j0 - g.pl) * cp + c0 * e) * (data > 0),
                         rows=data,
-                        cols=px if data else 0,
+                        cols=data_bytes if data else 0,
                         spad_stride=step,
                         dram_stride=planes * cp,
-                        pad_left=0 if data else px,
+                        pad_left=0 if data else data_bytes,
                         pad_top=lead,
                         pad_bottom=wq - lead - data,
                         pad_value=fill,
@@ -402,6 +401,7 @@ def _packer(cfg: NpuConfig, chanx: np.ndarray, weights: np.ndarray, groups: int,
     if groups == 1:
         return None
     cout, cin_g = weights.shape[:2]
+    pes = cfg.pes_per_cluster
 
     @functools.cache
     def packs(co_t: int, ci_t: int) -> bool:
@@ -409,7 +409,6 @@ def _packer(cfg: NpuConfig, chanx: np.ndarray, weights: np.ndarray, groups: int,
             ct = min(co_t, cpy - co0)
             win0, wlen = window(co0, ct)
             reads = _tile_reads(chanx, cout, groups, cin_g, co0, ct, win0, wlen)
-            pes = cfg.pes_per_cluster
             if not _packs([_reach(reads[:, c : c + ci_t], pes) for c in range(0, wlen, ci_t)]):
                 return False
         return True
@@ -530,7 +529,6 @@ def plan_conv(
         n_co = cdiv(cout_p, co_t)
         win = win_of(co_t)
         windowed = win < full  # the band: the whole pixel unless windowed
-        # its pixel's bytes on chip, the cycles a step takes for the clusters' A reads, a row's pixels
         # the cycles a step takes for the clusters' A reads; a MATMUL a tap for the whole band
         share, bm = a_sharing(cfg, bp.pitch, ex, bp.stride), band_mode or bp.phased
         ci_opts = sorted({max(ca, round_up(cdiv(win, d), ca)) for d in (1, 2, 3, 4, 6, 8, 16, 32, 64, 128)})
@@ -606,7 +604,8 @@ def plan_conv(
             key = (bool(max_step) and band > max_step, live_blocked, est, n_co * n_ci)
             if best is None or key < best[0]:
                 spad = wbufs * wbytes + band_bytes + post_fixed + (bias_block if bias_mm else 0)
-                best = (key, ConvPlan(co_t, ci_t, rows, bm, est, spad, 0, bias_mm, bp.sized(g, rows)))
+                plan = ConvPlan(co_t, ci_t, rows, bm, est, spad, bias_mm=bias_mm, pixels=bp.sized(g, rows))
+                best = (key, plan)
     if best is None:
         # what the smallest tiling (one output row, the narrowest channel tiles) would need
         co_t = co_opts[0]
@@ -705,14 +704,12 @@ def _band_dma(
     compiler/im2col.py) its own; else a LOAD a band, a DMA row an input row, loaded once for all
     output tiles where one band holds the input (`keeps_one_band`)."""
     bp, ex, data = px
-    in_bytes = g.in_rows(rows) * bp.row(g.wp) * bp.pitch * ex
-    if windowed or bp.pitch > data or bp.planes > 1:
-        one = keeps_one_band(whole_width, windowed, bands, n_co, in_bytes, max_step, max_live)
-        reloads = 1 if one else n_co
-        dma_rows = reloads * bands * g.in_rows(rows) * g.w  # a pixel each
-        return 1 + g.in_rows(rows) * bp.planes, dma_rows * cdiv(data * ex, cfg.bus_bytes), dma_rows
+    in_bytes = bp.bytes(g, rows, ex)
     one = keeps_one_band(whole_width, windowed, bands, n_co, in_bytes, max_step, max_live)
     reloads = 1 if one else n_co
+    if windowed or bp.pitch > data or bp.planes > 1:
+        dma_rows = reloads * bands * g.in_rows(rows) * g.w  # a pixel each
+        return 1 + g.in_rows(rows) * bp.planes, dma_rows * cdiv(data * ex, cfg.bus_bytes), dma_rows
     if gather is not None:
         loads, beats, dma_rows = gather(rows, g.ow)
         return loads, reloads * bands * beats, reloads * bands * dma_rows
@@ -924,11 +921,9 @@ def _band_input(b, x: Act, src, gs: Geometry, t, band: tuple, ib: int, px: BandP
     n, y0, rows, x0, col0 = band
     fill, label = x.q.zero_point if x.layout.elem == 1 else 0, f"input n{n} y{y0} x{x0}"
     if t is not None:
-        _load_band(b, x, gs, n, y0, rows, ib, fill, label, col0, t.win0, t.wlen, px.pitch, px.planes,
-                   px if px.phased else None)
+        _load_band(b, x, gs, n, y0, rows, ib, fill, label, col0, t.win0, t.wlen, px)
     elif src is None:
-        _load_band(b, x, gs, n, y0, rows, ib, fill, label, col0, pitch=px.pitch, planes=px.planes,
-                   phased=px if px.phased else None)
+        _load_band(b, x, gs, n, y0, rows, ib, fill, label, col0, px=px)
     else:
         im2col.gather_band(b, *src, n, y0, rows, x0, gs.ow, ib, px.pitch * x.layout.elem, fill, label)
 
@@ -1135,13 +1130,15 @@ def _conv_matmuls(
     for ky in range(g.kh):
         for kx in range(g.kw):
             bw = wb + (ky * g.kw + kx) * w_row + lo * b_stride
-            chan = (t.base(windowed) + c0 + px.col(kx * g.dw, gs.wp) * p) * ex  # bytes into the row
-            if px.phased:  # the tap's plane, from its row and column there
-                chan, row = (t.base(windowed) + c0 + px.tap(ky, kx, gs.wp) * p) * ex, 0
+            # bytes into the band of the tap's first A row (a phased band's: in the tap's plane)
+            if px.phased:
+                tap = (t.base(windowed) + c0 + px.tap(ky, kx, gs.wp) * p) * ex
+            else:
+                tap = ky * g.dh * row + (t.base(windowed) + c0 + px.col(kx * g.dw, gs.wp) * p) * ex
             if band_mode:
                 b.add(
                     "matmul",
-                    a=ib + ky * g.dh * row + chan,
+                    a=ib + tap,
                     b=bw,
                     c=ab + 4 * lo,
                     m=m,
@@ -1157,7 +1154,7 @@ def _conv_matmuls(
                 for r in range(rows):
                     b.add(
                         "matmul",
-                        a=ib + (r * g.sh + ky * g.dh) * row + chan,
+                        a=ib + r * g.sh * row + tap,
                         b=bw,
                         c=ab + r * gs.ow * c_stride + 4 * lo,
                         m=gs.ow,

@@ -138,7 +138,7 @@ def timing_run(
     before it places them, and refuses one that does not fit with the sizes it needs (DramTooSmall)."""
     instrs = list(instrs)
     end = base + len(instrs) * INSTR_BYTES
-    cfg = get_config(cfg) if isinstance(cfg, str) else cfg
+    cfg = get_config(cfg)
     if model is None and end > cfg.dram_bytes:
         cfg = dataclasses.replace(cfg, dram_bytes=1 << (end - 1).bit_length())
     m = model or NpuModel(cfg, trace=trace, timing_only=True)
