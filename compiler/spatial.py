@@ -34,7 +34,7 @@ from npu.program import ProgramBuilder
 from npu.timing import a_pitch, a_planes, a_sharing, a_step_bytes, bank_stride, dram_cycles
 
 from . import bias as biasmm
-from . import im2col
+from . import im2col, pointwise
 from .elementwise import OutputPass
 from .graph import CompileError
 from .quantize import Act, quant_multiplier
@@ -321,6 +321,10 @@ class ConvPlan:
     cols: int = 0  # output columns per strip (width splitting; 0: the whole width)
     bias_mm: bool = False  # the accumulators start as the bias by a MATMUL (compiler/bias.py), not a LOAD
     pixels: BandPixels | None = None  # how the band holds its pixels on chip
+
+    def m(self, g: Geometry) -> int:
+        """MATMUL rows of a full band (`g`: the planned strip's geometry)."""
+        return _conv_m(g, self.rows, self.band_mode, self.pixels)
 
     def bands(self, g: Geometry, cout_p: int) -> int:
         """The bands the plan runs (output tiles x frames x row bands x strips)."""
@@ -782,6 +786,7 @@ def conv_program(
     second: SecondConv | None = None,
     dry: bool = False,
     planned: tuple[ConvPlan, Geometry] | None = None,
+    then: tuple[pointwise.Pointwise, pointwise.Places] | None = None,
 ) -> dict:
     """Emit a convolution. `weights` int8 (Cout, Cin/groups, kh, kw); `bias` int64 (Cout), the input
     zero point already folded in; `rq` the requantisation fields of the VMAP (mult, shift, zp_out,
@@ -795,7 +800,7 @@ def conv_program(
     convolution of the input whose result `post`'s residual Add takes (`SecondConv`). Returns the plan
     for the compile report (`dry`: only plans, emits and allocates nothing, and returns the plan as
     "planned", which a later call with the same arguments takes instead of planning again; a
-    CompileError when no tiling fits)."""
+    CompileError when no tiling fits). `then`: a 1 x 1 convolution on each band (compiler/pointwise.py)."""
     ca = channel_align(cfg)
     # src: the convolution's own input and geometry, where its bands are gathered (im2col)
     src, x, g, weights = _fold_choice(cfg, x, y, rq, g, weights, groups, where, max_step, max_live, fold)
@@ -808,6 +813,7 @@ def conv_program(
     chanx = np.asarray(x.layout.chan)
     cout_g = cout // groups
     co_step = ca if groups == 1 else (round_up(cout_g, ca) if cout_g % ca == 0 else ca)
+    co_step = co_step if then is None else cpy  # the 1 x 1 layer after it reads every channel of a band
 
     def window(co0: int, co_t: int) -> tuple[int, int]:
         real = range(co0, min(co0 + co_t, cout))
@@ -869,7 +875,8 @@ def conv_program(
     if post is not None and post.table is not None:  # the function's table, resident for the operator
         b.add("load", spad=extra[0], dram=post.table, rows=1, cols=LUT_BYTES, spad_stride=LUT_BYTES,
               dram_stride=LUT_BYTES, label="table")  # fmt: skip
-    out_pass = (post, *extra[:2], y.layout.chan) if post is not None else None
+    out_pass = (post, *extra[:2], y.layout.chan) if post else then and pointwise.resident(b, cfg, *then, cpy,
+                                                                                           const)  # fmt: skip
 
     bm = plan.band_mode
     k = nw = wb = 0
@@ -905,13 +912,10 @@ def conv_program(
                 _conv_output(b, y, rq, g, gs, t, bp.wv(gs, bm), n, y0, x0, rows, m, ab, ob, cpy, ey, c_stride,
                              out_pass, skip)  # fmt: skip
                 b.candidate()  # between bands: the resident weights are live (and a band kept for all tiles)
+    _ = isinstance(out_pass, pointwise.Fused) and out_pass.flush(b)
     folded = "" if src is None else f"; taps folded into k (im2col: {im2col.describe(*src)})"
-    return {
-        "split": plan.describe(g, cpy, win_of(plan.co_t)) + folded,
-        "tile": {"co": plan.co_t, "ci": plan.ci_t, "rows": plan.rows},
-        "spad_bytes": plan.spad_bytes,
-        "est_cycles": plan.est_cycles,
-    }
+    return {"split": plan.describe(g, cpy, win_of(plan.co_t)) + folded, "spad_bytes": plan.spad_bytes,
+            "tile": {"co": plan.co_t, "ci": plan.ci_t, "rows": plan.rows}, "est_cycles": plan.est_cycles}
 
 
 def _band_input(b, x: Act, src, gs: Geometry, t, band: tuple, ib: int, px: BandPixels) -> None:
@@ -1192,6 +1196,9 @@ def _conv_output(
                 label="output (int32)",
             )
         return
+    if isinstance(out_pass, pointwise.Fused):  # a 1 x 1 convolution of the tile instead of its store
+        assert t.co0 == 0 and t.co_t == cpy
+        return pointwise.band(b, out_pass, rq, (ab, c_stride), ob, cpy, ey, m, (g, gs, n, y0, x0, rows, wv))
     add_requant(
         b, rq, t.co0, src=ab, dst=ob, rows=m, cols=t.co_t, src_stride=c_stride, dst_stride=t.co_t * ey,
     )  # fmt: skip

@@ -10,7 +10,9 @@ import numpy as np
 import onnx
 
 from npu.program import ProgramBuilder
+from npu.timing import a_pitch
 
+from .. import pointwise
 from ..elementwise import OutputPass, ResidualAdd
 from ..graph import CompileError, node_attrs
 from ..programs import per_column_table
@@ -25,6 +27,10 @@ if TYPE_CHECKING:
 
 #: a pair runs as one operator only where the planner estimates it faster than apart (off: always)
 PAIR_BY_ESTIMATE = True
+#: a depthwise convolution computes the 1 x 1 convolution that alone reads it (compiler/pointwise.py),
+#: where the planner estimates that faster than apart (FUSE_BY_ESTIMATE off: wherever it fits)
+FUSE_POINTWISE = True
+FUSE_BY_ESTIMATE = True
 
 
 def conv_check(ctx: Lowerer, n: onnx.NodeProto) -> str | None:
@@ -55,7 +61,7 @@ def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
             f"{where}: weights {w.shape} do not match {x.q.shape[1]} channels, {groups} groups"
         )
     bias = _folded_bias(ctx, n, x, w, s_w)
-    post = second = planned = None
+    post = second = planned = then = None
     if ctx.wide_output(n.output[0]):  # the accumulators themselves are the result (compiler/outputs.py)
         shape = ctx.shape(n.output[0], n)
         y = ctx.place_wide(n.output[0], shape, x.q.scale * np.asarray(s_w, np.float64), f"{where} output")
@@ -86,15 +92,22 @@ def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
             post = OutputPass(None, None, 0, False, "", lut=False, residual=r)
             ctx.fused[add.name] = n.name
             deps = [*n.input, other] if pair is None else list(n.input)
-        y = ctx.place(stored, f"{where} output")
-        if pair is None:
+        fused = None
+        if post is None and groups > 1 and cin_g == 1 and cout == groups and FUSE_POINTWISE:
+            own = channel_requant(x.q, s_w, yq, where, lo)
+            fused = _fuse_pointwise(ctx, n, b, x, w, bias, stored, own, a)
+        y = ctx.place(stored, f"{where} output") if fused is None else fused[0]
+        if fused is not None:  # the 1 x 1 convolution after it on each band: planned, its tables loaded
+            plan_cfg, rq, then, planned, made, pw_est = fused[1:]
+        elif pair is None:
             rq = channel_requant(x.q, s_w, yq, where, lo)
         else:  # as planned dry (its output's layout is the placed one's)
             planned, second, rq = taken
             ctx.fused[pair[1].name] = n.name
             ctx.fused_by[pair[1].name] = n.output[0]
             _mark_relu(ctx, add)
-        plan_cfg, rq = ctx.per_column(b, rq, where)
+        if fused is None:
+            plan_cfg, rq = ctx.per_column(b, rq, where)
         if second is not None:  # its pairs are the table's too, past the first's
             joint = {k: v for k, v in rq.items() if k in ("mult", "shift", "per_col")}
             second = replace(second, rq={**second.rq, **joint})
@@ -119,11 +132,16 @@ def lower_conv(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder) -> None:
         fold=ctx.im2col,
         second=second,
         planned=planned,
+        then=then,
     )
     if post is not None and post.lut:  # (the function's view fragment follows: its readers wait for it)
         info["split"] += f"; then {t.op_type} {t.name} on each band ({post.how})"
     if second is not None:
         info["split"] += f"; with {pair[1].name} beside it on each band (the Add's other operand)"
+    if then is not None:  # it makes the 1 x 1 convolution's output (and its Relu's)
+        info["split"] += f"; then {then[0].name} (1 x 1) on each band, its input kept on chip"
+        info["est_cycles"] += pw_est
+        n = onnx.helper.make_node(n.op_type, list(n.input), [*n.output, *made], name=n.name)
     if post is not None and post.residual is not None:  # it reads the Add's other operand too
         info["split"] += f"; then Add {post.residual.name} on each band (VADD)"
         # and it makes the Add's output (and its Relu's): a reader lowered before the Add's own
@@ -261,9 +279,8 @@ def _pair_plan(ctx: Lowerer, n: onnx.NodeProto, pair, x, w, bias, s_w, yq: QTens
 
     def plan(weights, bias_, rq_, post, second_=None):
         cfg = per_column_table(ctx.cfg, rq_["mult"], rq_["shift"])[0]
-        return conv_program(ProgramBuilder(cfg), cfg, x, y, weights, bias_, a.get("group", 1), geo, rq_,
-                            lambda *_: 0, where, ctx.step, ctx.max_live, post, narrow=ctx.narrow_depthwise,
-                            fold=ctx.im2col, second=second_, dry=True)["planned"]  # fmt: skip
+        conv = (x, y, weights, bias_, a.get("group", 1), geo, rq_)
+        return _dry_plan(ctx, cfg, conv, where, post, second=second_)
 
     residual = OutputPass(None, None, 0, False, "", lut=False, residual=pair[0][1])
     try:
@@ -306,3 +323,127 @@ def _second_conv(
     both = {**rq, "mult": np.concatenate([cols(rq, "mult", cpy), cols(rq2, "mult", cout)]),
             "shift": np.concatenate([cols(rq, "shift", cpy), cols(rq2, "shift", cout)])}  # fmt: skip
     return SecondConv(w, bias, rq2, col0=cpy), both
+
+
+def _pointwise_reader(ctx: Lowerer, stored: QTensor) -> onnx.NodeProto | None:
+    """The 1 x 1 convolution (stride 1, no padding, one group, constant weights, on the NPU) that
+    alone reads `stored`, a depthwise convolution's result, where it would need no output pass of
+    its own (no table function or Add after it, not int32 results), else None."""
+    lut.plan(ctx)
+    readers = ctx._lut_readers.get(stored.name, [])
+    if len(readers) != 1 or lut.graph_output(ctx, stored.name):
+        return None
+    pw = readers[0]
+    if pw.op_type != "Conv" or not pw.name or pw.name in ctx.reasons or pw.name in ctx.fused:
+        return None
+    if placement(ctx, pw) is not None or ctx.src_kind(pw.input[1]) != "const":
+        return None
+    if ctx.wide_output(pw.output[0]):
+        return None
+    a = node_attrs(pw)
+    if a.get("group", 1) != 1 or any(v != 1 for v in [*a.get("strides", [1]), *a.get("dilations", [1])]):
+        return None
+    if any(a.get("pads", [0])) or ctx.dq_source(pw.input[1], pw)[1].shape[2:] != (1, 1):
+        return None
+    if lut.sole_reader(ctx, pw.output[0]) is not None:  # a function it would compute on its tiles
+        return None
+    relu_q = ctx.fuse_relu(pw.output[0], mark=False)
+    return None if _sole_add(ctx, relu_q or ctx.q_out(pw.output[0], pw)) is not None else pw
+
+
+def _fuse_pointwise(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder, x: Act, w, bias, stored: QTensor,
+                    rq: dict, a: dict):  # fmt: skip
+    """Depthwise convolution `n` with the 1 x 1 convolution that alone reads its result
+    (`_pointwise_reader`) on each of its bands (compiler/pointwise.py), where a tiling of one output
+    tile fits beside the 1 x 1 layer's weights and buffers: (its result's Act, never stored; the
+    configuration to emit it with, its requantisation, the 1 x 1 layer and its places, the plan,
+    the tensors it makes, the node), the tables of both loaded; else None, nothing changed."""
+    pw_node = _pointwise_reader(ctx, stored)
+    if pw_node is None:
+        return None
+    where, pw_where = ctx.where(n), ctx.where(pw_node)
+    # never stored: its pixels at the pitch that keeps the 1 x 1 layer's A reads in different banks
+    own = ctx.default_layout(stored)
+    y = Act(stored, 0, replace(own, cp=a_pitch(ctx.cfg, own.cp, stored.elem)))
+    if not np.array_equal(y.layout.chan[: stored.shape[1]], np.arange(stored.shape[1])):
+        return None
+    w2, s_w2 = ctx.weights(pw_node.input[1], pw_node)
+    yq2, lo2 = ctx.q_out(pw_node.output[0], pw_node), -128
+    if (relu_q := ctx.fuse_relu(pw_node.output[0], mark=False)) is not None:
+        yq2, lo2 = relu_q, 0 if relu_q.wide else relu_q.zero_point
+    rq2 = channel_requant(stored, s_w2, yq2, pw_where, lo2)
+    cfg1, pc1, data1 = per_column_table(ctx.cfg, rq["mult"], rq["shift"])
+    cfg2, pc2, data2 = per_column_table(cfg1, rq2["mult"], rq2["shift"])
+    rq = {**rq, "per_col": pc1} if pc1 is not None else rq
+    rq2 = {**rq2, "per_col": pc2} if pc2 is not None else rq2
+    y2 = Act(yq2, 0, ctx.default_layout(yq2))
+    pw = pointwise.Pointwise(w2[:, :, 0, 0], _folded_bias(ctx, pw_node, y, w2, s_w2), rq2, y2, pw_node.name)
+    got = pointwise.reserve(cfg2, pw, y.layout.cp, own.cp)
+    if got is None:
+        return None
+    view, places = got
+    geo = geometry(x, y, w.shape[2:], a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0]), where,
+                   a.get("dilations", [1, 1]))  # fmt: skip
+    try:
+        planned = _dry_plan(ctx, view, (x, y, w, bias, a.get("group", 1), geo, rq), where, then=(pw, places))
+    except CompileError:
+        return None
+    if planned[0].co_t < y.layout.cp:  # the 1 x 1 layer needs every channel of a band at once
+        return None
+    plan, gp = planned
+    cp = y.layout.cp
+    m_pw = min(plan.m(gp), plan.rows * gp.ow)  # its MATMUL's rows: the band's pixels, back to back
+    bands = plan.bands(geo, cp)
+    est = pointwise.cycles(view, pw, places, cp, stored.elem, m_pw, bands)
+    # one band: nothing of either layer runs under the other's (MobileNet's 3 x 3 x 256 layer was
+    # 0.6 % slower for the whole model, its estimate 50 % faster)
+    one = plan.est_cycles + est
+    if FUSE_BY_ESTIMATE and (
+        bands < 2 or not _pointwise_pays(ctx, (n, pw_node), x, w, bias, Act(stored, 0, own), rq, pw, one, a)
+    ):
+        return None
+    for pc, data, what in ((pc1, data1, where), (pc2, data2, pw_where)):
+        if pc is not None:
+            at = ctx.const(data, f"{what} requantisation table")
+            b.add("load", spad=pc.base, dram=at, rows=1, cols=len(data), spad_stride=len(data),
+                  dram_stride=len(data))  # fmt: skip
+    ctx.fused[pw_node.name] = n.name
+    ctx.fused_by[pw_node.name] = n.output[0]
+    made = [pw_node.output[0]]
+    if ctx.fuse_relu(pw_node.output[0]) is not None:
+        made.append(ctx.fusable_relu(pw_node.output[0])[0].output[0])
+    pw = replace(pw, y=ctx.place(yq2, f"{pw_where} output"))
+    return y, view, rq, (pw, places), planned, made, est
+
+
+def _pointwise_pays(ctx: Lowerer, nodes, x: Act, w, bias, y: Act, rq: dict, pw, fused: int, a: dict) -> bool:
+    """Whether the planner's estimate for the depthwise and the 1 x 1 convolution (`nodes`) as one
+    operator (`fused`: the depthwise layer's estimate in what the 1 x 1 layer leaves it, plus the
+    1 x 1 layer's matrix cycles) is below the two apart (each planned alone, its result `y` stored
+    and loaded back; with one band of each: apart, the first's last band drains and the second's
+    first fills at the boundary between them, which the one operator does not have)."""
+    n, m = nodes
+    geo = geometry(x, y, w.shape[2:], a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0]), ctx.where(n),
+                   a.get("dilations", [1, 1]))  # fmt: skip
+    geo2 = geometry(y, pw.y, (1, 1), [1, 1], [0, 0, 0, 0], ctx.where(m))
+    sides = []
+    w2 = pw.weights[:, :, None, None]
+    for node, xa, ya, w_, b_, r, g, groups in (
+        (n, x, y, w, bias, rq, geo, a.get("group", 1)),
+        (m, y, pw.y, w2, pw.bias, pw.rq, geo2, 1),
+    ):
+        r = {k: v for k, v in r.items() if k != "per_col"}
+        cfg = per_column_table(ctx.cfg, r["mult"], r["shift"])[0]
+        try:
+            plan, gp = _dry_plan(ctx, cfg, (xa, ya, w_, b_, groups, g, r), ctx.where(node))
+        except CompileError:
+            return True  # apart does not fit
+        sides.append(plan.est_cycles + plan.est_cycles // plan.bands(gp, ya.layout.cp))
+    return fused < sum(sides)
+
+
+def _dry_plan(ctx: Lowerer, cfg, conv: tuple, where: str, post: OutputPass | None = None, **kw):
+    """`conv_program`'s plan of a convolution (`conv`: input, output, weights, bias, groups,
+    geometry, requantisation) on `cfg`, dry: nothing emitted, placed or allocated."""
+    return conv_program(ProgramBuilder(cfg), cfg, *conv, lambda *_: 0, where, ctx.step, ctx.max_live, post,
+                        narrow=ctx.narrow_depthwise, fold=ctx.im2col, dry=True, **kw)["planned"]  # fmt: skip

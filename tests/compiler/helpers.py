@@ -58,6 +58,14 @@ def unfused_layers(cm) -> list[tuple[str, str]]:
     return out
 
 
+def dram_bytes(cm, config: str) -> int:
+    """Bytes a compiled model's program moves through DRAM (read and written) on the golden model."""
+    from npu.sim.golden.runner import timing_run
+
+    c = timing_run(config, cm.lowered.program).counter_values()
+    return c["DMA_RD_BYTES"] + c["DMA_WR_BYTES"]
+
+
 def assert_same_int8(a, b, *inputs: np.ndarray) -> None:
     """Two compiles of one model (`CompiledModel`) give the same int8 outputs, bit for bit."""
     for got, want in zip(a.run_int8(*inputs), b.run_int8(*inputs), strict=True):

@@ -12,8 +12,13 @@ import pytest
 from npu.compiler import spatial
 from npu.compiler.ops import conv as conv_ops
 from npu.models.builder import Net
-from npu.sim.golden.runner import timing_run
-from tests.compiler.helpers import assert_pauses_bit_exact, assert_same_int8, compare_int8, compile_model
+from tests.compiler.helpers import (
+    assert_pauses_bit_exact,
+    assert_same_int8,
+    compare_int8,
+    compile_model,
+    dram_bytes,
+)
 from tests.compiler.test_operators import calib_for
 
 
@@ -38,11 +43,6 @@ def _net(kind: str) -> tuple[Net, object]:
 def _paired(cm) -> list[str]:
     """The second layers of pairs (lowered as views of their pair's operator)."""
     return [la.node for la in cm.lowered.layers if la.op == "Conv" and la.placement == "view"]
-
-
-def _dram_bytes(cm, config: str) -> int:
-    c = timing_run(config, cm.lowered.program).counter_values()
-    return c["DMA_RD_BYTES"] + c["DMA_WR_BYTES"]
 
 
 @pytest.mark.parametrize(
@@ -74,7 +74,7 @@ def test_an_int16_weight_layer_runs_as_one_operator(tmp_path, monkeypatch, kind,
     apart = compile_model(tmp_path, model, config, calib, name="apart", **opts)
     assert not _paired(apart)
     assert_same_int8(cm, apart, x)
-    assert _dram_bytes(cm, config) < _dram_bytes(apart, config)
+    assert dram_bytes(cm, config) < dram_bytes(apart, config)
 
 
 def test_a_pair_the_planner_estimates_slower_runs_apart(tmp_path, monkeypatch):

@@ -1,0 +1,153 @@
+"""A depthwise convolution and the 1 x 1 convolution that alone reads its result run as one
+operator (compiler/pointwise.py): each band's depthwise tile is requantised on chip and the 1 x 1
+layer's MATMUL reads it there, so the depthwise result never goes through DRAM. Bit for bit the
+program that runs them apart, exact against onnxruntime's QDQ model."""
+
+import numpy as np
+import pytest
+
+from npu.compiler import pointwise
+from npu.compiler.ops import conv as conv_ops
+from npu.models.builder import Net
+from tests.compiler.helpers import (
+    assert_pauses_bit_exact,
+    assert_same_int8,
+    compare_int8,
+    compile_model,
+    dram_bytes,
+)
+from tests.compiler.test_operators import calib_for
+
+
+def _net(kind: str, c: int = 16, hw: int = 12) -> Net:
+    """Two depthwise + 1 x 1 blocks (`kind`: "plain"; "strided": the first depthwise of stride 2;
+    "narrow": a map 5 pixels wide, whose bands hold pixel slots past the width; "batch": two frames;
+    "wide": 64 channels at 16 x 16, which the smaller presets split into several bands)."""
+    shapes = {"narrow": (1, c, 13, 5), "batch": (2, c, hw, hw), "wide": (1, 64, 16, 16)}
+    shape = shapes.get(kind, (1, c, hw, hw))
+    net = Net("dwpw", shape, seed=3)
+    ch = shape[1]
+    y = net.conv(net.input, ch, 3, stride=2 if kind == "strided" else 1, pad=1, groups=ch, relu=True)
+    y = net.conv(y, 2 * ch, 1, pad=0, relu=True)
+    y = net.conv(y, 2 * ch, 3, pad=1, groups=2 * ch, relu=True)
+    return net, net.model([net.conv(y, ch, 1, pad=0, relu=False)])
+
+
+def _fused(cm) -> list[str]:
+    """The 1 x 1 layers computed by the depthwise operator before them (views of it)."""
+    return [la.node for la in cm.lowered.layers if la.op == "Conv" and la.placement == "view"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "config", "activations"),
+    [
+        ("plain", "default", "int8"),
+        ("plain", "ulx3s32", "int16"),
+        ("strided", "ulx3s32", "int16"),
+        ("strided", "default", "int8"),
+        ("narrow", "ulx3s", "int16"),
+        ("narrow", "ulx3s128", "int8"),
+        ("batch", "banked", "int8"),
+        ("wide", "ulx3s32", "int16"),
+        ("plain", "tiny", "int8"),
+    ],
+)
+def test_depthwise_and_pointwise_run_as_one_operator(tmp_path, monkeypatch, kind, config, activations):
+    net, model = _net(kind)
+    calib = calib_for(net.shapes[net.input])
+    x = np.random.default_rng(6).normal(0, 1, net.shapes[net.input]).astype(np.float32)
+    opts = dict(activations=activations, accuracy_check=False, output_precision="int8")
+    monkeypatch.setattr(conv_ops, "FUSE_BY_ESTIMATE", False)  # wherever it fits: the values are the point
+    cm = compile_model(tmp_path, model, config, calib, name="fused", **opts)
+    assert len(_fused(cm)) == 2, [(la.node, la.op, la.placement, la.split) for la in cm.lowered.layers]
+    if kind == "wide":  # several bands, each ending with its 1 x 1 layer
+        split = next(la.split for la in cm.lowered.layers if la.op == "Conv" and la.placement == "npu")
+        assert "height x" in split and "(1 x 1) on each band" in split, split
+    compare_int8(cm, x)
+    monkeypatch.setattr(conv_ops, "FUSE_POINTWISE", False)
+    apart = compile_model(tmp_path, model, config, calib, name="apart", **opts)
+    assert not _fused(apart)
+    assert_same_int8(cm, apart, x)
+    assert dram_bytes(cm, config) < dram_bytes(apart, config)
+
+
+def test_one_operator_the_planner_estimates_slower_runs_apart(tmp_path, monkeypatch):
+    """The two run as one only where the planner's estimate for that is below the two apart: with
+    the 1 x 1 layer's cycles in the estimate made a thousand times larger, they run apart, exact."""
+    net, model = _net("plain")
+    calib = calib_for(net.shapes[net.input])
+    real = pointwise.cycles
+    monkeypatch.setattr(pointwise, "cycles", lambda *a: 1000 * real(*a))
+    cm = compile_model(tmp_path, model, "ulx3s32", calib, accuracy_check=False)
+    assert not _fused(cm)
+    compare_int8(cm, calib[:1])
+
+
+def test_a_map_of_one_band_runs_apart(tmp_path, monkeypatch):
+    """Where the one operator would run a single band, neither layer's work runs under the other's:
+    the two run apart (with the estimate's guard off, as one; exact either way)."""
+    net = Net("small", (1, 64, 3, 3), seed=6)
+    d = net.conv(net.input, 64, 3, pad=1, groups=64, relu=True)
+    model = net.model([net.conv(d, 64, 1, pad=0, relu=True)])
+    calib = calib_for(net.shapes[net.input])
+    opts = dict(accuracy_check=False, output_precision="int8")
+    cm = compile_model(tmp_path, model, "default", calib, name="one", **opts)
+    assert not _fused(cm)
+    monkeypatch.setattr(conv_ops, "FUSE_BY_ESTIMATE", False)
+    on = compile_model(tmp_path, model, "default", calib, name="on", **opts)
+    assert _fused(on) and "height x" not in on.lowered.layers[0].split
+    assert_same_int8(cm, on, calib[:1])
+
+
+def test_a_depthwise_result_that_is_also_read_elsewhere_is_stored(tmp_path, monkeypatch):
+    """The depthwise result is a graph output too, or read by a 3 x 3 convolution as well: it
+    must be stored, so the two run apart; every output exact."""
+    monkeypatch.setattr(conv_ops, "FUSE_BY_ESTIMATE", False)
+    net = Net("out", (1, 16, 8, 8), seed=6)
+    d = net.conv(net.input, 16, 3, pad=1, groups=16, relu=True)
+    model = net.model([net.conv(d, 16, 1, pad=0, relu=False), d])
+    calib = calib_for(net.shapes[net.input])
+    cm = compile_model(tmp_path, model, "default", calib, name="out", accuracy_check=False)
+    assert not _fused(cm)
+    compare_int8(cm, calib[:1])
+    net = Net("two", (1, 16, 8, 8), seed=6)
+    d = net.conv(net.input, 16, 3, pad=1, groups=16, relu=True)
+    model = net.model([net.add(net.conv(d, 16, 1, pad=0, relu=False), net.conv(d, 16, 3, pad=1, relu=False))])
+    cm = compile_model(tmp_path, model, "default", calib, name="two", accuracy_check=False)
+    assert not _fused(cm)
+    compare_int8(cm, calib[:1])
+
+
+def test_a_pointwise_layer_with_an_output_pass_of_its_own_runs_apart(tmp_path, monkeypatch):
+    """A 1 x 1 layer whose result a residual Add or a table function reads takes that in its own
+    output pass, so it is not computed by the depthwise operator; exact either way."""
+    monkeypatch.setattr(conv_ops, "FUSE_BY_ESTIMATE", False)
+    net = Net("res", (1, 16, 8, 8), seed=6)
+    d = net.conv(net.input, 16, 3, pad=1, groups=16, relu=True)
+    model = net.model([net.add(net.conv(d, 16, 1, pad=0, relu=False), net.input)])
+    calib = calib_for(net.shapes[net.input])
+    cm = compile_model(tmp_path, model, "default", calib, name="res", accuracy_check=False)
+    assert not _fused(cm)
+    compare_int8(cm, calib[:1])
+    net = Net("sig", (1, 16, 8, 8), seed=6)
+    d = net.conv(net.input, 16, 3, pad=1, groups=16, relu=True)
+    pw = net.conv(d, 16, 1, pad=0, relu=False)
+    model = net.model([net.node("Sigmoid", [pw], net.shapes[pw])])
+    cm = compile_model(tmp_path, model, "default", calib, name="sig", accuracy_check=False)
+    assert not _fused(cm)
+    compare_int8(cm, calib[:1])
+
+
+def test_paused_at_every_point_of_one_operator(tmp_path, monkeypatch):
+    """Depthwise and 1 x 1 as one operator over several bands with a point between every two (each
+    band's 1 x 1 layer runs after the next band's depthwise MATMULs, so a point holds a band's
+    requantised tile): paused at each, an urgent model run, resumed - the same bits as without."""
+    monkeypatch.setattr(conv_ops, "FUSE_BY_ESTIMATE", False)
+    net, model = _net("wide")
+    calib = calib_for(net.shapes[net.input])
+    x = np.random.default_rng(7).normal(0, 1, net.shapes[net.input]).astype(np.float32)
+    opts = dict(activations="int16", accuracy_check=False, output_precision="int8")
+    cm = compile_model(tmp_path, model, "default", calib, name="plain", **opts)
+    low = compile_model(tmp_path, model, "default", calib, name="pts", cp_interval=800, **opts)
+    assert _fused(low) and len(low.lowered.points) > 3
+    assert_pauses_bit_exact(low, cm, x)
