@@ -55,15 +55,19 @@ class Places:
     acc: int
 
 
-def reserve(cfg: NpuConfig, pw: Pointwise, cpx: int, k: int) -> tuple[NpuConfig, Places] | None:
+def reserve(cfg: NpuConfig, pw: Pointwise, cpx: int, k: int, reuse: bool) -> tuple[NpuConfig, Places] | None:
     """The configuration to plan the depthwise layer with (`cpx` channels: its output, the 1 x 1
     layer's input, of which the first `k` can be nonzero) and the 1 x 1 layer's places at the top
     of the scratchpad; None where they would leave the depthwise layer less than a quarter of it
-    (of a banked one's weights' half). The accumulators are shared so that the depthwise layer's
-    two tiles and the 1 x 1 layer's one can hold the same pixels."""
+    (of a banked one's weights' half). The accumulators: the depthwise layer's two tiles and the
+    1 x 1 layer's one of as many pixels, or (`reuse`, where its rows are no wider) the 1 x 1 layer
+    accumulates in its band's depthwise tile once that is requantised: taller bands, but the next
+    band but one's depthwise MATMULs then wait for the 1 x 1 layer's requantisation."""
     cpy, ey = pw.y.layout.cp, pw.y.layout.elem
     a_row, p_row = acc_row_stride(cfg, cpx), acc_row_stride(cfg, cpy)
-    m_cap = cfg.acc_bytes // (2 * a_row + p_row)
+    if reuse and p_row > a_row:
+        return None
+    m_cap = cfg.acc_bytes // (2 * a_row + (0 if reuse else p_row))
     b_stride = bank_stride(cfg, round_up(cpx, cfg.lanes), cfg.lanes)
     digits = biasmm.digits(_bias(pw))
     block = 0 if digits is None else biasmm.a_bytes(cfg.lanes) + cpy * biasmm.row_pitch(cfg.lanes)
@@ -78,7 +82,7 @@ def reserve(cfg: NpuConfig, pw: Pointwise, cpx: int, k: int) -> tuple[NpuConfig,
     view = planning_view(cfg, spad_bytes=base, acc_bytes=2 * a_row * m_cap, **halves)
     return view, Places(w=at[0], b_stride=b_stride, k=k, block=at[1] if block else None,
                         digits=0 if digits is None else digits.shape[1], out=(at[2], at[3]),
-                        acc=ACC_BASE + 2 * a_row * m_cap)  # fmt: skip
+                        acc=None if reuse else ACC_BASE + 2 * a_row * m_cap)  # fmt: skip
 
 
 def _bias(pw: Pointwise) -> np.ndarray:
@@ -142,28 +146,29 @@ def band(b: ProgramBuilder, f: Fused, rq: dict, acc: tuple[int, int], a: int, cp
             add_requant(b, rq, 0, src=src + r * wv * c_stride, dst=a + r * gs.ow * cpx * ex, rows=gs.ow,
                         cols=cpx, src_stride=c_stride, dst_stride=cpx * ex)  # fmt: skip
     f.flush(b)
-    f.pending = (a, cpx, ex, m if wv == gs.ow else rows * gs.ow, out)
+    f.pending = (a, cpx, ex, m if wv == gs.ow else rows * gs.ow, out, src)
 
 
-def _emit(b: ProgramBuilder, f: Fused, a: int, cpx: int, ex: int, m: int, out: tuple) -> None:
+def _emit(b: ProgramBuilder, f: Fused, a: int, cpx: int, ex: int, m: int, out: tuple, src: int) -> None:
     """The 1 x 1 layer of a band: its accumulators started as the bias, its MATMUL over the tile at
     `a` (`m` pixels), its requantisation into an output tile and that tile's store."""
     g, gs, n, y0, x0, rows, wv = out
     pw, pl, cfg = f.pw, f.pl, f.cfg
     cpy, ey = pw.y.layout.cp, pw.y.layout.elem
     c_stride = acc_row_stride(cfg, cpy)
+    acc = src if pl.acc is None else pl.acc
     if pl.block is not None:
-        b.add("matmul", **bias_matmul(cfg, pl.block, pl.digits, 0, pl.acc, m, cpy, c_stride))
+        b.add("matmul", **bias_matmul(cfg, pl.block, pl.digits, 0, acc, m, cpy, c_stride))
     else:
-        b.add("load", spad=pl.acc, dram=f.bias_dram, rows=m, cols=4 * cpy, spad_stride=c_stride,
+        b.add("load", spad=acc, dram=f.bias_dram, rows=m, cols=4 * cpy, spad_stride=c_stride,
               dram_stride=0, label="bias (1 x 1)")  # fmt: skip
-    b.add("matmul", a=a, b=pl.w, c=pl.acc, m=m, n=cpy, k=pl.k, a_stride=cpx * ex, b_stride=pl.b_stride,
+    b.add("matmul", a=a, b=pl.w, c=acc, m=m, n=cpy, k=pl.k, a_stride=cpx * ex, b_stride=pl.b_stride,
           c_stride=c_stride, accumulate=1, a_i16=int(ex == 2))  # fmt: skip
     po = pl.out[f.bands % 2]
     f.bands += 1
-    add_requant(b, pw.rq, 0, src=pl.acc, dst=po, rows=m, cols=cpy, src_stride=c_stride, dst_stride=cpy * ey)
+    add_requant(b, pw.rq, 0, src=acc, dst=po, rows=m, cols=cpy, src_stride=c_stride, dst_stride=cpy * ey)
     at = (((n * g.oh + y0) * g.ow + x0) * cpy) * ey
-    if gs.ow == g.ow:  # whole output rows: the band's pixels are the output's, back to back
+    if gs.ow == g.ow and m * cpy * ey <= 0xFFFF:  # whole output rows: the band's pixels back to back
         b.add("store", spad=po, dram=pw.y.addr + at, rows=1, cols=m * cpy * ey, spad_stride=m * cpy * ey,
               dram_stride=m * cpy * ey, label="output (1 x 1)")  # fmt: skip
     else:
@@ -173,13 +178,21 @@ def _emit(b: ProgramBuilder, f: Fused, a: int, cpx: int, ex: int, m: int, out: t
 
 def cycles(cfg: NpuConfig, pw: Pointwise, pl: Places, cpx: int, ex: int, m: int, bands: int) -> int:
     """The matrix unit's cycles for the 1 x 1 layer over `bands` bands of `m` pixel rows (its bias
-    and its MATMUL), as the golden model times them: what it adds to the depthwise layer's estimate."""
+    and its MATMUL), as the golden model times them: what it adds to the depthwise layer's estimate;
+    where it accumulates in the depthwise tiles, also its requantisation, which the matrix unit
+    then waits for every band."""
     cpy = pw.y.layout.cp
     c_stride = acc_row_stride(cfg, cpy)
-    mm = make("matmul", a=0, b=pl.w, c=pl.acc, m=m, n=cpy, k=pl.k, a_stride=cpx * ex, b_stride=pl.b_stride,
+    acc = ACC_BASE if pl.acc is None else pl.acc
+    mm = make("matmul", a=0, b=pl.w, c=acc, m=m, n=cpy, k=pl.k, a_stride=cpx * ex, b_stride=pl.b_stride,
               c_stride=c_stride, accumulate=1, a_i16=int(ex == 2))  # fmt: skip
     per = duration(mm, cfg)
     if pl.block is not None:
-        start = bias_matmul(cfg, pl.block, pl.digits, 0, pl.acc, m, cpy, c_stride)
+        start = bias_matmul(cfg, pl.block, pl.digits, 0, acc, m, cpy, c_stride)
         per += duration(make("matmul", **start), cfg)
+    if pl.acc is None:
+        ey = pw.y.layout.elem
+        vmap = make("vmap", src=acc, dst=pl.out[0], rows=m, cols=cpy, src_stride=c_stride,
+                    dst_stride=cpy * ey, src_type=1, dst_i16=int(ey == 2))  # fmt: skip
+        per += duration(vmap, cfg)
     return bands * per

@@ -378,26 +378,16 @@ def _fuse_pointwise(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder, x: Act, 
     rq2 = {**rq2, "per_col": pc2} if pc2 is not None else rq2
     y2 = Act(yq2, 0, ctx.default_layout(yq2))
     pw = pointwise.Pointwise(w2[:, :, 0, 0], _folded_bias(ctx, pw_node, y, w2, s_w2), rq2, y2, pw_node.name)
-    got = pointwise.reserve(cfg2, pw, y.layout.cp, own.cp)
-    if got is None:
-        return None
-    view, places = got
     geo = geometry(x, y, w.shape[2:], a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0]), where,
                    a.get("dilations", [1, 1]))  # fmt: skip
-    try:
-        planned = _dry_plan(ctx, view, (x, y, w, bias, a.get("group", 1), geo, rq), where, then=(pw, places))
-    except CompileError:
+    conv = (x, y, w, bias, a.get("group", 1), geo, rq)
+    # the 1 x 1 layer's accumulators apart, or in the depthwise tiles: the lower estimate
+    tries = [t for reuse in (False, True) if (t := _fused_plan(ctx, cfg2, pw, conv, own.cp, where, reuse))]
+    if not tries:
         return None
-    if planned[0].co_t < y.layout.cp:  # the 1 x 1 layer needs every channel of a band at once
-        return None
-    plan, gp = planned
-    cp = y.layout.cp
-    m_pw = min(plan.m(gp), plan.rows * gp.ow)  # its MATMUL's rows: the band's pixels, back to back
-    bands = plan.bands(geo, cp)
-    est = pointwise.cycles(view, pw, places, cp, stored.elem, m_pw, bands)
+    one, bands, view, places, planned = min(tries, key=lambda t: t[0])
     # one band: nothing of either layer runs under the other's (MobileNet's 3 x 3 x 256 layer was
     # 0.6 % slower for the whole model, its estimate 50 % faster)
-    one = plan.est_cycles + est
     if FUSE_BY_ESTIMATE and (
         bands < 2 or not _pointwise_pays(ctx, (n, pw_node), x, w, bias, Act(stored, 0, own), rq, pw, one, a)
     ):
@@ -413,7 +403,32 @@ def _fuse_pointwise(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder, x: Act, 
     if ctx.fuse_relu(pw_node.output[0]) is not None:
         made.append(ctx.fusable_relu(pw_node.output[0])[0].output[0])
     pw = replace(pw, y=ctx.place(yq2, f"{pw_where} output"))
-    return y, view, rq, (pw, places), planned, made, est
+    return y, view, rq, (pw, places), planned, made, one - planned[0].est_cycles
+
+
+def _fused_plan(ctx: Lowerer, cfg, pw, conv: tuple, k: int, where: str, reuse: bool):
+    """The depthwise convolution `conv` (input, output, weights, bias, groups, geometry,
+    requantisation) planned with the 1 x 1 layer `pw` on each band (`pointwise.reserve`'s places,
+    `reuse` as there): (the estimate of both, the bands, the configuration, the places, the plan),
+    or None where nothing fits or the plan splits the channels (the 1 x 1 layer reads every channel
+    of a band at once)."""
+    y, geo = conv[1], conv[5]
+    got = pointwise.reserve(cfg, pw, y.layout.cp, k, reuse)
+    if got is None:
+        return None
+    view, places = got
+    try:
+        planned = _dry_plan(ctx, view, conv, where, then=(pw, places))
+    except CompileError:
+        return None
+    plan, gp = planned
+    cp = y.layout.cp
+    if plan.co_t < cp:
+        return None
+    m_pw = min(plan.m(gp), plan.rows * gp.ow)  # its MATMUL's rows: the band's pixels, back to back
+    bands = plan.bands(geo, cp)
+    est = pointwise.cycles(view, pw, places, cp, y.q.elem, m_pw, bands)
+    return plan.est_cycles + est, bands, view, places, planned
 
 
 def _pointwise_pays(ctx: Lowerer, nodes, x: Act, w, bias, y: Act, rq: dict, pw, fused: int, a: dict) -> bool:

@@ -39,30 +39,39 @@ def _fused(cm) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("kind", "config", "activations"),
+    ("kind", "config", "activations", "reuse"),
     [
-        ("plain", "default", "int8"),
-        ("plain", "ulx3s32", "int16"),
-        ("strided", "ulx3s32", "int16"),
-        ("strided", "default", "int8"),
-        ("narrow", "ulx3s", "int16"),
-        ("narrow", "ulx3s128", "int8"),
-        ("batch", "banked", "int8"),
-        ("wide", "ulx3s32", "int16"),
-        ("plain", "tiny", "int8"),
+        ("plain", "default", "int8", None),
+        ("plain", "ulx3s32", "int16", False),
+        ("plain", "ulx3s32", "int16", True),
+        ("strided", "ulx3s32", "int16", None),
+        ("strided", "default", "int8", True),
+        ("narrow", "ulx3s", "int16", False),
+        ("narrow", "ulx3s128", "int8", True),
+        ("batch", "banked", "int8", None),
+        ("wide", "ulx3s32", "int16", True),
+        ("wide", "ulx3s128", "int16", False),
+        ("plain", "tiny", "int8", None),
     ],
 )
-def test_depthwise_and_pointwise_run_as_one_operator(tmp_path, monkeypatch, kind, config, activations):
+def test_depthwise_and_pointwise_run_as_one_operator(tmp_path, monkeypatch, kind, config, activations, reuse):
+    """`reuse`: the 1 x 1 layer's accumulators in the depthwise tiles (True), a tile of their own
+    (False), or whichever the estimate prefers (None)."""
     net, model = _net(kind)
     calib = calib_for(net.shapes[net.input])
     x = np.random.default_rng(6).normal(0, 1, net.shapes[net.input]).astype(np.float32)
     opts = dict(activations=activations, accuracy_check=False, output_precision="int8")
     monkeypatch.setattr(conv_ops, "FUSE_BY_ESTIMATE", False)  # wherever it fits: the values are the point
+    if reuse is not None:
+        real = pointwise.reserve
+        monkeypatch.setattr(pointwise, "reserve", lambda *a: real(*a) if a[-1] == reuse else None)
     cm = compile_model(tmp_path, model, config, calib, name="fused", **opts)
-    assert len(_fused(cm)) == 2, [(la.node, la.op, la.placement, la.split) for la in cm.lowered.layers]
+    # in the depthwise tiles only where its rows are no wider: the first block doubles the channels
+    layers = [(la.node, la.op, la.placement, la.split) for la in cm.lowered.layers]
+    assert len(_fused(cm)) == (1 if reuse else 2), layers
     if kind == "wide":  # several bands, each ending with its 1 x 1 layer
-        split = next(la.split for la in cm.lowered.layers if la.op == "Conv" and la.placement == "npu")
-        assert "height x" in split and "(1 x 1) on each band" in split, split
+        split = next(la.split for la in cm.lowered.layers if "(1 x 1) on each band" in la.split)
+        assert "height x" in split, split
     compare_int8(cm, x)
     monkeypatch.setattr(conv_ops, "FUSE_POINTWISE", False)
     apart = compile_model(tmp_path, model, config, calib, name="apart", **opts)
