@@ -48,11 +48,12 @@ class Places:
 
     w: int
     b_stride: int
-    k: int  # the input channels the MATMUL reads (the depthwise layer's own pitch, not the bank padding)
+    k: int  # the input channels the MATMUL reads (not the pitch's bank padding)
     block: int | None
     digits: int
     out: tuple[int, int]
-    acc: int
+    acc: int | None
+    resident: int = 0  # bytes on chip for the whole operator (its weights and bias block)
 
 
 def reserve(cfg: NpuConfig, pw: Pointwise, cpx: int, k: int, reuse: bool) -> tuple[NpuConfig, Places] | None:
@@ -82,7 +83,8 @@ def reserve(cfg: NpuConfig, pw: Pointwise, cpx: int, k: int, reuse: bool) -> tup
     view = planning_view(cfg, spad_bytes=base, acc_bytes=2 * a_row * m_cap, **halves)
     return view, Places(w=at[0], b_stride=b_stride, k=k, block=at[1] if block else None,
                         digits=0 if digits is None else digits.shape[1], out=(at[2], at[3]),
-                        acc=None if reuse else ACC_BASE + 2 * a_row * m_cap)  # fmt: skip
+                        acc=None if reuse else ACC_BASE + 2 * a_row * m_cap,
+                        resident=sizes[0] + sizes[1])  # fmt: skip
 
 
 def _bias(pw: Pointwise) -> np.ndarray:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
+from npu.arith import round_up
 from npu.program import ProgramBuilder
 from npu.timing import a_pitch
 
@@ -343,7 +344,10 @@ def _pointwise_reader(ctx: Lowerer, stored: QTensor) -> onnx.NodeProto | None:
     a = node_attrs(pw)
     if a.get("group", 1) != 1 or any(v != 1 for v in [*a.get("strides", [1]), *a.get("dilations", [1])]):
         return None
-    if any(a.get("pads", [0])) or ctx.dq_source(pw.input[1], pw)[1].shape[2:] != (1, 1):
+    w = ctx.dq_source(pw.input[1], pw)[1]
+    if any(a.get("pads", [0])) or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+        return None
+    if w.shape[2:] != (1, 1) or w.shape[1] != stored.shape[1]:
         return None
     if lut.sole_reader(ctx, pw.output[0]) is not None:  # a function it would compute on its tiles
         return None
@@ -382,7 +386,8 @@ def _fuse_pointwise(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder, x: Act, 
                    a.get("dilations", [1, 1]))  # fmt: skip
     conv = (x, y, w, bias, a.get("group", 1), geo, rq)
     # the 1 x 1 layer's accumulators apart, or in the depthwise tiles: the lower estimate
-    tries = [t for reuse in (False, True) if (t := _fused_plan(ctx, cfg2, pw, conv, own.cp, where, reuse))]
+    k = round_up(stored.shape[1], ctx.cfg.lanes)  # its MATMUL's k: the channels, not the bank padding
+    tries = [t for reuse in (False, True) if (t := _fused_plan(ctx, cfg2, pw, conv, k, where, reuse))]
     if not tries:
         return None
     one, bands, view, places, planned = min(tries, key=lambda t: t[0])
@@ -410,8 +415,8 @@ def _fused_plan(ctx: Lowerer, cfg, pw, conv: tuple, k: int, where: str, reuse: b
     """The depthwise convolution `conv` (input, output, weights, bias, groups, geometry,
     requantisation) planned with the 1 x 1 layer `pw` on each band (`pointwise.reserve`'s places,
     `reuse` as there): (the estimate of both, the bands, the configuration, the places, the plan),
-    or None where nothing fits or the plan splits the channels (the 1 x 1 layer reads every channel
-    of a band at once)."""
+    or None where nothing fits, the plan splits the channels (the 1 x 1 layer reads every channel
+    of a band at once) or it would keep cancellation points out of the operator."""
     y, geo = conv[1], conv[5]
     got = pointwise.reserve(cfg, pw, y.layout.cp, k, reuse)
     if got is None:
@@ -427,8 +432,13 @@ def _fused_plan(ctx: Lowerer, cfg, pw, conv: tuple, k: int, where: str, reuse: b
         return None
     m_pw = min(plan.m(gp), plan.rows * gp.ow)  # its MATMUL's rows: the band's pixels, back to back
     bands = plan.bands(geo, cp)
-    est = pointwise.cycles(view, pw, places, cp, y.q.elem, m_pw, bands)
-    return plan.est_cycles + est, bands, view, places, planned
+    one = plan.est_cycles + pointwise.cycles(view, pw, places, cp, y.q.elem, m_pw, bands)
+    # with cancellation points: a band of both layers within the interval, and what the 1 x 1 layer
+    # keeps on chip between bands within the live limit (else no point could go inside it)
+    too_live = bool(ctx.max_live) and places.resident > ctx.max_live
+    if ctx.step and bands > 1 and (one // bands > ctx.step or too_live):
+        return None
+    return one, bands, view, places, planned
 
 
 def _pointwise_pays(ctx: Lowerer, nodes, x: Act, w, bias, y: Act, rq: dict, pw, fused: int, a: dict) -> bool:
@@ -453,7 +463,7 @@ def _pointwise_pays(ctx: Lowerer, nodes, x: Act, w, bias, y: Act, rq: dict, pw, 
             plan, gp = _dry_plan(ctx, cfg, (xa, ya, w_, b_, groups, g, r), ctx.where(node))
         except CompileError:
             return True  # apart does not fit
-        sides.append(plan.est_cycles + plan.est_cycles // plan.bands(gp, ya.layout.cp))
+        sides.append(plan.est_cycles + plan.est_cycles // plan.bands(g, ya.layout.cp))
     return fused < sum(sides)
 
 

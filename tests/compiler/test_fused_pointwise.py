@@ -49,7 +49,7 @@ def _fused(cm) -> list[str]:
         ("narrow", "ulx3s", "int16", False),
         ("narrow", "ulx3s128", "int8", True),
         ("batch", "banked", "int8", None),
-        ("wide", "ulx3s32", "int16", True),
+        ("wide", "default", "int16", True),
         ("wide", "ulx3s128", "int16", False),
         ("plain", "tiny", "int8", None),
     ],
@@ -90,6 +90,19 @@ def test_one_operator_the_planner_estimates_slower_runs_apart(tmp_path, monkeypa
     cm = compile_model(tmp_path, model, "ulx3s32", calib, accuracy_check=False)
     assert not _fused(cm)
     compare_int8(cm, calib[:1])
+
+
+def test_a_cancellation_interval_its_bands_exceed_runs_apart(tmp_path, monkeypatch):
+    """A band of the one operator holds both layers' work: where that is longer than the
+    cancellation interval allows, the two run apart (each band within it), exact."""
+    monkeypatch.setattr(conv_ops, "FUSE_BY_ESTIMATE", False)
+    net, model = _net("wide")
+    calib = calib_for(net.shapes[net.input])
+    opts = dict(activations="int16", accuracy_check=False, output_precision="int8")
+    short = compile_model(tmp_path, model, "default", calib, name="s", cp_interval=2000, **opts)
+    assert not _fused(short)
+    assert _fused(compile_model(tmp_path, model, "default", calib, name="l", cp_interval=16000, **opts))
+    compare_int8(short, calib[:1])
 
 
 def test_a_map_of_one_band_runs_apart(tmp_path, monkeypatch):
@@ -157,6 +170,8 @@ def test_paused_at_every_point_of_one_operator(tmp_path, monkeypatch):
     x = np.random.default_rng(7).normal(0, 1, net.shapes[net.input]).astype(np.float32)
     opts = dict(activations="int16", accuracy_check=False, output_precision="int8")
     cm = compile_model(tmp_path, model, "default", calib, name="plain", **opts)
-    low = compile_model(tmp_path, model, "default", calib, name="pts", cp_interval=800, **opts)
+    # an interval its bands fit in (with a shorter one the operator runs apart: its bands, both
+    # layers', would hold a pause longer than the interval)
+    low = compile_model(tmp_path, model, "default", calib, name="pts", cp_interval=16000, **opts)
     assert _fused(low) and len(low.lowered.points) > 3
     assert_pauses_bit_exact(low, cm, x)
