@@ -50,6 +50,8 @@ def test_board_runs_zoo_models_and_a_pause_over_the_uart(name, tmp_path):
     ("name", "models", "config"),
     [
         ("ulx3s", ["digits_cnn", "planning"], None),
+        # the keyword spotter: its depthwise and 1 x 1 layers as one operator (compiler/pointwise.py)
+        ("ulx3s", ["ds_cnn_kws"], None),
         ("icebreaker", ["digits_mlp"], None),
         # the 128-MAC array on the same board: its 128-bit bus through the 16-bit SDRAM
         ("ulx3s", ["fc_autoencoder"], "ulx3s128"),
