@@ -272,13 +272,17 @@ class Lowerer:
             raise CompileError(f"{self.where(n)}: bias scale is not input scale x weight scale")
         return s[1].astype(np.int64).reshape(-1)
 
-    def per_column(self, b: ProgramBuilder, rq: dict, where: str) -> tuple[NpuConfig, dict]:
+    def per_column(
+        self, b: ProgramBuilder, rq: dict, where: str, cfg: NpuConfig | None = None
+    ) -> tuple[NpuConfig, dict]:
         """Per-channel requantisation through a table (programs.per_column_table): its LOAD into
-        the top of the scratchpad, the configuration to plan the operator with and `rq` naming the
-        table. Unchanged when one pair serves every channel (or the scratchpad is banked)."""
-        plan_cfg, pc, data = per_column_table(self.cfg, rq["mult"], rq["shift"])
+        the top of the scratchpad (of `cfg`'s, a view below another table; default the engine's),
+        the configuration to plan the operator with and `rq` naming the table. Unchanged when one
+        pair serves every channel (or the scratchpad is banked)."""
+        cfg = cfg or self.cfg
+        plan_cfg, pc, data = per_column_table(cfg, rq["mult"], rq["shift"])
         if pc is None:
-            return self.cfg, rq
+            return cfg, rq
         addr = self.const(data, f"{where} requantisation table")
         n = len(data)
         b.add("load", spad=pc.base, dram=addr, rows=1, cols=n, spad_stride=n, dram_stride=n)

@@ -375,11 +375,13 @@ def _fuse_pointwise(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder, x: Act, 
     yq2, lo2 = ctx.q_out(pw_node.output[0], pw_node), -128
     if (relu_q := ctx.fuse_relu(pw_node.output[0], mark=False)) is not None:
         yq2, lo2 = relu_q, 0 if relu_q.wide else relu_q.zero_point
-    rq2 = channel_requant(stored, s_w2, yq2, pw_where, lo2)
-    cfg1, pc1, data1 = per_column_table(ctx.cfg, rq["mult"], rq["shift"])
-    cfg2, pc2, data2 = per_column_table(cfg1, rq2["mult"], rq2["shift"])
+    own_rq, own_rq2 = rq, channel_requant(stored, s_w2, yq2, pw_where, lo2)
+    # both tables at the scratchpad's top, the 1 x 1 layer's below the depthwise layer's (as planned
+    # here; `ctx.per_column` loads them the same way once the two are taken)
+    cfg1, pc1, _ = per_column_table(ctx.cfg, rq["mult"], rq["shift"])
+    cfg2, pc2, _ = per_column_table(cfg1, own_rq2["mult"], own_rq2["shift"])
     rq = {**rq, "per_col": pc1} if pc1 is not None else rq
-    rq2 = {**rq2, "per_col": pc2} if pc2 is not None else rq2
+    rq2 = {**own_rq2, "per_col": pc2} if pc2 is not None else own_rq2
     y2 = Act(yq2, 0, ctx.default_layout(yq2))
     pw = pointwise.Pointwise(w2[:, :, 0, 0], _folded_bias(ctx, pw_node, y, w2, s_w2), rq2, y2, pw_node.name)
     geo = geometry(x, y, w.shape[2:], a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0]), where,
@@ -393,15 +395,11 @@ def _fuse_pointwise(ctx: Lowerer, n: onnx.NodeProto, b: ProgramBuilder, x: Act, 
     one, bands, view, places, planned = min(tries, key=lambda t: t[0])
     # one band: nothing of either layer runs under the other's (MobileNet's 3 x 3 x 256 layer was
     # 0.6 % slower for the whole model, its estimate 50 % faster)
-    if FUSE_BY_ESTIMATE and (
-        bands < 2 or not _pointwise_pays(ctx, (n, pw_node), x, w, bias, Act(stored, 0, own), rq, pw, one, a)
-    ):
+    apart = (x, Act(stored, 0, own), w, bias, a.get("group", 1), geo, own_rq)  # its result stored
+    if FUSE_BY_ESTIMATE and (bands < 2 or not _pointwise_pays(ctx, (n, pw_node), apart, pw, one)):
         return None
-    for pc, data, what in ((pc1, data1, where), (pc2, data2, pw_where)):
-        if pc is not None:
-            at = ctx.const(data, f"{what} requantisation table")
-            b.add("load", spad=pc.base, dram=at, rows=1, cols=len(data), spad_stride=len(data),
-                  dram_stride=len(data))  # fmt: skip
+    ctx.per_column(b, own_rq, where)
+    ctx.per_column(b, own_rq2, pw_where, cfg1)
     ctx.fused[pw_node.name] = n.name
     ctx.fused_by[pw_node.name] = n.output[0]
     made = [pw_node.output[0]]
@@ -441,29 +439,25 @@ def _fused_plan(ctx: Lowerer, cfg, pw, conv: tuple, k: int, where: str, reuse: b
     return one, bands, view, places, planned
 
 
-def _pointwise_pays(ctx: Lowerer, nodes, x: Act, w, bias, y: Act, rq: dict, pw, fused: int, a: dict) -> bool:
+def _pointwise_pays(ctx: Lowerer, nodes, conv: tuple, pw, fused: int) -> bool:
     """Whether the planner's estimate for the depthwise and the 1 x 1 convolution (`nodes`) as one
     operator (`fused`: the depthwise layer's estimate in what the 1 x 1 layer leaves it, plus the
-    1 x 1 layer's matrix cycles) is below the two apart (each planned alone, its result `y` stored
-    and loaded back; with one band of each: apart, the first's last band drains and the second's
-    first fills at the boundary between them, which the one operator does not have)."""
-    n, m = nodes
-    geo = geometry(x, y, w.shape[2:], a.get("strides", [1, 1]), a.get("pads", [0, 0, 0, 0]), ctx.where(n),
-                   a.get("dilations", [1, 1]))  # fmt: skip
-    geo2 = geometry(y, pw.y, (1, 1), [1, 1], [0, 0, 0, 0], ctx.where(m))
+    1 x 1 layer's matrix cycles) is below the two apart (each planned alone: `conv`, the depthwise
+    layer's input, output as stored, weights, bias, groups, geometry and requantisation, and `pw`
+    reading that output; with one band of each: apart, the first's last band drains and the
+    second's first fills at the boundary between them, which the one operator does not have)."""
+    y = conv[1]
+    geo2 = geometry(y, pw.y, (1, 1), [1, 1], [0, 0, 0, 0], ctx.where(nodes[1]))
     sides = []
-    w2 = pw.weights[:, :, None, None]
-    for node, xa, ya, w_, b_, r, g, groups in (
-        (n, x, y, w, bias, rq, geo, a.get("group", 1)),
-        (m, y, pw.y, w2, pw.bias, pw.rq, geo2, 1),
-    ):
-        r = {k: v for k, v in r.items() if k != "per_col"}
+    second = (y, pw.y, pw.weights[:, :, None, None], pw.bias, 1, geo2, pw.rq)
+    for node, side in zip(nodes, (conv, second), strict=True):
+        r = {k: v for k, v in side[6].items() if k != "per_col"}
         cfg = per_column_table(ctx.cfg, r["mult"], r["shift"])[0]
         try:
-            plan, gp = _dry_plan(ctx, cfg, (xa, ya, w_, b_, groups, g, r), ctx.where(node))
+            plan, _ = _dry_plan(ctx, cfg, (*side[:6], r), ctx.where(node))
         except CompileError:
             return True  # apart does not fit
-        sides.append(plan.est_cycles + plan.est_cycles // plan.bands(g, ya.layout.cp))
+        sides.append(plan.est_cycles + plan.est_cycles // plan.bands(side[5], side[1].layout.cp))
     return fused < sum(sides)
 
 

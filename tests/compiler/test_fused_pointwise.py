@@ -121,43 +121,40 @@ def test_a_map_of_one_band_runs_apart(tmp_path, monkeypatch):
     assert_same_int8(cm, on, calib[:1])
 
 
+def _depthwise(name: str) -> tuple[Net, str]:
+    """A 16-channel 8 x 8 input and its 3 x 3 depthwise convolution (with a Relu)."""
+    net = Net(name, (1, 16, 8, 8), seed=6)
+    return net, net.conv(net.input, 16, 3, pad=1, groups=16, relu=True)
+
+
+def _assert_apart(tmp_path, net: Net, outputs: list[str]) -> None:
+    """Compiled for `default`, no 1 x 1 layer runs inside a depthwise operator; exact."""
+    calib = calib_for(net.shapes[net.input])
+    cm = compile_model(tmp_path, net.model(outputs), "default", calib, name=net.name, accuracy_check=False)
+    assert not _fused(cm)
+    compare_int8(cm, calib[:1])
+
+
 def test_a_depthwise_result_that_is_also_read_elsewhere_is_stored(tmp_path, monkeypatch):
     """The depthwise result is a graph output too, or read by a 3 x 3 convolution as well: it
     must be stored, so the two run apart; every output exact."""
     monkeypatch.setattr(conv_ops, "FUSE_BY_ESTIMATE", False)
-    net = Net("out", (1, 16, 8, 8), seed=6)
-    d = net.conv(net.input, 16, 3, pad=1, groups=16, relu=True)
-    model = net.model([net.conv(d, 16, 1, pad=0, relu=False), d])
-    calib = calib_for(net.shapes[net.input])
-    cm = compile_model(tmp_path, model, "default", calib, name="out", accuracy_check=False)
-    assert not _fused(cm)
-    compare_int8(cm, calib[:1])
-    net = Net("two", (1, 16, 8, 8), seed=6)
-    d = net.conv(net.input, 16, 3, pad=1, groups=16, relu=True)
-    model = net.model([net.add(net.conv(d, 16, 1, pad=0, relu=False), net.conv(d, 16, 3, pad=1, relu=False))])
-    cm = compile_model(tmp_path, model, "default", calib, name="two", accuracy_check=False)
-    assert not _fused(cm)
-    compare_int8(cm, calib[:1])
+    net, d = _depthwise("out")
+    _assert_apart(tmp_path, net, [net.conv(d, 16, 1, pad=0, relu=False), d])
+    net, d = _depthwise("two")
+    a, b = net.conv(d, 16, 1, pad=0, relu=False), net.conv(d, 16, 3, pad=1, relu=False)
+    _assert_apart(tmp_path, net, [net.add(a, b)])
 
 
 def test_a_pointwise_layer_with_an_output_pass_of_its_own_runs_apart(tmp_path, monkeypatch):
     """A 1 x 1 layer whose result a residual Add or a table function reads takes that in its own
     output pass, so it is not computed by the depthwise operator; exact either way."""
     monkeypatch.setattr(conv_ops, "FUSE_BY_ESTIMATE", False)
-    net = Net("res", (1, 16, 8, 8), seed=6)
-    d = net.conv(net.input, 16, 3, pad=1, groups=16, relu=True)
-    model = net.model([net.add(net.conv(d, 16, 1, pad=0, relu=False), net.input)])
-    calib = calib_for(net.shapes[net.input])
-    cm = compile_model(tmp_path, model, "default", calib, name="res", accuracy_check=False)
-    assert not _fused(cm)
-    compare_int8(cm, calib[:1])
-    net = Net("sig", (1, 16, 8, 8), seed=6)
-    d = net.conv(net.input, 16, 3, pad=1, groups=16, relu=True)
+    net, d = _depthwise("res")
+    _assert_apart(tmp_path, net, [net.add(net.conv(d, 16, 1, pad=0, relu=False), net.input)])
+    net, d = _depthwise("sig")
     pw = net.conv(d, 16, 1, pad=0, relu=False)
-    model = net.model([net.node("Sigmoid", [pw], net.shapes[pw])])
-    cm = compile_model(tmp_path, model, "default", calib, name="sig", accuracy_check=False)
-    assert not _fused(cm)
-    compare_int8(cm, calib[:1])
+    _assert_apart(tmp_path, net, [net.node("Sigmoid", [pw], net.shapes[pw])])
 
 
 def test_paused_at_every_point_of_one_operator(tmp_path, monkeypatch):
