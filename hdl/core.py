@@ -50,20 +50,27 @@ def spad_clients(cfg: NpuConfig) -> list[Client]:
     """The scratchpad's clients in priority order per port (hdl/spad.py): port A reads (the vector
     unit's, the matrix unit's, then the store unit's), port B writes (the vector unit's, never
     refused, then the load unit's) - one read and one write port per bank, the simple dual-port
-    block RAM every FPGA family has."""
+    block RAM every FPGA family has. With int16 A at the int8 rate each cluster reads a second A
+    word a step: on port A, or where a region's banks are fewer than the clusters' A words
+    (`a16_second_port`) on port B, so that two clusters need two banks a region, not four."""
     WL = cfg.bus_bytes // cfg.lanes
+    ah = cfg.clusters if cfg.a16_full_rate else 0
+    on_a, on_b = (0, ah) if cfg.a16_second_port else (ah, 0)
     return [
         *[Client(f"vec_{x}{k}", "A", False) for x in "ab" for k in range(2)],
         # banked: the store's reads while the DRAM waits on its write beats come before the matrix
         # unit's, whose operand reads can take every bank for a whole MATMUL (`split_urgent`)
         *([Client("store_urgent", "A", False, lanes=WL)] if cfg.spad_banked else []),
         *[Client(f"mat_a{i}", "A", False) for i in range(cfg.clusters)],
-        # int16 A at the int8 rate: each cluster's second A word of a step
-        *[Client(f"mat_ah{i}", "A", False) for i in range(cfg.clusters if cfg.a16_full_rate else 0)],
+        *[Client(f"mat_ah{i}", "A", False) for i in range(on_a)],
         *[Client(f"mat_b{j}", "A", False) for j in range(cfg.pes_per_cluster)],
         Client("store", "A", False, lanes=WL),
         *[Client(f"vec_w{k}", "B", True) for k in range(2)],
         Client("load", "B", True, lanes=WL),
+        # on port B after the load's writes: a whole MATMUL's reads would otherwise hold the next
+        # band's load off their banks (tried: the tinyML CNNs on the `ulx3s32` board took 7-19 %
+        # more cycles, docs/boards.md)
+        *[Client(f"mat_ah{i}", "B", False) for i in range(on_b)],
     ]
 
 

@@ -94,6 +94,14 @@ class NpuConfig:
         return self.clusters * self.pes_per_cluster * self.lanes
 
     @property
+    def a16_second_port(self) -> bool:
+        """Whether the matrix unit reads each cluster's second A word of an int16 step (with
+        `a16_full_rate`) through the scratchpad banks' write port (B) rather than with the other
+        reads on port A: on a banked scratchpad whose region has fewer banks than the clusters'
+        2 x `clusters` A words of a step (docs/isa.md, "Banked memories")."""
+        return self.a16_full_rate and self.spad_banked and self.spad_banks // 2 < 2 * self.clusters
+
+    @property
     def acc_row_bytes(self) -> int:
         """Bytes of one accumulator word: one int32 per PE of a cluster."""
         return 4 * self.pes_per_cluster
@@ -339,8 +347,9 @@ PRESETS["ulx3s128"] = PRESETS["ulx3s"].replace(
     name="ulx3s128", clusters=4, pes_per_cluster=4, bus_bytes=16, spad_banks=8, a16_full_rate=False
 )
 # ULX3S with 32 MACs, the board's own (hdl/boards/boards.py): two clusters of the 16-MAC preset's
-# 1 x 2 x 8, int16 A at half rate (docs/boards.md: the 64- and 128-MAC shapes do not route yet)
-PRESETS["ulx3s32"] = PRESETS["ulx3s"].replace(name="ulx3s32", clusters=2, a16_full_rate=False)
+# 1 x 2 x 8, int16 A at the int8 rate (each cluster's second A word of a step through the banks'
+# second port: docs/boards.md; the 64- and 128-MAC shapes do not route yet)
+PRESETS["ulx3s32"] = PRESETS["ulx3s"].replace(name="ulx3s32", clusters=2)
 # iCEBreaker (iCE40 UP5K): the micro core (hdl/micro/), the ISA run by a control processor from
 # firmware; two of the four SPRAMs hold the scratchpad, the accumulators and the firmware's data, two
 # are the DRAM (docs/boards.md)

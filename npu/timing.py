@@ -79,14 +79,14 @@ def spad_bank(g: np.ndarray, cfg: NpuConfig, mem: str = "spad") -> np.ndarray:
 @functools.lru_cache(maxsize=4096)
 def _least_shared(P: int, pitches: tuple[int, ...], readers: int, reads: int = 1) -> tuple[int, int]:
     """(index of the first of `pitches` (lane words) at which `readers` rows read in one step (row i
-    at word i * pitch + s, `reads` consecutive words each) share the `P` banks of a region least,
-    over the steps s of the banks' period; the most reads of one bank there). Cached: the planners
-    ask it in their inner loops."""
+    at word i * pitch + s, `reads` consecutive words each through one port) share the `P` banks of
+    a region least; the most reads of one bank there). Cached: the planners ask it in their inner
+    loops."""
     rows = np.arange(readers)[:, None]
     best = None
     for j, pitch in enumerate(pitches):
-        words = (rows * pitch + np.arange(reads)).reshape(1, -1)
-        worst = max(int(_most_per_bank((words + s) % P, np.ones(words.shape, bool), P)[0]) for s in range(P))
+        words = (rows * pitch + np.arange(reads)).reshape(1, -1) % P  # the same at every step, turned
+        worst = int(_most_per_bank(words, np.ones(words.shape, bool), P)[0])
         if best is None or worst < best[1]:
             best = (j, worst)
     return best
@@ -109,11 +109,13 @@ def bank_stride(cfg: NpuConfig, stride: int, unit: int, word: int | None = None,
 
 def _a_reads(cfg: NpuConfig, elems: int, ex: int) -> tuple[int, int, int] | None:
     """(banks a region has, lane words of a pixel of `elems` elements of `ex` bytes, A words a
-    cluster reads a step: two with `a16_full_rate` and int16) where the clusters' A reads can share
-    a bank (banked, several clusters, whole words a pixel); None where they cannot."""
+    cluster reads a step through port A: two with `a16_full_rate` and int16, but one where the
+    second comes through port B, `a16_second_port`) where the clusters' A reads can share a bank
+    (banked, several clusters, whole words a pixel); None where they cannot."""
     if not cfg.spad_banked or cfg.clusters == 1 or (elems * ex) % cfg.lanes:
         return None
-    return cfg.spad_banks // 2, elems * ex // cfg.lanes, 2 if cfg.a16_full_rate and ex == 2 else 1
+    two = cfg.a16_full_rate and ex == 2 and not cfg.a16_second_port
+    return cfg.spad_banks // 2, elems * ex // cfg.lanes, 2 if two else 1
 
 
 def a_pitch(cfg: NpuConfig, elems: int, ex: int, stride: int = 1) -> int:
@@ -121,8 +123,9 @@ def a_pitch(cfg: NpuConfig, elems: int, ex: int, stride: int = 1) -> int:
     whose A rows are pixels `stride` apart: `elems`, or on a banked scratchpad with several clusters
     that plus the fewest lane words that put the clusters' A reads of a step into the most
     different banks (cluster i reads row i of a tile, word i * pitch + s at k step s; two words
-    with `a16_full_rate` and int16). An int16 map's channel unit is two lane words, so on two banks
-    its pitch in DRAM cannot be moved off their period (`bank_stride`): on chip it can."""
+    with `a16_full_rate` and int16, the second through port B with `a16_second_port`). An int16
+    map's channel unit is two lane words, so on two banks its pitch in DRAM cannot be moved off
+    their period (`bank_stride`): on chip it can."""
     if (a := _a_reads(cfg, elems, ex)) is None:
         return elems
     P, base, reads = a
@@ -175,11 +178,12 @@ def matmul_k_steps(f: dict, cfg: NpuConfig) -> int:
 
 def banked_matmul_steps(f: dict, cfg: NpuConfig) -> int:
     """Cycles of a MATMUL's steps on banked memories: each step takes as many cycles as the most
-    operand reads one scratchpad bank serves (rows past m or n are not read). A step reads A word
-    a0 + s and B word b0 + s (b0 + s // 2 with int16 A; with `a16_full_rate` A words a0 + 2s and
-    a0 + 2s + 1 and B word b0 + s), so the banks' pattern repeats with the banks per region: it
-    is counted at k steps 0 .. 2P - 1 (KB - 1 at most) and weighted. At a tile's last
-    k step the C rows are read (when accumulating) and written, one per accumulator bank a cycle."""
+    operand reads one port of a scratchpad bank serves (rows past m or n are not read). A step
+    reads A word a0 + s and B word b0 + s (b0 + s // 2 with int16 A; with `a16_full_rate` A words
+    a0 + 2s and a0 + 2s + 1, the second through port B with `a16_second_port`, and B word b0 + s),
+    so the banks' pattern repeats with the banks per region: it is counted at k steps 0 .. 2P - 1
+    (KB - 1 at most) and weighted. At a tile's last k step the C rows are read (when accumulating) and
+    written, one per accumulator bank a cycle, while the next tile's steps are read."""
     CM, CN, L = cfg.clusters, cfg.pes_per_cluster, cfg.lanes
     MB, NB, KB = cdiv(f["m"], CM), cdiv(f["n"], CN), matmul_k_steps(f, cfg)
     nbanks = cfg.spad_banks
@@ -196,11 +200,15 @@ def banked_matmul_steps(f: dict, cfg: NpuConfig) -> int:
         return hits.sum(axis=1).astype(np.int32)
 
     wa, wb = (f["a"] + ra * f["a_stride"]) // L, (f["b"] + rb * f["b_stride"]) // L
-    if full:
-        ca = [per_bank(wa + 2 * s, ra < f["m"]) + per_bank(wa + 2 * s + 1, ra < f["m"]) for s in steps]
-    else:
-        ca = [per_bank(wa + s, ra < f["m"]) for s in steps]
+    second = full and cfg.a16_second_port  # the second A words on port B
+    ca = [per_bank(wa + (2 * s if full else s), ra < f["m"]) for s in steps]
+    hi = [per_bank(wa + 2 * s + 1, ra < f["m"]) for s in steps] if full else None
+    if full and not second:  # both on port A
+        ca = [a + h for a, h in zip(ca, hi, strict=True)]
     cb = [per_bank(wb + (s // 2 if wide and not full else s), rb < f["n"]) for s in steps]
+    # port B's second A words (its writers are not counted, as no other unit's accesses are): (mb,)
+    # cycles a step
+    ch = [h.max(axis=1) for h in hi] if second else None
     # how many of the KB steps share each counted step's pattern (period 2P with int16 A)
     weight = [len(range(s, KB, 2 * P)) for s in steps] if wide else [KB]
     # C rows (accumulators): written at the last k step, each bank taking one a cycle (stage 1 holds
@@ -213,13 +221,17 @@ def banked_matmul_steps(f: dict, cfg: NpuConfig) -> int:
         pats = [
             (a[m0 : m0 + 256, None, :] + b[None, :, :]).max(axis=2) for a, b in zip(ca, cb, strict=True)
         ]  # (mb, nb)
+        if second:
+            pats = [np.maximum(p, h[m0 : m0 + 256, None]) for p, h in zip(pats, ch, strict=True)]
         words = rc[m0 : m0 + 256, None, :] + np.arange(NB)[None, :, None]  # (mb, nb, CM)
         valid = np.broadcast_to((ra[m0 : m0 + 256] < f["m"])[:, None, :], words.shape)
         cmult = _most_per_bank(spad_bank(words, cfg, "acc"), valid, nbanks)
         step = pats[last_s]
         last = np.maximum(step, cmult) if f["accumulate"] else step
-        total += sum(int(p.sum()) * w for p, w in zip(pats, weight, strict=True)) - int(step.sum())
-        total += int(last.sum()) + int((cmult - 1).clip(0).sum())
+        # a tile's issue (stage 0: its steps' reads) and its drain (stage 1: a cycle a step, and
+        # the last step's C writes) overlap: the slower of the two sets the tile's cycles
+        issue = sum(p * w for p, w in zip(pats, weight, strict=True)) - step + last
+        total += int(np.maximum(issue, KB - 1 + np.maximum(cmult, 1)).sum())
     return total
 
 

@@ -46,6 +46,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "others stop once one meets timing, unless --all-seeds",
     )
     p.add_argument(
+        "--first-seed",
+        type=int_in(1, 1_000_000),
+        default=None,
+        metavar="K",
+        help="nextpnr's placement seed of a single build, or with --seeds N the first of the N "
+        "seeds K .. K + N - 1 (default: the board's seed, or 1 with --seeds)",
+    )
+    p.add_argument(
         "--all-seeds",
         action="store_true",
         help="with --seeds: build every seed to the end and keep the best Fmax (default: stop the "
@@ -74,14 +82,14 @@ def run(args: argparse.Namespace) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     if args.unit:
-        if args.seeds > 1:
-            raise CliError("--seeds builds the whole board; it cannot be combined with --unit")
+        if args.seeds > 1 or args.first_seed is not None:
+            raise CliError("--seeds builds the whole board (so does --first-seed); not with --unit")
         return _unit(args, board, cfg, clock, say)
     if args.seeds > 1:
         report = _seeds(args, board, cfg, clock, out, say)
     else:
         try:
-            report = build(board, cfg, clock, out, say)
+            report = build(board, cfg, clock, out, say, seed=args.first_seed)
         except BuildError as e:
             raise CliError(str(e)) from None
     if args.json:
@@ -117,7 +125,9 @@ def _seeds(args: argparse.Namespace, board, cfg, clock: float, out: Path, say) -
     from npu.hdl.boards.build import STOP_FILE, BuildStopped
 
     # absolute folders: a Ray worker may run in another directory (its STOP file is looked up there)
-    tasks = [(board.name, cfg, clock, str(out.resolve() / f"seed-{k}"), k) for k in range(1, args.seeds + 1)]
+    first = args.first_seed or 1
+    seeds = range(first, first + args.seeds)
+    tasks = [(board.name, cfg, clock, str(out.resolve() / f"seed-{k}"), k) for k in seeds]
     for task in tasks:  # a STOP left by an earlier run
         (Path(task[3]) / STOP_FILE).unlink(missing_ok=True)
     until = "every seed's end" if args.all_seeds else "the first that meets timing"

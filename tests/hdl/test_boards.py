@@ -150,6 +150,11 @@ def test_seeds_run_in_parallel_and_keep_the_best(tmp_path, capsys, monkeypatch):
     assert json.loads((tmp_path / "build_report.json").read_text())["seed"] == 2
     assert main(["build", "--board", "ulx3s", "--unit", "store", "--seeds", "2"]) == 2
     assert "--seeds builds the whole board" in capsys.readouterr().err
+    # --first-seed: the seeds from there on (after a run of the first ones that did not close)
+    rc = main(["build", "--board", "icebreaker", "--seeds", "2", "--first-seed", "4", "--engine", "local",
+               "--workers", "2", "-o", str(tmp_path / "later"), "--json"])  # fmt: skip
+    r = json.loads(capsys.readouterr().out)
+    assert [s["seed"] for s in r["seeds"]] == [4, 5] and r["seed"] == 5 and rc == 0
 
 
 def test_a_stop_file_ends_a_build_and_every_tool_it_started(tmp_path):
