@@ -44,7 +44,7 @@ _UNIT_NAMES = {u: u.name.lower() for u in UNITS}
 _OP_NAMES = {op: op.name.lower() for op in Opcode}
 # opcodes the run loop tests, as module constants (an enum class attribute is slow to look up there)
 _CANCEL_POINT, _FENCE, _SYNC = Opcode.CANCEL_POINT, Opcode.FENCE, Opcode.SYNC
-_LOAD, _STORE, _END = Opcode.LOAD, Opcode.STORE, Opcode.END
+_LOAD, _STORE, _END, _MATMUL = Opcode.LOAD, Opcode.STORE, Opcode.END, Opcode.MATMUL
 _MARKERS = (_CANCEL_POINT, _FENCE)
 _DIRTY = object()  # a unit's readiness not known (_Run.ready)
 _BITS = [tuple(p for p in _UNIT_INDEX if w >> p & 1) for w in range(1 << len(UNITS))]  # a mask's units
@@ -180,6 +180,11 @@ class NpuModel:
         #: firmware's costs: npu.timing.MICRO_COSTS); the cycle it is free again
         self.serial = self.cfg.core == "micro"
         self.cpu_free = 0
+        #: `a16_second_port`: the matrix unit's int16 MATMUL running (its end, how to move it) and
+        #: the load's and the vector unit's writes into the activations' banks (their ends, words
+        #: a cycle), which meet on the banks' port B (`_port_b`)
+        self._b_matmul: tuple[int, Callable[[int, int], bool]] | None = None
+        self._b_writes: dict[Unit, tuple[int, float]] = {}
         self.chip = OnChip(self.cfg)
         self.now = 0
         self.trace: list[TraceEvent] | None = [] if trace else None
@@ -772,13 +777,46 @@ class NpuModel:
                 return
             ch.append(end)
             run.ready[c] = _DIRTY
-        if xfer is not None or narrow:
+        if xfer is not None or narrow or self.cfg.a16_second_port:
             ordinal = len(run.starts[u])  # the unit's instructions so far: this one is the latest
             retime = lambda extra, now: self._retime(run, u, ordinal, extra, now, signalled, ev)  # noqa: E731
             if xfer is not None:
                 xfer.retime = retime
-            else:
+            elif narrow:
                 self.narrow.retime_with(retime)
+            if self.cfg.a16_second_port:
+                self._port_b(run, ins, t, retime)
+
+    def _port_b(self, run: _Run, ins: Instr, t: int, retime: Callable[[int, int], bool]) -> None:
+        """`a16_second_port`: an int16 MATMUL reads each cluster's second A word of a step on the
+        banks' port B, after the vector unit's and the load unit's writes there: one into the
+        activations' half (the lower) while it runs holds one of its steps a cycle a word."""
+        if ins.op == _MATMUL:
+            if not ins.a_i16:
+                return
+            end = run.busy_until[Unit.MATRIX]
+            writes = [(w_end, rate) for w_end, rate in self._b_writes.values() if w_end > t]
+            extra = sum(round((min(w_end, end) - t) * rate) for w_end, rate in writes)
+            if extra:
+                retime(extra, t)
+            self._b_matmul = (run.busy_until[Unit.MATRIX], retime)
+            return
+        unit = ins.unit
+        if ins.op != _LOAD and unit != Unit.VECTOR:
+            return
+        f = ins.fields
+        dst = f.get("spad") if ins.op == _LOAD else f.get("dst")
+        if dst is None or dst >= self.cfg.spad_bytes // 2 or not f.get("rows") or not f.get("cols"):
+            return
+        end = run.busy_until[unit]
+        wide = 2 if f.get("dst_i16") else 1
+        rate = f["rows"] * -(-f["cols"] * wide // self.cfg.lanes) / max(1, end - t)
+        self._b_writes[unit] = (end, rate)
+        if self._b_matmul is not None and self._b_matmul[0] > t:
+            m_end, move = self._b_matmul
+            extra = round((min(end, m_end) - t) * rate)
+            if extra and move(extra, t):
+                self._b_matmul = (m_end + extra, move)
 
     def _retime(
         self,
