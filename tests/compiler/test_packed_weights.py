@@ -33,8 +33,7 @@ def _weight_loads(cm) -> list[dict]:
 @pytest.mark.parametrize(
     ("groups", "config", "activations"),
     [
-        (64, "ulx3s32", "int16"),  # depthwise, int16 at the int8 rate (the second A word on port B)
-        (64, "ulx3s128", "int16"),  # depthwise, int16 on the half-rate array: a MATMUL an A word
+        (64, "ulx3s32", "int16"),  # depthwise, int16 on the half-rate array: a MATMUL an A word
         (64, "default", "int8"),
         (8, "ulx3s32", "int8"),  # 8 channels a group: a chunk a group
         (32, "tiny", "int8"),  # a narrow array, not banked

@@ -1,7 +1,7 @@
 """The matrix unit's int16 A on the RTL: bit-exact against numpy and the golden model for ragged and
 short k, the busy cycles the golden model's timing counts, and the rate: with `a16_full_rate`
-(`default`, and banked `ulx3s32`, whose second A word of a step comes through the banks' other
-port) an int16 MATMUL takes int8's steps, without it (`tiny`, `banked`) twice as many."""
+(`default`, and banked configurations whose second A word of a step comes through the banks'
+other port) an int16 MATMUL takes int8's steps, without it (`tiny`, `banked`) twice as many."""
 
 import numpy as np
 import pytest
@@ -43,10 +43,12 @@ def _job(cfg, k: int, e: int) -> tuple[RtlJob, np.ndarray, np.ndarray]:
 #: `banked` with int16 A at the int8 rate: a step's 8 A words and 4 B words on 5 banks a region
 #: conflict, which the model's timing must count
 BANKED_FULL = get_config("banked").replace(name="banked-full", a16_full_rate=True)
+#: the board's 32-MAC preset at the int8 rate: two clusters' second A words on two banks' port B
+ULX3S32_FULL = get_config("ulx3s32").replace(name="ulx3s32-full", a16_full_rate=True)
 
 
 @pytest.mark.parametrize(
-    "config", ["tiny", "default", "banked", BANKED_FULL, "ulx3s32"], ids=lambda c: getattr(c, "name", c)
+    "config", ["tiny", "default", "banked", BANKED_FULL, ULX3S32_FULL], ids=lambda c: getattr(c, "name", c)
 )
 def test_int16_matmuls_are_exact_and_take_the_steps_the_model_counts(config):
     cfg = get_config(config)
