@@ -180,10 +180,11 @@ class NpuModel:
         #: firmware's costs: npu.timing.MICRO_COSTS); the cycle it is free again
         self.serial = self.cfg.core == "micro"
         self.cpu_free = 0
-        #: `a16_second_port`: the matrix unit's int16 MATMUL running (its end, how to move it) and
-        #: the load's and the vector unit's writes into the activations' banks (their ends, words
-        #: a cycle), which meet on the banks' port B (`_port_b`)
-        self._b_matmul: tuple[int, Callable[[int, int], bool]] | None = None
+        #: `a16_second_port`: how to move the end of the matrix unit's latest int16 MATMUL (a no-op
+        #: once it has ended or another instruction followed) and the load's and the vector unit's
+        #: writes into the activations' banks (their ends, words a cycle), which meet on the banks'
+        #: port B (`_port_b`)
+        self._b_matmul: Callable[[int, int], bool] | None = None
         self._b_writes: dict[Unit, tuple[int, float]] = {}
         self.chip = OnChip(self.cfg)
         self.now = 0
@@ -799,7 +800,7 @@ class NpuModel:
             extra = sum(round((min(w_end, end) - t) * rate) for w_end, rate in writes)
             if extra:
                 retime(extra, t)
-            self._b_matmul = (run.busy_until[Unit.MATRIX], retime)
+            self._b_matmul = retime
             return
         unit = ins.unit
         if ins.op != _LOAD and unit != Unit.VECTOR:
@@ -812,11 +813,11 @@ class NpuModel:
         wide = 2 if f.get("dst_i16") else 1
         rate = f["rows"] * -(-f["cols"] * wide // self.cfg.lanes) / max(1, end - t)
         self._b_writes[unit] = (end, rate)
-        if self._b_matmul is not None and self._b_matmul[0] > t:
-            m_end, move = self._b_matmul
+        m_end = run.busy_until[Unit.MATRIX]  # the latest MATMUL's, if it is the unit's latest
+        if self._b_matmul is not None and m_end > t:
             extra = round((min(end, m_end) - t) * rate)
-            if extra and move(extra, t):
-                self._b_matmul = (m_end + extra, move)
+            if extra:
+                self._b_matmul(extra, t)
 
     def _retime(
         self,
