@@ -16,7 +16,7 @@ from npu.config import NpuConfig, get_config
 from npu.isa import ErrorCode, Opcode, Unit
 from npu.registers import Status
 
-from .axi import AxiLiteSignature, AxiSignature
+from .axi import AxiLiteSignature, AxiSignature, skid_buffer
 from .common import QueueEntry, header, log2, view
 from .counters import COUNTER_NAMES, PerfCounters
 from .dispatch import Dispatcher, UnitQueue
@@ -209,7 +209,13 @@ class NpuCore(wiring.Component):
         wiring.connect(m, fetch.ar, rarb.ar0)
         wiring.connect(m, rarb.r0, fetch.r)
         wiring.connect(m, load.ar, rarb.ar1)
-        wiring.connect(m, rarb.r1, load.r)
+        # a register stage between the arbiter's response and the load unit: the owner FIFO's
+        # output and the R handshake otherwise run through the load's segment arithmetic into its
+        # byte FIFO in one cycle (the ULX3S's critical path; one cycle more latency, full rate)
+        skid_buffer(
+            m, rarb.r1.valid, rarb.r1.ready, rarb.r1.payload,
+            load.r.valid, load.r.ready, load.r.payload, name="load_r",
+        )
 
         # ---- queues, tokens, pause control, dispatcher, counters -----------------------------------
         flush = Signal()  # discard queued instructions (a halt, or a new run)
