@@ -8,12 +8,13 @@ from amaranth.lib import wiring
 from npu.config import NpuConfig
 
 
-def engine_core(cfg: NpuConfig) -> wiring.Component:
-    """One engine of `cfg` (AXI4 `bus`, AXI4-Lite `ctrl`, `irq`)."""
+def engine_core(cfg: NpuConfig, flash_boot: bool = False) -> wiring.Component:
+    """One engine of `cfg` (AXI4 `bus`, AXI4-Lite `ctrl`, `irq`). `flash_boot`: a micro core's
+    firmware is not preloaded into its simulated RAM but read from its `flash` pins."""
     if cfg.core == "micro":
         from .micro.core import MicroCore
 
-        return MicroCore(cfg)
+        return MicroCore(cfg, preload=False if flash_boot else None)
     from .core import NpuCore
 
     return NpuCore(cfg)

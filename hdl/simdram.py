@@ -161,11 +161,15 @@ class NpuSimTop(wiring.Component):
     `bus` port instead (m_axi_*: the bench serves it with cocotbext-axi's AxiRam), so one simulator
     build serves both memories (docs/simulation.md)."""
 
-    def __init__(self, config: NpuConfig | str, dram_size: int, soc: bool = False):
+    def __init__(
+        self, config: NpuConfig | str, dram_size: int, soc: bool = False, flash_boot: bool | bytes = False
+    ):
         self.cfg = get_config(config)
         self.dram_size = dram_size
         self.soc = soc
-        self._inner = NpuSoc(self.cfg) if soc else engine_core(self.cfg)
+        # a micro core boots from a model of the SPI flash holding this (True: `flash_image()`)
+        self.flash_boot = flash_boot
+        self._inner = NpuSoc(self.cfg) if soc else engine_core(self.cfg, bool(flash_boot))
         # fault_lo/fault_hi: the RAM's faulting range, stall_en its random stalls (see SimDram), set
         # by the bench
         ports = {"ctrl": In(soc_regs_signature() if soc else regs_signature()), "irq": Out(1)}
@@ -187,6 +191,15 @@ class NpuSimTop(wiring.Component):
         m.d.comb += [npu.clk.eq(ClockSignal("sync")), npu.rst.eq(rst_q)]
         inner = self._inner
         m.submodules.core = core = DomainRenamer("npu")(inner)
+        if self.flash_boot:
+            from .mem.spiflash import SpiFlashModel
+            from .micro import memmap
+            from .micro.firmware import flash_image
+
+            image = flash_image() if self.flash_boot is True else self.flash_boot
+            flash = SpiFlashModel(image, memmap.FLASH_FIRMWARE)
+            m.submodules.flash = DomainRenamer("npu")(flash)
+            wiring.connect(m, inner.flash, flash.pins)
         bus_sig = inner.signature.members["bus"].signature
         ram = SimDram(self.cfg, self.dram_size, bus=bus_sig)
         m.submodules.dram = dram = DomainRenamer("npu")(ram)

@@ -85,15 +85,20 @@ def soc_verilog(config: NpuConfig | str) -> str:
     return _cached(f"soc {cfg!r}", lambda: _convert(FlatPorts(NpuSoc(cfg), PREFIXES), SOC_TOPLEVEL, cfg))
 
 
-def sim_top_verilog(config: NpuConfig | str, dram_size: int, soc: bool = False) -> str:
+def sim_top_verilog(
+    config: NpuConfig | str, dram_size: int, soc: bool = False, flash_boot: bool | bytes = False
+) -> str:
     """The core (or the SoC) with the simulation-only in-simulator DRAM (hdl/simdram.py), which
-    stalls every AXI channel at random while its `stall_en` port is high."""
+    stalls every AXI channel at random while its `stall_en` port is high. `flash_boot`: a micro
+    core reads its firmware from a model of the SPI flash (hdl/mem/spiflash.py) holding
+    `flash_image()`, or these bytes at FLASH_FIRMWARE."""
     from .simdram import SIM_DRAM_VERILOG, NpuSimTop
 
     cfg = get_config(config)
-    top = lambda: FlatPorts(NpuSimTop(cfg, dram_size, soc), PREFIXES)  # noqa: E731
+    top = lambda: FlatPorts(NpuSimTop(cfg, dram_size, soc, flash_boot), PREFIXES)  # noqa: E731
     make = lambda: _convert(top(), "npu_sim_top", cfg) + SIM_DRAM_VERILOG  # noqa: E731
-    return _cached(f"simtop {cfg!r} {dram_size} {soc}", make)
+    flash = hashlib.sha256(flash_boot).hexdigest() if isinstance(flash_boot, bytes) else flash_boot
+    return _cached(f"simtop {cfg!r} {dram_size} {soc} {flash}", make)
 
 
 def board_sim_verilog(board, cfg: NpuConfig) -> str:
@@ -102,7 +107,8 @@ def board_sim_verilog(board, cfg: NpuConfig) -> str:
     from .boards.top import BoardCore
 
     def make() -> str:
-        top = FlatPorts(BoardCore(board, cfg, board.clock_mhz, sim=True), {"sdram": "sdram"})
+        ports = {"sdram": "sdram", "flash": "flash"}
+        top = FlatPorts(BoardCore(board, cfg, board.clock_mhz, sim=True), ports)
         return _convert(top, "board_top", cfg)
 
     return _cached(f"board {board!r} {cfg!r}", make)

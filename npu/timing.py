@@ -361,17 +361,17 @@ MICRO_FEATURES: dict[Opcode, tuple[str, ...]] = {
 #: and checks are in `base`; SYNC and the markers cost MICRO_OTHER, a run MICRO_RUN besides its
 #: instructions (starting, END)
 MICRO_COSTS: dict[Opcode, dict[str, float]] = {
-    Opcode.LOAD: {"base": 10679.17, "rows": 294.32, "words": 34.0, "bytes": 52.82, "pad_bytes": 8.04},
-    Opcode.STORE: {"base": 8460.31, "rows": 69.15, "words": 46.0, "words_unaligned": 98.03, "bytes": 0.0},
-    Opcode.MATMUL: {"base": 11198.92, "outputs": 110.75, "macs": 30.19, "macs_i16": 101.14},
-    Opcode.VMAP: {"base": 13393.18, "elems_i32": 371.38, "elems": 406.99, "per_col": 0.0},
-    Opcode.VLUT: {"base": 15602.48, "elems": 34.44},
-    Opcode.VMUL: {"base": 13850.14, "elems": 477.23},
-    Opcode.VADD: {"base": 12267.97, "elems": 467.0},
-    Opcode.POOL: {"base": 15479.95, "outputs": 251.29, "window": 106.64},
+    Opcode.LOAD: {"base": 10082.91, "rows": 290.08, "words": 32.0, "bytes": 49.6, "pad_bytes": 6.98},
+    Opcode.STORE: {"base": 7988.74, "rows": 69.0, "words": 43.0, "words_unaligned": 90.01, "bytes": 0.0},
+    Opcode.MATMUL: {"base": 10581.61, "outputs": 106.87, "macs": 28.21, "macs_i16": 95.17},
+    Opcode.VMAP: {"base": 12679.68, "elems_i32": 353.37, "elems": 384.97, "per_col": 0.0},
+    Opcode.VLUT: {"base": 14290.71, "elems": 32.41},
+    Opcode.VMUL: {"base": 13098.41, "elems": 443.2},
+    Opcode.VADD: {"base": 11593.95, "elems": 437.01},
+    Opcode.POOL: {"base": 14624.32, "outputs": 245.47, "window": 98.4},
 }
-MICRO_OTHER = 6_082
-MICRO_RUN = 2_328
+MICRO_OTHER = 5_737
+MICRO_RUN = 2_223
 
 
 def micro_features(i: Instr) -> dict[str, int]:

@@ -34,6 +34,7 @@ from ..mem.sdram import SdramController, SdramPins
 from ..mem.spram import BLOCKS as SPRAM_BLOCKS
 from ..mem.spram import SpramAxi
 from ..micro.core import SPRAMS as MICRO_SPRAMS
+from ..micro.core import flash_signature
 from ..soc import AxiInterconnect, NpuSoc, soc_dram_signature
 from .boards import Board
 from .bridge import SerialBridge
@@ -63,6 +64,8 @@ class BoardCore(wiring.Component):
         }
         if board.dram == "sdram":
             members["sdram"] = Out(SdramPins())
+        if cfg.core == "micro":  # the boot loader reads the firmware from the SPI flash
+            members["flash"] = Out(flash_signature())
         super().__init__(members)
 
     def elaborate(self, platform):
@@ -86,6 +89,8 @@ class BoardCore(wiring.Component):
             status_offset=status,
         )
         m.d.comb += [bridge.rx.eq(self.rx), self.tx.eq(bridge.tx), bridge.irq.eq(npu.irq)]
+        if cfg.core == "micro":
+            wiring.connect(m, npu.flash, wiring.flipped(self.flash))
         wiring.connect(m, bridge.regs, npu.ctrl)
 
         m.submodules.ic = ic = AxiInterconnect(2, master)
@@ -172,6 +177,15 @@ class BoardTop(wiring.Component):
         m.submodules.uart_rx = rx = io.Buffer("i", uart.rx)
         m.submodules.uart_tx = tx = io.Buffer("o", uart.tx)
         m.d.comb += [system.rx.eq(rx.i), tx.o.eq(system.tx)]
+        if self.cfg.core == "micro":  # the firmware's SPI flash, one data line each way
+            fl = platform.request("spi_flash_1x", 0, dir="-")
+            outs = {"cs": ~system.flash.cs_n, "clk": system.flash.sck, "copi": system.flash.copi,
+                    "wp": 0, "hold": 0}  # fmt: skip  (the platform inverts cs, wp and hold)
+            for name, value in outs.items():
+                m.submodules[f"flash_{name}"] = b = io.Buffer("o", getattr(fl, name))
+                m.d.comb += b.o.eq(value)
+            m.submodules.flash_cipo = ci = io.Buffer("i", fl.cipo)
+            m.d.comb += system.flash.cipo.eq(ci.i)
         if board.dram == "sdram":
             pins = platform.request("sdram", 0, dir="-")
             p = system.sdram

@@ -52,14 +52,16 @@ class SpramBlockSignature(wiring.Signature):
 
 
 class SpramModel(wiring.Component):
-    """Simulation model of one `SB_SPRAM256KA`: registered read, nibble-masked write."""
+    """Simulation model of one `SB_SPRAM256KA`: registered read, nibble-masked write. `init`: its
+    first contents (16-bit words from address 0; the primitive powers up with none)."""
 
-    def __init__(self):
+    def __init__(self, init: list[int] | None = None):
+        self.init = list(init or [])
         super().__init__({"port": In(SpramBlockSignature())})
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.mem = mem = Memory(shape=unsigned(16), depth=BLOCK_WORDS, init=[])
+        m.submodules.mem = mem = Memory(shape=unsigned(16), depth=BLOCK_WORDS, init=self.init)
         wp = mem.write_port(granularity=4)
         rp = mem.read_port(domain="sync")
         p = self.port

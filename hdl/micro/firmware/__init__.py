@@ -1,14 +1,16 @@
 """The micro core's firmware: C sources here, `isa.h` generated from the ISA's single definition
 (`npu/isa.py`, `npu/registers.py`, `hdl/micro/memmap.py`), compiled with Zig's clang (the PyPI
-package `ziglang`) for RV32I with multiply and compressed instructions into `firmware.bin`, which the
-core's ROM holds.
+package `ziglang`) for RV32I with multiply into two images: `boot.bin`,
+the boot loader the core's block RAM holds, and `firmware.bin`, which the board's SPI flash holds
+(`flash_image`: behind a header the boot loader checks) and the boot loader copies into RAM.
 
-`python -m npu.hdl.micro.firmware` rebuilds the header and the image; a test checks that the
-committed image is what the sources build.
+`python -m npu.hdl.micro.firmware` rebuilds the header and the images; a test checks that the
+committed images are what the sources build.
 """
 
 from __future__ import annotations
 
+import struct
 import subprocess
 import sys
 import tempfile
@@ -16,9 +18,10 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 SOURCES = ("start.S", "main.c", "check.c", "kernels.c")
+BOOT_SOURCES = ("boot.S", "boot.c")
 IMAGE = HERE / "firmware.bin"
+BOOT_IMAGE = HERE / "boot.bin"
 HEADER = HERE / "isa.h"
-ROM_LIMIT = 12 * 1024  # bytes of block RAM the UP5K can give the firmware
 
 
 def header() -> str:
@@ -35,7 +38,7 @@ def header() -> str:
     d = lambda name, v: out.append(f"#define {name} {v}")  # noqa: E731
     d("FW_ISA", f'"{ISA}"')
     for k in dir(mm):
-        if k.endswith("_BASE") or k.startswith("MMIO_") or k == "RAM_BYTES":
+        if k.endswith(("_BASE", "_BYTES", "_LIMIT", "_MAGIC")) or k.startswith(("MMIO_", "FLASH_")):
             d(k, hex(getattr(mm, k)))
     for k in dir(mm):
         if k.startswith(("EV_", "ACT_")):
@@ -108,23 +111,43 @@ def zig() -> list[str]:
     return [sys.executable, "-m", "ziglang"]
 
 
-#: Zig's clang for the processor (PicoRV32 as configured: RV32I, multiply without divide, compressed)
-CFLAGS = ["-target", "riscv32-freestanding-none", "-mcpu=generic_rv32+zmmul+c", "-Oz", "-ffreestanding",
+#: Zig's clang for the processor (PicoRV32 as configured: RV32I, multiply without divide)
+CFLAGS = ["-target", "riscv32-freestanding-none", "-mcpu=generic_rv32+zmmul", "-Oz", "-ffreestanding",
           "-nostdlib", "-fno-builtin", "-fno-unwind-tables", "-fno-asynchronous-unwind-tables", "-Wall",
           "-Werror", "-ffunction-sections", "-fdata-sections", "-Wl,--gc-sections"]  # fmt: skip
 
 
-def build(out: Path = IMAGE, write_header: bool = True) -> bytes:
-    """Compile the firmware; returns the image (written to `out`)."""
-    if write_header:
-        HEADER.write_text(header())
+def _compile(sources: tuple[str, ...], script: str, out: Path, limit: int, what: str) -> bytes:
     with tempfile.TemporaryDirectory() as tmp:
-        elf = Path(tmp) / "firmware.elf"
-        sources = [str(HERE / s) for s in SOURCES]
-        cmd = [*zig(), "cc", *CFLAGS, f"-Wl,-T,{HERE / 'link.ld'}", "-o", str(elf), *sources]
+        elf = Path(tmp) / "image.elf"
+        paths = [str(HERE / s) for s in sources]
+        cmd = [*zig(), "cc", *CFLAGS, f"-Wl,-T,{HERE / script}", "-o", str(elf), *paths]
         subprocess.run(cmd, check=True, cwd=HERE)
         subprocess.run([*zig(), "objcopy", "-O", "binary", str(elf), str(out)], check=True)
     image = out.read_bytes()
-    if len(image) > ROM_LIMIT:
-        raise RuntimeError(f"the firmware is {len(image)} bytes, more than the ROM's {ROM_LIMIT}")
+    if len(image) > limit:
+        raise RuntimeError(f"the {what} is {len(image)} bytes, more than its {limit}")
     return image
+
+
+def build(out: Path = IMAGE, write_header: bool = True, boot_out: Path = BOOT_IMAGE) -> tuple[bytes, bytes]:
+    """Compile the firmware and the boot loader; returns (firmware, boot loader), written to `out`
+    and `boot_out`."""
+    from .. import memmap as mm
+
+    if write_header:
+        HEADER.write_text(header())
+    firmware = _compile(SOURCES, "link.ld", out, mm.FIRMWARE_LIMIT, "firmware")
+    boot = _compile(BOOT_SOURCES, "boot.ld", boot_out, mm.BOOT_BYTES, "boot loader")
+    return firmware, boot
+
+
+def flash_image(firmware: bytes | None = None) -> bytes:
+    """What the board's SPI flash holds at `FLASH_FIRMWARE` for the boot loader: the magic, the
+    image's length, the sum of its 32-bit words, a zero word, the image (`firmware.bin`)."""
+    from .. import memmap as mm
+
+    image = IMAGE.read_bytes() if firmware is None else firmware
+    image += bytes(-len(image) % 4)
+    words = struct.unpack(f"<{len(image) // 4}I", image)
+    return struct.pack("<4I", mm.FIRMWARE_MAGIC, len(image), sum(words) & 0xFFFFFFFF, 0) + image

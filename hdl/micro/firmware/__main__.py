@@ -1,4 +1,4 @@
-from . import IMAGE, build
+from . import BOOT_IMAGE, IMAGE, build
 
-image = build()
-print(f"{IMAGE}: {len(image)} bytes")
+firmware, boot = build()
+print(f"{IMAGE}: {len(firmware)} bytes; {BOOT_IMAGE}: {len(boot)} bytes")

@@ -2,18 +2,24 @@
  * hdl/micro/memmap.py: do not edit. */
 #pragma once
 
-#define FW_ISA "rv32i_zmmul_c"
+#define FW_ISA "rv32i_zmmul"
+#define BOOT_BYTES 0x400
 #define DRAM_BASE 0x20000000
+#define FIRMWARE_LIMIT 0x4000
+#define FIRMWARE_MAGIC 0x4655504e
+#define FLASH_FIRMWARE 0x100000
 #define MMIO_BASE 0x30000100
+#define MMIO_BOOT 0x18
 #define MMIO_CONFIG 0x20
 #define MMIO_CYCLES_HI 0x8
 #define MMIO_CYCLES_LO 0x4
 #define MMIO_EVENTS 0x0
 #define MMIO_PAUSE_PROBE 0xc
+#define MMIO_SPI 0x14
 #define MMIO_WAIT_TAIL 0x10
 #define ONCHIP_BASE 0x10000000
 #define RAM_BASE 0x10000
-#define RAM_BYTES 0x4000
+#define RAM_BYTES 0x6000
 #define REGS_BASE 0x30000000
 #define ROM_BASE 0x0
 #define ACT_CLEAR_FAULT 0x8

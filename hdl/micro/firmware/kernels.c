@@ -34,7 +34,7 @@ static void bounds(int32_t *lo, int32_t *hi, int dst_i16) {
 #define ON32(a) (*(volatile uint32_t *)(ONCHIP_BASE + (a)))
 
 /* DRAM bytes through a one-word buffer: one bus beat per word, not per byte */
-static uint32_t buf_addr = 1, buf_word;
+static uint32_t buf_addr, buf_word; /* exec_load empties it (address 1) first */
 static uint8_t dram_byte(uint32_t a) {
     if ((a & ~3u) != buf_addr) {
         buf_addr = a & ~3u;

@@ -32,7 +32,7 @@ static uint32_t held_pc; /* the last point the load unit passed: where a pause h
 static raw_t held_raw;
 static uint32_t running, ring, base, pc, ring_size, fence_count, pause_seen;
 
-static uint32_t fetched_pc = 0xffffffff; /* the instruction fetched and checked, not yet dispatched */
+static uint32_t fetched_pc; /* the instruction fetched and checked, not yet dispatched (start() empties it) */
 static uint64_t counter[9]; /* the counters after CYCLES, in register order */
 enum { C_BUSY = 0, C_STALL = 4, C_RD = 5, C_WR = 6, C_INSTRET = 7 };
 
