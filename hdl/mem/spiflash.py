@@ -43,15 +43,17 @@ class SpiFlashModel(wiring.Component):
         m.d.comb += [rel.eq(addr - self.offset), rd.addr.eq(rel)]
         byte = Mux((addr >= self.offset) & (rel < len(self.image)), rd.data, 0xFF)
         m.d.comb += p.cipo.eq(cipo)
+        nxt = Signal(24)  # the bits so far with this one
+        is_read = nxt[:8] == READ
+        m.d.comb += nxt.eq((shift << 1) | p.copi)
         with m.If(p.cs_n):
             m.d.sync += [phase.eq(0), count.eq(0), read.eq(0), bit.eq(0)]
         with m.Elif(rise & (phase < 2)):
-            m.d.sync += [shift.eq((shift << 1) | p.copi), count.eq(count + 1)]
+            m.d.sync += [shift.eq(nxt), count.eq(count + 1)]
             with m.If((phase == 0) & (count == 7)):
-                m.d.sync += [phase.eq(Mux(((shift << 1) | p.copi)[:8] == READ, 1, 2)), count.eq(0)]
-                m.d.sync += read.eq(((shift << 1) | p.copi)[:8] == READ)
+                m.d.sync += [phase.eq(Mux(is_read, 1, 2)), read.eq(is_read), count.eq(0)]
             with m.If((phase == 1) & (count == 23)):
-                m.d.sync += [phase.eq(2), addr.eq((shift << 1) | p.copi)]
+                m.d.sync += [phase.eq(2), addr.eq(nxt)]
         with m.Elif(fall & (phase == 2) & read):
             m.d.sync += [cipo.eq((byte << bit)[7]), bit.eq(bit + 1)]
             with m.If(bit == 7):

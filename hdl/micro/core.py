@@ -36,9 +36,8 @@ from ..mem.spram import SpramModel, SpramPrimitive
 from ..regs import ADDR_BITS
 from . import memmap as mm
 from .cpu import PicoRV32
+from .firmware import BOOT_IMAGE, IMAGE
 
-FIRMWARE = Path(__file__).parent / "firmware" / "firmware.bin"
-BOOT = Path(__file__).parent / "firmware" / "boot.bin"
 #: host-writable registers kept in the window's RAM (CONTROL, IRQ are flip-flops; TIMEOUT is both)
 RAM_WRITABLE = tuple(r.offset for r in REGISTERS if r.access == "rw" and r.name != "CONTROL")
 WIDE_LO = tuple(r.offset for r in REGISTERS if r.wide)
@@ -47,7 +46,7 @@ REG_WORDS = 64
 SPRAMS = 2
 
 
-def image_words(path: Path = FIRMWARE) -> list[int]:
+def image_words(path: Path = IMAGE) -> list[int]:
     """The 32-bit words of a firmware image (`firmware.bin`, `boot.bin`)."""
     if not path.exists():
         raise RuntimeError(f"{path} is missing: build it with `python -m npu.hdl.micro.firmware`")
@@ -97,7 +96,7 @@ class MicroCore(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         cfg = self.cfg
-        rom_words = image_words(BOOT)
+        rom_words = image_words(BOOT_IMAGE)
         use_model = self.spram is False or (self.spram is None and platform is None)
         preload = use_model if self.preload is None else self.preload
         if preload and not use_model:

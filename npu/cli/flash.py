@@ -43,11 +43,12 @@ def run(args: argparse.Namespace) -> int:
         from npu.hdl.micro import memmap
         from npu.hdl.micro.firmware import flash_image
 
+        data = flash_image()
         with tempfile.TemporaryDirectory() as tmp:
             image = Path(tmp) / "npu_firmware.bin"  # .bin: openFPGALoader writes it as it is
-            image.write_bytes(flash_image())
+            image.write_bytes(data)
             _load(loader, board, ["-o", str(memmap.FLASH_FIRMWARE), str(image)], "write the firmware of")
-        print(f"wrote the firmware ({len(flash_image())} bytes) at flash offset {memmap.FLASH_FIRMWARE:#x}")
+        print(f"wrote the firmware ({len(data)} bytes) at flash offset {memmap.FLASH_FIRMWARE:#x}")
     return 0
 
 

@@ -73,7 +73,7 @@ def test_the_boot_loader_runs_the_firmware_from_the_flash():
 
     cfg = get_config("icebreaker")
     jobs = directed_jobs(cfg)[:3]
-    jobs[0].max_cycles = 40_000_000  # the boot reads 10 KiB a bit at a time
+    jobs[0].max_cycles = 40_000_000  # the boot reads 13 KiB a bit at a time
     recs = run_rtl(cfg, jobs, fast_dram=True, flash_boot=True)
     for job, rec in zip(jobs, recs, strict=True):
         assert rec.status == "DONE", (job.name, rec.status, rec.error_code)
