@@ -10,6 +10,7 @@ import functools
 import numpy as np
 
 from npu.config import ACC_BASE, NpuConfig
+from npu.hdl.micro.memmap import MAC_MAX_GROUPS
 from npu.isa import LUT_BYTES, Instr, Opcode, elem_bytes, per_config
 
 from .arith import cdiv
@@ -348,7 +349,17 @@ def ideal_matmul_cycles(m: int, n: int, k: int, cfg: NpuConfig) -> float:
 MICRO_FEATURES: dict[Opcode, tuple[str, ...]] = {
     Opcode.LOAD: ("base", "rows", "words", "bytes", "pad_bytes"),
     Opcode.STORE: ("base", "rows", "words", "words_unaligned", "bytes"),
-    Opcode.MATMUL: ("base", "outputs", "macs", "macs_i16"),
+    Opcode.MATMUL: (
+        "base",
+        "rows",
+        "outputs",
+        "outputs_loop",
+        "runs",
+        "groups",
+        "groups_i16",
+        "macs",
+        "macs_i16",
+    ),
     Opcode.VMAP: ("base", "elems_i32", "elems", "per_col"),
     Opcode.VLUT: ("base", "elems"),
     Opcode.VMUL: ("base", "elems"),
@@ -363,7 +374,8 @@ MICRO_FEATURES: dict[Opcode, tuple[str, ...]] = {
 MICRO_COSTS: dict[Opcode, dict[str, float]] = {
     Opcode.LOAD: {"base": 10082.91, "rows": 290.08, "words": 32.0, "bytes": 49.6, "pad_bytes": 6.98},
     Opcode.STORE: {"base": 7988.74, "rows": 69.0, "words": 43.0, "words_unaligned": 90.01, "bytes": 0.0},
-    Opcode.MATMUL: {"base": 10581.61, "outputs": 106.87, "macs": 28.21, "macs_i16": 95.17},
+    Opcode.MATMUL: {"base": 10496.09, "rows": 58.04, "outputs": 63.97, "outputs_loop": 183.2, "runs": 48.15,
+                    "groups": 2.0, "groups_i16": 3.0, "macs": 28.79, "macs_i16": 98.32},  # fmt: skip
     Opcode.VMAP: {"base": 12679.68, "elems_i32": 353.37, "elems": 384.97, "per_col": 0.0},
     Opcode.VLUT: {"base": 14290.71, "elems": 32.41},
     Opcode.VMUL: {"base": 13098.41, "elems": 443.2},
@@ -395,13 +407,7 @@ def micro_features(i: Instr) -> dict[str, int]:
         return {"base": 1, "rows": f["rows"], "words": words - slow, "words_unaligned": slow,
                 "bytes": f["rows"] * f["cols"] - 4 * words}  # fmt: skip
     if op == Opcode.MATMUL:
-        outputs, macs = f["m"] * f["n"], f["m"] * f["n"] * f["k"]
-        return {
-            "base": 1,
-            "outputs": outputs,
-            "macs": 0 if f["a_i16"] else macs,
-            "macs_i16": macs if f["a_i16"] else 0,
-        }
+        return _micro_matmul(f)
     if op == Opcode.VMAP:
         n = f["rows"] * f["cols"]
         i32 = f["src_type"] == 1
@@ -419,6 +425,29 @@ def micro_features(i: Instr) -> dict[str, int]:
         outputs = f["out_h"] * f["out_w"] * f["channels"]
         return {"base": 1, "outputs": outputs, "window": outputs * f["kh"] * f["kw"]}
     return {}
+
+
+def _micro_matmul(f: dict[str, int]) -> dict[str, int]:
+    """MATMUL on the micro core (kernels.c): the MAC engine (hdl/micro/mac.py) takes word-aligned rows
+    in groups of four k positions; with k a multiple of 4 it does the whole dot product (a row of
+    outputs at a time: `rows`, `outputs`), otherwise the firmware's loop over outputs
+    (`outputs_loop`) runs the engine (`runs`) and multiplies the k % 4 left (`macs`)."""
+    outputs, k, i16 = f["m"] * f["n"], f["k"], f["a_i16"]
+    engine = k >= 4 and not (f["a"] | f["a_stride"] | f["b"] | f["b_stride"]) & 3
+    groups = k // 4 if engine else 0
+    fast = engine and k % 4 == 0 and groups <= MAC_MAX_GROUPS
+    tail = outputs * (k - 4 * groups)
+    return {
+        "base": 1,
+        "rows": f["m"] if fast else 0,
+        "outputs": outputs if fast else 0,
+        "outputs_loop": 0 if fast else outputs,
+        "runs": 0 if fast else outputs * -(-groups // MAC_MAX_GROUPS),
+        "groups": 0 if i16 else outputs * groups,
+        "groups_i16": outputs * groups if i16 else 0,
+        "macs": 0 if i16 else tail,
+        "macs_i16": tail if i16 else 0,
+    }
 
 
 def micro_duration(i: Instr) -> int:

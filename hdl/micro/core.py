@@ -37,6 +37,7 @@ from ..regs import ADDR_BITS
 from . import memmap as mm
 from .cpu import PicoRV32
 from .firmware import BOOT_IMAGE, IMAGE
+from .mac import MacEngine
 
 #: host-writable registers kept in the window's RAM (CONTROL, IRQ are flip-flops; TIMEOUT is both)
 RAM_WRITABLE = tuple(r.offset for r in REGISTERS if r.access == "rw" and r.name != "CONTROL")
@@ -147,18 +148,21 @@ class MicroCore(wiring.Component):
             m.d.comb += word.eq(addr[2:19])
         spram_write = is_spram & mem.wstrb.any()
         spram_read = (mem.la_read & (la[28:32] <= 1) & ~la_rom) | (late & is_spram)
+        # the MAC engine reads the SPRAMs while the processor waits on its MMIO_MAC_RUN write
+        m.submodules.mac = mac = MacEngine(model=use_model)
         for i, b in enumerate(blocks):
             s = mem.wstrb[2 * i : 2 * i + 2]
             m.d.comb += [
-                b.port.addr.eq(word),
+                b.port.addr.eq(Mux(mac.read, mac.addr, word)),
                 b.port.wdata.eq(mem.wdata[16 * i : 16 * i + 16]),
                 b.port.mask.eq(Cat(s[0], s[0], s[1], s[1])),
                 # (a look-ahead read never meets a write: it comes with no access, or with the end of
                 # an instruction fetch, and mem_ready must not depend on it: that would be a loop)
                 b.port.wren.eq(spram_write),
-                b.port.cs.eq(spram_read | spram_write),
+                b.port.cs.eq(spram_read | spram_write | mac.read),
             ]
         spram_data = Cat(blocks[0].port.rdata, blocks[1].port.rdata)
+        m.d.comb += mac.rdata.eq(spram_data)
 
         # -- MMIO: events, actions, cycle counter, configuration --------------------------------
         start_ev = Signal()
@@ -203,6 +207,8 @@ class MicroCore(wiring.Component):
                 m.d.comb += mmio_data.eq(cipo)
             with m.Case(mm.MMIO_BOOT // 4):
                 m.d.comb += mmio_data.eq(booted)
+            with m.Case(mm.MMIO_MAC_SUM // 4):
+                m.d.comb += mmio_data.eq(mac.sum)
             for k, name in enumerate(mm.CONFIG_WORDS):
                 with m.Case(mm.MMIO_CONFIG // 4 + k):
                     m.d.comb += mmio_data.eq(config[name] & 0xFFFFFFFF)
@@ -211,6 +217,18 @@ class MicroCore(wiring.Component):
             m.d.sync += spi.eq(mem.wdata[:3])
         with m.If(mmio_write & (moff == mm.MMIO_BOOT // 4) & mem.wdata[0]):
             m.d.sync += booted.eq(1)
+        # MMIO_MAC_RUN starts the engine, and completes once its sums are in the lanes
+        mac_run = mmio_write & (moff == mm.MMIO_MAC_RUN // 4)
+        mac_started = Signal()
+        mac_waiting = mac_run & ~(mac_started & ~mac.busy)
+        g = mm.MAC_GROUPS_SHIFT
+        m.d.comb += [
+            mac.start.eq(mac_run & ~mac_started),
+            mac.b_write.eq(mmio_write & (moff == mm.MMIO_MAC_B // 4)), mac.b_word.eq(mem.wdata[:14]),
+            mac.a_word.eq(mem.wdata[:14]), mac.groups.eq(mem.wdata[g : g + 14]),
+            mac.i16.eq((mem.wdata & mm.MAC_I16) != 0), mac.stop.eq(soft_reset),
+        ]  # fmt: skip
+        m.d.sync += mac_started.eq(mac_waiting & ~soft_reset)
         wait_tail = Signal(16)  # written by the firmware before it writes STATUS = WAITING
         with m.If(mmio_write & (moff == mm.MMIO_WAIT_TAIL // 4)):
             m.d.sync += wait_tail.eq(mem.wdata[:16])
@@ -418,7 +436,7 @@ class MicroCore(wiring.Component):
         with m.Elif(spram_write):
             m.d.comb += mem.ready.eq(1)
         with m.Elif(is_mmio):
-            m.d.comb += [mem.ready.eq(1), mem.rdata.eq(mmio_data)]
+            m.d.comb += [mem.ready.eq(~mac_waiting), mem.rdata.eq(mmio_data)]
         with m.Elif(dram_ready):
             m.d.comb += [mem.ready.eq(1), mem.rdata.eq(d_rdata)]
         with m.Elif(regs_ack):

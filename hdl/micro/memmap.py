@@ -59,6 +59,17 @@ MMIO_SPI = 0x14
 #: bit 0: the firmware in RAM is the flash's, checked (the boot loader writes 1 once it is); a power-up
 #: or the board's reset clears it, SOFT_RESET does not (a soft reset restarts the firmware at once)
 MMIO_BOOT = 0x18
+#: the MAC engine (hdl/micro/mac.py): MAC_B (write) sets its B pointer, an SPRAM word; MAC_RUN
+#: (write) runs it from the word of an A row (bits 0..13) and the B pointer over the groups of four
+#: k positions in bits 14..27 (at most MAC_MAX_GROUPS), bit 28 set for int16 A elements; the write
+#: completes when the dot product is in MAC_SUM (read), and the B pointer is past the words read
+MMIO_MAC_B = 0x60
+MMIO_MAC_RUN = 0x64
+MMIO_MAC_SUM = 0x68
+MAC_LANE_COUNT = 4
+MAC_MAX_GROUPS = (1 << 14) - 1
+MAC_GROUPS_SHIFT = 14
+MAC_I16 = 1 << 28
 #: read-only configuration words, in this order from MMIO_CONFIG
 MMIO_CONFIG = 0x20
 CONFIG_WORDS = ("spad_bytes", "acc_bytes", "dram_bytes", "lanes", "acc_row_bytes", "queue_depth",

@@ -35,12 +35,16 @@ def op_probes(cfg: NpuConfig) -> dict[str, str]:
     p: dict[str, str] = {}
     for n in (1, 8):
         p[f"sync x{n}"] = "\n".join(["sync unit=load"] * n)
-    for m, n, k in ((1, 1, 8), (4, 4, 16), (8, 8, 32), (2, 8, 64), (16, 2, 8)):
+    # (the micro core's MAC engine takes k in fours: k < 4 and k % 4 probe its firmware's loop)
+    shapes = ((1, 1, 8), (4, 4, 16), (8, 8, 32), (2, 8, 64), (16, 2, 8), (2, 2, 512), (16, 2, 2), (8, 2, 3),
+              (4, 4, 18))  # fmt: skip
+    for m, n, k in shapes:
         cs = -(-4 * n // cfg.acc_row_bytes) * cfg.acc_row_bytes  # whole accumulator words
-        common = f"b={half} c={acc} m={m} n={n} k={k} b_stride={k} c_stride={cs}"
-        p[f"matmul {m}x{n}x{k}"] = f"matmul a=0 a_stride={k} {common}"
-        if (m, n, k) in ((4, 4, 16), (8, 8, 32)):
-            p[f"matmul i16 {m}x{n}x{k}"] = f"matmul a=0 a_stride={2 * k} a_i16=1 {common}"
+        ks = -(-k // cfg.lanes) * cfg.lanes  # rows `lanes`-aligned, as the ISA asks
+        common = f"b={half} c={acc} m={m} n={n} k={k} b_stride={ks} c_stride={cs}"
+        p[f"matmul {m}x{n}x{k}"] = f"matmul a=0 a_stride={ks} {common}"
+        if (m, n, k) in ((4, 4, 16), (8, 8, 32), (4, 4, 18), (8, 2, 3)):
+            p[f"matmul i16 {m}x{n}x{k}"] = f"matmul a=0 a_stride={2 * ks} a_i16=1 {common}"
     for r, c in ((1, 8), (8, 32), (4, 128)):
         p[f"vmap i32 {r}x{c}"] = (
             f"vmap src={acc} dst={half} rows={r} cols={c} src_stride={4 * c} dst_stride={c} src_type=i32 "

@@ -38,7 +38,7 @@ def header() -> str:
     d = lambda name, v: out.append(f"#define {name} {v}")  # noqa: E731
     d("FW_ISA", f'"{ISA}"')
     for k in dir(mm):
-        if k.endswith(("_BASE", "_BYTES", "_LIMIT", "_MAGIC")) or k.startswith(("MMIO_", "FLASH_")):
+        if k.endswith(("_BASE", "_BYTES", "_LIMIT", "_MAGIC")) or k.startswith(("MMIO_", "FLASH_", "MAC_")):
             d(k, hex(getattr(mm, k)))
     for k in dir(mm):
         if k.startswith(("EV_", "ACT_")):

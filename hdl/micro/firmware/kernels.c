@@ -95,20 +95,46 @@ static void exec_store(const instr_t *ins) {
     }
 }
 
+/* MATMUL's dot products run on the MAC engine (hdl/micro/mac.py) in groups of four k positions, from
+   word-aligned rows (check() asks `lanes`-aligned ones); the firmware does what is left of k. A run
+   leaves the engine's B pointer past its words: B rows one after another are set once a row of C. */
+#define MAC_RUN(aw, g, i16) (MMIO(MMIO_MAC_RUN) = (aw) | (g) << MAC_GROUPS_SHIFT | ((i16) ? MAC_I16 : 0))
+
 static void exec_matmul(const instr_t *ins) {
     uint32_t m = U(F_MATMUL_M), n = U(F_MATMUL_N), k = U(F_MATMUL_K);
     uint32_t a = U(F_MATMUL_A), b = U(F_MATMUL_B), c = U(F_MATMUL_C);
     uint32_t as = U(F_MATMUL_A_STRIDE), bs = U(F_MATMUL_B_STRIDE), cs = U(F_MATMUL_C_STRIDE);
     int i16 = U(F_MATMUL_A_I16), acc = U(F_MATMUL_ACCUMULATE);
+    uint32_t groups = k >= 4 && !((a | as | b | bs) & 3) ? k >> 2 : 0;
+    if (groups && !(k & 3) && groups <= MAC_MAX_GROUPS) { /* the engine alone */
+        for (uint32_t i = 0; i < m; i++) {
+            volatile uint32_t *cp = (volatile uint32_t *)at(c + i * cs);
+            uint32_t aw = (a + i * as) >> 2;
+            for (uint32_t j = 0; j < n; j++) {
+                if (!j || bs != k) MMIO(MMIO_MAC_B) = (b + j * bs) >> 2;
+                MAC_RUN(aw, groups, i16);
+                cp[j] = (acc ? cp[j] : 0) + MMIO(MMIO_MAC_SUM);
+            }
+        }
+        return;
+    }
     for (uint32_t i = 0; i < m; i++)
         for (uint32_t j = 0; j < n; j++) {
             volatile uint32_t *cp = (volatile uint32_t *)at(c + i * cs + 4 * j);
             uint32_t s = acc ? *cp : 0;
-            uint32_t ar = a + i * as, br = b + j * bs;
+            uint32_t ar = a + i * as, br = b + j * bs, t = 0;
+            if (groups) MMIO(MMIO_MAC_B) = br >> 2;
+            for (uint32_t done = 0; done < groups;) { /* runs of at most MAC_MAX_GROUPS */
+                uint32_t g = groups - done > MAC_MAX_GROUPS ? MAC_MAX_GROUPS : groups - done;
+                MAC_RUN((ar >> 2) + (done << i16), g, i16);
+                s += MMIO(MMIO_MAC_SUM);
+                done += g;
+                t = 4 * done;
+            }
             if (i16)
-                for (uint32_t t = 0; t < k; t++) s += (uint32_t)(elem(ar + 2 * t, 1) * (int8_t)*at(br + t));
-            else /* the int8 loop without calls: it is most of a model's time */
-                for (uint32_t t = 0; t < k; t++) s += (uint32_t)((int8_t)*at(ar + t) * (int8_t)*at(br + t));
+                for (; t < k; t++) s += (uint32_t)(elem(ar + 2 * t, 1) * (int8_t)*at(br + t));
+            else /* without calls: the whole of a MATMUL the engine cannot take (k < 4) */
+                for (; t < k; t++) s += (uint32_t)((int8_t)*at(ar + t) * (int8_t)*at(br + t));
             *cp = s;
         }
 }
