@@ -372,18 +372,27 @@ MICRO_FEATURES: dict[Opcode, tuple[str, ...]] = {
 #: and checks are in `base`; SYNC and the markers cost MICRO_OTHER, a run MICRO_RUN besides its
 #: instructions (starting, END)
 MICRO_COSTS: dict[Opcode, dict[str, float]] = {
-    Opcode.LOAD: {"base": 10082.91, "rows": 290.08, "words": 32.0, "bytes": 49.6, "pad_bytes": 6.98},
-    Opcode.STORE: {"base": 7988.74, "rows": 69.0, "words": 43.0, "words_unaligned": 90.01, "bytes": 0.0},
-    Opcode.MATMUL: {"base": 10496.09, "rows": 58.04, "outputs": 63.97, "outputs_loop": 183.2, "runs": 48.15,
-                    "groups": 2.0, "groups_i16": 3.0, "macs": 28.79, "macs_i16": 98.32},  # fmt: skip
-    Opcode.VMAP: {"base": 12679.68, "elems_i32": 353.37, "elems": 384.97, "per_col": 0.0},
-    Opcode.VLUT: {"base": 14290.71, "elems": 32.41},
-    Opcode.VMUL: {"base": 13098.41, "elems": 443.2},
-    Opcode.VADD: {"base": 11593.95, "elems": 437.01},
-    Opcode.POOL: {"base": 14624.32, "outputs": 245.47, "window": 98.4},
+    Opcode.LOAD: {"base": 6714.5, "rows": 289.97, "words": 32.0, "bytes": 49.61, "pad_bytes": 6.99},
+    Opcode.STORE: {"base": 5761.83, "rows": 68.94, "words": 43.0, "words_unaligned": 90.03, "bytes": 0.0},
+    Opcode.MATMUL: {
+        "base": 7317.47,
+        "rows": 58.11,
+        "outputs": 63.86,
+        "outputs_loop": 182.62,
+        "runs": 48.35,
+        "groups": 2.01,
+        "groups_i16": 3.02,
+        "macs": 29.06,
+        "macs_i16": 98.51,
+    },  # fmt: skip
+    Opcode.VMAP: {"base": 8061.9, "elems_i32": 353.36, "elems": 384.96, "per_col": 0.0},
+    Opcode.VLUT: {"base": 11891.79, "elems": 32.4},
+    Opcode.VMUL: {"base": 8417.46, "elems": 443.19},
+    Opcode.VADD: {"base": 7560.02, "elems": 437.0},
+    Opcode.POOL: {"base": 9858.79, "outputs": 245.48, "window": 98.4},
 }
-MICRO_OTHER = 5_737
-MICRO_RUN = 2_223
+MICRO_OTHER = 4_537
+MICRO_RUN = 2_126
 
 
 def micro_features(i: Instr) -> dict[str, int]:

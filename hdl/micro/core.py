@@ -66,6 +66,11 @@ def check_config(cfg: NpuConfig) -> None:
         raise ValueError(
             f"config {cfg.name}: the micro core has a 32-bit DRAM bus (bus_bytes=4), not {cfg.bus_bytes}"
         )
+    if cfg.queue_depth > mm.QUEUE_LIMIT:
+        raise ValueError(
+            f"config {cfg.name}: the micro core's firmware holds unit queues of up to {mm.QUEUE_LIMIT} "
+            f"instructions, not queue_depth={cfg.queue_depth}"
+        )
     if cfg.spad_bytes + cfg.acc_bytes + mm.RAM_BYTES > 4 * mm.ONCHIP_WORDS:
         raise ValueError(
             f"config {cfg.name}: scratchpad ({cfg.spad_bytes}) + accumulators ({cfg.acc_bytes}) + "

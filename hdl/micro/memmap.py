@@ -22,6 +22,8 @@ FLASH_FIRMWARE = 0x10_0000
 FIRMWARE_MAGIC = 0x4655504E  # "NPUF"
 #: the most bytes of firmware image (code and constants): the rest of RAM is its data and stack
 FIRMWARE_LIMIT = 16 * 1024
+#: the deepest unit queue the firmware holds (queue_depth; each entry keeps its decoded fields)
+QUEUE_LIMIT = 8
 ONCHIP_BASE = 0x1000_0000
 DRAM_BASE = 0x2000_0000
 REGS_BASE = 0x3000_0000

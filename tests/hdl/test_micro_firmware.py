@@ -37,6 +37,8 @@ def test_a_config_the_micro_core_cannot_hold_is_refused():
         MicroCore(get_config("icebreaker").replace(spad_bytes=64 * 1024))
     with pytest.raises(ValueError, match="32-bit"):
         MicroCore(get_config("tiny").replace(core="micro"))
+    with pytest.raises(ValueError, match="queue_depth=16"):  # the firmware's queues hold 8
+        MicroCore(get_config("icebreaker").replace(queue_depth=16))
 
 
 @pytest.mark.rtl

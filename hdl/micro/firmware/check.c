@@ -9,13 +9,19 @@ uint32_t ubits(const raw_t *r, unsigned pos, unsigned width) {
     return width == 32 ? v : v & ((1u << width) - 1);
 }
 
+/* (run once an instruction, at its check: a queue entry keeps the fields; ubits inline, since a
+   call a field doubled the cost of an instruction's fetch and checks) */
 void decode(instr_t *ins) {
     int op = OPC(ins);
-    for (unsigned k = 0; k < (unsigned)(FIELD_START[op + 1] - FIELD_START[op]); k++) {
-        unsigned e = FIELDS[FIELD_START[op] + k], width = ((e >> 8) & 31) + 1;
-        uint32_t v = ubits(&ins->raw, e & 255, width);
-        if ((e >> 13) & 1) v = (uint32_t)((int32_t)(v << (32 - width)) >> (32 - width));
-        ins->f[k] = (int32_t)v;
+    const unsigned short *e = &FIELDS[FIELD_START[op]], *end = &FIELDS[FIELD_START[op + 1]];
+    int32_t *out = ins->f;
+    for (; e < end; e++, out++) {
+        unsigned pos = *e & 255, s = pos & 31, drop = 31 - ((*e >> 8) & 31); /* 32 - width */
+        const uint32_t *w = &ins->raw.w[pos >> 5];
+        uint32_t v = w[0] >> s;
+        if (s && s + 32 - drop > 32) v |= w[1] << (32 - s);
+        v <<= drop;
+        *out = (*e >> 13) & 1 ? (int32_t)v >> drop : (int32_t)(v >> drop);
     }
 }
 

@@ -4,10 +4,14 @@
    runs the oldest queue head whose tokens have arrived. */
 #include "fw.h"
 
-/* the compiler's struct copies */
+/* the compiler's struct copies (instructions, queue entries: whole words) */
 void *memcpy(void *d, const void *s, unsigned n) {
     uint8_t *dp = d;
     const uint8_t *sp = s;
+    if (!(((uint32_t)dp | (uint32_t)sp | n) & 3)) {
+        for (uint32_t *dw = d, *end = (uint32_t *)(dp + n); dw < end;) *dw++ = *(const uint32_t *)sp, sp += 4;
+        return d;
+    }
     while (n--) *dp++ = *sp++;
     return d;
 }
@@ -16,9 +20,10 @@ uint32_t spad_bytes, acc_bytes, dram_bytes, lanes, acc_row_bytes, queue_depth, t
 uint32_t win_lo, fault_addr;
 uint64_t win_hi;
 
-#define QMAX 16
+#define QMAX QUEUE_LIMIT /* hdl/micro/core.py refuses a deeper queue_depth */
 #define UNITS 4
-typedef struct { raw_t raw; uint32_t pc; uint32_t point; } entry_t; /* point: a cancel point's ordinal */
+/* an instruction checked and decoded once, at dispatch; point: a cancel point's ordinal */
+typedef struct { instr_t ins; uint32_t pc; uint32_t point; } entry_t;
 /* not cleared at reset (a soft reset restarts the processor: its boot must be quick); start()
    empties the queues */
 static entry_t queue[UNITS][QMAX] __attribute__((section(".noinit")));
@@ -189,7 +194,8 @@ static int fetch(instr_t *ins) {
 static void push(int u, const instr_t *ins, uint32_t point) {
     uint32_t k = q_head[u] + q_len[u];
     entry_t *e = &queue[u][k >= queue_depth ? k - queue_depth : k];
-    e->raw = ins->raw;
+    if (u == unit_of(ins)) e->ins = *ins; /* the fields too: a unit instruction runs from them */
+    else e->ins.raw = ins->raw;          /* a cancel point or fence: its marker */
     e->pc = pc;
     e->point = point;
     q_len[u]++;
@@ -248,10 +254,10 @@ static int ready(int u) {
     if (!q_len[u]) return 0;
     if (target && passed[u] >= target) return 0; /* past the target, nothing started: it holds */
     entry_t *e = &queue[u][q_head[u]];
-    int op = OPC(e);
+    int op = OPC(&e->ins);
     if (op == OP_CANCEL_POINT) return target != e->point; /* the target point parks the unit */
     if (op == OP_FENCE) return 1;
-    uint32_t w = WAIT(e);
+    uint32_t w = WAIT(&e->ins);
     for (int p = 0; p < UNITS; p++)
         if ((w >> p & 1) && !tokens[p][u]) return 0;
     return 1;
@@ -264,7 +270,7 @@ static int parked(void) {
         if (passed[u] >= target) continue; /* holding past it */
         if (!q_len[u]) return 0;
         entry_t *e = &queue[u][q_head[u]];
-        if (OPC(e) != OP_CANCEL_POINT || e->point != target) return 0;
+        if (OPC(&e->ins) != OP_CANCEL_POINT || e->point != target) return 0;
     }
     return 1;
 }
@@ -272,10 +278,7 @@ static int parked(void) {
 /* run unit u's queue head; returns the cycles it took */
 static uint32_t run_head(int u) {
     entry_t *e = &queue[u][q_head[u]];
-    static instr_t cur;
-    cur.raw = e->raw;
-    decode(&cur);
-    const instr_t *ins = &cur;
+    const instr_t *ins = &e->ins; /* not overwritten before it has run: nothing is pushed meanwhile */
     uint32_t at = e->pc, op = OPC(ins);
     if (++q_head[u] == queue_depth) q_head[u] = 0;
     q_len[u]--;
@@ -284,7 +287,7 @@ static uint32_t run_head(int u) {
         since[u] = 0;
         if (u == 0) {
             held_pc = at;
-            held_raw = cur.raw;
+            held_raw = ins->raw;
         }
         return 1;
     }
@@ -339,7 +342,7 @@ static void step(uint32_t ev) {
         /* the point's marker at the load unit's queue head, or the one it passed and holds at */
         int held = passed[0] >= target;
         uint32_t at = held ? held_pc : queue[0][q_head[0]].pc;
-        const raw_t *raw = held ? &held_raw : &queue[0][q_head[0]].raw;
+        const raw_t *raw = held ? &held_raw : &queue[0][q_head[0]].ins.raw;
         /* tokens pushed before the point for instructions after it: kept for the resume */
         save_tokens();
         REG(R_RESUME_PC) = at + 1;
