@@ -10,7 +10,6 @@ import functools
 import numpy as np
 
 from npu.config import ACC_BASE, NpuConfig
-from npu.hdl.micro.memmap import MAC_MAX_GROUPS
 from npu.isa import LUT_BYTES, Instr, Opcode, elem_bytes, per_config
 
 from .arith import cdiv
@@ -354,6 +353,8 @@ MICRO_FEATURES: dict[Opcode, tuple[str, ...]] = {
         "rows",
         "outputs",
         "outputs_loop",
+        "rows_loop",
+        "row_elems",
         "runs",
         "groups",
         "groups_i16",
@@ -372,26 +373,28 @@ MICRO_FEATURES: dict[Opcode, tuple[str, ...]] = {
 #: and checks are in `base`; SYNC and the markers cost MICRO_OTHER, a run MICRO_RUN besides its
 #: instructions (starting, END)
 MICRO_COSTS: dict[Opcode, dict[str, float]] = {
-    Opcode.LOAD: {"base": 6714.5, "rows": 289.97, "words": 32.0, "bytes": 49.61, "pad_bytes": 6.99},
-    Opcode.STORE: {"base": 5761.83, "rows": 68.94, "words": 43.0, "words_unaligned": 90.03, "bytes": 0.0},
+    Opcode.LOAD: {"base": 6721.14, "rows": 290.14, "words": 32.0, "bytes": 49.6, "pad_bytes": 7.0},
+    Opcode.STORE: {"base": 5652.49, "rows": 65.94, "words": 43.0, "words_unaligned": 90.0, "bytes": 0.0},
     Opcode.MATMUL: {
-        "base": 7317.47,
-        "rows": 58.11,
-        "outputs": 63.86,
-        "outputs_loop": 182.62,
-        "runs": 48.35,
+        "base": 7299.9,
+        "rows": 65.85,
+        "outputs": 52.04,
+        "outputs_loop": 54.1,
+        "rows_loop": 88.08,
+        "row_elems": 73.67,
+        "runs": 30.16,
         "groups": 2.01,
-        "groups_i16": 3.02,
-        "macs": 29.06,
-        "macs_i16": 98.51,
-    },  # fmt: skip
-    Opcode.VMAP: {"base": 8061.9, "elems_i32": 353.36, "elems": 384.96, "per_col": 0.0},
-    Opcode.VLUT: {"base": 11891.79, "elems": 32.4},
-    Opcode.VMUL: {"base": 8417.46, "elems": 443.19},
-    Opcode.VADD: {"base": 7560.02, "elems": 437.0},
-    Opcode.POOL: {"base": 9858.79, "outputs": 245.48, "window": 98.4},
+        "groups_i16": 2.99,
+        "macs": 13.94,
+        "macs_i16": 26.42,
+    },
+    Opcode.VMAP: {"base": 8100.32, "elems_i32": 356.41, "elems": 388.14, "per_col": 0.0},
+    Opcode.VLUT: {"base": 11765.83, "elems": 32.4},
+    Opcode.VMUL: {"base": 8425.48, "elems": 443.19},
+    Opcode.VADD: {"base": 7567.03, "elems": 437.0},
+    Opcode.POOL: {"base": 9864.68, "outputs": 245.48, "window": 98.4},
 }
-MICRO_OTHER = 4_537
+MICRO_OTHER = 4_400
 MICRO_RUN = 2_126
 
 
@@ -438,24 +441,27 @@ def micro_features(i: Instr) -> dict[str, int]:
 
 def _micro_matmul(f: dict[str, int]) -> dict[str, int]:
     """MATMUL on the micro core (kernels.c): the MAC engine (hdl/micro/mac.py) takes word-aligned rows
-    in groups of four k positions; with k a multiple of 4 it does the whole dot product (a row of
-    outputs at a time: `rows`, `outputs`), otherwise the firmware's loop over outputs
-    (`outputs_loop`) runs the engine (`runs`) and multiplies the k % 4 left (`macs`)."""
-    outputs, k, i16 = f["m"] * f["n"], f["k"], f["a_i16"]
+    in groups of four k positions. With k a multiple of 4 it does the whole dot product, a row of
+    outputs at a time (`rows`, `outputs`); otherwise the firmware's loop (`rows_loop`) reads A's last
+    k % 4 elements once a row (`row_elems`) and, an output (`outputs_loop`), runs the engine (`runs`) and
+    multiplies those (`macs`)."""
+    m, outputs, k, i16 = f["m"], f["m"] * f["n"], f["k"], f["a_i16"]
     engine = k >= 4 and not (f["a"] | f["a_stride"] | f["b"] | f["b_stride"]) & 3
     groups = k // 4 if engine else 0
-    fast = engine and k % 4 == 0 and groups <= MAC_MAX_GROUPS
-    tail = outputs * (k - 4 * groups)
+    fast = engine and k % 4 == 0
+    left = k - 4 * groups
     return {
         "base": 1,
-        "rows": f["m"] if fast else 0,
+        "rows": m if fast else 0,
         "outputs": outputs if fast else 0,
         "outputs_loop": 0 if fast else outputs,
-        "runs": 0 if fast else outputs * -(-groups // MAC_MAX_GROUPS),
+        "rows_loop": 0 if fast else m,
+        "row_elems": 0 if fast else m * left,
+        "runs": 0 if fast or not groups else outputs,
         "groups": 0 if i16 else outputs * groups,
         "groups_i16": outputs * groups if i16 else 0,
-        "macs": 0 if i16 else tail,
-        "macs_i16": tail if i16 else 0,
+        "macs": 0 if i16 else outputs * left,
+        "macs_i16": outputs * left if i16 else 0,
     }
 
 

@@ -37,13 +37,13 @@ def op_probes(cfg: NpuConfig) -> dict[str, str]:
         p[f"sync x{n}"] = "\n".join(["sync unit=load"] * n)
     # (the micro core's MAC engine takes k in fours: k < 4 and k % 4 probe its firmware's loop)
     shapes = ((1, 1, 8), (4, 4, 16), (8, 8, 32), (2, 8, 64), (16, 2, 8), (2, 2, 512), (16, 2, 2), (8, 2, 3),
-              (4, 4, 18))  # fmt: skip
+              (4, 4, 18), (4, 8, 1))  # fmt: skip
     for m, n, k in shapes:
         cs = -(-4 * n // cfg.acc_row_bytes) * cfg.acc_row_bytes  # whole accumulator words
         ks = -(-k // cfg.lanes) * cfg.lanes  # rows `lanes`-aligned, as the ISA asks
         common = f"b={half} c={acc} m={m} n={n} k={k} b_stride={ks} c_stride={cs}"
         p[f"matmul {m}x{n}x{k}"] = f"matmul a=0 a_stride={ks} {common}"
-        if (m, n, k) in ((4, 4, 16), (8, 8, 32), (4, 4, 18), (8, 2, 3)):
+        if (m, n, k) in ((4, 4, 16), (8, 8, 32), (4, 4, 18), (8, 2, 3), (4, 8, 1)):
             p[f"matmul i16 {m}x{n}x{k}"] = f"matmul a=0 a_stride={2 * ks} a_i16=1 {common}"
     for r, c in ((1, 8), (8, 32), (4, 128)):
         p[f"vmap i32 {r}x{c}"] = (
@@ -116,7 +116,12 @@ def fit_micro(cycles: dict[str, int], cfg: NpuConfig) -> dict:
         b = np.array([c for _, c in samples], float)
         used = a.any(axis=0)  # a feature no probe exercises costs nothing measured
         coef = np.zeros(len(names))
-        coef[used] = np.linalg.lstsq(a[:, used], b, rcond=None)[0]
+        while True:  # no cost is negative: a feature whose fit comes out below zero costs nothing
+            coef[:] = 0
+            coef[used] = np.linalg.lstsq(a[:, used], b, rcond=None)[0]
+            if (coef >= 0).all():
+                break
+            used &= coef > 0
         costs[op.name] = {n: round(float(c), 2) for n, c in zip(names, coef, strict=True)}
     return {"MICRO_RUN": run, "MICRO_OTHER": other, "MICRO_COSTS": costs}
 

@@ -55,7 +55,7 @@ static void pad_row(uint32_t row, uint32_t c0, uint32_t c1, uint8_t pv, int i16)
     for (; c < c1; c++) *at(row + c) = (i16 && !(c & 1)) ? 0 : pv;
 }
 
-static void exec_load(const instr_t *ins) {
+static NOINLINE void exec_load(const instr_t *ins) {
     uint32_t rows = U(F_LOAD_ROWS), cols = U(F_LOAD_COLS), pt = U(F_LOAD_PAD_TOP), pl = U(F_LOAD_PAD_LEFT);
     uint32_t tr = pt + rows + U(F_LOAD_PAD_BOTTOM), tw = pl + cols + U(F_LOAD_PAD_RIGHT);
     uint32_t spad = U(F_LOAD_SPAD), ss = U(F_LOAD_SPAD_STRIDE), dram = U(F_LOAD_DRAM), ds = U(F_LOAD_DRAM_STRIDE);
@@ -80,7 +80,7 @@ static void exec_load(const instr_t *ins) {
     }
 }
 
-static void exec_store(const instr_t *ins) {
+static NOINLINE void exec_store(const instr_t *ins) {
     uint32_t rows = U(F_STORE_ROWS), cols = U(F_STORE_COLS), spad = U(F_STORE_SPAD), ss = U(F_STORE_SPAD_STRIDE);
     uint32_t dram = U(F_STORE_DRAM), ds = U(F_STORE_DRAM_STRIDE);
     for (uint32_t r = 0; r < rows; r++) {
@@ -100,7 +100,33 @@ static void exec_store(const instr_t *ins) {
    leaves the engine's B pointer past its words: B rows one after another are set once a row of C. */
 #define MAC_RUN(aw, g, i16) (MMIO(MMIO_MAC_RUN) = (aw) | (g) << MAC_GROUPS_SHIFT | ((i16) ? MAC_I16 : 0))
 
-static void exec_matmul(const instr_t *ins) {
+/* MATMUL with k % 4 != 0 (and k < 4: a convolution's taps one at a time): the engine's runs, then at
+   most three products an output, from A's elements read once a row */
+static NOINLINE void matmul_rows(const instr_t *ins, uint32_t groups) {
+    uint32_t m = U(F_MATMUL_M), n = U(F_MATMUL_N), k = U(F_MATMUL_K), bs = U(F_MATMUL_B_STRIDE);
+    int i16 = U(F_MATMUL_A_I16), acc = U(F_MATMUL_ACCUMULATE);
+    uint32_t t0 = 4 * groups, left = k - t0, run = groups << MAC_GROUPS_SHIFT | (i16 ? MAC_I16 : 0);
+    for (uint32_t i = 0; i < m; i++) {
+        volatile uint32_t *cp = (volatile uint32_t *)at(U(F_MATMUL_C) + i * U(F_MATMUL_C_STRIDE));
+        uint32_t ar = U(F_MATMUL_A) + i * U(F_MATMUL_A_STRIDE), e = ar + (t0 << i16), d = 1u << i16;
+        int32_t a0 = left ? elem(e, i16) : 0, a1 = left > 1 ? elem(e + d, i16) : 0;
+        int32_t a2 = left > 2 ? elem(e + 2 * d, i16) : 0;
+        const volatile int8_t *bp = (const volatile int8_t *)at(U(F_MATMUL_B) + t0);
+        for (uint32_t j = 0; j < n; j++, bp += bs) {
+            int32_t s = left ? a0 * bp[0] : 0;
+            if (left > 1) s += a1 * bp[1];
+            if (left > 2) s += a2 * bp[2];
+            if (groups) { /* one run: k is 16 bits, so groups <= MAC_MAX_GROUPS */
+                MMIO(MMIO_MAC_B) = (uint32_t)(bp - t0 - (const volatile int8_t *)ONCHIP) >> 2;
+                MMIO(MMIO_MAC_RUN) = (ar >> 2) | run;
+                s += MMIO(MMIO_MAC_SUM);
+            }
+            cp[j] = (acc ? cp[j] : 0) + (uint32_t)s;
+        }
+    }
+}
+
+static NOINLINE void exec_matmul(const instr_t *ins) {
     uint32_t m = U(F_MATMUL_M), n = U(F_MATMUL_N), k = U(F_MATMUL_K);
     uint32_t a = U(F_MATMUL_A), b = U(F_MATMUL_B), c = U(F_MATMUL_C);
     uint32_t as = U(F_MATMUL_A_STRIDE), bs = U(F_MATMUL_B_STRIDE), cs = U(F_MATMUL_C_STRIDE);
@@ -118,32 +144,24 @@ static void exec_matmul(const instr_t *ins) {
         }
         return;
     }
-    for (uint32_t i = 0; i < m; i++)
-        for (uint32_t j = 0; j < n; j++) {
-            volatile uint32_t *cp = (volatile uint32_t *)at(c + i * cs + 4 * j);
-            uint32_t s = acc ? *cp : 0;
-            uint32_t ar = a + i * as, br = b + j * bs, t = 0;
-            if (groups) MMIO(MMIO_MAC_B) = br >> 2;
-            for (uint32_t done = 0; done < groups;) { /* runs of at most MAC_MAX_GROUPS */
-                uint32_t g = groups - done > MAC_MAX_GROUPS ? MAC_MAX_GROUPS : groups - done;
-                MAC_RUN((ar >> 2) + (done << i16), g, i16);
-                s += MMIO(MMIO_MAC_SUM);
-                done += g;
-                t = 4 * done;
+    if (k - 4 * groups > 3) { /* rows the engine cannot take (not word-aligned: lanes < 4) */
+        for (uint32_t i = 0; i < m; i++)
+            for (uint32_t j = 0; j < n; j++) {
+                volatile uint32_t *cp = (volatile uint32_t *)at(c + i * cs + 4 * j);
+                uint32_t s = acc ? *cp : 0;
+                for (uint32_t t = 0; t < k; t++) s += (uint32_t)(elem(a + i * as + (t << i16), i16) * (int8_t)*at(b + j * bs + t));
+                *cp = s;
             }
-            if (i16)
-                for (; t < k; t++) s += (uint32_t)(elem(ar + 2 * t, 1) * (int8_t)*at(br + t));
-            else /* without calls: the whole of a MATMUL the engine cannot take (k < 4) */
-                for (; t < k; t++) s += (uint32_t)((int8_t)*at(ar + t) * (int8_t)*at(br + t));
-            *cp = s;
-        }
+        return;
+    }
+    matmul_rows(ins, groups);
 }
 
 static uint8_t table[LUT_BYTES] __attribute__((section(".noinit")));
 static int32_t col_mult[PER_COL_MAX] __attribute__((section(".noinit")));
 static uint8_t col_shift[PER_COL_MAX] __attribute__((section(".noinit")));
 
-static void exec_vmap(const instr_t *ins) {
+static NOINLINE void exec_vmap(const instr_t *ins) {
     uint32_t rows = U(F_VMAP_ROWS), cols = U(F_VMAP_COLS), src = U(F_VMAP_SRC), dst = U(F_VMAP_DST);
     uint32_t ss = U(F_VMAP_SRC_STRIDE), ds = U(F_VMAP_DST_STRIDE);
     int i32 = U(F_VMAP_SRC_TYPE), si16 = U(F_VMAP_SRC_I16), di16 = U(F_VMAP_DST_I16), per_col = U(F_VMAP_PER_COL);
@@ -171,7 +189,7 @@ static void exec_vmap(const instr_t *ins) {
         }
 }
 
-static void exec_vlut(const instr_t *ins) {
+static NOINLINE void exec_vlut(const instr_t *ins) {
     uint32_t rows = U(F_VLUT_ROWS), cols = U(F_VLUT_COLS), src = U(F_VLUT_SRC), dst = U(F_VLUT_DST);
     uint32_t ss = U(F_VLUT_SRC_STRIDE), ds = U(F_VLUT_DST_STRIDE), t = U(F_VLUT_TABLE);
     if (!rows || !cols) return;
@@ -180,7 +198,7 @@ static void exec_vlut(const instr_t *ins) {
         for (uint32_t c = 0; c < cols; c++) *at(dst + r * ds + c) = table[*at(src + r * ss + c) ^ 0x80];
 }
 
-static void exec_vmul(const instr_t *ins) {
+static NOINLINE void exec_vmul(const instr_t *ins) {
     uint32_t rows = U(F_VMUL_ROWS), cols = U(F_VMUL_COLS), a = U(F_VMUL_A), b = U(F_VMUL_B), d = U(F_VMUL_DST);
     uint32_t as = U(F_VMUL_A_STRIDE), bs = U(F_VMUL_B_STRIDE), dstr = U(F_VMUL_DST_STRIDE);
     int ai = U(F_VMUL_A_I16), bi = U(F_VMUL_B_I16), di = U(F_VMUL_DST_I16);
@@ -195,7 +213,7 @@ static void exec_vmul(const instr_t *ins) {
         }
 }
 
-static void exec_vadd(const instr_t *ins) {
+static NOINLINE void exec_vadd(const instr_t *ins) {
     uint32_t n = U(F_VADD_LEN), a = U(F_VADD_A), b = U(F_VADD_B), d = U(F_VADD_DST);
     int ai = U(F_VADD_A_I16), bi = U(F_VADD_B_I16), di = U(F_VADD_DST_I16);
     int32_t zpa = S(SF_VADD_ZP_A), zpb = S(SF_VADD_ZP_B), zpo = S(SF_VADD_ZP_OUT), lo = S(SF_VADD_LO), hi = S(SF_VADD_HI);
@@ -208,7 +226,7 @@ static void exec_vadd(const instr_t *ins) {
     }
 }
 
-static void exec_pool(const instr_t *ins) {
+static NOINLINE void exec_pool(const instr_t *ins) {
     uint32_t C = U(F_POOL_CHANNELS), W = U(F_POOL_IN_W), oh = U(F_POOL_OUT_H), ow = U(F_POOL_OUT_W);
     uint32_t kh = U(F_POOL_KH), kw = U(F_POOL_KW), sh = U(F_POOL_SH), sw = U(F_POOL_SW);
     uint32_t src = U(F_POOL_SRC), dst = U(F_POOL_DST);
