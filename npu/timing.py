@@ -352,6 +352,7 @@ MICRO_FEATURES: dict[Opcode, tuple[str, ...]] = {
         "base",
         "rows",
         "outputs",
+        "b_rewrites",
         "outputs_loop",
         "rows_loop",
         "row_elems",
@@ -376,19 +377,20 @@ MICRO_COSTS: dict[Opcode, dict[str, float]] = {
     Opcode.LOAD: {"base": 6721.14, "rows": 290.14, "words": 32.0, "bytes": 49.6, "pad_bytes": 7.0},
     Opcode.STORE: {"base": 5652.49, "rows": 65.94, "words": 43.0, "words_unaligned": 90.0, "bytes": 0.0},
     Opcode.MATMUL: {
-        "base": 7299.9,
-        "rows": 65.85,
-        "outputs": 52.04,
-        "outputs_loop": 54.1,
-        "rows_loop": 88.08,
-        "row_elems": 73.67,
-        "runs": 30.16,
-        "groups": 2.01,
-        "groups_i16": 2.99,
-        "macs": 13.94,
-        "macs_i16": 26.42,
+        "base": 7177.6,
+        "rows": 39.69,
+        "outputs": 52.15,
+        "b_rewrites": 3.2,
+        "outputs_loop": 54.14,
+        "rows_loop": 93.66,
+        "row_elems": 75.73,
+        "runs": 28.03,
+        "groups": 2.0,
+        "groups_i16": 2.98,
+        "macs": 9.9,
+        "macs_i16": 22.4,
     },
-    Opcode.VMAP: {"base": 8100.32, "elems_i32": 356.41, "elems": 388.14, "per_col": 0.0},
+    Opcode.VMAP: {"base": 8103.7, "elems_i32": 356.4, "elems": 388.12, "per_col": 0.0},
     Opcode.VLUT: {"base": 11765.83, "elems": 32.4},
     Opcode.VMUL: {"base": 8425.48, "elems": 443.19},
     Opcode.VADD: {"base": 7567.03, "elems": 437.0},
@@ -440,20 +442,20 @@ def micro_features(i: Instr) -> dict[str, int]:
 
 
 def _micro_matmul(f: dict[str, int]) -> dict[str, int]:
-    """MATMUL on the micro core (kernels.c): the MAC engine (hdl/micro/mac.py) takes word-aligned rows
-    in groups of four k positions. With k a multiple of 4 it does the whole dot product, a row of
-    outputs at a time (`rows`, `outputs`); otherwise the firmware's loop (`rows_loop`) reads A's last
-    k % 4 elements once a row (`row_elems`) and, an output (`outputs_loop`), runs the engine (`runs`) and
-    multiplies those (`macs`)."""
-    m, outputs, k, i16 = f["m"], f["m"] * f["n"], f["k"], f["a_i16"]
-    engine = k >= 4 and not (f["a"] | f["a_stride"] | f["b"] | f["b_stride"]) & 3
-    groups = k // 4 if engine else 0
-    fast = engine and k % 4 == 0
-    left = k - 4 * groups
+    """MATMUL on the micro core (kernels.c): the MAC engine (hdl/micro/mac.py) takes the rows (word-
+    aligned: every configuration has lanes >= 4) in groups of four k positions. With k a multiple of 4 it does
+    the whole dot product, a row of outputs at a time (`rows`, `outputs`; B's row address written
+    again each output when B's rows are not one after another: `b_rewrites`); otherwise the
+    firmware's loop (`rows_loop`) reads A's last k % 4 elements once a row (`row_elems`) and, an
+    output (`outputs_loop`), runs the engine (`runs`) and multiplies those (`macs`)."""
+    m, n, k, i16 = f["m"], f["n"], f["k"], f["a_i16"]
+    outputs, groups, left = m * n, k // 4, k % 4
+    fast = groups > 0 and left == 0
     return {
         "base": 1,
         "rows": m if fast else 0,
         "outputs": outputs if fast else 0,
+        "b_rewrites": m * (n - 1) if fast and n and f["b_stride"] != k else 0,
         "outputs_loop": 0 if fast else outputs,
         "rows_loop": 0 if fast else m,
         "row_elems": 0 if fast else m * left,

@@ -117,7 +117,13 @@ class MicroCore(wiring.Component):
         is_regs = mem.valid & (top == 3) & ~mem.addr[8]
         is_mmio = mem.valid & (top == 3) & mem.addr[8]
 
-        soft_reset = Signal()  # a cycle: the host wrote CONTROL.SOFT_RESET
+        soft_write = Signal()  # a cycle: the host wrote CONTROL.SOFT_RESET
+        # the soft reset takes effect the cycle after that write, from a register: the write's path
+        # through the processor's look-ahead address to the SPRAMs' address was the board's slowest.
+        # The processor runs one cycle more; every register the reset clears is cleared after
+        # (below) what the processor did in it, and a DRAM access or MAC run it started is dropped
+        soft_reset = Signal()
+        m.d.sync += soft_reset.eq(soft_write)
         stop = Signal(2)  # the processor is held in reset for two cycles after it
         m.d.sync += stop.eq(Mux(soft_reset, 3, stop >> 1))
         m.d.comb += cpu.stop.eq(stop[0] | soft_reset)
@@ -369,12 +375,8 @@ class MicroCore(wiring.Component):
                         pass  # outside the window: ignored
                     with m.Elif(hw_off == REG["CONTROL"].offset // 4):
                         with m.If(data[2]):  # SOFT_RESET
-                            m.d.comb += soft_reset.eq(1)
-                            m.d.sync += [
-                                start_ev.eq(0), pause.eq(0), irq_pending.eq(0), irq_enable.eq(0),
-                                bus_fault.eq(0), timeout.eq(0), counting.eq(0), cycles.eq(0), clear_idx.eq(0),
-                                host_tail.eq(0),
-                            ]  # fmt: skip
+                            m.d.comb += soft_write.eq(1)
+                            m.d.sync += clear_idx.eq(0)
                             m.next = "CLEAR"
                         with m.Else():
                             m.d.sync += [irq_enable.eq(data[3]), pause.eq(data[1])]
@@ -434,6 +436,12 @@ class MicroCore(wiring.Component):
             with m.State("HOST_HI"):
                 m.d.sync += [hi_latch.eq(rp.data), r_valid.eq(1)]
                 m.next = "IDLE"
+
+        with m.If(soft_reset):  # last: over whatever the processor did in the cycle before it stopped
+            m.d.sync += [
+                start_ev.eq(0), pause.eq(0), irq_pending.eq(0), irq_enable.eq(0), bus_fault.eq(0),
+                timeout.eq(0), counting.eq(0), cycles.eq(0), host_tail.eq(0),
+            ]  # fmt: skip
 
         # -- the processor's read data and ready ------------------------------------------------
         with m.If((is_rom | (is_spram & ~mem.wstrb.any())) & primed):

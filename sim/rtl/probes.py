@@ -45,6 +45,11 @@ def op_probes(cfg: NpuConfig) -> dict[str, str]:
         p[f"matmul {m}x{n}x{k}"] = f"matmul a=0 a_stride={ks} {common}"
         if (m, n, k) in ((4, 4, 16), (8, 8, 32), (4, 4, 18), (8, 2, 3), (4, 8, 1)):
             p[f"matmul i16 {m}x{n}x{k}"] = f"matmul a=0 a_stride={2 * ks} a_i16=1 {common}"
+    # B's rows apart (a convolution's taps: b_stride > k)
+    cs = -(-16 // cfg.acc_row_bytes) * cfg.acc_row_bytes
+    p["matmul 4x4x16 b_stride 32"] = (
+        f"matmul a=0 a_stride=16 b={half} c={acc} m=4 n=4 k=16 b_stride=32 c_stride={cs}"
+    )
     for r, c in ((1, 8), (8, 32), (4, 128)):
         p[f"vmap i32 {r}x{c}"] = (
             f"vmap src={acc} dst={half} rows={r} cols={c} src_stride={4 * c} dst_stride={c} src_type=i32 "
@@ -116,12 +121,12 @@ def fit_micro(cycles: dict[str, int], cfg: NpuConfig) -> dict:
         b = np.array([c for _, c in samples], float)
         used = a.any(axis=0)  # a feature no probe exercises costs nothing measured
         coef = np.zeros(len(names))
-        while True:  # no cost is negative: a feature whose fit comes out below zero costs nothing
+        while True:  # no cost is negative: the most negative feature costs nothing, the rest refitted
             coef[:] = 0
             coef[used] = np.linalg.lstsq(a[:, used], b, rcond=None)[0]
             if (coef >= 0).all():
                 break
-            used &= coef > 0
+            used[np.argmin(coef)] = False
         costs[op.name] = {n: round(float(c), 2) for n, c in zip(names, coef, strict=True)}
     return {"MICRO_RUN": run, "MICRO_OTHER": other, "MICRO_COSTS": costs}
 

@@ -116,7 +116,7 @@ static NOINLINE void matmul_rows(const instr_t *ins, uint32_t groups) {
             int32_t s = left ? a0 * bp[0] : 0;
             if (left > 1) s += a1 * bp[1];
             if (left > 2) s += a2 * bp[2];
-            if (groups) { /* one run: k is 16 bits, so groups <= MAC_MAX_GROUPS */
+            if (groups) {
                 MMIO(MMIO_MAC_B) = (uint32_t)(bp - t0 - (const volatile int8_t *)ONCHIP) >> 2;
                 MMIO(MMIO_MAC_RUN) = (ar >> 2) | run;
                 s += MMIO(MMIO_MAC_SUM);
@@ -131,27 +131,19 @@ static NOINLINE void exec_matmul(const instr_t *ins) {
     uint32_t a = U(F_MATMUL_A), b = U(F_MATMUL_B), c = U(F_MATMUL_C);
     uint32_t as = U(F_MATMUL_A_STRIDE), bs = U(F_MATMUL_B_STRIDE), cs = U(F_MATMUL_C_STRIDE);
     int i16 = U(F_MATMUL_A_I16), acc = U(F_MATMUL_ACCUMULATE);
-    uint32_t groups = k >= 4 && !((a | as | b | bs) & 3) ? k >> 2 : 0;
-    if (groups && !(k & 3) && groups <= MAC_MAX_GROUPS) { /* the engine alone */
+    /* rows are word-aligned: check() asks `lanes`-aligned ones, and every configuration has lanes >= 4
+       (npu.config: vector_lanes >= 2, at most lanes / 2); k is 16 bits, so one run holds every group */
+    uint32_t groups = k >> 2;
+    if (groups && !(k & 3)) { /* the engine alone */
         for (uint32_t i = 0; i < m; i++) {
             volatile uint32_t *cp = (volatile uint32_t *)at(c + i * cs);
-            uint32_t aw = (a + i * as) >> 2;
-            for (uint32_t j = 0; j < n; j++) {
-                if (!j || bs != k) MMIO(MMIO_MAC_B) = (b + j * bs) >> 2;
+            uint32_t aw = (a + i * as) >> 2, bw = b >> 2;
+            for (uint32_t j = 0; j < n; j++, bw += bs >> 2) {
+                if (!j || bs != k) MMIO(MMIO_MAC_B) = bw; /* else the last run left it here */
                 MAC_RUN(aw, groups, i16);
                 cp[j] = (acc ? cp[j] : 0) + MMIO(MMIO_MAC_SUM);
             }
         }
-        return;
-    }
-    if (k - 4 * groups > 3) { /* rows the engine cannot take (not word-aligned: lanes < 4) */
-        for (uint32_t i = 0; i < m; i++)
-            for (uint32_t j = 0; j < n; j++) {
-                volatile uint32_t *cp = (volatile uint32_t *)at(c + i * cs + 4 * j);
-                uint32_t s = acc ? *cp : 0;
-                for (uint32_t t = 0; t < k; t++) s += (uint32_t)(elem(a + i * as + (t << i16), i16) * (int8_t)*at(b + j * bs + t));
-                *cp = s;
-            }
         return;
     }
     matmul_rows(ins, groups);
