@@ -121,7 +121,8 @@ class MicroCore(wiring.Component):
         # the soft reset takes effect the cycle after that write, from a register: the write's path
         # through the processor's look-ahead address to the SPRAMs' address was the board's slowest.
         # The processor runs one cycle more; every register the reset clears is cleared after
-        # (below) what the processor did in it, and a DRAM access or MAC run it started is dropped
+        # (below) what the processor did in it, a DRAM access it started goes unanswered and a MAC
+        # run it started stops
         soft_reset = Signal()
         m.d.sync += soft_reset.eq(soft_write)
         stop = Signal(2)  # the processor is held in reset for two cycles after it
