@@ -6,6 +6,7 @@ firmware: `npu.timing.MICRO_COSTS`, docs/micro.md).
 
 from __future__ import annotations
 
+from npu.arith import round_up
 from npu.asm import assemble
 from npu.config import ACC_BASE, NpuConfig
 from npu.isa import encode_program
@@ -39,14 +40,14 @@ def op_probes(cfg: NpuConfig) -> dict[str, str]:
     shapes = ((1, 1, 8), (4, 4, 16), (8, 8, 32), (2, 8, 64), (16, 2, 8), (2, 2, 512), (16, 2, 2), (8, 2, 3),
               (4, 4, 18), (4, 8, 1))  # fmt: skip
     for m, n, k in shapes:
-        cs = -(-4 * n // cfg.acc_row_bytes) * cfg.acc_row_bytes  # whole accumulator words
-        ks = -(-k // cfg.lanes) * cfg.lanes  # rows `lanes`-aligned, as the ISA asks
+        cs = round_up(4 * n, cfg.acc_row_bytes)  # whole accumulator words
+        ks = round_up(k, cfg.lanes)  # rows `lanes`-aligned, as the ISA asks
         common = f"b={half} c={acc} m={m} n={n} k={k} b_stride={ks} c_stride={cs}"
         p[f"matmul {m}x{n}x{k}"] = f"matmul a=0 a_stride={ks} {common}"
         if (m, n, k) in ((4, 4, 16), (8, 8, 32), (4, 4, 18), (8, 2, 3), (4, 8, 1)):
             p[f"matmul i16 {m}x{n}x{k}"] = f"matmul a=0 a_stride={2 * ks} a_i16=1 {common}"
     # B's rows apart (a convolution's taps: b_stride > k)
-    cs = -(-16 // cfg.acc_row_bytes) * cfg.acc_row_bytes
+    cs = round_up(16, cfg.acc_row_bytes)
     p["matmul 4x4x16 b_stride 32"] = (
         f"matmul a=0 a_stride=16 b={half} c={acc} m=4 n=4 k=16 b_stride=32 c_stride={cs}"
     )
