@@ -350,17 +350,16 @@ MICRO_FEATURES: dict[Opcode, tuple[str, ...]] = {
     Opcode.STORE: ("base", "rows", "words", "words_unaligned", "bytes"),
     Opcode.MATMUL: (
         "base",
-        "rows",
-        "outputs",
-        "b_rewrites",
-        "outputs_loop",
-        "rows_loop",
-        "row_elems",
+        "blocks",
+        "stages",
+        "stage_words",
+        "stage_words_i16",
         "runs",
-        "groups",
-        "groups_i16",
-        "macs",
-        "macs_i16",
+        "runs_i16",
+        "run_words",
+        "run_words_i16",
+        "outputs",
+        "zeroed",
     ),
     Opcode.VMAP: ("base", "elems_i32", "elems", "per_col"),
     Opcode.VLUT: ("base", "elems"),
@@ -374,29 +373,28 @@ MICRO_FEATURES: dict[Opcode, tuple[str, ...]] = {
 #: and checks are in `base`; SYNC and the markers cost MICRO_OTHER, a run MICRO_RUN besides its
 #: instructions (starting, END)
 MICRO_COSTS: dict[Opcode, dict[str, float]] = {
-    Opcode.LOAD: {"base": 6721.14, "rows": 290.14, "words": 32.0, "bytes": 49.6, "pad_bytes": 7.0},
-    Opcode.STORE: {"base": 5652.49, "rows": 65.94, "words": 43.0, "words_unaligned": 90.0, "bytes": 0.0},
+    Opcode.LOAD: {"base": 6940.05, "rows": 323.85, "words": 32.0, "bytes": 49.61, "pad_bytes": 8.31},
+    Opcode.STORE: {"base": 5855.76, "rows": 66.16, "words": 43.0, "words_unaligned": 89.98, "bytes": 0.0},
     Opcode.MATMUL: {
-        "base": 7177.6,
-        "rows": 39.69,
-        "outputs": 52.15,
-        "b_rewrites": 3.2,
-        "outputs_loop": 54.14,
-        "rows_loop": 93.66,
-        "row_elems": 75.73,
-        "runs": 28.03,
-        "groups": 2.0,
-        "groups_i16": 2.98,
-        "macs": 9.9,
-        "macs_i16": 22.4,
+        "base": 7483.16,
+        "blocks": 450.06,
+        "stages": 0.0,
+        "stage_words": 2.12,
+        "stage_words_i16": 3.32,
+        "runs": 157.68,
+        "runs_i16": 264.74,
+        "run_words": 0.0,
+        "run_words_i16": 1.67,
+        "outputs": 0.0,
+        "zeroed": 0.0,
     },
-    Opcode.VMAP: {"base": 8103.7, "elems_i32": 356.4, "elems": 388.12, "per_col": 0.0},
-    Opcode.VLUT: {"base": 11765.83, "elems": 32.4},
-    Opcode.VMUL: {"base": 8425.48, "elems": 443.19},
-    Opcode.VADD: {"base": 7567.03, "elems": 437.0},
-    Opcode.POOL: {"base": 9864.68, "outputs": 245.48, "window": 98.4},
+    Opcode.VMAP: {"base": 8467.53, "elems_i32": 390.61, "elems": 423.21, "per_col": 0.0},
+    Opcode.VLUT: {"base": 12049.9, "elems": 32.64},
+    Opcode.VMUL: {"base": 8810.81, "elems": 545.9},
+    Opcode.VADD: {"base": 7702.03, "elems": 505.0},
+    Opcode.POOL: {"base": 10629.68, "outputs": 245.48, "window": 98.4},
 }
-MICRO_OTHER = 4_400
+MICRO_OTHER = 4_502
 MICRO_RUN = 2_126
 
 
@@ -442,28 +440,29 @@ def micro_features(i: Instr) -> dict[str, int]:
 
 
 def _micro_matmul(f: dict[str, int]) -> dict[str, int]:
-    """MATMUL on the micro core (kernels.c): the MAC engine (hdl/micro/mac.py) takes the rows (word-
-    aligned: every configuration has lanes >= 4) in groups of four k positions. With k a multiple of 4 it does
-    the whole dot product, a row of outputs at a time (`rows`, `outputs`; B's row address written
-    again each output when B's rows are not one after another: `b_rewrites`); otherwise the
-    firmware's loop (`rows_loop`) reads A's last k % 4 elements once a row (`row_elems`) and, an
-    output (`outputs_loop`), runs the engine (`runs`) and multiplies those (`macs`)."""
+    """MATMUL on the micro core (kernels.c): the MAC array (hdl/micro/mac.py) takes it in `blocks` of
+    four output columns and a chunk of k (at most MAC_MAX_WORDS staged entries): each block stages
+    its B rows (`stages`, a cycle a word, two for int16 A: `stage_words`) and runs every A row
+    against them (`runs`, a cycle an A word: `run_words`; int16 A takes two runs over its words),
+    updating C a column at a time (`outputs`). k = 0 zeroes C (`zeroed`) unless it accumulates."""
+    from npu.hdl.micro import memmap as mm
+
     m, n, k, i16 = f["m"], f["n"], f["k"], f["a_i16"]
-    outputs, groups, left = m * n, k // 4, k % 4
-    fast = groups > 0 and left == 0
+    chunk = (2 if i16 else 4) * mm.MAC_MAX_WORDS
+    nk, nj = -(-k // chunk), -(-n // mm.MAC_COLUMNS)
+    staged, streamed = n * -(-k // 4), m * nj * -(-k // (2 if i16 else 4))
     return {
         "base": 1,
-        "rows": m if fast else 0,
-        "outputs": outputs if fast else 0,
-        "b_rewrites": m * (n - 1) if fast and n and f["b_stride"] != k else 0,
-        "outputs_loop": 0 if fast else outputs,
-        "rows_loop": 0 if fast else m,
-        "row_elems": 0 if fast else m * left,
-        "runs": 0 if fast or not groups else outputs,
-        "groups": 0 if i16 else outputs * groups,
-        "groups_i16": outputs * groups if i16 else 0,
-        "macs": 0 if i16 else outputs * left,
-        "macs_i16": outputs * left if i16 else 0,
+        "blocks": nj * nk,
+        "stages": n * nk,
+        "stage_words": 0 if i16 else staged,
+        "stage_words_i16": staged if i16 else 0,
+        "runs": 0 if i16 else m * nj * nk,
+        "runs_i16": m * nj * nk if i16 else 0,
+        "run_words": 0 if i16 else streamed,
+        "run_words_i16": streamed if i16 else 0,
+        "outputs": m * n * nk,
+        "zeroed": m * n if k == 0 and not f["accumulate"] else 0,
     }
 
 

@@ -23,6 +23,7 @@ from npu.config import NpuConfig
 from npu.errors import NpuError
 from npu.files import write_atomic
 
+from ..micro.mac import SCRIPT_AFTER_SYNTH
 from .boards import Board
 
 #: the tools Amaranth's Lattice build scripts call, and the YoWASP command that provides each
@@ -139,12 +140,12 @@ def _overused(tim: Path) -> list[str]:
 
 
 def board_macs_per_cycle(cfg: NpuConfig) -> float:
-    """MACs a cycle the board's core sustains: the array's, or for the micro core the firmware's
-    multiply-accumulate loop, not the nominal geometry."""
+    """MACs a cycle of the board's core: its array's, or for the micro core its MAC array's (int8,
+    while a run streams A; docs/micro.md gives what whole MATMULs sustain), not the nominal geometry."""
     if cfg.core == "micro":
-        from ..micro import MATMUL_CYCLES_PER_MAC
+        from ..micro.mac import MACS_PER_CYCLE
 
-        return cfg.engines / MATMUL_CYCLES_PER_MAC
+        return cfg.engines * MACS_PER_CYCLE
     return cfg.macs_per_cycle * cfg.engines
 
 
@@ -202,6 +203,7 @@ def build(
         name=TOP,
         nextpnr_opts=f"--report report.json --timing-allow-fail --seed {seed} {board.nextpnr_opts}".strip(),
         synth_opts=board.synth_opts,
+        **({"script_after_synth": SCRIPT_AFTER_SYNTH} if board.family == "ice40" else {}),
     )
     plan.extract(build_dir)
     script = build_dir / f"build_{TOP}.sh"

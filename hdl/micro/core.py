@@ -37,7 +37,7 @@ from ..regs import ADDR_BITS
 from . import memmap as mm
 from .cpu import PicoRV32
 from .firmware import BOOT_IMAGE, IMAGE
-from .mac import MacEngine
+from .mac import COLUMNS, MacArray
 
 #: host-writable registers kept in the window's RAM (CONTROL, IRQ are flip-flops; TIMEOUT is both)
 RAM_WRITABLE = tuple(r.offset for r in REGISTERS if r.access == "rw" and r.name != "CONTROL")
@@ -160,8 +160,8 @@ class MicroCore(wiring.Component):
             m.d.comb += word.eq(addr[2:19])
         spram_write = is_spram & mem.wstrb.any()
         spram_read = (mem.la_read & (la[28:32] <= 1) & ~la_rom) | (late & is_spram)
-        # the MAC engine reads the SPRAMs while the processor waits on its MMIO_MAC_RUN write
-        m.submodules.mac = mac = MacEngine(model=use_model)
+        # the MAC array reads the SPRAMs while the processor waits on its MMIO_MAC_STAGE / RUN write
+        m.submodules.mac = mac = MacArray(model=use_model)
         for i, b in enumerate(blocks):
             s = mem.wstrb[2 * i : 2 * i + 2]
             m.d.comb += [
@@ -219,8 +219,9 @@ class MicroCore(wiring.Component):
                 m.d.comb += mmio_data.eq(cipo)
             with m.Case(mm.MMIO_BOOT // 4):
                 m.d.comb += mmio_data.eq(booted)
-            with m.Case(mm.MMIO_MAC_SUM // 4):
-                m.d.comb += mmio_data.eq(mac.sum)
+            for c in range(COLUMNS):
+                with m.Case(mm.MMIO_MAC_SUM0 // 4 + c):
+                    m.d.comb += mmio_data.eq(mac.sums[c])
             for k, name in enumerate(mm.CONFIG_WORDS):
                 with m.Case(mm.MMIO_CONFIG // 4 + k):
                     m.d.comb += mmio_data.eq(config[name] & 0xFFFFFFFF)
@@ -229,16 +230,18 @@ class MicroCore(wiring.Component):
             m.d.sync += spi.eq(mem.wdata[:3])
         with m.If(mmio_write & (moff == mm.MMIO_BOOT // 4) & mem.wdata[0]):
             m.d.sync += booted.eq(1)
-        # MMIO_MAC_RUN starts the engine, and completes once its sums are in the lanes
+        # MMIO_MAC_STAGE and MMIO_MAC_RUN start the MAC array, and complete once it is done
+        mac_stage = mmio_write & (moff == mm.MMIO_MAC_STAGE // 4)
         mac_run = mmio_write & (moff == mm.MMIO_MAC_RUN // 4)
         mac_started = Signal()
-        mac_waiting = mac_run & ~(mac_started & ~mac.busy)
-        g = mm.MAC_GROUPS_SHIFT
+        mac_waiting = (mac_stage | mac_run) & ~(mac_started & ~mac.busy)
+        n, sel = mm.MAC_COUNT_SHIFT, mm.MAC_SEL_SHIFT
         m.d.comb += [
-            mac.start.eq(mac_run & ~mac_started),
-            mac.b_write.eq(mmio_write & (moff == mm.MMIO_MAC_B // 4)), mac.b_word.eq(mem.wdata[:14]),
-            mac.a_word.eq(mem.wdata[:14]), mac.groups.eq(mem.wdata[g : g + 14]),
-            mac.i16.eq((mem.wdata & mm.MAC_I16) != 0), mac.stop.eq(soft_reset),
+            mac.stage.eq(mac_stage & ~mac_started), mac.run.eq(mac_run & ~mac_started),
+            mac.word.eq(mem.wdata[:14]), mac.count.eq(mem.wdata[n : n + 9]),
+            mac.col.eq(mem.wdata[sel : sel + 2]), mac.mode.eq(mem.wdata[sel : sel + 2]),
+            mac.i16.eq((mem.wdata & mm.MAC_STAGE_I16) != 0), mac.stop.eq(soft_reset),
+            mac.tail.eq(mem.wdata[mm.MAC_TAIL_SHIFT : mm.MAC_TAIL_SHIFT + 2]),
         ]  # fmt: skip
         m.d.sync += mac_started.eq(mac_waiting & ~soft_reset)
         wait_tail = Signal(16)  # written by the firmware before it writes STATUS = WAITING

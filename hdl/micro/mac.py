@@ -1,29 +1,37 @@
-"""The micro core's MAC engine: the dot product of two scratchpad rows on the UP5K's DSP blocks.
+"""The micro core's MAC array: 16 int8 MACs a cycle on the UP5K's eight DSP blocks.
 
-The firmware's MATMUL hands it one output at a time (`MMIO_MAC_B`, then `MMIO_MAC_RUN`): the
-words of an A row (int8, or int16 elements) and of a B row (int8) stream out of the on-chip SPRAM
-pair, one 32-bit word a cycle, while the processor waits on its write. Four lanes, one
-`SB_MAC16` each in its signed 16 x 16 mode, multiply the word's four k positions and keep 32-bit
-sums inside the DSP blocks (no accumulator in logic cells); `MMIO_MAC_SUM` reads their total. A
-run leaves the B pointer past its row, so B rows stored one after another (a MATMUL's usual
-`b_stride = k`) need one `MMIO_MAC_B` per row of outputs, not per output.
+The firmware's MATMUL works a block of four output columns at a time. It first *stages* the four
+B rows (`MMIO_MAC_STAGE`, one column a write) into four block-RAM columns, a 32-bit word (four k
+positions) an entry; then, for every A row, it *runs* the array (`MMIO_MAC_RUN`): the row's words
+stream out of the on-chip SPRAM pair, one a cycle, each multiplied with the four staged words of
+the same k positions - 16 products a cycle - while the processor waits on its write, and
+`MMIO_MAC_SUM0..3` read the four dot products. Each A word is read once for four outputs, so the
+SPRAM's one 32-bit port feeds 16 MACs; staging reads each B word once for all of A's rows.
 
-A group is four k positions: an int8 A word and a B word (2 reads), or two int16 A words and a
-B word (3 reads), so the engine runs 2 (int8) or 1.33 (int16) MACs a cycle, bound by the SPRAM's
-one port. Each lane's operands sit in the DSP's input registers (A, then B loaded the cycle its
-word arrives); the product is registered inside the block, and added two cycles after B loads.
+Each column is two `SB_MAC16` in their signed dual 8 x 8 mode (`MacColumn`); the products are
+summed in pairs inside the blocks, so only a pair-sum add and a 25-bit accumulator a column take
+logic cells. int16 A elements take two runs over the same staged B (the high bytes, then the low
+ones; docs/micro.md, "MAC array"), so 8 int16 MACs a cycle.
 """
 
 from __future__ import annotations
 
 from amaranth import Cat, ClockSignal, Const, Instance, Module, Mux, Signal, signed
 from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from . import memmap as mm
 
-#: lanes (SB_MAC16 blocks): the four the processor's multiplier leaves free
-LANES = mm.MAC_LANE_COUNT
+COLUMNS = mm.MAC_COLUMNS
+#: int8 multiply-accumulates a cycle while a run streams A: four k positions of each column a word
+MACS_PER_CYCLE = 4 * COLUMNS
+#: each run's sum is the dot product less this much a word read (the DSP pair sums' offsets)
+OFFSET = {
+    mm.MAC_MODE_I8: mm.MAC_OFFSET_I8,
+    mm.MAC_MODE_HI: mm.MAC_OFFSET_I8,
+    mm.MAC_MODE_LO: mm.MAC_OFFSET_LO,
+}
 
 
 def primitive_source() -> str:
@@ -35,142 +43,213 @@ def primitive_source() -> str:
     return "\n" + text[start : text.index("endmodule", start) + len("endmodule")] + "\n"
 
 
-class Mac16(wiring.Component):
-    """One `SB_MAC16` as a signed 16 x 16 multiply-accumulate: A and B input registers loaded
-    when `a_load` / `b_load`, the product registered, `o` += product when `acc`, `o` = 0 when
-    `clear`. `model`: an Amaranth model of this configuration, for simulation (the primitive's
-    own simulation model is checked against it in tests/hdl/test_micro_mac.py)."""
+#: the name the array's DSP blocks go through synthesis under: yosys' ice40_dsp pass takes every
+#: `SB_MAC16` for a multiplier it may re-configure, and rewrites a hand-configured one as a plain
+#: 16 x 16 multiply (the dual 8 x 8 mode, the registers and the adders lost). Declared as a black
+#: box (`KEPT_DSP_STUB`), the cells keep their configuration; the board build's script renames them
+#: back after synthesis (hdl/boards/build.py, `SCRIPT_AFTER_SYNTH`)
+KEPT_DSP = "NPU_SB_MAC16"
+SCRIPT_AFTER_SYNTH = f"chtype -map {KEPT_DSP} SB_MAC16"
 
-    #: the primitive's parameters for the behaviour above (see yosys' ice40 cells_sim.v)
+
+def kept_dsp_stub() -> str:
+    """A Verilog black box with `SB_MAC16`'s ports and parameters, named `KEPT_DSP`."""
+    text = primitive_source()
+    ports = text[text.index("(") : text.index(");") + 2]
+    params = [line for line in text.splitlines() if line.strip().startswith("parameter")]
+    return "\n(* blackbox *)\nmodule " + KEPT_DSP + " " + ports + "\n" + "\n".join(params) + "\nendmodule\n"
+
+
+def _byte(word, k):
+    return word[8 * k : 8 * k + 8].as_signed()
+
+
+class MacColumn(wiring.Component):
+    """One output column: two `SB_MAC16` in the signed dual 8 x 8 mode, on 32-bit words `a` and `b`
+    (four int8 each) taken into their input registers every cycle. Three cycles later
+    `hi` = a1 b1 + a3 b3 - 256 and `lo` = a0 b0 + a2 b2 - 256, or with `sub` (held for the whole
+    run) `hi` = -(a1 b1 + a3 b3). The first block adds the offset (or negates) its own products; the
+    second adds its products to the first's outputs on its C and D inputs. The offsets keep each
+    pair's sum inside 16 bits: a product is in [-16256, 16384], a pair in [-32512, 32768].
+
+    `model`: an Amaranth model of this configuration, for simulation (checked against the
+    primitive's own simulation model in tests/hdl/test_micro_mac.py)."""
+
+    #: the two blocks' parameters (see yosys' ice40 cells_sim.v): products from the A and B input
+    #: registers; the top adder takes the top product and C, the bottom one the bottom product and D,
+    #: each into its output register; the second block registers its products first (to meet the
+    #: first block's outputs)
     PARAMS = {
         "NEG_TRIGGER": 0, "C_REG": 0, "A_REG": 1, "B_REG": 1, "D_REG": 0,
-        "TOP_8x8_MULT_REG": 0, "BOT_8x8_MULT_REG": 0,
-        "PIPELINE_16x16_MULT_REG1": 0, "PIPELINE_16x16_MULT_REG2": 1,
-        # the 32-bit sum: the low half adds the product's low 16 bits, its carry goes to the high half
-        "TOPOUTPUT_SELECT": 1, "TOPADDSUB_LOWERINPUT": 2, "TOPADDSUB_UPPERINPUT": 0,
-        "TOPADDSUB_CARRYSELECT": 2,
-        "BOTOUTPUT_SELECT": 1, "BOTADDSUB_LOWERINPUT": 2, "BOTADDSUB_UPPERINPUT": 0,
+        "PIPELINE_16x16_MULT_REG1": 0, "PIPELINE_16x16_MULT_REG2": 0,
+        "TOPOUTPUT_SELECT": 1, "TOPADDSUB_LOWERINPUT": 1, "TOPADDSUB_UPPERINPUT": 1,
+        "TOPADDSUB_CARRYSELECT": 0,
+        "BOTOUTPUT_SELECT": 1, "BOTADDSUB_LOWERINPUT": 1, "BOTADDSUB_UPPERINPUT": 1,
         "BOTADDSUB_CARRYSELECT": 0,
-        "MODE_8x8": 0, "A_SIGNED": 1, "B_SIGNED": 1,
+        "MODE_8x8": 1, "A_SIGNED": 1, "B_SIGNED": 1,
     }  # fmt: skip
 
     def __init__(self, model: bool):
         self.model = model
-        super().__init__(
-            {
-                "a": In(16), "b": In(16), "a_load": In(1), "b_load": In(1), "acc": In(1), "clear": In(1),
-                "o": Out(32),
-            }
-        )  # fmt: skip
+        super().__init__({"a": In(32), "b": In(32), "sub": In(1), "hi": Out(16), "lo": Out(16)})
+
+    def elaborate(self, platform):
+        m = Module()
+        offset = Cat(Const(0, 8), (~self.sub).replicate(8))  # -256, or 0 with `sub`
+        if self.model:
+            ra, rb = Signal(32), Signal(32)
+            m.d.sync += [ra.eq(self.a), rb.eq(self.b)]
+            p = [_byte(ra, k) * _byte(rb, k) for k in range(4)]
+            first_hi, first_lo, f3, f2 = Signal(16), Signal(16), Signal(16), Signal(16)
+            m.d.sync += [
+                first_hi.eq(Mux(self.sub, offset - p[1], p[1] + offset)),
+                first_lo.eq(p[0] - 256),
+                f3.eq(p[3]),
+                f2.eq(p[2]),
+                self.hi.eq(Mux(self.sub, first_hi - f3, f3 + first_hi)),
+                self.lo.eq(f2 + first_lo),
+            ]
+            return m
+        first = Signal(32)
+        kind = "SB_MAC16"
+        if platform is not None:
+            kind = KEPT_DSP
+            platform.add_file(f"{KEPT_DSP}.v", kept_dsp_stub())
+        for i, (c, d) in enumerate([(offset, Const(0xFF00, 16)), (first[16:], first[:16])]):
+            params = dict(self.PARAMS, TOP_8x8_MULT_REG=i, BOT_8x8_MULT_REG=i)
+            wide = ("SELECT", "LOWERINPUT")  # the 2-bit parameters
+            params = {f"p_{k}": Const(v, 2 if k.endswith(wide) else 1) for k, v in params.items()}
+            out = first if i == 0 else Cat(self.lo, self.hi)
+            m.submodules[f"dsp{i}"] = Instance(
+                kind,
+                **params,
+                i_CLK=ClockSignal(), i_CE=1, i_A=self.a[16 * i : 16 * i + 16],
+                i_B=self.b[16 * i : 16 * i + 16], i_C=c, i_D=d,
+                i_AHOLD=0, i_BHOLD=0, i_CHOLD=0, i_DHOLD=0,
+                i_IRSTTOP=0, i_IRSTBOT=0, i_ORSTTOP=0, i_ORSTBOT=0,
+                i_OLOADTOP=0, i_OLOADBOT=0, i_ADDSUBTOP=self.sub, i_ADDSUBBOT=0,
+                i_OHOLDTOP=0, i_OHOLDBOT=0, i_CI=0, i_ACCUMCI=0, i_SIGNEXTIN=0,
+                o_O=out,
+            )  # fmt: skip
+        return m
+
+
+class StagedColumn(wiring.Component):
+    """A staged B column: 256 words of 32 bits, written at `waddr` when `we`, read at `raddr` (the
+    word a cycle later). On a platform, two `SB_RAM40_4K` in their 256 x 16 mode: an Amaranth memory
+    would get registers and multiplexers around it to order a read and a write of the same word,
+    which the array never does. `model`: the Amaranth memory, for simulation."""
+
+    def __init__(self, model: bool):
+        self.model = model
+        super().__init__({"waddr": In(8), "wdata": In(32), "we": In(1), "raddr": In(8), "rdata": Out(32)})
 
     def elaborate(self, platform):
         m = Module()
         if self.model:
-            ra, rb = Signal(signed(16)), Signal(signed(16))
-            product = Signal(32)
-            with m.If(self.a_load):
-                m.d.sync += ra.eq(self.a)
-            with m.If(self.b_load):
-                m.d.sync += rb.eq(self.b)
-            m.d.sync += product.eq(ra * rb)
-            with m.If(self.clear):
-                m.d.sync += self.o.eq(0)
-            with m.Elif(self.acc):
-                m.d.sync += self.o.eq(self.o + product)
+            m.submodules.mem = mem = Memory(shape=32, depth=256, init=[])
+            wp, rp = mem.write_port(), mem.read_port(transparent_for=())
+            m.d.comb += [wp.addr.eq(self.waddr), wp.data.eq(self.wdata), wp.en.eq(self.we),
+                         rp.addr.eq(self.raddr), rp.en.eq(1), self.rdata.eq(rp.data)]  # fmt: skip
             return m
-        hold = ~(self.acc | self.clear)
-        zero = Const(0, 16)
-        wide = ("SELECT", "LOWERINPUT")  # the 2-bit parameters
-        params = {f"p_{k}": Const(v, 2 if k.endswith(wide) else 1) for k, v in self.PARAMS.items()}
-        m.submodules.dsp = Instance(
-            "SB_MAC16",
-            **params,
-            i_CLK=ClockSignal(), i_CE=1, i_A=self.a, i_B=self.b, i_C=zero, i_D=zero,
-            i_AHOLD=~self.a_load, i_BHOLD=~self.b_load, i_CHOLD=0, i_DHOLD=0,
-            i_IRSTTOP=0, i_IRSTBOT=0, i_ORSTTOP=0, i_ORSTBOT=0,
-            i_OLOADTOP=self.clear, i_OLOADBOT=self.clear, i_ADDSUBTOP=0, i_ADDSUBBOT=0,
-            i_OHOLDTOP=hold, i_OHOLDBOT=hold, i_CI=0, i_ACCUMCI=0, i_SIGNEXTIN=0,
-            o_O=self.o,
-        )  # fmt: skip
+        for i in range(2):
+            m.submodules[f"ebr{i}"] = Instance(
+                "SB_RAM40_4K",
+                p_READ_MODE=0, p_WRITE_MODE=0,
+                i_RCLK=ClockSignal(), i_RCLKE=1, i_RE=1, i_RADDR=Cat(self.raddr, Const(0, 3)),
+                i_WCLK=ClockSignal(), i_WCLKE=self.we, i_WE=self.we, i_WADDR=Cat(self.waddr, Const(0, 3)),
+                i_WDATA=self.wdata[16 * i : 16 * i + 16], i_MASK=Const(0, 16),
+                o_RDATA=self.rdata[16 * i : 16 * i + 16],
+            )  # fmt: skip
         return m
 
 
-class MacEngine(wiring.Component):
-    """The sequencer and its lanes. `b_write` sets the B pointer (SPRAM word `b_word`); `start` (a
-    cycle) begins a run of `groups` groups from SPRAM word `a_word` and the B pointer (`i16`: A
-    holds int16 elements); `busy` until `sum`, the lanes' total, is the run's dot product. While
-    busy the engine owns the SPRAM port (`addr`, `read`; `rdata` a cycle later); `stop` abandons a
-    run at once."""
+class MacArray(wiring.Component):
+    """The sequencer, the staged B columns and the four `MacColumn`s.
+
+    `stage` (a cycle) copies `count` SPRAM words from word `word` into B column `col`, from its
+    first entry; with `i16` each word (b0 b1 b2 b3) becomes two entries (b0 b0 b1 b1, b2 b2 b3 b3),
+    for runs on int16 A. `run` (a cycle) streams `count` SPRAM words of A from `word` against the
+    columns' first `count` entries in `mode` (memmap MAC_MODE_*), of the last word only its first
+    `tail` bytes (0: all four; the rest as zeros, whatever B holds there); `sums[c]` is then column
+    c's dot product less OFFSET[mode] a word. `busy` until done. While busy the array owns the SPRAM port
+    (`addr`, `read`; `rdata` a cycle later); `stop` abandons a stage or run at once."""
 
     def __init__(self, model: bool):
         self.model = model
         super().__init__(
             {
-                "b_write": In(1), "b_word": In(14), "start": In(1), "stop": In(1), "a_word": In(14),
-                "groups": In(14), "i16": In(1), "busy": Out(1), "sum": Out(32),
+                "stage": In(1), "run": In(1), "stop": In(1), "word": In(14), "count": In(9),
+                "col": In(2), "i16": In(1), "mode": In(2), "tail": In(2), "busy": Out(1),
+                "sums": Out(32).array(COLUMNS),
                 "addr": Out(14), "read": Out(1), "rdata": In(32),
             }
         )  # fmt: skip
 
     def elaborate(self, platform):
         m = Module()
-        ptr_a, ptr_b = Signal(14), Signal(14)
-        left = Signal(14)  # groups still to read
-        i16 = Signal()
-        step = Signal(2)  # the read of the group issued now: A words (1 or 2), then B
-        running = Signal()
-        # what the word arriving now is: an A word for lanes 0-3 (int8) / 0-1 / 2-3 (int16), B
-        got_a_lo, got_a_hi, got_b = Signal(), Signal(), Signal()
-        b_loaded, product_ready = Signal(), Signal()  # a B word entered the lanes 1 / 2 cycles ago
-
-        is_b = step == i16 + 1
+        ptr = Signal(14)
+        left = Signal(9)  # SPRAM words still to read
+        entry = Signal(8)  # the B entry read (a run) or written next (a stage)
+        col, i16, mode, tail = Signal(2), Signal(), Signal(2), Signal(2)
+        last_word = Signal()  # the A word arriving now is the run's last
+        staging, running, half = Signal(), Signal(), Signal()  # half: an i16 stage's second entry
+        wrote, wrote_half = Signal(), Signal()  # the word arriving now goes into a column
+        valid = Signal(5)  # a run's A word is at the columns' inputs (bit 0) ... its pair sum (bit 4)
         m.d.comb += [
-            self.read.eq(running),
-            self.addr.eq(Mux(is_b, ptr_b, ptr_a)),
-            self.busy.eq(running | got_a_lo | got_a_hi | got_b | b_loaded | product_ready),
+            self.read.eq(staging | running),
+            self.addr.eq(ptr),
+            self.busy.eq(staging | running | wrote | valid.any()),
         ]
-        m.d.sync += [
-            got_a_lo.eq(running & (step == 0)),
-            got_a_hi.eq(running & Mux(i16, step == 1, step == 0)),
-            got_b.eq(running & is_b),
-            b_loaded.eq(got_b),
-            product_ready.eq(b_loaded),
-        ]
+        m.d.sync += [wrote.eq(staging), wrote_half.eq(half), valid.eq(Cat(running, valid[:4]))]
+        last = left == 1
+        m.d.sync += last_word.eq(running & last)
         with m.If(running):
-            with m.If(is_b):
-                m.d.sync += [ptr_b.eq(ptr_b + 1), step.eq(0), left.eq(left - 1)]
-                with m.If(left == 1):
-                    m.d.sync += running.eq(0)
-            with m.Else():
-                m.d.sync += [ptr_a.eq(ptr_a + 1), step.eq(step + 1)]
-        with m.If(self.b_write):
-            m.d.sync += ptr_b.eq(self.b_word)
-        with m.If(self.start):
-            m.d.sync += [
-                ptr_a.eq(self.a_word), left.eq(self.groups), i16.eq(self.i16), step.eq(0),
-                running.eq(self.groups != 0),
-            ]  # fmt: skip
+            m.d.sync += [ptr.eq(ptr + 1), entry.eq(entry + 1), left.eq(left - 1), running.eq(~last)]
+        with m.If(staging):
+            m.d.sync += half.eq(i16 & ~half)
+            with m.If(~i16 | half):
+                m.d.sync += [ptr.eq(ptr + 1), left.eq(left - 1), staging.eq(~last)]
+        with m.If(self.stage | self.run):
+            m.d.sync += [ptr.eq(self.word), left.eq(self.count), entry.eq(0), half.eq(0), col.eq(self.col),
+                         i16.eq(self.i16), mode.eq(self.mode), tail.eq(self.tail)]  # fmt: skip
+            m.d.sync += [staging.eq(self.stage & (self.count != 0)), running.eq(self.run & (self.count != 0))]
         with m.If(self.stop):
-            m.d.sync += [running.eq(0), got_a_lo.eq(0), got_a_hi.eq(0), got_b.eq(0), b_loaded.eq(0),
-                         product_ready.eq(0)]  # fmt: skip
+            m.d.sync += [staging.eq(0), running.eq(0), wrote.eq(0), valid.eq(0)]
 
-        w = self.rdata
-        half = [w[:16], w[16:]]
-        lanes = []
-        for lane in range(LANES):
-            mac = Mac16(self.model)
-            m.submodules[f"lane{lane}"] = mac
-            byte = w[8 * lane : 8 * lane + 8]
-            sext = Cat(byte, byte[7].replicate(8))
+        r = self.rdata
+        b = [r[8 * k : 8 * k + 8] for k in range(4)]
+        pair = Mux(wrote_half, Cat(b[2], b[2], b[3], b[3]), Cat(b[0], b[0], b[1], b[1]))
+        staged = Mux(i16, pair, r)
+        with m.If(wrote):
+            m.d.sync += entry.eq(entry + 1)
+        # the A word as the columns take it: int8 as it is; int16 high bytes (odd ones, the even
+        # ones 0) or low bytes (even ones less 128, unsigned to signed; the odd ones -128 with the
+        # top adders subtracting: + 128 b for each)
+        a = []
+        for k in range(4):
+            if k % 2:
+                byte = Mux(mode == mm.MAC_MODE_LO, 0x80, b[k])
+            else:
+                byte = Mux(mode == mm.MAC_MODE_HI, 0, Mux(mode == mm.MAC_MODE_LO, b[k] ^ 0x80, b[k]))
+            past_k = last_word & (tail != 0) & (tail <= k)  # a byte past k in the last word
+            a.append(Mux(past_k, 0, byte))
+        for c in range(COLUMNS):
+            m.submodules[f"b{c}"] = staged_b = StagedColumn(self.model)
+            m.d.comb += [staged_b.waddr.eq(entry), staged_b.wdata.eq(staged),
+                         staged_b.we.eq(wrote & (col == c)), staged_b.raddr.eq(entry)]  # fmt: skip
+            m.submodules[f"col{c}"] = column = MacColumn(self.model)
             m.d.comb += [
-                # int8: byte `lane` of the A word; int16: element `lane % 2` of the lane pair's word
-                mac.a.eq(Mux(i16, half[lane % 2], sext)),
-                mac.a_load.eq(got_a_lo if lane < 2 else got_a_hi),
-                mac.b.eq(sext),
-                mac.b_load.eq(got_b),
-                mac.acc.eq(product_ready),
-                mac.clear.eq(self.start),
+                column.a.eq(Cat(*a)),
+                column.b.eq(staged_b.rdata),
+                column.sub.eq(mode == mm.MAC_MODE_LO),
             ]
-            lanes.append(mac.o)
-        m.d.comb += self.sum.eq((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
+            pair = Signal(signed(17))  # the column's four products (registered: one adder each)
+            m.d.sync += pair.eq(column.hi.as_signed() + column.lo.as_signed())
+            total = Signal(signed(25))
+            with m.If(self.run):
+                m.d.sync += total.eq(0)
+            with m.Elif(valid[4]):
+                m.d.sync += total.eq(total + pair)
+            m.d.comb += self.sums[c].eq(total)
         return m

@@ -61,17 +61,30 @@ MMIO_SPI = 0x14
 #: bit 0: the firmware in RAM is the flash's, checked (the boot loader writes 1 once it is); a power-up
 #: or the board's reset clears it, SOFT_RESET does not (a soft reset restarts the firmware at once)
 MMIO_BOOT = 0x18
-#: the MAC engine (hdl/micro/mac.py): MAC_B (write) sets its B pointer, an SPRAM word; MAC_RUN
-#: (write) runs it from the word of an A row (bits 0..13) and the B pointer over the groups of four
-#: k positions in bits 14..27 (at most MAC_MAX_GROUPS), bit 28 set for int16 A elements; the write
-#: completes when the dot product is in MAC_SUM (read), and the B pointer is past the words read
-MMIO_MAC_B = 0x60
+#: the MAC array (hdl/micro/mac.py). MAC_STAGE (write) copies a B row into a staged column: SPRAM
+#: word in bits 0..13, the number of words in bits 14..22 (at most MAC_MAX_WORDS, or half that with
+#: MAC_STAGE_I16), the column (0..MAC_COLUMNS-1) in bits 23..24, MAC_STAGE_I16 to stage it for runs on
+#: int16 A (a word takes two entries). MAC_RUN (write) runs an A row against the staged columns: SPRAM
+#: word in bits 0..13, its words in bits 14..22, the mode (MAC_MODE_*) in bits 23..24, in bits
+#: 25..26 how many bytes of its last word are A's (0: all four; the others count as zeros). Both writes
+#: complete when the array is done; MAC_SUM0 + 4 c (read) is then column c's dot product less
+#: MAC_OFFSET_I8 a word run (MAC_OFFSET_LO with MAC_MODE_LO), as a signed 32-bit number
+MMIO_MAC_STAGE = 0x60
 MMIO_MAC_RUN = 0x64
-MMIO_MAC_SUM = 0x68
-MAC_LANE_COUNT = 4
-MAC_MAX_GROUPS = (1 << 14) - 1
-MAC_GROUPS_SHIFT = 14
-MAC_I16 = 1 << 28
+MMIO_MAC_SUM0 = 0x68
+MAC_COLUMNS = 4
+MAC_MAX_WORDS = 256
+MAC_COUNT_SHIFT = 14
+MAC_SEL_SHIFT = 23
+MAC_STAGE_I16 = 1 << 25
+MAC_TAIL_SHIFT = 25
+#: a run's mode: int8 A; int16 A's high bytes; int16 A's low bytes (its result is then the low
+#: bytes' products, as unsigned bytes); an int16 dot product is 256 HI + LO
+MAC_MODE_I8 = 0
+MAC_MODE_HI = 1
+MAC_MODE_LO = 2
+MAC_OFFSET_I8 = 512
+MAC_OFFSET_LO = 256
 #: read-only configuration words, in this order from MMIO_CONFIG
 MMIO_CONFIG = 0x20
 CONFIG_WORDS = ("spad_bytes", "acc_bytes", "dram_bytes", "lanes", "acc_row_bytes", "queue_depth",

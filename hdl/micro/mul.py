@@ -1,13 +1,15 @@
 """The micro core's multiplier: RISC-V MUL, MULH, MULHSU and MULHU for PicoRV32's co-processor port
-(PCPI) on four 16 x 16 multipliers (the UP5K's DSP blocks), in two cycles, instead of
-PicoRV32's shift-and-add multiplier (about 40 cycles and some 400 logic cells).
+(PCPI), shift-and-add in logic cells, two bits of rs2 a cycle (18 cycles a multiply): the UP5K's
+eight DSP blocks are the MAC array's (hdl/micro/mac.py).
 
-The 32 x 32 product is formed unsigned from the four 16-bit partial products; a signed operand
-that is negative then subtracts the other operand from the high word (two's complement)."""
+The operands as the instruction reads them (signed or not) are two's complement numbers A (33 bits)
+and B (34); B is taken in radix-4 Booth digits (-2 .. 2: B's bit pairs and the bit below each), so
+each step adds 0, A or 2A, or subtracts it (complement and carry in: one adder). `high` accumulates
+the product, two bits shifting out into `low` a step."""
 
 from __future__ import annotations
 
-from amaranth import Module, Mux, Signal
+from amaranth import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -41,20 +43,36 @@ class PcpiMul(wiring.Component):
         # OP (0110011) with funct7 = 1 and funct3 0..3: MUL, MULH, MULHSU, MULHU
         is_mul = (insn[0:7] == 0b0110011) & (insn[25:32] == 1) & ~insn[14]
         funct3 = insn[12:14]
-        # combinational from the held operands (a cycle is 83 ns at 12 MHz), answered a cycle later
+        a_signed = (funct3 == 1) | (funct3 == 2)  # MULH, MULHSU
+        b_signed = funct3 == 1  # MULH
+        a_ext = a[31] & a_signed
+        b_ext = b[31] & b_signed
+        steps = 17  # Booth digits of B's 34 bits
+        step = Signal(range(steps + 1))
+        high = Signal(signed(36))  # the product past the bits shifted out into `low`
+        low = Signal(2 * steps)
+        busy = Signal()
         done = Signal()
-        m.d.sync += done.eq(p.valid & is_mul & ~done)
-        pp = [a[:16] * b[:16], a[:16] * b[16:], a[16:] * b[:16], a[16:] * b[16:]]
-        product = Signal(64)
-        m.d.comb += product.eq(pp[0] + ((pp[1] + pp[2]) << 16) + (pp[3] << 32))
-        a_neg = a[31] & ((funct3 == 1) | (funct3 == 2))  # MULH, MULHSU: rs1 signed
-        b_neg = b[31] & (funct3 == 1)  # MULH: rs2 signed
-        hi = Signal(32)
-        m.d.comb += hi.eq(product[32:] - Mux(a_neg, b, 0) - Mux(b_neg, a, 0))
+        trio = Cat(Const(0, 1), b, b_ext, b_ext).bit_select(2 * step, 3)  # B's bits 2i - 1 .. 2i + 1
+        neg = trio[2] & ~(trio[0] & trio[1])
+        two = (trio == 0b011) | (trio == 0b100)
+        zero = (trio == 0) | (trio == 0b111)
+        a36 = Cat(a, a_ext.replicate(4))
+        x = Signal(36)
+        m.d.comb += x.eq(Mux(zero, 0, Mux(two, a36 << 1, a36)) ^ neg.replicate(36))
+        total = Signal(signed(37))
+        m.d.comb += total.eq((Cat(neg, high, high[35]) + Cat(neg, x, x[35]))[1:38])
+        m.d.sync += done.eq(0)
+        with m.If(p.valid & is_mul & ~busy & ~done):
+            m.d.sync += [busy.eq(1), step.eq(0), high.eq(0)]
+        with m.Elif(busy):  # shift right by 2: the sum's low bits are the product's bits 2i, 2i + 1
+            m.d.sync += [high.eq(total >> 2), low.eq(Cat(low[2:], total[:2])), step.eq(step + 1)]
+            with m.If(step == steps - 1):
+                m.d.sync += [busy.eq(0), done.eq(1)]
         m.d.comb += [
             p.wait.eq(p.valid & is_mul & ~done),
             p.ready.eq(done),
             p.wr.eq(done),
-            p.rd.eq(Mux(funct3 == 0, product[:32], hi)),
+            p.rd.eq(Mux(funct3 == 0, low[:32], Cat(low[32:], high[:30]))),
         ]
         return m

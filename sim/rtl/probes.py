@@ -36,15 +36,16 @@ def op_probes(cfg: NpuConfig) -> dict[str, str]:
     p: dict[str, str] = {}
     for n in (1, 8):
         p[f"sync x{n}"] = "\n".join(["sync unit=load"] * n)
-    # (the micro core's MAC engine takes k in fours: k < 4 and k % 4 probe its firmware's loop)
+    # (the micro core's MAC array takes four columns and at most 1,024 k positions (512 of int16 A)
+    # a block: n % 4 and k > 1,024 probe its blocks, k % 4 its last word)
     shapes = ((1, 1, 8), (4, 4, 16), (8, 8, 32), (2, 8, 64), (16, 2, 8), (2, 2, 512), (16, 2, 2), (8, 2, 3),
-              (4, 4, 18), (4, 8, 1))  # fmt: skip
+              (4, 4, 18), (4, 8, 1), (16, 4, 64), (1, 5, 64), (2, 2, 1040), (2, 3, 520))  # fmt: skip
     for m, n, k in shapes:
         cs = round_up(4 * n, cfg.acc_row_bytes)  # whole accumulator words
         ks = round_up(k, cfg.lanes)  # rows `lanes`-aligned, as the ISA asks
         common = f"b={half} c={acc} m={m} n={n} k={k} b_stride={ks} c_stride={cs}"
         p[f"matmul {m}x{n}x{k}"] = f"matmul a=0 a_stride={ks} {common}"
-        if (m, n, k) in ((4, 4, 16), (8, 8, 32), (4, 4, 18), (8, 2, 3), (4, 8, 1)):
+        if (m, n, k) in ((4, 4, 16), (8, 8, 32), (4, 4, 18), (8, 2, 3), (4, 8, 1), (16, 4, 64), (2, 3, 520)):
             p[f"matmul i16 {m}x{n}x{k}"] = f"matmul a=0 a_stride={2 * ks} a_i16=1 {common}"
     # B's rows apart (a convolution's taps: b_stride > k)
     cs = round_up(16, cfg.acc_row_bytes)

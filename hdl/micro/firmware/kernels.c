@@ -95,58 +95,62 @@ static NOINLINE void exec_store(const instr_t *ins) {
     }
 }
 
-/* MATMUL's dot products run on the MAC engine (hdl/micro/mac.py) in groups of four k positions, from
-   word-aligned rows (check() asks `lanes`-aligned ones); the firmware does what is left of k. A run
-   leaves the engine's B pointer past its words: B rows one after another are set once a row of C. */
-#define MAC_RUN(aw, g, i16) (MMIO(MMIO_MAC_RUN) = (aw) | (g) << MAC_GROUPS_SHIFT | ((i16) ? MAC_I16 : 0))
+/* MATMUL's dot products run on the MAC array (hdl/micro/mac.py): four B rows staged into its
+   columns, then every A row run against them (four outputs a run), in chunks of k of at most
+   MAC_MAX_WORDS entries. Rows are word-aligned (check() asks `lanes`-aligned ones, and every
+   configuration has lanes >= 4); a row's last word may hold fewer than four k positions (`tail`
+   bytes of A: the array takes the rest as zeros). */
+#define MAC_CMD(addr, words, sel) ((addr) >> 2 | (words) << MAC_COUNT_SHIFT | (sel) << MAC_SEL_SHIFT)
+#define MAC_SUM(j) MMIO(MMIO_MAC_SUM0 + 4 * (j))
 
-/* MATMUL with k % 4 != 0 (and k < 4: a convolution's taps one at a time): the engine's runs, then at
-   most three products an output, from A's elements read once a row */
-static NOINLINE void matmul_rows(const instr_t *ins, uint32_t groups) {
-    uint32_t m = U(F_MATMUL_M), n = U(F_MATMUL_N), k = U(F_MATMUL_K), bs = U(F_MATMUL_B_STRIDE);
-    int i16 = U(F_MATMUL_A_I16), acc = U(F_MATMUL_ACCUMULATE);
-    uint32_t t0 = 4 * groups, left = k - t0, run = groups << MAC_GROUPS_SHIFT | (i16 ? MAC_I16 : 0);
-    for (uint32_t i = 0; i < m; i++) {
-        volatile uint32_t *cp = (volatile uint32_t *)at(U(F_MATMUL_C) + i * U(F_MATMUL_C_STRIDE));
-        uint32_t ar = U(F_MATMUL_A) + i * U(F_MATMUL_A_STRIDE), e = ar + (t0 << i16), d = 1u << i16;
-        int32_t a0 = left ? elem(e, i16) : 0, a1 = left > 1 ? elem(e + d, i16) : 0;
-        int32_t a2 = left > 2 ? elem(e + 2 * d, i16) : 0;
-        const volatile int8_t *bp = (const volatile int8_t *)at(U(F_MATMUL_B) + t0);
-        for (uint32_t j = 0; j < n; j++, bp += bs) {
-            int32_t s = left ? a0 * bp[0] : 0;
-            if (left > 1) s += a1 * bp[1];
-            if (left > 2) s += a2 * bp[2];
-            if (groups) {
-                MMIO(MMIO_MAC_B) = (uint32_t)(bp - t0 - (const volatile int8_t *)ONCHIP) >> 2;
-                MMIO(MMIO_MAC_RUN) = (ar >> 2) | run;
-                s += MMIO(MMIO_MAC_SUM);
-            }
-            cp[j] = (acc ? cp[j] : 0) + (uint32_t)s;
+/* C[i, j0 .. j0 + cols) (+)= A's row i . B's rows j0 .. over k0 .. k0 + kc, for every row i. The
+   array's sums lack MAC_OFFSET_I8 a word run (MAC_OFFSET_LO in MAC_MODE_LO): `fix` adds it back. */
+static NOINLINE void matmul_block(const instr_t *ins, uint32_t j0, uint32_t cols, uint32_t k0, uint32_t kc) {
+    uint32_t m = U(F_MATMUL_M), as = U(F_MATMUL_A_STRIDE) >> 2, cs = U(F_MATMUL_C_STRIDE), bs = U(F_MATMUL_B_STRIDE);
+    int i16 = U(F_MATMUL_A_I16), keep = k0 || U(F_MATMUL_ACCUMULATE);
+    uint32_t bw = (kc + 3) >> 2; /* B's words: an int16 run's A word takes half an entry's */
+    uint32_t words = i16 ? (kc + 1) >> 1 : bw, tail = i16 ? (kc & 1) << 1 : kc & 3;
+    uint32_t b = U(F_MATMUL_B) + j0 * bs + k0, stage = bw << MAC_COUNT_SHIFT | (i16 ? MAC_STAGE_I16 : 0);
+    for (uint32_t j = 0; j < cols; j++, b += bs) MMIO(MMIO_MAC_STAGE) = stage | b >> 2 | j << MAC_SEL_SHIFT;
+    /* the run's command; a row's A word is `as` words on */
+    uint32_t run = (U(F_MATMUL_A) + (k0 << i16)) >> 2 | words << MAC_COUNT_SHIFT | tail << MAC_TAIL_SHIFT;
+    volatile uint32_t *cp = (volatile uint32_t *)at(U(F_MATMUL_C) + 4 * j0);
+    uint32_t fix = words * MAC_OFFSET_I8, fix_lo = words * MAC_OFFSET_LO;
+    for (uint32_t i = 0; i < m; i++, run += as, cp = (volatile uint32_t *)((uintptr_t)cp + cs)) {
+        uint32_t add[MAC_COLUMNS];
+        if (i16) { /* 256 x the high bytes' products + the low bytes' */
+            MMIO(MMIO_MAC_RUN) = run | MAC_MODE_HI << MAC_SEL_SHIFT;
+            for (uint32_t j = 0; j < cols; j++) add[j] = ((MAC_SUM(j) + fix) << 8) + fix_lo;
+            MMIO(MMIO_MAC_RUN) = run | MAC_MODE_LO << MAC_SEL_SHIFT;
+        } else {
+            MMIO(MMIO_MAC_RUN) = run;
+            add[0] = add[1] = add[2] = add[3] = fix;
+        }
+        if (cols == MAC_COLUMNS && keep) { /* the usual blocks, unrolled */
+            cp[0] += MAC_SUM(0) + add[0];
+            cp[1] += MAC_SUM(1) + add[1];
+            cp[2] += MAC_SUM(2) + add[2];
+            cp[3] += MAC_SUM(3) + add[3];
+        } else if (cols == MAC_COLUMNS) {
+            cp[0] = MAC_SUM(0) + add[0];
+            cp[1] = MAC_SUM(1) + add[1];
+            cp[2] = MAC_SUM(2) + add[2];
+            cp[3] = MAC_SUM(3) + add[3];
+        } else {
+            for (uint32_t j = 0; j < cols; j++) cp[j] = (keep ? cp[j] : 0) + MAC_SUM(j) + add[j];
         }
     }
 }
 
 static NOINLINE void exec_matmul(const instr_t *ins) {
     uint32_t m = U(F_MATMUL_M), n = U(F_MATMUL_N), k = U(F_MATMUL_K);
-    uint32_t a = U(F_MATMUL_A), b = U(F_MATMUL_B), c = U(F_MATMUL_C);
-    uint32_t as = U(F_MATMUL_A_STRIDE), bs = U(F_MATMUL_B_STRIDE), cs = U(F_MATMUL_C_STRIDE);
-    int i16 = U(F_MATMUL_A_I16), acc = U(F_MATMUL_ACCUMULATE);
-    /* rows are word-aligned: check() asks `lanes`-aligned ones, and every configuration has lanes >= 4
-       (npu.config: vector_lanes >= 2, at most lanes / 2); k is 16 bits, so one run holds every group */
-    uint32_t groups = k >> 2;
-    if (groups && !(k & 3)) { /* the engine alone */
-        for (uint32_t i = 0; i < m; i++) {
-            volatile uint32_t *cp = (volatile uint32_t *)at(c + i * cs);
-            uint32_t aw = (a + i * as) >> 2, bw = b >> 2;
-            for (uint32_t j = 0; j < n; j++, bw += bs >> 2) {
-                if (!j || bs != k) MMIO(MMIO_MAC_B) = bw; /* else the last run left it here */
-                MAC_RUN(aw, groups, i16);
-                cp[j] = (acc ? cp[j] : 0) + MMIO(MMIO_MAC_SUM);
-            }
-        }
-        return;
-    }
-    matmul_rows(ins, groups);
+    uint32_t chunk = (U(F_MATMUL_A_I16) ? 2 : 4) * MAC_MAX_WORDS;
+    for (uint32_t j0 = 0; j0 < n; j0 += MAC_COLUMNS)
+        for (uint32_t k0 = 0; k0 < k; k0 += chunk)
+            matmul_block(ins, j0, n - j0 < MAC_COLUMNS ? n - j0 : MAC_COLUMNS, k0, k - k0 < chunk ? k - k0 : chunk);
+    if (k || U(F_MATMUL_ACCUMULATE)) return;
+    for (uint32_t i = 0; i < m; i++) /* k = 0: C = 0 */
+        for (uint32_t j = 0; j < n; j++) ((volatile uint32_t *)at(U(F_MATMUL_C) + i * U(F_MATMUL_C_STRIDE)))[j] = 0;
 }
 
 static uint8_t table[LUT_BYTES] __attribute__((section(".noinit")));
