@@ -227,7 +227,10 @@ class SerialBridge(wiring.Component):
         # but for the CRC, goes through the CRC): a block's code byte is written into the slot kept
         # for it when the block ends (at a zero byte, after 254 others, at the end of the reply)
         e_valid, e_byte, e_feed = Signal(), Signal(8), Signal()
-        e_ready = Signal()  # a byte may be written (the CRC and the encoder are ready)
+        e_ready = Signal()  # a byte may be given (the stage is empty, the CRC and the encoder ready)
+        # the byte given goes through a register (`s_*`) to the encoder and the CRC, which take it the
+        # next cycle: the reply's byte multiplexers and the encoder's zero test were one long path
+        s_valid, s_byte, s_feed, s_first = Signal(), Signal(8), Signal(), Signal()
         wptr = Signal(IB)  # the next free slot
         code_pos = Signal(IB)  # the slot of the current block's code
         run = Signal(8)  # bytes in the current block
@@ -235,14 +238,14 @@ class SerialBridge(wiring.Component):
         close = Signal()  # close the block (also at the end of the reply)
         use_code = Signal()
         m.d.comb += [
-            use_code.eq(close | (e_valid & (e_byte == 0))),
+            use_code.eq(close | (s_valid & (s_byte == 0))),
             rep_w.addr.eq(Mux(use_code, code_pos, wptr)),
-            rep_w.data.eq(Mux(use_code, run + 1, e_byte)),
-            rep_w.en.eq(e_valid | close),
+            rep_w.data.eq(Mux(use_code, run + 1, s_byte)),
+            rep_w.en.eq(s_valid | close),
         ]
         with m.If(use_code):
             m.d.sync += [code_pos.eq(wptr), wptr.eq(wptr + 1), run.eq(0), pend.eq(0)]
-        with m.Elif(e_valid):
+        with m.Elif(s_valid):
             m.d.sync += [wptr.eq(wptr + 1), run.eq(run + 1), pend.eq(run == 253)]
         with m.If(pend):
             m.d.comb += close.eq(1)
@@ -253,20 +256,21 @@ class SerialBridge(wiring.Component):
         c_start = Signal()  # restart the CRC with the next bit
         c_ready = Signal()
         hk = Signal(2)  # header byte index
+        m.d.sync += [s_valid.eq(e_valid), s_byte.eq(e_byte), s_feed.eq(e_feed), s_first.eq(hk == 0)]
         m.d.comb += [
             c_ready.eq(c_bits == 0),
-            e_ready.eq(c_ready & ~pend),
+            e_ready.eq(c_ready & ~pend & ~s_valid),
             crc.data.eq(c_sh[0]),
             crc.valid.eq(c_bits != 0),
             crc.start.eq(c_start & (c_bits != 0)),
         ]
         with m.If(c_bits != 0):
             m.d.sync += [c_sh.eq(c_sh >> 1), c_bits.eq(c_bits - 1), c_start.eq(0)]
-        with m.If(Mux(busy, e_valid & e_feed, dec_valid)):
+        with m.If(Mux(busy, s_valid & s_feed, dec_valid)):
             m.d.sync += [
-                c_sh.eq(Mux(busy, e_byte, dec_byte)),
+                c_sh.eq(Mux(busy, s_byte, dec_byte)),
                 c_bits.eq(8),
-                c_start.eq(Mux(busy, hk == 0, idx == 0)),
+                c_start.eq(Mux(busy, s_first, idx == 0)),
             ]
 
         # ---- executor state -----------------------------------------------------------------
@@ -468,7 +472,7 @@ class SerialBridge(wiring.Component):
                 with m.If(e_ready & (k == 3)):
                     m.next = "LAST"
             with m.State("LAST"):  # close the last block: the reply is complete
-                with m.If(~pend):
+                with m.If(~pend & ~s_valid):
                     m.d.comb += close.eq(1)
                     m.d.sync += [rlen.eq(wptr), last_seq.eq(seq), last_valid.eq(1)]
                     m.next = "SEND_A"

@@ -225,7 +225,13 @@ class MicroCore(wiring.Component):
             for k, name in enumerate(mm.CONFIG_WORDS):
                 with m.Case(mm.MMIO_CONFIG // 4 + k):
                     m.d.comb += mmio_data.eq(config[name] & 0xFFFFFFFF)
-        mmio_write = is_mmio & mem.wstrb.any()
+        # an MMIO access is answered from registers the cycle after it is asked (`mmio_ack`): its
+        # decode and the MAC array's wait were the slowest path into the processor's memory
+        # handshake; its effects (writes, latches) take the first cycle only
+        mmio_ack = Signal()
+        mmio_rdata = Signal(32)
+        mmio_new = is_mmio & ~mmio_ack
+        mmio_write = mmio_new & mem.wstrb.any()
         with m.If(mmio_write & (moff == mm.MMIO_SPI // 4)):
             m.d.sync += spi.eq(mem.wdata[:3])
         with m.If(mmio_write & (moff == mm.MMIO_BOOT // 4) & mem.wdata[0]):
@@ -243,7 +249,11 @@ class MicroCore(wiring.Component):
             mac.i16.eq((mem.wdata & mm.MAC_STAGE_I16) != 0), mac.stop.eq(soft_reset),
             mac.tail.eq(mem.wdata[mm.MAC_TAIL_SHIFT : mm.MAC_TAIL_SHIFT + 2]),
         ]  # fmt: skip
-        m.d.sync += mac_started.eq(mac_waiting & ~soft_reset)
+        m.d.sync += [
+            mac_started.eq(mac_waiting & ~soft_reset),
+            mmio_ack.eq(mmio_new & ~mac_waiting & ~soft_reset),
+            mmio_rdata.eq(mmio_data),
+        ]
         wait_tail = Signal(16)  # written by the firmware before it writes STATUS = WAITING
         with m.If(mmio_write & (moff == mm.MMIO_WAIT_TAIL // 4)):
             m.d.sync += wait_tail.eq(mem.wdata[:16])
@@ -258,7 +268,7 @@ class MicroCore(wiring.Component):
                 pause_target.eq(mem.wdata[:30] + mem.wdata[30]),
                 target_valid.eq(mem.wdata[31]),
             ]
-        with m.If(is_mmio & ~mem.wstrb.any() & (moff == mm.MMIO_CYCLES_LO // 4)):
+        with m.If(mmio_new & ~mem.wstrb.any() & (moff == mm.MMIO_CYCLES_LO // 4)):
             m.d.sync += cyc_hi_latch.eq(cycles[32:])
         with m.If(mmio_write & (moff == mm.MMIO_EVENTS // 4)):
             act = mem.wdata
@@ -452,8 +462,8 @@ class MicroCore(wiring.Component):
             m.d.comb += [mem.ready.eq(1), mem.rdata.eq(Mux(primed_rom, rom_rd.data, spram_data))]
         with m.Elif(spram_write):
             m.d.comb += mem.ready.eq(1)
-        with m.Elif(is_mmio):
-            m.d.comb += [mem.ready.eq(~mac_waiting), mem.rdata.eq(mmio_data)]
+        with m.Elif(mmio_ack):
+            m.d.comb += [mem.ready.eq(1), mem.rdata.eq(mmio_rdata)]
         with m.Elif(dram_ready):
             m.d.comb += [mem.ready.eq(1), mem.rdata.eq(d_rdata)]
         with m.Elif(regs_ack):

@@ -48,26 +48,31 @@ class PcpiMul(wiring.Component):
         a_ext = a[31] & a_signed
         b_ext = b[31] & b_signed
         steps = 17  # Booth digits of B's 34 bits
-        step = Signal(range(steps + 1))
+        # the multiple of A a step adds (`x`, and `neg`: its carry in) is chosen the cycle before,
+        # into registers: the digit's multiplexer and the adder were one path
+        step = Signal(range(steps + 1))  # the digit chosen next
         high = Signal(signed(36))  # the product past the bits shifted out into `low`
         low = Signal(2 * steps)
         busy = Signal()
         done = Signal()
-        trio = Cat(Const(0, 1), b, b_ext, b_ext).bit_select(2 * step, 3)  # B's bits 2i - 1 .. 2i + 1
-        neg = trio[2] & ~(trio[0] & trio[1])
+        index = Mux(busy, step, 0)  # digit 0 when it starts
+        trio = Cat(Const(0, 1), b, b_ext.replicate(4)).bit_select(2 * index, 3)  # B's bits 2i - 1 .. 2i + 1
         two = (trio == 0b011) | (trio == 0b100)
         zero = (trio == 0) | (trio == 0b111)
         a36 = Cat(a, a_ext.replicate(4))
-        x = Signal(36)
-        m.d.comb += x.eq(Mux(zero, 0, Mux(two, a36 << 1, a36)) ^ neg.replicate(36))
+        x, neg = Signal(36), Signal()
+        m.d.sync += [
+            x.eq(Mux(zero, 0, Mux(two, a36 << 1, a36)) ^ (trio[2] & ~zero).replicate(36)),
+            neg.eq(trio[2] & ~zero),
+        ]
         total = Signal(signed(37))
         m.d.comb += total.eq((Cat(neg, high, high[35]) + Cat(neg, x, x[35]))[1:38])
         m.d.sync += done.eq(0)
-        with m.If(p.valid & is_mul & ~busy & ~done):
-            m.d.sync += [busy.eq(1), step.eq(0), high.eq(0)]
+        with m.If(p.valid & is_mul & ~busy & ~done):  # digit 0 is chosen now
+            m.d.sync += [busy.eq(1), step.eq(1), high.eq(0)]
         with m.Elif(busy):  # shift right by 2: the sum's low bits are the product's bits 2i, 2i + 1
             m.d.sync += [high.eq(total >> 2), low.eq(Cat(low[2:], total[:2])), step.eq(step + 1)]
-            with m.If(step == steps - 1):
+            with m.If(step == steps):
                 m.d.sync += [busy.eq(0), done.eq(1)]
         m.d.comb += [
             p.wait.eq(p.valid & is_mul & ~done),

@@ -100,57 +100,58 @@ static NOINLINE void exec_store(const instr_t *ins) {
    MAC_MAX_WORDS entries. Rows are word-aligned (check() asks `lanes`-aligned ones, and every
    configuration has lanes >= 4); a row's last word may hold fewer than four k positions (`tail`
    bytes of A: the array takes the rest as zeros). */
-#define MAC_CMD(addr, words, sel) ((addr) >> 2 | (words) << MAC_COUNT_SHIFT | (sel) << MAC_SEL_SHIFT)
 #define MAC_SUM(j) MMIO(MMIO_MAC_SUM0 + 4 * (j))
 
-/* C[i, j0 .. j0 + cols) (+)= A's row i . B's rows j0 .. over k0 .. k0 + kc, for every row i. The
-   array's sums lack MAC_OFFSET_I8 a word run (MAC_OFFSET_LO in MAC_MODE_LO): `fix` adds it back. */
-static NOINLINE void matmul_block(const instr_t *ins, uint32_t j0, uint32_t cols, uint32_t k0, uint32_t kc) {
-    uint32_t m = U(F_MATMUL_M), as = U(F_MATMUL_A_STRIDE) >> 2, cs = U(F_MATMUL_C_STRIDE), bs = U(F_MATMUL_B_STRIDE);
-    int i16 = U(F_MATMUL_A_I16), keep = k0 || U(F_MATMUL_ACCUMULATE);
-    uint32_t bw = (kc + 3) >> 2; /* B's words: an int16 run's A word takes half an entry's */
-    uint32_t words = i16 ? (kc + 1) >> 1 : bw, tail = i16 ? (kc & 1) << 1 : kc & 3;
-    uint32_t b = U(F_MATMUL_B) + j0 * bs + k0, stage = bw << MAC_COUNT_SHIFT | (i16 ? MAC_STAGE_I16 : 0);
-    for (uint32_t j = 0; j < cols; j++, b += bs) MMIO(MMIO_MAC_STAGE) = stage | b >> 2 | j << MAC_SEL_SHIFT;
-    /* the run's command; a row's A word is `as` words on */
-    uint32_t run = (U(F_MATMUL_A) + (k0 << i16)) >> 2 | words << MAC_COUNT_SHIFT | tail << MAC_TAIL_SHIFT;
-    volatile uint32_t *cp = (volatile uint32_t *)at(U(F_MATMUL_C) + 4 * j0);
-    uint32_t fix = words * MAC_OFFSET_I8, fix_lo = words * MAC_OFFSET_LO;
-    for (uint32_t i = 0; i < m; i++, run += as, cp = (volatile uint32_t *)((uintptr_t)cp + cs)) {
-        uint32_t add[MAC_COLUMNS];
-        if (i16) { /* 256 x the high bytes' products + the low bytes' */
-            MMIO(MMIO_MAC_RUN) = run | MAC_MODE_HI << MAC_SEL_SHIFT;
-            for (uint32_t j = 0; j < cols; j++) add[j] = ((MAC_SUM(j) + fix) << 8) + fix_lo;
-            MMIO(MMIO_MAC_RUN) = run | MAC_MODE_LO << MAC_SEL_SHIFT;
-        } else {
-            MMIO(MMIO_MAC_RUN) = run;
-            add[0] = add[1] = add[2] = add[3] = fix;
-        }
-        if (cols == MAC_COLUMNS && keep) { /* the usual blocks, unrolled */
-            cp[0] += MAC_SUM(0) + add[0];
-            cp[1] += MAC_SUM(1) + add[1];
-            cp[2] += MAC_SUM(2) + add[2];
-            cp[3] += MAC_SUM(3) + add[3];
-        } else if (cols == MAC_COLUMNS) {
-            cp[0] = MAC_SUM(0) + add[0];
-            cp[1] = MAC_SUM(1) + add[1];
-            cp[2] = MAC_SUM(2) + add[2];
-            cp[3] = MAC_SUM(3) + add[3];
-        } else {
-            for (uint32_t j = 0; j < cols; j++) cp[j] = (keep ? cp[j] : 0) + MAC_SUM(j) + add[j];
+/* MATMUL in blocks of MAC_COLUMNS B rows and at most `chunk` k positions: each block's B rows staged,
+   then every A row run against them. The array's sums lack MAC_OFFSET_I8 a word run (MAC_OFFSET_LO in
+   MAC_MODE_LO), which `fix` adds back. One function with running pointers: a block costs no call. */
+static NOINLINE void exec_matmul(const instr_t *ins) {
+    uint32_t m = U(F_MATMUL_M), n = U(F_MATMUL_N), k = U(F_MATMUL_K), as = U(F_MATMUL_A_STRIDE) >> 2;
+    uint32_t bs = U(F_MATMUL_B_STRIDE), cs = U(F_MATMUL_C_STRIDE);
+    int i16 = U(F_MATMUL_A_I16), acc = U(F_MATMUL_ACCUMULATE);
+    uint32_t chunk = (i16 ? 2 : 4) * MAC_MAX_WORDS, stage_i16 = i16 ? MAC_STAGE_I16 : 0;
+    uint32_t b0 = U(F_MATMUL_B), c0 = U(F_MATMUL_C);
+    for (uint32_t j0 = 0; j0 < n; j0 += MAC_COLUMNS, b0 += MAC_COLUMNS * bs, c0 += 4 * MAC_COLUMNS) {
+        uint32_t cols = n - j0 < MAC_COLUMNS ? n - j0 : MAC_COLUMNS;
+        for (uint32_t k0 = 0; k0 < k; k0 += chunk) {
+            uint32_t kc = k - k0 < chunk ? k - k0 : chunk, bw = (kc + 3) >> 2;
+            uint32_t words = i16 ? (kc + 1) >> 1 : bw, tail = i16 ? (kc & 1) << 1 : kc & 3;
+            uint32_t b = b0 + k0, stage = bw << MAC_COUNT_SHIFT | stage_i16;
+            for (uint32_t j = 0; j < cols; j++, b += bs) MMIO(MMIO_MAC_STAGE) = stage | b >> 2 | j << MAC_SEL_SHIFT;
+            /* the run's command; a row's A word is `as` words on */
+            uint32_t run = (U(F_MATMUL_A) + (k0 << i16)) >> 2 | words << MAC_COUNT_SHIFT | tail << MAC_TAIL_SHIFT;
+            uint32_t fix = words * MAC_OFFSET_I8, fix_lo = words * MAC_OFFSET_LO;
+            int keep = k0 || acc;
+            volatile uint32_t *cp = (volatile uint32_t *)at(c0);
+            for (uint32_t i = 0; i < m; i++, run += as, cp = (volatile uint32_t *)((uintptr_t)cp + cs)) {
+                uint32_t add[MAC_COLUMNS];
+                if (i16) { /* 256 x the high bytes' products + the low bytes' */
+                    MMIO(MMIO_MAC_RUN) = run | MAC_MODE_HI << MAC_SEL_SHIFT;
+                    for (uint32_t j = 0; j < cols; j++) add[j] = ((MAC_SUM(j) + fix) << 8) + fix_lo;
+                    MMIO(MMIO_MAC_RUN) = run | MAC_MODE_LO << MAC_SEL_SHIFT;
+                } else {
+                    MMIO(MMIO_MAC_RUN) = run;
+                    add[0] = add[1] = add[2] = add[3] = fix;
+                }
+                if (cols == MAC_COLUMNS && keep) { /* the usual blocks, unrolled */
+                    cp[0] += MAC_SUM(0) + add[0];
+                    cp[1] += MAC_SUM(1) + add[1];
+                    cp[2] += MAC_SUM(2) + add[2];
+                    cp[3] += MAC_SUM(3) + add[3];
+                } else if (cols == MAC_COLUMNS) {
+                    cp[0] = MAC_SUM(0) + add[0];
+                    cp[1] = MAC_SUM(1) + add[1];
+                    cp[2] = MAC_SUM(2) + add[2];
+                    cp[3] = MAC_SUM(3) + add[3];
+                } else {
+                    for (uint32_t j = 0; j < cols; j++) cp[j] = (keep ? cp[j] : 0) + MAC_SUM(j) + add[j];
+                }
+            }
         }
     }
-}
-
-static NOINLINE void exec_matmul(const instr_t *ins) {
-    uint32_t m = U(F_MATMUL_M), n = U(F_MATMUL_N), k = U(F_MATMUL_K);
-    uint32_t chunk = (U(F_MATMUL_A_I16) ? 2 : 4) * MAC_MAX_WORDS;
-    for (uint32_t j0 = 0; j0 < n; j0 += MAC_COLUMNS)
-        for (uint32_t k0 = 0; k0 < k; k0 += chunk)
-            matmul_block(ins, j0, n - j0 < MAC_COLUMNS ? n - j0 : MAC_COLUMNS, k0, k - k0 < chunk ? k - k0 : chunk);
-    if (k || U(F_MATMUL_ACCUMULATE)) return;
+    if (k || acc) return;
     for (uint32_t i = 0; i < m; i++) /* k = 0: C = 0 */
-        for (uint32_t j = 0; j < n; j++) ((volatile uint32_t *)at(U(F_MATMUL_C) + i * U(F_MATMUL_C_STRIDE)))[j] = 0;
+        for (uint32_t j = 0; j < n; j++) ((volatile uint32_t *)at(U(F_MATMUL_C) + i * cs))[j] = 0;
 }
 
 static uint8_t table[LUT_BYTES] __attribute__((section(".noinit")));
