@@ -351,6 +351,11 @@ PRESETS["ulx3s128"] = PRESETS["ulx3s"].replace(
 # the int8 rate, its second A words through the banks' port B, it is 15-19 % faster per inference
 # but its builds routed at 49.88 and 49.23 MHz, short of the board's 50)
 PRESETS["ulx3s32"] = PRESETS["ulx3s"].replace(name="ulx3s32", clusters=2, a16_full_rate=False)
+#: the micro core's MAC array (hdl/micro/mac.py, hdl/micro/memmap.py): output columns a block, and
+#: staged B entries a column (a word of four int8 elements each; for int16 A a word takes two)
+MICRO_MAC_COLUMNS = 4
+MICRO_MAC_MAX_WORDS = 256
+
 # iCEBreaker (iCE40 UP5K): the micro core (hdl/micro/), the ISA run by a control processor from
 # firmware; two of the four SPRAMs hold the scratchpad, the accumulators and the firmware's data, two
 # are the DRAM (docs/boards.md)

@@ -356,6 +356,7 @@ MICRO_FEATURES: dict[Opcode, tuple[str, ...]] = {
         "stage_words_i16",
         "runs",
         "runs_i16",
+        "runs_narrow",
         "run_words",
         "run_words_i16",
         "outputs",
@@ -374,25 +375,26 @@ MICRO_FEATURES: dict[Opcode, tuple[str, ...]] = {
 #: instructions (starting, END)
 MICRO_COSTS: dict[Opcode, dict[str, float]] = {
     Opcode.LOAD: {"base": 6949.14, "rows": 324.11, "words": 32.0, "bytes": 49.6, "pad_bytes": 8.31},
-    Opcode.STORE: {"base": 5865.71, "rows": 65.85, "words": 43.0, "words_unaligned": 89.99, "bytes": 0.0},
+    Opcode.STORE: {"base": 5865.86, "rows": 65.85, "words": 43.0, "words_unaligned": 89.99, "bytes": 0.0},
     Opcode.MATMUL: {
-        "base": 7627.82,
-        "blocks": 222.28,
-        "stages": 34.59,
-        "stage_words": 2.0,
-        "stage_words_i16": 2.21,
-        "runs": 153.74,
-        "runs_i16": 262.08,
-        "run_words": 0.0,
-        "run_words_i16": 2.14,
-        "outputs": 0.0,
+        "base": 7522.4,
+        "blocks": 105.59,
+        "stages": 103.23,
+        "stage_words": 1.01,
+        "stage_words_i16": 0.0,
+        "runs": 0.0,
+        "runs_i16": 235.69,
+        "runs_narrow": 81.49,
+        "run_words": 1.01,
+        "run_words_i16": 3.25,
+        "outputs": 24.21,
         "zeroed": 0.0,
     },
-    Opcode.VMAP: {"base": 8475.19, "elems_i32": 390.61, "elems": 423.21, "per_col": 0.0},
-    Opcode.VLUT: {"base": 12060.92, "elems": 32.63},
-    Opcode.VMUL: {"base": 8817.76, "elems": 545.9},
-    Opcode.VADD: {"base": 7709.0, "elems": 505.0},
-    Opcode.POOL: {"base": 10634.95, "outputs": 245.48, "window": 98.4},
+    Opcode.VMAP: {"base": 8477.21, "elems_i32": 390.6, "elems": 423.21, "per_col": 0.0},
+    Opcode.VLUT: {"base": 12057.87, "elems": 32.64},
+    Opcode.VMUL: {"base": 8818.79, "elems": 545.9},
+    Opcode.VADD: {"base": 7709.97, "elems": 505.0},
+    Opcode.POOL: {"base": 10634.74, "outputs": 245.48, "window": 98.4},
 }
 MICRO_OTHER = 4_513
 MICRO_RUN = 2_129
@@ -443,13 +445,15 @@ def _micro_matmul(f: dict[str, int]) -> dict[str, int]:
     """MATMUL on the micro core (kernels.c): the MAC array (hdl/micro/mac.py) takes it in `blocks` of
     four output columns and a chunk of k (at most MAC_MAX_WORDS staged entries): each block stages
     its B rows (`stages`, a cycle a word, two for int16 A: `stage_words`) and runs every A row
-    against them (`runs`, a cycle an A word: `run_words`; int16 A takes two runs over its words),
-    updating C a column at a time (`outputs`). k = 0 zeroes C (`zeroed`) unless it accumulates."""
-    from npu.hdl.micro import memmap as mm
+    against them (`runs`, a cycle an A word: `run_words`; int16 A takes two runs over its words;
+    a block of fewer than four columns takes the firmware's loop, not its unrolled path:
+    `runs_narrow`), updating C a column at a time (`outputs`). k = 0 zeroes C (`zeroed`) unless it
+    accumulates."""
+    from npu.config import MICRO_MAC_COLUMNS, MICRO_MAC_MAX_WORDS
 
     m, n, k, i16 = f["m"], f["n"], f["k"], f["a_i16"]
-    chunk = (2 if i16 else 4) * mm.MAC_MAX_WORDS
-    nk, nj = -(-k // chunk), -(-n // mm.MAC_COLUMNS)
+    chunk = (2 if i16 else 4) * MICRO_MAC_MAX_WORDS
+    nk, nj = -(-k // chunk), -(-n // MICRO_MAC_COLUMNS)
     staged, streamed = n * -(-k // 4), m * nj * -(-k // (2 if i16 else 4))
     return {
         "base": 1,
@@ -459,6 +463,7 @@ def _micro_matmul(f: dict[str, int]) -> dict[str, int]:
         "stage_words_i16": staged if i16 else 0,
         "runs": 0 if i16 else m * nj * nk,
         "runs_i16": m * nj * nk if i16 else 0,
+        "runs_narrow": 0 if i16 or n % MICRO_MAC_COLUMNS == 0 else m * nk,
         "run_words": 0 if i16 else streamed,
         "run_words_i16": streamed if i16 else 0,
         "outputs": m * n * nk,

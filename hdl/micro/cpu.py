@@ -1,10 +1,10 @@
 """The micro core's control processor: PicoRV32 (YosysHQ, ISC licence; Verilog from the PyPI package
 `pythondata-cpu-picorv32`), instantiated with its native memory interface.
 
-Configured small for the iCE40 UP5K: RV32I with multiply (no divide; `PcpiMul` on four DSP blocks),
-no compressed instructions (their decoder took 409 LUT4; the firmware runs from SPRAM, where its 30 %
-more bytes cost no block RAM: docs/micro.md), no counters, no interrupts, no traps; the register file
-reads from registered addresses, so it maps to block RAM.
+Configured small for the iCE40 UP5K: RV32I with multiply (no divide; `PcpiMul`, shift-and-add in
+logic cells), no compressed instructions (their decoder took 409 LUT4; the firmware runs from SPRAM,
+where its 30 % more bytes cost no block RAM: docs/micro.md), no counters, no interrupts, no traps;
+the register file reads from registered addresses, so it maps to block RAM.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ PARAMETERS = {
     "COMPRESSED_ISA": 0,
     "CATCH_MISALIGN": 0,
     "CATCH_ILLINSN": 0,
-    "ENABLE_PCPI": 1,  # multiplies on the DSP blocks (hdl/micro/mul.py)
+    "ENABLE_PCPI": 1,  # multiplies in PcpiMul (hdl/micro/mul.py)
     "ENABLE_IRQ": 0,
 }
 MODULE = "picorv32"

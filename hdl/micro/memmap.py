@@ -11,6 +11,8 @@
 | `MMIO_BASE` (0x3000_0100) | the core's own registers, below |
 """
 
+from npu.config import MICRO_MAC_COLUMNS, MICRO_MAC_MAX_WORDS
+
 ROM_BASE = 0x0000_0000
 #: the boot loader's block RAM (`boot.c`): it copies the firmware from the SPI flash into RAM
 BOOT_BYTES = 1024
@@ -72,8 +74,8 @@ MMIO_BOOT = 0x18
 MMIO_MAC_STAGE = 0x60
 MMIO_MAC_RUN = 0x64
 MMIO_MAC_SUM0 = 0x68
-MAC_COLUMNS = 4
-MAC_MAX_WORDS = 256
+MAC_COLUMNS = MICRO_MAC_COLUMNS
+MAC_MAX_WORDS = MICRO_MAC_MAX_WORDS
 MAC_COUNT_SHIFT = 14
 MAC_SEL_SHIFT = 23
 MAC_STAGE_I16 = 1 << 25

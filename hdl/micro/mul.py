@@ -5,7 +5,9 @@ eight DSP blocks are the MAC array's (hdl/micro/mac.py).
 The operands as the instruction reads them (signed or not) are two's complement numbers A (33 bits)
 and B (34); B is taken in radix-4 Booth digits (-2 .. 2: B's bit pairs and the bit below each), so
 each step adds 0, A or 2A, or subtracts it (complement and carry in: one adder). `high` accumulates
-the product, two bits shifting out into `low` a step."""
+the product, two bits shifting out into `low` a step. It is not reset with the processor (a soft
+reset): a multiply under way finishes within 18 cycles, long before the restarted firmware can ask
+for one."""
 
 from __future__ import annotations
 

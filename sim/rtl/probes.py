@@ -37,9 +37,10 @@ def op_probes(cfg: NpuConfig) -> dict[str, str]:
     for n in (1, 8):
         p[f"sync x{n}"] = "\n".join(["sync unit=load"] * n)
     # (the micro core's MAC array takes four columns and at most 1,024 k positions (512 of int16 A)
-    # a block: n % 4 and k > 1,024 probe its blocks, k % 4 its last word)
+    # a block: n % 4 and k > 1,024 probe its blocks, k % 4 its last word, long rows its rate)
     shapes = ((1, 1, 8), (4, 4, 16), (8, 8, 32), (2, 8, 64), (16, 2, 8), (2, 2, 512), (16, 2, 2), (8, 2, 3),
-              (4, 4, 18), (4, 8, 1), (16, 4, 64), (1, 5, 64), (2, 2, 1040), (2, 3, 520))  # fmt: skip
+              (4, 4, 18), (4, 8, 1), (16, 4, 64), (1, 5, 64), (2, 2, 1040), (2, 3, 520), (16, 4, 1024),
+              (64, 4, 256))  # fmt: skip
     for m, n, k in shapes:
         cs = round_up(4 * n, cfg.acc_row_bytes)  # whole accumulator words
         ks = round_up(k, cfg.lanes)  # rows `lanes`-aligned, as the ISA asks

@@ -124,27 +124,27 @@ static NOINLINE void exec_matmul(const instr_t *ins) {
             int keep = k0 || acc;
             volatile uint32_t *cp = (volatile uint32_t *)at(c0);
             for (uint32_t i = 0; i < m; i++, run += as, cp = (volatile uint32_t *)((uintptr_t)cp + cs)) {
-                uint32_t add[MAC_COLUMNS];
                 if (i16) { /* 256 x the high bytes' products + the low bytes' */
+                    uint32_t hi[MAC_COLUMNS];
                     MMIO(MMIO_MAC_RUN) = run | MAC_MODE_HI << MAC_SEL_SHIFT;
-                    for (uint32_t j = 0; j < cols; j++) add[j] = ((MAC_SUM(j) + fix) << 8) + fix_lo;
+                    for (uint32_t j = 0; j < cols; j++) hi[j] = ((MAC_SUM(j) + fix) << 8) + fix_lo;
                     MMIO(MMIO_MAC_RUN) = run | MAC_MODE_LO << MAC_SEL_SHIFT;
-                } else {
-                    MMIO(MMIO_MAC_RUN) = run;
-                    add[0] = add[1] = add[2] = add[3] = fix;
+                    for (uint32_t j = 0; j < cols; j++) cp[j] = (keep ? cp[j] : 0) + hi[j] + MAC_SUM(j);
+                    continue;
                 }
+                MMIO(MMIO_MAC_RUN) = run;
                 if (cols == MAC_COLUMNS && keep) { /* the usual blocks, unrolled */
-                    cp[0] += MAC_SUM(0) + add[0];
-                    cp[1] += MAC_SUM(1) + add[1];
-                    cp[2] += MAC_SUM(2) + add[2];
-                    cp[3] += MAC_SUM(3) + add[3];
+                    cp[0] += MAC_SUM(0) + fix;
+                    cp[1] += MAC_SUM(1) + fix;
+                    cp[2] += MAC_SUM(2) + fix;
+                    cp[3] += MAC_SUM(3) + fix;
                 } else if (cols == MAC_COLUMNS) {
-                    cp[0] = MAC_SUM(0) + add[0];
-                    cp[1] = MAC_SUM(1) + add[1];
-                    cp[2] = MAC_SUM(2) + add[2];
-                    cp[3] = MAC_SUM(3) + add[3];
+                    cp[0] = MAC_SUM(0) + fix;
+                    cp[1] = MAC_SUM(1) + fix;
+                    cp[2] = MAC_SUM(2) + fix;
+                    cp[3] = MAC_SUM(3) + fix;
                 } else {
-                    for (uint32_t j = 0; j < cols; j++) cp[j] = (keep ? cp[j] : 0) + MAC_SUM(j) + add[j];
+                    for (uint32_t j = 0; j < cols; j++) cp[j] = (keep ? cp[j] : 0) + MAC_SUM(j) + fix;
                 }
             }
         }
