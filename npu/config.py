@@ -249,7 +249,12 @@ class NpuConfig:
             f"vector {self.vector_lanes} lanes, bus {self.bus_bytes * 8} bits, "
             f"DRAM {_size(self.dram_bytes)}, id 0x{self.config_id:08x}"
             + (f", {self.engines} engines sharing the DRAM port" if self.engines > 1 else "")
-            + (", micro core (the ISA run from firmware: docs/micro.md)" if self.core == "micro" else "")
+            + (
+                f", micro core (the ISA run from firmware, MATMUL on a MAC array of "
+                f"{4 * MICRO_MAC_COLUMNS} int8 MACs/cycle: docs/micro.md)"
+                if self.core == "micro"
+                else ""
+            )
             + (", int16 A at the int8 rate" if self.a16_full_rate else "")
         )
 
