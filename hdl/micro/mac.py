@@ -26,12 +26,6 @@ from . import memmap as mm
 COLUMNS = mm.MAC_COLUMNS
 #: int8 multiply-accumulates a cycle while a run streams A: four k positions of each column a word
 MACS_PER_CYCLE = 4 * COLUMNS
-#: each run's sum is the dot product less this much a word read (the DSP pair sums' offsets)
-OFFSET = {
-    mm.MAC_MODE_I8: mm.MAC_OFFSET_I8,
-    mm.MAC_MODE_HI: mm.MAC_OFFSET_I8,
-    mm.MAC_MODE_LO: mm.MAC_OFFSET_LO,
-}
 
 
 def primitive_source() -> str:
@@ -46,7 +40,7 @@ def primitive_source() -> str:
 #: the name the array's DSP blocks go through synthesis under: yosys' ice40_dsp pass takes every
 #: `SB_MAC16` for a multiplier it may re-configure, and rewrites a hand-configured one as a plain
 #: 16 x 16 multiply (the dual 8 x 8 mode, the registers and the adders lost). Declared as a black
-#: box (`KEPT_DSP_STUB`), the cells keep their configuration; the board build's script renames them
+#: box (`kept_dsp_stub`), the cells keep their configuration; the board build's script renames them
 #: back after synthesis (hdl/boards/build.py, `SCRIPT_AFTER_SYNTH`)
 KEPT_DSP = "NPU_SB_MAC16"
 SCRIPT_AFTER_SYNTH = f"chtype -map {KEPT_DSP} SB_MAC16"
@@ -172,8 +166,9 @@ class MacArray(wiring.Component):
     for runs on int16 A. `run` (a cycle) streams `count` SPRAM words of A from `word` against the
     columns' first `count` entries in `mode` (memmap MAC_MODE_*), of the last word only its first
     `tail` bytes (0: all four; the rest as zeros, whatever B holds there); `sums[c]` is then column
-    c's dot product less OFFSET[mode] a word. `busy` until done. While busy the array owns the SPRAM port
-    (`addr`, `read`; `rdata` a cycle later); `stop` abandons a stage or run at once."""
+    c's dot product less MAC_OFFSET_I8 a word (MAC_OFFSET_LO in MAC_MODE_LO; memmap). `busy` until
+    done. While busy the array owns the SPRAM port (`addr`, `read`; `rdata` a cycle later); `stop`
+    abandons a stage or run at once."""
 
     def __init__(self, model: bool):
         self.model = model
