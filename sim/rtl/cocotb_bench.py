@@ -197,6 +197,16 @@ async def watch_pause_latch(dut, res: dict) -> None:
     res["pause_target"] = int(core.pause_target.value)
 
 
+async def sample_pc(dut, counts: dict[int, int]) -> None:
+    """Count the cycles the micro core's processor spends at each PC (PicoRV32's `reg_pc`, made
+    visible by the profiler's build: hdlsim.PROFILE_ENV)."""
+    pc, clk = dut.core.core.cpu.cpu.reg_pc, dut.clk
+    while True:
+        await RisingEdge(clk)
+        v = pc.value.to_unsigned()
+        counts[v] = counts.get(v, 0) + 1
+
+
 @cocotb.test()
 async def run_jobs(dut):
     jobs_path = Path(os.environ["NPU_JOBS"])
@@ -241,6 +251,8 @@ async def run_jobs(dut):
         start_cycle = 0
         pause_at = sorted(job.get("pause_at", []))
         run_wall = 0.0
+        pcs: dict[int, int] = {}
+        profiler = cocotb.start_soon(sample_pc(dut, pcs)) if os.environ.get("NPU_FW_PROFILE") else None
         while True:
             t_run = time.perf_counter()
             await bench.run_program(job["base"], pc, pause=pause_mode == "every")
@@ -283,6 +295,9 @@ async def run_jobs(dut):
                     await bench.write_reg(n, w)
                 continue
             break
+        if profiler is not None:
+            profiler.cancel()
+            res["pc_cycles"] = {str(k): v for k, v in pcs.items()}
         res["status"] = Status(st).name
         res["error_code"] = await bench.read_reg("ERROR_CODE")
         res["error_pc"] = await bench.read_reg("ERROR_PC")

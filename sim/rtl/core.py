@@ -78,6 +78,7 @@ class RunRecord:
     pause_passed: int | None = None
     pause_target: int | None = None
     fault_addr: int = 0  # FAULT_ADDR after the run (PROTECTION)
+    pc_cycles: dict[int, int] | None = None  # the micro core's cycles at each firmware PC (`profile`)
 
 
 def prepared_model(cfg: NpuConfig, job: RtlJob, trace: bool = False) -> NpuModel:
@@ -134,6 +135,7 @@ def run_rtl(
     fast_dram: bool = False,
     stalls: bool = False,
     flash_boot: bool | bytes = False,
+    profile: bool = False,
 ) -> list[RunRecord]:
     """Run jobs on the RTL. `fast_dram` swaps cocotbext-axi's AxiRam (protocol-checking, slower)
     for the in-simulator RAM of hdl/simdram.py (for long runs). `stalls`: the DRAM side stalls every
@@ -141,9 +143,13 @@ def run_rtl(
     RAM), so results must not depend on timing; cycle counts then differ from the model's.
     `flash_boot`: a micro core boots from a model of the SPI flash (its boot loader copies the
     firmware) instead of starting with it preloaded; bytes: the flash holds these at FLASH_FIRMWARE
-    instead of the firmware's image."""
+    instead of the firmware's image. `profile` (a micro core): each record gets the cycles its runs
+    spent at each firmware PC (`npu.sim.rtl.fwprof`)."""
     from npu.hdl.verilog import sim_top_verilog
-    from npu.sim.rtl.hdlsim import BUILD, build_and_test
+    from npu.sim.rtl.hdlsim import BUILD, PROFILE_ENV, build_and_test
+
+    if profile and cfg.core != "micro":
+        raise ValueError(f"profiling samples the micro core's firmware; {cfg.name!r} has no processor")
 
     BUILD.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=BUILD, prefix="jobs-") as tmp:
@@ -178,7 +184,7 @@ def run_rtl(
             top,
             "npu.sim.rtl.cocotb_bench",
             name=name,
-            extra_env={"NPU_JOBS": str(d)},
+            extra_env={"NPU_JOBS": str(d), **({PROFILE_ENV: "1"} if profile else {})},
             waves=waves,
             quiet=True,
         )
@@ -199,6 +205,7 @@ def run_rtl(
                     r.get("pause_passed"),
                     r.get("pause_target"),
                     r.get("fault_addr", 0),
+                    {int(k): v for k, v in r["pc_cycles"].items()} if "pc_cycles" in r else None,
                 )
             )
         return out

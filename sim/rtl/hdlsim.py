@@ -102,13 +102,19 @@ PUBLIC_VLT = (
     )
 )
 KNOWN_TOPS = ("npu_core", "npu_soc", "npu_sim_top")
+#: set in a bench's environment: it samples the micro core's processor's PC every cycle of each
+#: job's runs (`npu.sim.rtl.fwprof`); the simulator is built with that signal visible
+PROFILE_ENV = "NPU_FW_PROFILE"
 
 
-def public_vlt(toplevel: str) -> str:
+def public_vlt(toplevel: str, profile: bool = False) -> str:
     """PUBLIC_VLT, plus every port of any other top (a memory adapter's, a board top's) writable."""
+    vlt = PUBLIC_VLT
+    if profile:  # the micro core's program counter, for the firmware profiler
+        vlt += 'public_flat_rd -module "picorv32" -var "reg_pc"\n'
     if toplevel in KNOWN_TOPS:
-        return PUBLIC_VLT
-    return PUBLIC_VLT + f'public_flat_rw -module "{toplevel}" -var "*"\n'
+        return vlt
+    return vlt + f'public_flat_rw -module "{toplevel}" -var "*"\n'
 
 
 def build_and_test(
@@ -132,11 +138,12 @@ def build_and_test(
     """
     sim = simulator()
     (setup_verilator if sim == "verilator" else setup_icarus)()
-    digest = hashlib.sha256((verilog + public_vlt(toplevel)).encode()).hexdigest()[:12]
+    profile = bool((extra_env or {}).get(PROFILE_ENV))
+    digest = hashlib.sha256((verilog + public_vlt(toplevel, profile)).encode()).hexdigest()[:12]
     build_dir = BUILD / f"{name}-{sim}-{digest}{'-waves' if waves else ''}"
     build_dir.mkdir(parents=True, exist_ok=True)
     with _locked(build_dir.with_name(build_dir.name + ".lock")):
-        runner = _build(verilog, toplevel, build_dir, sim, waves, quiet)
+        runner = _build(verilog, toplevel, build_dir, sim, waves, quiet, profile)
     test_dir = build_dir if waves else Path(tempfile.mkdtemp(dir=build_dir, prefix="run-"))
     sim_log = test_dir / "sim.log" if quiet else None
     env = dict(extra_env or {})
@@ -181,7 +188,7 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _build(verilog: str, toplevel: str, build_dir: Path, sim: str, waves: bool, quiet: bool):
+def _build(verilog: str, toplevel: str, build_dir: Path, sim: str, waves: bool, quiet: bool, profile: bool):
     """Build (or find up to date) the simulator of `verilog` in `build_dir`; the cocotb runner."""
     from cocotb_tools.runner import get_runner
 
@@ -194,7 +201,7 @@ def _build(verilog: str, toplevel: str, build_dir: Path, sim: str, waves: bool, 
     if sim == "verilator" and os.environ.get("NPU_VERILATOR_PUBLIC", "") != "all":
         _narrow_public(runner)
         vlt = build_dir / "public.vlt"
-        vlt.write_text(public_vlt(toplevel))
+        vlt.write_text(public_vlt(toplevel, profile))
         extra_args.append(str(vlt))
     build_args = (
         ["-Wno-fatal", "-Wno-WIDTH", "-O3", "--x-assign", "fast", "--x-initial", "fast", "--noassert"]

@@ -117,11 +117,14 @@ CFLAGS = ["-target", "riscv32-freestanding-none", "-mcpu=generic_rv32+zmmul", "-
           "-Werror", "-ffunction-sections", "-fdata-sections", "-Wl,--gc-sections"]  # fmt: skip
 
 
-def _compile(sources: tuple[str, ...], script: str, out: Path, limit: int, what: str) -> bytes:
+def _compile(
+    sources: tuple[str, ...], script: str, out: Path, limit: int, what: str, elf_out: Path | None = None
+) -> bytes:
     with tempfile.TemporaryDirectory() as tmp:
-        elf = Path(tmp) / "image.elf"
+        elf = elf_out or Path(tmp) / "image.elf"
         paths = [str(HERE / s) for s in sources]
-        cmd = [*zig(), "cc", *CFLAGS, f"-Wl,-T,{HERE / script}", "-o", str(elf), *paths]
+        debug = ["-g"] if elf_out else []  # the symbols (Zig's linker strips them otherwise); same code
+        cmd = [*zig(), "cc", *CFLAGS, *debug, f"-Wl,-T,{HERE / script}", "-o", str(elf), *paths]
         subprocess.run(cmd, check=True, cwd=HERE)
         subprocess.run([*zig(), "objcopy", "-O", "binary", str(elf), str(out)], check=True)
     image = out.read_bytes()
@@ -140,6 +143,41 @@ def build(out: Path = IMAGE, write_header: bool = True, boot_out: Path = BOOT_IM
     firmware = _compile(SOURCES, "link.ld", out, mm.FIRMWARE_LIMIT, "firmware")
     boot = _compile(BOOT_SOURCES, "boot.ld", boot_out, mm.BOOT_BYTES, "boot loader")
     return firmware, boot
+
+
+def functions() -> list[tuple[int, int, str]]:
+    """The firmware's functions as (address, bytes, name), sorted: the committed sources compiled
+    again to an ELF (the same image as `firmware.bin`, which the caller may check) for its symbols."""
+    with tempfile.TemporaryDirectory() as tmp:
+        elf = Path(tmp) / "firmware.elf"
+        image = _compile(SOURCES, "link.ld", Path(tmp) / "firmware.bin", 1 << 20, "firmware", elf_out=elf)
+        if image != IMAGE.read_bytes():
+            raise RuntimeError(
+                "firmware.bin is not what the sources build: run `python -m npu.hdl.micro.firmware`"
+            )
+        funcs = _elf_functions(elf.read_bytes())
+    from .. import memmap as mm
+
+    # start.S, before the first C function: the stack, .bss cleared (after each soft reset)
+    return [(mm.RAM_BASE, funcs[0][0] - mm.RAM_BASE, "start"), *funcs] if funcs else funcs
+
+
+def _elf_functions(data: bytes) -> list[tuple[int, int, str]]:
+    """STT_FUNC symbols of a little-endian ELF32 file."""
+    (shoff,) = struct.unpack_from("<I", data, 0x20)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x2E)
+    sections = [struct.unpack_from("<IIIIIIIIII", data, shoff + i * shentsize) for i in range(shnum)]
+    out = []
+    for _, kind, _, _, off, size, link, _, _, entsize in sections:
+        if kind != 2:  # SHT_SYMTAB
+            continue
+        strtab = sections[link][4]
+        for k in range(0, size, entsize):
+            name, value, sz, info, _, _ = struct.unpack_from("<IIIBBH", data, off + k)
+            if info & 15 == 2 and sz:  # STT_FUNC
+                end = data.index(b"\0", strtab + name)
+                out.append((value, sz, data[strtab + name : end].decode()))
+    return sorted(out)
 
 
 def flash_image(firmware: bytes | None = None) -> bytes:
