@@ -374,30 +374,30 @@ MICRO_FEATURES: dict[Opcode, tuple[str, ...]] = {
 #: and checks are in `base`; SYNC and the markers cost MICRO_OTHER, a run MICRO_RUN besides its
 #: instructions (starting, END)
 MICRO_COSTS: dict[Opcode, dict[str, float]] = {
-    Opcode.LOAD: {"base": 6949.14, "rows": 324.11, "words": 32.0, "bytes": 49.6, "pad_bytes": 8.31},
-    Opcode.STORE: {"base": 5865.86, "rows": 65.85, "words": 43.0, "words_unaligned": 89.99, "bytes": 0.0},
+    Opcode.LOAD: {"base": 6157.83, "rows": 323.93, "words": 32.0, "bytes": 49.6, "pad_bytes": 8.3},
+    Opcode.STORE: {"base": 5078.59, "rows": 65.81, "words": 43.0, "words_unaligned": 90.03, "bytes": 0.0},
     Opcode.MATMUL: {
-        "base": 7522.4,
-        "blocks": 105.59,
-        "stages": 103.23,
-        "stage_words": 1.01,
+        "base": 6280.16,
+        "blocks": 106.1,
+        "stages": 102.83,
+        "stage_words": 1.02,
         "stage_words_i16": 0.0,
         "runs": 0.0,
-        "runs_i16": 235.69,
-        "runs_narrow": 81.49,
-        "run_words": 1.01,
+        "runs_i16": 235.53,
+        "runs_narrow": 81.42,
+        "run_words": 1.0,
         "run_words_i16": 3.25,
-        "outputs": 24.21,
+        "outputs": 24.26,
         "zeroed": 0.0,
     },
-    Opcode.VMAP: {"base": 8477.21, "elems_i32": 390.6, "elems": 423.21, "per_col": 0.0},
-    Opcode.VLUT: {"base": 12057.87, "elems": 32.64},
-    Opcode.VMUL: {"base": 8818.79, "elems": 545.9},
-    Opcode.VADD: {"base": 7709.97, "elems": 505.0},
-    Opcode.POOL: {"base": 10634.74, "outputs": 245.48, "window": 98.4},
+    Opcode.VMAP: {"base": 7277.57, "elems_i32": 220.66, "elems": 320.15, "per_col": 0.0},
+    Opcode.VLUT: {"base": 11246.9, "elems": 32.64},
+    Opcode.VMUL: {"base": 8060.63, "elems": 433.05},
+    Opcode.VADD: {"base": 7021.06, "elems": 384.99},
+    Opcode.POOL: {"base": 9655.41, "outputs": 244.83, "window": 93.1},
 }
-MICRO_OTHER = 4_513
-MICRO_RUN = 2_129
+MICRO_OTHER = 3_273
+MICRO_RUN = 1_590
 
 
 def micro_features(i: Instr) -> dict[str, int]:

@@ -9,6 +9,9 @@ uint32_t ubits(const raw_t *r, unsigned pos, unsigned width) {
     return width == 32 ? v : v & ((1u << width) - 1);
 }
 
+/* a field's bits by its width - 1: a table, since the processor shifts 4 bits a cycle */
+static const uint32_t MASK[32] = {0x1, 0x3, 0x7, 0xf, 0x1f, 0x3f, 0x7f, 0xff, 0x1ff, 0x3ff, 0x7ff, 0xfff, 0x1fff, 0x3fff, 0x7fff, 0xffff, 0x1ffff, 0x3ffff, 0x7ffff, 0xfffff, 0x1fffff, 0x3fffff, 0x7fffff, 0xffffff, 0x1ffffff, 0x3ffffff, 0x7ffffff, 0xfffffff, 0x1fffffff, 0x3fffffff, 0x7fffffff, 0xffffffff};
+
 /* (run once an instruction, at its check: a queue entry keeps the fields; ubits inline, since a
    call a field doubled the cost of an instruction's fetch and checks) */
 void decode(instr_t *ins) {
@@ -16,12 +19,16 @@ void decode(instr_t *ins) {
     const unsigned short *e = &FIELDS[FIELD_START[op]], *end = &FIELDS[FIELD_START[op + 1]];
     int32_t *out = ins->f;
     for (; e < end; e++, out++) {
-        unsigned pos = *e & 255, s = pos & 31, drop = 31 - ((*e >> 8) & 31); /* 32 - width */
+        unsigned f = *e, pos = f & 255, s = pos & 31, wm1 = (f >> 8) & 31; /* width - 1 */
         const uint32_t *w = &ins->raw.w[pos >> 5];
-        uint32_t v = w[0] >> s;
-        if (s && s + 32 - drop > 32) v |= w[1] << (32 - s);
-        v <<= drop;
-        *out = (*e >> 13) & 1 ? (int32_t)v >> drop : (int32_t)(v >> drop);
+        uint32_t v = w[0] >> s, mask = MASK[wm1];
+        if (s + wm1 >= 32) v |= w[1] << (32 - s); /* the field runs into the next word */
+        v &= mask;
+        if (f & (1u << 13)) { /* signed: extend its top bit */
+            uint32_t sign = (mask >> 1) + 1;
+            v = (v ^ sign) - sign;
+        }
+        *out = (int32_t)v;
     }
 }
 
@@ -185,13 +192,27 @@ int check(instr_t *ins) {
     decode(ins);
     for (unsigned k = 0; k < sizeof ENUMS / sizeof ENUMS[0]; k++)
         if (ENUMS[k][0] == op && U(ENUMS[k][1]) >= ENUMS[k][2]) return E_ILLEGAL_FIELD;
-    for (unsigned k = end >> 5; k < 8; k++) /* reserved bits above the last field */
-        if (ins->raw.w[k] & (k == end >> 5 ? ~0u << (end & 31) : ~0u)) return E_ILLEGAL_FIELD;
+    unsigned k = end >> 5; /* reserved bits above the last field: the rest of its word, the words after */
+    if (k < 8) {
+        const uint32_t *w = ins->raw.w;
+        uint32_t bad = w[k] & (~0u << (end & 31));
+        switch (k) { /* the whole words after it, unrolled */
+        case 0: bad |= w[1]; /* fall through */
+        case 1: bad |= w[2]; /* fall through */
+        case 2: bad |= w[3]; /* fall through */
+        case 3: bad |= w[4]; /* fall through */
+        case 4: bad |= w[5]; /* fall through */
+        case 5: bad |= w[6]; /* fall through */
+        case 6: bad |= w[7];
+        }
+        if (bad) return E_ILLEGAL_FIELD;
+    }
     /* tokens */
     int unit = unit_of(ins);
     uint32_t tokens = WAIT(ins) | SIGNAL(ins);
     if (unit < 0 && tokens) return E_ILLEGAL_FIELD;
     if (unit >= 0 && ((tokens >> unit) & 1)) return E_ILLEGAL_FIELD;
+    if (unit < 0 || op == OP_SYNC) return 0; /* no operands: no rule below applies */
     /* field rules */
     int shift = -1, lo = 0, hi = 0, has_clamp = 0;
     switch (op) {
@@ -235,25 +256,21 @@ int check(instr_t *ins) {
             return E_SPAD_RANGE;
         }
     }
-    /* the memory each operand must lie in (npu.isa._required_memories) */
+    /* the memory each operand must lie in (npu.isa._required_memories), on footprint's spans */
     if (op == OP_MATMUL) {
         uint32_t m = U(F_MATMUL_M), n = U(F_MATMUL_N), k = U(F_MATMUL_K);
-        span_t a = extent(U(F_MATMUL_A), m, EB(U(F_MATMUL_A_I16)) * k, U(F_MATMUL_A_STRIDE));
-        span_t b = extent(U(F_MATMUL_B), n, k, U(F_MATMUL_B_STRIDE));
-        span_t c = extent(U(F_MATMUL_C), m, 4 * n, U(F_MATMUL_C_STRIDE));
-        if (k && m && !empty(a) && memory_of(a.start, a.end) != 1) return E_SPAD_RANGE;
-        if (k && n && !empty(b) && memory_of(b.start, b.end) != 1) return E_SPAD_RANGE;
+        span_t c = w[0].s; /* and with k, A and B the first two reads */
+        if (k && m && !empty(r[0].s) && memory_of(r[0].s.start, r[0].s.end) != 1) return E_SPAD_RANGE;
+        if (k && n && !empty(r[1].s) && memory_of(r[1].s.start, r[1].s.end) != 1) return E_SPAD_RANGE;
         if (!empty(c) && memory_of(c.start, c.end) != 2) return E_SPAD_RANGE;
     } else if (op == OP_VMAP) {
         uint32_t rows = U(F_VMAP_ROWS), cols = U(F_VMAP_COLS), i32 = U(F_VMAP_SRC_TYPE);
-        uint32_t es = i32 ? 4 : EB(U(F_VMAP_SRC_I16));
-        span_t s = extent(U(F_VMAP_SRC), rows, es * cols, U(F_VMAP_SRC_STRIDE));
+        span_t s = r[0].s, d = w[0].s; /* with per-column factors, their spans the next two reads */
         if (!empty(s) && memory_of(s.start, s.end) != (i32 ? 2 : 1)) return E_SPAD_RANGE;
-        span_t d = extent(U(F_VMAP_DST), rows, EB(U(F_VMAP_DST_I16)) * cols, U(F_VMAP_DST_STRIDE));
         if (!empty(d) && memory_of(d.start, d.end) != 1) return E_SPAD_RANGE;
         if (U(F_VMAP_PER_COL) && rows && cols) {
-            span_t mu = range(U(F_VMAP_MULTS), 4 * cols), sh = range(U(F_VMAP_SHIFTS), cols);
-            if (memory_of(mu.start, mu.end) != 1 || memory_of(sh.start, sh.end) != 1) return E_SPAD_RANGE;
+            if (memory_of(r[1].s.start, r[1].s.end) != 1 || memory_of(r[2].s.start, r[2].s.end) != 1)
+                return E_SPAD_RANGE;
         }
     } else if (op == OP_VADD || op == OP_POOL || op == OP_VLUT || op == OP_VMUL) {
         for (int k = 0; k < nr + nw; k++) {

@@ -23,10 +23,14 @@ uint64_t win_hi;
 #define QMAX QUEUE_LIMIT /* hdl/micro/core.py refuses a deeper queue_depth */
 #define UNITS 4
 /* an instruction checked and decoded once, at dispatch; point: a cancel point's ordinal */
-typedef struct { instr_t ins; uint32_t pc; uint32_t point; } entry_t;
+typedef struct { instr_t ins; uint32_t pc; uint32_t point; uint32_t pad[32 - 2 - sizeof(instr_t) / 4]; } entry_t;
+/* 128 bytes: a slot's address is a shift, not a multiply (the processor's take 18 cycles) */
+_Static_assert(sizeof(entry_t) == 128, "entry_t: 128 bytes");
 /* not cleared at reset (a soft reset restarts the processor: its boot must be quick); start()
-   empties the queues */
-static entry_t queue[UNITS][QMAX] __attribute__((section(".noinit")));
+   empties the queues. A queue of queue_depth entries rings through queue_depth + 1 slots, so the
+   slot past its tail is never live: a unit's instruction is fetched and decoded there, and pushing
+   it copies nothing (a copy of the 108-byte instruction took about 570 cycles) */
+static entry_t queue[UNITS][QMAX + 1] __attribute__((section(".noinit")));
 static uint32_t q_head[UNITS], q_len[UNITS];
 static uint32_t tokens[UNITS][UNITS]; /* tokens[p][c]: pushed by unit p, not yet popped by c */
 static uint32_t passed[UNITS], fence_passed[UNITS], points, target;
@@ -48,6 +52,14 @@ static void write_counters(void) {
         REG(R_BUSY_LOAD + 8 * k) = (uint32_t)counter[k];
         REG(R_BUSY_LOAD + 8 * k + 4) = (uint32_t)(counter[k] >> 32);
     }
+}
+
+/* one counter into its registers; its high word only once it is not zero (the counters only grow,
+   and start() writes them all) */
+static void write_counter(int k) {
+    REG(R_BUSY_LOAD + 8 * k) = (uint32_t)counter[k];
+    uint32_t hi = (uint32_t)(counter[k] >> 32);
+    if (hi) REG(R_BUSY_LOAD + 8 * k + 4) = hi;
 }
 
 /* the ring is empty (pc reached the host's tail); `tail_seen` is read once per step, so a doorbell
@@ -191,32 +203,55 @@ static int fetch(instr_t *ins) {
     return 0;
 }
 
-static void push(int u, const instr_t *ins, uint32_t point) {
+/* the slot past unit u's tail */
+static entry_t *tail_slot(int u) {
     uint32_t k = q_head[u] + q_len[u];
-    entry_t *e = &queue[u][k >= queue_depth ? k - queue_depth : k];
-    if (u == unit_of(ins)) e->ins = *ins; /* the fields too: a unit instruction runs from them */
-    else e->ins.raw = ins->raw;          /* a cancel point or fence: its marker */
+    return &queue[u][k > queue_depth ? k - queue_depth - 1 : k];
+}
+
+/* the entry in tail_slot(u) joins the queue; a cancel point's or fence's marker (`ins` elsewhere)
+   is copied there first */
+static void push(int u, const instr_t *ins, uint32_t point) {
+    entry_t *e = tail_slot(u);
+    if (&e->ins != ins) e->ins.raw = ins->raw;
     e->pc = pc;
     e->point = point;
     q_len[u]++;
 }
 
+/* where the instruction `raw` will be decoded: its unit's free slot, or `own` (a control
+   instruction, or one the checks will refuse) */
+static instr_t *decode_slot(const raw_t *raw, instr_t *own) {
+    uint32_t op = raw->w[0] & 15;
+    if (!FORMAT_END[op]) return own;
+    /* a SYNC's unit: its field's low two bits (a wider value is refused by the checks) */
+    int u = op == OP_SYNC ? (int)ubits(raw, FIELDS[FIELD_START[OP_SYNC] + F_SYNC_UNIT] & 255, 2) : FORMAT_UNIT[op];
+    return u >= 0 ? &tail_slot(u)->ins : own;
+}
+
 /* dispatch one instruction if the dispatcher can: 1 dispatched (or stopped), 0 it waits */
 static int dispatch(void) {
-    static instr_t ins;
+    static instr_t own, *cur;
     static uint32_t fetch_err;
     if (starved()) return 0;
     if (fetched_pc != pc) {
-        fetch_err = fetch(&ins);
-        if (!fetch_err) fetch_err = check(&ins);
+        cur = &own;
+        fetch_err = fetch(&own);
+        if (!fetch_err) {
+            cur = decode_slot(&own.raw, &own);
+            if (cur != &own) /* word by word: a struct copy is a call of memcpy */
+                for (int k = 0; k < 8; k++) ((volatile uint32_t *)cur->raw.w)[k] = own.raw.w[k];
+            fetch_err = check(cur);
+        }
         fetched_pc = pc;
     }
+    instr_t *ins = cur;
     if (fetch_err) {
         fetched_pc = 0xffffffff;
         stop(ST_ERROR, fetch_err, pc);
         return 1;
     }
-    int op = OPC(&ins), u = unit_of(&ins);
+    int op = OPC(ins), u = unit_of(ins);
     if (u >= 0) {
         if (q_len[u] >= queue_depth) return 0;
     } else if (op == OP_CANCEL_POINT || op == OP_FENCE) {
@@ -228,12 +263,12 @@ static int dispatch(void) {
     fetched_pc = 0xffffffff;
     counter[C_INSTRET]++;
     if (u >= 0) {
-        push(u, &ins, 0);
+        push(u, ins, 0);
     } else if (op == OP_CANCEL_POINT) {
         points++;
-        for (int q = 0; q < UNITS; q++) push(q, &ins, points);
+        for (int q = 0; q < UNITS; q++) push(q, ins, points);
     } else if (op == OP_FENCE) {
-        for (int q = 0; q < UNITS; q++) push(q, &ins, 0);
+        for (int q = 0; q < UNITS; q++) push(q, ins, 0);
     } else if (op == OP_END) {
         if (any_tokens()) {
             stop(ST_ERROR, E_TOKEN, pc);
@@ -280,7 +315,7 @@ static uint32_t run_head(int u) {
     entry_t *e = &queue[u][q_head[u]];
     const instr_t *ins = &e->ins; /* not overwritten before it has run: nothing is pushed meanwhile */
     uint32_t at = e->pc, op = OPC(ins);
-    if (++q_head[u] == queue_depth) q_head[u] = 0;
+    if (++q_head[u] > queue_depth) q_head[u] = 0;
     q_len[u]--;
     if (op == OP_CANCEL_POINT) {
         passed[u]++;
@@ -356,7 +391,13 @@ static void step(uint32_t ev) {
     if (best >= 0) {
         uint32_t d = run_head(best);
         if (running && !starved()) counter[C_STALL] += d; /* the dispatcher waited meanwhile */
-        if (running) write_counters();
+        if (running) { /* the counters this step changed: the unit's busy cycles, stalls, bytes */
+            write_counter(C_BUSY + best);
+            write_counter(C_STALL);
+            write_counter(C_INSTRET);
+            if (best == 0) write_counter(C_RD); /* the load unit */
+            if (best == 3) write_counter(C_WR); /* the store unit */
+        }
         return;
     }
     if (starved() && queues_empty()) {
