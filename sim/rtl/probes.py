@@ -57,9 +57,8 @@ def op_probes(cfg: NpuConfig) -> dict[str, str]:
     # 32), and one with a short shift: the micro core's firmware shifts the two ranges differently
     for r, c, scale in ((1, 8, "mult=16384 shift=15"), (8, 32, "mult=1518500250 shift=38"),
                         (4, 128, "mult=1518500250 shift=38"), (8, 16, "mult=16384 shift=15")):  # fmt: skip
-        p[f"vmap i32 {r}x{c}"] = (
-            f"vmap src={acc} dst={half} rows={r} cols={c} src_stride={4 * c} dst_stride={c} src_type=i32 {scale}"
-        )
+        shape = f"rows={r} cols={c} src_stride={4 * c} dst_stride={c}"
+        p[f"vmap i32 {r}x{c}"] = f"vmap src={acc} dst={half} {shape} src_type=i32 {scale}"
     p["vmap i8 8x32"] = "vmap src=0 dst=4096 rows=8 cols=32 src_stride=32 dst_stride=32 mult=16384 shift=15"
     p["vmap per-column 8x32"] = (
         f"vmap src={acc} dst={half} rows=8 cols=32 src_stride=128 dst_stride=32 src_type=i32 per_col=1 "
