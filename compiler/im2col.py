@@ -9,6 +9,11 @@ per band and channel chunk. The LOADs gather the band straight from the input (a
 pixels per output pixel and tap row; neighbouring rows overlap in DRAM where the stride is smaller
 than the kernel), so no copy is made in DRAM.
 
+On the micro core (its MATMULs run from firmware, thousands of cycles an instruction and about a
+hundred a run of an A row) stride-1 convolutions fold too: their taps are a MATMUL each otherwise,
+where the pipelined cores run them at the array's rate. `auto` folds where the cost model says it
+pays (compiler/spatial.py, `fold_pays`).
+
 It is taken where it costs no more matrix steps: one pixel's channels fit one A word (a tap was a
 whole k step before), the kernel's taps of one row are contiguous (no dilation across the width),
 one group. The input's channel padding is folded too (zero weights); a graph input read only by such
@@ -43,7 +48,7 @@ def folds(cfg: NpuConfig, kernel, strides, dilations, groups: int, cp: int, elem
         groups == 1
         and dilations[1] == 1
         and kh * kw > 1
-        and tuple(strides) != (1, 1)
+        and (tuple(strides) != (1, 1) or cfg.core == "micro")
         and cp * a_step_bytes(cfg, elem) <= cfg.lanes
     )
 
