@@ -371,33 +371,35 @@ MICRO_FEATURES: dict[Opcode, tuple[str, ...]] = {
 
 #: cycles per feature, measured on the RTL by `npu bench board --board icebreaker` (its probe
 #: programs) and fitted by `python -m npu.sim.rtl.probes` (docs/micro.md); an instruction's fetch
-#: and checks are in `base`; SYNC and the markers cost MICRO_OTHER, a run MICRO_RUN besides its
+#: and checks are in `base`; SYNC costs MICRO_OTHER, a cancellation point or fence that and
+#: MICRO_MARKER (its markers run in each of the four unit queues), a run MICRO_RUN besides its
 #: instructions (starting, END)
 MICRO_COSTS: dict[Opcode, dict[str, float]] = {
-    Opcode.LOAD: {"base": 6157.83, "rows": 323.93, "words": 32.0, "bytes": 49.6, "pad_bytes": 8.3},
-    Opcode.STORE: {"base": 5078.59, "rows": 65.81, "words": 43.0, "words_unaligned": 90.03, "bytes": 0.0},
+    Opcode.LOAD: {"base": 6015.76, "rows": 324.22, "words": 32.0, "bytes": 49.61, "pad_bytes": 8.3},
+    Opcode.STORE: {"base": 4937.51, "rows": 65.97, "words": 43.0, "words_unaligned": 90.01, "bytes": 0.0},
     Opcode.MATMUL: {
-        "base": 6280.16,
-        "blocks": 106.1,
-        "stages": 102.83,
+        "base": 6138.21,
+        "blocks": 105.09,
+        "stages": 103.47,
         "stage_words": 1.02,
         "stage_words_i16": 0.0,
         "runs": 0.0,
-        "runs_i16": 235.53,
-        "runs_narrow": 81.42,
+        "runs_i16": 235.48,
+        "runs_narrow": 81.55,
         "run_words": 1.0,
         "run_words_i16": 3.25,
-        "outputs": 24.26,
+        "outputs": 24.24,
         "zeroed": 0.0,
     },
-    Opcode.VMAP: {"base": 7277.57, "elems_i32": 220.66, "elems": 320.15, "per_col": 0.0},
-    Opcode.VLUT: {"base": 11246.9, "elems": 32.64},
-    Opcode.VMUL: {"base": 8060.63, "elems": 433.05},
-    Opcode.VADD: {"base": 7021.06, "elems": 384.99},
-    Opcode.POOL: {"base": 9655.41, "outputs": 244.83, "window": 93.1},
+    Opcode.VMAP: {"base": 7138.59, "elems_i32": 220.65, "elems": 320.15, "per_col": 0.0},
+    Opcode.VLUT: {"base": 11102.9, "elems": 32.64},
+    Opcode.VMUL: {"base": 7921.65, "elems": 433.04},
+    Opcode.VADD: {"base": 6870.98, "elems": 385.0},
+    Opcode.POOL: {"base": 9522.04, "outputs": 244.81, "window": 93.1},
 }
-MICRO_OTHER = 3_273
-MICRO_RUN = 1_590
+MICRO_OTHER = 3_136
+MICRO_MARKER = 2_347
+MICRO_RUN = 1_595
 
 
 def micro_features(i: Instr) -> dict[str, int]:
@@ -475,5 +477,5 @@ def micro_duration(i: Instr) -> int:
     """Cycles the micro core's firmware takes for `i`, its fetch and checks included."""
     costs = MICRO_COSTS.get(i.op)
     if costs is None:
-        return MICRO_OTHER
+        return MICRO_OTHER + (MICRO_MARKER if i.op in (Opcode.CANCEL_POINT, Opcode.FENCE) else 0)
     return max(1, round(sum(costs[k] * v for k, v in micro_features(i).items())))

@@ -35,7 +35,16 @@ from npu.registers import (
 )
 from npu.sim.golden.kernels import OnChip, execute
 from npu.sim.golden.narrow_dram import NarrowDram
-from npu.timing import FETCH_BURST, FETCH_REFILL, MICRO_OTHER, MICRO_RUN, dma_bursts, dma_bytes, duration
+from npu.timing import (
+    FETCH_BURST,
+    FETCH_REFILL,
+    MICRO_MARKER,
+    MICRO_OTHER,
+    MICRO_RUN,
+    dma_bursts,
+    dma_bytes,
+    duration,
+)
 
 UNITS = tuple(Unit)
 _UNIT_INDEX = tuple(range(len(UNITS)))  # the units as plain ints (faster to index and shift by)
@@ -682,7 +691,8 @@ class NpuModel:
             self._stop(Status.DONE, t, pc=pc)
             return
         if self.serial:  # the firmware's fetch, checks and queueing of the instruction
-            self.cpu_free = max(t, self.cpu_free) + MICRO_OTHER
+            marker = ins.op in (_CANCEL_POINT, _FENCE)  # and a marker's run in each unit queue
+            self.cpu_free = max(t, self.cpu_free) + MICRO_OTHER + (MICRO_MARKER if marker else 0)
         run.pc = (run.pc + 1) & 0xFFFFFFFF
         if self.narrow is not None and _fetch_slot(run.pc - run.fetch_pc0)[1] == 0:
             # a burst's slots are free: the fetcher asks for the next but one

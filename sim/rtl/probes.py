@@ -36,6 +36,9 @@ def op_probes(cfg: NpuConfig) -> dict[str, str]:
     p: dict[str, str] = {}
     for n in (1, 8):
         p[f"sync x{n}"] = "\n".join(["sync unit=load"] * n)
+    # a cancellation point's and a fence's markers run in each of the four unit queues
+    p["cancel_point x8"] = "\n".join(f"cancel_point id={i}" for i in range(8))
+    p["fence x8"] = "\n".join(["fence"] * 8)
     # (the micro core's MAC array takes four columns and at most 1,024 k positions (512 of int16 A)
     # a block: n % 4 and k > 1,024 probe its blocks, k % 4 its last word, long rows its rate)
     shapes = ((1, 1, 8), (4, 4, 16), (8, 8, 32), (2, 8, 64), (16, 2, 8), (2, 2, 512), (16, 2, 2), (8, 2, 3),
@@ -101,8 +104,12 @@ def encode(probes: dict[str, str]) -> dict[str, bytes]:
 UNREPRESENTATIVE = ("vmap per-column 8x32",)
 
 
+#: the probes of instructions without features (MICRO_OTHER, MICRO_MARKER)
+MARKERS = ("sync", "cancel_point", "fence")
+
+
 def fit_micro(cycles: dict[str, int], cfg: NpuConfig) -> dict:
-    """MICRO_RUN, MICRO_OTHER and MICRO_COSTS (npu.timing) fitted to the probes' measured
+    """MICRO_RUN, MICRO_OTHER, MICRO_MARKER and MICRO_COSTS (npu.timing) fitted to the probes' measured
     `cycles` (by label, of op_probes and dma_probes run on the micro core's RTL): per opcode, least
     squares over its probes' features (MICRO_FEATURES), each probe's cycles less the empty run's."""
     import numpy as np
@@ -112,9 +119,11 @@ def fit_micro(cycles: dict[str, int], cfg: NpuConfig) -> dict:
 
     run = cycles["empty"]
     other = round((cycles["sync x8"] - cycles["sync x1"]) / 7)
+    # a cancellation point's or fence's markers, beyond a SYNC's dispatch (the two alike)
+    marker = max(0, round(((cycles["cancel_point x8"] + cycles["fence x8"]) / 2 - cycles["sync x8"]) / 8))
     rows: dict = {}
     for label, text in {**dma_probes(cfg), **op_probes(cfg)}.items():
-        if label in UNREPRESENTATIVE or label not in cycles or label == "empty" or label.startswith("sync"):
+        if label in UNREPRESENTATIVE or label not in cycles or label.split()[0] in ("empty", *MARKERS):
             continue
         ins = decode(encode({label: text})[label][:32])
         rows.setdefault(ins.op, []).append((micro_features(ins), cycles[label] - run))
@@ -132,7 +141,7 @@ def fit_micro(cycles: dict[str, int], cfg: NpuConfig) -> dict:
                 break
             used[np.argmin(coef)] = False
         costs[op.name] = {n: round(float(c), 2) for n, c in zip(names, coef, strict=True)}
-    return {"MICRO_RUN": run, "MICRO_OTHER": other, "MICRO_COSTS": costs}
+    return {"MICRO_RUN": run, "MICRO_OTHER": other, "MICRO_MARKER": marker, "MICRO_COSTS": costs}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -103,12 +103,13 @@ def test_micro_costs_are_the_fit_of_the_firmware_on_the_rtl(tmp_path):
     from npu.config import get_config
     from npu.sim.rtl.board_bench import bench_board
     from npu.sim.rtl.probes import fit_micro
-    from npu.timing import MICRO_COSTS, MICRO_OTHER, MICRO_RUN
+    from npu.timing import MICRO_COSTS, MICRO_MARKER, MICRO_OTHER, MICRO_RUN
 
     r = bench_board("icebreaker", [], build_root=tmp_path)
     assert all(p["model_error"] is not None for p in r["probes"])
     fit = fit_micro({p["probe"]: p["cycles"] for p in r["probes"]}, get_config("icebreaker"))
     assert fit["MICRO_RUN"] == MICRO_RUN and abs(fit["MICRO_OTHER"] - MICRO_OTHER) <= 2
+    assert abs(fit["MICRO_MARKER"] - MICRO_MARKER) <= 2
     for op, costs in MICRO_COSTS.items():
         for k, v in costs.items():
             assert fit["MICRO_COSTS"][op.name][k] == pytest.approx(v, rel=0.01, abs=1.0), (op.name, k)

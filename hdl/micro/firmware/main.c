@@ -23,7 +23,8 @@ uint64_t win_hi;
 #define QMAX QUEUE_LIMIT /* hdl/micro/core.py refuses a deeper queue_depth */
 #define UNITS 4
 /* an instruction checked and decoded once, at dispatch; point: a cancel point's ordinal */
-typedef struct { instr_t ins; uint32_t pc; uint32_t point; uint32_t pad[32 - 2 - sizeof(instr_t) / 4]; } entry_t;
+/* a cancel point's or fence's marker keeps only its opcode word (and the point's id) */
+typedef struct { instr_t ins; uint32_t pc, point, id; uint32_t pad[32 - 3 - sizeof(instr_t) / 4]; } entry_t;
 /* 128 bytes: a slot's address is a shift, not a multiply (the processor's take 18 cycles) */
 _Static_assert(sizeof(entry_t) == 128, "entry_t: 128 bytes");
 /* not cleared at reset (a soft reset restarts the processor: its boot must be quick); start()
@@ -32,13 +33,15 @@ _Static_assert(sizeof(entry_t) == 128, "entry_t: 128 bytes");
    it copies nothing (a copy of the 108-byte instruction took about 570 cycles) */
 static entry_t queue[UNITS][QMAX + 1] __attribute__((section(".noinit")));
 static uint32_t q_head[UNITS], q_len[UNITS];
+static entry_t *qrow[UNITS]; /* queue[u], set once: no multiply by a row's size */
+static entry_t *qh[UNITS];   /* &queue[u][q_head[u]] */
 static uint32_t tokens[UNITS][UNITS]; /* tokens[p][c]: pushed by unit p, not yet popped by c */
 static uint32_t passed[UNITS], fence_passed[UNITS], points, target;
 /* since[u]: unit u started anything (an instruction, a SYNC, a fence's marker) since its last
    cancellation point: until it has, a pause may still stop at that point */
 static uint32_t since[UNITS];
 static uint32_t held_pc; /* the last point the load unit passed: where a pause held past it stops */
-static raw_t held_raw;
+static uint32_t held_id; /* that point's id */
 static uint32_t running, ring, base, pc, ring_size, fence_count, pause_seen;
 
 static uint32_t fetched_pc; /* the instruction fetched and checked, not yet dispatched (start() empties it) */
@@ -144,6 +147,7 @@ static void start(void) {
     pc = REG(R_RESUME_PC);
     for (int u = 0; u < UNITS; u++) {
         q_head[u] = q_len[u] = passed[u] = since[u] = 0;
+        qh[u] = qrow[u];
         fence_passed[u] = fence_count;
     }
     load_tokens();
@@ -206,16 +210,19 @@ static int fetch(instr_t *ins) {
 /* the slot past unit u's tail */
 static entry_t *tail_slot(int u) {
     uint32_t k = q_head[u] + q_len[u];
-    return &queue[u][k > queue_depth ? k - queue_depth - 1 : k];
+    return qrow[u] + (k > queue_depth ? k - queue_depth - 1 : k);
 }
 
-/* the entry in tail_slot(u) joins the queue; a cancel point's or fence's marker (`ins` elsewhere)
-   is copied there first */
-static void push(int u, const instr_t *ins, uint32_t point) {
+static entry_t *head(int u) { return qh[u]; }
+
+/* the entry in tail_slot(u) joins the queue; a cancel point's or fence's marker (`ins` elsewhere:
+   its opcode word, and the point's `id`) is written there first */
+static void push(int u, const instr_t *ins, uint32_t point, uint32_t id) {
     entry_t *e = tail_slot(u);
-    if (&e->ins != ins) e->ins.raw = ins->raw;
+    if (&e->ins != ins) e->ins.raw.w[0] = ins->raw.w[0];
     e->pc = pc;
     e->point = point;
+    e->id = id;
     q_len[u]++;
 }
 
@@ -263,12 +270,13 @@ static int dispatch(void) {
     fetched_pc = 0xffffffff;
     counter[C_INSTRET]++;
     if (u >= 0) {
-        push(u, ins, 0);
+        push(u, ins, 0, 0);
     } else if (op == OP_CANCEL_POINT) {
         points++;
-        for (int q = 0; q < UNITS; q++) push(q, ins, points);
+        uint32_t id = ubits(&ins->raw, FIELDS[FIELD_START[OP_CANCEL_POINT] + F_CANCEL_POINT_ID] & 255, 32);
+        for (int q = 0; q < UNITS; q++) push(q, ins, points, id);
     } else if (op == OP_FENCE) {
-        for (int q = 0; q < UNITS; q++) push(q, ins, 0);
+        for (int q = 0; q < UNITS; q++) push(q, ins, 0, 0);
     } else if (op == OP_END) {
         if (any_tokens()) {
             stop(ST_ERROR, E_TOKEN, pc);
@@ -288,7 +296,7 @@ static int dispatch(void) {
 static int ready(int u) {
     if (!q_len[u]) return 0;
     if (target && passed[u] >= target) return 0; /* past the target, nothing started: it holds */
-    entry_t *e = &queue[u][q_head[u]];
+    entry_t *e = head(u);
     int op = OPC(&e->ins);
     if (op == OP_CANCEL_POINT) return target != e->point; /* the target point parks the unit */
     if (op == OP_FENCE) return 1;
@@ -304,7 +312,7 @@ static int parked(void) {
     for (int u = 0; u < UNITS; u++) {
         if (passed[u] >= target) continue; /* holding past it */
         if (!q_len[u]) return 0;
-        entry_t *e = &queue[u][q_head[u]];
+        entry_t *e = head(u);
         if (OPC(&e->ins) != OP_CANCEL_POINT || e->point != target) return 0;
     }
     return 1;
@@ -312,17 +320,18 @@ static int parked(void) {
 
 /* run unit u's queue head; returns the cycles it took */
 static uint32_t run_head(int u) {
-    entry_t *e = &queue[u][q_head[u]];
+    entry_t *e = head(u);
     const instr_t *ins = &e->ins; /* not overwritten before it has run: nothing is pushed meanwhile */
     uint32_t at = e->pc, op = OPC(ins);
-    if (++q_head[u] > queue_depth) q_head[u] = 0;
+    if (++q_head[u] > queue_depth) q_head[u] = 0, qh[u] = qrow[u];
+    else qh[u]++;
     q_len[u]--;
     if (op == OP_CANCEL_POINT) {
         passed[u]++;
         since[u] = 0;
         if (u == 0) {
             held_pc = at;
-            held_raw = ins->raw;
+            held_id = e->id;
         }
         return 1;
     }
@@ -376,22 +385,25 @@ static void step(uint32_t ev) {
     if (parked()) {
         /* the point's marker at the load unit's queue head, or the one it passed and holds at */
         int held = passed[0] >= target;
-        uint32_t at = held ? held_pc : queue[0][q_head[0]].pc;
-        const raw_t *raw = held ? &held_raw : &queue[0][q_head[0]].ins.raw;
+        uint32_t at = held ? held_pc : head(0)->pc;
         /* tokens pushed before the point for instructions after it: kept for the resume */
         save_tokens();
         REG(R_RESUME_PC) = at + 1;
-        REG(R_CP_ID) = ubits(raw, FIELDS[FIELD_START[OP_CANCEL_POINT] + F_CANCEL_POINT_ID] & 255, 32);
+        REG(R_CP_ID) = held ? held_id : head(0)->id;
         stop(ST_PAUSED, 0, at);
         return;
     }
     int best = -1;
+    uint32_t best_pc = 0;
     for (int u = 0; u < UNITS; u++)
-        if (ready(u) && (best < 0 || queue[u][q_head[u]].pc < queue[best][q_head[best]].pc)) best = u;
+        if (ready(u) && (best < 0 || head(u)->pc < best_pc)) best = u, best_pc = head(u)->pc;
     if (best >= 0) {
+        uint32_t op = OPC(&head(best)->ins);
         uint32_t d = run_head(best);
         if (running && !starved()) counter[C_STALL] += d; /* the dispatcher waited meanwhile */
-        if (running) { /* the counters this step changed: the unit's busy cycles, stalls, bytes */
+        /* the counters this step changed: the unit's busy cycles, stalls, bytes (a marker's cycle
+           is written with the next instruction's, or at the stop) */
+        if (running && op != OP_CANCEL_POINT && op != OP_FENCE) {
             write_counter(C_BUSY + best);
             write_counter(C_STALL);
             write_counter(C_INSTRET);
@@ -417,6 +429,7 @@ int main(void) {
     queue_depth = CONFIG(CFG_QUEUE_DEPTH);
     token_depth = CONFIG(CFG_TOKEN_DEPTH);
     if (queue_depth > QMAX) queue_depth = QMAX;
+    for (int u = 0; u < UNITS; u++) qrow[u] = queue[u];
     for (;;) {
         uint32_t ev = MMIO(MMIO_EVENTS);
         control(ev);
