@@ -375,31 +375,31 @@ MICRO_FEATURES: dict[Opcode, tuple[str, ...]] = {
 #: MICRO_MARKER (its markers run in each of the four unit queues), a run MICRO_RUN besides its
 #: instructions (starting, END)
 MICRO_COSTS: dict[Opcode, dict[str, float]] = {
-    Opcode.LOAD: {"base": 6015.76, "rows": 324.22, "words": 32.0, "bytes": 49.61, "pad_bytes": 8.3},
-    Opcode.STORE: {"base": 4937.51, "rows": 65.97, "words": 43.0, "words_unaligned": 90.01, "bytes": 0.0},
+    Opcode.LOAD: {"base": 5812.11, "rows": 323.9, "words": 32.0, "bytes": 49.6, "pad_bytes": 8.3},
+    Opcode.STORE: {"base": 4733.27, "rows": 65.97, "words": 43.0, "words_unaligned": 89.99, "bytes": 0.0},
     Opcode.MATMUL: {
-        "base": 6138.21,
-        "blocks": 105.09,
-        "stages": 103.47,
+        "base": 5934.58,
+        "blocks": 105.63,
+        "stages": 103.29,
         "stage_words": 1.02,
         "stage_words_i16": 0.0,
         "runs": 0.0,
         "runs_i16": 235.48,
-        "runs_narrow": 81.55,
+        "runs_narrow": 81.52,
         "run_words": 1.0,
         "run_words_i16": 3.25,
         "outputs": 24.24,
         "zeroed": 0.0,
     },
-    Opcode.VMAP: {"base": 7138.59, "elems_i32": 220.65, "elems": 320.15, "per_col": 0.0},
-    Opcode.VLUT: {"base": 11102.9, "elems": 32.64},
-    Opcode.VMUL: {"base": 7921.65, "elems": 433.04},
-    Opcode.VADD: {"base": 6870.98, "elems": 385.0},
-    Opcode.POOL: {"base": 9522.04, "outputs": 244.81, "window": 93.1},
+    Opcode.VMAP: {"base": 6934.59, "elems_i32": 220.65, "elems": 320.15, "per_col": 0.0},
+    Opcode.VLUT: {"base": 10893.84, "elems": 32.64},
+    Opcode.VMUL: {"base": 7715.67, "elems": 433.04},
+    Opcode.VADD: {"base": 6670.0, "elems": 385.0},
+    Opcode.POOL: {"base": 9311.68, "outputs": 244.82, "window": 93.1},
 }
-MICRO_OTHER = 3_136
-MICRO_MARKER = 2_347
-MICRO_RUN = 1_595
+MICRO_OTHER = 2_857
+MICRO_MARKER = 2_806
+MICRO_RUN = 1_575
 
 
 def micro_features(i: Instr) -> dict[str, int]:

@@ -134,6 +134,24 @@ def empty_ring_wait(tr, seeds: list[int]) -> dict:
     return rec
 
 
+def counters_at_waiting(tr) -> dict:
+    """The counters the host reads while the ring waits are up to date after the last thing the core
+    did, even when that was a lone fence's or cancellation point's markers (which write none on the
+    micro core until another step does): INSTRET and STALL_DISPATCH at each WAITING."""
+    from npu.driver.ring import Ring
+
+    _fresh(tr)
+    ring = Ring(tr, RING_BASE, 16 * INSTR_BYTES)
+    ring.start()
+    seen = []
+    for k, ins in enumerate([make(Opcode.SYNC, unit=int(Unit.LOAD)), make(Opcode.FENCE),
+                             make(Opcode.CANCEL_POINT, id=7)]):  # fmt: skip
+        ring.append(encode(ins))
+        _settle(tr, 1 if k else 0)
+        seen.append((Status(tr.reg("STATUS")).name, tr.reg("INSTRET"), tr.reg("FENCE_COUNT")))
+    return {"seen": seen}
+
+
 def pause_every_point(tr, seeds: list[int]) -> dict:
     """Every START (and the first) carries PAUSE: the core stops at each cancellation point of the
     ring; the host resumes it; slots are reused after fences (the ring is smaller than the work)."""
@@ -207,5 +225,6 @@ def all_scenarios(tr) -> dict:
         "racing_4": racing_appends(tr, [4, 5], 4, seed=6),
         "empty_wait": empty_ring_wait(tr, [7, 8]),
         "pause_every_point": pause_every_point(tr, [21, 22]),
+        "counters_at_waiting": counters_at_waiting(tr),
         "errors": ring_errors(tr),
     }

@@ -15,6 +15,8 @@ def test_ring_scenarios_on_the_model():
     p = r["pause_every_point"]
     assert len(p["pauses"]) == p["points"] >= 2
     assert all(resume == head for _, resume, head in p["pauses"])
+    # each WAITING's counters: one instruction dispatched more each time, the fence counted
+    assert r["counters_at_waiting"]["seen"] == [("WAITING", 1, 0), ("WAITING", 2, 1), ("WAITING", 3, 1)]
     illegal, field, size = r["errors"]
     assert (illegal["status"], illegal["error_code"], illegal["error_pc"]) == ("ERROR", 1, 101)
     assert (field["status"], field["error_code"], field["error_pc"]) == ("ERROR", 2, 1)

@@ -184,8 +184,12 @@ static void control(uint32_t ev) {
     }
 }
 
-/* fetch the instruction at pc: 0, or the error code (DRAM_RANGE, PROTECTION, BUS) */
-static int fetch(instr_t *ins) {
+static instr_t *decode_slot(uint32_t w0, instr_t *own);
+
+/* fetch the instruction at pc into `*out`: its unit's free queue slot (decode_slot, by the first
+   word), else `own`; 0, or the error code (DRAM_RANGE, PROTECTION, BUS) */
+static int fetch(instr_t *own, instr_t **out) {
+    *out = own;
     uint64_t addr;
     int bad;
     if (ring) {
@@ -202,7 +206,11 @@ static int fetch(instr_t *ins) {
         return E_PROTECTION;
     }
     MMIO(MMIO_EVENTS) = ACT_CLEAR_FAULT;
-    for (int k = 0; k < 8; k++) ins->raw.w[k] = *(volatile uint32_t *)(DRAM_BASE + (uint32_t)addr + 4 * k);
+    volatile uint32_t *src = (volatile uint32_t *)(DRAM_BASE + (uint32_t)addr);
+    uint32_t w0 = src[0];
+    instr_t *ins = *out = decode_slot(w0, own); /* a faulting fetch's words only reach a free slot */
+    ins->raw.w[0] = w0;
+    for (int k = 1; k < 8; k++) ins->raw.w[k] = src[k];
     if (MMIO(MMIO_EVENTS) & EV_BUS_FAULT) return E_BUS;
     return 0;
 }
@@ -226,13 +234,17 @@ static void push(int u, const instr_t *ins, uint32_t point, uint32_t id) {
     q_len[u]++;
 }
 
-/* where the instruction `raw` will be decoded: its unit's free slot, or `own` (a control
-   instruction, or one the checks will refuse) */
-static instr_t *decode_slot(const raw_t *raw, instr_t *own) {
-    uint32_t op = raw->w[0] & 15;
+/* where the instruction of first word `w0` will be decoded: its unit's free slot, or `own` (a
+   control instruction, or one the checks will refuse) */
+static instr_t *decode_slot(uint32_t w0, instr_t *own) {
+    uint32_t op = w0 & 15;
     if (!FORMAT_END[op]) return own;
-    /* a SYNC's unit: its field's low two bits (a wider value is refused by the checks) */
-    int u = op == OP_SYNC ? (int)ubits(raw, FIELDS[FIELD_START[OP_SYNC] + F_SYNC_UNIT] & 255, 2) : FORMAT_UNIT[op];
+    int u = FORMAT_UNIT[op];
+    if (op == OP_SYNC) { /* its unit: the field's low two bits (a wider value is refused by the checks) */
+        unsigned pos = FIELDS[FIELD_START[OP_SYNC] + F_SYNC_UNIT] & 255;
+        if (pos >= 32) return own; /* not in the first word (not so in this ISA) */
+        u = (int)(w0 >> pos & 3);
+    }
     return u >= 0 ? &tail_slot(u)->ins : own;
 }
 
@@ -242,14 +254,8 @@ static int dispatch(void) {
     static uint32_t fetch_err;
     if (starved()) return 0;
     if (fetched_pc != pc) {
-        cur = &own;
-        fetch_err = fetch(&own);
-        if (!fetch_err) {
-            cur = decode_slot(&own.raw, &own);
-            if (cur != &own) /* word by word: a struct copy is a call of memcpy */
-                for (int k = 0; k < 8; k++) ((volatile uint32_t *)cur->raw.w)[k] = own.raw.w[k];
-            fetch_err = check(cur);
-        }
+        fetch_err = fetch(&own, &cur);
+        if (!fetch_err) fetch_err = check(cur);
         fetched_pc = pc;
     }
     instr_t *ins = cur;
@@ -343,6 +349,8 @@ static uint32_t run_head(int u) {
         if (least > fence_count) {
             fence_count++;
             REG(R_FENCE_COUNT) = fence_count;
+            write_counter(C_INSTRET); /* as the host may read them at the interrupt */
+            write_counter(C_STALL);
             MMIO(MMIO_EVENTS) = ACT_RAISE_IRQ;
         }
         return 1;
@@ -401,9 +409,9 @@ static void step(uint32_t ev) {
         uint32_t op = OPC(&head(best)->ins);
         uint32_t d = run_head(best);
         if (running && !starved()) counter[C_STALL] += d; /* the dispatcher waited meanwhile */
-        /* the counters this step changed: the unit's busy cycles, stalls, bytes (a marker's cycle
-           is written with the next instruction's, or at the stop) */
-        if (running && op != OP_CANCEL_POINT && op != OP_FENCE) {
+        /* the counters this step changed: the unit's busy cycles, stalls, bytes (a cancellation
+           point's marker's are written by the next step that writes them, at WAITING or at the stop) */
+        if (running && op != OP_CANCEL_POINT) {
             write_counter(C_BUSY + best);
             write_counter(C_STALL);
             write_counter(C_INSTRET);
@@ -413,6 +421,8 @@ static void step(uint32_t ev) {
         return;
     }
     if (starved() && queues_empty()) {
+        write_counter(C_INSTRET); /* markers run since the last instruction wrote none */
+        write_counter(C_STALL);
         MMIO(MMIO_WAIT_TAIL) = tail_seen; /* STATUS reads WAITING until the host rings again */
         REG(R_STATUS) = ST_WAITING;       /* the host appends to the ring (or the timeout comes) */
         return;
