@@ -362,7 +362,7 @@ MICRO_FEATURES: dict[Opcode, tuple[str, ...]] = {
         "outputs",
         "zeroed",
     ),
-    Opcode.VMAP: ("base", "elems_i32", "elems", "per_col"),
+    Opcode.VMAP: ("base", "rows_i32", "elems_i32", "elems", "per_col"),
     Opcode.VLUT: ("base", "elems"),
     Opcode.VMUL: ("base", "elems"),
     Opcode.VADD: ("base", "elems"),
@@ -391,7 +391,7 @@ MICRO_COSTS: dict[Opcode, dict[str, float]] = {
         "outputs": 24.24,
         "zeroed": 0.0,
     },
-    Opcode.VMAP: {"base": 6934.59, "elems_i32": 220.65, "elems": 320.15, "per_col": 0.0},
+    Opcode.VMAP: {"base": 6722.61, "rows_i32": 290.44, "elems_i32": 160.29, "elems": 308.58, "per_col": 0.0},
     Opcode.VLUT: {"base": 10893.84, "elems": 32.64},
     Opcode.VMUL: {"base": 7715.67, "elems": 433.04},
     Opcode.VADD: {"base": 6670.0, "elems": 385.0},
@@ -429,6 +429,7 @@ def micro_features(i: Instr) -> dict[str, int]:
         i32 = f["src_type"] == 1
         return {
             "base": 1,
+            "rows_i32": f["rows"] if i32 and not f["per_col"] else 0,  # a call of the row loop each
             "elems_i32": n if i32 else 0,
             "elems": 0 if i32 else n,
             "per_col": f["cols"] * f["per_col"],
