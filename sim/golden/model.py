@@ -38,12 +38,12 @@ from npu.sim.golden.narrow_dram import NarrowDram
 from npu.timing import (
     FETCH_BURST,
     FETCH_REFILL,
-    MICRO_MARKER,
     MICRO_OTHER,
     MICRO_RUN,
     dma_bursts,
     dma_bytes,
     duration,
+    micro_duration,
 )
 
 UNITS = tuple(Unit)
@@ -690,9 +690,9 @@ class NpuModel:
             self.resume_tokens = [0, 0, 0]
             self._stop(Status.DONE, t, pc=pc)
             return
-        if self.serial:  # the firmware's fetch, checks and queueing of the instruction
-            marker = ins.op in (_CANCEL_POINT, _FENCE)  # and a marker's run in each unit queue
-            self.cpu_free = max(t, self.cpu_free) + MICRO_OTHER + (MICRO_MARKER if marker else 0)
+        if self.serial:  # the firmware's fetch, checks and queueing of the instruction (a control
+            # instruction's whole cost: a cancellation point's or fence's markers run in each queue)
+            self.cpu_free = max(t, self.cpu_free) + (MICRO_OTHER if u is not None else micro_duration(ins))
         run.pc = (run.pc + 1) & 0xFFFFFFFF
         if self.narrow is not None and _fetch_slot(run.pc - run.fetch_pc0)[1] == 0:
             # a burst's slots are free: the fetcher asks for the next but one

@@ -27,6 +27,7 @@ from npu.config import get_config
 from npu.isa import encode_program, make
 from npu.registers import COUNTERS, REG, RESUME_TOKEN_REGS, Control, Status, engine_window
 from npu.sim.rtl.cycles import Cycles
+from npu.sim.rtl.hdlsim import PROFILE_ENV
 
 
 class FastDram:
@@ -252,7 +253,7 @@ async def run_jobs(dut):
         pause_at = sorted(job.get("pause_at", []))
         run_wall = 0.0
         pcs: dict[int, int] = {}
-        profiler = cocotb.start_soon(sample_pc(dut, pcs)) if os.environ.get("NPU_FW_PROFILE") else None
+        profiler = cocotb.start_soon(sample_pc(dut, pcs)) if os.environ.get(PROFILE_ENV) else None
         while True:
             t_run = time.perf_counter()
             await bench.run_program(job["base"], pc, pause=pause_mode == "every")
