@@ -266,6 +266,16 @@ def dram_cycles(cfg: NpuConfig, beats: int, bursts: int, write: bool = False) ->
     return beats * (cfg.bus_bytes // cfg.dram_word_bytes) + bursts * per_burst
 
 
+def dram_floor_cycles(cfg: NpuConfig, read_bytes: int, write_bytes: int) -> int:
+    """The fewest cycles in which the DRAM can move `read_bytes` and `write_bytes` (instruction
+    fetch counts as reads): a shared narrow DRAM moves `dram_word_bytes` a cycle in either direction;
+    a wide one a bus word a cycle on each of its read and write channels. Bursts and latency only
+    add to it, so it is a lower bound on any program moving those bytes (the roofline's memory side)."""
+    if cfg.dram_word_bytes:
+        return cdiv(read_bytes + write_bytes, cfg.dram_word_bytes)
+    return max(cdiv(read_bytes, cfg.bus_bytes), cdiv(write_bytes, cfg.bus_bytes))
+
+
 def duration(i: Instr, cfg: NpuConfig) -> int:
     """Cycles a unit is busy with one instruction (>= 1)."""
     return per_config(i, "_durations", cfg, _duration)  # asked many times by the compiler

@@ -34,10 +34,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--backend rtl adds two pairs on the RTL core); service: host time and memory per job over many "
         "jobs of one model (a long-running device stays flat); board: per-inference cycles of the tinyML "
         "models on a board's simulated top (--board; the bitstream's RTL, its DRAM model, the UART), the "
-        "golden model's beside them, latency at the last build's Fmax, probe programs of single instructions",
+        "golden model's beside them, latency at the last build's Fmax, probe programs of single "
+        "instructions; roofline: per model (default: the tinyML set) the compute and DRAM floors of an "
+        "inference on --config and the MAC utilisation each allows, beside the golden model's",
     )
     p.add_argument(
-        "--models", nargs="+", help="order, banks, compile, models: models (default: a representative set)"
+        "--models",
+        nargs="+",
+        help="order, banks, compile, models, roofline, board: models (default: a representative set)",
     )
     p.add_argument(
         "--activations",
@@ -230,6 +234,14 @@ def _models(cfg: NpuConfig, args: argparse.Namespace):
     return bench_models(cfg, args.models, args.inputs), format_models
 
 
+def _roofline(cfg: NpuConfig, args: argparse.Namespace):
+    if args.backend != "model":
+        raise CliError("bench roofline measures on the golden model; --backend rtl is not supported")
+    from npu.compiler.roofline import bench_roofline, format_roofline
+
+    return bench_roofline(cfg, args.models), format_roofline
+
+
 def _board(cfg: NpuConfig, args: argparse.Namespace):
     if args.backend != "model":
         raise CliError("bench board runs on the board's simulated top: --backend does not apply")
@@ -273,6 +285,7 @@ BENCHES: dict[str, Bench] = {
     "layerwise": _layerwise,
     "service": _service,
     "board": _board,
+    "roofline": _roofline,
 }
 
 

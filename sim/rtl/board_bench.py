@@ -79,6 +79,7 @@ def bench_board(
     say: Callable[[str], None] = lambda s: print(f"bench board: {s}", file=sys.stderr, flush=True),
 ) -> dict:
     from npu.compiler.errors import CompileError
+    from npu.compiler.roofline import roofline, traffic
     from npu.driver.runtime import Npu
     from npu.hdl.boards.boards import BOARDS
     from npu.hdl.boards.build import board_macs_per_cycle
@@ -114,6 +115,7 @@ def bench_board(
                 continue
             job = golden.load(path, name).submit(x, int8=True)
             ref = job.result()
+            bound = roofline(cfg, cm.placement.macs_npu, traffic(cm, job.counters), macs)
             rows.append(
                 {
                     "name": name,
@@ -121,6 +123,8 @@ def bench_board(
                     "model_cycles": int(job.counters["CYCLES"]),
                     "_busy": _busy(job.counters),
                     "quantisation": cm.quantisation,
+                    # the most of the MACs the board's DRAM lets any program use (npu bench roofline)
+                    "utilization_bound": bound["utilization_bound"],
                     "_ref": ref,
                 }
             )

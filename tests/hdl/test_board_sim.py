@@ -70,6 +70,8 @@ def test_bench_board_cycles_match_the_golden_model(name, models, config, tmp_pat
     for m in r["models"]:
         assert m["bit_exact"], m
         assert m["cycles"] > 0 and abs(m["model_error"]) <= 0.10, m
+        # the board moves at least this run's bytes through its DRAM: no faster than that floor
+        assert m["utilization"] <= m["utilization_bound"]["run"] <= m["utilization_bound"]["weights_io"], m
         # each unit's busy cycles on the board beside the model's (the micro core runs them in turn)
         assert set(m["units"]) >= {"load", "matrix", "vector", "store"}, m
         assert m["units"]["matrix"]["cycles"] > 0 and m["units"]["matrix"]["model_cycles"] > 0, m
