@@ -54,14 +54,16 @@ def spad_clients(cfg: NpuConfig) -> list[Client]:
     word a step: on port A, or where a region's banks are fewer than the clusters' A words
     (`a16_second_port`) on port B, so that two clusters need two banks a region, not four."""
     WL = cfg.bus_bytes // cfg.lanes
-    ah = cfg.clusters if cfg.a16_full_rate else 0
+    staged = bool(cfg.a_stage_bytes)  # the matrix unit stages A rows through two reads
+    ah = cfg.clusters if cfg.a16_full_rate and not staged else 0
     on_a, on_b = (0, ah) if cfg.a16_second_port else (ah, 0)
     return [
         *[Client(f"vec_{x}{k}", "A", False) for x in "ab" for k in range(2)],
         # banked: the store's reads while the DRAM waits on its write beats come before the matrix
         # unit's, whose operand reads can take every bank for a whole MATMUL (`split_urgent`)
         *([Client("store_urgent", "A", False, lanes=WL)] if cfg.spad_banked else []),
-        *[Client(f"mat_a{i}", "A", False) for i in range(cfg.clusters)],
+        *[Client(f"mat_a{i}", "A", False) for i in range(0 if staged else cfg.clusters)],
+        *[Client(f"mat_f{i}", "A", False) for i in range(2 if staged else 0)],
         *[Client(f"mat_ah{i}", "A", False) for i in range(on_a)],
         *[Client(f"mat_b{j}", "A", False) for j in range(cfg.pes_per_cluster)],
         Client("store", "A", False, lanes=WL),
@@ -142,6 +144,8 @@ class NpuCore(wiring.Component):
         def sp(name):
             return getattr(spad, name)
 
+        staged = bool(cfg.a_stage_bytes)
+
         def ac(name):
             return getattr(acc, name)
 
@@ -149,11 +153,12 @@ class NpuCore(wiring.Component):
         m.submodules.load = load = LoadUnit(cfg, sp("load"), ac("load"))
         m.submodules.matrix = matrix = MatrixUnit(
             cfg,
-            [sp(f"mat_a{i}") for i in range(CM)],
+            [sp(f"mat_a{i}") for i in range(0 if staged else CM)],
             [sp(f"mat_b{j}") for j in range(CN)],
             [ac(f"mat_c{i}") for i in range(CM)],
             [ac(f"mat_w{i}") for i in range(CM)],
-            [sp(f"mat_ah{i}") for i in range(CM if cfg.a16_full_rate else 0)],
+            [sp(f"mat_ah{i}") for i in range(CM if cfg.a16_full_rate and not staged else 0)],
+            [sp(f"mat_f{i}") for i in range(2 if staged else 0)],
         )
         m.submodules.vector = vector = VectorUnit(
             cfg,

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from amaranth import Cat, Module, Mux, Signal, signed
+from amaranth import Cat, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In
 
 from npu.config import ACC_BASE, NpuConfig
@@ -38,14 +39,19 @@ from .spad import gather
 
 
 class MatrixUnit(wiring.Component):
-    def __init__(self, cfg: NpuConfig, a_ports, b_ports, c_rports, c_wports, a_hi_ports=()):
+    def __init__(self, cfg: NpuConfig, a_ports, b_ports, c_rports, c_wports, a_hi_ports=(), fill_ports=()):
         """a_ports, b_ports: scratchpad clients (hdl/spad.py) of one lane word each; c_rports,
         c_wports: accumulator read and write clients of one word, one per cluster; a_hi_ports (with
-        `a16_full_rate`): each cluster's second A word of an int16 step."""
+        `a16_full_rate`): each cluster's second A word of an int16 step; fill_ports (with
+        `a_stage_bytes`, in place of a_ports and a_hi_ports): the two reads that stage A rows."""
         self.cfg = cfg
-        self.a_ports, self.b_ports = a_ports, b_ports
+        self.a_ports, self.b_ports = list(a_ports), b_ports
         self.a_hi_ports = list(a_hi_ports)
-        assert len(self.a_hi_ports) == (cfg.clusters if cfg.a16_full_rate else 0)
+        self.fill_ports = list(fill_ports)
+        staged = bool(cfg.a_stage_bytes)
+        assert len(self.fill_ports) == (2 if staged else 0)
+        assert len(self.a_ports) == (0 if staged else cfg.clusters)
+        assert len(self.a_hi_ports) == (cfg.clusters if cfg.a16_full_rate and not staged else 0)
         self.c_rports, self.c_wports = c_rports, c_wports
         super().__init__({"exec": In(exec_signature())})
 
@@ -54,6 +60,8 @@ class MatrixUnit(wiring.Component):
         u = SimpleNamespace()  # what the parts below share: their signals and views
         self._decode(m, u)
         self._loop_state(m, u)
+        if self.cfg.a_stage_bytes:
+            self._stage(m, u)
         self._requests(m, u)
         self._multiply(m, u)
         self._write_back(m, u)
@@ -106,6 +114,105 @@ class MatrixUnit(wiring.Component):
         u.last_nb, u.empty, u.a_row, u.b_row, u.c_row, u.a_addr = last_nb, empty, a_row, b_row, c_row, a_addr
         u.b_addr, u.c_addr = b_addr, c_addr
 
+    def _stage(self, m: Module, u: SimpleNamespace) -> None:
+        """A rows staged in the unit (`a_stage_bytes`): each cluster's buffer holds its A row's words
+        of the current chunk as pairs of lane words, filled through the two `fill_ports` (a pair a
+        cycle, row after row) before an m tile's steps, which then read every cluster's A words from
+        its buffer at one address (no scratchpad read, granted at once). A row longer than a buffer
+        runs in chunks: every n tile of the m tile over the chunk's k steps, then the next chunk,
+        whose C rows add to the previous chunk's (as an accumulating MATMUL's do; mod 2**32, so the
+        result is the same)."""
+        cfg = self.cfg
+        L, CM, ll = cfg.lanes, cfg.clusters, log2(cfg.lanes)
+        D = cfg.a_stage_bytes // (2 * L)  # pairs a buffer holds
+        f = u.f
+        pairstep = Signal()  # a step takes a whole pair (int16 A at the int8 rate), else a half
+        m.d.comb += pairstep.eq(f.a_i16 if cfg.a16_full_rate else 0)
+        kl = Signal(16)  # the step's k step within its chunk
+        kbase = Signal(16)  # the chunk's first k step
+        k_all = Signal(16)  # the tile's k steps - 1 (over every chunk)
+        chunk_last = Signal()
+        acc_now = Signal()  # the chunk's C rows add to the old ones
+        bkoff = Signal(40)  # the chunk's first byte in a B^T row
+        ports = []
+        writes = []
+        for i in range(CM):
+            mem = Memory(shape=unsigned(16 * L), depth=D, init=[])
+            m.submodules[f"stage{i}"] = mem
+            rp, wp = mem.read_port(domain="sync"), mem.write_port()
+            port = SimpleNamespace(
+                addr=Signal(range(D), name=f"stage_addr{i}"),
+                en=Signal(name=f"stage_en{i}"),
+                grant=Signal(name=f"stage_grant{i}"),
+                data=rp.data,
+            )
+            m.d.comb += [rp.addr.eq(port.addr), port.grant.eq(port.en)]
+            ports.append(port)
+            writes.append(wp)
+        # the fill: `fload` starts one (the tile's rows and the chunk are set), `filling` asks for a
+        # pair a cycle, `fwr` writes the pair granted the cycle before
+        fload, filling, fwr = Signal(), Signal(), Signal()
+        fr, fw_row = Signal(range(CM)), Signal(range(CM))
+        fp, fp_last = Signal(16), Signal(16)
+        fw_pair = Signal(range(D))
+        faddr = Signal(40)
+        aoff = Signal(40)  # the chunk's first byte in an A row
+        m.d.comb += aoff.eq(Mux(pairstep, kbase << (ll + 1), kbase << ll))
+        f0, f1 = self.fill_ports
+        m.d.comb += [f0.addr.eq(faddr[ll:]), f1.addr.eq(faddr[ll:] + 1)]
+        f_done, f_words = gather(m, [f0, f1], [filling, filling], filling, name="fill")
+        m.d.sync += fwr.eq(f_done)
+        with m.If(f_done):
+            m.d.sync += [fw_row.eq(fr), fw_pair.eq(fp)]
+        for i, wp in enumerate(writes):
+            m.d.comb += [wp.addr.eq(fw_pair), wp.data.eq(Cat(*f_words)), wp.en.eq(fwr & (fw_row == i))]
+        row_next = Signal(range(CM + 1))
+        m.d.comb += row_next.eq(fr + 1)
+        more_rows = Signal()  # row fr + 1 of the tile exists
+        m.d.comb += more_rows.eq((row_next < CM) & (u.row_ok >> row_next)[0])
+        with m.If(f_done):
+            with m.If(fp != fp_last):
+                m.d.sync += [fp.eq(fp + 1), faddr.eq(faddr + 2 * L)]
+            with m.Elif(more_rows):
+                with m.Switch(row_next):
+                    for i in range(1, CM):
+                        with m.Case(i):
+                            m.d.sync += faddr.eq(u.a_row[i] + aoff)
+                m.d.sync += [fr.eq(row_next), fp.eq(0)]
+            with m.Else():
+                m.d.sync += filling.eq(0)
+        # a fill's start: the chunk's steps, pairs and offsets from kbase
+        left = Signal(16)  # k steps from the chunk's first to the tile's end
+        m.d.comb += left.eq(k_all + 1 - kbase)
+        kc = Signal(16)  # k steps a chunk holds
+        m.d.comb += kc.eq(Mux(pairstep, D, 2 * D))
+        steps = Signal(16)
+        m.d.comb += steps.eq(Mux(left > kc, kc, left))
+        with m.If(fload):
+            m.d.sync += [
+                fload.eq(0),
+                filling.eq(1),
+                fr.eq(0),
+                fp.eq(0),
+                fp_last.eq(Mux(pairstep, steps - 1, (steps - 1) >> 1)),
+                faddr.eq(u.a_row[0] + aoff),
+                u.k_last.eq(steps - 1),
+                u.k_left.eq(steps - 1),
+                u.last_k.eq(steps == 1),
+                chunk_last.eq(left <= kc),
+                acc_now.eq(f.accumulate | (kbase != 0)),
+                kl.eq(0),
+                u.kb.eq(kbase),
+                bkoff.eq(Mux(f.a_i16 & ~pairstep, kbase << (ll - 1), kbase << ll)),
+            ]
+            for j, b in enumerate(u.b_addr):
+                m.d.sync += b.eq(u.b_row[j] + Mux(f.a_i16 & ~pairstep, kbase << (ll - 1), kbase << ll))
+        u.stage = SimpleNamespace(
+            ports=ports, pairstep=pairstep, kl=kl, kbase=kbase, k_all=k_all, chunk_last=chunk_last,
+            acc_now=acc_now, bkoff=bkoff, fload=fload, kc=kc,
+            busy=fload | filling | fwr,
+        )
+
     def _requests(self, m: Module, u: SimpleNamespace) -> None:
         """Stage 0's operand requests and the stages' hand-over conditions."""
         cfg = self.cfg
@@ -123,22 +230,30 @@ class MatrixUnit(wiring.Component):
         v1 = Signal()  # stage 1 holds a step (its products)
         s1_done = Signal()  # ... and finishes with it this cycle
         issuing = Signal()  # stage 0 has steps left to issue
-        ports = list(self.a_ports) + list(self.b_ports) + list(self.c_rports) + self.a_hi_ports
+        st = getattr(u, "stage", None)  # A staged in the unit (`_stage`)
+        a_ports = st.ports if st else self.a_ports
+        ports = list(a_ports) + list(self.b_ports) + list(self.c_rports) + self.a_hi_ports
+        issue = issuing
+        if st:  # no step while a fill stages the tile's A rows
+            issue = Signal()
+            m.d.comb += issue.eq(issuing & ~st.busy)
+        acc = st.acc_now if st else f.accumulate  # the C rows at the last k step add to the old
         need = []
         for r, port in enumerate(ports):
             nd = Signal(name=f"op_need{r}")
             if r < CM:
-                m.d.comb += [port.addr.eq(a_addr[r][ll:]), nd.eq(issuing & ~empty & row_ok[r])]
+                addr = (Mux(st.pairstep, st.kl, st.kl >> 1) if st else a_addr[r][ll:])
+                m.d.comb += [port.addr.eq(addr), nd.eq(issue & ~empty & row_ok[r])]
             elif r < CM + CN:
                 j = r - CM
-                m.d.comb += [port.addr.eq(b_addr[j][ll:]), nd.eq(issuing & ~empty & col_ok[j])]
+                m.d.comb += [port.addr.eq(b_addr[j][ll:]), nd.eq(issue & ~empty & col_ok[j])]
             elif r < 2 * CM + CN:
                 i = r - CM - CN
                 m.d.comb += port.addr.eq(c_addr[i][lw:])
-                m.d.comb += nd.eq(issuing & ~empty & last_k & f.accumulate & row_ok[i])
+                m.d.comb += nd.eq(issue & ~empty & last_k & acc & row_ok[i])
             else:  # int16 A at the int8 rate: the step's second A word
                 i = r - 2 * CM - CN
-                m.d.comb += [port.addr.eq(a_addr[i][ll:] + 1), nd.eq(issuing & ~empty & row_ok[i] & f.a_i16)]
+                m.d.comb += [port.addr.eq(a_addr[i][ll:] + 1), nd.eq(issue & ~empty & row_ok[i] & f.a_i16)]
             need.append(nd)
         s1_free = Signal()  # stage 1 can take a step
         m.d.comb += s1_free.eq(~v1 | s1_done)
@@ -150,9 +265,16 @@ class MatrixUnit(wiring.Component):
         m.d.comb += take.eq(vg & r_free)
         g_free = Signal()  # gather's registers may be refilled
         m.d.comb += g_free.eq(~vg | r_free)
-        step_done, vals = gather(m, ports, need, issuing & ~empty, g_free)
+        step_done, vals = gather(m, ports, need, issue & ~empty, g_free)
         a_vals, b_vals, c_vals = vals[:CM], vals[CM : CM + CN], vals[CM + CN : 2 * CM + CN]
         u.a_hi_vals = vals[2 * CM + CN :]
+        if st:  # a staged pair: both words of an int16 step at the int8 rate, else the step's half
+            L8 = 8 * cfg.lanes
+            half = Signal()
+            with m.If(step_done):
+                m.d.sync += half.eq(st.kl[0])
+            u.a_hi_vals = [p[L8:] for p in a_vals]
+            a_vals = [Mux(st.pairstep, p[:L8], Mux(half, p[L8:], p[:L8])) for p in a_vals]
         u.vg, u.vr, u.v1, u.s1_done, u.issuing, u.s1_free = vg, vr, v1, s1_done, issuing, s1_free
         u.take, u.xfer, u.r_free, u.step_done, u.a_vals = take, xfer, r_free, step_done, a_vals
         u.b_vals, u.c_vals = b_vals, c_vals
@@ -214,8 +336,17 @@ class MatrixUnit(wiring.Component):
         old_c = [follow(m, v, [take, xfer], f"old_c{i}") for i, v in enumerate(c_vals)]
         # the step's flags at stage 1: its first k step, its last k step, the instruction's last step
         last_step = Signal()
-        m.d.comb += last_step.eq(last_k & last_nb & last_mb)
-        kb0_1, last_k1, last1 = follow(m, Cat(kb == 0, last_k, last_step), [step_done, take, xfer], "flags")
+        st = getattr(u, "stage", None)
+        m.d.comb += last_step.eq(last_k & last_nb & last_mb & (st.chunk_last if st else 1))
+        if st:  # a chunk's first step starts the sum; its C rows add to the old ones when `acc_now`
+            first = st.kl == 0
+            kb0_1, last_k1, last1, u.acc1 = follow(
+                m, Cat(first, last_k, last_step, st.acc_now), [step_done, take, xfer], "flags"
+            )
+        else:
+            flags = Cat(kb == 0, last_k, last_step)
+            kb0_1, last_k1, last1 = follow(m, flags, [step_done, take, xfer], "flags")
+            u.acc1 = f.accumulate
         # stage P: the products, registered as stage 1 takes the step. Stage 1 adds them as a
         # balanced tree beside the accumulator's (and the old C row's) sum, so the products pass
         # through log2(lanes) + 1 adders to either register (Fmax).
@@ -248,7 +379,7 @@ class MatrixUnit(wiring.Component):
         """Stage 1's C row writes at the last k step, and when stage 1 is done with a step."""
         cfg = self.cfg
         CM, CN, lw = cfg.clusters, cfg.pes_per_cluster, log2(cfg.bus_bytes)
-        f, row_ok, col_ok, c_addr, v1, s1_done = u.f, u.row_ok, u.col_ok, u.c_addr, u.v1, u.s1_done
+        row_ok, col_ok, c_addr, v1, s1_done = u.row_ok, u.col_ok, u.c_addr, u.v1, u.s1_done
         take, xfer, step_done, old_c, last_k1 = u.take, u.xfer, u.step_done, u.old_c, u.last_k1
         bases, dots = u.bases, u.dots
         # write back C rows at the last k step (stage 1)
@@ -265,7 +396,7 @@ class MatrixUnit(wiring.Component):
             for j in range(CN):
                 old = old_c[i][32 * j : 32 * j + 32].as_signed()
                 # the old row plus the accumulator, added beside the products' tree (mod 2**32)
-                new.append(((Mux(f.accumulate, old, 0) + bases[i][j])[:32] + dots[i][j])[:32])
+                new.append(((Mux(u.acc1, old, 0) + bases[i][j])[:32] + dots[i][j])[:32])
             wn = Signal(name=f"c_wneed{i}")
             m.d.comb += wn.eq(v1 & last_k1 & w_row_ok)
             w_need.append(wn)
@@ -308,6 +439,7 @@ class MatrixUnit(wiring.Component):
         last_mb, last_nb, empty, a_row, b_row = u.last_mb, u.last_nb, u.empty, u.a_row, u.b_row
         c_row, a_addr, b_addr, c_addr, issuing = u.c_row, u.a_addr, u.b_addr, u.c_addr, u.issuing
         step_done, finished = u.step_done, u.finished
+        st = getattr(u, "stage", None)
         # stage 0's loop: k steps, n tiles, m tiles (each compare is against a constant)
         a_mstep, c_mstep = f.a_stride * CM, f.c_stride * CM
         b_nstep = f.b_stride * CN
@@ -319,27 +451,45 @@ class MatrixUnit(wiring.Component):
                     a_next, b_next = L, Mux(f.a_i16 & ~kb[0], 0, L)
                 m.d.sync += [kb.eq(kb + 1), k_left.eq(k_left - 1), last_k.eq(k_left == 1)]
                 m.d.sync += [a.eq(a + a_next) for a in a_addr] + [b.eq(b + b_next) for b in b_addr]
+                if st:
+                    m.d.sync += st.kl.eq(st.kl + 1)
             with m.Else():
-                m.d.sync += [kb.eq(0), k_left.eq(k_last), last_k.eq(k_last == 0)]
+                m.d.sync += [kb.eq(st.kbase if st else 0), k_left.eq(k_last), last_k.eq(k_last == 0)]
+                if st:
+                    m.d.sync += st.kl.eq(0)
                 with m.If(last_nb):
                     m.d.sync += [
                         n_rem.eq(f.n),
                         col_ok.eq(Cat(*[f.n > j for j in range(CN)])),
                         last_nb.eq(f.n <= CN),
-                        m_rem.eq(m_rem - CM),
-                        row_ok.eq(Cat(*[m_rem > CM + i for i in range(CM)])),
-                        last_mb.eq(m_rem <= 2 * CM),
                     ]
                     for j in range(CN):
                         first = f.b + times(j, f.b_stride)
                         m.d.sync += [b_row[j].eq(first), b_addr[j].eq(first)]
-                    for i in range(CM):
+
+                    def next_m_tile():
                         m.d.sync += [
-                            a_row[i].eq(a_row[i] + a_mstep),
-                            a_addr[i].eq(a_row[i] + a_mstep),
-                            c_row[i].eq(c_row[i] + c_mstep),
-                            c_addr[i].eq(c_row[i] + c_mstep),
+                            m_rem.eq(m_rem - CM),
+                            row_ok.eq(Cat(*[m_rem > CM + i for i in range(CM)])),
+                            last_mb.eq(m_rem <= 2 * CM),
                         ]
+                        for i in range(CM):
+                            m.d.sync += [
+                                a_row[i].eq(a_row[i] + a_mstep),
+                                a_addr[i].eq(a_row[i] + a_mstep),
+                                c_row[i].eq(c_row[i] + c_mstep),
+                                c_addr[i].eq(c_row[i] + c_mstep),
+                            ]
+
+                    if st:  # the tile's next chunk (same rows), else the next m tile, staged first
+                        with m.If(~st.chunk_last):
+                            m.d.sync += [st.kbase.eq(st.kbase + st.kc), st.fload.eq(1)]
+                            m.d.sync += [c.eq(r) for c, r in zip(c_addr, c_row, strict=True)]
+                        with m.Else():
+                            next_m_tile()
+                            m.d.sync += [st.kbase.eq(0), st.fload.eq(~last_mb)]
+                    else:
+                        next_m_tile()
                 with m.Else():
                     m.d.sync += [
                         n_rem.eq(n_rem - CN),
@@ -348,8 +498,9 @@ class MatrixUnit(wiring.Component):
                     ]
                     m.d.sync += [a.eq(r) for a, r in zip(a_addr, a_row, strict=True)]
                     m.d.sync += [c.eq(c + W) for c in c_addr]
+                    koff = st.bkoff if st else 0
                     for j in range(CN):
-                        m.d.sync += [b_row[j].eq(b_row[j] + b_nstep), b_addr[j].eq(b_row[j] + b_nstep)]
+                        m.d.sync += [b_row[j].eq(b_row[j] + b_nstep), b_addr[j].eq(b_row[j] + b_nstep + koff)]
         with m.If(finished):
             m.d.sync += active.eq(0)
         with m.If(self.exec.go):
@@ -374,3 +525,5 @@ class MatrixUnit(wiring.Component):
             for j in range(CN):
                 b0 = nf.b + times(j, nf.b_stride)
                 m.d.sync += [b_row[j].eq(b0), b_addr[j].eq(b0)]
+            if st:  # stage the first m tile's rows
+                m.d.sync += [st.kbase.eq(0), st.k_all.eq(n_kb - 1), st.fload.eq((nf.m != 0) & (nf.n != 0))]

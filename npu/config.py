@@ -84,6 +84,11 @@ class NpuConfig:
     #: the multiplier width). False: a lane multiplies one A byte and an int16 A takes twice the
     #: steps (docs/isa.md, Timing; docs/compiler.md, "int16 at the array's int8 rate")
     a16_full_rate: bool = False
+    #: A rows staged in the matrix unit (hdl/matrix.py): bytes of its A row each cluster holds in a
+    #: buffer of its own, filled through two scratchpad reads a cycle before an m tile's steps (a
+    #: longer row in chunks of this many bytes), so the scratchpad serves two A readers whatever the
+    #: clusters; 0: every cluster reads its A words from the scratchpad each step
+    a_stage_bytes: int = 0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -99,7 +104,18 @@ class NpuConfig:
         `a16_full_rate`) through the scratchpad banks' write port (B) rather than with the other
         reads on port A: on a banked scratchpad whose region has fewer banks than the clusters'
         2 x `clusters` A words of a step (docs/isa.md, "Banked memories")."""
-        return self.a16_full_rate and self.spad_banked and self.spad_banks // 2 < 2 * self.clusters
+        return (
+            self.a16_full_rate
+            and self.spad_banked
+            and not self.a_stage_bytes
+            and self.spad_banks // 2 < 2 * self.clusters
+        )
+
+    @property
+    def a_readers(self) -> int:
+        """The matrix unit's A reads of the scratchpad a cycle: the two staging reads, or a word a
+        cluster."""
+        return 2 if self.a_stage_bytes else self.clusters
 
     @property
     def acc_row_bytes(self) -> int:
@@ -135,10 +151,10 @@ class NpuConfig:
             need(
                 self.spad_banks % 2 == 0
                 and self.spad_banks // 2
-                >= max(2, self.clusters, self.pes_per_cluster, self.bus_bytes // self.lanes),
+                >= max(2, self.a_readers, self.pes_per_cluster, self.bus_bytes // self.lanes),
                 "spad_banks",
-                "banked: must be even, with at least max(2, clusters, pes_per_cluster, bus_bytes / lanes) "
-                "banks per region",
+                "banked: must be even, with at least max(2, clusters (unless A is staged), "
+                "pes_per_cluster, bus_bytes / lanes) banks per region",
             )
         else:
             need(_pow2(self.spad_banks), "spad_banks", "must be a power of two")
@@ -206,6 +222,15 @@ class NpuConfig:
             "dram_word_bytes",
             f"must be 0 or a power of two below bus_bytes ({self.bus_bytes})",
         )
+        self._validate_staging(need)
+
+    def _validate_staging(self, need) -> None:
+        need(
+            self.a_stage_bytes == 0
+            or (_pow2(self.a_stage_bytes) and self.a_stage_bytes >= 2 * self.lanes and self.core != "micro"),
+            "a_stage_bytes",
+            f"must be 0 or a power of two of at least two lane words ({2 * self.lanes}), pipelined core",
+        )
 
     def hardware_dict(self) -> dict:
         """All fields that change the hardware (everything but the name)."""
@@ -215,7 +240,8 @@ class NpuConfig:
             d.pop("spad_banked")  # ids of the multi-port configurations stay what they were
         if d["core"] == "pipelined":
             d.pop("core")
-        for f in ("dram_word_bytes", "dram_burst_cycles", "a16_full_rate"):  # ids before them
+        # ids of the configurations from before these fields
+        for f in ("dram_word_bytes", "dram_burst_cycles", "a16_full_rate", "a_stage_bytes"):
             if not d[f]:
                 d.pop(f)
         return d
@@ -351,6 +377,10 @@ PRESETS["ulx3s"] = NpuConfig(
 PRESETS["ulx3s128"] = PRESETS["ulx3s"].replace(
     name="ulx3s128", clusters=4, pes_per_cluster=4, bus_bytes=16, spad_banks=8, a16_full_rate=False
 )
+# ULX3S with 128 MACs on the 16-MAC preset's memories: 8 x 2 x 8, each cluster's A row staged in
+# the matrix unit (two scratchpad reads fill the eight buffers before an m tile), so the scratchpad
+# keeps the 64-bit bus, its four banks and the 32-MAC preset's read clients (docs/boards.md)
+PRESETS["ulx3s128s"] = PRESETS["ulx3s"].replace(name="ulx3s128s", clusters=8, a_stage_bytes=4096)
 # ULX3S with 32 MACs, the board's own (hdl/boards/boards.py): two clusters of the 16-MAC preset's
 # 1 x 2 x 8, int16 A at half rate (docs/boards.md: the 64- and 128-MAC shapes do not route yet; at
 # the int8 rate, its second A words through the banks' port B, it is 15-19 % faster per inference

@@ -102,7 +102,7 @@ def bank_stride(cfg: NpuConfig, stride: int, unit: int, word: int | None = None,
     if not cfg.spad_banked or not stride:
         return stride
     P = cfg.spad_banks // 2
-    readers = max(2, cfg.clusters, cfg.pes_per_cluster)
+    readers = max(2, cfg.a_readers, cfg.pes_per_cluster)
     steps = tuple((stride + j * unit) * elem // word for j in range(P))
     return stride + unit * _least_shared(P, steps, readers)[0]
 
@@ -112,8 +112,8 @@ def _a_reads(cfg: NpuConfig, elems: int, ex: int) -> tuple[int, int, int] | None
     cluster reads a step through port A: two with `a16_full_rate` and int16, but one where the
     second comes through port B, `a16_second_port`) where the clusters' A reads can share a bank
     (banked, several clusters, whole words a pixel); None where they cannot."""
-    if not cfg.spad_banked or cfg.clusters == 1 or (elems * ex) % cfg.lanes:
-        return None
+    if not cfg.spad_banked or cfg.clusters == 1 or cfg.a_stage_bytes or (elems * ex) % cfg.lanes:
+        return None  # (staged A: a step reads no A word of the scratchpad)
     two = cfg.a16_full_rate and ex == 2 and not cfg.a16_second_port
     return cfg.spad_banks // 2, elems * ex // cfg.lanes, 2 if two else 1
 
@@ -235,6 +235,67 @@ def banked_matmul_steps(f: dict, cfg: NpuConfig) -> int:
     return total
 
 
+#: cycles a staged fill costs besides its pairs (`a_stage_bytes`: its start, its last write)
+STAGE_FILL_CYCLES = 2
+
+
+def staged_matmul_steps(f: dict, cfg: NpuConfig) -> int:
+    """Cycles of a MATMUL's steps with A staged in the matrix unit (`a_stage_bytes`): before each m
+    tile (and each further chunk of a row longer than a buffer) the tile's rows are staged, a pair
+    of lane words a cycle; then each n tile's k steps take as many cycles as the most B^T words one
+    scratchpad bank serves (A comes from the buffers), and its C rows are written at its last step,
+    one per accumulator bank a cycle (and read there too when accumulating, or for every chunk after
+    a row's first), overlapping the next tile's steps as `banked_matmul_steps` counts them; a tile of
+    three steps or more that reads its C rows waits for the previous tile's writes."""
+    CM, CN, L = cfg.clusters, cfg.pes_per_cluster, cfg.lanes
+    MB, NB, KB = cdiv(f["m"], CM), cdiv(f["n"], CN), matmul_k_steps(f, cfg)
+    wide = elem_bytes(f, "a") == 2
+    pairstep = wide and cfg.a16_full_rate
+    D = cfg.a_stage_bytes // (2 * L)
+    KC = D if pairstep else 2 * D
+    rb = np.arange(NB)[:, None] * CN + np.arange(CN)
+    wb = (f["b"] + rb * f["b_stride"]) // L
+    P, nb = (cfg.spad_banks // 2, cfg.spad_banks) if cfg.spad_banked else (1, 1)
+    period = 2 * P
+    if cfg.spad_banked:  # (period, NB): the cycles of step s (mod the period) of each n tile
+        per = np.stack(
+            [
+                _most_per_bank(spad_bank(wb + (s // 2 if wide and not pairstep else s), cfg), rb < f["n"], nb)
+                for s in range(period)
+            ]
+        )
+    else:
+        per = np.ones((period, NB), dtype=np.int64)
+    W = cfg.bus_bytes
+    ra = np.arange(MB)[:, None] * CM + np.arange(CM)
+    rows = (ra < f["m"]).sum(axis=1)  # (MB,) the rows each m tile stages
+    rc = (f["c"] - ACC_BASE) // W + ra * (f["c_stride"] // W)
+    total = 0
+    for k0 in range(0, KB, KC):
+        steps = min(KC, KB - k0)
+        pairs = steps if pairstep else cdiv(steps, 2)
+        count = np.bincount(np.arange(k0, k0 + steps) % period, minlength=period)
+        issue = (count[:, None] * per).sum(axis=0)  # (NB,)
+        last = per[(k0 + steps - 1) % period]  # (NB,) the chunk's last step
+        total += int((rows * pairs).sum()) + MB * STAGE_FILL_CYCLES
+        for m0 in range(0, MB, 256):
+            words = rc[m0 : m0 + 256, None, :] + np.arange(NB)[None, :, None]
+            valid = np.broadcast_to((ra[m0 : m0 + 256] < f["m"])[:, None, :], words.shape)
+            if cfg.spad_banked:
+                cmult = _most_per_bank(spad_bank(words, cfg, "acc"), valid, cfg.spad_banks)
+            else:
+                cmult = np.ones(words.shape[:2], dtype=np.int64)
+            adds = f["accumulate"] or k0 > 0
+            end = np.maximum(last[None, :], cmult) if adds else last[None, :]  # the C reads, when adding
+            tile = np.maximum(issue[None, :] - last[None, :] + end, steps - 1 + np.maximum(cmult, 1))
+            if adds and steps >= 3:
+                # the last step's C reads wait for the previous tile's C writes: while stage 1 writes,
+                # only two of the tile's steps wait in the stages before it (measured on the RTL)
+                tile = np.maximum(tile, end + cmult + steps - 3)
+            total += int(tile.sum())
+    return total
+
+
 def banked_vector_steps(
     a: int, b: int, rows: int, cols: int, a_stride: int, b_stride: int, cfg: NpuConfig,
     es: tuple[int, int] = (1, 1),
@@ -306,6 +367,8 @@ def _duration(i: Instr, cfg: NpuConfig) -> int:
             return STORE_CYCLES + dram_cycles(cfg, beats, bursts, write=True)
         return STORE_CYCLES + dram_cycles(cfg, beats, bursts) + WRITE_BURST_CYCLES * bursts
     if op == Opcode.MATMUL:
+        if cfg.a_stage_bytes and f["m"] and f["n"]:
+            return cfg.matrix_latency + max(1, staged_matmul_steps(f, cfg))
         if cfg.spad_banked and f["m"] and f["n"]:
             return cfg.matrix_latency + max(1, banked_matmul_steps(f, cfg))
         steps = (

@@ -55,6 +55,8 @@ def test_board_runs_zoo_models_and_a_pause_over_the_uart(name, tmp_path):
         ("icebreaker", ["digits_mlp"], None),
         # the 128-MAC array on the same board: its 128-bit bus through the 16-bit SDRAM
         ("ulx3s", ["fc_autoencoder"], "ulx3s128"),
+        # 128 MACs with A rows staged in the matrix unit (the 16-MAC preset's memories and bus)
+        ("ulx3s", ["digits_cnn", "planning"], "ulx3s128s"),
     ],
 )
 def test_bench_board_cycles_match_the_golden_model(name, models, config, tmp_path):

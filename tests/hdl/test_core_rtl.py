@@ -34,7 +34,7 @@ from npu.sim.rtl.suite import (
 N_PAUSE_AT = 20
 #: presets whose directed and error jobs also run on cocotbext-axi's AxiRam: one per bus width
 AXIRAM = ("tiny", "default")
-CONFIGS = ["tiny", "default", "banked", "ulx3s", "ulx3s32", "icebreaker"]
+CONFIGS = ["tiny", "default", "banked", "ulx3s", "ulx3s32", "ulx3s128s", "icebreaker"]
 
 pytestmark = pytest.mark.rtl
 
