@@ -205,3 +205,17 @@ def test_the_other_seeds_stop_once_one_meets_timing(tmp_path, capsys, monkeypatc
     assert main([*args, "--all-seeds"]) == 0  # the STOP left above is cleared first
     r = json.loads(capsys.readouterr().out)
     assert r["seed"] == 2 and r["seeds_stopped"] == [] and [s["seed"] for s in r["seeds"]] == [1, 2]
+
+
+@pytest.mark.parametrize("config", ["ulx3s", "ulx3s128s"])
+def test_core_units_elaborate_for_out_of_context_builds(config):
+    """`--unit matrix` and `--unit spad` wire the unit's clients as the core does (the staged matrix
+    unit takes two fill reads in place of its clusters' A reads): they elaborate to RTLIL."""
+    from amaranth.back import rtlil
+
+    from npu.hdl.boards.units import unit_design
+
+    cfg = get_config(config)
+    for unit in ("matrix", "spad"):
+        top, ports = unit_design(unit, cfg, BOARDS["ulx3s"], 50.0)
+        assert "module" in rtlil.convert(top, ports=ports)
