@@ -103,12 +103,15 @@ class MatrixUnit(wiring.Component):
         last_mb = Signal()
         last_nb = Signal()
         empty = Signal()
-        a_row = [Signal(40, name=f"a_row{i}") for i in range(CM)]  # byte address of A row mb*CM+i
-        b_row = [Signal(40, name=f"b_row{j}") for j in range(CN)]  # ... of B^T row nb*CN+j
-        c_row = [Signal(40, name=f"c_row{i}") for i in range(CM)]  # offset from ACC_BASE of C row
-        a_addr = [Signal(40, name=f"op_addr{i}") for i in range(CM)]  # the step's words
-        b_addr = [Signal(40, name=f"op_addr{CM + j}") for j in range(CN)]
-        c_addr = [Signal(40, name=f"c_addr{i}") for i in range(CM)]
+        # on-chip byte addresses; 20 bits where A is staged (every memory ends below 2**19, and the
+        # checks keep a MATMUL's footprints inside them: its eight clusters' rows cost LUTs)
+        aw = 20 if cfg.a_stage_bytes else 40
+        a_row = [Signal(aw, name=f"a_row{i}") for i in range(CM)]  # byte address of A row mb*CM+i
+        b_row = [Signal(aw, name=f"b_row{j}") for j in range(CN)]  # ... of B^T row nb*CN+j
+        c_row = [Signal(aw, name=f"c_row{i}") for i in range(CM)]  # offset from ACC_BASE of C row
+        a_addr = [Signal(aw, name=f"op_addr{i}") for i in range(CM)]  # the step's words
+        b_addr = [Signal(aw, name=f"op_addr{CM + j}") for j in range(CN)]
+        c_addr = [Signal(aw, name=f"c_addr{i}") for i in range(CM)]
         u.nf, u.n_kb, u.kb, u.k_left, u.k_last, u.last_k = nf, n_kb, kb, k_left, k_last, last_k
         u.m_rem, u.n_rem, u.row_ok, u.col_ok, u.last_mb = m_rem, n_rem, row_ok, col_ok, last_mb
         u.last_nb, u.empty, u.a_row, u.b_row, u.c_row, u.a_addr = last_nb, empty, a_row, b_row, c_row, a_addr
@@ -133,7 +136,7 @@ class MatrixUnit(wiring.Component):
         k_all = Signal(16)  # the tile's k steps - 1 (over every chunk)
         chunk_last = Signal()
         acc_now = Signal()  # the chunk's C rows add to the old ones
-        bkoff = Signal(40)  # the chunk's first byte in a B^T row
+        bkoff = Signal(20)  # the chunk's first byte in a B^T row
         ports = []
         writes = []
         for i in range(CM):
@@ -145,6 +148,7 @@ class MatrixUnit(wiring.Component):
                 en=Signal(name=f"stage_en{i}"),
                 grant=Signal(name=f"stage_grant{i}"),
                 data=rp.data,
+                read=rp,  # enabled only while the stages can take a step: its data holds meanwhile
             )
             m.d.comb += [rp.addr.eq(port.addr), port.grant.eq(port.en)]
             ports.append(port)
@@ -155,8 +159,8 @@ class MatrixUnit(wiring.Component):
         fr, fw_row = Signal(range(CM)), Signal(range(CM))
         fp, fp_last = Signal(16), Signal(16)
         fw_pair = Signal(range(D))
-        faddr = Signal(40)
-        aoff = Signal(40)  # the chunk's first byte in an A row
+        faddr = Signal(20)
+        aoff = Signal(20)  # the chunk's first byte in an A row
         m.d.comb += aoff.eq(Mux(pairstep, kbase << (ll + 1), kbase << ll))
         f0, f1 = self.fill_ports
         m.d.comb += [f0.addr.eq(faddr[ll:]), f1.addr.eq(faddr[ll:] + 1)]
@@ -265,7 +269,11 @@ class MatrixUnit(wiring.Component):
         m.d.comb += take.eq(vg & r_free)
         g_free = Signal()  # gather's registers may be refilled
         m.d.comb += g_free.eq(~vg | r_free)
-        step_done, vals = gather(m, ports, need, issue & ~empty, g_free)
+        # a staged A word is read only while gather's registers can take it, so it needs none
+        holds = (True,) * CM if st else ()
+        step_done, vals = gather(m, ports, need, issue & ~empty, g_free, holds=holds)
+        if st:
+            m.d.comb += [p.read.en.eq(g_free) for p in st.ports]
         a_vals, b_vals, c_vals = vals[:CM], vals[CM : CM + CN], vals[CM + CN : 2 * CM + CN]
         u.a_hi_vals = vals[2 * CM + CN :]
         if st:  # a staged pair: both words of an int16 step at the int8 rate, else the step's half
@@ -297,26 +305,34 @@ class MatrixUnit(wiring.Component):
             m.d.sync += upper.eq(kb[0])
         a_hi_vals = u.a_hi_vals
 
+        # lanes past k multiply zero: their A multiplicands, or with more clusters than PEs (staged
+        # A: 8 x 2) their B^T ones, the fewer registers to clear (a product is zero either way)
+        mask_b = bool(cfg.a_stage_bytes) and CM > CN
+
+        def ok(t, v):
+            return v if mask_b else Mux(lane_ok[t], v, 0)
+
         def a_elem(i, t):
             """int16 A at the int8 rate: lane t's element, int16 (from the step's first or second A
             word) or int8 (byte t, sign-extended)."""
             h = L // 2
             e16 = (a_vals[i] if t < h else a_hi_vals[i])[16 * (t % h) : 16 * (t % h) + 16]
             e8 = a_vals[i][8 * t : 8 * t + 8].as_signed()
-            return Mux(lane_ok[t], Mux(f.a_i16, e16.as_signed(), e8), 0)
+            return ok(t, Mux(f.a_i16, e16.as_signed(), e8))
 
         def a_lane(v, t):
             """A byte t as a 9-bit multiplicand: signed for int8 A and for an int16 element's high
             byte (odd t), unsigned for its low byte (even t)."""
             byte = v[8 * t : 8 * t + 8]
             ext = byte[7] if t % 2 else byte[7] & ~f.a_i16
-            return Mux(lane_ok[t], Cat(byte, ext).as_signed(), 0)
+            return ok(t, Cat(byte, ext).as_signed())
 
         def b_lane(v, t):
             """B^T byte of A lane t: byte t, or with int16 A byte t // 2 of the step's half."""
             lo_b, hi_b = t // 2, L // 2 + t // 2
             wide = Mux(upper, v[8 * hi_b : 8 * hi_b + 8], v[8 * lo_b : 8 * lo_b + 8])
-            return Mux(f.a_i16, wide, v[8 * t : 8 * t + 8]).as_signed()
+            lane = Mux(f.a_i16, wide, v[8 * t : 8 * t + 8]).as_signed()
+            return Mux(lane_ok[t], lane, 0) if mask_b else lane
 
         accs = [[Signal(signed(32), name=f"acc{i}_{j}") for j in range(CN)] for i in range(CM)]
         sums = [[Signal(signed(32), name=f"sum{i}_{j}") for j in range(CN)] for i in range(CM)]
@@ -328,8 +344,11 @@ class MatrixUnit(wiring.Component):
         with m.If(take):
             if full:
                 m.d.sync += [a_ops[i][t].eq(a_elem(i, t)) for i in range(CM) for t in range(L)]
-                bytes_b = [(j, t, b_vals[j][8 * t : 8 * t + 8]) for j in range(CN) for t in range(L)]
-                m.d.sync += [b_ops[j][t].eq(v.as_signed()) for j, t, v in bytes_b]
+                bytes_b = [(j, t, b_vals[j][8 * t : 8 * t + 8].as_signed()) for j in range(CN)
+                           for t in range(L)]  # fmt: skip
+                if mask_b:
+                    bytes_b = [(j, t, Mux(lane_ok[t], v, 0)) for j, t, v in bytes_b]
+                m.d.sync += [b_ops[j][t].eq(v) for j, t, v in bytes_b]
             else:
                 m.d.sync += [a_ops[i][t].eq(a_lane(a_vals[i], t)) for i in range(CM) for t in range(L)]
                 m.d.sync += [b_ops[j][t].eq(b_lane(b_vals[j], t)) for j in range(CN) for t in range(L)]
@@ -337,7 +356,8 @@ class MatrixUnit(wiring.Component):
         # the step's flags at stage 1: its first k step, its last k step, the instruction's last step
         last_step = Signal()
         st = getattr(u, "stage", None)
-        m.d.comb += last_step.eq(last_k & last_nb & last_mb & (st.chunk_last if st else 1))
+        last = last_k & last_nb & last_mb
+        m.d.comb += last_step.eq(last & st.chunk_last if st else last)
         if st:  # a chunk's first step starts the sum; its C rows add to the old ones when `acc_now`
             first = st.kl == 0
             kb0_1, last_k1, last1, u.acc1 = follow(
@@ -498,9 +518,9 @@ class MatrixUnit(wiring.Component):
                     ]
                     m.d.sync += [a.eq(r) for a, r in zip(a_addr, a_row, strict=True)]
                     m.d.sync += [c.eq(c + W) for c in c_addr]
-                    koff = st.bkoff if st else 0
                     for j in range(CN):
-                        m.d.sync += [b_row[j].eq(b_row[j] + b_nstep), b_addr[j].eq(b_row[j] + b_nstep + koff)]
+                        nxt = b_row[j] + b_nstep
+                        m.d.sync += [b_row[j].eq(nxt), b_addr[j].eq(nxt + st.bkoff if st else nxt)]
         with m.If(finished):
             m.d.sync += active.eq(0)
         with m.If(self.exec.go):

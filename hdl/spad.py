@@ -55,11 +55,14 @@ def reciprocal(divisor: int, bits: int) -> tuple[int, int]:
     return m, s
 
 
-def gather(m: Module, ports: list, need: list, active, ready=1, name: str = "op") -> tuple[Signal, list]:
+def gather(
+    m: Module, ports: list, need: list, active, ready=1, name: str = "op", holds: tuple = ()
+) -> tuple[Signal, list]:
     """Ask through read clients `ports` for the words `need`s marks, again each cycle for those still
     refused, while `ready`. Returns (done, words): `done` is high in the cycle the last needed word is
     granted (and `active`); `words` hold every word the cycle after `done` (words granted earlier wait
-    in registers)."""
+    in registers, but for the ports `holds` marks: their data holds by itself until the next
+    `ready`)."""
     got = Signal(len(ports), name=f"{name}_got")  # granted in an earlier cycle of this step
     granted = Cat(*[p.grant for p in ports])
     m.d.comb += [p.en.eq(need[r] & ~got[r] & ready) for r, p in enumerate(ports)]
@@ -73,6 +76,9 @@ def gather(m: Module, ports: list, need: list, active, ready=1, name: str = "op"
     m.d.sync += fresh.eq(Cat(*[p.en & p.grant for p in ports]))
     words = []
     for r, port in enumerate(ports):
+        if r < len(holds) and holds[r]:
+            words.append(port.data)
+            continue
         held = Signal(len(port.data), name=f"{name}_held{r}")
         with m.If(fresh[r]):
             m.d.sync += held.eq(port.data)
