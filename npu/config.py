@@ -381,6 +381,9 @@ PRESETS["ulx3s128"] = PRESETS["ulx3s"].replace(
 # the matrix unit (two scratchpad reads fill the eight buffers before an m tile), so the scratchpad
 # keeps the 64-bit bus, its four banks and the 32-MAC preset's read clients (docs/boards.md)
 PRESETS["ulx3s128s"] = PRESETS["ulx3s"].replace(name="ulx3s128s", clusters=8, a_stage_bytes=4096)
+# half of it, 4 x 2 x 8 = 64 MACs staged the same way: about 90 % of its speed on the tinyML set
+# (their DRAM traffic bounds both) in fewer cells (docs/boards.md)
+PRESETS["ulx3s64s"] = PRESETS["ulx3s128s"].replace(name="ulx3s64s", clusters=4)
 # ULX3S with 32 MACs, the board's own (hdl/boards/boards.py): two clusters of the 16-MAC preset's
 # 1 x 2 x 8, int16 A at half rate (docs/boards.md: the 64- and 128-MAC shapes do not route yet; at
 # the int8 rate, its second A words through the banks' port B, it is 15-19 % faster per inference

@@ -2,18 +2,11 @@
    order, so an instruction fails with the same error code as on the golden model. */
 #include "fw.h"
 
-uint32_t ubits(const raw_t *r, unsigned pos, unsigned width) {
-    unsigned k = pos >> 5, s = pos & 31;
-    uint32_t v = r->w[k] >> s;
-    if (s && s + width > 32) v |= r->w[k + 1] << (32 - s);
-    return width == 32 ? v : v & ((1u << width) - 1);
-}
-
 /* a field's bits by its width - 1: a table, since the processor shifts 4 bits a cycle */
 static const uint32_t MASK[32] = {0x1, 0x3, 0x7, 0xf, 0x1f, 0x3f, 0x7f, 0xff, 0x1ff, 0x3ff, 0x7ff, 0xfff, 0x1fff, 0x3fff, 0x7fff, 0xffff, 0x1ffff, 0x3ffff, 0x7ffff, 0xfffff, 0x1fffff, 0x3fffff, 0x7fffff, 0xffffff, 0x1ffffff, 0x3ffffff, 0x7ffffff, 0xfffffff, 0x1fffffff, 0x3fffffff, 0x7fffffff, 0xffffffff};
 
-/* (run once an instruction, at its check: a queue entry keeps the fields; ubits inline, since a
-   call a field doubled the cost of an instruction's fetch and checks) */
+/* (run once an instruction, at its check: a queue entry keeps the fields; the fields are cut
+   inline, since a call a field doubled the cost of an instruction's fetch and checks) */
 void decode(instr_t *ins) {
     int op = OPC(ins);
     const unsigned short *e = &FIELDS[FIELD_START[op]], *end = &FIELDS[FIELD_START[op + 1]];

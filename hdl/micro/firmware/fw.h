@@ -13,7 +13,6 @@
 typedef struct { uint32_t w[8]; } raw_t;
 typedef struct { raw_t raw; int32_t f[MAXF]; } instr_t;
 
-uint32_t ubits(const raw_t *r, unsigned pos, unsigned width);
 /* U(F_LOAD_SPAD): a field as unsigned, S(SF_VMAP_MULT): a signed field */
 #define U(k) ((uint32_t)ins->f[k])
 #define S(k) (ins->f[k])

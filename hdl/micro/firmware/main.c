@@ -32,9 +32,10 @@ _Static_assert(sizeof(entry_t) == 128, "entry_t: 128 bytes");
    slot past its tail is never live: a unit's instruction is fetched and decoded there, and pushing
    it copies nothing (a copy of the 108-byte instruction took about 570 cycles) */
 static entry_t queue[UNITS][QMAX + 1] __attribute__((section(".noinit")));
-static uint32_t q_head[UNITS], q_len[UNITS];
+static uint32_t q_len[UNITS];
 static entry_t *qrow[UNITS]; /* queue[u], set once: no multiply by a row's size */
-static entry_t *qh[UNITS];   /* &queue[u][q_head[u]] */
+static entry_t *qend[UNITS]; /* its last slot, &queue[u][queue_depth], set once */
+static entry_t *qh[UNITS];   /* the head's slot */
 static uint32_t tokens[UNITS][UNITS]; /* tokens[p][c]: pushed by unit p, not yet popped by c */
 static uint32_t passed[UNITS], fence_passed[UNITS], points, target;
 /* since[u]: unit u started anything (an instruction, a SYNC, a fence's marker) since its last
@@ -146,7 +147,7 @@ static void start(void) {
     base = ring ? REG(R_RING_BASE) : REG(R_PROGRAM_BASE);
     pc = REG(R_RESUME_PC);
     for (int u = 0; u < UNITS; u++) {
-        q_head[u] = q_len[u] = passed[u] = since[u] = 0;
+        q_len[u] = passed[u] = since[u] = 0;
         qh[u] = qrow[u];
         fence_passed[u] = fence_count;
     }
@@ -217,8 +218,8 @@ static int fetch(instr_t *own, instr_t **out) {
 
 /* the slot past unit u's tail */
 static entry_t *tail_slot(int u) {
-    uint32_t k = q_head[u] + q_len[u];
-    return qrow[u] + (k > queue_depth ? k - queue_depth - 1 : k);
+    entry_t *t = qh[u] + q_len[u];
+    return t > qend[u] ? t - (queue_depth + 1) : t;
 }
 
 static entry_t *head(int u) { return qh[u]; }
@@ -279,8 +280,7 @@ static int dispatch(void) {
         push(u, ins, 0, 0);
     } else if (op == OP_CANCEL_POINT) {
         points++;
-        uint32_t id = ubits(&ins->raw, FIELDS[FIELD_START[OP_CANCEL_POINT] + F_CANCEL_POINT_ID] & 255, 32);
-        for (int q = 0; q < UNITS; q++) push(q, ins, points, id);
+        for (int q = 0; q < UNITS; q++) push(q, ins, points, U(F_CANCEL_POINT_ID)); /* check() decoded it */
     } else if (op == OP_FENCE) {
         for (int q = 0; q < UNITS; q++) push(q, ins, 0, 0);
     } else if (op == OP_END) {
@@ -329,8 +329,7 @@ static uint32_t run_head(int u) {
     entry_t *e = head(u);
     const instr_t *ins = &e->ins; /* not overwritten before it has run: nothing is pushed meanwhile */
     uint32_t at = e->pc, op = OPC(ins);
-    if (++q_head[u] > queue_depth) q_head[u] = 0, qh[u] = qrow[u];
-    else qh[u]++;
+    qh[u] = qh[u] == qend[u] ? qrow[u] : qh[u] + 1;
     q_len[u]--;
     if (op == OP_CANCEL_POINT) {
         passed[u]++;
@@ -439,7 +438,7 @@ int main(void) {
     queue_depth = CONFIG(CFG_QUEUE_DEPTH);
     token_depth = CONFIG(CFG_TOKEN_DEPTH);
     if (queue_depth > QMAX) queue_depth = QMAX;
-    for (int u = 0; u < UNITS; u++) qrow[u] = queue[u];
+    for (int u = 0; u < UNITS; u++) qrow[u] = queue[u], qend[u] = queue[u] + queue_depth;
     for (;;) {
         uint32_t ev = MMIO(MMIO_EVENTS);
         control(ev);
