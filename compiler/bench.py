@@ -22,13 +22,20 @@ from .quantize import quantize_float_model
 BRANCHY = ("resnet_small", "inception_small", "perception")
 
 
-def _zoo_model(name: str):
+def zoo_builders(names: list[str]) -> dict:
+    """The zoo's builders of `names` (its small models, the ImageNet-sized and the tinyML ones), every
+    name checked before any model is built."""
     from npu.models import zoo
 
-    models = {**zoo.ZOO, **zoo.IMAGENET}
-    if name not in models:
-        raise CompileError(f"unknown zoo model {name!r}; choose from {', '.join(models)}")
-    return models[name]()
+    models = {**zoo.ZOO, **zoo.IMAGENET, **zoo.TINYML}
+    for name in names:
+        if name not in models:
+            raise CompileError(f"unknown zoo model {name!r}; choose from {', '.join(models)}")
+    return {name: models[name] for name in names}
+
+
+def _zoo_model(name: str):
+    return zoo_builders([name])[name]()
 
 
 def _run(cm: CompiledModel, x: np.ndarray) -> tuple[list[np.ndarray], dict[str, int]]:

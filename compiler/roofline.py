@@ -25,7 +25,6 @@ from npu.config import NpuConfig
 from npu.timing import dram_floor_cycles
 
 from .compile import CompiledModel
-from .graph import CompileError
 
 #: the tinyML set, the models the "fill the FPGA" targets are set on
 DEFAULT = ("ds_cnn_kws", "resnet8", "mobilenet_v1_025_vww", "fc_autoencoder")
@@ -63,17 +62,6 @@ def roofline(cfg: NpuConfig, macs: int, moved: dict[str, int], peak: float | Non
     return {"compute_cycles": compute, "memory_floor_cycles": floors, "utilization_bound": bounds}
 
 
-def _zoo_models(names: list[str]) -> dict:
-    """The zoo's builders of `names`, every name checked before any model is compiled."""
-    from npu.models import zoo
-
-    models = {**zoo.ZOO, **zoo.IMAGENET, **zoo.TINYML}
-    for name in names:
-        if name not in models:
-            raise CompileError(f"unknown zoo model {name!r}; choose from {', '.join(models)}")
-    return {name: models[name] for name in names}
-
-
 def bench_roofline(cfg: NpuConfig, names: list[str] | None = None) -> dict:
     """Per zoo model (default: the tinyML set) compiled for `cfg` with the default options: MACs, the
     bytes it moves, the floors and bounds of `roofline`, and the golden model's cycles and utilisation."""
@@ -81,11 +69,12 @@ def bench_roofline(cfg: NpuConfig, names: list[str] | None = None) -> dict:
 
     from npu.sim.golden.runner import run_container
 
+    from .bench import zoo_builders
     from .compile import compile_onnx
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="roofline-") as tmp:
-        for name, build in _zoo_models(list(names or DEFAULT)).items():
+        for name, build in zoo_builders(list(names or DEFAULT)).items():
             print(f"bench roofline: {name} on {cfg.name}", file=sys.stderr, flush=True)
             z = build()
             path = Path(tmp) / f"{name}.onnx"

@@ -192,6 +192,8 @@ class MatrixUnit(wiring.Component):
         m.d.comb += kc.eq(Mux(pairstep, D, 2 * D))
         steps = Signal(16)
         m.d.comb += steps.eq(Mux(left > kc, kc, left))
+        boff = Signal(20)  # the chunk's first byte in a B^T row: B^T word kb // 2 with half-rate int16
+        m.d.comb += boff.eq(Mux(f.a_i16 & ~pairstep, kbase << (ll - 1), kbase << ll))
         with m.If(fload):
             m.d.sync += [
                 fload.eq(0),
@@ -207,10 +209,10 @@ class MatrixUnit(wiring.Component):
                 acc_now.eq(f.accumulate | (kbase != 0)),
                 kl.eq(0),
                 u.kb.eq(kbase),
-                bkoff.eq(Mux(f.a_i16 & ~pairstep, kbase << (ll - 1), kbase << ll)),
+                bkoff.eq(boff),
             ]
             for j, b in enumerate(u.b_addr):
-                m.d.sync += b.eq(u.b_row[j] + Mux(f.a_i16 & ~pairstep, kbase << (ll - 1), kbase << ll))
+                m.d.sync += b.eq(u.b_row[j] + boff)
         u.stage = SimpleNamespace(
             ports=ports, pairstep=pairstep, kl=kl, kbase=kbase, k_all=k_all, chunk_last=chunk_last,
             acc_now=acc_now, bkoff=bkoff, fload=fload, kc=kc,

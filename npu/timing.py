@@ -270,22 +270,23 @@ def staged_matmul_steps(f: dict, cfg: NpuConfig) -> int:
     ra = np.arange(MB)[:, None] * CM + np.arange(CM)
     rows = (ra < f["m"]).sum(axis=1)  # (MB,) the rows each m tile stages
     rc = (f["c"] - ACC_BASE) // W + ra * (f["c_stride"] // W)
-    total = 0
+    # each chunk of k steps: its steps, pairs staged a row, summed B cycles (NB,), last step's (NB,)
+    chunks = []
     for k0 in range(0, KB, KC):
         steps = min(KC, KB - k0)
-        pairs = steps if pairstep else cdiv(steps, 2)
         count = np.bincount(np.arange(k0, k0 + steps) % period, minlength=period)
-        issue = (count[:, None] * per).sum(axis=0)  # (NB,)
-        last = per[(k0 + steps - 1) % period]  # (NB,) the chunk's last step
-        total += int((rows * pairs).sum()) + MB * STAGE_FILL_CYCLES
-        for m0 in range(0, MB, 256):
-            words = rc[m0 : m0 + 256, None, :] + np.arange(NB)[None, :, None]
-            valid = np.broadcast_to((ra[m0 : m0 + 256] < f["m"])[:, None, :], words.shape)
-            if cfg.spad_banked:
-                cmult = _most_per_bank(spad_bank(words, cfg, "acc"), valid, cfg.spad_banks)
-            else:
-                cmult = np.ones(words.shape[:2], dtype=np.int64)
-            adds = f["accumulate"] or k0 > 0
+        last = per[(k0 + steps - 1) % period]
+        chunks.append((steps, steps if pairstep else cdiv(steps, 2), (count[:, None] * per).sum(axis=0), last,
+                       f["accumulate"] or k0 > 0))  # fmt: skip
+    total = sum(int((rows * pairs).sum()) + MB * STAGE_FILL_CYCLES for _, pairs, _, _, _ in chunks)
+    for m0 in range(0, MB, 256):  # bounded memory for very tall MATMULs
+        words = rc[m0 : m0 + 256, None, :] + np.arange(NB)[None, :, None]
+        valid = np.broadcast_to((ra[m0 : m0 + 256] < f["m"])[:, None, :], words.shape)
+        if cfg.spad_banked:
+            cmult = _most_per_bank(spad_bank(words, cfg, "acc"), valid, nb)
+        else:
+            cmult = np.ones(words.shape[:2], dtype=np.int64)
+        for steps, _, issue, last, adds in chunks:
             end = np.maximum(last[None, :], cmult) if adds else last[None, :]  # the C reads, when adding
             tile = np.maximum(issue[None, :] - last[None, :] + end, steps - 1 + np.maximum(cmult, 1))
             if adds and steps >= 3:

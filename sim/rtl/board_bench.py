@@ -54,13 +54,9 @@ def _compile(name: str, cfg: NpuConfig, tmp: Path):
     import onnx
 
     from npu.compiler import compile_onnx
-    from npu.compiler.errors import CompileError
-    from npu.models import zoo
+    from npu.compiler.bench import zoo_builders
 
-    every = {**zoo.ZOO, **zoo.IMAGENET, **getattr(zoo, "TINYML", {})}
-    if name not in every:
-        raise CompileError(f"unknown zoo model {name!r}; choose from {', '.join(every)}")
-    z = every[name]()
+    z = zoo_builders([name])[name]()
     onnx.save(z.model, str(tmp / f"{name}.onnx"))
     cm = compile_onnx(tmp / f"{name}.onnx", cfg, calib=z.calib)  # the defaults a user gets
     batch = z.model.graph.input[0].type.tensor_type.shape.dim[0].dim_value or 1
