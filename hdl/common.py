@@ -111,8 +111,9 @@ def follow(m: Module, value, enables: list, name: str) -> Signal:
 
 
 def low_bytes_mask(n, width_bytes: int):
-    """Byte-enable mask with the low `n` bits set (n in 0..width_bytes)."""
-    return ((Const(1, width_bytes + 1) << n) - 1)[:width_bytes]
+    """Byte-enable mask with the low `n` bits set (n in 0..width_bytes): bit k is n > k, a compare
+    with a constant each (a LUT for a bus's byte count), not a shift and a carry chain (Fmax)."""
+    return Cat(*[n > k for k in range(width_bytes)])
 
 
 def burst_plan(m: Module, addr, left, W: int, name: str) -> tuple[Signal, Signal, Signal]:
@@ -191,8 +192,10 @@ class ByteFifo(wiring.Component):
         dd = Signal(16 * S)
         mm = Signal(2 * S)
         rot = self.push_rot if self.prerotated else wptr
-        m.d.comb += [dd.eq(self.push_data << (rot * 8)), mm.eq(low_bytes_mask(n_in, W) << wptr)]
-        mask = mm[:S] | mm[S:]
+        # the mask from push_n alone; the handshake gates only the ring's byte enables, so the
+        # producer's valid (an AXI channel's, from across the part) skips the mask's logic (Fmax)
+        m.d.comb += [dd.eq(self.push_data << (rot * 8)), mm.eq(low_bytes_mask(self.push_n, W) << wptr)]
+        mask = (mm[:S] | mm[S:]) & push.replicate(S)
         bits = Cat(*[mask[k].replicate(8) for k in range(S)])
         m.d.sync += ring.eq((ring & ~bits) | ((dd[: 8 * S] | dd[8 * S :]) & bits))
 
