@@ -63,9 +63,10 @@ def spad_clients(cfg: NpuConfig) -> list[Client]:
         # unit's, whose operand reads can take every bank for a whole MATMUL (`split_urgent`)
         *([Client("store_urgent", "A", False, lanes=WL)] if cfg.spad_banked else []),
         *[Client(f"mat_a{i}", "A", False) for i in range(0 if staged else cfg.clusters)],
-        *[Client(f"mat_f{i}", "A", False) for i in range(2 if staged else 0)],
         *[Client(f"mat_ah{i}", "A", False) for i in range(on_a)],
         *[Client(f"mat_b{j}", "A", False) for j in range(cfg.pes_per_cluster)],
+        # the staging fill after the B^T reads: it runs beside the steps, which go first
+        *[Client(f"mat_f{i}", "A", False) for i in range(2 if staged else 0)],
         Client("store", "A", False, lanes=WL),
         *[Client(f"vec_w{k}", "B", True) for k in range(2)],
         Client("load", "B", True, lanes=WL),

@@ -118,29 +118,30 @@ class MatrixUnit(wiring.Component):
         u.b_addr, u.c_addr = b_addr, c_addr
 
     def _stage(self, m: Module, u: SimpleNamespace) -> None:
-        """A rows staged in the unit (`a_stage_bytes`): each cluster's buffer holds its A row's words
-        of the current chunk as pairs of lane words, filled through the two `fill_ports` (a pair a
-        cycle, row after row) before an m tile's steps, which then read every cluster's A words from
-        its buffer at one address (no scratchpad read, granted at once). A row longer than a buffer
-        runs in chunks: every n tile of the m tile over the chunk's k steps, then the next chunk,
-        whose C rows add to the previous chunk's (as an accumulating MATMUL's do; mod 2**32, so the
-        result is the same)."""
+        """A rows staged in the unit (`a_stage_bytes`), double-buffered. A job is one m tile's chunk
+        of k steps; each cluster's block RAM holds two buffers of its A row's words of a job (pairs
+        of lane words). The fill stages a job's rows into one buffer (`_fill`) while the steps read
+        the previous job's from the other: every cluster's A words at one address, no scratchpad
+        read, granted at once. A row longer than a buffer runs in chunks: every n tile of the m tile
+        over the chunk's k steps, then the next chunk, whose C rows add to the previous chunk's (as
+        an accumulating MATMUL's do; mod 2**32, so the result is the same)."""
         cfg = self.cfg
-        L, CM, ll = cfg.lanes, cfg.clusters, log2(cfg.lanes)
-        D = cfg.a_stage_bytes // (2 * L)  # pairs a buffer holds
+        L, CM = cfg.lanes, cfg.clusters
+        D = cfg.a_stage_bytes // (2 * L)  # pairs a buffer holds (a power of two)
         f = u.f
         pairstep = Signal()  # a step takes a whole pair (int16 A at the int8 rate), else a half
         m.d.comb += pairstep.eq(f.a_i16 if cfg.a16_full_rate else 0)
-        kl = Signal(16)  # the step's k step within its chunk
-        kbase = Signal(16)  # the chunk's first k step
-        k_all = Signal(16)  # the tile's k steps - 1 (over every chunk)
-        chunk_last = Signal()
-        acc_now = Signal()  # the chunk's C rows add to the old ones
-        bkoff = Signal(20)  # the chunk's first byte in a B^T row
+        kc = Signal(16)  # k steps a chunk holds
+        m.d.comb += kc.eq(Mux(pairstep, D, 2 * D))
+        sel = Signal()  # the buffer the steps read
+        fsel = Signal()  # the buffer the fill writes
+        ready = [Signal(name=f"stage_ready{b}") for b in range(2)]  # filled, its steps not all issued
+        release = Signal()  # the steps' job ends: its buffer is free
+        fdone = Signal()  # the fill's job ends: its buffer is ready
         ports = []
         writes = []
         for i in range(CM):
-            mem = Memory(shape=unsigned(16 * L), depth=D, init=[])
+            mem = Memory(shape=unsigned(16 * L), depth=2 * D, init=[])
             m.submodules[f"stage{i}"] = mem
             rp, wp = mem.read_port(domain="sync"), mem.write_port()
             port = SimpleNamespace(
@@ -150,74 +151,144 @@ class MatrixUnit(wiring.Component):
                 data=rp.data,
                 read=rp,  # enabled only while the stages can take a step: its data holds meanwhile
             )
-            m.d.comb += [rp.addr.eq(port.addr), port.grant.eq(port.en)]
+            m.d.comb += [rp.addr.eq(Cat(port.addr, sel)), port.grant.eq(port.en)]
             ports.append(port)
             writes.append(wp)
-        # the fill: `fload` starts one (the tile's rows and the chunk are set), `filling` asks for a
-        # pair a cycle, `fwr` writes the pair granted the cycle before
-        fload, filling, fwr = Signal(), Signal(), Signal()
+        with m.If(release):
+            m.d.sync += sel.eq(~sel)
+        with m.If(fdone):
+            m.d.sync += fsel.eq(~fsel)
+        for b in range(2):
+            with m.If(fdone & (fsel == b)):
+                m.d.sync += ready[b].eq(1)
+            with m.If(release & (sel == b)):
+                m.d.sync += ready[b].eq(0)
+        setup = Signal()  # the steps' next job: its loop registers are set this cycle
+        u.stage = SimpleNamespace(
+            ports=ports, pairstep=pairstep, kc=kc, k_all=Signal(16), kbase=Signal(16), sel=sel,
+            fsel=fsel, ready_bits=ready, release=release, fdone=fdone, setup=setup, start=Signal(),
+            busy=setup | ~Mux(sel, ready[1], ready[0]), free=~Mux(fsel, ready[1], ready[0]),
+        )
+        self._fill(m, u, writes)
+        self._job_setup(m, u)
+
+    def _fill(self, m: Module, u: SimpleNamespace, writes: list) -> None:
+        """The fill's own walk over the jobs (m tiles, then chunks), ahead of the steps: a job starts
+        when there is one and its buffer is free; `filling` asks for a pair a cycle, `fwr` writes the
+        pair granted the cycle before, and the job's last write makes its buffer ready."""
+        cfg = self.cfg
+        L, CM, ll = cfg.lanes, cfg.clusters, log2(cfg.lanes)
+        D = cfg.a_stage_bytes // (2 * L)
+        f, st = u.f, u.stage
+        fjob = Signal()  # a job is left to fill: the one below
+        fbase = Signal(20)  # its first A row's byte address
+        fkbase = Signal(16)  # its first k step
+        f_mrem = Signal(16)  # rows from its first to m
+        f_row_ok = Signal(CM)  # row i of its m tile exists
+        filling, fwr, flast = Signal(), Signal(), Signal()
+        rows_ok = Signal(CM)  # ... of the job being filled
         fr, fw_row = Signal(range(CM)), Signal(range(CM))
         fp, fp_last = Signal(16), Signal(16)
-        fw_pair = Signal(range(D))
+        fw_pair = Signal(range(2 * D))
         faddr = Signal(20)
-        aoff = Signal(20)  # the chunk's first byte in an A row
-        m.d.comb += aoff.eq(Mux(pairstep, kbase << (ll + 1), kbase << ll))
+        frow = Signal(20)  # the row's first byte
+        faoff = Signal(20)  # the job's first byte in an A row
         f0, f1 = self.fill_ports
         m.d.comb += [f0.addr.eq(faddr[ll:]), f1.addr.eq(faddr[ll:] + 1)]
         f_done, f_words = gather(m, [f0, f1], [filling, filling], filling, name="fill")
-        m.d.sync += fwr.eq(f_done)
+        m.d.sync += [fwr.eq(f_done), st.fdone.eq(f_done & flast)]
         with m.If(f_done):
-            m.d.sync += [fw_row.eq(fr), fw_pair.eq(fp)]
+            m.d.sync += [fw_row.eq(fr), fw_pair.eq(Cat(fp[: log2(D)], st.fsel))]
         for i, wp in enumerate(writes):
             m.d.comb += [wp.addr.eq(fw_pair), wp.data.eq(Cat(*f_words)), wp.en.eq(fwr & (fw_row == i))]
         row_next = Signal(range(CM + 1))
         m.d.comb += row_next.eq(fr + 1)
-        more_rows = Signal()  # row fr + 1 of the tile exists
-        m.d.comb += more_rows.eq((row_next < CM) & (u.row_ok >> row_next)[0])
+        more_rows = Signal()  # row fr + 1 of the job exists
+        m.d.comb += more_rows.eq((row_next < CM) & (rows_ok >> row_next)[0])
+        m.d.comb += flast.eq((fp == fp_last) & ~more_rows)
         with m.If(f_done):
             with m.If(fp != fp_last):
                 m.d.sync += [fp.eq(fp + 1), faddr.eq(faddr + 2 * L)]
             with m.Elif(more_rows):
-                with m.Switch(row_next):
-                    for i in range(1, CM):
-                        with m.Case(i):
-                            m.d.sync += faddr.eq(u.a_row[i] + aoff)
-                m.d.sync += [fr.eq(row_next), fp.eq(0)]
+                nrow = frow + f.a_stride
+                m.d.sync += [frow.eq(nrow), faddr.eq(nrow + faoff), fr.eq(row_next), fp.eq(0)]
             with m.Else():
                 m.d.sync += filling.eq(0)
-        # a fill's start: the chunk's steps, pairs and offsets from kbase
-        left = Signal(16)  # k steps from the chunk's first to the tile's end
-        m.d.comb += left.eq(k_all + 1 - kbase)
-        kc = Signal(16)  # k steps a chunk holds
-        m.d.comb += kc.eq(Mux(pairstep, D, 2 * D))
+        # a job's start: its pairs and offset from fkbase; the walk moves to the next job
+        left = Signal(16)  # k steps from the job's first to the tile's end
+        m.d.comb += left.eq(st.k_all + 1 - fkbase)
         steps = Signal(16)
-        m.d.comb += steps.eq(Mux(left > kc, kc, left))
-        boff = Signal(20)  # the chunk's first byte in a B^T row: B^T word kb // 2 with half-rate int16
-        m.d.comb += boff.eq(Mux(f.a_i16 & ~pairstep, kbase << (ll - 1), kbase << ll))
-        with m.If(fload):
+        m.d.comb += steps.eq(Mux(left > st.kc, st.kc, left))
+        aoff = Signal(20)
+        m.d.comb += aoff.eq(Mux(st.pairstep, fkbase << (ll + 1), fkbase << ll))
+        start = st.start
+        m.d.comb += start.eq(fjob & st.free & ~filling & ~fwr)
+        with m.If(start):
             m.d.sync += [
-                fload.eq(0),
                 filling.eq(1),
                 fr.eq(0),
                 fp.eq(0),
-                fp_last.eq(Mux(pairstep, steps - 1, (steps - 1) >> 1)),
-                faddr.eq(u.a_row[0] + aoff),
+                fp_last.eq(Mux(st.pairstep, steps - 1, (steps - 1) >> 1)),
+                faddr.eq(fbase + aoff),
+                frow.eq(fbase),
+                faoff.eq(aoff),
+                rows_ok.eq(f_row_ok),
+            ]
+            with m.If(left > st.kc):  # the tile's next chunk
+                m.d.sync += fkbase.eq(fkbase + st.kc)
+            with m.Else():  # the next m tile's first
+                m.d.sync += [
+                    fkbase.eq(0),
+                    fbase.eq(fbase + f.a_stride * CM),
+                    f_mrem.eq(f_mrem - CM),
+                    f_row_ok.eq(Cat(*[f_mrem > CM + i for i in range(CM)])),
+                    fjob.eq(f_mrem > CM),
+                ]
+        nf = u.nf
+        with m.If(self.exec.go):
+            m.d.sync += [
+                fjob.eq((nf.m != 0) & (nf.n != 0)),
+                fbase.eq(nf.a),
+                fkbase.eq(0),
+                f_mrem.eq(nf.m),
+                f_row_ok.eq(Cat(*[nf.m > i for i in range(CM)])),
+                st.sel.eq(0),
+                st.fsel.eq(0),
+                *[r.eq(0) for r in st.ready_bits],
+            ]
+
+    def _job_setup(self, m: Module, u: SimpleNamespace) -> None:
+        """The steps' loop registers for their next job, set in the `setup` cycle after the last job's
+        last step (or `go`): the job's k steps, whether it is the tile's last chunk, whether its C
+        rows add to the old ones, and the B^T rows' addresses at its first k step."""
+        cfg = self.cfg
+        ll = log2(cfg.lanes)
+        f, st = u.f, u.stage
+        kl = Signal(16)  # the step's k step within its chunk
+        chunk_last = Signal()
+        acc_now = Signal()  # the chunk's C rows add to the old ones
+        bkoff = Signal(20)  # the chunk's first byte in a B^T row
+        left = Signal(16)  # k steps from the chunk's first to the tile's end
+        m.d.comb += left.eq(st.k_all + 1 - st.kbase)
+        steps = Signal(16)
+        m.d.comb += steps.eq(Mux(left > st.kc, st.kc, left))
+        boff = Signal(20)  # the chunk's first byte in a B^T row: B^T word kb // 2 with half-rate int16
+        m.d.comb += boff.eq(Mux(f.a_i16 & ~st.pairstep, st.kbase << (ll - 1), st.kbase << ll))
+        with m.If(st.setup):
+            m.d.sync += [
+                st.setup.eq(0),
                 u.k_last.eq(steps - 1),
                 u.k_left.eq(steps - 1),
                 u.last_k.eq(steps == 1),
-                chunk_last.eq(left <= kc),
-                acc_now.eq(f.accumulate | (kbase != 0)),
+                chunk_last.eq(left <= st.kc),
+                acc_now.eq(f.accumulate | (st.kbase != 0)),
                 kl.eq(0),
-                u.kb.eq(kbase),
+                u.kb.eq(st.kbase),
                 bkoff.eq(boff),
             ]
             for j, b in enumerate(u.b_addr):
                 m.d.sync += b.eq(u.b_row[j] + boff)
-        u.stage = SimpleNamespace(
-            ports=ports, pairstep=pairstep, kl=kl, kbase=kbase, k_all=k_all, chunk_last=chunk_last,
-            acc_now=acc_now, bkoff=bkoff, fload=fload, kc=kc,
-            busy=fload | filling | fwr,
-        )
+        st.kl, st.chunk_last, st.acc_now, st.bkoff = kl, chunk_last, acc_now, bkoff
 
     def _requests(self, m: Module, u: SimpleNamespace) -> None:
         """Stage 0's operand requests and the stages' hand-over conditions."""
@@ -503,13 +574,14 @@ class MatrixUnit(wiring.Component):
                                 c_addr[i].eq(c_row[i] + c_mstep),
                             ]
 
-                    if st:  # the tile's next chunk (same rows), else the next m tile, staged first
+                    if st:  # the job's end: the tile's next chunk (same rows), else the next m tile
+                        m.d.comb += st.release.eq(1)
                         with m.If(~st.chunk_last):
-                            m.d.sync += [st.kbase.eq(st.kbase + st.kc), st.fload.eq(1)]
+                            m.d.sync += [st.kbase.eq(st.kbase + st.kc), st.setup.eq(1)]
                             m.d.sync += [c.eq(r) for c, r in zip(c_addr, c_row, strict=True)]
                         with m.Else():
                             next_m_tile()
-                            m.d.sync += [st.kbase.eq(0), st.fload.eq(~last_mb)]
+                            m.d.sync += [st.kbase.eq(0), st.setup.eq(~last_mb)]
                     else:
                         next_m_tile()
                 with m.Else():
@@ -548,4 +620,4 @@ class MatrixUnit(wiring.Component):
                 b0 = nf.b + times(j, nf.b_stride)
                 m.d.sync += [b_row[j].eq(b0), b_addr[j].eq(b0)]
             if st:  # stage the first m tile's rows
-                m.d.sync += [st.kbase.eq(0), st.k_all.eq(n_kb - 1), st.fload.eq((nf.m != 0) & (nf.n != 0))]
+                m.d.sync += [st.kbase.eq(0), st.k_all.eq(n_kb - 1), st.setup.eq((nf.m != 0) & (nf.n != 0))]

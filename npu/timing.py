@@ -240,9 +240,12 @@ STAGE_FILL_CYCLES = 2
 
 
 def staged_matmul_steps(f: dict, cfg: NpuConfig) -> int:
-    """Cycles of a MATMUL's steps with A staged in the matrix unit (`a_stage_bytes`): before each m
-    tile (and each further chunk of a row longer than a buffer) the tile's rows are staged, a pair
-    of lane words a cycle; then each n tile's k steps take as many cycles as the most B^T words one
+    """Cycles of a MATMUL's steps with A staged in the matrix unit (`a_stage_bytes`). A job, an m
+    tile's chunk of k steps (a row longer than a buffer runs in chunks), is staged into one of two
+    buffers, a pair of lane words of each row a cycle, while the steps of the job before run from
+    the other: a fill starts once the previous one has ended and the steps of the job two before
+    have freed its buffer, and a job's steps start a cycle after the previous job's (the setup)
+    once its fill has ended. Each n tile's k steps take as many cycles as the most B^T words one
     scratchpad bank serves (A comes from the buffers), and its C rows are written at its last step,
     one per accumulator bank a cycle (and read there too when accumulating, or for every chunk after
     a row's first), overlapping the next tile's steps as `banked_matmul_steps` counts them; a tile of
@@ -278,7 +281,8 @@ def staged_matmul_steps(f: dict, cfg: NpuConfig) -> int:
         last = per[(k0 + steps - 1) % period]
         chunks.append((steps, steps if pairstep else cdiv(steps, 2), (count[:, None] * per).sum(axis=0), last,
                        f["accumulate"] or k0 > 0))  # fmt: skip
-    total = sum(int((rows * pairs).sum()) + MB * STAGE_FILL_CYCLES for _, pairs, _, _, _ in chunks)
+    fill = rows[:, None] * np.array([pairs for _, pairs, _, _, _ in chunks])[None, :] + STAGE_FILL_CYCLES
+    comp = np.zeros((MB, len(chunks)), dtype=np.int64)  # the steps' cycles of each job
     for m0 in range(0, MB, 256):  # bounded memory for very tall MATMULs
         words = rc[m0 : m0 + 256, None, :] + np.arange(NB)[None, :, None]
         valid = np.broadcast_to((ra[m0 : m0 + 256] < f["m"])[:, None, :], words.shape)
@@ -286,15 +290,29 @@ def staged_matmul_steps(f: dict, cfg: NpuConfig) -> int:
             cmult = _most_per_bank(spad_bank(words, cfg, "acc"), valid, nb)
         else:
             cmult = np.ones(words.shape[:2], dtype=np.int64)
-        for steps, _, issue, last, adds in chunks:
+        for c, (steps, _, issue, last, adds) in enumerate(chunks):
             end = np.maximum(last[None, :], cmult) if adds else last[None, :]  # the C reads, when adding
             tile = np.maximum(issue[None, :] - last[None, :] + end, steps - 1 + np.maximum(cmult, 1))
             if adds and steps >= 3:
                 # the last step's C reads wait for the previous tile's C writes: while stage 1 writes,
                 # only two of the tile's steps wait in the stages before it (measured on the RTL)
                 tile = np.maximum(tile, end + cmult + steps - 3)
-            total += int(tile.sum())
-    return total
+            comp[m0 : m0 + 256, c] = tile.sum(axis=1)
+    return _double_buffered(fill.ravel().tolist(), comp.ravel().tolist())
+
+
+def _double_buffered(fill: list[int], comp: list[int]) -> int:
+    """Cycles of jobs whose fills (`fill` cycles each) run into two buffers ahead of their steps
+    (`comp` cycles each, a cycle of setup between two jobs), in job order."""
+    ready = fill[0]  # the cycle the job's buffer is ready
+    end = ready + comp[0]  # the cycle its steps end
+    ends = [end]
+    for j in range(1, len(fill)):
+        freed = ends[j - 2] + 1 if j >= 2 else 0  # the job two before freed this buffer
+        ready = max(ready, freed) + fill[j]
+        end = max(end + 1, ready) + comp[j]
+        ends.append(end)
+    return end
 
 
 def banked_vector_steps(
