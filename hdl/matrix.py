@@ -35,13 +35,14 @@ from npu.config import ACC_BASE, NpuConfig
 from npu.isa import INSTR_BITS, Opcode
 
 from .common import exec_signature, follow, log2, times, tree, view
-from .spad import gather
+from .spad import gather, shared_client
 
 
 class MatrixUnit(wiring.Component):
     def __init__(self, cfg: NpuConfig, a_ports, b_ports, c_rports, c_wports, a_hi_ports=(), fill_ports=()):
         """a_ports, b_ports: scratchpad clients (hdl/spad.py) of one lane word each; c_rports,
-        c_wports: accumulator read and write clients of one word, one per cluster; a_hi_ports (with
+        c_wports: accumulator read and write clients of one word, one per cluster (with `c_clients`,
+        that many: cluster i's rows on client i mod c_clients, in turn); a_hi_ports (with
         `a16_full_rate`): each cluster's second A word of an int16 step; fill_ports (with
         `a_stage_bytes`, in place of a_ports and a_hi_ports): the two reads that stage A rows."""
         self.cfg = cfg
@@ -52,12 +53,14 @@ class MatrixUnit(wiring.Component):
         assert len(self.fill_ports) == (2 if staged else 0)
         assert len(self.a_ports) == (0 if staged else cfg.clusters)
         assert len(self.a_hi_ports) == (cfg.clusters if cfg.a16_full_rate and not staged else 0)
+        assert len(c_rports) == len(c_wports) == (cfg.c_clients or cfg.clusters)
         self.c_rports, self.c_wports = c_rports, c_wports
         super().__init__({"exec": In(exec_signature())})
 
     def elaborate(self, platform):
         m = Module()
         u = SimpleNamespace()  # what the parts below share: their signals and views
+        u.c_rports, u.c_wports = self._c_ports(m)
         self._decode(m, u)
         self._loop_state(m, u)
         if self.cfg.a_stage_bytes:
@@ -68,6 +71,21 @@ class MatrixUnit(wiring.Component):
         self._handover(m, u)
         self._loop(m, u)
         return m
+
+    def _c_ports(self, m: Module) -> tuple[list, list]:
+        """Each cluster's C row read and write client: its own, or with `c_clients` cluster i's
+        shared on client i mod c_clients (`shared_client`; the accumulators' two banks a region take
+        two rows a cycle at most anyway)."""
+        CM, n = self.cfg.clusters, self.cfg.c_clients
+        if not n:
+            return list(self.c_rports), list(self.c_wports)
+        reads, writes = [None] * CM, [None] * CM
+        for q in range(n):
+            rows = range(q, CM, n)
+            for kind, ports, port in (("r", reads, self.c_rports[q]), ("w", writes, self.c_wports[q])):
+                for i, c in zip(rows, shared_client(m, port, len(rows), f"c{kind}{q}_"), strict=True):
+                    ports[i] = c
+        return reads, writes
 
     def _decode(self, m: Module, u: SimpleNamespace) -> None:
         """The instruction register and `busy`."""
@@ -309,7 +327,7 @@ class MatrixUnit(wiring.Component):
         issuing = Signal()  # stage 0 has steps left to issue
         st = getattr(u, "stage", None)  # A staged in the unit (`_stage`)
         a_ports = st.ports if st else self.a_ports
-        ports = list(a_ports) + list(self.b_ports) + list(self.c_rports) + self.a_hi_ports
+        ports = list(a_ports) + list(self.b_ports) + list(u.c_rports) + self.a_hi_ports
         issue = issuing
         if st:  # no step while a fill stages the tile's A rows
             issue = Signal()
@@ -479,7 +497,7 @@ class MatrixUnit(wiring.Component):
         written = Signal(CM)  # rows the accumulators took in an earlier cycle of this step
         w_need = []
         for i in range(CM):
-            wp = self.c_wports[i]
+            wp = u.c_wports[i]
             # the write's address and row/column masks, from stage 0 along the stages to stage 1
             aw = len(wp.addr)
             w = follow(m, Cat(c_addr[i][lw : lw + aw], row_ok[i], col_ok), [step_done, take, xfer], f"c_w{i}")
@@ -498,12 +516,12 @@ class MatrixUnit(wiring.Component):
                 wp.be.eq(Cat(*[w_col_ok[j].replicate(4) for j in range(CN)])),
                 wp.en.eq(wn & ~written[i]),
             ]
-        w_granted = Cat(*[p.grant for p in self.c_wports])
+        w_granted = Cat(*[p.grant for p in u.c_wports])
         m.d.comb += s1_done.eq(v1 & (written | w_granted | ~Cat(*w_need)).all())
         with m.If(s1_done | ~v1):
             m.d.sync += written.eq(0)
         with m.Else():
-            m.d.sync += written.eq(written | (w_granted & Cat(*[p.en for p in self.c_wports])))
+            m.d.sync += written.eq(written | (w_granted & Cat(*[p.en for p in u.c_wports])))
 
     def _handover(self, m: Module, u: SimpleNamespace) -> None:
         """The stages' valid flags, the end of issue and `done`."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 from amaranth import Cat, Const, Module, Mux, Signal, unsigned
@@ -84,6 +85,36 @@ def gather(
             m.d.sync += held.eq(port.data)
         words.append(Mux(fresh[r], port.data, held))
     return done, words
+
+
+def shared_client(m: Module, port, count: int, name: str) -> list:
+    """`count` clients of a unit over one client `port` of a memory, served in turn: each cycle the
+    lowest that asks is passed through (its request, and its grant back) and the others are
+    refused, so they ask again. A reader gets the port's data the cycle after its own grant."""
+    write = hasattr(port, "be")
+    clients = []
+    for i in range(count):
+        c = SimpleNamespace(
+            addr=Signal.like(port.addr, name=f"{name}{i}_addr"),
+            en=Signal(name=f"{name}{i}_en"),
+            grant=Signal(name=f"{name}{i}_grant"),
+            data=Signal.like(port.data, name=f"{name}{i}_data") if write else port.data,
+        )
+        if write:
+            c.be = Signal.like(port.be, name=f"{name}{i}_be")
+        clients.append(c)
+    with m.If(clients[0].en):
+        _pass_through(m, port, clients[0], write)
+    for c in clients[1:]:
+        with m.Elif(c.en):
+            _pass_through(m, port, c, write)
+    return clients
+
+
+def _pass_through(m: Module, port, client, write: bool) -> None:
+    m.d.comb += [port.addr.eq(client.addr), port.en.eq(1), client.grant.eq(port.grant)]
+    if write:
+        m.d.comb += [port.data.eq(client.data), port.be.eq(client.be)]
 
 
 def client_signature(words: int, width: int, write: bool) -> wiring.Signature:

@@ -89,6 +89,10 @@ class NpuConfig:
     #: longer row in chunks of this many bytes), so the scratchpad serves two A readers whatever the
     #: clusters; 0: every cluster reads its A words from the scratchpad each step
     a_stage_bytes: int = 0
+    #: the matrix unit's accumulator clients for its C rows, a read and a write one each: 0, one a
+    #: cluster; n, the clusters' rows share n (row i on client i mod n, in turn when several ask),
+    #: which the accumulators' two banks a region allow a cycle anyway (docs/boards.md)
+    c_clients: int = 0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -231,6 +235,11 @@ class NpuConfig:
             "a_stage_bytes",
             f"must be 0 or a power of two of at least two lane words ({2 * self.lanes}), pipelined core",
         )
+        need(
+            self.c_clients == 0 or (0 < self.c_clients < self.clusters and self.core != "micro"),
+            "c_clients",
+            f"must be 0 or fewer than the clusters ({self.clusters}), pipelined core",
+        )
 
     def hardware_dict(self) -> dict:
         """All fields that change the hardware (everything but the name)."""
@@ -241,7 +250,7 @@ class NpuConfig:
         if d["core"] == "pipelined":
             d.pop("core")
         # ids of the configurations from before these fields
-        for f in ("dram_word_bytes", "dram_burst_cycles", "a16_full_rate", "a_stage_bytes"):
+        for f in ("dram_word_bytes", "dram_burst_cycles", "a16_full_rate", "a_stage_bytes", "c_clients"):
             if not d[f]:
                 d.pop(f)
         return d
@@ -379,11 +388,12 @@ PRESETS["ulx3s128"] = PRESETS["ulx3s"].replace(
 )
 # ULX3S with 128 MACs on the 16-MAC preset's memories: 8 x 2 x 8, each cluster's A row staged in
 # the matrix unit (two scratchpad reads fill the eight buffers before an m tile), so the scratchpad
-# keeps the 64-bit bus, its four banks and the 32-MAC preset's read clients (docs/boards.md)
-PRESETS["ulx3s128s"] = PRESETS["ulx3s"].replace(name="ulx3s128s", clusters=8, a_stage_bytes=4096)
+# keeps the 64-bit bus, its four banks and the 32-MAC preset's read clients, and the eight clusters'
+# C rows share two accumulator clients (docs/boards.md)
+PRESETS["ulx3s128s"] = PRESETS["ulx3s"].replace(name="ulx3s128s", clusters=8, a_stage_bytes=4096, c_clients=2)
 # half of it, 4 x 2 x 8 = 64 MACs staged the same way: about 90 % of its speed on the tinyML set
 # (their DRAM traffic bounds both) in fewer cells (docs/boards.md)
-PRESETS["ulx3s64s"] = PRESETS["ulx3s128s"].replace(name="ulx3s64s", clusters=4)
+PRESETS["ulx3s64s"] = PRESETS["ulx3s128s"].replace(name="ulx3s64s", clusters=4, c_clients=0)
 # ULX3S with 32 MACs, the board's own (hdl/boards/boards.py): two clusters of the 16-MAC preset's
 # 1 x 2 x 8, int16 A at half rate (docs/boards.md: the 64- and 128-MAC shapes do not route yet; at
 # the int8 rate, its second A words through the banks' port B, it is 15-19 % faster per inference

@@ -164,6 +164,18 @@ def _most_per_bank(banks: np.ndarray, valid: np.ndarray, nbanks: int) -> np.ndar
     return onehot.sum(axis=-2).max(axis=-1)
 
 
+def c_row_cycles(words: np.ndarray, valid: np.ndarray, cfg: NpuConfig) -> np.ndarray:
+    """Cycles the C rows of a tile take to read or write, per row of `words` (..., clusters; the
+    accumulator words of the valid rows): the most rows in one accumulator bank, and with
+    `c_clients` the most rows on one client (cluster i's on client i mod c_clients)."""
+    most = _most_per_bank(spad_bank(words, cfg, "acc"), valid, cfg.spad_banks)
+    n = cfg.c_clients
+    if n:
+        on = [valid[..., q::n].sum(axis=-1) for q in range(n)]
+        most = np.maximum(most, np.max(on, axis=0))
+    return most
+
+
 def a_step_bytes(cfg: NpuConfig, a_bytes: int) -> int:
     """Bytes an A element of `a_bytes` (1 int8, 2 int16) takes of a matrix step's `lanes`: 1 where the
     lanes multiply int16 A (`a16_full_rate`: two A words a step), else its size."""
@@ -225,7 +237,7 @@ def banked_matmul_steps(f: dict, cfg: NpuConfig) -> int:
             pats = [np.maximum(p, h[m0 : m0 + 256, None]) for p, h in zip(pats, ch, strict=True)]
         words = rc[m0 : m0 + 256, None, :] + np.arange(NB)[None, :, None]  # (mb, nb, CM)
         valid = np.broadcast_to((ra[m0 : m0 + 256] < f["m"])[:, None, :], words.shape)
-        cmult = _most_per_bank(spad_bank(words, cfg, "acc"), valid, nbanks)
+        cmult = c_row_cycles(words, valid, cfg)
         step = pats[last_s]
         last = np.maximum(step, cmult) if f["accumulate"] else step
         # a tile's issue (stage 0: its steps' reads) and its drain (stage 1: a cycle a step, and
@@ -287,7 +299,7 @@ def staged_matmul_steps(f: dict, cfg: NpuConfig) -> int:
         words = rc[m0 : m0 + 256, None, :] + np.arange(NB)[None, :, None]
         valid = np.broadcast_to((ra[m0 : m0 + 256] < f["m"])[:, None, :], words.shape)
         if cfg.spad_banked:
-            cmult = _most_per_bank(spad_bank(words, cfg, "acc"), valid, nb)
+            cmult = c_row_cycles(words, valid, cfg)
         else:
             cmult = np.ones(words.shape[:2], dtype=np.int64)
         for c, (steps, _, issue, last, adds) in enumerate(chunks):

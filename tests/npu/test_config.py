@@ -28,6 +28,9 @@ def test_config_id_is_stable_and_tracks_hardware_fields():
         (dict(spad_bytes=3000), "spad_bytes"),
         (dict(acc_bytes=1 << 21), "acc_bytes"),
         (dict(queue_depth=0), "queue_depth"),
+        (dict(a_stage_bytes=24), "a_stage_bytes"),
+        (dict(c_clients=4), "c_clients"),  # as many as the clusters: nothing to share
+        (dict(c_clients=-1), "c_clients"),
     ],
 )
 def test_invalid_configs_name_the_field(change, field):
