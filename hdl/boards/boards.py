@@ -68,7 +68,7 @@ BOARDS: dict[str, Board] = {
         device="LFE5U-85F-6BG381C",
         family="ecp5",
         # 32 MACs: with the bands' pitch off the banks' period (docs/compiler.md) faster per
-        # inference than the 16-MAC `ulx3s` on the tinyML CNNs, and routed at 51.75 MHz (seed 1)
+        # inference than the 16-MAC `ulx3s` on the tinyML CNNs, and meets 50 MHz (docs/boards.md)
         preset="ulx3s32",
         clock_mhz=50.0,
         osc_mhz=25.0,
