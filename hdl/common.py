@@ -110,9 +110,12 @@ def follow(m: Module, value, enables: list, name: str) -> Signal:
     return value
 
 
-def low_bytes_mask(n, width_bytes: int):
+def low_bytes_mask(n, width_bytes: int, subtract: bool = False):
     """Byte-enable mask with the low `n` bits set (n in 0..width_bytes): bit k is n > k, a compare
-    with a constant each (a LUT for a bus's byte count), not a shift and a carry chain (Fmax)."""
+    with a constant each (a LUT for a bus's byte count), not a shift and a carry chain (Fmax); or,
+    with `subtract`, 2**n - 1, which Yosys maps smaller in some contexts (the store's byte FIFO)."""
+    if subtract:
+        return ((Const(1, width_bytes + 1) << n) - 1)[:width_bytes]
     return Cat(*[n > k for k in range(width_bytes)])
 
 
@@ -197,9 +200,7 @@ class ByteFifo(wiring.Component):
         # Its low push_n bits as compares (the load's: no carry chain on its critical path) or, in
         # the store's prerotated ring, as 2**n - 1, which Yosys maps to 1,500 fewer LUT4 there
         # (docs/boards.md)
-        n = self.push_n
-        ones = ((Const(1, W + 1) << n) - 1)[:W] if self.prerotated else low_bytes_mask(n, W)
-        t = Cat(ones, Const(0, S - W))
+        t = Cat(low_bytes_mask(self.push_n, W, subtract=self.prerotated), Const(0, S - W))
         mask = (Cat(t, t) << wptr)[S : 2 * S] & push.replicate(S)
         bits = Cat(*[mask[k].replicate(8) for k in range(S)])
         m.d.sync += ring.eq((ring & ~bits) | ((dd[: 8 * S] | dd[8 * S :]) & bits))

@@ -111,7 +111,7 @@ def split_urgent(m: Module, urgent: Signal, hi, lo, words: int, width: int):
 def acc_clients(cfg: NpuConfig) -> list[Client]:
     """The accumulators' clients, the same way: port A the matrix unit's C reads, then the vector
     unit's and the store's; port B the matrix unit's C writes, then the load's."""
-    n = cfg.c_clients or cfg.clusters  # the matrix unit's C clients (`c_clients`: shared by rows)
+    n = cfg.c_ports
     return [
         *[Client(f"mat_c{i}", "A", False) for i in range(n)],
         *[Client(f"vec_c{k}", "A", False) for k in range(2)],
@@ -157,8 +157,8 @@ class NpuCore(wiring.Component):
             cfg,
             [sp(f"mat_a{i}") for i in range(0 if staged else CM)],
             [sp(f"mat_b{j}") for j in range(CN)],
-            [ac(f"mat_c{i}") for i in range(cfg.c_clients or CM)],
-            [ac(f"mat_w{i}") for i in range(cfg.c_clients or CM)],
+            [ac(f"mat_c{i}") for i in range(cfg.c_ports)],
+            [ac(f"mat_w{i}") for i in range(cfg.c_ports)],
             [sp(f"mat_ah{i}") for i in range(CM if cfg.a16_full_rate and not staged else 0)],
             [sp(f"mat_f{i}") for i in range(2 if staged else 0)],
         )

@@ -53,7 +53,7 @@ class MatrixUnit(wiring.Component):
         assert len(self.fill_ports) == (2 if staged else 0)
         assert len(self.a_ports) == (0 if staged else cfg.clusters)
         assert len(self.a_hi_ports) == (cfg.clusters if cfg.a16_full_rate and not staged else 0)
-        assert len(c_rports) == len(c_wports) == (cfg.c_clients or cfg.clusters)
+        assert len(c_rports) == len(c_wports) == cfg.c_ports
         self.c_rports, self.c_wports = c_rports, c_wports
         super().__init__({"exec": In(exec_signature())})
 

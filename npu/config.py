@@ -122,6 +122,12 @@ class NpuConfig:
         return 2 if self.a_stage_bytes else self.clusters
 
     @property
+    def c_ports(self) -> int:
+        """The matrix unit's C row clients of the accumulators, a read and a write one each:
+        `c_clients`, or one a cluster."""
+        return self.c_clients or self.clusters
+
+    @property
     def acc_row_bytes(self) -> int:
         """Bytes of one accumulator word: one int32 per PE of a cluster."""
         return 4 * self.pes_per_cluster

@@ -88,8 +88,7 @@ def unit_design(name: str, cfg: NpuConfig, board: Board | None = None, clock_mhz
 
         staged = bool(cfg.a_stage_bytes)  # A rows staged through two reads (hdl/matrix.py)
         top = MatrixUnit(cfg, clients(sw, 8 * L, False, 0 if staged else CM), clients(sw, 8 * L, False, CN),
-                         clients(aw, 8 * W, False, cfg.c_clients or CM),
-                         clients(aw, 8 * W, True, cfg.c_clients or CM),
+                         clients(aw, 8 * W, False, cfg.c_ports), clients(aw, 8 * W, True, cfg.c_ports),
                          clients(sw, 8 * L, False, CM if cfg.a16_full_rate and not staged else 0),
                          clients(sw, 8 * L, False, 2 if staged else 0))  # fmt: skip
     elif name == "load":
