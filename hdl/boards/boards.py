@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from npu.config import ConfigError, NpuConfig, get_config
 
@@ -49,6 +49,26 @@ class Board:
                 f"but {self.name} has {self.dram_bytes}"
             )
         return cfg
+
+    def with_pnr(self, placer: str | None = None, router: str | None = None) -> Board:
+        """This board with nextpnr's placer and/or router replaced (`npu build --placer/--router`);
+        the board's own where None."""
+        opts = self.nextpnr_opts.split()
+        for flag, value in (("--placer", placer), ("--router", router)):
+            if value is None:
+                continue
+            if flag in opts:
+                i = opts.index(flag)
+                del opts[i : i + 2]
+            opts += [flag, value]
+        return replace(self, nextpnr_opts=" ".join(opts))
+
+    def pnr(self) -> dict[str, str]:
+        """The placer and router this board's builds ask nextpnr for (nextpnr's defaults: heap,
+        router1)."""
+        opts = self.nextpnr_opts.split()
+        get = lambda flag, default: opts[opts.index(flag) + 1] if flag in opts else default  # noqa: E731
+        return {"placer": get("--placer", "heap"), "router": get("--router", "router1")}
 
     def platform(self):
         try:

@@ -209,6 +209,6 @@ def build(
     script = build_dir / f"build_{TOP}.sh"
     say(f"building in {build_dir} (tool output: {build_dir / 'build.log'})")
     seconds = _run(script, build_dir, env, build_dir / "build.log", say)
-    report = {**_report(board, cfg, build_dir, clock_mhz, seconds), "seed": seed}
+    report = {**_report(board, cfg, build_dir, clock_mhz, seconds), "seed": seed, **board.pnr()}
     write_atomic(build_dir / "build_report.json", json.dumps(report, indent=1) + "\n")
     return report

@@ -16,6 +16,9 @@ from . import workers
 from .common import CliError, int_in
 
 HELP = "build a bitstream for a dev board (YoWASP Yosys and nextpnr)"
+#: nextpnr's placers and routers (nextpnr-ecp5 and nextpnr-ice40 0.11 have each)
+PLACERS = ("heap", "static", "sa")
+ROUTERS = ("router1", "router2")
 
 
 def known_boards():
@@ -59,6 +62,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="with --seeds: build every seed to the end and keep the best Fmax (default: stop the "
         "others once one meets timing)",
     )
+    p.add_argument(
+        "--placer",
+        choices=PLACERS,
+        help="nextpnr's placer (default: the board's; docs/boards.md compares them per preset)",
+    )
+    p.add_argument("--router", choices=ROUTERS, help="nextpnr's router (default: the board's)")
     workers.add_arguments(p, "--seeds builds")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
@@ -67,7 +76,7 @@ def board_and_config(args: argparse.Namespace):
     boards = known_boards()
     if args.board not in boards:
         raise CliError(f"unknown board {args.board!r}; known boards: {', '.join(boards)}")
-    board = boards[args.board]
+    board = boards[args.board].with_pnr(getattr(args, "placer", None), getattr(args, "router", None))
     return board, board.config(args.config, args.engines)
 
 
@@ -100,11 +109,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def build_seed(task: tuple) -> dict:
-    """One seed's build (a worker's task): (board name, configuration, clock, folder, seed)."""
+    """One seed's build (a worker's task): (board, configuration, clock, folder, seed)."""
     from npu.hdl.boards.build import build
 
     board, cfg, clock, out, seed = task
-    return build(known_boards()[board], cfg, clock, Path(out), seed=seed)
+    return build(board, cfg, clock, Path(out), seed=seed)
 
 
 def best_of(reports: list[dict]) -> dict:
@@ -127,7 +136,7 @@ def _seeds(args: argparse.Namespace, board, cfg, clock: float, out: Path, say) -
     # absolute folders: a Ray worker may run in another directory (its STOP file is looked up there)
     first = args.first_seed or 1
     seeds = range(first, first + args.seeds)
-    tasks = [(board.name, cfg, clock, str(out.resolve() / f"seed-{k}"), k) for k in seeds]
+    tasks = [(board, cfg, clock, str(out.resolve() / f"seed-{k}"), k) for k in seeds]
     for task in tasks:  # a STOP left by an earlier run
         (Path(task[3]) / STOP_FILE).unlink(missing_ok=True)
     until = "every seed's end" if args.all_seeds else "the first that meets timing"
@@ -203,7 +212,8 @@ def format_report(r: dict) -> str:
     for clk, f in r["fmax"].items():
         ok = "met" if f["achieved_mhz"] >= f["target_mhz"] else "FAILED"
         lines.append(f"  clock {clk}: {f['achieved_mhz']} MHz achieved, {f['target_mhz']} MHz target: {ok}")
-    lines.append(f"  timing {'met' if r['timing_met'] else 'NOT met'}; built in {r['build_seconds']} s")
+    pnr = f" (nextpnr: {r['placer']} placer, {r['router']})" if "placer" in r else ""
+    lines.append(f"  timing {'met' if r['timing_met'] else 'NOT met'}; built in {r['build_seconds']} s{pnr}")
     if "seeds" in r:
         tried = ", ".join(
             f"{s['seed']}: " + "/".join(str(f["achieved_mhz"]) for f in s["fmax"].values())

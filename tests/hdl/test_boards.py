@@ -157,6 +157,35 @@ def test_seeds_run_in_parallel_and_keep_the_best(tmp_path, capsys, monkeypatch):
     assert [s["seed"] for s in r["seeds"]] == [4, 5] and r["seed"] == 5 and rc == 0
 
 
+def test_placer_and_router_replace_the_boards_own(tmp_path, capsys, monkeypatch):
+    """`--placer` / `--router` replace the board's nextpnr options (each build of `--seeds` gets
+    them), the others stay; the report names the pair the build ran with."""
+    import json
+
+    from npu.hdl.boards import build as build_mod
+    from npu.hdl.boards.boards import BOARDS
+
+    ulx3s = BOARDS["ulx3s"]
+    assert ulx3s.pnr() == {"placer": "heap", "router": "router1"}
+    static = ulx3s.with_pnr("static", "router2")
+    assert static.nextpnr_opts.split().count("--placer") == 1 and static.pnr() == {
+        "placer": "static", "router": "router2"}  # fmt: skip
+    assert ulx3s.with_pnr(router="router2").pnr() == {"placer": "heap", "router": "router2"}
+    assert BOARDS["icebreaker"].with_pnr("sa").pnr()["placer"] == "sa"
+
+    def fake(board, cfg, clock, out, say=None, seed=1):
+        return {**_report(seed, 52.0), "board": board.name, "config": cfg.name, **board.pnr()}
+
+    monkeypatch.setattr(build_mod, "build", fake)
+    rc = main(["build", "--board", "ulx3s", "--seeds", "2", "--engine", "local", "--workers", "2",
+               "--placer", "static", "--router", "router2", "-o", str(tmp_path), "--json"])  # fmt: skip
+    r = json.loads(capsys.readouterr().out)
+    assert rc == 0 and (r["placer"], r["router"]) == ("static", "router2")
+    with pytest.raises(SystemExit):  # argparse's usage error, exit status 2
+        main(["build", "--board", "ulx3s", "--router", "router3"])
+    assert "invalid choice: 'router3'" in capsys.readouterr().err
+
+
 def test_a_stop_file_ends_a_build_and_every_tool_it_started(tmp_path):
     """The build loop (`_run`) watches its folder's STOP file: the script's whole process group ends
     (a tool the shell started as well, not only the shell) and the build raises BuildStopped."""
