@@ -7,6 +7,8 @@ from dataclasses import dataclass, field, replace
 
 from npu.config import ConfigError, NpuConfig, get_config
 
+from .dsp_sites import ECP5_85F, DspGrid
+
 
 @dataclass(frozen=True)
 class Board:
@@ -36,6 +38,8 @@ class Board:
     capacity: dict[str, int] = field(default_factory=dict)
     #: how openFPGALoader names the board
     loader_board: str = ""
+    #: the part's multiplier sites, for fixing the matrix unit's (hdl/boards/dsp_sites.py); None: none
+    dsp_grid: DspGrid | None = None
 
     def config(self, name: str | None = None, engines: int | None = None) -> NpuConfig:
         """The preset `name` (default: the board's own), with `engines` if given, refused when it
@@ -113,6 +117,7 @@ BOARDS: dict[str, Board] = {
         # (docs/boards.md). `--seeds N` stops the others once one meets timing
         seed=1,
         loader_board="ulx3s",
+        dsp_grid=ECP5_85F,
     ),
     "icebreaker": Board(
         name="icebreaker",

@@ -25,6 +25,7 @@ from npu.files import write_atomic
 
 from ..micro.mac import SCRIPT_AFTER_SYNTH
 from .boards import Board
+from .dsp_sites import lock_script, wants_lock
 
 #: the tools Amaranth's Lattice build scripts call, and the YoWASP command that provides each
 YOWASP = {
@@ -185,10 +186,17 @@ def build(
     build_dir: Path,
     say: Callable[[str], None] = lambda s: None,
     seed: int | None = None,
+    dsp_sites: bool | None = None,
 ) -> dict:
     """Build `board`'s bitstream for `cfg` at `clock_mhz` with nextpnr's placement `seed`; the report
-    (see the module docstring). `seed`: default, the board's."""
+    (see the module docstring). `seed`: default, the board's. `dsp_sites`: the matrix unit's
+    multipliers on fixed sites (hdl/boards/dsp_sites.py); default where the array takes more than
+    half the part's."""
     seed = board.seed if seed is None else seed
+    if dsp_sites is None:
+        dsp_sites = board.dsp_grid is not None and wants_lock(cfg, board.capacity.get("dsp", 0))
+    if dsp_sites and board.dsp_grid is None:
+        raise BuildError(f"{board.name}: no multiplier sites known for {board.device} (--dsp-sites fixed)")
     if _stopped(build_dir):  # stopped before it started (a seed queued behind the one that met timing)
         raise BuildStopped(f"the build in {build_dir} was stopped before it started")
     from .top import BoardTop
@@ -204,11 +212,13 @@ def build(
         nextpnr_opts=f"--report report.json --timing-allow-fail --seed {seed} {board.nextpnr_opts}".strip(),
         synth_opts=board.synth_opts,
         **({"script_after_synth": SCRIPT_AFTER_SYNTH} if board.family == "ice40" else {}),
+        **({"script_after_synth": lock_script(cfg, board.dsp_grid)} if dsp_sites else {}),
     )
     plan.extract(build_dir)
     script = build_dir / f"build_{TOP}.sh"
     say(f"building in {build_dir} (tool output: {build_dir / 'build.log'})")
     seconds = _run(script, build_dir, env, build_dir / "build.log", say)
-    report = {**_report(board, cfg, build_dir, clock_mhz, seconds), "seed": seed, **board.pnr()}
+    report = {**_report(board, cfg, build_dir, clock_mhz, seconds), "seed": seed, **board.pnr(),
+              "dsp_sites": "fixed" if dsp_sites else "placer"}  # fmt: skip
     write_atomic(build_dir / "build_report.json", json.dumps(report, indent=1) + "\n")
     return report

@@ -68,6 +68,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="nextpnr's placer (default: the board's; docs/boards.md compares them per preset)",
     )
     p.add_argument("--router", choices=ROUTERS, help="nextpnr's router (default: the board's)")
+    p.add_argument(
+        "--dsp-sites",
+        choices=("auto", "fixed", "placer"),
+        default="auto",
+        help="the matrix unit's multipliers: on fixed sites, a cluster to a stretch of a DSP row "
+        "(ECP5), or where the placer puts them; auto (default): fixed where the array takes more "
+        "than half the part's multipliers",
+    )
     workers.add_arguments(p, "--seeds builds")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
@@ -98,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         report = _seeds(args, board, cfg, clock, out, say)
     else:
         try:
-            report = build(board, cfg, clock, out, say, seed=args.first_seed)
+            report = build(board, cfg, clock, out, say, seed=args.first_seed, dsp_sites=dsp_sites(args))
         except BuildError as e:
             raise CliError(str(e)) from None
     if args.json:
@@ -108,12 +116,17 @@ def run(args: argparse.Namespace) -> int:
     return 0 if report["timing_met"] else 1
 
 
+def dsp_sites(args: argparse.Namespace) -> bool | None:
+    """`--dsp-sites` as `build`'s argument: None (auto), True (fixed) or False (placer)."""
+    return {"auto": None, "fixed": True, "placer": False}[getattr(args, "dsp_sites", "auto")]
+
+
 def build_seed(task: tuple) -> dict:
-    """One seed's build (a worker's task): (board, configuration, clock, folder, seed)."""
+    """One seed's build (a worker's task): (board, configuration, clock, folder, seed, DSP sites)."""
     from npu.hdl.boards.build import build
 
-    board, cfg, clock, out, seed = task
-    return build(board, cfg, clock, Path(out), seed=seed)
+    board, cfg, clock, out, seed, sites = task
+    return build(board, cfg, clock, Path(out), seed=seed, dsp_sites=sites)
 
 
 def best_of(reports: list[dict]) -> dict:
@@ -136,7 +149,7 @@ def _seeds(args: argparse.Namespace, board, cfg, clock: float, out: Path, say) -
     # absolute folders: a Ray worker may run in another directory (its STOP file is looked up there)
     first = args.first_seed or 1
     seeds = range(first, first + args.seeds)
-    tasks = [(board, cfg, clock, str(out.resolve() / f"seed-{k}"), k) for k in seeds]
+    tasks = [(board, cfg, clock, str(out.resolve() / f"seed-{k}"), k, dsp_sites(args)) for k in seeds]
     for task in tasks:  # a STOP left by an earlier run
         (Path(task[3]) / STOP_FILE).unlink(missing_ok=True)
     until = "every seed's end" if args.all_seeds else "the first that meets timing"

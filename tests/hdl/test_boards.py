@@ -2,6 +2,7 @@
 the board tops elaborating for their platforms (Verilog and constraints, no synthesis)."""
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -136,7 +137,7 @@ def test_seeds_run_in_parallel_and_keep_the_best(tmp_path, capsys, monkeypatch):
 
     from npu.hdl.boards import build as build_mod
 
-    def fake(board, cfg, clock, out, say=None, seed=1):
+    def fake(board, cfg, clock, out, say=None, seed=1, dsp_sites=None):
         if seed == 3:
             raise build_mod.BuildError("nextpnr crashed")
         return {**_report(seed, 45.0 + 4 * seed), "board": board.name, "config": cfg.name}
@@ -173,7 +174,7 @@ def test_placer_and_router_replace_the_boards_own(tmp_path, capsys, monkeypatch)
     assert ulx3s.with_pnr(router="router2").pnr() == {"placer": "heap", "router": "router2"}
     assert BOARDS["icebreaker"].with_pnr("sa").pnr()["placer"] == "sa"
 
-    def fake(board, cfg, clock, out, say=None, seed=1):
+    def fake(board, cfg, clock, out, say=None, seed=1, dsp_sites=None):
         return {**_report(seed, 52.0), "board": board.name, "config": cfg.name, **board.pnr()}
 
     monkeypatch.setattr(build_mod, "build", fake)
@@ -215,7 +216,7 @@ def test_the_other_seeds_stop_once_one_meets_timing(tmp_path, capsys, monkeypatc
 
     from npu.hdl.boards import build as build_mod
 
-    def fake(board, cfg, clock, out, say=None, seed=1):
+    def fake(board, cfg, clock, out, say=None, seed=1, dsp_sites=None):
         if seed == 2:  # a long build that watches its folder as `_run` does
             for _ in range(50):  # 5 s: the first seed's report comes well within it
                 if (out / build_mod.STOP_FILE).exists():
@@ -248,3 +249,40 @@ def test_core_units_elaborate_for_out_of_context_builds(config):
     for unit in ("matrix", "spad"):
         top, ports = unit_design(unit, cfg, BOARDS["ulx3s"], 50.0)
         assert "module" in rtlil.convert(top, ports=ports)
+
+
+def test_matrix_dsp_sites_keep_a_cluster_on_one_row_and_its_pes_lanes_side_by_side():
+    """`--dsp-sites fixed`: the 128-MAC array's 8 clusters x 2 PEs x 8 lanes on 128 distinct sites of
+    the 85F, a cluster on consecutive sites of one row with lane t of its two PEs next to each other
+    (they share the A multiplicand); too many clusters for the rows is refused; by default only an
+    array of more than half the part's multipliers is fixed."""
+    import re
+
+    from npu.config import PRESETS
+    from npu.hdl.boards.dsp_sites import ECP5_85F, DspGrid, lock_script, matrix_sites, wants_lock
+
+    cfg = PRESETS["ulx3s128s"]
+    sites = matrix_sites(cfg, ECP5_85F)
+    assert len(sites) == 128 and len(set(sites.values())) == 128
+
+    def xy(bel):
+        x, y, kind = re.fullmatch(r"X(\d+)/Y(\d+)/(MULT18_[0145])", bel).groups()
+        return ECP5_85F.columns.index(int(x)), int(y)
+
+    for i in range(cfg.clusters):
+        cols = sorted(xy(sites[(i, j, t)])[0] for j in range(2) for t in range(8))
+        assert len({xy(sites[(i, j, t)])[1] for j in range(2) for t in range(8)}) == 1
+        assert cols == list(range(cols[0], cols[0] + 16))
+        for t in range(8):
+            assert abs(xy(sites[(i, 0, t)])[0] - xy(sites[(i, 1, t)])[0]) == 1
+    assert ECP5_85F.site(4, 10) == "X4/Y10/MULT18_0" and ECP5_85F.site(9, 58) == "X9/Y58/MULT18_5"
+    with pytest.raises(ValueError, match="do not fit 1 DSP rows"):
+        matrix_sites(cfg, DspGrid(rows=(10,), columns=ECP5_85F.columns))
+    script = lock_script(cfg, ECP5_85F).splitlines()
+    assert len(script) == 256 and script[0].startswith("select -assert-count 1 t:MULT18X18D")
+    assert [wants_lock(PRESETS[p], 156) for p in ("ulx3s32", "ulx3s64s", "ulx3s128s")] == [False, False, True]
+    from npu.hdl.boards import build as build_mod
+
+    ice = BOARDS["icebreaker"]
+    with pytest.raises(build_mod.BuildError, match="no multiplier sites known for iCE40UP5K"):
+        build_mod.build(ice, ice.config(), 12.0, Path("unused"), dsp_sites=True)
