@@ -197,6 +197,9 @@ def build(
         dsp_sites = board.dsp_grid is not None and wants_lock(cfg, board.capacity.get("dsp", 0))
     if dsp_sites and board.dsp_grid is None:
         raise BuildError(f"{board.name}: no multiplier sites known for {board.device} (--dsp-sites fixed)")
+    # Yosys commands after synthesis: the iCE40 MAC packing, the multipliers' sites
+    after_synth = [SCRIPT_AFTER_SYNTH] if board.family == "ice40" else []
+    after_synth += [lock_script(cfg, board.dsp_grid)] if dsp_sites else []
     if _stopped(build_dir):  # stopped before it started (a seed queued behind the one that met timing)
         raise BuildStopped(f"the build in {build_dir} was stopped before it started")
     from .top import BoardTop
@@ -211,8 +214,7 @@ def build(
         name=TOP,
         nextpnr_opts=f"--report report.json --timing-allow-fail --seed {seed} {board.nextpnr_opts}".strip(),
         synth_opts=board.synth_opts,
-        **({"script_after_synth": SCRIPT_AFTER_SYNTH} if board.family == "ice40" else {}),
-        **({"script_after_synth": lock_script(cfg, board.dsp_grid)} if dsp_sites else {}),
+        **({"script_after_synth": "\n".join(after_synth)} if after_synth else {}),
     )
     plan.extract(build_dir)
     script = build_dir / f"build_{TOP}.sh"

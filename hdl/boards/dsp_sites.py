@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from npu.config import NpuConfig
+from npu.config import ConfigError, NpuConfig
 
 
 @dataclass(frozen=True)
@@ -32,10 +32,6 @@ class DspGrid:
         k = self.columns.index(x)
         names = ("MULT18_0", "MULT18_1") if (k // 2) % 2 == 0 else ("MULT18_4", "MULT18_5")
         return f"X{x}/Y{y}/{names[k % 2]}"
-
-    @property
-    def sites(self) -> int:
-        return len(self.rows) * len(self.columns)
 
 
 #: the LFE5U-85F: three rows of 52 across the die (as nextpnr 0.11 places them); the array fills
@@ -55,7 +51,7 @@ def matrix_sites(cfg: NpuConfig, grid: DspGrid) -> dict[tuple[int, int, int], st
     per_cluster = CN * L
     per_row = len(grid.columns) // per_cluster
     if per_row == 0 or CM > per_row * len(grid.rows):
-        raise ValueError(
+        raise ConfigError(
             f"{cfg.name}: {CM} clusters of {per_cluster} multipliers do not fit {len(grid.rows)} DSP rows of "
             f"{len(grid.columns)} sites a cluster to a row"
         )
@@ -81,4 +77,4 @@ def lock_script(cfg: NpuConfig, grid: DspGrid) -> str:
 def wants_lock(cfg: NpuConfig, capacity: int) -> bool:
     """The default: fixed sites where the array takes more than half the part's multipliers (there
     the placers scattered it; `ulx3s32`'s 32 keep the placement that meets timing)."""
-    return cfg.clusters * cfg.pes_per_cluster * cfg.lanes * 2 > capacity
+    return cfg.macs_per_cycle * 2 > capacity

@@ -258,7 +258,7 @@ def test_matrix_dsp_sites_keep_a_cluster_on_one_row_and_its_pes_lanes_side_by_si
     array of more than half the part's multipliers is fixed."""
     import re
 
-    from npu.config import PRESETS
+    from npu.config import PRESETS, ConfigError
     from npu.hdl.boards.dsp_sites import ECP5_85F, DspGrid, lock_script, matrix_sites, wants_lock
 
     cfg = PRESETS["ulx3s128s"]
@@ -276,7 +276,7 @@ def test_matrix_dsp_sites_keep_a_cluster_on_one_row_and_its_pes_lanes_side_by_si
         for t in range(8):
             assert abs(xy(sites[(i, 0, t)])[0] - xy(sites[(i, 1, t)])[0]) == 1
     assert ECP5_85F.site(4, 10) == "X4/Y10/MULT18_0" and ECP5_85F.site(9, 58) == "X9/Y58/MULT18_5"
-    with pytest.raises(ValueError, match="do not fit 1 DSP rows"):
+    with pytest.raises(ConfigError, match="do not fit 1 DSP rows"):
         matrix_sites(cfg, DspGrid(rows=(10,), columns=ECP5_85F.columns))
     script = lock_script(cfg, ECP5_85F).splitlines()
     assert len(script) == 256 and script[0].startswith("select -assert-count 1 t:MULT18X18D")
